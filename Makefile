@@ -1,0 +1,45 @@
+# MindPipe: the two commands a newcomer needs.
+#   make demo  - create .venv, install, run the main job end to end on the CPU
+#   make test  - create .venv if needed, install with dev extras, run the whole test suite
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# torch's CPU wheel: installed first when torch is not importable, so pip does not pull a CUDA build.
+TORCH_CPU := torch==2.13.0
+
+.PHONY: demo test lint install install-dev clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.torch: | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_CPU)
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: install
+	$(VENV)/bin/mindpipe profile gpt-mini --device cpu --micro-batch-size 4 --out results/gpt-mini.trace.json
+	$(VENV)/bin/mindpipe inspect results/gpt-mini.trace.json --model gpt-mini
+	@echo "Trace written to results/gpt-mini.trace.json"
+
+test: install-dev
+	$(VENV)/bin/python -m pytest -q
+
+lint: install-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache

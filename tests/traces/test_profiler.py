@@ -1,0 +1,107 @@
+"""The profiler: record layout, exact memory and FLOP figures, op-level consistency, CUDA path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from traces.errors import ContractError
+from traces.profiler import ProfileOptions, profile_model
+from traces.torch_gpt import block_activation_bytes
+from traces.trace import Trace
+
+FAST = {"warmup": 1, "repeats": 3, "step_repeats": 2}
+
+
+@pytest.fixture(scope="module")
+def model():
+    from traces.config import Model
+
+    return Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128, name="tiny")
+
+
+@pytest.fixture(scope="module")
+def layer_trace(model):
+    return profile_model(model, ProfileOptions(micro_batch_size=2, **FAST), command="test")
+
+
+@pytest.fixture(scope="module")
+def op_trace(model):
+    return profile_model(model, ProfileOptions(micro_batch_size=2, granularity="op", **FAST), command="test")
+
+
+def test_layer_records(model, layer_trace):
+    names = [r.name for r in layer_trace.layers]
+    assert names == ["embedding", "block.0", "block.1", "final_norm", "lm_head"]
+    assert layer_trace.device == "cpu" and layer_trace.dtype == "fp32"
+    assert layer_trace.micro_batch_size == 2 and layer_trace.seq_len == 32
+    assert layer_trace.provenance.torch_version == torch.__version__
+    assert "CPU trace" in layer_trace.provenance.notes
+    for r in layer_trace.layers:
+        assert r.forward_s > 0 and r.stats["repeats"] == 3
+    emb = layer_trace.layers[0]
+    assert emb.backward_input_s == 0 and emb.backward_weight_s > 0  # token ids have no gradient
+    blk = layer_trace.layers[1]
+    assert blk.backward_input_s > 0 and blk.backward_weight_s > 0
+    assert layer_trace.step is not None and layer_trace.step.forward_backward_s > 0
+
+
+def test_layer_memory_params_flops_are_exact(model, layer_trace):
+    b, s, h, v = 2, 32, model.hidden_size, model.vocab_size
+    blk = layer_trace.layers[1]
+    assert blk.activation_bytes == block_activation_bytes(model, b, s, 4, None)
+    assert blk.output_bytes == b * s * h * 4
+    assert blk.param_count == model.block_param_count()
+    assert sum(r.param_count for r in layer_trace.layers) == model.param_count()
+    # Narayanan et al.: forward GEMM FLOPs per block 24·b·s·h² + 4·b·s²·h; backward twice that.
+    assert blk.forward_flops == 24 * b * s * h * h + 4 * b * s * s * h
+    assert blk.backward_flops == 2 * blk.forward_flops
+    assert layer_trace.layers[-1].forward_flops == 2 * b * s * h * v
+    assert layer_trace.layers[-1].output_bytes == 4  # the scalar loss
+
+
+def test_op_level_adds_up_to_layers(model, layer_trace, op_trace):
+    ops = [r for r in op_trace.layers if r.name.startswith("block.0.")]
+    assert len(ops) >= 10
+    kinds = {r.kind for r in ops}
+    assert {"linear", "layernorm", "matmul", "softmax", "gelu"} <= kinds
+    blk = layer_trace.layers[1]
+    assert sum(r.activation_bytes for r in ops) == blk.activation_bytes
+    assert sum(r.param_count for r in ops) == blk.param_count
+    assert sum(r.forward_flops for r in ops) == blk.forward_flops
+    assert sum(r.backward_flops for r in ops) == blk.backward_flops
+    # The operator graph is connected: the first op reads the embedding, each later one an earlier op.
+    assert ops[0].inputs == ["embedding"]
+    seen = {"embedding"}
+    for r in ops:
+        assert r.inputs and set(r.inputs) <= seen
+        seen.add(r.name)
+    # A cut after the first LayerNorm must carry both its output and the residual stream.
+    assert ops[0].output_bytes == 2 * 2 * 32 * model.hidden_size * 4
+    assert op_trace.granularity == "op"
+    assert [r.name for r in op_trace.layers if not r.name.startswith("block.")] == ["embedding", "final_norm", "lm_head"]
+
+
+def test_trace_file_roundtrip(tmp_path, op_trace):
+    op_trace.save(tmp_path / "t.json")
+    assert Trace.load(tmp_path / "t.json") == op_trace
+
+
+def test_bad_options(model):
+    with pytest.raises(ContractError, match=r"seq_len=64 must be in 1\.\.32"):
+        profile_model(model, ProfileOptions(seq_len=64))
+    with pytest.raises(ContractError, match="micro_batch_size=0 is too small"):
+        profile_model(model, ProfileOptions(micro_batch_size=0))
+    if not torch.cuda.is_available():
+        with pytest.raises(ContractError, match="CUDA is not available"):
+            profile_model(model, ProfileOptions(device="cuda"))
+
+
+@pytest.mark.gpu
+def test_cuda_profile(model):
+    trace = profile_model(model, ProfileOptions(device="cuda", dtype="bf16", micro_batch_size=2, **FAST))
+    assert trace.device != "cpu"
+    blk = trace.layers[1]
+    assert blk.forward_s > 0 and blk.backward_input_s > 0
+    # CUDA keeps 1-byte dropout masks; without dropout the bytes are the dtype's.
+    assert blk.activation_bytes == block_activation_bytes(model, 2, 32, 2, None)

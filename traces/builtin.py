@@ -1,0 +1,96 @@
+"""Built-in model and cluster names, and the resolver the CLI uses for M, C and P arguments.
+
+An argument may be a path to a JSON file, inline JSON (starting with ``{``) or a built-in name.
+Clusters accept ``DEVICE`` (one node) or ``DEVICE:NODESxPER_NODE``, e.g. ``a100-sxm4-80gb:64x8``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+from traces.catalog import device_names, get_device
+from traces.config import Cluster, Model, Plan
+from traces.errors import ContractError
+from traces.schema import from_dict, read_json
+
+T = TypeVar("T")
+
+# Shapes from the GPT-3 paper (Brown et al. 2020, Table 2.1) and Megatron's GPT configs; the
+# vocabulary is GPT-2's 50,257 padded to 51,200 as in DESIGN.md's example.
+BUILTIN_MODELS: dict[str, dict[str, Any]] = {
+    # Tiny, for CPU tests and the demo (a few ms per block on one core).
+    "gpt-mini": {"kind": "gpt", "num_layers": 4, "hidden_size": 256, "num_heads": 8, "seq_len": 128, "vocab_size": 2048},
+    "gpt-1.3b": {"kind": "gpt", "num_layers": 24, "hidden_size": 2048, "num_heads": 16, "seq_len": 2048, "vocab_size": 51200},
+    "gpt-13b": {"kind": "gpt", "num_layers": 40, "hidden_size": 5120, "num_heads": 40, "seq_len": 2048, "vocab_size": 51200},
+    "gpt3-175b": {"kind": "gpt", "num_layers": 96, "hidden_size": 12288, "num_heads": 96, "seq_len": 2048, "vocab_size": 51200},
+}
+
+# Devices per node when a cluster is named by its device alone.
+_DEFAULT_PER_NODE = {"cpu": 2}
+_CLUSTER_RE = re.compile(r"^(?P<dev>[A-Za-z0-9._-]+?)(?::(?P<nodes>\d+)x(?P<per>\d+))?$")
+
+
+def model_names() -> list[str]:
+    """Names accepted by :func:`load_model`."""
+    return sorted(BUILTIN_MODELS)
+
+
+def _parse_arg(arg: str, kind: str) -> tuple[Any, str] | None:
+    """Return (parsed JSON, source) for a file path or inline JSON, or None for a bare name."""
+    text = arg.strip()
+    if text.startswith("{"):
+        try:
+            return json.loads(text), f"<inline {kind}>"
+        except json.JSONDecodeError as e:
+            raise ContractError(f"<inline {kind}>", None, f"malformed JSON at column {e.colno}: {e.msg}") from None
+    if text.endswith(".json") or Path(text).exists() or "/" in text:
+        return read_json(text), text
+    return None
+
+
+def load_model(arg: str | Model) -> Model:
+    """Resolve a model argument (file, inline JSON or built-in name)."""
+    if isinstance(arg, Model):
+        return arg
+    parsed = _parse_arg(arg, "model")
+    if parsed is not None:
+        return from_dict(Model, *parsed)
+    name = arg.strip().lower()
+    if name not in BUILTIN_MODELS:
+        raise ContractError(arg, None, f"not a file and not a built-in model (built-ins: {', '.join(model_names())})")
+    return from_dict(Model, {**BUILTIN_MODELS[name], "name": name}, f"built-in model {name}")
+
+
+def load_cluster(arg: str | Cluster) -> Cluster:
+    """Resolve a cluster argument (file, inline JSON, ``DEVICE`` or ``DEVICE:NxG``)."""
+    if isinstance(arg, Cluster):
+        return arg
+    parsed = _parse_arg(arg, "cluster")
+    if parsed is not None:
+        return from_dict(Cluster, *parsed)
+    m = _CLUSTER_RE.match(arg.strip())
+    if m is None:
+        raise ContractError(arg, None, "not a file and not DEVICE or DEVICE:NODESxPER_NODE (e.g. a100-sxm4-80gb:64x8)")
+    try:
+        device = get_device(m["dev"]).name
+    except ContractError:
+        raise ContractError(
+            arg, None, f"not a file and not a known device (devices: {', '.join(device_names())})"
+        ) from None
+    nodes = int(m["nodes"]) if m["nodes"] else 1
+    per = int(m["per"]) if m["per"] else _DEFAULT_PER_NODE.get(device, 8)
+    data = {"gpu": device, "num_nodes": nodes, "gpus_per_node": per, "name": arg.strip()}
+    return from_dict(Cluster, data, f"cluster {arg}")
+
+
+def load_plan(arg: str | Plan) -> Plan:
+    """Resolve a plan argument (file or inline JSON)."""
+    if isinstance(arg, Plan):
+        return arg
+    parsed = _parse_arg(arg, "plan")
+    if parsed is None:
+        raise ContractError(arg, None, "plan must be a JSON file or inline JSON object")
+    return from_dict(Plan, *parsed)

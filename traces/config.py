@@ -1,0 +1,310 @@
+"""Model, cluster and plan contracts (DESIGN.md "Data contracts").
+
+Each is a dataclass validated in ``__post_init__`` (torchtitan's pattern) and read from JSON with
+:func:`traces.schema.from_dict`, so unknown keys and impossible values raise a
+:class:`~traces.errors.ContractError` naming the file, the key and the rule. Rules that involve
+more than one document (plan vs model vs cluster) live in :func:`check_plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traces.errors import ContractError
+from traces.schema import check_format_version
+
+MODEL_FORMAT_VERSION = 1
+CLUSTER_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 1
+
+MODEL_KINDS = ("gpt",)
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMM_PRIORITIES = ("fair", "pp_first")
+LAYER_MEMORY_POLICIES = ("keep", "recompute", "swap")
+# Schedules that place two model chunks per rank in a "V" (Qi et al. ICLR'24; DeepSeek DualPipeV).
+V_SCHEDULES = ("zbv", "dualpipev")
+
+
+def positive(key: str, value: int | float) -> None:
+    """Raise unless ``value`` > 0."""
+    if value <= 0:
+        raise ContractError("", key, f"{key}={value} must be > 0")
+
+
+def non_negative(key: str, value: int | float | None) -> None:
+    """Raise unless ``value`` is None or >= 0."""
+    if value is not None and value < 0:
+        raise ContractError("", key, f"{key}={value} must be >= 0")
+
+
+def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Raise unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ContractError("", key, f"{key}={value!r} is not one of {', '.join(allowed)}")
+
+
+@dataclass
+class Model:
+    """A GPT-style decoder-only transformer (pre-LN; learned positions; untied LM head).
+
+    Attributes:
+        kind: Model family; only ``"gpt"`` for now.
+        num_layers: Transformer blocks.
+        hidden_size: Model width h.
+        num_heads: Attention heads a (must divide h).
+        seq_len: Sequence length s.
+        vocab_size: Vocabulary V.
+        ffn_hidden_size: MLP width; ``None`` means 4·h.
+        dropout: Dropout probability used in attention and after each residual branch.
+        name: Optional label (built-in models carry their name).
+    """
+
+    kind: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    seq_len: int
+    vocab_size: int
+    ffn_hidden_size: int | None = None
+    dropout: float = 0.0
+    name: str | None = None
+    format_version: int = MODEL_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        check_format_version(self.format_version, MODEL_FORMAT_VERSION, "models")
+        one_of("kind", self.kind, MODEL_KINDS)
+        for key in ("num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size"):
+            positive(key, getattr(self, key))
+        if self.ffn_hidden_size is not None:
+            positive("ffn_hidden_size", self.ffn_hidden_size)
+        if self.hidden_size % self.num_heads:
+            raise ContractError(
+                "", "num_heads", f"num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ContractError("", "dropout", f"dropout={self.dropout} must be in [0, 1)")
+
+    @property
+    def ffn(self) -> int:
+        """MLP width (``ffn_hidden_size`` or 4·h)."""
+        return self.ffn_hidden_size if self.ffn_hidden_size is not None else 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width h/a."""
+        return self.hidden_size // self.num_heads
+
+    @property
+    def label(self) -> str:
+        """The name if any, else a compact shape description."""
+        return self.name or f"gpt-L{self.num_layers}-h{self.hidden_size}"
+
+    def block_param_count(self) -> int:
+        """Parameters of one block: QKV + projection (with biases), MLP (with biases), 2 LayerNorms."""
+        h, f = self.hidden_size, self.ffn
+        return (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
+
+    def param_count(self) -> int:
+        """All parameters: token + position embeddings, blocks, final LayerNorm, untied LM head."""
+        h = self.hidden_size
+        embed = self.vocab_size * h + self.seq_len * h
+        return embed + self.num_layers * self.block_param_count() + 2 * h + self.vocab_size * h
+
+    def same_shape(self, other: Model) -> bool:
+        """True when both describe the same network (names and format ignored)."""
+        keys = ("kind", "num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size", "ffn", "dropout")
+        return all(getattr(self, k) == getattr(other, k) for k in keys)
+
+
+@dataclass
+class Cluster:
+    """A homogeneous GPU (or CPU) cluster.
+
+    Attributes:
+        gpu: Device name in the hardware catalog (``traces/hardware/catalog.json``).
+        num_nodes: Nodes.
+        gpus_per_node: Devices per node (ranks per node on CPU).
+        intra_node_bandwidth_GBps: Per-device intra-node bandwidth override (GB/s, one direction).
+        inter_node_bandwidth_Gbps: Per-node inter-node bandwidth override (Gbit/s).
+        pue: Power usage effectiveness of the facility (1.0 = no overhead, CodeCarbon's default).
+        region: Grid region for carbon accounting (e.g. ``"US-CAL-CISO"``), or None.
+    """
+
+    gpu: str
+    num_nodes: int = 1
+    gpus_per_node: int = 8
+    intra_node_bandwidth_GBps: float | None = None
+    inter_node_bandwidth_Gbps: float | None = None
+    pue: float = 1.0
+    region: str | None = None
+    name: str | None = None
+    format_version: int = CLUSTER_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        check_format_version(self.format_version, CLUSTER_FORMAT_VERSION, "clusters")
+        positive("num_nodes", self.num_nodes)
+        positive("gpus_per_node", self.gpus_per_node)
+        for key in ("intra_node_bandwidth_GBps", "inter_node_bandwidth_Gbps"):
+            value = getattr(self, key)
+            if value is not None:
+                positive(key, value)
+        if self.pue < 1.0:
+            raise ContractError("", "pue", f"pue={self.pue} must be >= 1.0")
+        from traces.catalog import get_device  # local import: catalog is data, loaded on demand
+
+        try:
+            get_device(self.gpu)
+        except ContractError as e:
+            raise ContractError("", "gpu", e.rule) from None
+
+    @property
+    def world_size(self) -> int:
+        """Total devices."""
+        return self.num_nodes * self.gpus_per_node
+
+
+@dataclass
+class Plan:
+    """How to parallelise one training iteration.
+
+    ``partition`` lists layers per (virtual) stage in pipeline order; ``None`` means an even split.
+    ``layer_memory_policy`` gives per block ``keep|recompute|swap`` (vPipe); ``None`` follows
+    ``recompute``.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    precision: str = "bf16"
+    comm_priority: str = "fair"
+    partition: list[int] | None = None
+    layer_memory_policy: list[str] | None = None
+    format_version: int = PLAN_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        check_format_version(self.format_version, PLAN_FORMAT_VERSION, "plans")
+        for key in ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages"):
+            positive(key, getattr(self, key))
+        one_of("schedule", self.schedule, SCHEDULES)
+        one_of("recompute", self.recompute, RECOMPUTE)
+        one_of("precision", self.precision, PRECISIONS)
+        one_of("comm_priority", self.comm_priority, COMM_PRIORITIES)
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ContractError("", "zero_stage", f"zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
+        per_step = self.micro_batch_size * self.dp
+        if self.global_batch_size % per_step:
+            raise ContractError(
+                "",
+                "global_batch_size",
+                f"global_batch_size={self.global_batch_size} is not a multiple of micro_batch_size×dp={per_step}",
+            )
+        if self.schedule in V_SCHEDULES and self.virtual_stages != 2:
+            raise ContractError(
+                "", "virtual_stages", f"schedule {self.schedule!r} needs virtual_stages=2, got {self.virtual_stages}"
+            )
+        if self.schedule in ("gpipe", "1f1b", "zb_h1") and self.virtual_stages != 1:
+            raise ContractError(
+                "", "virtual_stages", f"schedule {self.schedule!r} needs virtual_stages=1, got {self.virtual_stages}"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise ContractError("", "sequence_parallel", "sequence_parallel=true needs tp > 1")
+        if self.partition is not None:
+            if len(self.partition) != self.num_stages:
+                raise ContractError(
+                    "",
+                    "partition",
+                    f"partition has {len(self.partition)} entries, expected pp×virtual_stages={self.num_stages}",
+                )
+            for i, n in enumerate(self.partition):
+                positive(f"partition[{i}]", n)
+        if self.layer_memory_policy is not None:
+            for i, p in enumerate(self.layer_memory_policy):
+                one_of(f"layer_memory_policy[{i}]", p, LAYER_MEMORY_POLICIES)
+
+    @property
+    def num_stages(self) -> int:
+        """Virtual pipeline stages: pp × virtual_stages."""
+        return self.pp * self.virtual_stages
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per iteration per pipeline: global / (micro × dp)."""
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def world_size(self) -> int:
+        """Devices the plan needs: dp·tp·pp."""
+        return self.dp * self.tp * self.pp
+
+
+def even_partition(num_layers: int, num_stages: int) -> list[int]:
+    """Equal layer counts per stage; the remainder goes to the first stages (torch's default split)."""
+    base, extra = divmod(num_layers, num_stages)
+    return [base + (1 if i < extra else 0) for i in range(num_stages)]
+
+
+def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source: str = "plan") -> None:
+    """Check the rules that tie a plan to a model and a cluster.
+
+    Raises:
+        ContractError: naming ``source`` and the broken rule, e.g.
+            ``plan.json: tp=3 does not divide num_heads=32``.
+    """
+
+    def fail(key: str, rule: str) -> None:
+        raise ContractError(source, key, rule)
+
+    if model.num_heads % plan.tp:
+        fail("tp", f"tp={plan.tp} does not divide num_heads={model.num_heads}")
+    if model.ffn % plan.tp:
+        fail("tp", f"tp={plan.tp} does not divide ffn_hidden_size={model.ffn}")
+    if plan.sequence_parallel and model.seq_len % plan.tp:
+        fail("sequence_parallel", f"tp={plan.tp} does not divide seq_len={model.seq_len} (sequence parallelism)")
+    if plan.num_stages > model.num_layers:
+        fail("pp", f"pp×virtual_stages={plan.num_stages} exceeds num_layers={model.num_layers}")
+    if plan.partition is not None and sum(plan.partition) != model.num_layers:
+        fail("partition", f"partition sums to {sum(plan.partition)} layers, model has num_layers={model.num_layers}")
+    if plan.layer_memory_policy is not None and len(plan.layer_memory_policy) != model.num_layers:
+        fail(
+            "layer_memory_policy",
+            f"layer_memory_policy has {len(plan.layer_memory_policy)} entries, model has num_layers={model.num_layers}",
+        )
+    m = plan.num_microbatches
+    if plan.schedule != "gpipe" and plan.pp > 1 and m < plan.pp:
+        fail("global_batch_size", f"schedule {plan.schedule!r} needs micro-batches m={m} >= pp={plan.pp}")
+    if plan.schedule == "interleaved_1f1b" and plan.pp > 1 and m % plan.pp:
+        fail("global_batch_size", f"interleaved_1f1b needs micro-batches m={m} to be a multiple of pp={plan.pp}")
+    if cluster is not None and plan.world_size != cluster.world_size:
+        fail(
+            "dp",
+            f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} does not equal the cluster's "
+            f"{cluster.num_nodes}×{cluster.gpus_per_node}={cluster.world_size} devices",
+        )
+
+
+def stage_layers(plan: Plan, model: Model) -> list[int]:
+    """Layers per virtual stage: the plan's partition, or an even split."""
+    return list(plan.partition) if plan.partition is not None else even_partition(model.num_layers, plan.num_stages)
+
+
+__all__ = [
+    "COMM_PRIORITIES",
+    "PRECISIONS",
+    "RECOMPUTE",
+    "SCHEDULES",
+    "Cluster",
+    "Model",
+    "Plan",
+    "check_plan",
+    "even_partition",
+    "stage_layers",
+]

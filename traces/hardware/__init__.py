@@ -1,0 +1,1 @@
+"""Shipped hardware data: ``catalog.json`` (device specifications), read by ``traces.catalog``."""

@@ -1,0 +1,219 @@
+"""``mindpipe profile``: per-layer (or per-operator) traces of the GPT model on CPU or CUDA.
+
+Method: one forward pass through the model's pipeline layers (embedding, blocks, final norm, LM
+head + loss) records every layer's real input; then each layer is re-run in isolation on that
+input, ``warmup`` times untimed and ``repeats`` times timed, and the median is kept
+(:func:`traces.timing.measure_unit`). A whole forward+backward step of the same model and batch
+is timed too, so a reader can check that the per-layer sum accounts for the step
+(``benchmarks/profile_vs_step.py``).
+
+With ``granularity="op"`` each block is split into operators from its ``torch.fx`` graph (as
+DawnPiper profiles), see :mod:`traces.op_graph`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from traces.config import Model
+from traces.errors import ContractError
+from traces.timing import Clock, measure_unit, median_iqr
+from traces.torch_gpt import GPT, build_gpt, lm_loss, synthetic_batch
+from traces.trace import LayerRecord, Provenance, StepMeasurement, Trace
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ProfileOptions:
+    """What to profile and how.
+
+    Attributes:
+        micro_batch_size: Sequences per micro-batch.
+        seq_len: Tokens per sequence (None = the model's).
+        device: ``cpu`` or ``cuda`` (or ``cuda:N``).
+        dtype: ``fp32``, ``bf16`` or ``fp16``.
+        granularity: ``layer`` or ``op``.
+        warmup: Untimed repetitions per unit.
+        repeats: Timed repetitions per unit.
+        seed: Seed for weights, data and output gradients.
+        step_repeats: Timed repetitions of the whole step (0 skips it).
+    """
+
+    micro_batch_size: int = 1
+    seq_len: int | None = None
+    device: str = "cpu"
+    dtype: str = "fp32"
+    granularity: str = "layer"
+    warmup: int = 3
+    repeats: int = 10
+    seed: int = 0
+    step_repeats: int = 10
+
+    def check(self, model: Model) -> None:
+        """Validate against the model (errors name the option)."""
+        for key in ("micro_batch_size", "warmup", "repeats"):
+            if getattr(self, key) < (0 if key == "warmup" else 1):
+                raise ContractError("profile", key, f"{key}={getattr(self, key)} is too small")
+        if self.seq_len is not None and not 1 <= self.seq_len <= model.seq_len:
+            raise ContractError("profile", "seq_len", f"seq_len={self.seq_len} must be in 1..{model.seq_len}")
+        if self.granularity not in ("layer", "op"):
+            raise ContractError("profile", "granularity", f"granularity={self.granularity!r} is not layer or op")
+        if self.dtype not in ("fp32", "bf16", "fp16"):
+            raise ContractError("profile", "dtype", f"dtype={self.dtype!r} is not fp32, bf16 or fp16")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ContractError("profile", "device", f"device={self.device!r} but CUDA is not available here")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ContractError("profile", "device", f"device={self.device!r} is not cpu or cuda")
+
+
+def device_label(device: torch.device) -> str:
+    """Catalog name of the device when recognisable (``cpu``, ``a100-sxm4-80gb`` …), else its name."""
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device).lower()
+    mem_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+    if "a100" in name:
+        return "a100-sxm4-80gb" if mem_gib > 45 else "a100-sxm4-40gb"
+    if "h200" in name:
+        return "h200-sxm-141gb"
+    if "h100" in name:
+        return "h100-sxm5-80gb"
+    return name.replace(" ", "-")
+
+
+def host_description() -> str:
+    """CPU model and core count (for provenance)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}; {torch.get_num_threads()} torch threads"
+
+
+def _layer_units(net: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> list[tuple[str, str, torch.nn.Module, Callable[..., object], object]]:
+    """(name, kind, module, callable, input) for every pipeline layer, inputs from one real pass."""
+    units: list[tuple[str, str, torch.nn.Module, Callable[..., object], object]] = []
+    x: object = tokens
+    with torch.no_grad():
+        for name, kind, mod in net.layers():
+            fn: Callable[..., object] = mod
+            if kind == "lm_head":
+                # The last pipeline stage computes the loss: count it with the head.
+                def fn(h: torch.Tensor, mod: torch.nn.Module = mod) -> torch.Tensor:
+                    return lm_loss(mod(h), targets)
+
+            units.append((name, kind, mod, fn, x))
+            x = mod(x)
+    return units
+
+
+def measure_step(net: GPT, tokens: torch.Tensor, targets: torch.Tensor, clock: Clock, warmup: int, repeats: int) -> StepMeasurement:
+    """Median time of one whole forward + loss + backward of ``net``."""
+
+    def step() -> None:
+        lm_loss(net(tokens), targets).backward()
+
+    times = []
+    for i in range(warmup + repeats):
+        net.zero_grad(set_to_none=True)
+        clock.sync()
+        t = clock.time(step)
+        if i >= warmup:
+            times.append(t)
+    net.zero_grad(set_to_none=True)
+    med, iqr = median_iqr(times)
+    return StepMeasurement(forward_backward_s=med, repeats=repeats, iqr_s=iqr)
+
+
+def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = None, progress: Progress | None = None) -> Trace:
+    """Profile ``model`` and return its trace.
+
+    Args:
+        model: The model contract.
+        opts: Profiling options (validated here).
+        command: Command line recorded in the provenance (defaults to ``sys.argv``).
+        progress: Called with a short message before each unit (the CLI prints it to stderr).
+    """
+    opts.check(model)
+    say = progress or (lambda _msg: None)
+    device = torch.device(opts.device)
+    clock = Clock(device)
+    seq_len = opts.seq_len or model.seq_len
+    net = build_gpt(model, seed=opts.seed, dtype=opts.dtype, device=device)
+    net.train()
+    tokens, targets = synthetic_batch(model, opts.micro_batch_size, seed=opts.seed, seq_len=seq_len, device=device)
+    buffers = list(net.buffers())
+
+    units = _layer_units(net, tokens, targets)
+    records: list[LayerRecord] = []
+    prev_name: str | None = None
+    for i, (name, kind, mod, fn, x) in enumerate(units):
+        if opts.granularity == "op" and kind == "block":
+            from traces.op_graph import profile_block_ops  # fx machinery only when asked for
+
+            say(f"profiling {name} by operator ({i + 1}/{len(units)})")
+            ops = profile_block_ops(mod, x, name, prev_name, clock, opts.warmup, opts.repeats, opts.seed, buffers)
+            records.extend(ops)
+            prev_name = ops[-1].name
+            continue
+        say(f"profiling {name} ({i + 1}/{len(units)})")
+        params = list(mod.parameters())
+        cost = measure_unit(
+            fn, [x], params, clock, warmup=opts.warmup, repeats=opts.repeats, exclude_storages=buffers, seed=opts.seed + i
+        )
+        records.append(
+            LayerRecord(
+                name=name,
+                kind=kind,
+                forward_s=cost.forward_s,
+                backward_input_s=cost.backward_input_s,
+                backward_weight_s=cost.backward_weight_s,
+                activation_bytes=cost.activation_bytes,
+                output_bytes=cost.output_bytes,
+                param_count=sum(p.numel() for p in params),
+                forward_flops=cost.forward_flops,
+                backward_flops=cost.backward_flops,
+                inputs=[prev_name] if opts.granularity == "op" and prev_name else None,
+                stats=cost.stats,
+            )
+        )
+        prev_name = name
+
+    step = None
+    if opts.step_repeats:
+        say("timing a whole forward+backward step")
+        step = measure_step(net, tokens, targets, clock, opts.warmup, opts.step_repeats)
+    return Trace(
+        device=device_label(device),
+        dtype=opts.dtype,
+        layers=records,
+        provenance=Provenance(
+            tool="mindpipe profile",
+            command=command if command is not None else " ".join(["mindpipe", *sys.argv[1:]]),
+            date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            torch_version=torch.__version__,
+            host=host_description() if device.type == "cpu" else torch.cuda.get_device_name(device),
+            notes=(
+                f"{'CPU' if device.type == 'cpu' else 'GPU'} trace; median of {opts.repeats} runs after "
+                f"{opts.warmup} warm-up runs; backward split as B=grad(inputs), W=full-B"
+            ),
+        ),
+        model=model,
+        model_name=model.name,
+        micro_batch_size=opts.micro_batch_size,
+        seq_len=seq_len,
+        granularity=opts.granularity,
+        step=step,
+    )

@@ -1,0 +1,90 @@
+"""Human- and machine-readable summaries of a trace (``mindpipe inspect``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traces.trace import Trace
+
+
+def summarize(trace: Trace) -> dict[str, Any]:
+    """Totals by layer kind and for the whole trace, plus the step cross-check if present."""
+    kinds: dict[str, dict[str, float]] = {}
+    for r in trace.layers:
+        k = kinds.setdefault(
+            r.kind, {"count": 0, "forward_s": 0.0, "backward_input_s": 0.0, "backward_weight_s": 0.0, "activation_bytes": 0}
+        )
+        k["count"] += 1
+        k["forward_s"] += r.forward_s
+        k["backward_input_s"] += r.backward_input_s
+        k["backward_weight_s"] += r.backward_weight_s
+        k["activation_bytes"] += r.activation_bytes or 0
+    out: dict[str, Any] = {
+        "model": trace.model.label if trace.model else trace.model_name,
+        "device": trace.device,
+        "dtype": trace.dtype,
+        "micro_batch_size": trace.micro_batch_size,
+        "seq_len": trace.seq_len,
+        "tp": trace.tp,
+        "granularity": trace.granularity,
+        "backward_split": trace.backward_split,
+        "num_records": len(trace.layers),
+        "forward_s": trace.total("forward_s"),
+        "backward_input_s": trace.total("backward_input_s"),
+        "backward_weight_s": trace.total("backward_weight_s"),
+        "forward_backward_s": trace.forward_backward_s,
+        "activation_bytes": int(trace.total("activation_bytes")),
+        "param_count": int(trace.total("param_count")),
+        "forward_flops": trace.total("forward_flops"),
+        "by_kind": kinds,
+        "provenance": {"tool": trace.provenance.tool, "date": trace.provenance.date, "torch_version": trace.provenance.torch_version},
+    }
+    if trace.step is not None and trace.step.forward_backward_s > 0:
+        out["step_forward_backward_s"] = trace.step.forward_backward_s
+        out["layer_sum_over_step"] = trace.forward_backward_s / trace.step.forward_backward_s
+    return out
+
+
+def _fmt_s(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:8.3f} s "
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:8.3f} ms"
+    return f"{seconds * 1e6:8.1f} us"
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:8.2f} {unit}"
+    return f"{n:8.0f} B  "
+
+
+def format_summary(trace: Trace, max_rows: int = 24) -> str:
+    """A table of the trace's layers (first ``max_rows``) and its totals."""
+    s = summarize(trace)
+    lines = [
+        f"trace: {s['model']} on {s['device']} ({s['dtype']}), micro-batch {s['micro_batch_size']}, "
+        f"seq {s['seq_len']}, tp {s['tp']}, {s['num_records']} {s['granularity']} records "
+        f"[{trace.provenance.tool}, {trace.provenance.date}]",
+        f"{'layer':28s} {'kind':14s} {'forward':>11s} {'bwd input':>11s} {'bwd weight':>11s} {'activations':>12s}",
+    ]
+    for r in trace.layers[:max_rows]:
+        act = _fmt_bytes(r.activation_bytes) if r.activation_bytes is not None else "     unknown"
+        lines.append(
+            f"{r.name[:28]:28s} {r.kind[:14]:14s} {_fmt_s(r.forward_s)} {_fmt_s(r.backward_input_s)} "
+            f"{_fmt_s(r.backward_weight_s)} {act}"
+        )
+    if len(trace.layers) > max_rows:
+        lines.append(f"... {len(trace.layers) - max_rows} more records")
+    lines.append(
+        f"{'total':43s} {_fmt_s(s['forward_s'])} {_fmt_s(s['backward_input_s'])} {_fmt_s(s['backward_weight_s'])} "
+        f"{_fmt_bytes(s['activation_bytes'])}"
+    )
+    lines.append(f"sum of per-layer forward+backward: {_fmt_s(s['forward_backward_s']).strip()}")
+    if "layer_sum_over_step" in s:
+        lines.append(
+            f"whole step measured separately:    {_fmt_s(s['step_forward_backward_s']).strip()} "
+            f"(per-layer sum / step = {s['layer_sum_over_step']:.3f})"
+        )
+    return "\n".join(lines)

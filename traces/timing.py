@@ -1,0 +1,210 @@
+"""Timing one unit of a model (a layer or a group of operators) forward and backward.
+
+The backward pass is split into B (gradient w.r.t. the unit's inputs) and W (gradient w.r.t. its
+weights), as zero-bubble schedules need (Qi et al., ICLR'24). B is timed as
+``torch.autograd.grad(outputs, inputs)``; the full backward (inputs and weights, as in ordinary
+training) is timed separately, and W = full − B. The same repeat interleaves both so slow drifts
+of the machine affect them alike. Units without parameters have W = 0; units without float
+inputs (the embedding) have B = 0.
+
+Activation bytes are the distinct storages autograd saves during the unit's forward
+(``torch.autograd.graph.saved_tensors_hooks``), excluding parameters and buffers, which are model
+state, not activations.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+Outputs = tuple[torch.Tensor, ...]
+
+
+class Clock:
+    """Wall-clock on CPU; CUDA events (with synchronisation) on GPUs."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        """Wait for queued device work."""
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def time(self, fn: Callable[[], object]) -> float:
+        """Seconds taken by ``fn`` on the device."""
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+def median_iqr(values: Sequence[float]) -> tuple[float, float]:
+    """Median and inter-quartile range of a sample."""
+    vals = sorted(values)
+    if len(vals) < 4:
+        return statistics.median(vals), (vals[-1] - vals[0]) if vals else 0.0
+    q = statistics.quantiles(vals, n=4)
+    return statistics.median(vals), q[2] - q[0]
+
+
+@dataclass
+class UnitCost:
+    """Measured costs of one unit for one micro-batch."""
+
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    forward_flops: float
+    backward_flops: float
+    activation_bytes: int
+    output_bytes: int
+    stats: dict[str, float]
+
+
+def _as_tuple(out: object) -> Outputs:
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    if isinstance(out, tuple | list):
+        return tuple(t for t in out if isinstance(t, torch.Tensor))
+    raise TypeError(f"unit returned {type(out).__name__}, expected tensors")
+
+
+def tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    """Bytes of distinct storages among ``tensors`` (views of one storage count once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        seen[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def saved_activation_bytes(run: Callable[[], object], exclude: Sequence[torch.Tensor]) -> tuple[int, object]:
+    """Run ``run`` once and return (bytes autograd saved for backward, its output)."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    return sum(saved.values()), out
+
+
+def measure_unit(
+    fn: Callable[..., object],
+    inputs: Sequence[object],
+    params: Sequence[torch.nn.Parameter],
+    clock: Clock,
+    *,
+    warmup: int = 2,
+    repeats: int = 10,
+    exclude_storages: Sequence[torch.Tensor] = (),
+    seed: int = 0,
+) -> UnitCost:
+    """Time forward, B and W of ``fn(*inputs)`` and count its FLOPs and saved bytes.
+
+    Args:
+        fn: The unit; returns a tensor or a tuple of tensors.
+        inputs: Its inputs; float tensors are detached and made to require grad.
+        params: The unit's parameters (W is measured only if there are any that require grad).
+        clock: Device clock.
+        warmup: Untimed repetitions first.
+        repeats: Timed repetitions (median reported, IQR in ``stats``).
+        exclude_storages: Tensors whose storages are model state, not activations.
+        seed: Seed for the random output gradients.
+    """
+    args = [
+        a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        for a in inputs
+    ]
+    grad_inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    weights = [p for p in params if p.requires_grad]
+    state = list(params) + list(exclude_storages)
+
+    act_bytes, out = saved_activation_bytes(lambda: fn(*args), state)
+    outs = [o for o in _as_tuple(out) if o.requires_grad]
+    gen = torch.Generator(device=outs[0].device if outs else "cpu").manual_seed(seed)
+    grads = [
+        torch.ones_like(o) if o.numel() == 1 else torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype)
+        for o in outs
+    ]
+    output_bytes = tensor_bytes(list(_as_tuple(out)))
+
+    def forward() -> Outputs:
+        return tuple(o for o in _as_tuple(fn(*args)) if o.requires_grad)
+
+    def zero() -> None:
+        for p in weights:
+            p.grad = None
+
+    with FlopCounterMode(display=False) as fc:
+        o = forward()
+    fwd_flops = fc.get_total_flops()
+    with FlopCounterMode(display=False) as fc:
+        torch.autograd.backward(o, grads)
+    bwd_flops = fc.get_total_flops()
+    zero()
+
+    fwd_t: list[float] = []
+    b_t: list[float] = []
+    full_t: list[float] = []
+    for i in range(warmup + repeats):
+        clock.sync()
+        t_f = clock.time(forward)
+        t_b = 0.0
+        if grad_inputs and outs:
+            o = forward()
+            clock.sync()
+            t_b = clock.time(lambda o=o: torch.autograd.grad(o, grad_inputs, grads, allow_unused=True))
+        t_full = 0.0
+        if outs and (weights or grad_inputs):
+            o = forward()
+            zero()
+            clock.sync()
+            t_full = clock.time(lambda o=o: torch.autograd.backward(o, grads))
+        if i >= warmup:
+            fwd_t.append(t_f)
+            b_t.append(t_b)
+            full_t.append(t_full)
+    zero()
+    if not weights:
+        # No weight gradient: the whole backward is B; the full-backward timing is the better sample.
+        b_t = full_t if grad_inputs else b_t
+        w_t = [0.0] * len(b_t)
+    elif not grad_inputs:
+        w_t, b_t = full_t, [0.0] * len(full_t)
+    else:
+        w_t = [max(f - b, 0.0) for f, b in zip(full_t, b_t, strict=True)]
+    f_med, f_iqr = median_iqr(fwd_t)
+    b_med, b_iqr = median_iqr(b_t)
+    w_med, w_iqr = median_iqr(w_t)
+    return UnitCost(
+        forward_s=f_med,
+        backward_input_s=b_med,
+        backward_weight_s=w_med,
+        forward_flops=float(fwd_flops),
+        backward_flops=float(bwd_flops),
+        activation_bytes=act_bytes,
+        output_bytes=output_bytes,
+        stats={
+            "repeats": float(repeats),
+            "forward_s_iqr": f_iqr,
+            "backward_input_s_iqr": b_iqr,
+            "backward_weight_s_iqr": w_iqr,
+        },
+    )

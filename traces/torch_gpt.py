@@ -1,0 +1,223 @@
+"""The GPT model in torch, built from the :class:`traces.config.Model` contract.
+
+One implementation serves the profiler and the executor. It is a pre-LN decoder (GPT-2 layout):
+token + learned position embeddings, ``num_layers`` blocks (LayerNorm → causal self-attention →
+residual, LayerNorm → GeLU MLP → residual), a final LayerNorm and an untied LM head.
+
+Attention is written with explicit ops (QKᵀ, softmax, dropout, ·V) rather than a fused kernel so
+that the tensors autograd saves are exactly the ones Korthikanti et al. (2022, arXiv 2205.05198,
+§4.1) count; see :func:`block_activation_bytes`. The head count is taken from the projection's
+local width (``view(..., -1, head_dim)``, as torchtitan does) so DTensor tensor parallelism can
+shard heads without changing this code.
+
+This module imports torch; nothing in ``traces/__init__`` imports it, so the simulator stays
+torch-free.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from traces.config import Model
+
+
+class Embedding(nn.Module):
+    """Token + learned position embedding, then dropout."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(model.vocab_size, model.hidden_size)
+        self.pos = nn.Embedding(model.seq_len, model.hidden_size)
+        self.dropout = model.dropout
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[-1], device=tokens.device)
+        x = self.tok(tokens) + self.pos(positions)
+        return F.dropout(x, self.dropout, self.training) if self.dropout else x
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with explicit softmax (no fused kernel)."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        h = model.hidden_size
+        self.head_dim = model.head_dim
+        self.qkv = nn.Linear(h, 3 * h)
+        self.proj = nn.Linear(h, h)
+        self.dropout = model.dropout
+        # Additive mask: `scores + mask` saves nothing for backward, unlike masked_fill.
+        mask = torch.full((model.seq_len, model.seq_len), float("-inf")).triu(1)
+        self.register_buffer("causal_mask", mask, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s = x.size(0), x.size(1)  # size() rather than unpacking: keeps torch.fx tracing possible
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        # [b, s, heads, d] -> [b, heads, s, d]; `-1` keeps this valid for the local heads under TP.
+        q = q.view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, -1, self.head_dim).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (self.head_dim**-0.5)
+        mask = torch.narrow(torch.narrow(self.causal_mask, 0, 0, s), 1, 0, s)  # fx-traceable slice
+        scores = scores + mask.to(scores.dtype)
+        probs = torch.softmax(scores, dim=-1)
+        if self.dropout:
+            probs = F.dropout(probs, self.dropout, self.training)
+        ctx = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, -1)
+        out = self.proj(ctx)
+        return F.dropout(out, self.dropout, self.training) if self.dropout else out
+
+
+class MLP(nn.Module):
+    """Two-layer GeLU MLP."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(model.hidden_size, model.ffn)
+        self.fc2 = nn.Linear(model.ffn, model.hidden_size)
+        self.dropout = model.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc2(F.gelu(self.fc1(x)))
+        return F.dropout(out, self.dropout, self.training) if self.dropout else out
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(model.hidden_size)
+        self.attn = Attention(model)
+        self.ln2 = nn.LayerNorm(model.hidden_size)
+        self.mlp = MLP(model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class LMHead(nn.Module):
+    """Untied output projection to the vocabulary."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        self.out = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(x)
+
+
+class GPT(nn.Module):
+    """The whole model. ``blocks`` is a ModuleDict keyed "0".."L-1" so that pipeline stages that
+    keep a subset of blocks keep stable parameter names (torchtitan's convention), which
+    checkpoints rely on."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__()
+        self.config = model
+        self.embedding = Embedding(model)
+        self.blocks = nn.ModuleDict({str(i): Block(model) for i in range(model.num_layers)})
+        self.final_norm = nn.LayerNorm(model.hidden_size)
+        self.lm_head = LMHead(model)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(tokens)
+        for block in self.blocks.values():
+            x = block(x)
+        return self.lm_head(self.final_norm(x))
+
+    def layers(self) -> list[tuple[str, str, nn.Module]]:
+        """The model as an ordered list of ``(name, kind, module)`` pipeline layers."""
+        out: list[tuple[str, str, nn.Module]] = [("embedding", "embedding", self.embedding)]
+        out += [(f"block.{i}", "block", blk) for i, blk in self.blocks.items()]
+        out += [("final_norm", "final_norm", self.final_norm), ("lm_head", "lm_head", self.lm_head)]
+        return out
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over all positions."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_gpt(
+    model: Model, *, seed: int = 0, dtype: str = "fp32", device: str | torch.device = "cpu"
+) -> GPT:
+    """Build the GPT for ``model`` with deterministic initialisation.
+
+    Args:
+        model: The model contract.
+        seed: Seed for parameter initialisation (same seed ⇒ same weights on every rank).
+        dtype: ``fp32``, ``bf16`` or ``fp16`` parameters.
+        device: Where to place parameters.
+    """
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        net = GPT(model)
+        for name, p in net.named_parameters():
+            # GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm gains.
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif ".ln" in name or name.startswith("final_norm"):
+                nn.init.ones_(p)
+            else:
+                nn.init.normal_(p, mean=0.0, std=0.02)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    return net.to(device=device, dtype=TORCH_DTYPES[dtype])
+
+
+def synthetic_batch(
+    model: Model, batch_size: int, *, seed: int = 0, seq_len: int | None = None, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic random tokens and next-token targets of shape ``[batch, seq]``."""
+    s = seq_len or model.seq_len
+    gen = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, model.vocab_size, (batch_size, s + 1), generator=gen)
+    return data[:, :-1].to(device), data[:, 1:].to(device)
+
+
+def dropout_mask_bytes(device_type: str, dtype_bytes: int) -> int:
+    """Bytes per element of the mask autograd keeps for dropout.
+
+    CUDA's fused ``native_dropout`` keeps a bool mask (1 byte, as Korthikanti et al. assume); the
+    CPU path keeps the scaled noise tensor in the activation dtype (observed with torch 2.13).
+    """
+    return 1 if device_type == "cuda" else dtype_bytes
+
+
+def block_activation_bytes(
+    model: Model, micro_batch_size: int, seq_len: int, dtype_bytes: int, mask_bytes: int | None
+) -> int:
+    """Bytes one :class:`Block` saves for backward, derived op by op.
+
+    Korthikanti et al. (2022, Eq. 1) count, per layer, with 2-byte activations and 1-byte dropout
+    masks, ``s·b·h·(34 + 5·a·s/h)``. With ``d``-byte activations and ``k``-byte masks our block
+    saves, per s·b·h: LN1 input d, QKV input d, Q d, K d, V d, projection input d,
+    attention-dropout mask k, LN2 input d, fc1 input d, GeLU input 4d, fc2 input 4d, MLP-dropout
+    mask k → ``16·d + 2·k`` (= 34 at d = 2, k = 1); per a·s²·b: softmax output d, dropout mask k,
+    dropout output d → ``2·d + k`` (= 5). Without dropout (``mask_bytes=None``) the masks vanish
+    and the softmax output is the one tensor ``probs·V`` saves, so the terms become ``16·d`` and
+    ``d``. One term the paper omits: each LayerNorm keeps its per-token mean and rstd
+    (2 × d bytes × s·b, twice per block). For ``ffn ≠ 4h`` the two 4d terms scale by ffn/h.
+    """
+    s, b, h, a = seq_len, micro_batch_size, model.hidden_size, model.num_heads
+    d = dtype_bytes
+    f_ratio = model.ffn / h
+    k = mask_bytes or 0
+    per_sbh = (8 + 2 * f_ratio) * d + 2 * k
+    per_as2b = (2 * d + k) if mask_bytes else d
+    ln_stats = 2 * 2 * d * s * b
+    return round(per_sbh * s * b * h + per_as2b * a * s * s * b) + ln_stats
+
+
+def korthikanti_bytes(model: Model, micro_batch_size: int, seq_len: int) -> int:
+    """Korthikanti et al.'s per-layer activation bytes, no parallelism: s·b·h·(34 + 5·a·s/h)."""
+    s, b, h, a = seq_len, micro_batch_size, model.hidden_size, model.num_heads
+    return round(s * b * h * (34 + 5 * a * s / h))

@@ -1,0 +1,215 @@
+"""The trace contract: per-layer (or per-operator) costs of one micro-batch on one device.
+
+A trace is what the simulator consumes instead of its hardware model. It is written by the
+profiler (``mindpipe profile``), by the importers (``mindpipe import``) and, later, by the
+executor's measurements. Times are seconds for one micro-batch of ``micro_batch_size`` sequences
+of ``seq_len`` tokens at tensor-parallel degree ``tp``.
+
+The backward pass is split into B (input gradient) and W (weight gradient) because zero-bubble
+schedules place them separately (Qi et al., ICLR'24). ``backward_split="combined"`` marks traces
+whose source cannot separate them (then ``backward_input_s`` holds the whole backward and
+``backward_weight_s`` is 0).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from traces.config import PRECISIONS, Model, non_negative, one_of
+from traces.errors import ContractError
+from traces.schema import check_format_version, from_dict, read_json, write_json
+
+TRACE_FORMAT_VERSION = 1
+GRANULARITIES = ("layer", "op")
+BACKWARD_SPLITS = ("measured", "combined")
+COMM_PHASES = ("forward", "backward_input", "backward_weight", "update")
+COMM_OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "p2p")
+TRACE_DTYPES = (*PRECISIONS, "unknown")
+
+
+@dataclass
+class CommRecord:
+    """A collective issued by a layer (e.g. Megatron's TP all-reduce), as AICB records them."""
+
+    phase: str
+    op: str
+    size_bytes: int
+
+    def __post_init__(self) -> None:
+        one_of("phase", self.phase, COMM_PHASES)
+        one_of("op", self.op, COMM_OPS)
+        non_negative("size_bytes", self.size_bytes)
+
+
+@dataclass
+class LayerRecord:
+    """Costs of one layer (or operator) for one micro-batch.
+
+    Attributes:
+        name: Layer name (``embedding``, ``block.3``, ``block.3.attn_qkv`` …); unique within
+            profiler traces, repeated as published in imported ones.
+        kind: Role: ``embedding``, ``block``, ``final_norm``, ``lm_head`` or an operator kind.
+        forward_s: Forward time.
+        backward_input_s: Input-gradient (B) time; the whole backward if not split.
+        backward_weight_s: Weight-gradient (W) time.
+        activation_bytes: Bytes saved for backward by this layer (None = unknown).
+        output_bytes: Bytes of the output that cross a stage boundary if cut after this layer.
+        param_count: Parameters owned by this layer.
+        forward_flops: FLOPs of the forward pass (torch.utils.flop_counter counting).
+        backward_flops: FLOPs of the backward pass.
+        update_s: Optimizer update time if the source records it.
+        comm: Collectives issued by the layer.
+        inputs: Names of the records whose outputs this one consumes (operator graphs only).
+        stats: Spread of the timings (e.g. ``forward_s_iqr``, ``repeats``).
+    """
+
+    name: str
+    kind: str
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    activation_bytes: int | None = None
+    output_bytes: int | None = None
+    param_count: int | None = None
+    forward_flops: float | None = None
+    backward_flops: float | None = None
+    update_s: float | None = None
+    comm: list[CommRecord] = field(default_factory=list)
+    inputs: list[str] | None = None
+    stats: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ContractError("", "name", "name must not be empty")
+        for key in (
+            "forward_s",
+            "backward_input_s",
+            "backward_weight_s",
+            "activation_bytes",
+            "output_bytes",
+            "param_count",
+            "forward_flops",
+            "backward_flops",
+            "update_s",
+        ):
+            non_negative(key, getattr(self, key))
+
+    @property
+    def backward_s(self) -> float:
+        """Whole backward: B + W."""
+        return self.backward_input_s + self.backward_weight_s
+
+
+@dataclass
+class Provenance:
+    """Where a trace came from, so a reader can judge and reproduce it."""
+
+    tool: str
+    command: str = ""
+    date: str = ""
+    torch_version: str | None = None
+    host: str | None = None
+    source_file: str | None = None
+    notes: str = ""
+
+
+@dataclass
+class StepMeasurement:
+    """A whole forward+backward step of the same model and batch, measured separately."""
+
+    forward_backward_s: float
+    repeats: int
+    iqr_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        non_negative("forward_backward_s", self.forward_backward_s)
+        non_negative("iqr_s", self.iqr_s)
+
+
+@dataclass
+class Trace:
+    """Per-layer costs of a model on a device (see module docstring)."""
+
+    device: str
+    dtype: str
+    layers: list[LayerRecord]
+    provenance: Provenance
+    model: Model | None = None
+    model_name: str | None = None
+    micro_batch_size: int | None = None
+    seq_len: int | None = None
+    tp: int = 1
+    sequence_parallel: bool = False
+    granularity: str = "layer"
+    backward_split: str = "measured"
+    step: StepMeasurement | None = None
+    format_version: int = TRACE_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        check_format_version(self.format_version, TRACE_FORMAT_VERSION, "traces")
+        if not self.device:
+            raise ContractError("", "device", "device must not be empty")
+        one_of("dtype", self.dtype, TRACE_DTYPES)
+        one_of("granularity", self.granularity, GRANULARITIES)
+        one_of("backward_split", self.backward_split, BACKWARD_SPLITS)
+        if not self.layers:
+            raise ContractError("", "layers", "layers must not be empty")
+        for key in ("micro_batch_size", "seq_len", "tp"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise ContractError("", key, f"{key}={value} must be > 0")
+        if self.model is not None and self.seq_len is not None and self.seq_len > self.model.seq_len:
+            raise ContractError(
+                "", "seq_len", f"seq_len={self.seq_len} exceeds the model's seq_len={self.model.seq_len}"
+            )
+        if self.backward_split == "combined" and any(r.backward_weight_s for r in self.layers):
+            raise ContractError("", "backward_split", 'backward_split="combined" requires backward_weight_s=0 everywhere')
+
+    # -- aggregates -----------------------------------------------------------------------
+    def total(self, key: str) -> float:
+        """Sum of a numeric per-layer field (unknown values count as 0)."""
+        return float(sum(getattr(r, key) or 0 for r in self.layers))
+
+    @property
+    def forward_backward_s(self) -> float:
+        """Sum over layers of forward + backward (B + W) time."""
+        return self.total("forward_s") + self.total("backward_input_s") + self.total("backward_weight_s")
+
+    def check_model(self, model: Model, source: str = "trace") -> None:
+        """Raise unless this trace was taken for ``model`` (same shape).
+
+        Raises:
+            ContractError: ``trace.json: model: trace was taken for ... not for ...``.
+        """
+        if self.model is None:
+            return
+        if not self.model.same_shape(model):
+            raise ContractError(
+                source,
+                "model",
+                f"model: trace was taken for {_describe(self.model)}, not for {_describe(model)}",
+            )
+
+    # -- I/O ------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<dict>") -> Trace:
+        """Build a trace from parsed JSON (errors name ``source``)."""
+        return from_dict(cls, data, source)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Trace:
+        """Read a trace JSON file."""
+        return from_dict(cls, read_json(path), str(path))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the trace as JSON."""
+        write_json(self, path)
+
+
+def _describe(model: Model) -> str:
+    return (
+        f"{model.label} (num_layers={model.num_layers}, hidden_size={model.hidden_size}, "
+        f"num_heads={model.num_heads}, seq_len={model.seq_len}, vocab_size={model.vocab_size})"
+    )
