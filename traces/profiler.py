@@ -54,7 +54,7 @@ class ProfileOptions:
     warmup: int = 3
     repeats: int = 10
     seed: int = 0
-    step_repeats: int = 10
+    step_repeats: int = 20
 
     def check(self, model: Model) -> None:
         """Validate against the model (errors name the option)."""
@@ -119,8 +119,8 @@ def _layer_units(net: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> list[
     return units
 
 
-def measure_step(net: GPT, tokens: torch.Tensor, targets: torch.Tensor, clock: Clock, warmup: int, repeats: int) -> StepMeasurement:
-    """Median time of one whole forward + loss + backward of ``net``."""
+def step_samples(net: GPT, tokens: torch.Tensor, targets: torch.Tensor, clock: Clock, warmup: int, repeats: int) -> list[float]:
+    """Times of ``repeats`` whole forward + loss + backward steps of ``net`` (after ``warmup``)."""
 
     def step() -> None:
         lm_loss(net(tokens), targets).backward()
@@ -133,8 +133,7 @@ def measure_step(net: GPT, tokens: torch.Tensor, targets: torch.Tensor, clock: C
         if i >= warmup:
             times.append(t)
     net.zero_grad(set_to_none=True)
-    med, iqr = median_iqr(times)
-    return StepMeasurement(forward_backward_s=med, repeats=repeats, iqr_s=iqr)
+    return times
 
 
 def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = None, progress: Progress | None = None) -> Trace:
@@ -156,6 +155,10 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
     tokens, targets = synthetic_batch(model, opts.micro_batch_size, seed=opts.seed, seq_len=seq_len, device=device)
     buffers = list(net.buffers())
 
+    # The whole step is sampled before and after the per-layer runs, so a slow drift of the
+    # machine (other processes, frequency changes) affects both sides of the comparison alike.
+    half = (opts.step_repeats + 1) // 2
+    steps = step_samples(net, tokens, targets, clock, opts.warmup, half) if opts.step_repeats else []
     units = _layer_units(net, tokens, targets)
     records: list[LayerRecord] = []
     prev_name: str | None = None
@@ -164,6 +167,8 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
             from traces.op_graph import profile_block_ops  # fx machinery only when asked for
 
             say(f"profiling {name} by operator ({i + 1}/{len(units)})")
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name}: expected a tensor input")
             ops = profile_block_ops(mod, x, name, prev_name, clock, opts.warmup, opts.repeats, opts.seed, buffers)
             records.extend(ops)
             prev_name = ops[-1].name
@@ -194,7 +199,9 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
     step = None
     if opts.step_repeats:
         say("timing a whole forward+backward step")
-        step = measure_step(net, tokens, targets, clock, opts.warmup, opts.step_repeats)
+        steps += step_samples(net, tokens, targets, clock, opts.warmup, opts.step_repeats - half)
+        med, iqr = median_iqr(steps)
+        step = StepMeasurement(forward_backward_s=med, repeats=len(steps), iqr_s=iqr)
     return Trace(
         device=device_label(device),
         dtype=opts.dtype,

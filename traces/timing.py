@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -170,13 +171,13 @@ def measure_unit(
         if grad_inputs and outs:
             o = forward()
             clock.sync()
-            t_b = clock.time(lambda o=o: torch.autograd.grad(o, grad_inputs, grads, allow_unused=True))
+            t_b = clock.time(partial(torch.autograd.grad, o, grad_inputs, grads, allow_unused=True))
         t_full = 0.0
         if outs and (weights or grad_inputs):
             o = forward()
             zero()
             clock.sync()
-            t_full = clock.time(lambda o=o: torch.autograd.backward(o, grads))
+            t_full = clock.time(partial(torch.autograd.backward, o, grads))
         if i >= warmup:
             fwd_t.append(t_f)
             b_t.append(t_b)

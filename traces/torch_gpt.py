@@ -50,6 +50,7 @@ class Attention(nn.Module):
         self.dropout = model.dropout
         # Additive mask: `scores + mask` saves nothing for backward, unlike masked_fill.
         mask = torch.full((model.seq_len, model.seq_len), float("-inf")).triu(1)
+        self.causal_mask: torch.Tensor
         self.register_buffer("causal_mask", mask, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
