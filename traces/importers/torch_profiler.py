@@ -1,0 +1,295 @@
+"""Import a ``torch.profiler`` Chrome trace (``export_chrome_trace``) as a per-layer trace.
+
+Layers are ranges on a CPU thread, found one of two ways (``group``):
+
+* ``record_function``: ``user_annotation`` events, i.e. ``torch.profiler.record_function(name)``
+  ranges; :func:`record_layers` opens one around each pipeline layer of our GPT. By default the
+  innermost named ranges are layers, except ``ProfilerStep#N``, ranges torch opens itself
+  (``Optimizer.*``, ``enumerate(DataLoader)#*``) and ranges holding autograd backward work (a user's
+  ``record_function("backward")``); with ``pattern`` the ranges whose name matches (outermost
+  where matches nest, so no time is counted twice).
+* ``module``: ``python_function`` events named ``nn.Module: <Class>_<k>``. torch 2.13 writes them
+  only with ``profile(with_stack=True)``; ``with_modules=True`` alone writes none. By default the
+  direct children of the outermost module (for our GPT: ``Embedding_0``, ``Block_0`` …,
+  ``LayerNorm_4``, ``LMHead_0``); ``pattern`` matches the ``<Class>_<k>`` names. ``<k>`` counts
+  per class object, so two classes with the same ``__name__`` (our ``Embedding`` and
+  ``nn.Embedding``) both yield ``Embedding_0``; ranges with one name merge into one layer.
+* ``auto``: ``record_function`` if the trace has such ranges besides torch's own, else ``module``.
+
+Forward time is the layers' range time divided by the profiled steps (``ProfilerStep#N`` ranges,
+else the occurrences of the first layer; ``steps`` overrides). With GPU kernels in the trace it is
+the time of the kernels launched inside the ranges (:class:`~.chrome_events.KernelLaunches`).
+
+Backward time: each top-level ``autograd::engine::evaluate_function: XxxBackward0`` event (GPU
+kernels in it, with kernels) is charged to the layer whose range holds the forward op with the
+same ``args["Sequence number"]`` on the forward thread. In torch 2.13 the backward side's
+``args["Fwd thread id"]`` is torch's internal thread number (1, 2 …), not the OS tid, and forward
+ops carry ``Fwd thread id`` 0; so internal ids are mapped to OS threads by majority over the
+sequence numbers they share. Backward ops whose twin is in no range (the loss) go to the ranged
+forward op with the nearest lower sequence number (nearest higher if none: the next step's first
+layer is often nearer than the loss's own last layer). ``AccumulateGrad`` has no sequence number;
+the engine runs it right after the node that produced the gradient, so it goes to that node's
+layer. The rest is reported in the notes as unattributed. A profiler cannot split the backward
+into input and weight gradients: ``backward_split="combined"``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import datetime as _dt
+import os
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+from traces.config import Model
+from traces.errors import ContractError
+from traces.importers.chrome_events import (
+    MODULE_PREFIX,
+    KernelLaunches,
+    Ranges,
+    Span,
+    Thread,
+    int_arg,
+    leaves,
+    load_events,
+    outermost,
+    read_spans,
+)
+from traces.trace import LayerRecord, Provenance, Trace
+
+GROUPS = ("auto", "record_function", "module")
+_STEP_RE = re.compile(r"ProfilerStep#\d+$")
+_TORCH_OWN_RE = re.compile(r"ProfilerStep#\d+$|Optimizer\.|enumerate\(DataLoader\)#")
+_EVALUATE = "autograd::engine::evaluate_function"
+_HINTS = {
+    "record_function": "wrap each layer in torch.profiler.record_function(name) (record_layers(net) does it for "
+    "our GPT), or pass --pattern REGEX to pick ranges by name",
+    "module": "torch writes 'nn.Module: ...' events only with torch.profiler.profile(with_stack=True); "
+    "--pattern REGEX picks module names such as 'Block'",
+}
+
+
+@contextlib.contextmanager
+def record_layers(net: Any) -> Iterator[None]:
+    """Open a ``torch.profiler.record_function(name)`` range around each layer's forward.
+
+    Args:
+        net: A model with ``layers()`` yielding ``(name, kind, module)``, e.g. our ``GPT``.
+
+    Example:
+        >>> with record_layers(net), torch.profiler.profile() as prof:  # doctest: +SKIP
+        ...     lm_loss(net(tokens), targets).backward()
+    """
+    import torch  # here, not at import time: the importer itself does not need torch
+
+    handles = []
+    for name, _kind, module in net.layers():
+        stack: list[Any] = []
+
+        def pre(_mod: Any, _args: Any, name: str = name, stack: list[Any] = stack) -> None:
+            stack.append(torch.profiler.record_function(name).__enter__())
+
+        def post(_mod: Any, _args: Any, _out: Any, stack: list[Any] = stack) -> None:
+            if stack:
+                stack.pop().__exit__(None, None, None)
+
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post, always_call=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _select(spans: list[Span], group: str, regex: re.Pattern[str] | None, source: str) -> tuple[list[Span], str]:
+    """The layer ranges and a description of how they were chosen."""
+    notes = [s for s in spans if s.cat == "user_annotation" and s.name and not _STEP_RE.match(s.name)]
+    if group == "auto":
+        group = "record_function" if any(not _TORCH_OWN_RE.match(s.name) for s in notes) else "module"
+    if group == "record_function" and regex is not None:
+        chosen, how = outermost(s for s in notes if regex.search(s.name)), "record_function ranges matching the pattern"
+    elif group == "record_function":
+        chosen = leaves(s for s in notes if not _TORCH_OWN_RE.match(s.name))
+        index = Ranges(chosen)  # leaves are disjoint per thread
+        backward = {
+            r.index for b in spans if b.name.startswith(_EVALUATE) if (r := index.find(b.thread, b.start, b.end))
+        }
+        chosen, how = [s for s in chosen if s.index not in backward], "innermost record_function ranges"
+    else:
+        modules = [replace(s, name=s.name[len(MODULE_PREFIX) :]) for s in spans if s.cat == "python_function"]
+        modules = [m for m in modules if m.name]
+        if regex is not None:
+            chosen, how = outermost(m for m in modules if regex.search(m.name)), "nn.Module ranges matching the pattern"
+        else:
+            roots = {s.index for s in outermost(modules)}
+            chosen = outermost(m for m in modules if m.index not in roots) or [m for m in modules if m.index in roots]
+            how = "nn.Module ranges of the top module's children"
+    if not chosen:
+        which = f"{group} grouping" + (f" with pattern {regex.pattern!r}" if regex is not None else "")
+        raise ContractError(source, "traceEvents", f"no layer ranges found with {which}: {_HINTS[group]}")
+    return chosen, how + (f" {regex.pattern!r}" if regex is not None else "")
+
+
+def _attribute_backward(
+    spans: list[Span], ranges: list[Span], cost: Callable[[Span], int], source: str
+) -> tuple[dict[str, int], Counter[str]]:
+    """Backward ns per layer, and ns per attribution rule (see the module docstring)."""
+    index = Ranges(ranges)
+    twin: dict[tuple[Thread, int], str] = {}
+    seq_threads: dict[int, list[Thread]] = defaultdict(list)
+    ranged: dict[Thread, list[tuple[int, str]]] = defaultdict(list)
+    evaluate: list[Span] = []
+    for s in spans:
+        if s.cat != "cpu_op":
+            continue
+        seq, fwd_tid = int_arg(s, "Sequence number", source), int_arg(s, "Fwd thread id", source)
+        if s.name.startswith(_EVALUATE):
+            evaluate.append(s)
+        elif seq is not None and seq >= 0 and not fwd_tid:  # backward-side ops carry the forward thread's id
+            if s.thread not in seq_threads[seq]:
+                seq_threads[seq].append(s.thread)
+            r = index.find(s.thread, s.start, s.end)
+            if r is not None and (s.thread, seq) not in twin:
+                twin[(s.thread, seq)] = r.name
+                ranged[s.thread].append((seq, r.name))
+    for items in ranged.values():
+        items.sort()
+    top = sorted(outermost(evaluate), key=lambda s: (s.start, s.index))
+    votes: dict[int | None, Counter[Thread]] = defaultdict(Counter)
+    for b in top:
+        seq = int_arg(b, "Sequence number", source)
+        for t in seq_threads.get(seq, []) if seq is not None else []:
+            votes[int_arg(b, "Fwd thread id", source)][t] += 1
+    thread_of = {fid: min(c, key=lambda t: (-c[t], str(t))) for fid, c in votes.items()}
+    only = next(iter(ranged)) if len(ranged) == 1 else None
+    per_layer: dict[str, int] = defaultdict(int)
+    rules: Counter[str] = Counter()
+    previous: dict[Thread, str | None] = {}
+    for b in top:
+        seq = int_arg(b, "Sequence number", source)
+        seq = seq if seq is not None and seq >= 0 else None
+        cands = seq_threads.get(seq, []) if seq is not None else []
+        thread: Thread | None = cands[0] if len(cands) == 1 else thread_of.get(int_arg(b, "Fwd thread id", source), only)
+        layer: str | None = None
+        rule = "unattributed"
+        if seq is None:
+            layer, rule = previous.get(b.thread), "by the backward node that ran just before (AccumulateGrad)"
+        elif thread is not None and (layer := twin.get((thread, seq))) is not None:
+            rule = "by its forward op's sequence number"
+        elif thread is not None and ranged.get(thread):
+            layer, rule = _nearest(ranged[thread], seq), "by the nearest ranged forward op's sequence number"
+        previous[b.thread] = layer
+        rules[rule if layer is not None else "unattributed"] += cost(b)
+        if layer is not None:
+            per_layer[layer] += cost(b)
+    return per_layer, rules
+
+
+def _nearest(items: list[tuple[int, str]], seq: int) -> str:
+    """Layer of the largest sequence number <= ``seq``, else of the smallest above it."""
+    i = bisect.bisect_right(items, (seq, "\U0010ffff"))
+    return items[i - 1][1] if i > 0 else items[0][1]
+
+
+def import_torch_profiler(
+    path: str | os.PathLike[str],
+    *,
+    group: str = "auto",
+    pattern: str | None = None,
+    steps: int | None = None,
+    device: str | None = None,
+    dtype: str = "unknown",
+    model: Model | None = None,
+    micro_batch_size: int | None = None,
+    seq_len: int | None = None,
+    command: str = "",
+) -> Trace:
+    """Read a ``torch.profiler`` Chrome trace (``.json`` or ``.json.gz``) into a per-layer Trace.
+
+    Args:
+        path: The trace file, as written by ``profile.export_chrome_trace``.
+        group: ``record_function``, ``module`` or ``auto`` (see the module docstring).
+        pattern: Regular expression (``re.search``) selecting the layer ranges by name.
+        steps: Number of profiled steps to divide by (default: ``ProfilerStep#N`` ranges, else
+            the number of times the first layer occurs).
+        device: Device label; default ``cuda`` if the trace has GPU kernels, else ``cpu``.
+        dtype: Activation dtype, if known.
+        model: The profiled model, if known.
+        micro_batch_size: Micro-batch size the trace was taken at, if known.
+        seq_len: Sequence length the trace was taken at, if known.
+        command: Command line for the provenance.
+
+    Raises:
+        ContractError: naming the file for a missing or malformed file, a non-Chrome trace, a
+            malformed event (by index and field), a bad pattern or no layer ranges found.
+    """
+    source = str(path)
+    if group not in GROUPS:
+        raise ContractError(source, "group", f"group={group!r} is not one of {', '.join(GROUPS)}")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
+        raise ContractError(source, "steps", f"steps={steps!r} must be a positive integer")
+    try:
+        regex = re.compile(pattern) if pattern is not None else None
+    except re.error as e:
+        raise ContractError(source, "pattern", f"pattern {pattern!r} is not a valid regular expression ({e})") from None
+    events = load_events(path)
+    spans = read_spans(events, source)
+    ranges, how = _select(spans, group, regex, source)
+    kernels = KernelLaunches(spans, events, source) if any(s.cat == "kernel" for s in spans) else None
+    cost: Callable[[Span], int] = kernels.gpu_ns if kernels is not None else (lambda s: s.dur)
+    forward: dict[str, int] = {}
+    occurrences: Counter[str] = Counter()
+    for r in sorted(ranges, key=lambda s: (s.start, s.index)):  # layers in order of first occurrence
+        forward[r.name] = forward.get(r.name, 0) + cost(r)
+        occurrences[r.name] += 1
+    profiler_steps = len({s.name for s in spans if s.cat in ("user_annotation", "cpu_op") and _STEP_RE.match(s.name)})
+    n = steps or profiler_steps or occurrences[next(iter(forward))]
+    backward, rules = _attribute_backward(spans, ranges, cost, source)
+    divisor = "given" if steps else "ProfilerStep#N ranges" if profiler_steps else "occurrences of the first layer"
+    timing = (
+        f"GPU kernel time ({kernels.count} kernels, {kernels.unlinked} not linked to a launch)"
+        if kernels is not None
+        else "CPU wall time"
+    )
+    charged = "; ".join(f"{ns / n / 1e9:.6g} s {rule}" for rule, ns in sorted(rules.items()))
+    notes = (
+        f"torch.profiler Chrome trace; layers: {how} ({len(ranges)} ranges); times: {timing} divided by "
+        f"{n} steps ({divisor}); backward per step: {charged or 'none found'}; backward_split=combined "
+        "(the profiler cannot separate input and weight gradients)"
+    )
+    records = [
+        LayerRecord(
+            name=name,
+            kind=re.sub(r"[._]?\d+$", "", name) or name,
+            forward_s=ns / n / 1e9,
+            backward_input_s=backward.get(name, 0) / n / 1e9,
+            backward_weight_s=0.0,
+        )
+        for name, ns in forward.items()
+    ]
+    try:
+        return Trace(
+            device=device or ("cuda" if kernels is not None else "cpu"),
+            dtype=dtype,
+            layers=records,
+            provenance=Provenance(
+                tool="mindpipe import torch-profiler",
+                command=command,
+                date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                source_file=source,
+                notes=notes,
+            ),
+            model=model,
+            model_name=model.label if model is not None else None,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            granularity="layer",
+            backward_split="combined",
+        )
+    except ContractError as e:
+        raise ContractError(source, e.key, e.rule) from None
