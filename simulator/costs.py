@@ -1,0 +1,339 @@
+"""What the engine needs to know about compute and communication, and two ways to get it.
+
+The engine times a schedule from :class:`LayerCost` records (one per pipeline layer: embedding,
+blocks, final norm, LM head) and prices every transfer with a :class:`CommModel`. Compute comes
+either from a trace (:class:`TraceComputeModel`: profiled or imported per-layer times) or from a
+hardware model (:class:`RooflineComputeModel` here; the shape-aware GPU model of
+:mod:`simulator.perf` implements the same protocol).
+
+Units: seconds, bytes; everything is for one micro-batch on one device (one tensor-parallel rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from simulator.ops import Op, block_ops, embedding_ops, final_norm_ops, lm_head_ops
+from traces.catalog import DeviceSpec
+from traces.config import Model, Plan
+from traces.errors import ContractError
+from traces.trace import Trace
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+LINKS = ("nvlink", "nic", "pcie", "local")
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """A tensor-parallel collective a layer issues; ``nbytes`` is the full buffer on each rank."""
+
+    op: str
+    nbytes: int
+
+
+@dataclass(slots=True)
+class LayerCost:
+    """Cost of one pipeline layer for one micro-batch on one TP rank, compute only.
+
+    Attributes:
+        name, kind: Layer name and role (``embedding``, ``block``, ``final_norm``, ``lm_head``).
+        forward_s: Forward compute.
+        backward_input_s: Input-gradient compute (I, Qi et al.'s B).
+        backward_weight_s: Weight-gradient compute (W).
+        recompute_selective_s: Forward compute of the attention core, re-run by selective
+            recompute (Korthikanti et al. §5); full recompute re-runs ``forward_s``.
+        forward_comm: TP collectives of the forward, in issue order.
+        backward_comm: TP collectives of the input-gradient pass.
+        output_bytes: Bytes that cross a pipeline boundary placed after this layer (per rank).
+        param_count: Parameters this rank holds for the layer (after TP sharding).
+    """
+
+    name: str
+    kind: str
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    recompute_selective_s: float = 0.0
+    forward_comm: list[Collective] = field(default_factory=list)
+    backward_comm: list[Collective] = field(default_factory=list)
+    output_bytes: int = 0
+    param_count: int = 0
+
+
+class ComputeModel(Protocol):
+    """Anything that prices the layers of a model under a plan."""
+
+    def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
+        """Per-layer costs in pipeline order (embedding, blocks…, final_norm, lm_head)."""
+        ...
+
+    def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
+        """Time of the optimizer step over ``params_per_device`` parameters."""
+        ...
+
+
+class CommModel(Protocol):
+    """Latency and achieved bandwidth of collectives and p2p on a link type.
+
+    The engine decides which links a transfer crosses and how many bytes go over each (ring
+    algorithms, hierarchical all-reduce); the comm model says how fast a link really moves them.
+    """
+
+    def latency_s(self, op: str, group_size: int, link: str) -> float:
+        """Fixed (size-independent) time of one ``op`` over ``group_size`` ranks on ``link``."""
+        ...
+
+    def efficiency(self, op: str, nbytes: int, group_size: int, link: str) -> float:
+        """Achieved fraction (0, 1] of the link's bandwidth for a message of ``nbytes``."""
+        ...
+
+
+# -- per-layer communication and parameters (shared by every compute model) ------------------------
+
+
+def tp_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> tuple[list[Collective], list[Collective]]:
+    """Megatron's TP collectives of one block: forward and input-gradient pass.
+
+    Without sequence parallelism: one all-reduce after attention and one after the MLP in the
+    forward (operator g), and the conjugate two in the backward (operator f) — Shoeybi et al.
+    2019, Fig. 4. With sequence parallelism each all-reduce becomes an all-gather before and a
+    reduce-scatter after the parallel region (Korthikanti et al. §4.2.2): same bytes on the wire.
+    """
+    if plan.tp == 1:
+        return [], []
+    s = seq_len or model.seq_len
+    nbytes = plan.micro_batch_size * s * model.hidden_size * DTYPE_BYTES[plan.precision]
+    if plan.sequence_parallel:
+        one = [Collective("allgather", nbytes), Collective("reducescatter", nbytes)]
+        return one * 2, one * 2
+    return [Collective("allreduce", nbytes)] * 2, [Collective("allreduce", nbytes)] * 2
+
+
+def layer_params(model: Model, tp: int) -> list[tuple[str, str, int]]:
+    """(name, kind, parameters per TP rank) of every pipeline layer."""
+    h, v = model.hidden_size, model.vocab_size
+    out = [("embedding", "embedding", -(-v // tp) * h + model.seq_len * h)]
+    # Column/row-parallel weights shard over t; row-parallel biases and LayerNorms are replicated.
+    f = model.ffn
+    block = (3 * h * h + 3 * h) // tp + (h * h) // tp + h + (h * f + f) // tp + (f * h) // tp + h + 4 * h
+    out += [(f"block.{i}", "block", block) for i in range(model.num_layers)]
+    out += [("final_norm", "final_norm", 2 * h), ("lm_head", "lm_head", -(-v // tp) * h)]
+    return out
+
+
+def boundary_bytes(model: Model, plan: Plan, seq_len: int | None = None) -> int:
+    """Bytes of the hidden state crossing a pipeline boundary per micro-batch per TP rank.
+
+    Megatron sends the full [s, b, h] tensor from every TP rank unless sequence parallelism
+    shards it (then 1/t each) — scatter/gather optimisation of Narayanan et al. §4.1 is the same.
+    """
+    s = seq_len or model.seq_len
+    full = plan.micro_batch_size * s * model.hidden_size * DTYPE_BYTES[plan.precision]
+    return full // plan.tp if plan.sequence_parallel else full
+
+
+# -- roofline compute model ---------------------------------------------------------------------
+
+
+def roofline_time(ops: Sequence[Op], peak_flops: float, bandwidth_Bps: float) -> tuple[float, float, float, float]:
+    """(forward, backward_input, backward_weight, attention-core forward) seconds of ``ops``.
+
+    Each operator takes max(FLOPs / peak, bytes / bandwidth) (Williams et al. 2009).
+    """
+    out = {"forward": 0.0, "backward_input": 0.0, "backward_weight": 0.0}
+    core = 0.0
+    for op in ops:
+        t = max(op.flops / peak_flops, op.bytes / bandwidth_Bps)
+        out[op.phase] += t
+        if op.attention_core and op.phase == "forward":
+            core += t
+    return out["forward"], out["backward_input"], out["backward_weight"], core
+
+
+@dataclass
+class RooflineComputeModel:
+    """Prices operators by the roofline of a catalog device (issue 3's first-order model).
+
+    Attributes:
+        device: The catalog entry (peak FLOP/s per dtype, memory bandwidth).
+        flops_efficiency: Fraction of peak FLOP/s dense matmuls reach.
+        bandwidth_efficiency: Fraction of memory bandwidth memory-bound ops reach.
+        optimizer_bytes_per_param: Memory traffic of an Adam step per parameter (read/write of
+            fp32 master weights, two moments, gradients, and the low-precision copy).
+    """
+
+    device: DeviceSpec
+    flops_efficiency: float = 0.75
+    bandwidth_efficiency: float = 0.8
+    optimizer_bytes_per_param: float = 36.0
+
+    def _peak(self, plan: Plan) -> float:
+        return self.device.peak_flops(plan.precision) * self.flops_efficiency
+
+    def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
+        """Per-layer roofline costs (see :class:`ComputeModel`)."""
+        d = DTYPE_BYTES[plan.precision]
+        b, s, t = plan.micro_batch_size, model.seq_len, plan.tp
+        peak, bw = self._peak(plan), self.device.memory_bandwidth_GBps * 1e9 * self.bandwidth_efficiency
+        fwd_comm, bwd_comm = tp_collectives(model, plan)
+        out_bytes = boundary_bytes(model, plan)
+        params = {name: n for name, _, n in layer_params(model, t)}
+        layers: list[LayerCost] = []
+        f, i, w, _ = roofline_time(embedding_ops(model, b, s, t, d), peak, bw)
+        layers.append(LayerCost("embedding", "embedding", f, i, w, output_bytes=out_bytes, param_count=params["embedding"]))
+        f, i, w, core = roofline_time(block_ops(model, b, s, t, plan.sequence_parallel, d), peak, bw)
+        for k in range(model.num_layers):
+            name = f"block.{k}"
+            layers.append(
+                LayerCost(name, "block", f, i, w, core, list(fwd_comm), list(bwd_comm), out_bytes, params[name])
+            )
+        f, i, w, _ = roofline_time(final_norm_ops(model, b, s, t, plan.sequence_parallel, d), peak, bw)
+        layers.append(LayerCost("final_norm", "final_norm", f, i, w, output_bytes=out_bytes, param_count=params["final_norm"]))
+        f, i, w, _ = roofline_time(lm_head_ops(model, b, s, t, d), peak, bw)
+        layers.append(LayerCost("lm_head", "lm_head", f, i, w, output_bytes=0, param_count=params["lm_head"]))
+        return layers
+
+    def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
+        """Adam is memory-bound: bytes per parameter over the achieved bandwidth."""
+        bw = self.device.memory_bandwidth_GBps * 1e9 * self.bandwidth_efficiency
+        return params_per_device * self.optimizer_bytes_per_param / bw
+
+
+# -- trace-driven compute model -----------------------------------------------------------------
+
+
+@dataclass
+class TraceComputeModel:
+    """Per-layer times from a trace (profiled, imported or measured).
+
+    A trace is taken at one micro-batch size and TP degree. For a plan with other values the
+    times are scaled linearly in micro-batch size and by (trace tp / plan tp), a first-order
+    rule (compute is close to linear in tokens for these shapes); ``scaled`` reports whether that
+    happened. Layers are matched by kind: the trace must hold an ``embedding``, the blocks (one
+    record per block, or fewer to be repeated cyclically), ``final_norm`` (optional) and
+    ``lm_head``. Backward traces that could not be split (``backward_split="combined"``) put the
+    whole backward in I and none in W.
+    """
+
+    trace: Trace
+    fallback: ComputeModel | None = None
+    source: str = "trace"
+
+    def __post_init__(self) -> None:
+        if self.trace.granularity != "layer":
+            raise ContractError(self.source, "granularity", "the simulator needs a layer-granularity trace")
+        kinds = [r.kind for r in self.trace.layers]
+        if "block" not in kinds:
+            raise ContractError(self.source, "layers", "the trace has no block records")
+
+    def _scale(self, plan: Plan) -> float:
+        mbs = self.trace.micro_batch_size or plan.micro_batch_size
+        return (plan.micro_batch_size / mbs) * (self.trace.tp / plan.tp)
+
+    def scaled(self, plan: Plan) -> bool:
+        """True when the trace's micro-batch size or TP degree differs from the plan's."""
+        return abs(self._scale(plan) - 1.0) > 1e-12
+
+    def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
+        """Per-layer costs from the trace (see class docstring)."""
+        k = self._scale(plan)
+        by_kind: dict[str, list] = {}
+        for r in self.trace.layers:
+            by_kind.setdefault(r.kind, []).append(r)
+        blocks = by_kind["block"]
+        fwd_comm, bwd_comm = tp_collectives(model, plan)
+        out_bytes = boundary_bytes(model, plan)
+        params = {name: n for name, _, n in layer_params(model, plan.tp)}
+        layers: list[LayerCost] = []
+
+        def from_record(name: str, kind: str, rec: object | None, comm: bool) -> LayerCost:
+            if rec is None:
+                return LayerCost(name, kind, 0.0, 0.0, 0.0, output_bytes=out_bytes, param_count=params[name])
+            f = rec.forward_s * k  # type: ignore[attr-defined]
+            i = rec.backward_input_s * k  # type: ignore[attr-defined]
+            w = rec.backward_weight_s * k  # type: ignore[attr-defined]
+            # Selective recompute re-runs the attention core; a layer trace does not separate it,
+            # so estimate its share of the forward from the operator FLOPs/bytes ratio (roofline).
+            core = f * _attention_core_share(model, plan) if kind == "block" else 0.0
+            return LayerCost(
+                name, kind, f, i, w, core,
+                list(fwd_comm) if comm else [], list(bwd_comm) if comm else [],
+                out_bytes if kind != "lm_head" else 0, params[name],
+            )
+
+        layers.append(from_record("embedding", "embedding", (by_kind.get("embedding") or [None])[0], False))
+        for j in range(model.num_layers):
+            layers.append(from_record(f"block.{j}", "block", blocks[j % len(blocks)], True))
+        layers.append(from_record("final_norm", "final_norm", (by_kind.get("final_norm") or [None])[0], False))
+        layers.append(from_record("lm_head", "lm_head", (by_kind.get("lm_head") or [None])[0], False))
+        return layers
+
+    def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
+        """From the trace's update times if it has them, else the fallback model, else 0."""
+        ups = [r.update_s for r in self.trace.layers if r.update_s]
+        if ups:
+            total_params = sum(r.param_count or 0 for r in self.trace.layers) or 1
+            return sum(ups) * params_per_device / total_params
+        if self.fallback is not None:
+            return self.fallback.optimizer_step_s(params_per_device, plan)
+        return 0.0
+
+
+def _attention_core_share(model: Model, plan: Plan) -> float:
+    """Share of a block's forward FLOP+byte work in the attention core (for selective recompute)."""
+    ops = [o for o in block_ops(model, plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel,
+                                DTYPE_BYTES[plan.precision]) if o.phase == "forward"]
+    # Weigh FLOPs against bytes at a typical GPU machine balance (~150 FLOP/byte); the share only
+    # sizes selective recompute, a few percent of the step.
+    work = [o.flops + 150.0 * o.bytes for o in ops]
+    total = sum(work) or 1.0
+    return sum(w for o, w in zip(ops, work, strict=True) if o.attention_core) / total
+
+
+# -- a simple α-β communication model ---------------------------------------------------------
+
+
+@dataclass
+class AlphaBetaCommModel:
+    """Constant latency per algorithm step and constant bandwidth efficiency per link type.
+
+    Ring collectives take ``k−1`` (reduce-scatter, all-gather) or ``2(k−1)`` (all-reduce) latency
+    steps (nccl-tests PERFORMANCE.md); p2p takes one. The defaults are typical NCCL figures
+    (a few µs per step over NVLink, ~10 µs over InfiniBand); :mod:`simulator.perf` fits them to
+    measurements and calibration refits them for gloo.
+    """
+
+    step_latency_s: dict[str, float] = field(
+        default_factory=lambda: {"nvlink": 5e-6, "nic": 10e-6, "pcie": 8e-6, "local": 20e-6}
+    )
+    link_efficiency: dict[str, float] = field(
+        default_factory=lambda: {"nvlink": 0.8, "nic": 0.85, "pcie": 0.8, "local": 0.5}
+    )
+
+    def latency_s(self, op: str, group_size: int, link: str) -> float:
+        """Latency steps × per-step latency of the link."""
+        steps = {"allreduce": 2 * (group_size - 1), "reducescatter": group_size - 1, "allgather": group_size - 1}.get(op, 1)
+        return max(steps, 1) * self.step_latency_s[link]
+
+    def efficiency(self, op: str, nbytes: int, group_size: int, link: str) -> float:
+        """Constant achieved fraction of the link bandwidth."""
+        return self.link_efficiency[link]
+
+
+__all__ = [
+    "DTYPE_BYTES",
+    "LINKS",
+    "AlphaBetaCommModel",
+    "Collective",
+    "CommModel",
+    "ComputeModel",
+    "LayerCost",
+    "RooflineComputeModel",
+    "TraceComputeModel",
+    "boundary_bytes",
+    "layer_params",
+    "roofline_time",
+    "tp_collectives",
+]

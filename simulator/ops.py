@@ -1,0 +1,172 @@
+"""Operator decomposition of the GPT layers: FLOPs, bytes moved and GEMM shapes per micro-batch.
+
+The compute models price these operators (a roofline here; shape-aware efficiencies in
+:mod:`simulator.perf`). Counting follows Megatron-LM's GPT layer (Narayanan et al., SC'21, §5.1;
+Korthikanti et al. 2022, §4) on one tensor-parallel rank: QKV and projection GEMMs, attention
+scores Q·Kᵀ, softmax, attention over values, MLP GEMMs, LayerNorms, GeLU, dropouts and residual
+adds; the embedding; the LM head and the cross-entropy. A forward GEMM ``[M,K]×[K,N]`` costs
+2·M·N·K FLOPs; its backward costs the same again for the input gradient (I) and for the weight
+gradient (W), the split zero-bubble schedules rely on (Qi et al., ICLR'24).
+
+Bytes are what each operator reads and writes in device memory, assuming no fusion beyond what
+Megatron does by default (fused bias+GeLU, fused softmax); they drive the memory-bound side of the
+roofline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traces.config import Model
+
+PHASES = ("forward", "backward_input", "backward_weight")
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operator of one layer for one micro-batch on one tensor-parallel rank.
+
+    Attributes:
+        name: Operator name (``qkv``, ``attn_scores``, ``softmax``, ``mlp_fc1`` …).
+        phase: ``forward``, ``backward_input`` or ``backward_weight``.
+        kind: ``gemm`` (dense matmul; ``gemm_mnk`` set), ``bmm`` (batched attention matmul;
+            ``gemm_mnk`` and ``batch`` set) or ``memory`` (element-wise, norm, softmax, gather).
+        flops: Floating-point operations.
+        bytes: Device-memory traffic (reads + writes).
+        gemm_mnk: ``(M, N, K)`` of a GEMM, else None.
+        batch: Batch count of a batched GEMM (1 otherwise).
+        attention_core: True for the ops selective recompute re-runs (Q·Kᵀ, softmax, dropout, ·V;
+            Korthikanti et al. §5).
+    """
+
+    name: str
+    phase: str
+    kind: str
+    flops: float
+    bytes: float
+    gemm_mnk: tuple[int, int, int] | None = None
+    batch: int = 1
+    attention_core: bool = False
+
+
+def _gemm(name: str, m: int, n: int, k: int, dtype_bytes: int, batch: int = 1, core: bool = False) -> list[Op]:
+    """Forward, input-gradient and weight-gradient ops of ``Y[m,n] = X[m,k] · W[k,n]``.
+
+    For a batched matmul (attention) both operands are activations, so both backward products
+    are input gradients (there is no weight); they are listed under ``backward_input``.
+    """
+    kind = "bmm" if batch > 1 or core else "gemm"
+    f = 2.0 * m * n * k * batch
+    d = dtype_bytes
+    fwd = Op(name, "forward", kind, f, d * batch * (m * k + k * n + m * n), (m, n, k), batch, core)
+    # dX[m,k] = dY[m,n] · Wᵀ[n,k]
+    dx = Op(name, "backward_input", kind, f, d * batch * (m * n + n * k + m * k), (m, k, n), batch, core)
+    # dW[k,n] = Xᵀ[k,m] · dY[m,n]
+    dw_phase = "backward_input" if kind == "bmm" else "backward_weight"
+    dw = Op(name + ("_dw" if kind == "gemm" else "_d2"), dw_phase, kind, f, d * batch * (k * m + m * n + k * n), (k, n, m), batch, core)
+    return [fwd, dx, dw]
+
+
+def _mem(name: str, elems: float, reads: float, writes: float, dtype_bytes: int, core: bool = False,
+         bwd_factor: float = 2.0) -> list[Op]:
+    """A memory-bound op touching ``elems`` elements (reads/writes per element); backward ~2×."""
+    fwd_bytes = elems * (reads + writes) * dtype_bytes
+    return [
+        Op(name, "forward", "memory", 0.0, fwd_bytes, attention_core=core),
+        Op(name, "backward_input", "memory", 0.0, bwd_factor * fwd_bytes, attention_core=core),
+    ]
+
+
+def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, sequence_parallel: bool = False,
+              dtype_bytes: int = 2) -> list[Op]:
+    """Operators of one transformer block on one TP rank (Megatron column/row-parallel layout).
+
+    Args:
+        model: The model contract.
+        micro_batch_size: Sequences per micro-batch (b).
+        seq_len: Tokens per sequence (s).
+        tp: Tensor-parallel degree t: QKV/fc1 are column-split, projection/fc2 row-split, heads split.
+        sequence_parallel: LayerNorm, dropout and residual run on s/t tokens (Korthikanti §4.2.2).
+        dtype_bytes: Bytes per activation/weight element.
+    """
+    b, s, h, a, f = micro_batch_size, seq_len, model.hidden_size, model.num_heads, model.ffn
+    t = tp
+    tokens = b * s
+    local_tokens = tokens // t if sequence_parallel else tokens
+    hd = model.head_dim
+    heads = a // t
+    d = dtype_bytes
+    ops: list[Op] = []
+    ops += _mem("ln1", local_tokens * h, 1, 1, d)
+    ops += _gemm("qkv", tokens, 3 * h // t, h, d)
+    ops += _gemm("attn_scores", s, s, hd, d, batch=b * heads, core=True)
+    ops += _mem("softmax", b * heads * s * s, 1, 1, d, core=True)
+    if model.dropout:
+        ops += _mem("attn_dropout", b * heads * s * s, 1, 2, d, core=True)
+    ops += _gemm("attn_context", s, hd, s, d, batch=b * heads, core=True)
+    ops += _gemm("proj", tokens, h, h // t, d)
+    ops += _mem("residual1", local_tokens * h, 2 + (1 if model.dropout else 0), 1, d, bwd_factor=1.0)
+    ops += _mem("ln2", local_tokens * h, 1, 1, d)
+    ops += _gemm("mlp_fc1", tokens, f // t, h, d)
+    ops += _mem("gelu", tokens * f // t, 1, 1, d)
+    ops += _gemm("mlp_fc2", tokens, h, f // t, d)
+    ops += _mem("residual2", local_tokens * h, 2 + (1 if model.dropout else 0), 1, d, bwd_factor=1.0)
+    return ops
+
+
+def embedding_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, dtype_bytes: int = 2) -> list[Op]:
+    """Token + position embedding (vocabulary-parallel gather) on one TP rank."""
+    tokens = micro_batch_size * seq_len
+    h, d = model.hidden_size, dtype_bytes
+    return [
+        Op("embedding", "forward", "memory", 0.0, 3.0 * tokens * h * d),
+        # The weight gradient is a scatter-add of the output gradient into the table rows.
+        Op("embedding_dw", "backward_weight", "memory", 0.0, 3.0 * tokens * h * d),
+    ]
+
+
+def final_norm_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, sequence_parallel: bool = False,
+                   dtype_bytes: int = 2) -> list[Op]:
+    """The final LayerNorm before the LM head."""
+    tokens = micro_batch_size * seq_len
+    local = tokens // tp if sequence_parallel else tokens
+    return _mem("final_norm", local * model.hidden_size, 1, 1, dtype_bytes)
+
+
+def lm_head_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, dtype_bytes: int = 2) -> list[Op]:
+    """Vocabulary-parallel LM head GEMM and the cross-entropy over the logits (fp32 softmax)."""
+    tokens = micro_batch_size * seq_len
+    v_local = -(-model.vocab_size // tp)
+    ops = _gemm("lm_head", tokens, v_local, model.hidden_size, dtype_bytes)
+    ops += _mem("cross_entropy", tokens * v_local, 1, 1, 4, bwd_factor=1.0)
+    return ops
+
+
+def forward_flops_per_token(model: Model, seq_len: int) -> float:
+    """Model FLOPs of the forward pass per token (no recompute), all layers, TP-independent.
+
+    Narayanan et al. (SC'21), Eq. 3 without the recompute forward: the whole iteration costs
+    72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) FLOPs for ffn = 4h, i.e. 3 × this forward count.
+    Written per operator here so ffn ≠ 4h is exact too.
+    """
+    h, f, L, v = model.hidden_size, model.ffn, model.num_layers, model.vocab_size
+    per_layer = 2 * (3 * h * h + h * h + 2 * h * f) + 2 * 2 * seq_len * h
+    return L * per_layer + 2 * h * v
+
+
+def model_flops_per_iteration(model: Model, global_batch_size: int, seq_len: int | None = None) -> float:
+    """Model FLOPs of one training iteration (forward + backward = 3 × forward; no recompute)."""
+    s = seq_len or model.seq_len
+    return 3.0 * forward_flops_per_token(model, s) * global_batch_size * s
+
+
+__all__ = [
+    "PHASES",
+    "Op",
+    "block_ops",
+    "embedding_ops",
+    "final_norm_ops",
+    "forward_flops_per_token",
+    "lm_head_ops",
+    "model_flops_per_iteration",
+]
