@@ -129,7 +129,7 @@ class Schedule:
         sizes use :meth:`in_flight_timeline` and weight each stage.
         """
         out = []
-        for r, order in enumerate(self.orders):
+        for order in self.orders:
             cur = best = 0
             for a in order:
                 if a.kind == "F":
