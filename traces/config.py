@@ -23,6 +23,8 @@ RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMM_PRIORITIES = ("fair", "pp_first")
 LAYER_MEMORY_POLICIES = ("keep", "recompute", "swap")
+# How global ranks are laid out over (tp, dp, pp), innermost first; Megatron's default is tp-dp-pp.
+RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 # Schedules that place two model chunks per rank in a "V" (Qi et al. ICLR'24; DeepSeek DualPipeV).
 V_SCHEDULES = ("zbv", "dualpipev")
 
@@ -171,7 +173,10 @@ class Plan:
 
     ``partition`` lists layers per (virtual) stage in pipeline order; ``None`` means an even split.
     ``layer_memory_policy`` gives per block ``keep|recompute|swap`` (vPipe); ``None`` follows
-    ``recompute``.
+    ``recompute``. ``comm_priority`` ``pp_first`` gives pipeline p2p traffic priority on shared
+    links; ``overlap_grad_reduce`` issues data-parallel gradient buckets during the last backward
+    (Megatron ``--overlap-grad-reduce``); ``rank_order`` lays global ranks out over the mesh axes,
+    innermost first (Megatron: ``tp-dp-pp``, so TP stays inside a node).
     """
 
     dp: int = 1
@@ -186,6 +191,8 @@ class Plan:
     zero_stage: int = 0
     precision: str = "bf16"
     comm_priority: str = "fair"
+    overlap_grad_reduce: bool = True
+    rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
     format_version: int = PLAN_FORMAT_VERSION
@@ -198,6 +205,7 @@ class Plan:
         one_of("recompute", self.recompute, RECOMPUTE)
         one_of("precision", self.precision, PRECISIONS)
         one_of("comm_priority", self.comm_priority, COMM_PRIORITIES)
+        one_of("rank_order", self.rank_order, RANK_ORDERS)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ContractError("", "zero_stage", f"zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
         per_step = self.micro_batch_size * self.dp

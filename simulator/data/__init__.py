@@ -1,0 +1,1 @@
+"""Data shipped with the simulator (grid carbon intensity)."""

@@ -1,0 +1,336 @@
+"""Discrete-event simulation of one training iteration (simpy).
+
+One representative pipeline is simulated (data-parallel rank 0, tensor-parallel rank 0); data
+replicas and TP peers run the same program at the same time, and their traffic on shared links
+enters through flow multiplicities (:mod:`simulator.topology`). Each pipeline rank replays its
+schedule's action list (BACKGROUND.md §1.3): an action starts when the rank is free and its
+inputs have arrived —
+
+* ``F(s, μ)`` needs the activation of ``F(s−1, μ)`` (a p2p transfer unless both stages share a rank);
+* ``B/I(s, μ)`` needs the gradient of ``B/I(s+1, μ)``; ``W(s, μ)`` follows ``I(s, μ)`` on the rank.
+
+An action is its compute followed by its tensor-parallel collectives (Megatron issues them
+synchronously inside the layer, so the rank waits for them). Full or selective recompute adds
+the re-run forward (and, for full, its collectives) before the input-gradient work. Pipeline
+sends are asynchronous for the sender. Gradients of a stage are reduced over data parallelism in
+buckets issued while the stage's last backward computes (Megatron ``--overlap-grad-reduce``,
+PyTorch DDP bucketing); with ZeRO ≥ 1 they are reduce-scattered, ZeRO-1/2 all-gather the updated
+parameters after the optimizer step and ZeRO-3 gathers each stage's parameters before its first
+forward (FSDP2 under PP keeps them unsharded for the step; torchtitan). The iteration ends when
+the slowest rank has finished its optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from simulator.actions import Action, Schedule
+from simulator.topology import Phase
+
+
+@dataclass
+class StageWork:
+    """Per micro-batch work of one virtual stage on its rank.
+
+    Attributes:
+        forward_s, input_s, weight_s: Compute of F, I (input gradient) and W (weight gradient).
+        recompute_s: Forward compute re-run before I (recompute policy).
+        fwd_tp: TP collective phases of a forward.
+        bwd_tp: TP collective phases of the input-gradient pass (with recomputed forward ones).
+        send_fwd: Phases moving the output to the next stage (None: same rank or last stage).
+        send_bwd: Phases moving the input gradient to the previous stage.
+        dp_buckets: Gradient-reduction phases per bucket, in issue order.
+        gather_buckets: ZeRO-3 parameter all-gather phases per bucket.
+        swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
+    """
+
+    forward_s: float
+    input_s: float
+    weight_s: float
+    recompute_s: float = 0.0
+    fwd_tp: list[Phase] = field(default_factory=list)
+    bwd_tp: list[Phase] = field(default_factory=list)
+    send_fwd: list[Phase] | None = None
+    send_bwd: list[Phase] | None = None
+    dp_buckets: list[list[Phase]] = field(default_factory=list)
+    gather_buckets: list[list[Phase]] = field(default_factory=list)
+    swap_out: list[Phase] = field(default_factory=list)
+    swap_in: list[Phase] = field(default_factory=list)
+
+
+@dataclass
+class RankWork:
+    """Per-iteration work of a pipeline rank outside the schedule."""
+
+    optimizer_s: float = 0.0
+    param_gather: list[list[Phase]] = field(default_factory=list)  # ZeRO-1/2 after the step
+
+
+@dataclass
+class EngineOptions:
+    """Engine knobs.
+
+    Attributes:
+        overlap_grad_reduce: Issue gradient buckets during the last backward (else after it).
+        pp_first: Pipeline p2p traffic has priority over other traffic on shared links.
+        cores_per_rank_slots: For CPU ranks sharing cores: how many ranks a node's cores run at
+            full speed at once (cores / threads per rank); None means dedicated devices.
+        record: Keep a timeline of every compute action and transfer.
+    """
+
+    overlap_grad_reduce: bool = True
+    pp_first: bool = False
+    cores_per_rank_slots: float | None = None
+    record: bool = False
+
+
+@dataclass
+class TimelineEvent:
+    """One span of the timeline: rank, thread (``compute``/``comm``), label, start, end."""
+
+    rank: int
+    thread: str
+    name: str
+    start: float
+    end: float
+    category: str
+
+
+@dataclass
+class EngineResult:
+    """Times of one simulated iteration."""
+
+    iteration_time_s: float
+    pipeline_time_s: float
+    busy_s: list[float]
+    compute_s: list[float]
+    end_s: list[float]
+    exposed_dp_s: list[float]
+    comm_busy_s: list[float]
+    bytes_by_link_type: dict[str, float]
+    timeline: list[TimelineEvent] | None = None
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the pipeline span, averaged over ranks (the schedule's bubble)."""
+        if self.pipeline_time_s <= 0:
+            return 0.0
+        frac = 1.0 - sum(self.busy_s) / (len(self.busy_s) * self.pipeline_time_s)
+        return min(max(frac, 0.0), 1.0)
+
+
+class Engine:
+    """Simulate ``schedule`` with per-stage work on a fluid network."""
+
+    def __init__(self, schedule: Schedule, stages: list[StageWork], ranks: list[RankWork], transfers_factory,
+                 options: EngineOptions | None = None) -> None:
+        self.schedule = schedule
+        self.stages = stages
+        self.ranks = ranks
+        self.opt = options or EngineOptions()
+        self.env = simpy.Environment()
+        self.net, self.tr = transfers_factory(self.env)
+        if len(stages) != schedule.num_stages:
+            raise ValueError(f"{len(stages)} stage costs for a schedule of {schedule.num_stages} stages")
+        m, n_st = schedule.num_microbatches, schedule.num_stages
+        self.arr_f = [[self.env.event() for _ in range(m)] for _ in range(n_st)]
+        self.arr_b = [[self.env.event() for _ in range(m)] for _ in range(n_st)]
+        self.params_ready = [self.env.event() for _ in range(n_st)]
+        self.swapped_in: dict[tuple[int, int], simpy.Event] = {}
+        pp = schedule.pp
+        self.busy = [0.0] * pp
+        self.compute = [0.0] * pp
+        self.end = [0.0] * pp
+        self.last_compute_end = [0.0] * pp
+        self.exposed_dp = [0.0] * pp
+        self.comm_busy = [0.0] * pp
+        self.timeline: list[TimelineEvent] | None = [] if self.opt.record else None
+        self.compute_done = [self.env.event() for _ in range(pp)]
+        self._last_grad = [self._last_grad_index(r) for r in range(pp)]
+        self._dp_waiters: list[list[simpy.Process]] = [[] for _ in range(pp)]
+
+    def _last_grad_index(self, r: int) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for i, a in enumerate(self.schedule.orders[r]):
+            if a.kind in ("B", "W"):
+                out[a.stage] = i
+        return out
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _prio(self, pp_traffic: bool) -> int:
+        return 0 if (pp_traffic or not self.opt.pp_first) else 1
+
+    def _transfer(self, phases: list[Phase], pp_traffic: bool = False) -> simpy.Event:
+        ev = self.env.event()
+        self.tr.run(phases, self._prio(pp_traffic), ev.succeed)
+        return ev
+
+    def _compute(self, r: int, seconds: float) -> simpy.Event:
+        if self.opt.cores_per_rank_slots is None:
+            return self.env.timeout(seconds)
+        ev = self.env.event()
+        node = self.tr.topo.node(self.tr.topo.rep(r))
+        self.net.start((("cores", node),), (1,), seconds, 1.0, 0, ev.succeed)
+        return ev
+
+    def _record(self, r: int, thread: str, name: str, start: float, end: float, cat: str) -> None:
+        if self.timeline is not None and end > start:
+            self.timeline.append(TimelineEvent(r, thread, name, start, end, cat))
+
+    # -- processes ----------------------------------------------------------------------------
+    def _rank(self, r: int):
+        env = self.env
+        stages = self.stages
+        last_grad = self._last_grad[r]
+        order = self.schedule.orders[r]
+        n_st = self.schedule.num_stages
+        for idx, a in enumerate(order):
+            st = stages[a.stage]
+            s, mb = a.stage, a.microbatch
+            if a.kind == "F":
+                if s > 0 and not self.arr_f[s][mb].processed:
+                    yield self.arr_f[s][mb]
+                if st.gather_buckets and not self.params_ready[s].processed:
+                    yield self.params_ready[s]
+                comp, phases = st.forward_s, st.fwd_tp
+            elif a.kind in ("B", "I"):
+                if s < n_st - 1 and not self.arr_b[s][mb].processed:
+                    yield self.arr_b[s][mb]
+                ev = self.swapped_in.get((s, mb))
+                if ev is not None and not ev.processed:
+                    yield ev
+                comp = st.recompute_s + st.input_s + (st.weight_s if a.kind == "B" else 0.0)
+                phases = st.bwd_tp
+            else:
+                comp, phases = st.weight_s, []
+            start = env.now
+            if idx + 1 < len(order):
+                self._prefetch(order[idx + 1])
+            if idx == last_grad.get(s) and st.dp_buckets:
+                self._dp_waiters[r].append(env.process(self._reduce_grads(r, s, start, comp)))
+            if comp > 0.0:
+                yield self._compute(r, comp)
+            cend = env.now
+            if phases:
+                yield self._transfer(phases)
+                self.comm_busy[r] += env.now - cend
+            end = env.now
+            self.busy[r] += end - start
+            self.compute[r] += cend - start
+            self.last_compute_end[r] = end
+            self._record(r, "compute", str(a), start, end, a.kind)
+            self._after(r, a, st, end)
+        self.compute_done[r].succeed()
+
+    def _after(self, r: int, a: Action, st: StageWork, t: float) -> None:
+        """Post the sends that action ``a`` enables."""
+        s, mb = a.stage, a.microbatch
+        if a.kind == "F":
+            if st.swap_out:
+                self.env.process(self._comm(r, st.swap_out, f"swap-out {a}", "swap", False))
+            if s + 1 < self.schedule.num_stages:
+                self._send(r, st.send_fwd, self.arr_f[s + 1][mb], f"send F{mb} {s}->{s + 1}")
+        elif a.kind in ("B", "I") and s > 0:
+            self._send(r, st.send_bwd, self.arr_b[s - 1][mb], f"send B{mb} {s}->{s - 1}")
+
+    def _send(self, r: int, phases: list[Phase] | None, arrival: simpy.Event, label: str) -> None:
+        if not phases:
+            arrival.succeed()
+            return
+        start = self.env.now
+
+        def landed() -> None:
+            self._record(r, "comm", label, start, self.env.now, "p2p")
+            arrival.succeed()
+
+        self.tr.run(phases, self._prio(True), landed)
+
+    def _prefetch(self, nxt: Action) -> None:
+        """vPipe-style swap-in of the next backward's activations while this action runs."""
+        st = self.stages[nxt.stage]
+        if nxt.kind in ("B", "I") and st.swap_in and (nxt.stage, nxt.microbatch) not in self.swapped_in:
+            self.swapped_in[(nxt.stage, nxt.microbatch)] = self._transfer(st.swap_in)
+
+    def _comm(self, r: int, phases: list[Phase], label: str, cat: str, pp_traffic: bool):
+        start = self.env.now
+        yield self._transfer(phases, pp_traffic)
+        self._record(r, "comm", label, start, self.env.now, cat)
+
+    def _reduce_grads(self, r: int, s: int, t0: float, duration: float):
+        """Issue stage ``s``'s gradient buckets as the last backward produces them."""
+        env = self.env
+        buckets = self.stages[s].dp_buckets
+        n = len(buckets)
+        for k, phases in enumerate(buckets):
+            if self.opt.overlap_grad_reduce:
+                ready = t0 + duration * (k + 1) / n
+                if env.now < ready:
+                    yield env.timeout(ready - env.now)
+            elif not self.compute_done[r].processed:
+                yield self.compute_done[r]
+            start = env.now
+            yield self._transfer(phases)
+            self._record(r, "comm", f"grad-reduce stage {s} bucket {k}", start, env.now, "dp")
+
+    def _gather_params(self, r: int, s: int):
+        for k, phases in enumerate(self.stages[s].gather_buckets):
+            start = self.env.now
+            yield self._transfer(phases)
+            self._record(r, "comm", f"param-gather stage {s} bucket {k}", start, self.env.now, "dp")
+        self.params_ready[s].succeed()
+
+    def run(self) -> EngineResult:
+        """Simulate the iteration and return its times."""
+        env = self.env
+        pp = self.schedule.pp
+        for s, st in enumerate(self.stages):
+            if st.gather_buckets:
+                env.process(self._gather_params(self.schedule.stage_to_rank[s], s))
+        rank_procs = []
+        for r in range(pp):
+            rank_procs.append(env.process(self._rank(r)))
+        for r in range(pp):
+            env.process(self._finish(r))
+        env.run()
+        for r, p in enumerate(rank_procs):
+            if not p.processed:
+                raise RuntimeError(f"deadlock: rank {r} never finished its schedule (waiting on a transfer)")
+        pipeline = max(self.last_compute_end) if pp else 0.0
+        return EngineResult(
+            iteration_time_s=max(self.end),
+            pipeline_time_s=pipeline,
+            busy_s=list(self.busy),
+            compute_s=list(self.compute),
+            end_s=list(self.end),
+            exposed_dp_s=list(self.exposed_dp),
+            comm_busy_s=list(self.comm_busy),
+            bytes_by_link_type=dict(self.net.bytes_by_link_type),
+            timeline=self.timeline,
+        )
+
+    def _finish(self, r: int):
+        """Wait for the rank's schedule, then for its gradient reductions, then step."""
+        env = self.env
+        yield self.compute_done[r]
+        t_compute = env.now
+        # Reductions were spawned during the schedule; they finish by succeeding their processes.
+        for p in self._dp_waiters[r]:
+            if p.processed:
+                continue
+            yield p
+        self.exposed_dp[r] = env.now - t_compute
+        work = self.ranks[r]
+        if work.optimizer_s > 0:
+            start = env.now
+            yield self._compute(r, work.optimizer_s)
+            self._record(r, "compute", "optimizer", start, env.now, "optimizer")
+        for k, phases in enumerate(work.param_gather):
+            start = env.now
+            yield self._transfer(phases)
+            self._record(r, "comm", f"param-gather bucket {k}", start, env.now, "dp")
+        self.end[r] = env.now
+
+
+__all__ = ["Engine", "EngineOptions", "EngineResult", "RankWork", "StageWork", "TimelineEvent"]

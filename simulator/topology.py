@@ -1,0 +1,184 @@
+"""Where ranks live and which links a transfer crosses.
+
+Ranks are placed on nodes in Megatron's default order — tensor-parallel innermost, then data,
+then pipeline (``rank_order="tp-dp-pp"``; Narayanan et al. SC'21 §3.2: keep TP inside a node) —
+unless the plan names another order. Global rank ``g`` lives on node ``g // gpus_per_node``.
+
+Links (capacities in bytes/s, one direction):
+
+* ``("nvout", g)``, ``("nvin", g)``: device g's NVLink port (through NVSwitch every device has its
+  own full bandwidth), used inside a node.
+* ``("nicout", n)``, ``("nicin", n)``: node n's network interface, all its NICs together, used
+  between nodes. Every device of the node shares it, so DP, TP and PP traffic contend there.
+* ``("local", n)``: CPU ranks of node n exchange data through loopback/shared memory; one shared
+  resource per node.
+
+The engine simulates one representative pipeline (data-parallel rank 0, tensor-parallel rank 0);
+the other replicas do the same thing at the same time. Their traffic that shares a representative
+node's NIC is counted by a multiplicity on that link: k identical flows get k shares of the
+max-min fair allocation. Links private to one device (NVLink ports) need no multiplicity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from traces.catalog import DeviceSpec
+from traces.config import Cluster, Plan
+
+AXES = ("tp", "dp", "pp")
+RING_FACTOR = {"allreduce": lambda k: 2 * (k - 1) / k, "reducescatter": lambda k: (k - 1) / k,
+               "allgather": lambda k: (k - 1) / k, "p2p": lambda k: 1.0, "broadcast": lambda k: 1.0}
+# Loopback bandwidth between CPU ranks when nothing better is known (gloo over TCP on lo is a few
+# GB/s on a small VM); calibration (issue 7) replaces it with a fitted figure.
+DEFAULT_LOCAL_GBPS = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSpec:
+    """Bytes that cross a set of links, ``multiplicity[link]`` identical flows on each."""
+
+    links: tuple[tuple[str, int], ...]
+    nbytes: float
+    multiplicity: tuple[int, ...]
+    link_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One step of a collective: a fixed latency, then flows that all must finish.
+
+    ``msg_bytes`` is the message size of one collective (what NCCL's efficiency depends on);
+    ``count`` collectives of that size are merged into this phase (their latencies add up).
+    """
+
+    op: str
+    group_size: int
+    link_type: str
+    flows: tuple[FlowSpec, ...]
+    msg_bytes: float = 0.0
+    count: int = 1
+
+
+@dataclass
+class Topology:
+    """Placement of a plan on a cluster, link capacities and transfer decomposition."""
+
+    plan: Plan
+    cluster: Cluster
+    device: DeviceSpec
+    rank_order: str = "tp-dp-pp"
+    capacity: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        axes = tuple(self.rank_order.split("-"))
+        if sorted(axes) != sorted(AXES):
+            raise ValueError(f"rank_order {self.rank_order!r} must order tp, dp and pp, e.g. tp-dp-pp")
+        sizes = {"tp": self.plan.tp, "dp": self.plan.dp, "pp": self.plan.pp}
+        stride = 1
+        self._stride: dict[str, int] = {}
+        for ax in axes:
+            self._stride[ax] = stride
+            stride *= sizes[ax]
+        self.is_cpu = self.device.kind == "cpu"
+        c, d = self.cluster, self.device
+        nv = c.intra_node_bandwidth_GBps or d.nvlink_bandwidth_unidirectional_GBps or d.pcie_bandwidth_GBps
+        self.nvlink_Bps = nv * 1e9
+        nic_gbps = c.inter_node_bandwidth_Gbps or d.nic_bandwidth_Gbps * c.gpus_per_node
+        self.nic_Bps = nic_gbps * 1e9 / 8
+        self.local_Bps = (c.intra_node_bandwidth_GBps or DEFAULT_LOCAL_GBPS) * 1e9
+        self.pcie_Bps = d.pcie_bandwidth_GBps * 1e9
+
+    # -- placement -----------------------------------------------------------------------------
+    def global_rank(self, pp: int, dp: int = 0, tp: int = 0) -> int:
+        """Global rank of the device at mesh coordinates (pp, dp, tp)."""
+        return pp * self._stride["pp"] + dp * self._stride["dp"] + tp * self._stride["tp"]
+
+    def node(self, g: int) -> int:
+        """Node of global rank ``g``."""
+        return g // self.cluster.gpus_per_node
+
+    def rep(self, pp_rank: int) -> int:
+        """The representative device of pipeline rank ``pp_rank`` (dp 0, tp 0)."""
+        return self.global_rank(pp_rank)
+
+    def _members(self, pp_rank: int) -> list[tuple[int, int, int]]:
+        return [(d, t, self.global_rank(pp_rank, d, t)) for d in range(self.plan.dp) for t in range(self.plan.tp)]
+
+    # -- link capacities ----------------------------------------------------------------------
+    def link_capacity(self, link: tuple[str, int]) -> float:
+        """Bytes/s of a link (cached)."""
+        cap = self.capacity.get(link)
+        if cap is None:
+            kind = link[0]
+            cap = {"nvout": self.nvlink_Bps, "nvin": self.nvlink_Bps, "nicout": self.nic_Bps, "nicin": self.nic_Bps,
+                   "local": self.local_Bps, "pcie": self.pcie_Bps}[kind]
+            if cap <= 0:
+                raise ValueError(f"link {kind} has no bandwidth for device {self.device.name}")
+            self.capacity[link] = cap
+        return cap
+
+    def _intra(self, src: int, dst: int, nbytes: float) -> FlowSpec:
+        if self.is_cpu:
+            return FlowSpec((("local", self.node(src)),), nbytes, (1,), "local")
+        return FlowSpec((("nvout", src), ("nvin", dst)), nbytes, (1, 1), "nvlink")
+
+    # -- transfers ----------------------------------------------------------------------------
+    def p2p(self, src_pp: int, dst_pp: int, nbytes: float) -> list[Phase]:
+        """Pipeline send of ``nbytes`` per device from stage-rank ``src_pp`` to ``dst_pp``."""
+        src, dst = self.rep(src_pp), self.rep(dst_pp)
+        ns, nd = self.node(src), self.node(dst)
+        if ns == nd:
+            flow = self._intra(src, dst, nbytes)
+            return [Phase("p2p", 2, flow.link_type, (flow,), nbytes)]
+        pairs = [(self.global_rank(src_pp, d, t), self.global_rank(dst_pp, d, t)) for d, t, _ in self._members(src_pp)]
+        out_mult = sum(1 for a, b in pairs if self.node(a) == ns and self.node(b) != ns)
+        in_mult = sum(1 for a, b in pairs if self.node(b) == nd and self.node(a) != nd)
+        flow = FlowSpec((("nicout", ns), ("nicin", nd)), nbytes, (max(out_mult, 1), max(in_mult, 1)), "nic")
+        return [Phase("p2p", 2, "nic", (flow,), nbytes)]
+
+    def collective(self, op: str, nbytes: float, axis: str, pp_rank: int, count: int = 1) -> list[Phase]:
+        """Phases of a ring collective over the ``axis`` ("dp" or "tp") group of the representative.
+
+        ``count`` back-to-back collectives of ``nbytes`` each are merged into one set of phases
+        (the bytes add up, and so do the latencies).
+
+        Inside one node: one ring over NVLink (or the loopback). Across nodes with g members per
+        node: hierarchical — intra-node reduce-scatter, inter-node ring over the NICs on n/g per
+        device, intra-node all-gather (BACKGROUND.md §3; NCCL's own choice differs in details).
+        """
+        size = self.plan.dp if axis == "dp" else self.plan.tp
+        if size == 1 or nbytes <= 0:
+            return []
+        members = [self.global_rank(pp_rank, d, 0) for d in range(size)] if axis == "dp" else [
+            self.global_rank(pp_rank, 0, t) for t in range(size)]
+        rep = members[0]
+        n0 = self.node(rep)
+        nodes = sorted({self.node(g) for g in members})
+        g_local = sum(1 for g in members if self.node(g) == n0)
+        ring = RING_FACTOR[op]
+        if len(nodes) == 1:
+            nxt = members[1]
+            flow = self._intra(rep, nxt, ring(size) * nbytes * count)
+            return [Phase(op, size, flow.link_type, (flow,), nbytes, count)]
+        phases: list[Phase] = []
+        n_nodes = len(nodes)
+        # Identical groups of this stage sharing node n0's NIC at the same moment.
+        stage_on_node = sum(1 for _, _, g in self._members(pp_rank) if self.node(g) == n0)
+        mult = max(stage_on_node // g_local, 1)
+        if g_local > 1 and op in ("allreduce", "reducescatter"):
+            flow = self._intra(rep, members[1], (g_local - 1) / g_local * nbytes * count)
+            phases.append(Phase("reducescatter", g_local, flow.link_type, (flow,), nbytes, count))
+        inter = FlowSpec((("nicout", n0), ("nicin", n0)), ring(n_nodes) * nbytes * count, (mult, mult), "nic")
+        phases.append(Phase(op, n_nodes, "nic", (inter,), nbytes / g_local, count))
+        if g_local > 1 and op in ("allreduce", "allgather"):
+            flow = self._intra(rep, members[1], (g_local - 1) / g_local * nbytes * count)
+            phases.append(Phase("allgather", g_local, flow.link_type, (flow,), nbytes, count))
+        return phases
+
+    def swap(self, pp_rank: int, nbytes: float) -> list[Phase]:
+        """Host↔device copy over the device's PCIe link (vPipe's swap)."""
+        return [Phase("p2p", 1, "pcie", (FlowSpec((("pcie", self.rep(pp_rank)),), nbytes, (1,), "pcie"),), nbytes)]
+
+
+__all__ = ["FlowSpec", "Phase", "Topology"]
