@@ -95,6 +95,76 @@ def cmd_inspect(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def _load_trace_arg(arg: str) -> Trace:
+    """A trace file, or the name of a shipped trace (e.g. ``gpt-mini.cpu``)."""
+    from pathlib import Path
+
+    from traces.data import load_shipped_trace, shipped_trace_names
+
+    if not Path(arg).exists() and arg in shipped_trace_names():
+        return load_shipped_trace(arg)
+    return Trace.load(arg)
+
+
+def _format_result(result: Any) -> str:
+    """Human-readable summary of a simulation result."""
+    e = result.extra
+    lines = [
+        f"iteration time        {result.iteration_time_s:.6g} s  ({e.get('schedule')}, {e.get('num_microbatches')} micro-batches)",
+        f"throughput            {result.throughput_samples_per_s:.6g} samples/s, {result.throughput_tokens_per_s:.6g} tokens/s",
+        f"per device            {result.tflops_per_gpu:.4g} TFLOP/s, MFU {100 * result.mfu:.1f}%",
+        f"pipeline bubble       {100 * result.bubble_fraction:.1f}% of the pipeline span",
+        f"exposed DP comm       {e.get('exposed_dp_comm_s', 0.0):.4g} s",
+        "memory by stage (GiB) " + ", ".join(f"{m:.2f}" for m in result.memory_by_stage_gib)
+        + ("" if result.fits_in_memory else "   ** does not fit in device memory **"),
+        f"energy                {result.energy_j:.6g} J per iteration (facility)",
+        f"carbon                {result.carbon_gco2:.6g} gCO2eq per iteration ({e.get('carbon_intensity_g_per_kwh'):.0f} g/kWh)",
+    ]
+    if "warning" in e:
+        lines.append(f"warning: {e['warning']}")
+    return "\n".join(lines)
+
+
+def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``mindpipe simulate``: predict one iteration of a plan (the ``simulate`` contract)."""
+    import datetime as dt
+
+    from simulator.api import SimulationOptions, simulate
+    from simulator.energy import load_hourly_intensity
+    from simulator.timeline import write_chrome_trace, write_gantt
+    from traces.builtin import load_cluster, load_plan
+    from traces.errors import ContractError as _CE
+    from traces.schema import to_dict
+
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster)
+    plan = load_plan(args.plan)
+    opts = SimulationOptions(timeline=bool(args.timeline or args.gantt))
+    if args.trace:
+        trace = _load_trace_arg(args.trace)
+        trace.check_model(model, source=args.trace)
+        opts.trace = trace
+    if args.carbon_csv:
+        when = dt.datetime.fromisoformat(args.start) if args.start else None
+        if when is None:
+            raise _CE("--start", None, "--carbon-csv needs --start YYYY-MM-DDTHH:MM (UTC) of the iteration")
+        opts.hourly_intensity = (load_hourly_intensity(args.carbon_csv), when)
+    result = simulate(model, cluster, plan, opts)
+    if args.timeline and result.timeline is not None:
+        write_chrome_trace(result.timeline, args.timeline, label=f"simulated {plan.schedule}")
+        _stderr(f"wrote {args.timeline}")
+    if args.gantt and result.timeline is not None:
+        write_gantt(result.timeline, args.gantt, title=f"{model.label}: {plan.schedule}, pp={plan.pp} (simulated)")
+        _stderr(f"wrote {args.gantt}")
+    if args.json:
+        payload = to_dict(result)
+        payload.pop("timeline", None)
+        print(json.dumps(payload))
+    else:
+        print(_format_result(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
     p = argparse.ArgumentParser(prog="mindpipe", description="Plan, simulate and run 4D-parallel training.")
@@ -136,6 +206,33 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--model", default=None, help="fail unless the trace was taken for this model")
     ins.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     ins.set_defaults(func=cmd_inspect)
+
+    sim = sub.add_parser("simulate", help="predict iteration time, memory, energy and carbon of a plan")
+    sim.add_argument("--model", required=True, help="model JSON file, inline JSON or built-in name")
+    sim.add_argument("--cluster", required=True, help="cluster JSON file, inline JSON, DEVICE or DEVICE:NODESxPER_NODE")
+    sim.add_argument("--plan", required=True, help="plan JSON file or inline JSON")
+    sim.add_argument("--trace", default=None, help="per-layer trace to use instead of the hardware model")
+    sim.add_argument("--timeline", default=None, metavar="FILE", help="write a Chrome trace (Perfetto) of the iteration")
+    sim.add_argument("--gantt", default=None, metavar="FILE.png", help="write a Gantt chart of the iteration")
+    sim.add_argument("--carbon-csv", default=None, metavar="CSV", help="hourly grid intensity (Electricity Maps CSV)")
+    sim.add_argument("--start", default=None, help="with --carbon-csv: UTC start time of the iteration (ISO format)")
+    sim.add_argument("--json", action="store_true", help="print one JSON object (the simulation result) on stdout")
+    sim.set_defaults(func=cmd_simulate)
+
+    from tuner.cli import add_parser as add_tune_parser  # the handler lives in tuner/ (torch-free)
+
+    add_tune_parser(sub)
+
+    from executor.config import add_run_arguments  # torch-free
+
+    def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+        from executor.launch import cmd_run as run_plan  # the handler; imports torch
+
+        return run_plan(args, argv)
+
+    run = sub.add_parser("run", help="train a plan with torch.distributed (wraps torchrun) and measure it")
+    add_run_arguments(run, launcher=True)
+    run.set_defaults(func=cmd_run)
     return p
 
 

@@ -10,7 +10,12 @@ gradient (W), the split zero-bubble schedules rely on (Qi et al., ICLR'24).
 
 Bytes are what each operator reads and writes in device memory, assuming no fusion beyond what
 Megatron does by default (fused bias+GeLU, fused softmax); they drive the memory-bound side of the
-roofline.
+roofline. Each :class:`Op` stands for one GPU kernel, so the operator count of a phase is also its
+kernel count (what per-kernel launch and host-dispatch overheads are charged on).
+
+With ``flash_attention=True`` the attention core (Q·Kᵀ, mask, softmax, dropout, ·V) is one fused
+kernel per direction (FlashAttention-2, Dao 2023): causal, so half the s² work is skipped, and the
+backward recomputes the scores (2.5× the forward FLOPs: five s²-sized matmuls against two).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ class Op:
         name: Operator name (``qkv``, ``attn_scores``, ``softmax``, ``mlp_fc1`` …).
         phase: ``forward``, ``backward_input`` or ``backward_weight``.
         kind: ``gemm`` (dense matmul; ``gemm_mnk`` set), ``bmm`` (batched attention matmul;
-            ``gemm_mnk`` and ``batch`` set) or ``memory`` (element-wise, norm, softmax, gather).
+            ``gemm_mnk`` and ``batch`` set), ``flash`` (fused attention kernel) or ``memory``
+            (element-wise, norm, softmax, gather, reduction).
         flops: Floating-point operations.
         bytes: Device-memory traffic (reads + writes).
         gemm_mnk: ``(M, N, K)`` of a GEMM, else None.
@@ -77,8 +83,21 @@ def _mem(name: str, elems: float, reads: float, writes: float, dtype_bytes: int,
     ]
 
 
+def _flash(b: int, heads: int, s: int, hd: int, d: int) -> list[Op]:
+    """FlashAttention-2 forward and backward kernels (causal) for ``b·heads`` heads of width ``hd``."""
+    fwd_flops = 0.5 * 4.0 * b * heads * s * s * hd  # QKᵀ and PV, half the blocks skipped (causal)
+    qkv_o = b * heads * s * hd * d
+    return [
+        # Reads Q, K, V; writes O and the fp32 log-sum-exp per row.
+        Op("flash_attn", "forward", "flash", fwd_flops, 4 * qkv_o + 4 * b * heads * s, attention_core=True),
+        # Reads Q, K, V, O, dO and the log-sum-exp; writes dQ, dK, dV.
+        Op("flash_attn", "backward_input", "flash", 2.5 * fwd_flops, 8 * qkv_o + 4 * b * heads * s,
+           attention_core=True),
+    ]
+
+
 def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, sequence_parallel: bool = False,
-              dtype_bytes: int = 2) -> list[Op]:
+              dtype_bytes: int = 2, flash_attention: bool = False) -> list[Op]:
     """Operators of one transformer block on one TP rank (Megatron column/row-parallel layout).
 
     Args:
@@ -88,6 +107,8 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
         tp: Tensor-parallel degree t: QKV/fc1 are column-split, projection/fc2 row-split, heads split.
         sequence_parallel: LayerNorm, dropout and residual run on s/t tokens (Korthikanti §4.2.2).
         dtype_bytes: Bytes per activation/weight element.
+        flash_attention: Price the attention core as one fused kernel per direction instead of
+            Megatron's baddbmm + fused softmax + dropout + bmm (the default, as in vTrain's runs).
     """
     b, s, h, a, f = micro_batch_size, seq_len, model.hidden_size, model.num_heads, model.ffn
     t = tp
@@ -99,11 +120,20 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
     ops: list[Op] = []
     ops += _mem("ln1", local_tokens * h, 1, 1, d)
     ops += _gemm("qkv", tokens, 3 * h // t, h, d)
-    ops += _gemm("attn_scores", s, s, hd, d, batch=b * heads, core=True)
-    ops += _mem("softmax", b * heads * s * s, 1, 1, d, core=True)
-    if model.dropout:
-        ops += _mem("attn_dropout", b * heads * s * s, 1, 2, d, core=True)
-    ops += _gemm("attn_context", s, hd, s, d, batch=b * heads, core=True)
+    if flash_attention:
+        ops += _flash(b, heads, s, hd, d)
+    else:
+        scores = float(b * heads * s * s)
+        ops += _gemm("attn_scores", s, s, hd, d, batch=b * heads, core=True)
+        # Fused scale + causal mask + softmax: read scores, write probabilities; backward reads
+        # the probabilities and their gradient and writes the scores' gradient.
+        ops += [Op("softmax", "forward", "memory", 0.0, scores * 2 * d, attention_core=True),
+                Op("softmax", "backward_input", "memory", 0.0, scores * 3 * d, attention_core=True)]
+        if model.dropout:
+            # native_dropout: read x, write y and a 1-byte mask; backward: read grad and mask, write.
+            ops += [Op("attn_dropout", "forward", "memory", 0.0, scores * (2 * d + 1), attention_core=True),
+                    Op("attn_dropout", "backward_input", "memory", 0.0, scores * (2 * d + 1), attention_core=True)]
+        ops += _gemm("attn_context", s, hd, s, d, batch=b * heads, core=True)
     ops += _gemm("proj", tokens, h, h // t, d)
     ops += _mem("residual1", local_tokens * h, 2 + (1 if model.dropout else 0), 1, d, bwd_factor=1.0)
     ops += _mem("ln2", local_tokens * h, 1, 1, d)
@@ -115,13 +145,21 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
 
 
 def embedding_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, dtype_bytes: int = 2) -> list[Op]:
-    """Token + position embedding (vocabulary-parallel gather) on one TP rank."""
+    """Token + position embedding (vocabulary-parallel gather) on one TP rank.
+
+    The weight gradient is dense: ``embedding_dense_backward`` zero-fills a [V/t, h] table,
+    scatter-adds the output gradient into the looked-up rows, and the result is accumulated into
+    the parameter's gradient (read both, write one) — so it costs table-sized traffic, not just
+    token-sized (PyTorch ``aten/src/ATen/native/cuda/Embedding.cu``).
+    """
     tokens = micro_batch_size * seq_len
     h, d = model.hidden_size, dtype_bytes
+    table = -(-model.vocab_size // tp) * h * d
     return [
         Op("embedding", "forward", "memory", 0.0, 3.0 * tokens * h * d),
-        # The weight gradient is a scatter-add of the output gradient into the table rows.
+        Op("embedding_dw_zero", "backward_weight", "memory", 0.0, float(table)),
         Op("embedding_dw", "backward_weight", "memory", 0.0, 3.0 * tokens * h * d),
+        Op("embedding_dw_accum", "backward_weight", "memory", 0.0, 3.0 * table),
     ]
 
 
@@ -138,8 +176,25 @@ def lm_head_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, 
     tokens = micro_batch_size * seq_len
     v_local = -(-model.vocab_size // tp)
     ops = _gemm("lm_head", tokens, v_local, model.hidden_size, dtype_bytes)
-    ops += _mem("cross_entropy", tokens * v_local, 1, 1, 4, bwd_factor=1.0)
+    ops += cross_entropy_ops(tokens, v_local, dtype_bytes)
     return ops
+
+
+def cross_entropy_ops(tokens: int, v_local: int, dtype_bytes: int = 2) -> list[Op]:
+    """Megatron's vocabulary-parallel cross-entropy over fp32 logits, kernel by kernel.
+
+    ``vocab_parallel_cross_entropy(logits.float(), labels)`` (Megatron-LM
+    ``core/tensor_parallel/cross_entropy.py``): forward = cast to fp32, row max, subtract, exp,
+    row sum (the all-reduces of max and sum are tiny); backward = divide by the sum (softmax),
+    scale by the incoming gradient (the one-hot subtraction touches one element per row), cast
+    back. Bytes per logit: forward 2+4, 4, 4+4, 4+4, 4; backward 4+4, 4+4, 4+dtype.
+    """
+    e = float(tokens) * v_local
+    fwd = [("ce_cast", dtype_bytes + 4), ("ce_max", 4), ("ce_sub", 8), ("ce_exp", 8), ("ce_sum", 4)]
+    bwd = [("ce_softmax", 8), ("ce_grad", 8), ("ce_cast", 4 + dtype_bytes)]
+    return [Op(n, "forward", "memory", 0.0, e * per) for n, per in fwd] + [
+        Op(n + "_bwd", "backward_input", "memory", 0.0, e * per) for n, per in bwd
+    ]
 
 
 def forward_flops_per_token(model: Model, seq_len: int) -> float:
@@ -164,6 +219,7 @@ __all__ = [
     "PHASES",
     "Op",
     "block_ops",
+    "cross_entropy_ops",
     "embedding_ops",
     "final_norm_ops",
     "forward_flops_per_token",

@@ -19,6 +19,7 @@ from typing import Any
 
 from traces.config import PRECISIONS, Model, non_negative, one_of
 from traces.errors import ContractError
+from traces.measured import Measurement
 from traces.schema import check_format_version, from_dict, read_json, write_json
 
 TRACE_FORMAT_VERSION = 1
@@ -145,6 +146,7 @@ class Trace:
     granularity: str = "layer"
     backward_split: str = "measured"
     step: StepMeasurement | None = None
+    measurement: Measurement | None = None
     format_version: int = TRACE_FORMAT_VERSION
 
     def __post_init__(self) -> None:

@@ -1,0 +1,46 @@
+"""``python -m executor PLAN --steps S ...``: one rank, under torchrun or a cluster scheduler.
+
+Every rank of the job runs this module; torchrun (or ``srun`` with ``MASTER_ADDR``/``MASTER_PORT``
+exported) provides the rank and world size, and without either it trains as a single process.
+``mindpipe run`` launches it as ``python -m executor --config FILE`` with the validated config.
+Input problems print one line ``executor: error: ...`` and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+
+from executor.config import RunConfig, add_run_arguments, config_from_args
+from executor.precheck import catalog_device, check_run, detect_device, env_world_size, ranks_per_host
+from traces.errors import ContractError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the arguments and run this rank."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["--config"] and len(argv) == 2:
+            cfg = RunConfig.load(argv[1])
+            command = ""
+        else:
+            p = argparse.ArgumentParser(prog="python -m executor", description="Run one rank of a MindPipe plan.")
+            add_run_arguments(p, launcher=False)
+            cfg = config_from_args(p.parse_args(argv))
+            command = "python -m executor " + " ".join(shlex.quote(a) for a in argv)
+        # Refuse an impossible plan before importing torch (seconds per rank).
+        kind, gpu = detect_device(cfg.device)
+        pre = check_run(cfg.model, cfg.plan, env_world_size(), kind, catalog_device(kind, gpu), cfg.schedule_source,
+                        text_data=cfg.data != "synthetic", ranks_per_device=ranks_per_host() if kind == "cpu" else 1)
+        from executor.worker import run  # imports torch
+
+        return run(cfg, command=command, pre=pre)
+    except ContractError as e:
+        print(f"executor: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""What one executor run needs besides the plan, and the shared command-line arguments.
+
+:class:`RunConfig` is built from the command line of ``mindpipe run`` or ``python -m executor``
+(:func:`add_run_arguments` serves both) and travels to every rank as JSON. This module is
+torch-free so ``mindpipe --help`` and the pre-launch checks never import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from traces.builtin import load_model, load_plan
+from traces.config import Model, Plan, non_negative, one_of, positive
+from traces.errors import ContractError
+from traces.schema import from_dict, read_json, to_dict
+
+SCHEDULE_SOURCES = ("auto", "torch", "simulator")
+DEVICES = ("auto", "cpu", "cuda")
+RUN_CONFIG_FORMAT_VERSION = 1
+
+
+@dataclass
+class RunConfig:
+    """One training run of a plan.
+
+    Attributes:
+        model: The model contract.
+        plan: The plan (``dp``, ``tp``, ``pp``, schedule, recompute, precision ...).
+        steps: Run until this global step (a resumed run continues from its checkpoint's step).
+        seed: Seed of the initial weights and of the synthetic data.
+        data: ``synthetic`` (deterministic random tokens) or a text file read as byte tokens.
+        lr, weight_decay: AdamW hyper-parameters.
+        out: Where rank 0 writes the measured trace (``measured.json``).
+        timeline: Where rank 0 writes the Chrome-trace timeline (default: beside ``out``).
+        checkpoint_dir: torch.distributed.checkpoint directory; written at the end of the run
+            and every ``checkpoint_every`` steps (0: only at the end).
+        resume: Load the latest checkpoint in ``checkpoint_dir`` before training.
+        resume_from: Load the checkpoint of this step instead of the latest (implies ``resume``).
+        schedule_source: ``torch`` runs torch's schedule class of the plan's schedule;
+            ``simulator`` runs the action table of the simulator's schedule; ``auto`` uses the
+            simulator's table when :mod:`simulator.schedules` is present, else torch's class.
+        device: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``.
+        timeout_s: Collective timeout of every process group (a dead peer ends the run).
+        warmup_steps: Leading steps left out of the aggregates.
+        profile_step: Step whose collectives are recorded with torch.profiler (0: none).
+    """
+
+    model: Model
+    plan: Plan
+    steps: int
+    seed: int = 0
+    data: str = "synthetic"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    out: str | None = "measured.json"
+    timeline: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    resume_from: int | None = None
+    schedule_source: str = "auto"
+    device: str = "auto"
+    timeout_s: float = 300.0
+    warmup_steps: int = 1
+    profile_step: int = 0
+    format_version: int = RUN_CONFIG_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        positive("steps", self.steps)
+        positive("lr", self.lr)
+        positive("timeout_s", self.timeout_s)
+        non_negative("weight_decay", self.weight_decay)
+        non_negative("checkpoint_every", self.checkpoint_every)
+        non_negative("warmup_steps", self.warmup_steps)
+        non_negative("profile_step", self.profile_step)
+        one_of("schedule_source", self.schedule_source, SCHEDULE_SOURCES)
+        one_of("device", self.device, DEVICES)
+        if self.resume_from is not None:
+            positive("resume_from", self.resume_from)
+            self.resume = True
+        if self.resume and not self.checkpoint_dir:
+            raise ContractError("", "resume", "--resume needs --checkpoint-dir")
+        if self.data != "synthetic" and not Path(self.data).is_file():
+            raise ContractError("", "data", f"data={self.data!r} is neither 'synthetic' nor a readable file")
+
+    @property
+    def timeline_path(self) -> str | None:
+        """The timeline file: ``timeline`` or ``<out stem>.timeline.json`` beside ``out``."""
+        if self.timeline:
+            return self.timeline
+        if not self.out:
+            return None
+        p = Path(self.out)
+        return str(p.with_name(p.stem + ".timeline.json"))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write as JSON (how the launcher hands the config to every rank)."""
+        import json
+
+        Path(path).write_text(json.dumps(to_dict(self), indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> RunConfig:
+        """Read a config written by :meth:`save`."""
+        return from_dict(cls, read_json(path), str(path))
+
+
+def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
+    """Arguments of ``mindpipe run`` (``launcher=True``) and ``python -m executor``."""
+    p.add_argument("plan", metavar="PLAN", help="plan JSON file or inline JSON")
+    if launcher:
+        p.add_argument("--nproc", type=int, required=True, help="processes (ranks) per node")
+        g = p.add_argument_group("multi-node rendezvous (passed to torchrun)")
+        g.add_argument("--nnodes", default="1", help="nodes, or MIN:MAX (torchrun --nnodes)")
+        g.add_argument("--node-rank", type=int, default=None, help="this node's rank (static rendezvous)")
+        g.add_argument("--rdzv-backend", default=None, help="torchrun rendezvous backend (e.g. c10d)")
+        g.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
+        g.add_argument("--rdzv-id", default=None, help="job id shared by all nodes")
+        g.add_argument("--master-addr", default=None, help="static rendezvous address (default 127.0.0.1 on one node)")
+        g.add_argument("--master-port", type=int, default=None, help="static rendezvous port (default: a free port)")
+        p.add_argument("--run-timeout", type=float, default=None,
+                       help="launcher watchdog: end the whole run after this many seconds (default: none)")
+    p.add_argument("--steps", type=int, required=True, help="train until this global step")
+    p.add_argument("--model", default="gpt-mini", help="model JSON file, inline JSON or built-in name (default gpt-mini)")
+    p.add_argument("--out", default="measured.json", help="measured trace to write (default measured.json)")
+    p.add_argument("--timeline", default=None, help="Chrome-trace timeline (default: OUT with .timeline.json)")
+    p.add_argument("--checkpoint-dir", default=None, help="torch.distributed.checkpoint directory")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps (default: end only)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
+    p.add_argument("--resume-from", type=int, default=None, metavar="STEP", help="continue from the checkpoint of STEP")
+    p.add_argument("--data", default="synthetic", help="'synthetic' (default) or a text file read as byte tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--schedule-source", default="auto", choices=SCHEDULE_SOURCES,
+                   help="torch's schedule class or the simulator's action table (default auto)")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA+NCCL if present, else CPU+gloo")
+    p.add_argument("--timeout", type=float, default=300.0, help="collective timeout in seconds (default 300)")
+    p.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the aggregates (default 1)")
+    p.add_argument("--profile-step", type=int, default=0, help="record the collectives of this step (default: none)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary of the run on stdout")
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Build and validate a :class:`RunConfig` from parsed arguments.
+
+    Raises:
+        ContractError: a malformed plan or model, or an impossible option (names the key).
+    """
+    model = load_model(args.model)
+    plan = load_plan(args.plan)
+    fields: dict[str, Any] = {
+        "model": model, "plan": plan, "steps": args.steps, "seed": args.seed, "data": args.data, "lr": args.lr,
+        "weight_decay": args.weight_decay, "out": args.out, "timeline": args.timeline,
+        "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every, "resume": args.resume,
+        "resume_from": args.resume_from,
+        "schedule_source": args.schedule_source, "device": args.device, "timeout_s": args.timeout,
+        "warmup_steps": args.warmup_steps, "profile_step": args.profile_step,
+    }
+    try:
+        return RunConfig(**fields)
+    except ContractError as e:
+        raise ContractError("command line", e.key, e.rule) from None
+
+
+__all__ = ["RunConfig", "add_run_arguments", "config_from_args"]

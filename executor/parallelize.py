@@ -1,0 +1,151 @@
+"""Apply the plan's tensor, recompute and data parallelism to one stage module.
+
+Order as torchtitan's ``parallelize_llama``: tensor parallelism (DTensor) → activation
+checkpointing → data parallelism (FSDP2 ``fully_shard`` for ``zero_stage`` ≥ 1, FSDP2-style
+``replicate`` for ``zero_stage`` 0), with ``reshard_after_forward = not pp_enabled``.
+
+Tensor parallelism is Megatron's layout (Shoeybi et al. 2019): QKV and fc1 column-parallel,
+projection and fc2 row-parallel, the LM head column-parallel over the vocabulary with its logits
+gathered. With sequence parallelism (Korthikanti et al. 2022, §4.2.2) LayerNorms and the residual
+stream are split along the sequence (``Shard(1)``); the attention and MLP inputs are all-gathered
+and the row-parallel outputs reduce-scattered, as in torchtitan's plan.
+
+Recompute wraps a block's ``forward`` (instance attribute, so parameter names stay unchanged):
+``full`` checkpoints the whole block; ``selective`` checkpoints it with a policy that keeps the
+outputs of the linear layers' GEMMs and of collectives and recomputes everything else — the
+attention core (Q·Kᵀ, softmax, dropout, ·V) Korthikanti et al. recompute, plus the cheap
+element-wise ops; ``swap`` (per-layer policy) offloads the saved activations to host memory.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from executor.precheck import block_policies
+from executor.stages import StageModule
+from traces.config import Plan
+
+aten = torch.ops.aten
+# Outputs selective recompute keeps: the linear layers' GEMMs and every collective (recomputing
+# a collective would repeat communication). Everything else is recomputed.
+_SAVE_OPS: set[Any] = {aten.mm.default, aten.addmm.default}
+for _name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "wait_tensor"):
+    _op = getattr(torch.ops._c10d_functional, _name, None)
+    if _op is not None:
+        _SAVE_OPS.add(_op.default)
+
+
+def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Shard the stage's blocks and head over ``tp_mesh`` (see module docstring)."""
+    sp = sequence_parallel
+    residual = Shard(1) if sp else Replicate()
+    for block in stage.blocks.values():
+        layout: dict[str, Any] = {
+            "attn.qkv": ColwiseParallel(),
+            "attn.proj": RowwiseParallel(output_layouts=residual),
+            "mlp.fc1": ColwiseParallel(),
+            "mlp.fc2": RowwiseParallel(output_layouts=residual),
+        }
+        if sp:
+            layout.update({
+                "ln1": SequenceParallel(),
+                "ln2": SequenceParallel(),
+                "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(block, tp_mesh, layout)
+    if stage.embedding is not None and sp:
+        # The embedding stays replicated; its output is cut along the sequence (no communication).
+        parallelize_module(stage.embedding, tp_mesh, PrepareModuleOutput(
+            output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True))
+    if stage.lm_head is not None and stage.final_norm is not None:
+        if sp:
+            parallelize_module(stage.final_norm, tp_mesh, SequenceParallel())
+        parallelize_module(stage.lm_head, tp_mesh, {
+            "out": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(), use_local_output=True)})
+
+
+def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _checkpointed(forward: Callable[..., Any], selective: bool) -> Callable[..., Any]:
+    context_fn = functools.partial(create_selective_checkpoint_contexts, _selective_policy) if selective else None
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if context_fn is None:
+            return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, context_fn=context_fn, **kwargs)
+
+    return run
+
+
+def _swapped(forward: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            return forward(*args, **kwargs)
+
+    return run
+
+
+def apply_recompute(stage: StageModule, policies: list[str]) -> None:
+    """Wrap each block's forward per its policy (indices are global block numbers)."""
+    for key, block in stage.blocks.items():
+        policy = policies[int(key)]
+        if policy in ("full", "selective"):
+            block.forward = _checkpointed(block.forward, selective=policy == "selective")  # type: ignore[method-assign]
+        elif policy == "swap":
+            block.forward = _swapped(block.forward)  # type: ignore[method-assign]
+
+
+def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, zero_stage: int, precision: str,
+                        pp_enabled: bool) -> nn.Module:
+    """FSDP2 (``zero_stage`` ≥ 1: per block, then the stage) or replication (``zero_stage`` 0).
+
+    bf16 keeps fp32 master weights and reduces gradients in fp32 (MixedPrecisionPolicy). With
+    one data-parallel rank and fp32 there is nothing to do, and no wrapper is applied (its hooks
+    would only cost time).
+    """
+    if dp_mesh.size() == 1 and precision == "fp32":
+        return stage
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" \
+        else MixedPrecisionPolicy()
+    if zero_stage == 0:
+        replicate(stage, mesh=dp_mesh, mp_policy=mp)
+        return stage
+    # ZeRO-3 reshards parameters after forward; with pipelining torchtitan keeps them gathered
+    # until the backward (re-gathering per micro-batch costs more than it saves).
+    reshard = zero_stage == 3 and not pp_enabled
+    for block in stage.blocks.values():
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(stage, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    return stage
+
+
+def parallelize_stage(stage: StageModule, mesh: DeviceMesh, plan: Plan, num_layers: int) -> nn.Module:
+    """TP → recompute → DP on one stage module (in place); returns the module to run."""
+    if plan.tp > 1:
+        apply_tensor_parallel(stage, mesh["tp"], plan.sequence_parallel)
+    apply_recompute(stage, block_policies(plan, num_layers))
+    return apply_data_parallel(stage, mesh["dp"], plan.zero_stage, plan.precision, pp_enabled=plan.pp > 1)
+
+
+__all__ = ["apply_data_parallel", "apply_recompute", "apply_tensor_parallel", "parallelize_stage"]

@@ -1,0 +1,57 @@
+"""The pipeline schedule a rank runs: torch's class of the plan's schedule, or the simulator's table.
+
+``torch``: the schedule class torch ships for the plan's schedule name (``1f1b`` →
+``Schedule1F1B``, ``interleaved_1f1b`` → ``ScheduleInterleaved1F1B``, ``zb_h1`` →
+``ScheduleInterleavedZeroBubble`` with one stage per rank — torch's ZB1P, i.e. ZB-H1 —,
+``zbv`` → ``ScheduleZBVZeroBubble``, ``dualpipev`` → ``ScheduleDualPipeV``).
+
+``simulator``: :func:`simulator.schedules.build_schedule` produces the per-rank action lists the
+simulator times; :func:`simulator.action_table.write_csv` writes them in torch's compute-only CSV
+format and torch's runtime executes that table (:func:`executor.torch_pipelining.table_schedule`).
+So a measured run and a simulated one follow the same order, action for action (DESIGN.md "One
+schedule implementation").
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.pipelining import PipelineStage
+
+from executor.precheck import TORCH_SCHEDULES
+from executor.torch_pipelining import named_schedule, schedule_orders, table_schedule
+from traces.config import Plan
+from traces.torch_gpt import lm_loss
+
+
+def write_simulator_table(plan: Plan, path: str | Path) -> None:
+    """Write the simulator's action table of ``plan`` as torch compute-only CSV."""
+    from simulator.action_table import write_csv
+    from simulator.schedules import build_schedule
+
+    schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+    write_csv(schedule, path)
+
+
+def make_schedule(plan: Plan, stages: list[PipelineStage], source: str) -> tuple[Any, dict[int, list[str]]]:
+    """Build this rank's schedule; also return the per-rank compute orders it follows.
+
+    Args:
+        plan: The plan (schedule name, pp, micro-batches, virtual stages).
+        stages: This rank's pipeline stages, ascending stage index.
+        source: ``torch`` or ``simulator`` (already resolved).
+    """
+    m = plan.num_microbatches
+    if source == "simulator":
+        with tempfile.TemporaryDirectory(prefix="mindpipe-table-") as tmp:
+            path = Path(tmp) / f"{plan.schedule}.csv"
+            write_simulator_table(plan, path)
+            schedule = table_schedule(path, stages, m, lm_loss)
+    else:
+        schedule = named_schedule(TORCH_SCHEDULES[plan.schedule], stages, m, lm_loss)
+    return schedule, schedule_orders(schedule)
+
+
+__all__ = ["make_schedule", "write_simulator_table"]

@@ -1,0 +1,42 @@
+"""Single-process training of the same model: the ground truth parity tests compare against.
+
+No parallelism and no torch.distributed: the unsplit GPT from :func:`traces.torch_gpt.build_gpt`,
+the global batch in micro-batches of ``micro_batch_size`` sequences in order, each micro-batch's
+mean loss divided by the number of micro-batches before ``backward`` (so the gradient is that of
+the global mean loss, which is what pipeline schedules with ``scale_grads`` and a data-parallel
+average compute), and AdamW. The same per-step RNG seeding as the executor keeps dropout equal.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from executor.data import TokenSource
+from traces.config import Model, Plan
+from traces.torch_gpt import build_gpt, lm_loss
+
+
+def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, data: str = "synthetic",
+                     lr: float = 1e-3, weight_decay: float = 0.0) -> list[float]:
+    """Per-step mean loss of ``steps`` fp32 training steps (step numbers 1..steps)."""
+    net = build_gpt(model, seed=seed, dtype="fp32")
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
+    source = TokenSource(model, plan, seed, data)
+    b = plan.micro_batch_size
+    n = plan.global_batch_size // b
+    losses = []
+    for step in range(1, steps + 1):
+        torch.manual_seed(seed * 7919 + step)
+        x, y = source.global_batch_at(step)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in range(n):
+            loss = lm_loss(net(x[i * b:(i + 1) * b]), y[i * b:(i + 1) * b])
+            (loss / n).backward()
+            total += float(loss.detach())
+        opt.step()
+        losses.append(total / n)
+    return losses
+
+
+__all__ = ["reference_losses"]

@@ -1,0 +1,105 @@
+"""The one place that touches torch.distributed.pipelining's private API.
+
+Two private pieces are used, both checked against the torch versions this code was tested on:
+
+* ``_PipelineScheduleRuntime`` and its ``_load_csv(path, format="compute_only")``: run an action
+  table written in torch's compute-only CSV format (rows = pipeline ranks, cells ``0F0``,
+  ``1I3``, ``1W3``, ``0B2``). The runtime lowers it to send/recv actions (``_add_send_recv``),
+  adds FSDP unshard/reshard and the final ``REDUCE_GRAD``, and infers the stage placement from the
+  table. This is how the executor runs any schedule the simulator timed (torchtitan exposes the
+  same loader as ``pipeline_parallel_schedule_csv``).
+* ``schedules._wait_batch_p2p``, the module-level helper every schedule (single-stage and runtime)
+  calls to wait on point-to-point work. :func:`timed_p2p_waits` substitutes a timed version for
+  the duration of a ``with`` block, which is how the time a rank spends blocked on pipeline
+  communication is measured without changing torch.
+
+Tested with torch 2.13.0 (CPU/gloo). Other versions run if the private names exist, with a
+warning; if they do not, the error says which name is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.pipelining import PipelineStage, schedules
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+TESTED_TORCH = ("2.13",)
+_PRIVATE = ("_PipelineScheduleRuntime", "_wait_batch_p2p")
+
+
+def check_torch_version() -> None:
+    """Fail if the private names are gone; warn when this torch was not tested.
+
+    Raises:
+        RuntimeError: torch lacks one of the private names this module needs.
+    """
+    missing = [n for n in _PRIVATE if not hasattr(schedules, n)]
+    if missing:
+        raise RuntimeError(
+            f"torch {torch.__version__} lacks torch.distributed.pipelining.schedules.{', '.join(missing)}; "
+            f"the executor was tested with torch {', '.join(TESTED_TORCH)}"
+        )
+    if not any(torch.__version__.startswith(v) for v in TESTED_TORCH):
+        warnings.warn(
+            f"executor: torch {torch.__version__} is untested (tested: {', '.join(TESTED_TORCH)}); "
+            "action-table loading uses private torch APIs",
+            stacklevel=2,
+        )
+
+
+def named_schedule(class_name: str, stages: list[PipelineStage], n_microbatches: int,
+                   loss_fn: Callable[..., torch.Tensor]) -> Any:
+    """One of torch's schedule classes by name (``1F1B``, ``Interleaved1F1B``, ``ZBVZeroBubble`` …)."""
+    cls = get_schedule_class(class_name)
+    if issubclass(cls, PipelineScheduleSingle):
+        if len(stages) != 1:
+            raise ValueError(f"{class_name} runs one stage per rank, got {len(stages)}")
+        return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)
+    return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+def table_schedule(csv_path: str | Path, stages: list[PipelineStage], n_microbatches: int,
+                   loss_fn: Callable[..., torch.Tensor]) -> Any:
+    """A runtime schedule that executes the compute-only action table in ``csv_path``."""
+    check_torch_version()
+    runtime = schedules._PipelineScheduleRuntime(stages, n_microbatches=n_microbatches, loss_fn=loss_fn,
+                                                  scale_grads=True)
+    runtime._load_csv(str(csv_path), format="compute_only")
+    return runtime
+
+
+def schedule_orders(schedule: Any) -> dict[int, list[str]]:
+    """The compute actions per pipeline rank that ``schedule`` holds, as strings like ``2F0``."""
+    order = getattr(schedule, "pipeline_order", None) or {}
+    return {r: [str(a) for a in acts if a is not None] for r, acts in order.items()}
+
+
+@contextlib.contextmanager
+def timed_p2p_waits(on_wait: Callable[[Callable[[], None]], None]) -> Iterator[None]:
+    """Route every pipeline p2p wait through ``on_wait(do_wait)`` while the block runs.
+
+    ``on_wait`` receives a zero-argument function that performs the original wait; it times
+    the call (host clock, or CUDA events on a GPU) and must call it exactly once.
+    """
+    check_torch_version()
+    original = schedules._wait_batch_p2p
+
+    def timed(work: list[Any]) -> None:
+        if work:
+            on_wait(lambda: original(work))
+
+    schedules._wait_batch_p2p = timed
+    try:
+        yield
+    finally:
+        schedules._wait_batch_p2p = original
+
+
+__all__ = ["TESTED_TORCH", "check_torch_version", "named_schedule", "schedule_orders", "table_schedule",
+           "timed_p2p_waits"]

@@ -1,0 +1,181 @@
+"""One rank of a run: build the parallel model from the plan, train, measure, checkpoint.
+
+Apply order (torchtitan): the GPT is built whole with the run's seed (identical weights on every
+rank), cut into this pipeline rank's stages, and each stage gets TP → recompute → DP
+(:mod:`executor.parallelize`); each stage becomes a ``PipelineStage`` on the mesh's ``pp`` group
+and the plan's schedule drives them (torch's class, or the simulator's action table). With
+``pp = 1`` the same path runs a single stage, so gradient accumulation over micro-batches, loss
+scaling and the data-parallel reduction are torch's in every case.
+
+At the end every rank sends its measurements to rank 0 (``gather_object``), which writes the
+measured trace and the timeline (:mod:`executor.report`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+
+from executor.comm_profile import profiled
+from executor.config import RunConfig
+from executor.data import TokenSource
+from executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
+from executor.launch import ERROR_DIR_ENV
+from executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory
+from executor.parallelize import parallelize_stage
+from executor.pipeline import make_schedule
+from executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
+from executor.stages import build_stage_modules, permute_qkv_for_tp
+from executor.torch_pipelining import timed_p2p_waits
+from traces.errors import ContractError
+from traces.torch_gpt import build_gpt
+
+# Fault injection for the failure tests: "RANK:STEP[:raise|exit|hang]" makes that rank raise, die
+# without a Python error, or stop responding at that step.
+FAULT_ENV = "MINDPIPE_FAULT"
+
+
+def _fault(rank: int, step: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    parts = spec.split(":")
+    if int(parts[0]) == rank and int(parts[1]) == step:
+        mode = parts[2] if len(parts) > 2 else "raise"
+        if mode == "exit":
+            os._exit(17)  # a hard crash: no Python exception, no cleanup
+        if mode == "hang":
+            while True:  # peers must time out (init_process_group timeout), not wait forever
+                time.sleep(3600)
+        raise RuntimeError(f"injected fault on rank {rank} at step {step} ({FAULT_ENV}={spec})")
+
+
+def run(cfg: RunConfig, command: str = "", pre: Precheck | None = None) -> int:
+    """Run this rank to completion; rank 0 writes the outputs. Returns the exit status.
+
+    ``pre`` is the result of :func:`executor.precheck.check_run` if the caller already ran it.
+    """
+    env = rank_env()
+    device, backend = pick_device(cfg.device, env.local_rank)
+    spec = catalog_device(device.type, torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+    if pre is None:
+        pre = check_run(cfg.model, cfg.plan, env.world_size, device.type, spec, cfg.schedule_source,
+                        text_data=cfg.data != "synthetic",
+                        ranks_per_device=ranks_per_host() if device.type == "cpu" else 1)
+    init_process_group(env, backend, device, cfg.timeout_s)
+    try:
+        payloads = _train(cfg, device, pre)
+        if payloads is not None:  # rank 0
+            from executor.report import write_outputs
+
+            write_outputs(cfg, pre, payloads, backend=backend, device=device, spec=spec, command=command)
+        dist.barrier()
+        return 0
+    except BaseException as e:
+        _write_error(env.rank, e)
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _write_error(rank: int, e: BaseException) -> None:
+    """Leave the failure where the launcher looks for it (the first failing rank's error is reported)."""
+    where = os.environ.get(ERROR_DIR_ENV)
+    if not where:
+        return
+    record = {"rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}",
+              "traceback": traceback.format_exc(limit=20)}
+    Path(where).mkdir(parents=True, exist_ok=True)
+    (Path(where) / f"rank{rank}.json").write_text(json.dumps(record), encoding="utf-8")
+
+
+def _save(cfg: RunConfig, step: int, parts: list[Any], optimizers: list[Any]) -> None:
+    from executor import checkpoint as ckpt  # DCP is imported only by runs that checkpoint
+
+    ckpt.save(cfg.checkpoint_dir or ".", step, parts, optimizers, cfg.plan.tp)
+
+
+def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[dict[str, Any]] | None:
+    plan, model = cfg.plan, cfg.model
+    mesh = build_mesh(plan, device)
+    coords = coordinates(mesh)
+    gpt = build_gpt(model, seed=cfg.seed, dtype="fp32")
+    permute_qkv_for_tp(gpt, plan.tp)
+    modules = build_stage_modules(gpt, plan, coords["pp"])
+    del gpt  # blocks of other pipeline ranks are freed here
+    parts = []
+    stages = []
+    for s, mod in sorted(modules.items()):
+        mod.to(device)
+        parallelize_stage(mod, mesh, plan, model.num_layers)
+        parts.append(mod)
+        stages.append(PipelineStage(mod, s, plan.num_stages, device, group=mesh.get_group("pp")))
+    recorder = Recorder(device, origin=0.0)
+    for st in stages:
+        recorder.wrap_stage(st)
+    schedule, orders = make_schedule(plan, stages, pre.schedule_source)
+    optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
+    start = 0
+    if cfg.resume and cfg.checkpoint_dir:
+        from executor import checkpoint as ckpt
+
+        start = ckpt.load(cfg.checkpoint_dir, parts, optimizers, plan.tp, step=cfg.resume_from)
+    if start >= cfg.steps:
+        raise ContractError("--steps", None, f"the checkpoint is at step {start}; --steps {cfg.steps} leaves nothing to run")
+    source = TokenSource(model, plan, cfg.seed, cfg.data)
+    has_first, has_last = 0 in modules, plan.num_stages - 1 in modules
+    energy = EnergyMeter(device)
+    # Aggregates leave out the warm-up steps, unless that would leave nothing.
+    first_measured = start + 1 + cfg.warmup_steps if cfg.steps - start > cfg.warmup_steps else start + 1
+    losses: list[torch.Tensor | None] = []
+    marks: dict[str, Any] = {}
+    dist.barrier()
+    recorder.origin = time.perf_counter()  # the run's time origin (see traces.measured)
+    for step in range(start + 1, cfg.steps + 1):
+        _fault(dist.get_rank(), step)
+        if step == first_measured:
+            marks = {"cpu": cpu_seconds(), "energy": energy.read()}
+        torch.manual_seed(cfg.seed * 7919 + step)  # dropout streams depend on the step only
+        x, y = (t.to(device) for t in source.local_batch_at(step, coords["dp"]))
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        mb_losses: list[torch.Tensor] = []
+        args = (x,) if has_first else ()
+        kwargs: dict[str, Any] = {"target": y, "losses": mb_losses} if has_last else {}
+        recorder.begin_step(step)
+        with profiled(step == cfg.profile_step, recorder, mesh), timed_p2p_waits(recorder.p2p_wait):
+            schedule.step(*args, return_outputs=False, **kwargs)
+            with recorder.optimizer_span():
+                for opt in optimizers:
+                    opt.step()
+        recorder.end_step()
+        losses.append(torch.stack(mb_losses).mean().detach() if has_last else None)
+        if cfg.checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            _save(cfg, step, parts, optimizers)
+    cpu_s = cpu_seconds() - marks["cpu"]
+    e1 = energy.read()
+    if cfg.checkpoint_dir:
+        _save(cfg, cfg.steps, parts, optimizers)
+    mem, mem_source = peak_memory(device)
+    payload = {
+        "rank": dist.get_rank(), "coords": coords, "stages": sorted(modules), "host": host_name(),
+        "cpu_count": os.cpu_count() or 1, "threads": torch.get_num_threads(),
+        "spans": recorder.spans.__dict__, "losses": [None if v is None else float(v) for v in losses],
+        "first_step": start + 1, "first_measured": first_measured, "cpu_s": cpu_s,
+        "energy_j": (e1 - marks["energy"]) if e1 is not None and marks["energy"] is not None else None,
+        "peak_memory": mem, "memory_source": mem_source, "orders": orders,
+    }
+    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(payload, gathered, dst=0)
+    return gathered
+
+
+__all__ = ["FAULT_ENV", "run"]

@@ -1,0 +1,336 @@
+"""Per-rank device memory of a plan: model states, held activations, transients.
+
+Activations follow Korthikanti et al. (2022, arXiv 2205.05198, §4 and Table 2; BACKGROUND.md §2),
+written per element size so one formula covers every precision. Per transformer layer and one
+micro-batch on one tensor-parallel rank, with ``d``-byte activations, ``k``-byte dropout masks,
+``f`` the MLP width and ``t`` the TP degree:
+
+* kept whole by every TP rank (unless sequence parallelism shards it): the two LayerNorm inputs
+  (2d), the QKV input (d), the MLP input (d) and the two residual-dropout masks (2k), ``4d + 2k``
+  per s·b·h (Korthikanti's 10);
+* split over t: Q, K, V and the projection input (4d), the GeLU and fc2 inputs (2d·f/h), per
+  s·b·h (Korthikanti's 8 + 16 = 24 at f = 4h; Megatron's ``theoretical_memory_usage`` writes
+  the whole as 18 + 4·f/h);
+* split over t, per a·s²·b: softmax output (d), attention-dropout mask (k), dropout output (d),
+  ``2d + k`` (Korthikanti's 5).
+
+At d = 2, k = 1, f = 4h these give exactly s·b·h·(10 + 24/t + 5·a·s/(h·t)), and with sequence
+parallelism the whole divided by t. Selective recompute drops the a·s²·b term; full recompute
+keeps the layer input, d·s·b·h (÷t when sequence-sharded, as Megatron checkpoints it).
+
+Decisions:
+
+* Dropout masks follow the **model**: with ``model.dropout == 0`` neither Megatron nor our torch
+  GPT keeps masks, and the attention term shrinks to the softmax output alone (d; ``probs @ V``
+  saves it). The paper's setting (GPT-3 dropout 0.1) reproduces its numbers exactly.
+* Masks are 1 byte on GPUs (CUDA ``native_dropout`` keeps a bool mask) and ``d`` bytes on CPUs
+  (torch's CPU path keeps the scaled noise, :func:`traces.torch_gpt.dropout_mask_bytes`).
+* fp32 is the same accounting with d = 4 (masks stay 1 byte on GPUs).
+* Per-token LayerNorm statistics (mean, rstd: 4·d·s·b per block) are left out, as the paper
+  does; they are 1/h of the rest. ``traces.torch_gpt.block_activation_bytes`` counts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from simulator.actions import Schedule
+from simulator.build import GRAD_BYTES
+from simulator.costs import DTYPE_BYTES, layer_params
+from simulator.schedules import build_schedule
+from traces.catalog import DeviceSpec
+from traces.config import Model, Plan
+from traces.config import stage_layers as plan_stage_layers
+from traces.errors import ContractError
+
+GIB = 2**30
+ACTIVATION_POLICIES = ("keep", "recompute", "swap")
+# Bool dropout mask of CUDA's fused dropout (Korthikanti et al. §4.1 count 1 byte per element).
+GPU_MASK_BYTES = 1
+# Embedding backward needs the token ids: int64 (Megatron's calculator counts 8·s·b per micro-batch).
+TOKEN_ID_BYTES = 8
+# Cross-entropy runs on fp32 logits (Megatron's vocab-parallel CE and our lm_loss both upcast).
+LOGIT_BYTES = 4
+# Adam optimizer states per parameter (Megatron ``theoretical_memory_usage``; ZeRO, Rajbhandari et
+# al. 2020 §3.1): mixed precision keeps an fp32 master copy and fp32 m, v (12 B); fp32 training
+# updates the weights in place (m, v: 8 B). Gradients use the build's dtype (fp32 main_grad under
+# bf16, as Megatron forces; fp16 grads under fp16), so bf16 totals Megatron's 18 B/param and fp16
+# the ZeRO paper's 16 B/param; fp32 is 4 + 4 + 8.
+OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12}
+# Framework overhead on a GPU: CUDA context with torch's kernels (~0.5 GiB) plus NCCL
+# communicator buffers and allocator slack; a rough, documented figure. CPUs: 0.
+GPU_RESERVED_BYTES = 1 * GIB
+
+
+def _recompute_level(plan: Plan, policy: str | None) -> str:
+    """``none``, ``selective``, ``full`` or ``swap`` for one block under ``policy``."""
+    if policy is None:
+        return plan.recompute
+    if policy == "keep":
+        # Keep = store what the plan stores: selective stays selective, full becomes none (vPipe).
+        return plan.recompute if plan.recompute != "full" else "none"
+    if policy == "recompute":
+        return "full"
+    if policy == "swap":
+        return "swap"
+    raise ContractError("plan", "layer_memory_policy", f"policy {policy!r} is not one of {', '.join(ACTIVATION_POLICIES)}")
+
+
+def _mask_bytes(model: Model, mask_bytes: int | None) -> int:
+    """Bytes per dropout-mask element, 0 when the model has no dropout (nothing is kept)."""
+    if model.dropout == 0:
+        return 0
+    return GPU_MASK_BYTES if mask_bytes is None else mask_bytes
+
+
+def activation_bytes_per_layer(
+    model: Model,
+    plan: Plan,
+    *,
+    policy: str | None = None,
+    seq_len: int | None = None,
+    mask_bytes: int | None = None,
+) -> float:
+    """Bytes one transformer block keeps for backward, one micro-batch, one TP rank.
+
+    Args:
+        model: The model (h, a, f, dropout).
+        plan: Micro-batch size, TP degree, sequence parallelism, recompute level, precision.
+        policy: Per-block override: ``keep`` (the plan's level, full recompute counted as none),
+            ``recompute`` (full) or ``swap`` (0 on device; vPipe moves it to the host).
+        seq_len: Sequence length if not the model's.
+        mask_bytes: Bytes per dropout-mask element (default 1, a GPU's bool mask).
+
+    Returns:
+        Bytes (a float: shards of odd sizes are averaged over ranks).
+    """
+    level = _recompute_level(plan, policy)
+    if level == "swap":
+        return 0.0
+    s, b, h, a = seq_len or model.seq_len, plan.micro_batch_size, model.hidden_size, model.num_heads
+    t, d, k = plan.tp, DTYPE_BYTES[plan.precision], _mask_bytes(model, mask_bytes)
+    seq_shard = t if plan.sequence_parallel else 1
+    sbh = s * b * h
+    if level == "full":
+        return d * sbh / seq_shard
+    replicated = (4 * d + 2 * k) * sbh
+    split = (4 * d + 2 * d * model.ffn / h) * sbh
+    # Softmax output, dropout mask and dropout output; without dropout only the softmax output.
+    scores = (2 * d + k if model.dropout else d) * a * s * s * b
+    out = replicated / seq_shard + split / t
+    return out if level == "selective" else out + scores / t
+
+
+def embedding_activation_bytes(
+    model: Model, plan: Plan, *, seq_len: int | None = None, mask_bytes: int | None = None
+) -> float:
+    """Bytes the first stage keeps outside its blocks per micro-batch: token ids and the
+    embedding-dropout mask (Korthikanti §4.3's s·b·h/t with sequence parallelism; replicated without)."""
+    s, b = seq_len or model.seq_len, plan.micro_batch_size
+    seq_shard = plan.tp if plan.sequence_parallel else 1
+    return TOKEN_ID_BYTES * s * b + _mask_bytes(model, mask_bytes) * s * b * model.hidden_size / seq_shard
+
+
+def head_activation_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
+    """Bytes the last stage keeps outside its blocks per micro-batch.
+
+    Final-LayerNorm input and LM-head input (2·d·s·b·h, ÷t with sequence parallelism) and the
+    fp32 softmax of the vocabulary-sharded logits (4·s·b·V/t): Korthikanti §4.3's
+    4·s·b·h/t·(1 + V/h) at d = 2 with sequence parallelism.
+    """
+    s, b, h = seq_len or model.seq_len, plan.micro_batch_size, model.hidden_size
+    seq_shard = plan.tp if plan.sequence_parallel else 1
+    d = DTYPE_BYTES[plan.precision]
+    return 2 * d * s * b * h / seq_shard + LOGIT_BYTES * s * b * model.vocab_size / plan.tp
+
+
+def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes for ``params`` parameters on one rank.
+
+    ZeRO (Rajbhandari et al. 2020): stage 1 shards optimizer states over dp (= Megatron's
+    distributed optimizer, 6 + 12/dp B/param under bf16), stage 2 also gradients, stage 3 also
+    weights.
+    """
+    p, dp, z = plan.precision, plan.dp, plan.zero_stage
+    weights = params * DTYPE_BYTES[p] / (dp if z >= 3 else 1)
+    grads = params * GRAD_BYTES[p] / (dp if z >= 2 else 1)
+    optim = params * OPTIMIZER_BYTES[p] / (dp if z >= 1 else 1)
+    return weights, grads, optim
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Peak device memory of one pipeline rank, in bytes.
+
+    Attributes:
+        rank: Pipeline rank.
+        weights_bytes, gradients_bytes, optimizer_bytes: Model states after ZeRO sharding.
+        activations_bytes: Peak over the schedule of the activations held for backward (blocks,
+            embedding and head extras), weighted per stage.
+        other_bytes: Transients and overhead: one block's full activations while it is
+            recomputed or swapped back, ZeRO-3's gathered weights, and the reserved bytes.
+        total_bytes: Sum of the above.
+        capacity_bytes: The device's memory.
+        fits: ``total_bytes <= capacity_bytes``.
+    """
+
+    rank: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    other_bytes: float
+    total_bytes: float
+    capacity_bytes: float
+    fits: bool
+
+    @property
+    def total_gib(self) -> float:
+        """Total in GiB."""
+        return self.total_bytes / GIB
+
+    def gib(self) -> dict[str, float]:
+        """Every ``*_bytes`` field in GiB, keyed ``*_gib``."""
+        return {k.removesuffix("_bytes") + "_gib": v / GIB for k, v in asdict(self).items() if k.endswith("_bytes")}
+
+
+def _check(model: Model, plan: Plan, schedule: Schedule, stage_layers: list[int]) -> None:
+    def fail(key: str, rule: str) -> None:
+        raise ContractError("plan", key, rule)
+
+    if schedule.pp != plan.pp:
+        fail("pp", f"schedule has pp={schedule.pp}, plan has pp={plan.pp}")
+    if len(stage_layers) != schedule.num_stages:
+        fail("partition", f"{len(stage_layers)} stage layer counts for {schedule.num_stages} stages")
+    if any(n < 0 for n in stage_layers) or sum(stage_layers) != model.num_layers:
+        fail("partition", f"stage layers {stage_layers} do not split num_layers={model.num_layers}")
+    if plan.layer_memory_policy is not None and len(plan.layer_memory_policy) != model.num_layers:
+        fail("layer_memory_policy", f"{len(plan.layer_memory_policy)} entries for num_layers={model.num_layers}")
+
+
+def stage_memory(
+    model: Model,
+    plan: Plan,
+    device: DeviceSpec,
+    schedule: Schedule,
+    stage_layers: list[int],
+    *,
+    reserved_bytes: float | None = None,
+    seq_len: int | None = None,
+) -> list[RankMemory]:
+    """Peak memory of every pipeline rank under ``schedule``.
+
+    Activations: stage s holds, per in-flight micro-batch, its blocks' bytes (each under its
+    ``plan.layer_memory_policy`` entry, else the plan's recompute) plus the embedding extras on
+    stage 0 and the head extras on the last stage. A rank's peak is the maximum over its action
+    order of Σ_s in_flight_s × bytes_s (:meth:`Schedule.in_flight_timeline`), so unequal chunks
+    and V placements are weighted right; for 1F1B stage s of p holds min(p − s, m) micro-batches,
+    and the first stage holds L × per-layer bytes for any p (Korthikanti §4.3).
+
+    Args:
+        model, plan: The model and plan.
+        device: Capacity comes from here; a CPU keeps dtype-sized dropout masks and no reserve.
+        schedule: Per-rank orders (from :func:`simulator.schedules.build_schedule`).
+        stage_layers: Transformer blocks on each virtual stage.
+        reserved_bytes: Framework overhead per rank (default ``GPU_RESERVED_BYTES`` on a GPU, 0
+            on a CPU).
+        seq_len: Sequence length if not the model's.
+
+    Raises:
+        ContractError: stage layers or policies that do not match the model, plan and schedule.
+    """
+    _check(model, plan, schedule, stage_layers)
+    cpu = device.kind == "cpu"
+    mask = DTYPE_BYTES[plan.precision] if cpu else GPU_MASK_BYTES
+    reserve = (0.0 if cpu else GPU_RESERVED_BYTES) if reserved_bytes is None else reserved_bytes
+    policies: list[str | None] = [None] * model.num_layers
+    if plan.layer_memory_policy is not None:
+        policies = list(plan.layer_memory_policy)
+    cache: dict[str | None, float] = {}
+
+    def block(policy: str | None) -> float:
+        if policy not in cache:
+            cache[policy] = activation_bytes_per_layer(model, plan, policy=policy, seq_len=seq_len, mask_bytes=mask)
+        return cache[policy]
+
+    params = {kind: n for _, kind, n in layer_params(model, plan.tp)}
+    last = schedule.num_stages - 1
+    per_mb: list[float] = []
+    stage_params: list[float] = []
+    largest_layer: list[float] = []  # params of the largest layer, for ZeRO-3's gathered weights
+    transient: list[float] = []  # one block's full activations while recomputed or swapped in
+    first = 0
+    for s, n in enumerate(stage_layers):
+        own = policies[first:first + n]
+        first += n
+        acts = sum(block(p) for p in own)
+        layers = [params["block"]] * n
+        if s == 0:
+            acts += embedding_activation_bytes(model, plan, seq_len=seq_len, mask_bytes=mask)
+            layers.append(params["embedding"])
+        if s == last:
+            acts += head_activation_bytes(model, plan, seq_len=seq_len)
+            layers += [params["final_norm"], params["lm_head"]]
+        per_mb.append(acts)
+        stage_params.append(sum(layers))
+        largest_layer.append(max(layers, default=0))
+        redone = any(_recompute_level(plan, p) in ("full", "swap") for p in own)
+        transient.append(block("keep") if redone else 0.0)
+
+    out = []
+    for r in range(schedule.pp):
+        stages = schedule.stages_of_rank(r)
+        timeline = schedule.in_flight_timeline(r)
+        acts = max((sum(c * per_mb[s] for s, c in held.items()) for held in timeline), default=0.0)
+        weights, grads, optim = model_state_bytes(sum(stage_params[s] for s in stages), plan)
+        # The re-materialised block sits on top of the peak: in 1F1B's steady state the oldest
+        # micro-batch's backward runs while the newest forward's activations are still held.
+        other = reserve + max((transient[s] for s in stages), default=0.0)
+        if plan.zero_stage == 3 and plan.dp > 1:
+            # FSDP-style: the layer being computed and the prefetched next one are gathered whole.
+            other += 2 * max(largest_layer[s] for s in stages) * DTYPE_BYTES[plan.precision]
+        total = weights + grads + optim + acts + other
+        cap = float(device.memory_capacity_bytes)
+        out.append(RankMemory(r, weights, grads, optim, acts, other, total, cap, total <= cap))
+    return out
+
+
+def plan_memory(
+    model: Model, plan: Plan, device: DeviceSpec, *, reserved_bytes: float | None = None, seq_len: int | None = None
+) -> list[RankMemory]:
+    """:func:`stage_memory` with the plan's own schedule (``build_schedule``) and partition."""
+    schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+    return stage_memory(
+        model, plan, device, schedule, plan_stage_layers(plan, model), reserved_bytes=reserved_bytes, seq_len=seq_len
+    )
+
+
+def peak_memory_gib(
+    model: Model, plan: Plan, device: DeviceSpec, *, reserved_bytes: float | None = None, seq_len: int | None = None
+) -> float:
+    """Largest per-rank total of :func:`plan_memory`, in GiB."""
+    mem = plan_memory(model, plan, device, reserved_bytes=reserved_bytes, seq_len=seq_len)
+    return max(rm.total_bytes for rm in mem) / GIB
+
+
+def fits_in_memory(
+    model: Model, plan: Plan, device: DeviceSpec, *, reserved_bytes: float | None = None, seq_len: int | None = None
+) -> bool:
+    """True when every pipeline rank of the plan fits in the device's memory."""
+    return all(rm.fits for rm in plan_memory(model, plan, device, reserved_bytes=reserved_bytes, seq_len=seq_len))
+
+
+__all__ = [
+    "ACTIVATION_POLICIES",
+    "GPU_RESERVED_BYTES",
+    "OPTIMIZER_BYTES",
+    "RankMemory",
+    "activation_bytes_per_layer",
+    "embedding_activation_bytes",
+    "fits_in_memory",
+    "head_activation_bytes",
+    "model_state_bytes",
+    "peak_memory_gib",
+    "plan_memory",
+    "stage_memory",
+]

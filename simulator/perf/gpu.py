@@ -1,0 +1,161 @@
+"""Shape-aware GPU compute model: per-operator kernel times from FLOPs, bytes and GEMM shapes.
+
+Prices the operators of :mod:`simulator.ops` (one :class:`~simulator.ops.Op` = one kernel) with
+:mod:`simulator.perf.kernels` — tile and wave quantised GEMMs with an efficiency ceiling and a
+memory floor, batched GEMMs for Megatron's attention, memory-bound operators at a fraction of HBM
+bandwidth, a fixed overhead per kernel — and adds one bound the GPU alone does not see: eager
+PyTorch issues kernels from one host thread, so a phase of a layer cannot finish faster than
+``kernels × host_overhead_per_kernel_s`` (small models at small micro-batches are launch-bound;
+e.g. Lin et al., "Understanding the overheads of launching CUDA kernels", ICPP'19 poster, and the
+motivation of CUDA graphs in Megatron-LM). The host runs ahead of the GPU, so per phase the time
+is the larger of the two sums, not their sum.
+
+Constants come per GPU family from ``simulator/perf/data`` (see :mod:`simulator.perf.constants`);
+GPUs without a fit of their own (H100, H200) use the A100 curves with their own peak FLOP/s, SM
+count and memory bandwidth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from simulator.costs import DTYPE_BYTES, LayerCost, boundary_bytes, layer_params, tp_collectives
+from simulator.ops import Op, block_ops, embedding_ops, final_norm_ops, lm_head_ops
+from simulator.perf.constants import GpuConstants, facts_for, shipped_constants
+from simulator.perf.kernels import KernelParams, flash_s, gemm_s, memory_s
+from traces.catalog import DeviceSpec
+from traces.config import Model, Plan
+from traces.errors import ContractError
+
+# Kernels of one mixed-precision optimizer step (Megatron's FP16 optimizer with a fused Adam):
+# copy/unscale grads, inf check, grad norm, Adam, copy fp32 params back to 16-bit, zero grads.
+_OPTIMIZER_KERNELS = 6
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseTimes:
+    """Seconds of one layer's phases for one micro-batch, and the attention-core forward."""
+
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    attention_core_s: float
+
+
+@dataclass
+class GpuComputeModel:
+    """Implements :class:`simulator.costs.ComputeModel` for GPUs from shapes and fitted constants.
+
+    Attributes:
+        device: Catalog entry (peak FLOP/s per dtype, memory bandwidth).
+        constants: Compute constants; default: the shipped file for the device's family.
+        sm_count: SMs; default: ``devices.json`` (A100 108, H100/H200 132).
+        flash_attention: Price attention as FlashAttention-2 kernels instead of Megatron's
+            baddbmm/softmax/bmm (vTrain's Megatron-DeepSpeed runs used the latter).
+        host_bound: Apply the host kernel-issue bound (turn off to see GPU time alone).
+    """
+
+    device: DeviceSpec
+    constants: GpuConstants | None = None
+    sm_count: int | None = None
+    flash_attention: bool = False
+    host_bound: bool = True
+    sm_count_source: str = field(default="", init=False)
+    _params: dict[str, KernelParams] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.device.kind != "gpu":
+            raise ContractError(self.device.name, "kind", "GpuComputeModel needs a GPU; use RooflineComputeModel on CPUs")
+        sms, compute_file, _, how = facts_for(self.device)
+        if self.sm_count is None:
+            self.sm_count, self.sm_count_source = sms, how
+        else:
+            self.sm_count_source = "given"
+        if self.constants is None:
+            self.constants = GpuConstants.from_file(shipped_constants(compute_file))
+
+    @property
+    def c(self) -> GpuConstants:
+        """The constants in use."""
+        if self.constants is None:  # only if __post_init__ was bypassed
+            raise ContractError(self.device.name, "constants", "GpuComputeModel has no constants")
+        return self.constants
+
+    def kernel_params(self, precision: str) -> KernelParams:
+        """Kernel-pricing parameters for a dtype (cached)."""
+        p = self._params.get(precision)
+        if p is None:
+            c = self.c
+            p = self._params[precision] = KernelParams(
+                peak_flops=self.device.peak_flops(precision),
+                sm_count=int(self.sm_count or 1),
+                gemm_ceiling=c.gemm_ceiling,
+                tiles=c.tiles,
+                k_overhead=c.k_overhead,
+                max_split_k=c.max_split_k,
+                bandwidth_Bps=self.device.memory_bandwidth_GBps * 1e9 * c.memory_bandwidth_efficiency,
+                flash_efficiency=c.flash_attention_efficiency,
+                kernel_overhead_s=c.kernel_overhead_s,
+            )
+        return p
+
+    def op_s(self, op: Op, precision: str) -> float:
+        """GPU time of one operator (kernel)."""
+        p = self.kernel_params(precision)
+        if op.kind in ("gemm", "bmm") and op.gemm_mnk is not None:
+            m, n, k = op.gemm_mnk
+            return gemm_s(m, n, k, op.batch, DTYPE_BYTES[precision], p)
+        if op.kind == "flash":
+            return flash_s(op.flops, op.bytes, p)
+        return memory_s(op.bytes, p)
+
+    def _bounded(self, gpu_s: float, kernels: int) -> float:
+        return max(gpu_s, kernels * self.c.host_overhead_per_kernel_s) if self.host_bound else gpu_s
+
+    def phase_times(self, ops: Sequence[Op], precision: str) -> PhaseTimes:
+        """Per-phase time of a layer's operators (GPU sum, bounded below by host kernel issue)."""
+        gpu = {"forward": 0.0, "backward_input": 0.0, "backward_weight": 0.0}
+        count = dict.fromkeys(gpu, 0)
+        core_s, core_n = 0.0, 0
+        for op in ops:
+            t = self.op_s(op, precision)
+            gpu[op.phase] += t
+            count[op.phase] += 1
+            if op.attention_core and op.phase == "forward":
+                core_s += t
+                core_n += 1
+        f, i, w = (self._bounded(gpu[k], count[k]) for k in ("forward", "backward_input", "backward_weight"))
+        return PhaseTimes(f, i, w, self._bounded(core_s, core_n))
+
+    def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
+        """Per-layer costs in pipeline order (embedding, blocks…, final_norm, lm_head)."""
+        d = DTYPE_BYTES[plan.precision]
+        b, s, t, sp = plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel
+        fwd_comm, bwd_comm = tp_collectives(model, plan)
+        out_bytes = boundary_bytes(model, plan)
+        params = {name: n for name, _, n in layer_params(model, t)}
+        pt = self.phase_times
+        emb = pt(embedding_ops(model, b, s, t, d), plan.precision)
+        blk = pt(block_ops(model, b, s, t, sp, d, flash_attention=self.flash_attention), plan.precision)
+        fin = pt(final_norm_ops(model, b, s, t, sp, d), plan.precision)
+        head = pt(lm_head_ops(model, b, s, t, d), plan.precision)
+        layers = [LayerCost("embedding", "embedding", emb.forward_s, emb.backward_input_s, emb.backward_weight_s,
+                            output_bytes=out_bytes, param_count=params["embedding"])]
+        for k in range(model.num_layers):
+            name = f"block.{k}"
+            layers.append(LayerCost(name, "block", blk.forward_s, blk.backward_input_s, blk.backward_weight_s,
+                                    blk.attention_core_s, list(fwd_comm), list(bwd_comm), out_bytes, params[name]))
+        layers.append(LayerCost("final_norm", "final_norm", fin.forward_s, fin.backward_input_s, fin.backward_weight_s,
+                                output_bytes=out_bytes, param_count=params["final_norm"]))
+        layers.append(LayerCost("lm_head", "lm_head", head.forward_s, head.backward_input_s, head.backward_weight_s,
+                                output_bytes=0, param_count=params["lm_head"]))
+        return layers
+
+    def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
+        """Mixed-precision Adam: memory-bound over the optimizer's bytes per parameter."""
+        p = self.kernel_params(plan.precision)
+        return params_per_device * self.c.optimizer_bytes_per_param / p.bandwidth_Bps + _OPTIMIZER_KERNELS * p.kernel_overhead_s
+
+
+__all__ = ["GpuComputeModel", "PhaseTimes"]

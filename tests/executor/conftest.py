@@ -1,0 +1,56 @@
+"""Helpers for the executor tests: a tiny model, and ``mindpipe run`` as a user runs it.
+
+Multi-rank runs use CPU + gloo on loopback with one thread per rank. Process launches are the
+expensive part (each rank imports torch.distributed), so tests share runs through module-scoped
+fixtures and assert several things about each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# 4 blocks so pp=2 with 2 virtual stages per rank has a block per stage; vocab 64 keeps the
+# LM head small. TINY_TEXT has the 256-symbol vocabulary byte-level text needs.
+TINY: dict[str, Any] = {"kind": "gpt", "num_layers": 4, "hidden_size": 32, "num_heads": 4, "seq_len": 16,
+                        "vocab_size": 64, "name": "tiny4"}
+TINY_TEXT: dict[str, Any] = {**TINY, "vocab_size": 256, "name": "tiny4-bytes"}
+STEPS = 10
+
+
+def run_env(**extra: str) -> dict[str, str]:
+    """Environment of a launched run: one thread per rank, gloo on loopback, the repo importable."""
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"})
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def mindpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``mindpipe ARGS...`` in a subprocess (the console script's module)."""
+    return subprocess.run([sys.executable, "-m", "mindpipe.cli", *args], capture_output=True, text=True,
+                          env=env or run_env(), timeout=timeout, cwd=REPO)
+
+
+def run_plan(tmp: Path, plan: dict[str, Any], nproc: int, *extra: str, steps: int = STEPS,
+             model: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``mindpipe run`` of ``plan`` on ``nproc`` local ranks, writing ``tmp/measured.json``."""
+    return mindpipe("run", json.dumps(plan), "--nproc", str(nproc), "--steps", str(steps),
+                    "--model", json.dumps(model or TINY), "--out", str(tmp / "measured.json"),
+                    "--run-timeout", "500", "--timeout", "120", *extra, env=env)
+
+
+@pytest.fixture()
+def tiny4():
+    """The tiny model as a contract object."""
+    from traces.config import Model
+
+    return Model(**TINY)

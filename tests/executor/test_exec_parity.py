@@ -1,0 +1,222 @@
+"""Parallel training matches single-process training (issue 5 acceptance), and what it measures.
+
+Each fixture launches one real run with ``mindpipe run`` (CPU, gloo, one thread per rank) and
+several tests read its measured trace. The reference is :func:`executor.reference.reference_losses`:
+the unsplit model, the same seed and data, the same micro-batching and loss scaling, AdamW.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from executor.reference import reference_losses
+from traces.config import Model, Plan
+from traces.trace import Trace
+
+from .conftest import REPO, STEPS, TINY, TINY_TEXT, run_env, run_plan
+
+RTOL = 1e-5
+
+
+@functools.cache
+def _reference(model_json: str, plan_json: str, data: str = "synthetic") -> tuple[float, ...]:
+    model, plan = Model(**json.loads(model_json)), Plan(**json.loads(plan_json))
+    return tuple(reference_losses(model, plan, STEPS, data=data))
+
+
+def reference(plan: dict, model: dict | None = None, data: str = "synthetic") -> list[float]:
+    return list(_reference(json.dumps(model or TINY, sort_keys=True), json.dumps(plan, sort_keys=True), data))
+
+
+def assert_parity(losses: list[float], ref: list[float]) -> None:
+    assert len(losses) == len(ref) == STEPS
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True))
+    assert worst <= RTOL, f"max relative difference {worst:.3g} > {RTOL}: {losses} vs {ref}"
+
+
+def launched(tmp: Path, plan: dict, nproc: int, *extra: str) -> Trace:
+    res = run_plan(tmp, plan, nproc, *extra)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return Trace.load(tmp / "measured.json")
+
+
+DP2 = {"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 0, "precision": "fp32",
+       "layer_memory_policy": ["recompute", "keep", "keep", "recompute"]}
+TP2 = {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "sequence_parallel": True, "recompute": "selective",
+       "precision": "fp32"}
+PP2 = {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b", "recompute": "full",
+       "precision": "fp32"}
+PP2_TABLE = {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "zb_h1", "precision": "fp32"}
+DP2_TP2_PP2 = {"dp": 2, "tp": 2, "pp": 2, "virtual_stages": 2, "micro_batch_size": 1, "global_batch_size": 8,
+               "schedule": "interleaved_1f1b", "zero_stage": 3, "precision": "fp32"}
+
+
+@pytest.fixture(scope="module")
+def pp2_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pp2")
+    trace = launched(tmp, PP2, 2, "--schedule-source", "torch", "--checkpoint-dir", str(tmp / "ckpt"),
+                     "--checkpoint-every", "4", "--profile-step", "3")
+    return tmp, trace
+
+
+def test_dp2_parity(tmp_path):
+    res = run_plan(tmp_path, DP2, 2, "--json")
+    assert res.returncode == 0, res.stderr[-4000:]
+    summary = json.loads(res.stdout)  # --json: one object on stdout, progress on stderr
+    trace = Trace.load(tmp_path / "measured.json")
+    assert_parity(trace.measurement.losses, reference(DP2))
+    assert summary["losses"] == trace.measurement.losses and summary["world_size"] == 2
+    assert summary["out"] == str(tmp_path / "measured.json") and summary["schedule_source"] == "torch"
+
+
+def test_tp2_sequence_parallel_selective_recompute_parity(tmp_path):
+    trace = launched(tmp_path, TP2, 2)
+    assert_parity(trace.measurement.losses, reference(TP2))
+    assert trace.tp == 2 and trace.sequence_parallel
+
+
+def test_pp2_1f1b_parity(pp2_run):
+    _, trace = pp2_run
+    assert trace.measurement.schedule_source == "torch"
+    assert_parity(trace.measurement.losses, reference(PP2))
+
+
+def test_resume_continues_exactly(pp2_run, tmp_path):
+    tmp, full = pp2_run
+    # Fresh processes load the checkpoint written at step 4 and train on to step 10.
+    resumed = launched(tmp_path, PP2, 2, "--schedule-source", "torch", "--checkpoint-dir", str(tmp / "ckpt"),
+                       "--resume-from", "4")
+    steps = resumed.measurement.steps
+    assert [s.step for s in steps] == list(range(5, STEPS + 1))
+    assert resumed.measurement.losses == full.measurement.losses[4:]  # bit for bit
+
+
+def test_pp2_simulator_action_table_parity(tmp_path):
+    from simulator.schedules import build_schedule
+
+    trace = launched(tmp_path, PP2_TABLE, 2, "--schedule-source", "simulator")
+    m = trace.measurement
+    assert m.schedule_source == "simulator" and trace.backward_split == "measured"
+    assert_parity(m.losses, reference(PP2_TABLE))
+    # The run executed the simulator's action lists, action for action, on every rank.
+    plan = Plan(**PP2_TABLE)
+    sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+    for rank, order in enumerate(sched.orders):
+        ran = sorted((a for a in m.actions if a.rank == rank and a.step == 2), key=lambda a: a.start_s)
+        assert [f"{a.stage}{a.kind}{a.microbatch}" for a in ran] == [str(a) for a in order]
+
+
+def test_dp2_tp2_pp2_on_8_ranks_parity(tmp_path):
+    trace = launched(tmp_path, DP2_TP2_PP2, 8, "--profile-step", "3")
+    m = trace.measurement
+    assert m.schedule_source == "simulator"  # the default with a pipeline: the simulator's table
+    assert_parity(m.losses, reference(DP2_TP2_PP2))
+    assert m.world_size == 8 and sorted(r.rank for r in m.ranks) == list(range(8))
+    coords = {(r.pp_rank, r.dp_rank, r.tp_rank) for r in m.ranks}
+    assert len(coords) == 8
+    # Megatron order: tp innermost, so ranks 0 and 1 are TP peers, 0 and 2 DP peers, 0 and 4 PP peers.
+    by_rank = {r.rank: (r.pp_rank, r.dp_rank, r.tp_rank) for r in m.ranks}
+    assert by_rank[1] == (0, 0, 1) and by_rank[2] == (0, 1, 0) and by_rank[4] == (1, 0, 0)
+    assert by_rank[0] != by_rank[4] and m.ranks[4].stages == [1, 3]
+    collectives = [c for c in m.comms if c.kind == "collective"]
+    assert {c.step for c in collectives} == {3}
+    assert any(c.op == "send" and c.axis == "pp" and c.size_bytes for c in collectives)
+    assert any(c.op in ("allreduce", "allgather", "reducescatter") for c in collectives)
+
+
+def test_single_process_python_m_executor_on_text(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("MindPipe trains large models with 4D parallelism. " * 40)
+    plan = {"micro_batch_size": 2, "global_batch_size": 4, "precision": "fp32"}
+    res = subprocess.run([sys.executable, "-m", "executor", json.dumps(plan), "--steps", str(STEPS), "--model",
+                          json.dumps(TINY_TEXT), "--data", str(text), "--out", str(tmp_path / "m.json")],
+                         capture_output=True, text=True, env=run_env(), cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = Trace.load(tmp_path / "m.json").measurement
+    assert m.world_size == 1 and m.data == str(text)
+    assert_parity(m.losses, reference(plan, TINY_TEXT, str(text)))
+    assert m.losses[-1] < m.losses[0]  # real text is learnable
+
+
+def test_bf16_single_process(tmp_path):
+    plan = {"micro_batch_size": 2, "global_batch_size": 4, "precision": "bf16"}
+    res = subprocess.run([sys.executable, "-m", "executor", json.dumps(plan), "--steps", "3", "--model", json.dumps(TINY),
+                          "--out", str(tmp_path / "m.json")], capture_output=True, text=True, env=run_env(), cwd=REPO,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    trace = Trace.load(tmp_path / "m.json")
+    assert trace.dtype == "bf16" and trace.measurement.plan.precision == "bf16"
+    ref = reference({**plan, "precision": "fp32"})[:3]
+    # bf16 compute with fp32 master weights: close to fp32 training, not equal to it.
+    losses = trace.measurement.losses
+    assert all(abs(a - b) / b < 2e-3 for a, b in zip(losses, ref, strict=True)) and losses != ref
+
+
+# -- what a run measures (the pp2 run) -------------------------------------------------------
+
+
+def test_measurement_records(pp2_run):
+    _, trace = pp2_run
+    m = trace.measurement
+    plan = m.plan
+    assert [s.step for s in m.steps] == list(range(1, STEPS + 1)) and m.warmup_steps == 1
+    assert all(s.iteration_s > 0 and s.tokens_per_s > 0 for s in m.steps)
+    assert m.tokens_per_s == pytest.approx(plan.global_batch_size * TINY["seq_len"] /
+                                           statistics.fmean(s.iteration_s for s in m.measured_steps))
+    assert 0 < m.mfu < 1 and m.peak_flops_per_s > 0 and m.devices_for_mfu == 1
+    assert m.energy_source == "estimated" and m.energy_j_per_iteration > 0 and "estimated" in m.energy_notes
+    assert m.backend == "gloo" and m.device_kind == "cpu" and m.threads_per_rank == 1
+    for rank in (0, 1):
+        for step in range(1, STEPS + 1):
+            acts = [a for a in m.actions if a.rank == rank and a.step == step]
+            assert sorted((a.kind, a.microbatch) for a in acts) == sorted(
+                (k, mb) for k in "FB" for mb in range(plan.num_microbatches))
+            assert all(a.duration_s > 0 for a in acts)
+    r0, r1 = sorted(m.ranks, key=lambda r: r.rank)
+    assert r0.stages == [0] and r1.stages == [1]
+    assert r0.peak_memory_bytes > 0 and r0.memory_source == "process_rss"
+    assert r0.compute_s > 0 and r0.optimizer_s > 0 and r0.cpu_time_s and r0.cpu_time_s > 0
+    assert r0.p2p_wait_s + r1.p2p_wait_s > 0  # the pipeline waits on its neighbour
+    assert any(c.kind == "p2p_wait" and c.axis == "pp" for c in m.comms)
+    assert any(c.kind == "dp_sync" for c in m.comms)
+
+
+def test_measured_trace_feeds_the_simulator(pp2_run):
+    from simulator.costs import TraceComputeModel
+
+    tmp, trace = pp2_run
+    # Stage medians are spread over the stage's layers: their sum is the stage's median F.
+    m = trace.measurement
+    stage0_f = statistics.median(a.duration_s for a in m.actions if a.stage == 0 and a.kind == "F" and a.step >= 2)
+    layers = {r.name: r for r in trace.layers}
+    assert sum(layers[n].forward_s for n in ("embedding", "block.0", "block.1")) == pytest.approx(stage0_f)
+    assert trace.backward_split == "combined" and all(r.backward_weight_s == 0 for r in trace.layers)
+    model, plan = Model(**TINY), Plan(**PP2)
+    costs = TraceComputeModel(Trace.load(tmp / "measured.json")).layer_costs(model, plan)
+    assert [c.name for c in costs] == [r.name for r in trace.layers]
+    assert all(c.forward_s > 0 and c.backward_input_s > 0 for c in costs if c.kind == "block")
+    # ... and the simulator predicts the measured plan from it.
+    from simulator.api import SimulationOptions, simulate
+    from traces.builtin import load_cluster
+
+    result = simulate(model, load_cluster("cpu:1x2"), plan, SimulationOptions(trace=trace))
+    assert 0 < result.iteration_time_s < float("inf")
+
+
+def test_timeline_is_a_chrome_trace(pp2_run):
+    tmp, trace = pp2_run
+    assert trace.measurement.timeline_file == "measured.timeline.json"
+    doc = json.loads((tmp / "measured.timeline.json").read_text())
+    events = doc["traceEvents"]
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {(r, t) for r in (0, 1) for t in ("compute", "comm")}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["tid"] for e in spans} == {0, 1} and all(e["dur"] >= 0 for e in spans)
+    assert any(e["name"].startswith("F0 stage 0") for e in spans if e["pid"] == 0)

@@ -1,0 +1,162 @@
+"""Unit tests of the executor's pure pieces: no processes are launched."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from executor.comm_profile import axis_of
+from executor.config import RunConfig, add_run_arguments, config_from_args
+from executor.data import TokenSource
+from executor.distributed import mesh_shape
+from executor.launch import _first_error, torchrun_command
+from executor.precheck import resolve_schedule_source
+from executor.stages import block_ranges, build_stage_modules, head_major_qkv, local_stages, permute_qkv_for_tp
+from traces.config import Model, Plan
+from traces.errors import ContractError
+from traces.torch_gpt import build_gpt
+
+from .conftest import TINY
+
+
+def test_head_major_qkv_gives_each_tp_rank_its_own_heads():
+    # Rows of a fused QKV projection are [q | k | v]; after the permutation, contiguous shard r
+    # must hold q, k and v of the heads r owns, so `chunk(3)` on the local output is right.
+    h, tp = 8, 2
+    rows = torch.arange(3 * h, dtype=torch.float32)  # row i is labelled i
+    out = head_major_qkv(rows, tp)
+    q, k, v = rows.chunk(3)
+    for r, shard in enumerate(out.chunk(tp)):
+        lq, lk, lv = shard.chunk(3)
+        assert torch.equal(lq, q.chunk(tp)[r]) and torch.equal(lk, k.chunk(tp)[r]) and torch.equal(lv, v.chunk(tp)[r])
+    assert torch.equal(head_major_qkv(rows, 1), rows)
+
+
+def test_tp_sharded_attention_matches_unsharded(tiny4):
+    # Emulate column/row-parallel attention by hand on the permuted weights: concatenating the
+    # per-rank contexts and summing the row-parallel partial projections equals the full block.
+    torch.manual_seed(0)
+    ref = build_gpt(tiny4, seed=3)
+    tp_model = build_gpt(tiny4, seed=3)
+    permute_qkv_for_tp(tp_model, 2)
+    attn_ref, attn = ref.blocks["0"].attn, tp_model.blocks["0"].attn
+    x = torch.randn(2, tiny4.seq_len, tiny4.hidden_size)
+    partial = torch.zeros_like(x)
+    for r in range(2):
+        w = attn.qkv.weight.chunk(2)[r]
+        b = attn.qkv.bias.chunk(2)[r]
+        q, k, v = torch.nn.functional.linear(x, w, b).chunk(3, dim=-1)
+        hd = tiny4.head_dim
+        q, k, v = (t.view(2, tiny4.seq_len, -1, hd).transpose(1, 2) for t in (q, k, v))
+        s = q @ k.transpose(-2, -1) * hd**-0.5 + attn.causal_mask
+        ctx = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(2, tiny4.seq_len, -1)
+        partial += torch.nn.functional.linear(ctx, attn.proj.weight.chunk(2, dim=1)[r])
+    torch.testing.assert_close(partial + attn.proj.bias, attn_ref(x), rtol=1e-5, atol=1e-6)
+
+
+def test_stage_modules_compose_to_the_whole_model(tiny4):
+    plan = Plan(pp=2, virtual_stages=2, schedule="interleaved_1f1b", global_batch_size=4)
+    gpt = build_gpt(tiny4, seed=1)
+    tokens = torch.randint(0, tiny4.vocab_size, (2, tiny4.seq_len))
+    stages = {**build_stage_modules(gpt, plan, 0), **build_stage_modules(gpt, plan, 1)}
+    x = tokens
+    for s in range(plan.num_stages):
+        x = stages[s](x)
+    torch.testing.assert_close(x, gpt(tokens))
+    # Parameter names are the unsplit model's, wherever a block lives.
+    names = {n for m in stages.values() for n, _ in m.named_parameters()}
+    assert names == {n for n, _ in gpt.named_parameters()}
+
+
+def test_partition_and_placement():
+    model = Model(**TINY)
+    loop = Plan(pp=2, virtual_stages=2, schedule="interleaved_1f1b", partition=[1, 1, 1, 1])
+    assert block_ranges(loop, model) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert local_stages(loop, 0) == [0, 2] and local_stages(loop, 1) == [1, 3]
+    vee = Plan(pp=2, virtual_stages=2, schedule="zbv")
+    assert local_stages(vee, 0) == [0, 3] and local_stages(vee, 1) == [1, 2]
+    uneven = Plan(pp=2, partition=[3, 1])
+    assert block_ranges(uneven, model) == [(0, 3), (3, 1)]
+
+
+def test_mesh_axes_follow_rank_order():
+    assert mesh_shape(Plan(dp=2, tp=4, pp=3, global_batch_size=2)) == ((3, 2, 4), ("pp", "dp", "tp"))
+    assert mesh_shape(Plan(dp=2, tp=4, pp=3, global_batch_size=2, rank_order="dp-tp-pp")) == ((3, 4, 2), ("pp", "tp", "dp"))
+
+
+def test_token_source_is_a_function_of_seed_and_step(tmp_path):
+    model = Model(**TINY)
+    plan = Plan(dp=2, micro_batch_size=2, global_batch_size=8)
+    a, b = TokenSource(model, plan, seed=5), TokenSource(model, plan, seed=5)
+    x1, y1 = a.global_batch_at(3)
+    x2, y2 = b.global_batch_at(3)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert torch.equal(x1[:, 1:], y1[:, :-1])  # next-token targets
+    assert not torch.equal(a.global_batch_at(4)[0], x1)
+    lo, _ = a.local_batch_at(3, 1)
+    assert torch.equal(lo, x1[4:8])
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(256)) * 4)
+    src = TokenSource(Model(**{**TINY, "vocab_size": 256}), plan, seed=0, data=str(text))
+    xt, yt = src.global_batch_at(1)
+    assert xt.shape == (8, TINY["seq_len"]) and int(xt.max()) < 256
+    assert torch.equal((xt + 1) % 256, yt)  # consecutive bytes of the file
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_run_arguments(p, launcher=True)
+    return p.parse_args(list(argv))
+
+
+def test_run_config_roundtrip_and_rules(tmp_path):
+    args = _args('{"pp": 2, "global_batch_size": 4}', "--nproc", "2", "--steps", "3", "--model", json.dumps(TINY),
+                 "--checkpoint-dir", str(tmp_path), "--resume-from", "2")
+    cfg = config_from_args(args)
+    assert cfg.resume and cfg.resume_from == 2 and cfg.plan.pp == 2
+    cfg.save(tmp_path / "c.json")
+    assert RunConfig.load(tmp_path / "c.json") == cfg
+    assert cfg.timeline_path == "measured.timeline.json"
+    with pytest.raises(ContractError, match="--resume needs --checkpoint-dir"):
+        config_from_args(_args("{}", "--nproc", "1", "--steps", "1", "--resume"))
+    with pytest.raises(ContractError, match="neither 'synthetic' nor a readable file"):
+        config_from_args(_args("{}", "--nproc", "1", "--steps", "1", "--data", str(tmp_path / "missing.txt")))
+
+
+def test_torchrun_command_single_node_and_rendezvous():
+    single = torchrun_command(_args("{}", "--nproc", "4", "--steps", "1"), "cfg.json")
+    assert single[1:3] == ["-m", "torch.distributed.run"] and "--master-addr" in single
+    assert single[single.index("--master-addr") + 1] == "127.0.0.1" and single[-4:] == ["-m", "executor", "--config", "cfg.json"]
+    multi = torchrun_command(_args("{}", "--nproc", "8", "--steps", "1", "--nnodes", "4", "--rdzv-backend", "c10d",
+                                   "--rdzv-endpoint", "head:29400", "--rdzv-id", "job7"), "cfg.json")
+    for flag, value in (("--nnodes", "4"), ("--rdzv-backend", "c10d"), ("--rdzv-endpoint", "head:29400"), ("--rdzv-id", "job7")):
+        assert multi[multi.index(flag) + 1] == value
+    assert "--master-addr" not in multi
+
+
+def test_first_error_prefers_the_root_cause(tmp_path):
+    torchrun_tail = ["Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+                     "  exitcode  : 17 (pid: 99)"]
+    (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0, "time": 2.0, "error": "RuntimeError: peer closed"}))
+    assert _first_error(tmp_path, torchrun_tail) == (
+        "rank 1 exited with code 17 without a Python error; then rank 0 failed: RuntimeError: peer closed")
+    (tmp_path / "rank1.json").write_text(json.dumps({"rank": 1, "time": 1.0, "error": "ValueError: bad"}))
+    assert _first_error(tmp_path, torchrun_tail) == "rank 1 failed: ValueError: bad (then ranks [0] failed too)"
+    killed = ["Root Cause (first observed failure):", "  rank      : 3 (local_rank: 3)", "  exitcode  : -9 (pid: 1)"]
+    assert _first_error(tmp_path / "none", killed) == "rank 3 was killed by SIGKILL without a Python error"
+
+
+def test_collective_axis_inference():
+    assert axis_of("send", {"pp": 2, "dp": 2, "tp": 2}) == "pp"
+    assert axis_of("allreduce", {"pp": 2, "dp": 1, "tp": 2}) == "tp"
+    assert axis_of("reducescatter", {"pp": 1, "dp": 4, "tp": 1}) == "dp"
+    assert axis_of("allreduce", {"pp": 1, "dp": 2, "tp": 2}) == "unknown"
+
+
+def test_schedule_source_resolution():
+    assert resolve_schedule_source("torch", Plan(pp=2, global_batch_size=2)) == "torch"
+    assert resolve_schedule_source("auto", Plan(pp=1)) == "torch"
+    assert resolve_schedule_source("auto", Plan(pp=2, global_batch_size=2)) == "simulator"

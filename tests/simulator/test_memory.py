@@ -1,0 +1,344 @@
+"""Per-rank memory model: Korthikanti et al.'s closed forms, in-flight weighting, ZeRO states,
+the torch model's real saved bytes, and monotonicity properties."""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.actions import Action, Schedule, loop_stage_to_rank
+from simulator.costs import layer_params
+from simulator.memory import (
+    GIB,
+    GPU_RESERVED_BYTES,
+    activation_bytes_per_layer,
+    embedding_activation_bytes,
+    fits_in_memory,
+    head_activation_bytes,
+    model_state_bytes,
+    peak_memory_gib,
+    plan_memory,
+    stage_memory,
+)
+from simulator.schedules import build_schedule
+from traces.catalog import get_device
+from traces.config import Model, Plan
+from traces.errors import ContractError
+
+A100 = get_device("a100-sxm4-80gb")
+CPU = get_device("cpu")
+
+# Korthikanti et al. Table 3 shapes (s = 2048, t = 8, GPT-3 dropout 0.1); V = 51200.
+PAPER = {
+    "22b": dict(num_layers=48, hidden_size=6144, num_heads=64),
+    "175b": dict(num_layers=96, hidden_size=12288, num_heads=96),
+    "530b": dict(num_layers=105, hidden_size=20480, num_heads=128),
+    "1t": dict(num_layers=128, hidden_size=25600, num_heads=160),
+}
+
+
+def paper_model(name: str, **kw) -> Model:
+    return Model(kind="gpt", seq_len=2048, vocab_size=51200, dropout=0.1, **{**PAPER[name], **kw})
+
+
+def sbh(model: Model, b: int) -> Fraction:
+    return Fraction(model.seq_len * b * model.hidden_size)
+
+
+def attn(model: Model) -> Fraction:
+    """a·s/h, the attention-score term's coefficient."""
+    return Fraction(model.num_heads * model.seq_len, model.hidden_size)
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+@pytest.mark.parametrize("b", [1, 4])
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_table2_exact(name, b, t):
+    """Table 2 of Korthikanti et al. (2-byte activations, 1-byte masks), to the byte."""
+    m = paper_model(name)
+    x, r = sbh(m, b), attn(m)
+
+    def ours(recompute: str, sp: bool, policy: str | None = None) -> float:
+        plan = Plan(tp=t, micro_batch_size=b, global_batch_size=b, recompute=recompute, sequence_parallel=sp)
+        return activation_bytes_per_layer(m, plan, policy=policy)
+
+    assert ours("none", False) == x * (10 + Fraction(24, t) + 5 * r / t)
+    assert ours("selective", False) == x * (10 + Fraction(24, t))
+    assert ours("full", False) == 2 * x
+    if t == 1:
+        assert ours("none", False) == x * (34 + 5 * r)  # Eq. 1, no parallelism
+        return
+    assert ours("none", True) == x / t * (34 + 5 * r)
+    assert ours("selective", True) == 34 * x / t
+    assert ours("full", True) == 2 * x / t
+    # Per-layer policies: keep = the plan's own level (not full), recompute = full, swap = nothing on device.
+    assert ours("selective", True, "keep") == 34 * x / t
+    assert ours("full", True, "keep") == x / t * (34 + 5 * r)
+    assert ours("none", True, "recompute") == 2 * x / t
+    assert ours("none", True, "swap") == 0
+
+
+def test_headline_five_fold_reduction():
+    """The paper's abstract: sequence parallelism + selective recompute cut activations ~5×
+    against tensor parallelism alone (t = 8); for 530B and 1T exactly 21/4.25."""
+    for name in ("530b", "1t"):
+        m = paper_model(name)
+        base = activation_bytes_per_layer(m, Plan(tp=8))
+        both = activation_bytes_per_layer(m, Plan(tp=8, sequence_parallel=True, recompute="selective"))
+        assert base / both == pytest.approx(21 / 4.25, rel=1e-12)
+
+
+def test_ffn_width_scales_the_mlp_terms_as_megatron():
+    """Megatron's theoretical_memory_usage: s·b·h·(18 + 4·ffn/h)/t with SP + selective."""
+    for ffn in (8192, 16384, 28672):
+        m = paper_model("175b", ffn_hidden_size=ffn)
+        plan = Plan(tp=8, sequence_parallel=True, recompute="selective")
+        assert activation_bytes_per_layer(m, plan) == sbh(m, 1) * (18 + Fraction(4 * ffn, m.hidden_size)) / 8
+
+
+def test_fp32_and_no_dropout_accounting():
+    m = paper_model("175b")
+    x, r = sbh(m, 1), attn(m)
+    # fp32: 4-byte activations, masks stay 1 byte on a GPU: 16·4 + 2 = 66 per sbh, 2·4 + 1 = 9 per a·s²·b.
+    assert activation_bytes_per_layer(m, Plan(precision="fp32")) == x * (66 + 9 * r)
+    # No dropout: no masks, and attention keeps only the softmax output (2 B).
+    m0 = dataclasses.replace(m, dropout=0.0)
+    assert activation_bytes_per_layer(m0, Plan()) == x * (32 + 2 * r)
+    assert activation_bytes_per_layer(m0, Plan(tp=4)) == x * (8 + Fraction(24, 4) + 2 * r / 4)
+    # CPU masks are activation-sized.
+    assert activation_bytes_per_layer(m, Plan(precision="fp32"), mask_bytes=4) == x * (72 + 12 * r)
+    with pytest.raises(ContractError, match="layer_memory_policy"):
+        activation_bytes_per_layer(m, Plan(), policy="offload")
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_relation_to_the_torch_model(dropout):
+    """traces.torch_gpt.block_activation_bytes is what our torch block saves at fp32 on CPU
+    (masks dtype-sized); it equals ours with CPU masks plus the LayerNorm statistics
+    (2 LayerNorms × mean and rstd × 4 B × s·b) that Korthikanti et al. leave out."""
+    torch_gpt = pytest.importorskip("traces.torch_gpt")
+    for h, a, s, b, ffn in [(64, 4, 32, 3, None), (96, 8, 16, 2, 160), (12288, 96, 2048, 1, None)]:
+        m = Model(kind="gpt", num_layers=1, hidden_size=h, num_heads=a, seq_len=s, vocab_size=50, dropout=dropout,
+                  ffn_hidden_size=ffn)
+        plan = Plan(micro_batch_size=b, global_batch_size=b, precision="fp32")
+        mask = torch_gpt.dropout_mask_bytes("cpu", 4) if dropout else None
+        expected = torch_gpt.block_activation_bytes(m, b, s, 4, mask)
+        assert activation_bytes_per_layer(m, plan, mask_bytes=4) + 2 * 2 * 4 * s * b == expected
+
+
+def test_relation_measured_on_the_torch_block():
+    """The same relation against bytes autograd really saves for one tiny block (CPU, fp32)."""
+    torch = pytest.importorskip("torch")
+    from traces.timing import saved_activation_bytes
+    from traces.torch_gpt import build_gpt
+
+    m = Model(kind="gpt", num_layers=1, hidden_size=32, num_heads=4, seq_len=16, vocab_size=50, dropout=0.1)
+    net = build_gpt(m).train()
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    measured, _ = saved_activation_bytes(lambda: net.blocks["0"](x), list(net.parameters()) + list(net.buffers()))
+    plan = Plan(micro_batch_size=2, global_batch_size=2, precision="fp32")
+    assert measured == activation_bytes_per_layer(m, plan, mask_bytes=4) + 2 * 2 * 4 * 16 * 2
+
+
+def _acts(model: Model, plan: Plan, schedule: Schedule, layers: list[int], device=A100) -> list[float]:
+    return [rm.activations_bytes for rm in stage_memory(model, plan, device, schedule, layers)]
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_first_stage_holds_all_layers_in_1f1b(p):
+    """Korthikanti §4.3: the first 1F1B stage holds p micro-batches × L/p layers = L × per-layer for any p,
+    plus p micro-batches of embedding extras; equal to Megatron's compute_activation_memory (SP +
+    selective) except that token ids are not divided by t (every TP rank holds them)."""
+    m = paper_model("175b")
+    t, s, b, h = 8, m.seq_len, 1, m.hidden_size
+    plan = Plan(tp=t, pp=p, global_batch_size=64, recompute="selective", sequence_parallel=True)
+    layers = [m.num_layers // p] * p
+    acts = _acts(m, plan, build_schedule("1f1b", p, 64), layers)
+    per_layer = activation_bytes_per_layer(m, plan)
+    assert acts[0] == m.num_layers * per_layer + p * embedding_activation_bytes(m, plan)
+    megatron = (s * b * h * (18 + 4 * m.ffn / h) * m.num_layers + 8 * s * b * p + s * b * h * p) / t
+    assert acts[0] == pytest.approx(megatron + 8 * s * b * p * (1 - 1 / t), rel=1e-12)
+    # The last stage holds one micro-batch of its blocks and of the head (logits in fp32).
+    assert acts[-1] == m.num_layers // p * per_layer + head_activation_bytes(m, plan)
+    assert head_activation_bytes(m, plan) == 4 * s * b * h / t * (1 + Fraction(m.vocab_size, h))
+
+
+def test_hand_built_1f1b_and_gpipe_in_flight():
+    """1F1B: stage s of p holds p − s micro-batches; GPipe: all m (orders written by hand)."""
+    m = Model(kind="gpt", num_layers=6, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    plan = Plan(pp=3, global_batch_size=4)
+    per = activation_bytes_per_layer(m, plan)
+    emb, head = embedding_activation_bytes(m, plan), head_activation_bytes(m, plan)
+    one_f_one_b = [
+        "0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3",
+        "1F0 1F1 1B0 1F2 1B1 1F3 1B2 1B3",
+        "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3",
+    ]
+    sched = Schedule("1f1b", 3, 4, 3, loop_stage_to_rank(3, 3), [[Action.parse(a) for a in o.split()] for o in one_f_one_b])
+    assert _acts(m, plan, sched, [2, 2, 2]) == [3 * (2 * per + emb), 2 * 2 * per, 1 * (2 * per + head)]
+    # Unequal partition: weights follow the layers.
+    assert _acts(m, plan, sched, [1, 2, 3]) == [3 * (per + emb), 2 * 2 * per, 3 * per + head]
+    gpipe = ["0F0 0F1 0F2 0B0 0B1 0B2", "1F0 1F1 1F2 1B0 1B1 1B2"]
+    gsched = Schedule("gpipe", 2, 3, 2, [0, 1], [[Action.parse(a) for a in o.split()] for o in gpipe])
+    plan2 = Plan(pp=2, global_batch_size=3, schedule="gpipe")
+    assert _acts(m, plan2, gsched, [3, 3]) == [3 * (3 * per + emb), 3 * (3 * per + head)]
+
+
+@pytest.mark.parametrize(("p", "m_"), [(4, 2), (4, 8), (3, 7)])
+def test_built_schedules_in_flight(p, m_):
+    model = Model(kind="gpt", num_layers=2 * p, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    plan = Plan(pp=p, global_batch_size=m_)
+    per = activation_bytes_per_layer(model, plan)
+    one = _acts(model, plan, build_schedule("1f1b", p, m_), [2] * p)
+    for r in range(1, p - 1):  # middle stages carry no embedding/head extras
+        assert one[r] == min(p - r, m_) * 2 * per
+    # ZB-H1 keeps 1F1B's memory (Qi et al. §3); GPipe holds every micro-batch.
+    assert _acts(model, plan, build_schedule("zb_h1", p, m_), [2] * p) == one
+    gp = _acts(model, dataclasses.replace(plan, schedule="gpipe"), build_schedule("gpipe", p, m_), [2] * p)
+    assert all(gp[r] == m_ * 2 * per for r in range(1, p - 1))
+
+
+@pytest.mark.parametrize(("p", "v"), [(4, 2), (4, 3), (8, 2)])
+def test_interleaved_matches_megatron_warmup(p, v):
+    """Rank r holds its warm-up count (p − r − 1)·2 + (v − 1)·p plus one chunk; for the first rank
+    this is L·(1 + (p − 1)/(p·v)) layers, Megatron's interleaved memory penalty."""
+    m_ = 2 * p
+    model = Model(kind="gpt", num_layers=p * v * 2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    plan = Plan(pp=p, virtual_stages=v, schedule="interleaved_1f1b", global_batch_size=m_)
+    per = activation_bytes_per_layer(model, plan)
+    acts = _acts(model, plan, build_schedule("interleaved_1f1b", p, m_, v), [2] * (p * v))
+    for r in range(1, p):
+        chunks = min((p - r - 1) * 2 + (v - 1) * p + 1, m_ * v)
+        if r < p - 1:  # no embedding or head extras on middle ranks
+            assert acts[r] == 2 * per * chunks
+    penalty = model.num_layers * per * (1 + Fraction(p - 1, p * v))
+    emb = embedding_activation_bytes(model, plan)
+    # Rank 0's embedding extras ride on chunk 0: at least its 2p − 1 warm-up copies, at most one per chunk held.
+    assert penalty + (2 * p - 1) * emb <= acts[0] <= penalty + (p * v + p - 1) * emb
+
+
+def test_layer_memory_policy_and_transients():
+    model = Model(kind="gpt", num_layers=4, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128, dropout=0.1)
+    base = Plan(pp=2, global_batch_size=2)
+    plan = dataclasses.replace(base, layer_memory_policy=["keep", "recompute", "swap", "keep"])
+    none = activation_bytes_per_layer(model, base)
+    full = activation_bytes_per_layer(model, base, policy="recompute")
+    emb, head = embedding_activation_bytes(model, base), head_activation_bytes(model, base)
+    mem = stage_memory(model, plan, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
+    assert [rm.activations_bytes for rm in mem] == [2 * (none + full + emb), none + head]
+    # Recomputed and swapped blocks come back whole, one at a time: one block's kept bytes.
+    assert [rm.other_bytes for rm in mem] == [none, none]
+    kept = stage_memory(model, base, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
+    assert [rm.other_bytes for rm in kept] == [0.0, 0.0]
+    with pytest.raises(ContractError, match="layer_memory_policy"):
+        stage_memory(model, dataclasses.replace(base, layer_memory_policy=["keep"]), A100,
+                     build_schedule("1f1b", 2, 2), [2, 2])
+
+
+def test_zero_stages_and_precisions():
+    P = 1_000_000
+    for z, expect in [(0, (2, 4, 12)), (1, (2, 4, 3)), (2, (2, 1, 3)), (3, (0.5, 1, 3))]:
+        plan = Plan(dp=4, global_batch_size=4, zero_stage=z)
+        assert model_state_bytes(P, plan) == tuple(e * P for e in expect)
+    # Megatron: 18 B/param, 6 + 12/d with the distributed optimizer (= ZeRO-1).
+    assert sum(model_state_bytes(P, Plan(dp=8, global_batch_size=8))) == 18 * P
+    assert sum(model_state_bytes(P, Plan(dp=8, global_batch_size=8, zero_stage=1))) == (6 + 12 / 8) * P
+    # ZeRO paper (fp16): 16 B/param; fp32 Adam: 4 + 4 + 8.
+    assert sum(model_state_bytes(P, Plan(precision="fp16"))) == 16 * P
+    assert model_state_bytes(P, Plan(precision="fp32")) == (4 * P, 4 * P, 8 * P)
+
+
+def test_rank_states_cover_the_model_and_zero3_gathers():
+    model = Model(kind="gpt", num_layers=4, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    plan = Plan(pp=2, global_batch_size=2, precision="fp32")
+    mem = stage_memory(model, plan, A100, build_schedule("1f1b", 2, 2), [2, 2])
+    assert sum(rm.weights_bytes for rm in mem) == 4 * model.param_count()
+    assert all(rm.other_bytes == GPU_RESERVED_BYTES for rm in mem)
+    z3 = dataclasses.replace(plan, dp=2, global_batch_size=4, zero_stage=3)
+    mem3 = stage_memory(model, z3, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
+    assert [rm.weights_bytes for rm in mem3] == [rm.weights_bytes / 2 for rm in mem]
+    sizes = {k: n for _, k, n in layer_params(model, 1)}
+    # The layer being computed and the prefetched one are gathered whole (largest layer of the rank).
+    assert sizes["block"] > sizes["embedding"] > sizes["lm_head"]
+    assert mem3[0].other_bytes == 2 * 4 * sizes["block"]
+    wide = dataclasses.replace(model, vocab_size=4096)
+    sizes = {k: n for _, k, n in layer_params(wide, 1)}
+    mem3 = stage_memory(wide, z3, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
+    assert mem3[0].other_bytes == 2 * 4 * sizes["embedding"]
+    assert mem3[1].other_bytes == 2 * 4 * max(sizes["block"], sizes["lm_head"])
+
+
+def test_cpu_device_masks_and_reserve():
+    """On a CPU the torch model keeps dtype-sized masks and no framework reserve."""
+    model = Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128, dropout=0.1)
+    plan = Plan(global_batch_size=1, precision="fp32")
+    (rm,) = stage_memory(model, plan, CPU, build_schedule("1f1b", 1, 1), [2])
+    assert rm.other_bytes == 0
+    assert rm.activations_bytes == (2 * activation_bytes_per_layer(model, plan, mask_bytes=4)
+                                    + embedding_activation_bytes(model, plan, mask_bytes=4)
+                                    + head_activation_bytes(model, plan))
+    assert rm.capacity_bytes == CPU.memory_capacity_bytes
+
+
+def test_fits_peak_and_gib():
+    m = paper_model("175b")
+    single = Plan(global_batch_size=1)
+    assert not fits_in_memory(m, single, A100)
+    plan = Plan(dp=8, tp=8, pp=8, global_batch_size=512, recompute="selective", sequence_parallel=True, zero_stage=1)
+    mem = plan_memory(m, plan, A100)
+    assert fits_in_memory(m, plan, A100) and all(rm.fits for rm in mem)
+    assert peak_memory_gib(m, plan, A100) == max(rm.total_bytes for rm in mem) / GIB == mem[0].total_gib
+    g = mem[0].gib()
+    assert g["total_gib"] == pytest.approx(sum(g[k] for k in g if k not in ("total_gib", "capacity_gib")))
+    assert g["capacity_gib"] == 80
+    assert not fits_in_memory(m, plan, A100, reserved_bytes=80 * GIB)
+
+
+def test_mismatched_inputs_are_contract_errors():
+    model = Model(kind="gpt", num_layers=4, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    plan = Plan(pp=2, global_batch_size=2)
+    sched = build_schedule("1f1b", 2, 2)
+    for layers in ([4], [2, 1], [3, 2]):
+        with pytest.raises(ContractError, match="partition"):
+            stage_memory(model, plan, A100, sched, layers)
+    with pytest.raises(ContractError, match="pp"):
+        stage_memory(model, plan, A100, build_schedule("1f1b", 4, 4), [1, 1, 1, 1])
+
+
+@st.composite
+def _cases(draw):
+    heads = draw(st.sampled_from([4, 8]))
+    model = Model(kind="gpt", num_layers=draw(st.integers(2, 6)), hidden_size=heads * draw(st.sampled_from([8, 16])),
+                  num_heads=heads, seq_len=draw(st.sampled_from([16, 64])), vocab_size=draw(st.integers(64, 300)),
+                  dropout=draw(st.sampled_from([0.0, 0.1])))
+    pp = draw(st.integers(1, 2))
+    fields = dict(pp=pp, dp=draw(st.sampled_from([1, 2])), recompute=draw(st.sampled_from(["none", "selective", "full"])),
+                  precision=draw(st.sampled_from(["fp32", "bf16"])), zero_stage=draw(st.integers(0, 3)),
+                  schedule=draw(st.sampled_from(["1f1b", "gpipe", "zb_h1"])))
+    return model, fields, draw(st.integers(2, 3))
+
+
+def _totals(model: Model, m_: int, b: int, **fields) -> list[float]:
+    plan = Plan(micro_batch_size=b, global_batch_size=b * m_ * fields["dp"], **fields)
+    return [rm.total_bytes for rm in plan_memory(model, plan, A100)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(_cases(), st.integers(1, 4))
+def test_memory_grows_with_micro_batch(case, b):
+    model, fields, m_ = case
+    small, big = _totals(model, m_, b, **fields), _totals(model, m_, b + 1, **fields)
+    assert all(x < y for x, y in zip(small, big, strict=True))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_cases(), st.booleans())
+def test_memory_falls_with_tensor_parallelism(case, sp):
+    model, fields, m_ = case
+    series = [_totals(model, m_, 1, tp=t, sequence_parallel=sp and t > 1, **fields) for t in (1, 2, 4)]
+    for lo, hi in zip(series[1:], series[:-1], strict=True):
+        assert all(x < y for x, y in zip(lo, hi, strict=True))

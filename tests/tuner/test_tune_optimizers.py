@@ -1,0 +1,108 @@
+"""Searchers: grid and random cover the space once; BO proposes only valid, new points and learns."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from traces.builtin import load_cluster, load_model
+from traces.errors import ContractError
+from tuner.optimizers import BayesSearch, GridSearch, RandomSearch, encode_points, make_searcher
+from tuner.space import SearchSpace
+
+
+@pytest.fixture(scope="module")
+def points():
+    space = SearchSpace(load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8"), [64],
+                        {"schedule": ["1f1b", "interleaved_1f1b"], "zero_stage": [0, 1]})
+    assert 100 < space.size < 2000
+    return space.points
+
+
+def _drain(searcher, n: int, batch: int) -> list[int]:
+    out = []
+    while True:
+        got = searcher.ask(batch)
+        if not got:
+            return out
+        out += got
+        searcher.tell(got, [0.0] * len(got))
+        if len(out) > n:
+            raise AssertionError("asked more points than the space holds")
+
+
+def test_grid_and_random_cover_every_point_once(points):
+    n = len(points)
+    assert _drain(GridSearch(n), n, 7) == list(range(n))
+    order = _drain(RandomSearch(n, seed=3), n, 5)
+    assert sorted(order) == list(range(n)) and order != list(range(n))
+    assert _drain(RandomSearch(n, seed=3), n, 2) == order  # batch size does not change the order
+    assert _drain(RandomSearch(n, seed=4), n, 5) != order
+
+
+def test_encoding_drops_constant_keys_and_uses_log_scales(points):
+    dims, keys, rows = encode_points(points)
+    assert "precision" not in keys and "partitioner" not in keys  # one value each here
+    tp = keys.index("tp")
+    assert sorted({r[tp] for r in rows}) == [math.log2(t) for t in sorted({p["tp"] for p in points})]
+    assert len(dims) == len(keys) and all(len(r) == len(keys) for r in rows)
+
+
+def _synthetic_loss(p) -> float:
+    """A smooth-ish landscape over plan keys with one best region (tp 2, pp 2, mbs 2, no recompute)."""
+    loss = (math.log2(p["tp"]) - 1) ** 2 + (math.log2(p["pp"]) - 1) ** 2 + (math.log2(p["micro_batch_size"]) - 1) ** 2
+    loss += {"none": 0.0, "selective": 0.3, "full": 1.0}[p["recompute"]] + 0.2 * p["zero_stage"]
+    loss += 0.5 * (p["schedule"] == "interleaved_1f1b") + 0.1 * p["sequence_parallel"]
+    return loss
+
+
+def _evals_to_best(searcher, points, budget: int, batch: int) -> int:
+    best = min(_synthetic_loss(p) for p in points)
+    seen = 0
+    while seen < budget:
+        got = searcher.ask(batch)
+        losses = []
+        for i in got:
+            seen += 1
+            loss = _synthetic_loss(points[i])
+            if loss <= best + 1e-12:
+                return seen
+            # Every fifth point is "infeasible" to exercise the penalty path.
+            losses.append(None if i % 5 == 0 else loss)
+        searcher.tell(got, losses)
+    return budget + 1
+
+
+def test_bo_never_repeats_and_is_deterministic(points):
+    def run(seed):
+        bo = BayesSearch(points, seed=seed, surrogate="et", n_initial=5)
+        asked = []
+        for _ in range(6):
+            got = bo.ask(2)
+            asked += got
+            bo.tell(got, [_synthetic_loss(points[i]) for i in got])
+        return asked
+
+    a = run(1)
+    assert len(set(a)) == len(a) == 12 and all(0 <= i < len(points) for i in a)
+    assert run(1) == a
+    assert run(2) != a
+
+
+@pytest.mark.parametrize(("surrogate", "seeds"), [("gp", [0]), ("et", [0, 1, 2])])
+def test_bo_finds_the_optimum_faster_than_random(points, surrogate, seeds):
+    budget = 40
+    bo = [_evals_to_best(BayesSearch(points, seed=s, surrogate=surrogate, n_initial=8), points, budget, 1)
+          for s in seeds]
+    rnd = [_evals_to_best(RandomSearch(len(points), seed=s), points, len(points), 1) for s in range(5)]
+    assert statistics.median(bo) <= budget
+    assert statistics.median(bo) < statistics.median(rnd)
+
+
+def test_make_searcher_rejects_unknown_names(points):
+    with pytest.raises(ContractError):
+        make_searcher("anneal", points, 0)
+    with pytest.raises(ContractError):
+        make_searcher("bo", points, 0, surrogate="svm")

@@ -1,0 +1,132 @@
+"""The search space: exactly the plans that satisfy the rules, --fix, rejection counts."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import pytest
+
+from simulator.schedules import build_schedule
+from traces.builtin import load_cluster, load_model
+from traces.config import Model, Plan, check_plan
+from traces.errors import ContractError
+from tuner.space import POINT_KEYS, SearchSpace, parse_fixes, parse_global_batch, point_key
+
+
+@functools.lru_cache(maxsize=None)
+def _schedule_ok(name: str, pp: int, m: int, v: int) -> bool:
+    try:
+        build_schedule(name, pp, m, v)
+    except ContractError:
+        return False
+    return True
+
+
+def _brute_force(model: Model, cluster, batches: list[int]) -> set[tuple]:
+    """Every combination of the plan keys that the contracts accept, with irrelevant keys collapsed."""
+    world = cluster.world_size
+    out = set()
+    scheds = [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 4),
+              ("zbv", 2), ("dualpipev", 2)]
+    for tp, pp, mbs, gbs, (sched, v), rc, sp, zero, comm in itertools.product(
+            range(1, world + 1), range(1, world + 1), (1, 2, 4, 8), batches, scheds, ("none", "selective", "full"),
+            (False, True), (0, 1, 2, 3), ("fair", "pp_first")):
+        if world % (tp * pp) or tp > cluster.gpus_per_node:
+            continue
+        dp = world // (tp * pp)
+        try:
+            plan = Plan(dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, schedule=sched,
+                        virtual_stages=v, recompute=rc, sequence_parallel=sp, zero_stage=zero, comm_priority=comm)
+            check_plan(plan, model, cluster)
+        except ContractError:
+            continue
+        if not _schedule_ok(sched, pp, plan.num_microbatches, v):
+            continue
+        # Collapse what cannot matter: one stage (schedule, priority), dp = 1 (ZeRO).
+        if pp == 1 and ((sched, v) != ("1f1b", 1) or comm != "fair"):
+            continue
+        if dp == 1 and zero:
+            continue
+        out.add((dp, tp, pp, mbs, gbs, sched, v, rc, sp, zero, comm))
+    return out
+
+
+def _tuples(space: SearchSpace) -> set[tuple]:
+    keys = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
+            "sequence_parallel", "zero_stage", "comm_priority")
+    return {tuple(p[k] for k in keys) for p in space.points}
+
+
+def test_space_equals_brute_force_enumeration():
+    model = Model(kind="gpt", num_layers=6, hidden_size=96, num_heads=6, seq_len=64, vocab_size=512)
+    cluster = load_cluster("a100-sxm4-80gb:2x4")
+    space = SearchSpace(model, cluster, [16, 32])
+    assert _tuples(space) == _brute_force(model, cluster, [16, 32])
+    assert len({point_key(p) for p in space.points}) == space.size  # no duplicates
+    assert space.rejected_total > 0
+    assert "tp must not exceed devices per node" in space.rejected
+
+
+def test_every_point_satisfies_the_issue_rules():
+    model, cluster = load_model("gpt-13b"), load_cluster("a100-sxm4-80gb:8x8")
+    space = SearchSpace(model, cluster, [128, 256])
+    assert space.size > 1000
+    for p in space.points:
+        assert p["dp"] * p["tp"] * p["pp"] == 64
+        assert p["tp"] <= 8 and model.num_heads % p["tp"] == 0
+        assert p["pp"] * p["virtual_stages"] <= model.num_layers
+        assert p["global_batch_size"] % (p["micro_batch_size"] * p["dp"]) == 0
+    # Irrelevant dimensions are not multiplied out.
+    assert all(p["zero_stage"] == 0 for p in space.points if p["dp"] == 1)
+    assert all(p["comm_priority"] == "fair" and p["schedule"] == "1f1b" for p in space.points if p["pp"] == 1)
+    assert not any(p["sequence_parallel"] for p in space.points if p["tp"] == 1)
+
+
+def test_fix_pins_and_restricts():
+    model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
+    fixes = parse_fixes(["tp=8", "recompute=full", "schedule=1f1b,zb_h1", "sequence-parallel=true"])
+    assert fixes == {"tp": 8, "recompute": "full", "schedule": ["1f1b", "zb_h1"], "sequence_parallel": True}
+    space = SearchSpace(model, cluster, [64], fixes)
+    assert space.size > 0
+    assert {p["tp"] for p in space.points} == {8}
+    assert {p["recompute"] for p in space.points} == {"full"}
+    assert {p["schedule"] for p in space.points} <= {"1f1b", "zb_h1"}
+    assert all(p["sequence_parallel"] for p in space.points)
+    # Pinning a key that would be collapsed keeps the pinned value.
+    space = SearchSpace(model, cluster, [64], parse_fixes(["pp=1", "comm_priority=pp_first"]))
+    assert {p["comm_priority"] for p in space.points} == {"pp_first"}
+
+
+def test_fix_partition_pins_the_partitioner():
+    model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
+    space = SearchSpace(model, cluster, [64], parse_fixes(["pp=2", "partition=[20,4]", "schedule=1f1b"]))
+    assert space.partitioners == ("given",)
+    assert all(space.plan_of(p).partition == [20, 4] for p in space.points)
+    # A partition that does not fit the plan rules empties the space with a reason.
+    space = SearchSpace(model, cluster, [64], parse_fixes(["pp=2", "partition=[20,5]"]))
+    assert space.size == 0 and any("partition" in rule for rule in space.rejected)
+
+
+@pytest.mark.parametrize("bad", ["tp", "tpx=3", "tp=two", "schedule=fast", "sequence_parallel=maybe", "partition=4"])
+def test_fix_rejects_bad_input(bad):
+    with pytest.raises(ContractError) as e:
+        parse_fixes([bad])
+    assert e.value.source == "--fix"
+
+
+def test_parse_global_batch():
+    assert parse_global_batch("512") == [512]
+    assert parse_global_batch("256,128,256") == [128, 256]
+    assert parse_global_batch("128:1024") == [128, 256, 512, 1024]
+    for bad in ("0", "x", "64:32", "-4:8"):
+        with pytest.raises(ContractError):
+            parse_global_batch(bad)
+
+
+def test_impossible_space_is_empty_with_reasons():
+    model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
+    space = SearchSpace(model, cluster, [64], parse_fixes(["tp=3"]))
+    assert space.size == 0
+    assert space.rejected_total > 0
+    assert set(POINT_KEYS) >= set(space.describe()["values"])

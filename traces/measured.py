@@ -1,0 +1,268 @@
+"""The measured-run contract: what ``mindpipe run`` records about real training.
+
+A measured run is written as a :class:`traces.trace.Trace` whose optional ``measurement`` field
+holds a :class:`Measurement`, so one file serves two readers: the simulator reads the per-layer
+records like any trace (``TraceComputeModel(Trace.load("measured.json"))``), and calibration
+(issue 7) reads the raw timings kept here — per-step loss and iteration time, every compute action
+of every rank and micro-batch with its start time, communication waits and collectives, peak
+memory, throughput, MFU and energy.
+
+Times are seconds. ``start_s`` values share one origin per run: the moment all ranks left a
+barrier just before the first step, each rank measuring from its own copy of that instant (so
+cross-rank alignment is as good as the barrier's exit skew, typically well under a millisecond
+on one host).
+
+This module is torch-free and imports nothing from :mod:`traces.trace` (which imports it).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from traces.config import Plan, non_negative, one_of
+from traces.errors import ContractError
+from traces.schema import check_format_version
+
+MEASUREMENT_FORMAT_VERSION = 1
+ACTION_KINDS = ("F", "B", "I", "W")
+# p2p_wait: blocked in a pipeline send/recv wait; dp_sync: data-parallel gradient reduction
+# (FSDP2 reduce-scatter or replicate all-reduce) after the last backward; collective: one
+# collective observed in a profiled step (TP all-reduce/all-gather/reduce-scatter, FSDP
+# all-gather, ...); optimizer: the optimizer step (compute, listed for the timeline).
+COMM_KINDS = ("p2p_wait", "dp_sync", "collective")
+AXES = ("pp", "dp", "tp", "world", "unknown")
+BACKENDS = ("gloo", "nccl")
+DEVICE_KINDS = ("cpu", "cuda")
+MEMORY_SOURCES = ("cuda_allocator", "process_rss")
+ENERGY_SOURCES = ("nvml", "estimated")
+
+
+@dataclass
+class StepRecord:
+    """One training step (all ranks).
+
+    Attributes:
+        step: 1-based global step number (continues across a resume).
+        loss: Mean next-token loss over the whole global batch.
+        iteration_s: Wall time of the step, the slowest rank's.
+        tokens_per_s: Global batch tokens over ``iteration_s``.
+    """
+
+    step: int
+    loss: float
+    iteration_s: float
+    tokens_per_s: float
+
+    def __post_init__(self) -> None:
+        if self.step < 1:
+            raise ContractError("", "step", f"step={self.step} must be >= 1")
+        non_negative("iteration_s", self.iteration_s)
+        non_negative("tokens_per_s", self.tokens_per_s)
+
+
+@dataclass
+class ActionRecord:
+    """One compute action of one rank: F, B (full backward), I (input grad) or W (weight grad)."""
+
+    rank: int
+    step: int
+    stage: int
+    microbatch: int
+    kind: str
+    start_s: float
+    duration_s: float
+
+    def __post_init__(self) -> None:
+        one_of("kind", self.kind, ACTION_KINDS)
+        for key in ("rank", "stage", "microbatch"):
+            non_negative(key, getattr(self, key))
+        non_negative("duration_s", self.duration_s)
+
+
+@dataclass
+class CommEvent:
+    """Time a rank spent on (or blocked in) communication.
+
+    Attributes:
+        rank, step: Who and when.
+        kind: ``p2p_wait``, ``dp_sync`` or ``collective`` (see ``COMM_KINDS``).
+        axis: Mesh axis of the process group (``pp``, ``dp``, ``tp``; ``world`` or ``unknown``).
+        op: ``recv``/``send`` waits, ``reduce_grad``, or the collective's name
+            (``allreduce``, ``allgather``, ``reducescatter``, ...).
+        start_s, duration_s: Host-side interval.
+        size_bytes: Message size when known (collectives of a profiled step).
+        group_size: Ranks in the process group when known.
+    """
+
+    rank: int
+    step: int
+    kind: str
+    axis: str
+    op: str
+    start_s: float
+    duration_s: float
+    size_bytes: int | None = None
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        one_of("kind", self.kind, COMM_KINDS)
+        one_of("axis", self.axis, AXES)
+        non_negative("rank", self.rank)
+        non_negative("duration_s", self.duration_s)
+        non_negative("size_bytes", self.size_bytes)
+        non_negative("group_size", self.group_size)
+
+
+@dataclass
+class RankRecord:
+    """Per-rank totals over the measured steps (warm-up excluded), as means per step.
+
+    Attributes:
+        rank: Global rank; ``pp_rank``, ``dp_rank``, ``tp_rank`` its mesh coordinates.
+        stages: Virtual pipeline stages this rank runs.
+        host: Host name.
+        compute_s: F/B/I/W time per step.
+        p2p_wait_s: Time blocked in pipeline send/recv waits per step.
+        dp_sync_s: Data-parallel gradient reduction per step.
+        optimizer_s: Optimizer step per step.
+        peak_memory_bytes: Peak allocated device memory (CUDA) or peak process RSS (CPU).
+        memory_source: ``cuda_allocator`` or ``process_rss``.
+        cpu_time_s: Process CPU time (user + system) per step, from the OS.
+        energy_j: Device energy per step from NVML counters; None on CPU.
+    """
+
+    rank: int
+    pp_rank: int
+    dp_rank: int
+    tp_rank: int
+    stages: list[int]
+    host: str
+    compute_s: float
+    p2p_wait_s: float
+    dp_sync_s: float
+    optimizer_s: float
+    peak_memory_bytes: int
+    memory_source: str
+    cpu_time_s: float | None = None
+    energy_j: float | None = None
+
+    def __post_init__(self) -> None:
+        one_of("memory_source", self.memory_source, MEMORY_SOURCES)
+        for key in ("rank", "pp_rank", "dp_rank", "tp_rank", "compute_s", "p2p_wait_s", "dp_sync_s",
+                    "optimizer_s", "peak_memory_bytes", "cpu_time_s", "energy_j"):
+            non_negative(key, getattr(self, key))
+
+
+@dataclass
+class Measurement:
+    """A measured training run (see module docstring).
+
+    Attributes:
+        plan: The plan that ran.
+        world_size, nodes: Ranks and hosts.
+        backend, device_kind, device_name: ``gloo``/``nccl``; ``cpu``/``cuda``; the catalog
+            device (``cpu``, ``h100-sxm5-80gb`` ...) or, if unknown, torch's device name.
+        threads_per_rank: ``torch.get_num_threads()`` on each rank.
+        torch_version: The torch that ran.
+        schedule_source: ``torch`` (torch's schedule class) or ``simulator`` (the simulator's
+            action table loaded into torch's runtime).
+        seed, data: Initialisation/data seed; ``synthetic`` or the text file used.
+        warmup_steps: Leading steps excluded from the aggregates (the first step pays for
+            metadata exchange and allocator warm-up).
+        steps: Every step that ran in this process launch.
+        tokens_per_s: Mean over the measured steps.
+        model_flops_per_iteration: ``simulator.ops.model_flops_per_iteration`` (no recompute).
+        peak_flops_per_s: Catalog peak per device for the plan's precision.
+        devices_for_mfu: Devices the peak is multiplied by (GPUs; CPU hosts, since CPU ranks on
+            one host share its cores and the catalog describes the whole host).
+        mfu: model FLOPs per second over ``peak_flops_per_s × devices_for_mfu``.
+        energy_j_per_iteration: Device energy of one iteration, all devices.
+        energy_source: ``nvml`` (GPU energy counters) or ``estimated`` (CPU: catalog idle/max
+            power and the measured CPU utilisation).
+        energy_notes: How the energy figure was obtained.
+        layer_times: How the per-layer records of the enclosing trace were derived.
+        actions, comms, ranks: Raw records (see the classes).
+        timeline_file: Chrome-trace timeline written beside this file, if any.
+    """
+
+    plan: Plan
+    world_size: int
+    nodes: int
+    backend: str
+    device_kind: str
+    device_name: str
+    threads_per_rank: int
+    torch_version: str
+    schedule_source: str
+    seed: int
+    data: str
+    warmup_steps: int
+    steps: list[StepRecord]
+    tokens_per_s: float
+    model_flops_per_iteration: float
+    peak_flops_per_s: float
+    devices_for_mfu: int
+    mfu: float
+    energy_j_per_iteration: float
+    energy_source: str
+    energy_notes: str = ""
+    layer_times: str = ""
+    actions: list[ActionRecord] = field(default_factory=list)
+    comms: list[CommEvent] = field(default_factory=list)
+    ranks: list[RankRecord] = field(default_factory=list)
+    timeline_file: str | None = None
+    format_version: int = MEASUREMENT_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        check_format_version(self.format_version, MEASUREMENT_FORMAT_VERSION, "measurements")
+        one_of("backend", self.backend, BACKENDS)
+        one_of("device_kind", self.device_kind, DEVICE_KINDS)
+        one_of("energy_source", self.energy_source, ENERGY_SOURCES)
+        one_of("schedule_source", self.schedule_source, ("torch", "simulator"))
+        for key in ("world_size", "nodes", "threads_per_rank", "devices_for_mfu"):
+            if getattr(self, key) < 1:
+                raise ContractError("", key, f"{key}={getattr(self, key)} must be >= 1")
+        if self.world_size != self.plan.world_size:
+            raise ContractError(
+                "", "world_size", f"world_size={self.world_size} differs from the plan's dp×tp×pp={self.plan.world_size}"
+            )
+        for key in ("warmup_steps", "tokens_per_s", "model_flops_per_iteration", "peak_flops_per_s", "mfu",
+                    "energy_j_per_iteration"):
+            non_negative(key, getattr(self, key))
+        if not self.steps:
+            raise ContractError("", "steps", "steps must not be empty")
+        numbers = [s.step for s in self.steps]
+        if any(b != a + 1 for a, b in itertools.pairwise(numbers)):
+            raise ContractError("", "steps", f"step numbers must be consecutive, got {numbers}")
+        for i, a in enumerate(self.actions):
+            if a.rank >= self.world_size:
+                raise ContractError("", f"actions[{i}].rank", f"actions[{i}].rank={a.rank} >= world_size={self.world_size}")
+        for i, c in enumerate(self.comms):
+            if c.rank >= self.world_size:
+                raise ContractError("", f"comms[{i}].rank", f"comms[{i}].rank={c.rank} >= world_size={self.world_size}")
+        seen = [r.rank for r in self.ranks]
+        if len(set(seen)) != len(seen):
+            raise ContractError("", "ranks", "ranks lists a rank twice")
+
+    @property
+    def losses(self) -> list[float]:
+        """Per-step losses in step order."""
+        return [s.loss for s in self.steps]
+
+    @property
+    def measured_steps(self) -> list[StepRecord]:
+        """The steps after warm-up (all steps if there are no more than ``warmup_steps``)."""
+        return self.steps[self.warmup_steps:] or self.steps
+
+
+__all__ = [
+    "ACTION_KINDS",
+    "AXES",
+    "COMM_KINDS",
+    "ActionRecord",
+    "CommEvent",
+    "Measurement",
+    "RankRecord",
+    "StepRecord",
+]

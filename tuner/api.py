@@ -1,0 +1,137 @@
+"""``tune(model, cluster, ...)``: the tuner's one library entry point (``mindpipe tune`` wraps it).
+
+Builds the search space, runs the sweep with the simulator as cost function, writes the outputs
+(:mod:`tuner.output`) and returns the summary. Usable from a notebook::
+
+    from tuner.api import tune
+    info = tune("gpt-13b", "a100-sxm4-80gb:8x8", objective="throughput", global_batch=512,
+                fixes=["tp=8"], out="sweeps/13b", config=SweepConfig(optimizer="bo", budget=60))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from traces.builtin import load_cluster, load_model
+from traces.config import Cluster, Model
+from traces.errors import ContractError
+from traces.schema import to_dict
+from traces.trace import Trace
+from tuner.evaluate import evaluate
+from tuner.materialize import Problem
+from tuner.objectives import Objective
+from tuner.output import write_outputs
+from tuner.space import SearchSpace, parse_fixes, parse_global_batch
+from tuner.store import SweepStore
+from tuner.sweep import Evaluator, Progress, SweepConfig, SweepResult, run_sweep
+
+
+class NoFeasiblePlan(ContractError):
+    """The search found no plan that satisfies every rule, the memory and the constraints."""
+
+
+@dataclass
+class TuneOutcome:
+    """What :func:`tune` returns: the JSON summary, the sweep result and the space."""
+
+    summary: dict[str, Any]
+    result: SweepResult
+    space: SearchSpace
+
+
+def default_global_batch(cluster: Cluster) -> int:
+    """The smallest power of two ≥ 4 × devices (at least 4 samples per device in any layout)."""
+    g = 1
+    while g < 4 * cluster.world_size:
+        g *= 2
+    return g
+
+
+def fingerprint(model: Model, cluster: Cluster, trace: Trace | None) -> str:
+    """Short hash identifying (model, cluster, trace)."""
+    blob = json.dumps([to_dict(model), to_dict(cluster), to_dict(trace) if trace is not None else None],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def build_space(model: Model, cluster: Cluster, global_batch: int | Sequence[int] | str | None,
+                fixes: dict[str, Any] | Sequence[str] | None, partitioners: Sequence[str]) -> SearchSpace:
+    """The search space from loose arguments (see :func:`tune`)."""
+    if global_batch is None:
+        batches = [default_global_batch(cluster)]
+    elif isinstance(global_batch, str):
+        batches = parse_global_batch(global_batch)
+    elif isinstance(global_batch, int):
+        batches = [global_batch]
+    else:
+        batches = sorted(set(global_batch))
+    fixed = parse_fixes(fixes) if fixes is None or not isinstance(fixes, dict) else dict(fixes)
+    return SearchSpace(model, cluster, batches, fixed, tuple(partitioners))
+
+
+def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
+         objective: Objective | str = "throughput", global_batch: int | Sequence[int] | str | None = None,
+         fixes: dict[str, Any] | Sequence[str] | None = None, partitioners: Sequence[str] = ("balanced",),
+         trace: Trace | None = None, config: SweepConfig | None = None, resume: bool = False,
+         progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate) -> TuneOutcome:
+    """Search for the best plan of ``model`` on ``cluster`` and write the outputs to ``out``.
+
+    Args:
+        model, cluster: Objects or CLI-style arguments (built-in names, files, inline JSON).
+        out: Output and state directory.
+        objective: An :class:`Objective` or an objective name.
+        global_batch: One size, a list, or ``"N"``/``"A,B"``/``"A:B"`` text; default
+            :func:`default_global_batch`.
+        fixes: Pinned plan keys: ``["tp=8", "recompute=full"]`` or a parsed dict.
+        partitioners: Partitioners to try (``balanced``, ``pipedream``, ``even``).
+        trace: Per-layer trace for the compute model (default: the hardware model).
+        config: Optimizer, budget, seed and parallelism.
+        resume: Continue the sweep stored in ``out`` without re-evaluating what it holds.
+        progress: Per-evaluation callback (e.g. :class:`tuner.progress.ProgressBar`).
+        plots: Write the PNG plots.
+        evaluator: Evaluation function (tests and benchmarks substitute recorded results).
+
+    Raises:
+        ContractError: invalid arguments, an empty space, or a different sweep in ``out``.
+        NoFeasiblePlan: nothing evaluated was feasible (outputs are written first).
+    """
+    model = load_model(model)
+    cluster = load_cluster(cluster)
+    obj = objective if isinstance(objective, Objective) else Objective(objective)
+    cfg = config or SweepConfig()
+    space = build_space(model, cluster, global_batch, fixes, partitioners)
+    if trace is not None:
+        trace.check_model(model, source="trace")
+    fp = fingerprint(model, cluster, trace)
+    pinned = {k: v for k, v in space.fixes.items() if k in ("partition", "layer_memory_policy")}
+    problem = Problem(model, cluster, trace, pinned or None, fingerprint=fp)
+    if not space.points:
+        from tuner.sweep import no_plan_message
+
+        raise NoFeasiblePlan("tune", None, no_plan_message(space))
+    identity = {
+        "problem": fp, "model": model.label, "global_batch": space.global_batches,
+        "fixes": space.fixes, "partitioners": list(space.partitioners),
+        "objective": {"name": obj.name, "critical_batch": obj.critical_batch, "constraints": [str(c) for c in obj.constraints]},
+        **cfg.identity(),
+    }
+    out_dir = Path(out)
+    store = SweepStore(out_dir, identity, resume)
+    try:
+        result = run_sweep(problem, space, obj, cfg, store, progress=progress, evaluator=evaluator)
+    finally:
+        store.close()
+    info = write_outputs(result, obj, space.describe(), out_dir, plots=plots)
+    if result.best is None:
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(info["infeasible_by_reason"].items()))
+        raise NoFeasiblePlan("tune", None, f"no feasible plan among the {len(result.records)} evaluated "
+                             f"({counts}); see {out_dir / 'evaluations.csv'}")
+    return TuneOutcome(info, result, space)
+
+
+__all__ = ["NoFeasiblePlan", "TuneOutcome", "build_space", "default_global_batch", "fingerprint", "tune"]

@@ -1,0 +1,103 @@
+"""``mindpipe tune``: argument parsing and the command (registered by :mod:`mindpipe.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tuner.objectives import OBJECTIVES
+from tuner.optimizers import OPTIMIZERS, SURROGATES
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``tune`` subcommand to ``subparsers`` and return its parser."""
+    p = subparsers.add_parser("tune", help="search for the best 4D plan with the simulator as cost function")
+    p.add_argument("--model", required=True, help="model JSON file, inline JSON or built-in name")
+    p.add_argument("--cluster", required=True, help="cluster JSON file, inline JSON, DEVICE or DEVICE:NODESxPER_NODE")
+    p.add_argument("--trace", default=None, help="per-layer trace for the compute model (file or shipped name)")
+    p.add_argument("--objective", default="throughput", choices=OBJECTIVES,
+                   help="throughput (samples/s), energy or carbon per sample, or goodput (default throughput)")
+    p.add_argument("--critical-batch", type=float, default=None, metavar="B",
+                   help="critical batch size (gradient noise scale, McCandlish et al. 2018) for goodput")
+    p.add_argument("--constraint", action="append", default=[], metavar="METRIC<=X",
+                   help="e.g. carbon_per_sample<=0.05 or throughput>=100 (repeatable)")
+    p.add_argument("--global-batch", default=None, metavar="N|A,B|A:B",
+                   help="global batch: fixed, a list, or a power-of-two range (default: power of two >= 4x devices)")
+    p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
+                   help="pin a plan key, e.g. --fix tp=8 --fix recompute=full (KEY=A,B restricts to a set)")
+    p.add_argument("--partitioner", default="balanced",
+                   help="balanced, pipedream, even, or a comma list searched as a dimension (default balanced)")
+    p.add_argument("--optimizer", default="bo", choices=OPTIMIZERS, help="bo, random or grid (default bo)")
+    p.add_argument("--surrogate", default="gp", choices=SURROGATES, help="bo surrogate: gp, rf or et (default gp)")
+    p.add_argument("--initial-points", type=int, default=10, help="bo: random points before the surrogate (default 10)")
+    p.add_argument("--budget", type=int, default=60, help="most simulations to run (default 60)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2, help="parallel local evaluation processes (default 2)")
+    p.add_argument("--batch-size", type=int, default=None, help="proposals per round (default: --workers)")
+    p.add_argument("--dask", default=None, metavar="ADDRESS", help="evaluate on a Dask cluster (scheduler address)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output and state directory")
+    p.add_argument("--resume", action="store_true", help="continue the sweep stored in --out")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=cmd_tune)
+    return p
+
+
+def _format(info: dict[str, Any]) -> str:
+    plan = info["best_plan"] or {}
+    keys = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
+            "sequence_parallel", "zero_stage", "comm_priority", "partition")
+    shown = ", ".join(f"{k}={plan.get(k)}" for k in keys if k in plan)
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(info["infeasible_by_reason"].items())) or "none"
+    return "\n".join([
+        f"objective        {info['objective']}",
+        f"best value       {info['best_value']:.6g}",
+        f"best plan        {shown}",
+        f"simulations      {info['evaluations']} ({info['evaluated_points']} points proposed, {info['reused']} from a previous run)",
+        f"space            {info['space_size']} valid points",
+        f"infeasible       {info['infeasible']} ({reasons})",
+        f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)",
+        f"outputs          {info['out']}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png",
+    ])
+
+
+def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run the search; exit 2 (through ContractError) when no plan is feasible."""
+    from tuner.api import tune
+    from tuner.objectives import Objective, parse_constraint
+    from tuner.progress import ProgressBar
+    from tuner.sweep import SweepConfig
+
+    trace = None
+    if args.trace:
+        from pathlib import Path
+
+        from traces.data import load_shipped_trace, shipped_trace_names
+        from traces.trace import Trace
+
+        shipped = not Path(args.trace).exists() and args.trace in shipped_trace_names()
+        trace = load_shipped_trace(args.trace) if shipped else Trace.load(args.trace)
+    objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint])
+    cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
+                      n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
+    bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
+    try:
+        outcome = tune(args.model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
+                       fixes=args.fix, partitioners=[p.strip() for p in args.partitioner.split(",") if p.strip()],
+                       trace=trace, config=cfg, resume=args.resume, progress=bar, plots=not args.no_plots)
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        print(json.dumps(outcome.summary))
+    else:
+        print(_format(outcome.summary))
+    sys.stdout.flush()
+    return 0
+
+
+__all__ = ["add_parser", "cmd_tune"]

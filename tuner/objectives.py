@@ -1,0 +1,208 @@
+"""What the tuner optimises: throughput, energy or carbon per sample, goodput; constraints; Pareto.
+
+Every objective maps an evaluation's metrics to a *value* in natural units (samples/s, J/sample,
+gCO2/sample) and a *loss* to minimise, the log of the value (negated when larger is better): plan
+costs span orders of magnitude, and a surrogate model fits log-costs far better (a 2 % gap is the
+same step everywhere).
+
+Goodput (Pollux, Qiao et al. OSDI'21) = throughput × statistical efficiency. The efficiency of a
+global batch B follows the gradient noise scale of McCandlish et al. (2018, arXiv 1812.06162):
+training to a target needs E = E_min·(1 + B/B_crit) examples, so one example at batch B is worth
+E_min/E = 1/(1 + B/B_crit) of one at a very small batch; B_crit (≈ the noise scale B_noise) is
+the user's ``--critical-batch``. Goodput is thus in small-batch-equivalent samples per second.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from traces.errors import ContractError
+
+OBJECTIVES = ("throughput", "energy", "carbon", "goodput")
+# Objective → (metric column, larger is better, unit).
+_METRIC = {
+    "throughput": ("throughput_samples_per_s", True, "samples/s"),
+    "energy": ("energy_per_sample_j", False, "J/sample"),
+    "carbon": ("carbon_per_sample_g", False, "gCO2/sample"),
+    "goodput": ("goodput_samples_per_s", True, "samples/s (small-batch equivalent)"),
+}
+# Short names accepted in --constraint.
+METRIC_ALIASES = {
+    "throughput": "throughput_samples_per_s",
+    "tokens_per_s": "throughput_tokens_per_s",
+    "energy": "energy_per_sample_j",
+    "energy_per_sample": "energy_per_sample_j",
+    "carbon": "carbon_per_sample_g",
+    "carbon_per_sample": "carbon_per_sample_g",
+    "goodput": "goodput_samples_per_s",
+    "iteration_time": "iteration_time_s",
+    "memory": "peak_memory_gib",
+    "peak_memory": "peak_memory_gib",
+}
+CONSTRAINT_METRICS = (
+    "throughput_samples_per_s", "throughput_tokens_per_s", "energy_per_sample_j", "carbon_per_sample_g",
+    "goodput_samples_per_s", "iteration_time_s", "peak_memory_gib", "mfu", "bubble_fraction",
+)
+_CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
+
+
+def statistical_efficiency(global_batch: float, critical_batch: float) -> float:
+    """McCandlish et al.'s examples efficiency 1 / (1 + B / B_crit), in (0, 1]."""
+    return 1.0 / (1.0 + global_batch / critical_batch)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """``metric <= bound`` or ``metric >= bound`` on an evaluation's metrics."""
+
+    metric: str
+    op: str
+    bound: float
+
+    def holds(self, metrics: Mapping[str, Any]) -> bool:
+        """True when the metric is present, finite and on the right side of the bound."""
+        value = metrics.get(self.metric)
+        if value is None or not math.isfinite(float(value)):
+            return False
+        return float(value) <= self.bound if self.op == "<=" else float(value) >= self.bound
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.bound:g}"
+
+
+def parse_constraint(text: str) -> Constraint:
+    """Parse ``METRIC<=X`` / ``METRIC>=X`` (e.g. ``carbon_per_sample<=0.5``).
+
+    Raises:
+        ContractError: malformed text or unknown metric.
+    """
+    m = _CONSTRAINT_RE.match(text)
+    if m is None:
+        raise ContractError("--constraint", None, f"{text!r} is not METRIC<=VALUE or METRIC>=VALUE")
+    name = METRIC_ALIASES.get(m[1], m[1])
+    if name not in CONSTRAINT_METRICS:
+        known = ", ".join(sorted({*CONSTRAINT_METRICS, *METRIC_ALIASES}))
+        raise ContractError("--constraint", None, f"{m[1]!r} is not a metric (known: {known})")
+    try:
+        bound = float(m[3])
+    except ValueError:
+        raise ContractError("--constraint", None, f"{m[3]!r} is not a number") from None
+    return Constraint(name, m[2], bound)
+
+
+@dataclass
+class Objective:
+    """An objective, optionally with constraints.
+
+    Attributes:
+        name: ``throughput``, ``energy``, ``carbon`` or ``goodput``.
+        critical_batch: B_crit for goodput (required there, ignored otherwise).
+        constraints: Every one must hold for a plan to be feasible.
+    """
+
+    name: str = "throughput"
+    critical_batch: float | None = None
+    constraints: list[Constraint] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.name not in OBJECTIVES:
+            raise ContractError("--objective", None, f"{self.name!r} is not one of {', '.join(OBJECTIVES)}")
+        if self.name == "goodput" and (self.critical_batch is None or self.critical_batch <= 0):
+            raise ContractError("--critical-batch", None, "goodput needs --critical-batch B (> 0), the gradient noise scale")
+        if self.critical_batch is not None and self.critical_batch <= 0:
+            raise ContractError("--critical-batch", None, f"{self.critical_batch} must be > 0")
+        needs_goodput = any(c.metric == "goodput_samples_per_s" for c in self.constraints)
+        if needs_goodput and self.critical_batch is None:
+            raise ContractError("--constraint", None, "a goodput constraint needs --critical-batch")
+
+    @property
+    def metric(self) -> str:
+        """The metric column the objective reads."""
+        return _METRIC[self.name][0]
+
+    @property
+    def maximize(self) -> bool:
+        """True when larger values are better."""
+        return _METRIC[self.name][1]
+
+    @property
+    def unit(self) -> str:
+        """Unit of :meth:`value`."""
+        return _METRIC[self.name][2]
+
+    def describe(self) -> str:
+        """One line, e.g. ``maximise throughput (samples/s) s.t. carbon_per_sample_g<=0.5``."""
+        verb = "maximise" if self.maximize else "minimise"
+        extra = f" s.t. {', '.join(map(str, self.constraints))}" if self.constraints else ""
+        return f"{verb} {self.name} ({self.unit}){extra}"
+
+    def derive(self, metrics: dict[str, Any], global_batch: int) -> dict[str, Any]:
+        """Add per-sample and goodput columns to simulator metrics (in place; returned)."""
+        thr = metrics.get("throughput_samples_per_s")
+        if metrics.get("energy_j") is not None:
+            metrics["energy_per_sample_j"] = metrics["energy_j"] / global_batch
+        if metrics.get("carbon_gco2") is not None:
+            metrics["carbon_per_sample_g"] = metrics["carbon_gco2"] / global_batch
+        if self.critical_batch is not None:
+            eff = statistical_efficiency(global_batch, self.critical_batch)
+            metrics["statistical_efficiency"] = eff
+            metrics["goodput_samples_per_s"] = thr * eff if thr is not None else None
+        return metrics
+
+    def value(self, metrics: Mapping[str, Any]) -> float | None:
+        """The objective in natural units, None when unavailable."""
+        v = metrics.get(self.metric)
+        return None if v is None or not math.isfinite(float(v)) else float(v)
+
+    def loss(self, value: float) -> float:
+        """The quantity to minimise: ±log(value) (value 0 maps to a large finite loss)."""
+        v = max(value, 1e-300)
+        return -math.log(v) if self.maximize else math.log(v)
+
+    def violated(self, metrics: Mapping[str, Any]) -> list[str]:
+        """The constraints a plan breaks (as text)."""
+        return [str(c) for c in self.constraints if not c.holds(metrics)]
+
+    def better(self, a: float, b: float) -> bool:
+        """True when value ``a`` beats ``b``."""
+        return a > b if self.maximize else a < b
+
+    def gap(self, value: float, best: float) -> float:
+        """Relative shortfall of ``value`` from ``best`` (0 = optimal), in the objective's direction."""
+        if best == 0:
+            return 0.0 if value == 0 else math.inf
+        return (best - value) / abs(best) if self.maximize else (value - best) / abs(best)
+
+
+def pareto_front(rows: Sequence[Mapping[str, Any]], maximize: str = "throughput_samples_per_s",
+                 minimize: str = "carbon_per_sample_g") -> list[int]:
+    """Indices of the rows no other row dominates (more ``maximize`` and less ``minimize``).
+
+    Rows missing either metric are skipped. Sorted by descending ``maximize``; ties on both keep
+    the first row only.
+    """
+    pts = [(i, float(r[maximize]), float(r[minimize])) for i, r in enumerate(rows)
+           if r.get(maximize) is not None and r.get(minimize) is not None]
+    pts.sort(key=lambda t: (-t[1], t[2], t[0]))
+    front: list[int] = []
+    best_min = math.inf
+    for i, _hi, lo in pts:
+        if lo < best_min:
+            front.append(i)
+            best_min = lo
+    return front
+
+
+__all__ = [
+    "CONSTRAINT_METRICS",
+    "OBJECTIVES",
+    "Constraint",
+    "Objective",
+    "parse_constraint",
+    "pareto_front",
+    "statistical_efficiency",
+]

@@ -1,0 +1,221 @@
+"""The sweep loop: ask the searcher, evaluate in parallel, store every result, tell, repeat.
+
+Evaluations run through a :class:`concurrent.futures.Executor`: in-process for one worker, a
+local process pool (spawned, so it is safe under pytest and threads) by default, or a Dask
+cluster's executor (``dask.distributed.Client(address).get_executor()``) for sweeps that outgrow
+one machine. The loop is batch-synchronous — it asks a batch, waits for all of it, then tells the
+searcher in ask order — so the sequence of proposals depends only on the seed and the results,
+never on which worker finished first. That is what makes resuming exact: a resumed sweep replays
+the same search and takes results already in the store instead of evaluating them again.
+
+``budget`` counts simulations (evaluations that ran the event simulator); points rejected by the
+memory check before simulating cost no budget but are counted as infeasible.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from traces.errors import ContractError
+from tuner.evaluate import OK, evaluate
+from tuner.materialize import Problem
+from tuner.objectives import Objective
+from tuner.optimizers import OPTIMIZERS, make_searcher
+from tuner.space import SearchSpace, point_key
+from tuner.store import SweepStore
+
+Evaluator = Callable[[Problem, dict[str, Any]], dict[str, Any]]
+Progress = Callable[[int, int, float | None], None]
+
+
+@dataclass
+class SweepConfig:
+    """How to search.
+
+    Attributes:
+        optimizer: ``bo``, ``random`` or ``grid``.
+        budget: Most simulations to run.
+        seed: Seed of every random choice.
+        surrogate: ``gp``, ``rf`` or ``et`` (``bo`` only).
+        n_initial: Random proposals before the surrogate takes over (``bo`` only).
+        workers: Parallel evaluations (local processes; 1 = in this process).
+        dask: Address of a Dask scheduler; evaluations go there instead.
+        batch_size: Proposals per round (default: ``workers``).
+    """
+
+    optimizer: str = "bo"
+    budget: int = 60
+    seed: int = 0
+    surrogate: str = "gp"
+    n_initial: int = 10
+    workers: int = 2
+    dask: str | None = None
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ContractError("--optimizer", None, f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.budget < 1:
+            raise ContractError("--budget", None, f"--budget {self.budget} must be >= 1")
+        if self.workers < 1:
+            raise ContractError("--workers", None, f"--workers {self.workers} must be >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ContractError("--batch-size", None, f"--batch-size {self.batch_size} must be >= 1")
+
+    def identity(self) -> dict[str, Any]:
+        """What must match to resume (the budget, workers and executor may change)."""
+        return {"optimizer": self.optimizer, "seed": self.seed, "surrogate": self.surrogate, "n_initial": self.n_initial}
+
+
+@dataclass
+class SweepResult:
+    """Every evaluation of a sweep, annotated with the objective, and the tallies."""
+
+    records: list[dict[str, Any]]
+    best: dict[str, Any] | None
+    simulations: int
+    reused: int
+    infeasible: Counter[str] = field(default_factory=Counter)
+
+
+def annotate(record: dict[str, Any], objective: Objective) -> dict[str, Any]:
+    """A copy of a stored record with derived metrics, ``value``, ``loss``, ``feasible`` and ``reason``."""
+    rec = dict(record)
+    metrics = dict(rec.get("metrics") or {})
+    gbs = rec["point"]["global_batch_size"]
+    rec["value"] = rec["loss"] = None
+    rec["feasible"] = False
+    rec["reason"] = rec["status"]
+    if rec["status"] == OK and rec.get("simulated"):
+        objective.derive(metrics, gbs)
+        value = objective.value(metrics)
+        broken = objective.violated(metrics)
+        if value is None:
+            rec["reason"] = "no_value"
+        elif broken:
+            rec["reason"] = "constraint"
+            rec["message"] = "violates " + ", ".join(broken)
+            rec["value"] = value
+        else:
+            rec["value"], rec["loss"], rec["feasible"], rec["reason"] = value, objective.loss(value), True, ""
+    rec["metrics"] = metrics
+    return rec
+
+
+class _InlineExecutor(cf.Executor):
+    """Runs each task at submit time, in this process (one worker, no pickling)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        fut: cf.Future[Any] = cf.Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as e:
+            fut.set_exception(e)
+        return fut
+
+
+def open_executor(cfg: SweepConfig) -> tuple[cf.Executor, Callable[[], None]]:
+    """The executor for ``cfg`` and a function that releases it."""
+    if cfg.dask:
+        try:
+            from dask.distributed import Client
+        except ImportError:  # pragma: no cover - dask[distributed] is a dependency
+            raise ContractError("--dask", None, "dask.distributed is not installed") from None
+        try:
+            client = Client(cfg.dask, timeout=30)
+        except OSError as e:
+            raise ContractError("--dask", None, f"cannot reach the Dask scheduler at {cfg.dask}: {e}") from None
+        ex = client.get_executor(pure=False)
+
+        def close_dask() -> None:
+            ex.shutdown(wait=True)
+            client.close()
+
+        return ex, close_dask
+    if cfg.workers == 1:
+        inline = _InlineExecutor()
+        return inline, lambda: None
+    pool = cf.ProcessPoolExecutor(max_workers=cfg.workers, mp_context=multiprocessing.get_context("spawn"))
+    return pool, lambda: pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: SweepConfig, store: SweepStore,
+              *, progress: Progress | None = None, evaluator: Evaluator = evaluate) -> SweepResult:
+    """Search ``space`` for the best plan under ``objective``.
+
+    Args:
+        problem: Model, cluster and trace, shipped to every evaluation.
+        space: The enumerated valid points.
+        objective: What to optimise and the constraints.
+        cfg: Optimizer, budget, seed, parallelism.
+        store: Where results are persisted (and found again on resume).
+        progress: Called after every finished evaluation with (simulations, budget, best value).
+        evaluator: The evaluation function (default :func:`tuner.evaluate.evaluate`); must be
+            picklable for process and Dask executors.
+
+    Raises:
+        ContractError: an empty space, or ``grid`` over more points than the budget.
+    """
+    points = space.points
+    if not points:
+        raise ContractError("tune", None, no_plan_message(space))
+    if cfg.optimizer == "grid" and len(points) > cfg.budget:
+        raise ContractError("--budget", None, f"grid search would simulate up to {len(points)} plans, more than --budget "
+                            f"{cfg.budget}: raise --budget or narrow the space with --fix")
+    searcher = make_searcher(cfg.optimizer, points, cfg.seed, surrogate=cfg.surrogate, n_initial=cfg.n_initial)
+    batch_size = cfg.batch_size or cfg.workers
+    executor: cf.Executor | None = None
+    close: Callable[[], None] = lambda: None  # noqa: E731 - replaced once an executor is opened
+    records: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    simulations = reused = 0
+    try:
+        while simulations < cfg.budget:
+            batch = searcher.ask(min(batch_size, cfg.budget - simulations))
+            if not batch:
+                break
+            done: dict[int, dict[str, Any]] = {}
+            pending: dict[cf.Future[Any], int] = {}
+            for j, i in enumerate(batch):
+                stored = store.get(point_key(points[i]))
+                if stored is not None:
+                    done[j] = stored
+                    reused += 1
+                    continue
+                if executor is None:
+                    executor, close = open_executor(cfg)
+                pending[executor.submit(evaluator, problem, points[i])] = j
+            for fut in cf.as_completed(pending):
+                rec = fut.result()
+                store.add(rec)
+                done[pending[fut]] = rec
+                if progress is not None:
+                    sims = simulations + sum(1 for r in done.values() if r.get("simulated"))
+                    progress(sims, cfg.budget, best["value"] if best else None)
+            batch_records = [annotate(done[j], objective) for j in range(len(batch))]
+            for rec in batch_records:
+                rec["index"] = len(records)
+                records.append(rec)
+                simulations += bool(rec.get("simulated"))
+                if rec["feasible"] and (best is None or objective.better(rec["value"], best["value"])):
+                    best = rec
+            searcher.tell(batch, [r["loss"] for r in batch_records])
+    finally:
+        close()
+    infeasible = Counter(r["reason"] for r in records if not r["feasible"])
+    return SweepResult(records, best, simulations, reused, infeasible)
+
+
+def no_plan_message(space: SearchSpace) -> str:
+    """Why a space is empty: the rules that rejected its combinations, most frequent first."""
+    reasons = "; ".join(f"{rule} ({n}×)" for rule, n in space.rejected.most_common(5))
+    return (f"no feasible plan: all {space.rejected_total} combinations of the search space break a rule"
+            + (f" — {reasons}" if reasons else "") + ". Relax --fix or change --global-batch.")
+
+
+__all__ = ["SweepConfig", "SweepResult", "annotate", "no_plan_message", "open_executor", "run_sweep"]
