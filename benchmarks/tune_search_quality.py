@@ -28,7 +28,6 @@ from typing import Any
 
 from traces.builtin import load_cluster, load_model
 from tuner.api import build_space, fingerprint
-from tuner.evaluate import evaluate
 from tuner.materialize import Problem
 from tuner.objectives import Objective
 from tuner.space import point_key

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.build import build_work
-from simulator.costs import DTYPE_BYTES, AlphaBetaCommModel, CommModel, ComputeModel, RooflineComputeModel, TraceComputeModel
+from simulator.costs import (
+    DTYPE_BYTES,
+    AlphaBetaCommModel,
+    CommModel,
+    ComputeModel,
+    RooflineComputeModel,
+    TraceComputeModel,
+)
 from simulator.energy import annual_intensity, energy_report, hourly_intensity
 from simulator.engine import Engine, EngineOptions, EngineResult
 from simulator.memory import activation_bytes_per_layer, stage_memory

@@ -70,7 +70,7 @@ def build_space(model: Model, cluster: Cluster, global_batch: int | Sequence[int
         batches = [global_batch]
     else:
         batches = sorted(set(global_batch))
-    fixed = parse_fixes(fixes) if fixes is None or not isinstance(fixes, dict) else dict(fixes)
+    fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
     return SearchSpace(model, cluster, batches, fixed, tuple(partitioners))
 
 

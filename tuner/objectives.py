@@ -202,7 +202,7 @@ __all__ = [
     "OBJECTIVES",
     "Constraint",
     "Objective",
-    "parse_constraint",
     "pareto_front",
+    "parse_constraint",
     "statistical_efficiency",
 ]

@@ -13,8 +13,18 @@ maximised over the not-yet-proposed valid points — exact acquisition maximisat
 set instead of skopt's sampling of the unconstrained box. The first ``n_initial`` proposals are
 uniform random (seeded). Batches use the "constant liar" of skopt's ``ask(n_points, "cl_min")``
 (Ginsbourger et al. 2010): after each pick the point is told with the best loss so far, the model
-refitted, and the next point chosen. Infeasible points are told with a penalty, the worst feasible
-loss plus log 2 (half the worst throughput), so the surrogate learns to avoid their region.
+refitted, and the next point chosen.
+
+Infeasible points (out of memory, a broken constraint found only by simulating) are handled by
+constrained expected improvement (Gardner et al., ICML 2014; Gelbart et al., UAI 2014): the loss
+surrogate is fitted on feasible points only, a seeded extra-trees classifier estimates each
+candidate's probability of being feasible, and the acquisition is EI × P(feasible). Telling the
+surrogate a penalty value instead (what we did first) puts artificial cliffs into the loss
+landscape: with a fifth of the points infeasible the GP then needed more than 60 evaluations on
+the test landscape, against 26 without infeasible points; with the classifier it needs 25 (median
+of 5 seeds). The GP is the default surrogate: the tree surrogates (``rf``, ``et``) are noisier on
+the smooth landscapes the simulator produces (``et`` missed the optimum within 60 evaluations for
+4 of 5 seeds on the same test landscape).
 """
 
 from __future__ import annotations
@@ -32,7 +42,6 @@ from tuner.space import POINT_KEYS, Point
 OPTIMIZERS = ("bo", "random", "grid")
 SURROGATES = ("gp", "rf", "et")
 _LOG_KEYS = ("tp", "pp", "dp", "micro_batch_size", "global_batch_size", "virtual_stages")
-PENALTY = math.log(2.0)
 
 
 class Searcher(Protocol):
@@ -137,12 +146,22 @@ class BayesSearch:
             self._pool_t = np.asarray(opt.space.transform(self.rows), dtype=float)
         return self._pool_t
 
-    def _losses(self) -> tuple[list[int], list[float]]:
-        feasible = [y for _, y in self._told if y is not None]
-        worst = max(feasible) if feasible else 0.0
-        idx = [i for i, _ in self._told]
-        ys = [y if y is not None else worst + PENALTY for _, y in self._told]
-        return idx, ys
+    def _feasible(self) -> tuple[list[int], list[float]]:
+        pairs = [(i, y) for i, y in self._told if y is not None]
+        return [i for i, _ in pairs], [float(y) for _, y in pairs]
+
+    def _p_feasible(self, opt: Any, pool: np.ndarray) -> np.ndarray:
+        """Probability that each pool point is feasible (1 where nothing infeasible was seen)."""
+        labels = [y is not None for _, y in self._told]
+        if all(labels):
+            return np.ones(len(pool))
+        from sklearn.ensemble import ExtraTreesClassifier
+
+        x = self._pool(opt)[[i for i, _ in self._told]]
+        clf = ExtraTreesClassifier(n_estimators=100, min_samples_leaf=3, random_state=self.seed * 7919 + self._rounds)
+        clf.fit(x, labels)
+        col = list(clf.classes_).index(True)
+        return np.asarray(clf.predict_proba(pool)[:, col])
 
     def ask(self, n: int) -> list[int]:
         """Random picks until ``n_initial`` were proposed, then expected improvement (with lies)."""
@@ -160,7 +179,7 @@ class BayesSearch:
     def _best_candidate(self, pending: list[int]) -> int:
         from skopt.acquisition import gaussian_ei
 
-        idx, ys = self._losses()
+        idx, ys = self._feasible()
         # Constant liar: pending picks of this batch count as already at the best loss.
         idx, ys = idx + pending, ys + [min(ys)] * len(pending)
         opt = self._optimizer()
@@ -169,7 +188,7 @@ class BayesSearch:
             opt.tell([self.rows[i] for i in idx], ys)
             model = opt.models[-1]
             pool = self._pool(opt)[self._remaining]
-            ei = gaussian_ei(pool, model, y_opt=float(min(ys)), xi=self.xi)
+            ei = gaussian_ei(pool, model, y_opt=float(min(ys)), xi=self.xi) * self._p_feasible(opt, pool)
         return int(np.argmax(ei))
 
     def tell(self, indices: Sequence[int], losses: Sequence[float | None]) -> None:

@@ -256,11 +256,12 @@ def pipedream_partition(costs: Sequence[LayerCost], num_stages: int, *, num_micr
             val = np.maximum(np.maximum(a[s - 1, i], cut[i - 1]), seg(i, j))
             k = int(np.argmin(val))
             a[s, j], arg[s, j] = val[k], i[k]
-    out, j = [], n
+    out: list[int] = []
+    j = n
     for s in range(num_stages, 0, -1):
-        i = int(arg[s, j]) if s > 1 else 0
-        out.append(j - i)
-        j = i
+        start = int(arg[s, j]) if s > 1 else 0
+        out.append(j - start)
+        j = start
     return out[::-1]
 
 

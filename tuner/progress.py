@@ -25,7 +25,7 @@ class ProgressBar:
     def __call__(self, done: int, total: int, best: float | None) -> None:
         """Redraw (terminal) or print a line at each new tenth of the budget."""
         frac = min(1.0, done / total) if total else 1.0
-        filled = int(round(frac * self.width))
+        filled = round(frac * self.width)
         bar = "#" * filled + "." * (self.width - filled)
         best_s = f"best {best:.5g} {self.unit}" if best is not None else "no feasible plan yet"
         line = f"{self.label} [{bar}] {done}/{total} simulations, {best_s}, {time.monotonic() - self.start:.0f} s"

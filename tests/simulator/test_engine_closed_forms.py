@@ -29,12 +29,22 @@ class Uniform:
         return 0.0
 
 
+class FreeComm:
+    """No latency and full link bandwidth: with zero-byte boundaries every transfer takes no time."""
+
+    def latency_s(self, op: str, group_size: int, link: str) -> float:
+        return 0.0
+
+    def efficiency(self, op: str, nbytes: int, group_size: int, link: str) -> float:
+        return 1.0
+
+
 def _run(schedule: str, p: int, m: int, v: int = 1, cost: Uniform | None = None, layers_per_stage: int = 1):
     model = Model(kind="gpt", num_layers=p * v * layers_per_stage, hidden_size=64, num_heads=4, seq_len=32,
                   vocab_size=128)
     cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=p)
     plan = Plan(pp=p, micro_batch_size=1, global_batch_size=m, schedule=schedule, virtual_stages=v)
-    return simulate(model, cluster, plan, SimulationOptions(compute=cost or Uniform()))
+    return simulate(model, cluster, plan, SimulationOptions(compute=cost or Uniform(), comm=FreeComm()))
 
 
 GRID = [(p, k * p) for p in (2, 4, 8) for k in (1, 2, 4)]

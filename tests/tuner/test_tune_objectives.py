@@ -8,7 +8,7 @@ import random
 import pytest
 
 from traces.errors import ContractError
-from tuner.objectives import Objective, parse_constraint, pareto_front, statistical_efficiency
+from tuner.objectives import Objective, pareto_front, parse_constraint, statistical_efficiency
 
 
 def test_statistical_efficiency_follows_the_noise_scale():

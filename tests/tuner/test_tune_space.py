@@ -14,7 +14,7 @@ from traces.errors import ContractError
 from tuner.space import POINT_KEYS, SearchSpace, parse_fixes, parse_global_batch, point_key
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schedule_ok(name: str, pp: int, m: int, v: int) -> bool:
     try:
         build_schedule(name, pp, m, v)
