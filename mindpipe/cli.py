@@ -153,6 +153,12 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.timeline and result.timeline is not None:
         write_chrome_trace(result.timeline, args.timeline, label=f"simulated {plan.schedule}")
         _stderr(f"wrote {args.timeline}")
+    if args.action_table:
+        from simulator.action_table import write_csv
+        from simulator.schedules import build_schedule
+
+        write_csv(build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages), args.action_table)
+        _stderr(f"wrote {args.action_table}")
     if args.gantt and result.timeline is not None:
         write_gantt(result.timeline, args.gantt, title=f"{model.label}: {plan.schedule}, pp={plan.pp} (simulated)")
         _stderr(f"wrote {args.gantt}")
@@ -214,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--trace", default=None, help="per-layer trace to use instead of the hardware model")
     sim.add_argument("--timeline", default=None, metavar="FILE", help="write a Chrome trace (Perfetto) of the iteration")
     sim.add_argument("--gantt", default=None, metavar="FILE.png", help="write a Gantt chart of the iteration")
+    sim.add_argument("--action-table", default=None, metavar="FILE.csv",
+                     help="write the schedule's per-rank action order as torch.distributed.pipelining CSV")
     sim.add_argument("--carbon-csv", default=None, metavar="CSV", help="hourly grid intensity (Electricity Maps CSV)")
     sim.add_argument("--start", default=None, help="with --carbon-csv: UTC start time of the iteration (ISO format)")
     sim.add_argument("--json", action="store_true", help="print one JSON object (the simulation result) on stdout")
