@@ -4,9 +4,12 @@ Trains ``gpt-mini`` with pp=2 and the 1F1B schedule twice on this machine — on
 executor (``mindpipe run``, torch's ``Schedule1F1B``, all measurement hooks on) and once with
 ``benchmarks/executor_handwritten_pp.py`` (the same model, batch, schedule and optimizer, nothing
 else) — and compares the median step time after warm-up (per step, the slowest rank's wall time).
-The acceptance target is a ratio within 1.05. Writes ``benchmarks/results/executor_overhead.json``.
+The two alternate for ``--rounds`` rounds (hand-written, executor, hand-written, executor …) so
+that drift in the machine's speed falls on both alike; the ratio is of the medians over all
+rounds' post-warm-up steps. The acceptance target is a ratio within 1.05. Writes
+``benchmarks/results/executor_overhead.json``.
 
-    .venv/bin/python benchmarks/executor_overhead.py [--steps 30] [--warmup 5] [--micro-batch-size 2] [--global-batch-size 16]
+    .venv/bin/python benchmarks/executor_overhead.py [--rounds 2] [--steps 30] [--warmup 5] [--micro-batch-size 2] [--global-batch-size 16]
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def run_handwritten(model: str, mbs: int, gbs: int, steps: int, tmp: Path, env: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-mini")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating hand-written/executor runs of each")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--micro-batch-size", type=int, default=2)
@@ -66,18 +70,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         common = (args.model, args.micro_batch_size, args.global_batch_size, args.steps, tmp, env)
-        hand = run_handwritten(*common)
-        execu = run_executor(*common)
-    hand_med = statistics.median(hand[args.warmup:])
-    exec_med = statistics.median(execu[args.warmup:])
+        hand_runs, exec_runs = [], []
+        for _ in range(args.rounds):
+            hand_runs.append(run_handwritten(*common))
+            exec_runs.append(run_executor(*common))
+    hand = [t for run in hand_runs for t in run[args.warmup:]]
+    execu = [t for run in exec_runs for t in run[args.warmup:]]
+    hand_med = statistics.median(hand)
+    exec_med = statistics.median(execu)
     result = {
         "benchmark": "executor_overhead",
         "command": " ".join([Path(sys.executable).name, "benchmarks/executor_overhead.py", *sys.argv[1:]]),
         "model": args.model, "pp": 2, "schedule": "1f1b", "micro_batch_size": args.micro_batch_size,
         "global_batch_size": args.global_batch_size, "steps": args.steps, "warmup_steps": args.warmup,
+        "rounds": args.rounds,
+        "per_round_ratio": [statistics.median(e[args.warmup:]) / statistics.median(h[args.warmup:])
+                            for h, e in zip(hand_runs, exec_runs, strict=True)],
         "handwritten_median_step_s": hand_med, "executor_median_step_s": exec_med, "ratio": exec_med / hand_med,
         "target_ratio": 1.05, "within_target": exec_med / hand_med <= 1.05,
-        "handwritten_step_s": hand, "executor_step_s": execu,
+        "handwritten_step_s": hand_runs, "executor_step_s": exec_runs,
         "torch": torch.__version__, "cpus": os.cpu_count(), "omp_num_threads": env["OMP_NUM_THREADS"],
         "machine": platform.machine(), "python": platform.python_version(),
     }
