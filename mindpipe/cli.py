@@ -230,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tuner.cli import add_parser as add_tune_parser  # the handler lives in tuner/ (torch-free)
 
     add_tune_parser(sub)
+    from simulator.perf.cli import add_parser as add_validate_parser  # handler in simulator/perf (torch-free)
+
+    add_validate_parser(sub)
 
     from executor.config import add_run_arguments  # torch-free
 

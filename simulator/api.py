@@ -25,6 +25,7 @@ from simulator.engine import Engine, EngineOptions, EngineResult
 from simulator.memory import activation_bytes_per_layer, stage_memory
 from simulator.network import FluidNetwork, Transfers
 from simulator.ops import model_flops_per_iteration
+from simulator.perf import default_models as gpu_default_models
 from simulator.schedules import build_schedule
 from simulator.topology import Topology
 from traces.catalog import DeviceSpec, get_device
@@ -60,8 +61,15 @@ class SimulationOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def default_models(device: DeviceSpec) -> tuple[ComputeModel, CommModel]:
-    """The hardware model used when no trace is given: the roofline and an α-β comm model."""
+def default_models(device: DeviceSpec, cluster: Cluster | None = None) -> tuple[ComputeModel, CommModel]:
+    """The hardware models used when no trace is given.
+
+    GPUs: the shape-aware kernel model and the NCCL model of :mod:`simulator.perf` (constants per
+    GPU family, fitted on published A100 measurements; ``mindpipe validate`` reports their error).
+    CPUs: the roofline and an α-β comm model (gloo), which calibration refits.
+    """
+    if device.kind == "gpu":
+        return gpu_default_models(device, cluster)
     return RooflineComputeModel(device), AlphaBetaCommModel()
 
 
@@ -74,7 +82,7 @@ def simulate(model: Model, cluster: Cluster, plan: Plan, options: SimulationOpti
     opts = options or SimulationOptions()
     check_plan(plan, model, cluster)
     device = get_device(cluster.gpu, opts.catalog)
-    hw_compute, hw_comm = default_models(device)
+    hw_compute, hw_comm = default_models(device, cluster)
     compute: ComputeModel
     if opts.compute is not None:
         compute = opts.compute

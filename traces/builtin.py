@@ -28,6 +28,13 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "gpt3-175b": {"kind": "gpt", "num_layers": 96, "hidden_size": 12288, "num_heads": 96, "seq_len": 2048, "vocab_size": 51200},
 }
 
+# Named clusters: the machines of published measurements, sized by ``NAME:NODESxPER_NODE``.
+# ``vtrain-a100``: vTrain's A100 runs (MICRO'24; VIA-Research/vTrain config/validation): 8 GPUs per
+# node, 800 Gbit/s per node between nodes (80 GB parts; see simulator/perf/vtrain.py).
+BUILTIN_CLUSTERS: dict[str, dict[str, Any]] = {
+    "vtrain-a100": {"gpu": "a100-sxm4-80gb", "gpus_per_node": 8, "inter_node_bandwidth_Gbps": 800.0},
+}
+
 # Devices per node when a cluster is named by its device alone.
 _DEFAULT_PER_NODE = {"cpu": 2}
 _CLUSTER_RE = re.compile(r"^(?P<dev>[A-Za-z0-9._-]+?)(?::(?P<nodes>\d+)x(?P<per>\d+))?$")
@@ -74,6 +81,12 @@ def load_cluster(arg: str | Cluster) -> Cluster:
     m = _CLUSTER_RE.match(arg.strip())
     if m is None:
         raise ContractError(arg, None, "not a file and not DEVICE or DEVICE:NODESxPER_NODE (e.g. a100-sxm4-80gb:64x8)")
+    named = BUILTIN_CLUSTERS.get(m["dev"].lower())
+    if named is not None:
+        data = {**named, "name": arg.strip()}
+        if m["nodes"]:
+            data.update(num_nodes=int(m["nodes"]), gpus_per_node=int(m["per"]))
+        return from_dict(Cluster, data, f"cluster {arg}")
     try:
         device = get_device(m["dev"]).name
     except ContractError:

@@ -1,9 +1,23 @@
-"""End-to-end refit of compute constants (phase 2), keeping the fit/hold-out provenance.
+"""End-to-end refit of compute constants on vTrain's fit half, keeping the fit/hold-out provenance.
 
-The lead's validation fits a few :class:`~simulator.perf.constants.GpuConstants` fields on the fit
-half of vTrain's iteration times through the engine (:func:`fit_compute_constants`) and writes
-the result back with its provenance (:func:`refit_document`). Phase 1 ships none of this fitted:
-see :mod:`simulator.perf.fit` for what is.
+Three :class:`~simulator.perf.constants.GpuConstants` fields are fitted through the whole
+simulator (engine, schedule, NCCL model) on the seed-0 fit half of the single-node vTrain file —
+720 of 1,440 rows; the other 720 and all 109 multi-node rows are never seen by the fit:
+
+* ``host_overhead_per_kernel_s`` — host time per modelled kernel (eager PyTorch + Megatron-
+  DeepSpeed dispatch, autograd and activation-checkpointing bookkeeping); it sets the floor that
+  small layers hit (vTrain's single-node rows run ~3 ms per layer and micro-batch at h = 1024
+  whatever the micro-batch size up to 4: launch-bound). Each modelled op stands for a few eager
+  ops (bias adds, casts, views made contiguous), so the fitted value is per *modelled* kernel;
+* ``gemm_ceiling`` — what a full wave of the best GEMM tile reaches;
+* ``memory_bandwidth_efficiency`` — achieved share of HBM bandwidth of memory-bound kernels.
+
+Procedure (:func:`fit_vtrain`): a coarse scan of the host overhead (the dominant, non-smooth
+term: it enters through ``max(GPU, host)``), then bounded least squares on the log ratio
+predicted/measured over the three fields (:func:`fit_compute_constants`).
+:func:`refit_document` writes the result into ``data/a100.json`` with its provenance.
+
+    .venv/bin/python -m simulator.perf.refit --data ../shared/data [--seed 0] [--write]
 """
 
 from __future__ import annotations
@@ -11,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from simulator.perf.constants import GpuConstants, data_text, parse_constants, shipped_constants
@@ -86,4 +101,68 @@ def refit_document(fitted: GpuConstants, fields: Sequence[str], fit_files: Seque
     return doc
 
 
-__all__ = ["COMPUTE_BOUNDS", "fit_compute_constants", "refit_document"]
+VTRAIN_FIELDS = ("host_overhead_per_kernel_s", "gemm_ceiling", "memory_bandwidth_efficiency")
+SINGLE_FILE = "validation/vtrain_a100_single_node.csv"
+MULTI_FILE = "validation/vtrain_a100_multi_node.csv"
+_HOST_SCAN_S = tuple(k * 1e-5 for k in range(1, 11))
+
+
+def fit_vtrain(data_dir: str | Path, seed: int = 0, log: Callable[[str], None] = print) -> tuple[GpuConstants, dict[str, Any]]:
+    """Fit :data:`VTRAIN_FIELDS` on the fit half of the single-node file (see module docstring).
+
+    Returns:
+        (fitted constants, report with the fit rows' sources and fit/hold-out MAPE).
+    """
+    from simulator.perf.validate import predict_s, summarize, validate_rows
+    from simulator.perf.vtrain import load_vtrain, split_fit_holdout
+
+    rows = load_vtrain(Path(data_dir) / SINGLE_FILE)
+    fit, _ = split_fit_holdout(rows, seed=seed, fit_fraction=0.5)
+    base = GpuConstants.from_file(shipped_constants("a100.json"))
+
+    def mape(c: GpuConstants) -> float:
+        return 100 * sum(abs(predict_s(r, c) / r.measured_iteration_time_s - 1) for r in fit) / len(fit)
+
+    scan = {h: mape(dataclasses.replace(base, host_overhead_per_kernel_s=h)) for h in _HOST_SCAN_S}
+    h0 = min(scan, key=lambda h: scan[h])
+    log(f"host-overhead scan on {len(fit)} fit rows: " + ", ".join(f"{1e6 * h:.0f} µs {m:.1f}%" for h, m in scan.items()))
+    start = dataclasses.replace(base, host_overhead_per_kernel_s=h0)
+    fitted, fit_mape = fit_compute_constants(fit, lambda c, r: predict_s(r, c), lambda r: r.measured_iteration_time_s,
+                                           VTRAIN_FIELDS, start)
+    summary = summarize(validate_rows(rows, fitted), {r.source for r in fit})
+    log(f"fitted {', '.join(f'{f}={getattr(fitted, f):.6g}' for f in VTRAIN_FIELDS)}; MAPE fit half "
+        f"{summary['fit_half']['mape']:.2f}%, hold-out half {summary['holdout_half']['mape']:.2f}%")
+    report = {"seed": seed, "fit_rows": [r.source for r in fit], "scan": scan, "fit_mape": fit_mape, "summary": summary}
+    return fitted, report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m simulator.perf.refit``: fit on vTrain's fit half; ``--write`` updates data/a100.json."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Refit A100 compute constants on the fit half of vTrain's single-node runs")
+    ap.add_argument("--data", required=True, help="the shared data folder (holds validation/vtrain_a100_*.csv)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write", action="store_true", help="write simulator/perf/data/a100.json")
+    args = ap.parse_args(argv)
+    fitted, report = fit_vtrain(args.data, args.seed)
+    if args.write:
+        fit_desc = f"{SINGLE_FILE}: the {len(report['fit_rows'])} rows of split_fit_holdout(seed={args.seed}, fit_fraction=0.5)"
+        hold_desc = [f"{SINGLE_FILE}: the other {report['summary']['holdout_half']['n']} rows", f"{MULTI_FILE}: all rows"]
+        how = ("end to end through simulate(): coarse scan of host_overhead_per_kernel_s, then bounded least squares "
+               "on log(predicted/measured) over host_overhead_per_kernel_s, gemm_efficiency_ceiling and "
+               "memory_bandwidth_efficiency (simulator/perf/refit.py)")
+        doc = refit_document(fitted, VTRAIN_FIELDS, [fit_desc], hold_desc, report["summary"]["holdout_half"]["mape"], how)
+        doc["regenerate"] = (".venv/bin/python -m simulator.perf.fit --data ../shared/data --write && "
+                             f".venv/bin/python -m simulator.perf.refit --data ../shared/data --seed {args.seed} --write")
+        path = Path(__file__).parent / "data" / "a100.json"
+        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {path}")
+    return 0
+
+
+__all__ = ["COMPUTE_BOUNDS", "VTRAIN_FIELDS", "fit_compute_constants", "fit_vtrain", "main", "refit_document"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

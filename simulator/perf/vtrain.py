@@ -24,12 +24,14 @@ Which A100: the configs say only ``"gpu_name": "A100"``. The default cluster use
 from __future__ import annotations
 
 import csv
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from traces.builtin import BUILTIN_CLUSTERS, load_cluster
 from traces.config import Cluster, Model, Plan, check_plan
 from traces.errors import ContractError
 
@@ -40,8 +42,9 @@ COLUMNS = ("# GPUs", "global batch", "micro batch", "hidden size", "attention he
 MULTI_PREFIX = "Parameters (billion)"
 VOCAB = 50257
 VOCAB_MULTIPLE = 128  # Megatron --make-vocab-size-divisible-by default
-GPUS_PER_NODE = 8
-INTER_NODE_GBPS = 800.0
+CLUSTER_NAME = "vtrain-a100"
+GPUS_PER_NODE = int(BUILTIN_CLUSTERS[CLUSTER_NAME]["gpus_per_node"])
+INTER_NODE_GBPS = float(BUILTIN_CLUSTERS[CLUSTER_NAME]["inter_node_bandwidth_Gbps"])
 DROPOUT = 0.1
 DEFAULT_GPU = "a100-sxm4-80gb"
 
@@ -99,8 +102,10 @@ def _row(cells: dict[str, str], where: str, gpu: str) -> VTrainRow:
         model = Model(kind="gpt", num_layers=v["# layers"], hidden_size=v["hidden size"], num_heads=v["attention heads"],
                       seq_len=v["sequence length"], vocab_size=padded_vocab(VOCAB, tp), dropout=DROPOUT,
                       name=f"vtrain-h{v['hidden size']}-L{v['# layers']}")
-        cluster = Cluster(gpu=gpu, num_nodes=gpus // per_node, gpus_per_node=per_node,
-                          inter_node_bandwidth_Gbps=INTER_NODE_GBPS, name="vtrain-a100")
+        # The built-in cluster entry of these runs' machines (traces.builtin.BUILTIN_CLUSTERS).
+        cluster = load_cluster(f"{CLUSTER_NAME}:{gpus // per_node}x{per_node}")
+        if gpu != cluster.gpu:
+            cluster = dataclasses.replace(cluster, gpu=gpu)
         micro = v["global batch"] // (v["micro batch"] * dp)
         # Megatron's 1F1B warms up min(pp − rank − 1, m) forwards, so with fewer micro-batches
         # than stages it runs all forwards, then all backwards on the first ranks: GPipe's order

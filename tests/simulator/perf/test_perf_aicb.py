@@ -36,10 +36,12 @@ def test_every_comparable_file_is_compared(comparisons: dict[str, BlockCompariso
     assert set(comparisons) == set(AICB_CASES)
 
 
-def test_gpt175b_forward_is_the_fit_and_its_backward_a_holdout_within_15_percent(
+def test_gpt175b_forward_within_5_and_backward_within_15_percent(
         comparisons: dict[str, BlockComparison]) -> None:
+    # The GEMM ceiling is now fitted end to end on vTrain's single-node fit half
+    # (simulator/perf/refit.py); AICB's GPT-175B block is a hold-out check of it.
     c = comparisons[G175]
-    assert abs(c.forward_error) < 0.01  # the GEMM ceiling was solved on this number
+    assert abs(c.forward_error) < 0.05
     assert abs(c.backward_error) < 0.15
 
 

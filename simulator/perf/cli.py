@@ -1,0 +1,84 @@
+"""``mindpipe validate``: the GPU performance model against published measurements (torch-free).
+
+    mindpipe validate vtrain-single --data vtrain_a100_single_node.csv [--json]
+    mindpipe validate vtrain-multi  --data vtrain_a100_multi_node.csv  [--gpu h100-sxm5-80gb]
+
+The datasets are not shipped (DESIGN.md: the product must not need them); the user points at
+the CSV. ``--json`` prints one object on stdout (``mape``, ``max_abs_pct_error``, ``n``, per-row
+results, error by model size, the fit/hold-out halves); progress goes to stderr. Bad input raises
+:class:`~traces.errors.ContractError`, which the CLI turns into one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from traces.errors import ContractError
+
+DATASETS = ("vtrain-single", "vtrain-multi")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``validate`` subcommand to ``subparsers`` and return its parser."""
+    p = subparsers.add_parser("validate", help="simulate published runs and print the error of the performance model")
+    p.add_argument("dataset", choices=DATASETS, help="which published measurements the CSV holds")
+    p.add_argument("--data", required=True, metavar="CSV", help="the dataset's CSV (vTrain ground_truth_{single,multi}.csv)")
+    p.add_argument("--gpu", default="a100-sxm4-80gb", help="catalog GPU to simulate the runs on (default a100-sxm4-80gb)")
+    p.add_argument("--sample", type=int, default=None, metavar="N", help="validate N rows drawn with --seed (default all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --sample and of the fit/hold-out split (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_validate)
+    return p
+
+
+def cmd_validate(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Simulate every (or a sample of the) row(s) and print predicted vs measured."""
+    import random
+
+    from simulator.perf.validate import format_report, summarize, validate_rows, with_gpu
+    from simulator.perf.vtrain import load_vtrain, split_fit_holdout
+    from traces.catalog import get_device
+
+    device = get_device(args.gpu)
+    if device.kind != "gpu":
+        raise ContractError("--gpu", "gpu", f"{args.gpu} is not a GPU; validate compares GPU runs")
+    rows = load_vtrain(args.data)
+    multi = rows[0].stated_params_billion is not None
+    if multi != (args.dataset == "vtrain-multi"):
+        found = "multi-node" if multi else "single-node"
+        raise ContractError(args.data, "line 1", f"this is vTrain's {found} file; dataset {args.dataset} expects the other")
+    # The split of the shipped fit (simulator/perf/refit.py): rows a constant may have been fitted on.
+    fit, _ = split_fit_holdout(rows, seed=0)
+    fit_sources = {r.source for r in fit} if args.dataset == "vtrain-single" else None
+    if args.sample is not None:
+        if args.sample <= 0:
+            raise ContractError("--sample", "sample", f"--sample={args.sample} must be > 0")
+        rows = random.Random(args.seed).sample(rows, min(args.sample, len(rows)))
+    rows = [with_gpu(r, device.name) for r in rows]
+    total = len(rows)
+
+    def progress(i: int) -> None:
+        if not args.quiet and (i % 50 == 0 or i == total):
+            print(f"\rsimulated {i}/{total} rows", end="\n" if i == total else "", file=sys.stderr, flush=True)
+
+    results = validate_rows(rows, progress=progress)
+    summary = summarize(results, fit_sources)
+    label = args.dataset if device.name.startswith("a100") else f"{args.dataset} on {device.name}"
+    if args.json:
+        out = {"dataset": args.dataset, "data": str(args.data), "gpu": device.name, **summary,
+               "fit_split": "split_fit_holdout(seed=0, fit_fraction=0.5) of vtrain-single; nothing fitted on vtrain-multi",
+               "rows": [{"source": r.source, "size": r.size, "gpus": r.gpus, "tp": r.tp, "pp": r.pp, "dp": r.dp,
+                         "micro_batch": r.micro_batch, "global_batch": r.global_batch, "measured_s": r.measured_s,
+                         "predicted_s": r.predicted_s, "pct_error": 100 * r.error} for r in results]}
+        print(json.dumps(out))
+    else:
+        print(format_report(label, results, summary))
+    return 0
+
+
+__all__ = ["DATASETS", "add_parser", "cmd_validate"]
