@@ -39,7 +39,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="proposals per round (default: --workers)")
     p.add_argument("--dask", default=None, metavar="ADDRESS", help="evaluate on a Dask cluster (scheduler address)")
     p.add_argument("--out", required=True, metavar="DIR", help="output and state directory")
-    p.add_argument("--resume", action="store_true", help="continue the sweep stored in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep stored in --out (same search arguments; bo also the same batch size)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
@@ -52,14 +53,16 @@ def _format(info: dict[str, Any]) -> str:
     keys = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
             "sequence_parallel", "zero_stage", "comm_priority", "partition")
     shown = ", ".join(f"{k}={plan.get(k)}" for k in keys if k in plan)
-    reasons = ", ".join(f"{k} {v}" for k, v in sorted(info["infeasible_by_reason"].items())) or "none"
+    by_reason = dict(info["infeasible_by_reason"])
+    rules = by_reason.pop("rules", 0)
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) or "none evaluated"
     return "\n".join([
         f"objective        {info['objective']}",
         f"best value       {info['best_value']:.6g}",
         f"best plan        {shown}",
         f"simulations      {info['evaluations']} ({info['evaluated_points']} points proposed, {info['reused']} from a previous run)",
         f"space            {info['space_size']} valid points",
-        f"infeasible       {info['infeasible']} ({reasons})",
+        f"infeasible       {info['infeasible']}: {rules} combinations filtered by the plan rules, {reasons}",
         f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)",
         f"outputs          {info['out']}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png",
     ])

@@ -72,17 +72,23 @@ def _plot_convergence(result: SweepResult, objective: Objective, path: Path) -> 
     import matplotlib.pyplot as plt
 
     xs, ys, best, sims = [], [], None, 0
+    each_x, each_y = [], []
     for r in result.records:
         sims += bool(r.get("simulated"))
-        if r["feasible"] and (best is None or objective.better(r["value"], best)):
-            best = r["value"]
+        if r["feasible"]:
+            each_x.append(sims)
+            each_y.append(r["value"])
+            if best is None or objective.better(r["value"], best):
+                best = r["value"]
         if best is not None and r.get("simulated"):
             xs.append(sims)
             ys.append(best)
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.step(xs, ys, where="post")
+    ax.scatter(each_x, each_y, s=8, color="0.6", label="feasible plan evaluated")
+    ax.step(xs, ys, where="post", label="best so far")
+    ax.legend(fontsize=8)
     ax.set_xlabel("simulations")
-    ax.set_ylabel(f"best {objective.name} ({objective.unit})")
+    ax.set_ylabel(f"{objective.name} ({objective.unit})")
     ax.set_title(f"convergence: {objective.describe()}", fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -46,6 +46,7 @@ class SweepConfig:
         workers: Parallel evaluations (local processes; 1 = in this process).
         dask: Address of a Dask scheduler; evaluations go there instead.
         batch_size: Proposals per round (default: ``workers``).
+        dask_timeout_s: How long to wait for the Dask scheduler before giving up.
     """
 
     optimizer: str = "bo"
@@ -56,6 +57,7 @@ class SweepConfig:
     workers: int = 2
     dask: str | None = None
     batch_size: int | None = None
+    dask_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -68,8 +70,18 @@ class SweepConfig:
             raise ContractError("--batch-size", None, f"--batch-size {self.batch_size} must be >= 1")
 
     def identity(self) -> dict[str, Any]:
-        """What must match to resume (the budget, workers and executor may change)."""
-        return {"optimizer": self.optimizer, "seed": self.seed, "surrogate": self.surrogate, "n_initial": self.n_initial}
+        """What must match to resume (the budget and the executor may change).
+
+        ``bo``'s proposals depend on how they were batched (a batch is chosen before its results
+        are known), so a resumed ``bo`` sweep must keep the batch size — ``--batch-size``, or
+        ``--workers`` when that is not given — to replay the same search; grid and random orders
+        do not depend on it.
+        """
+        out: dict[str, Any] = {"optimizer": self.optimizer, "seed": self.seed, "surrogate": self.surrogate,
+                               "n_initial": self.n_initial}
+        if self.optimizer == "bo":
+            out["batch_size"] = self.batch_size or self.workers
+        return out
 
 
 @dataclass
@@ -127,7 +139,7 @@ def open_executor(cfg: SweepConfig) -> tuple[cf.Executor, Callable[[], None]]:
         except ImportError:  # pragma: no cover - dask[distributed] is a dependency
             raise ContractError("--dask", None, "dask.distributed is not installed") from None
         try:
-            client = Client(cfg.dask, timeout=30)
+            client = Client(cfg.dask, timeout=cfg.dask_timeout_s)
         except OSError as e:
             raise ContractError("--dask", None, f"cannot reach the Dask scheduler at {cfg.dask}: {e}") from None
         ex = client.get_executor(pure=False)
@@ -196,7 +208,12 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
                 done[pending[fut]] = rec
                 if progress is not None:
                     sims = simulations + sum(1 for r in done.values() if r.get("simulated"))
-                    progress(sims, cfg.budget, best["value"] if best else None)
+                    shown = best["value"] if best else None
+                    for r in done.values():  # the best so far includes this batch's finished results
+                        ann = annotate(r, objective)
+                        if ann["feasible"] and (shown is None or objective.better(ann["value"], shown)):
+                            shown = ann["value"]
+                    progress(sims, cfg.budget, shown)
             batch_records = [annotate(done[j], objective) for j in range(len(batch))]
             for rec in batch_records:
                 rec["index"] = len(records)

@@ -1,0 +1,294 @@
+"""Sweeps end to end: the CLI's outputs, resuming a killed sweep, Dask, and "no feasible plan"."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from mindpipe.cli import main as mindpipe_main
+from traces.builtin import load_cluster, load_model, load_plan
+from traces.errors import ContractError
+from tuner.api import build_space, tune
+from tuner.evaluate import evaluate
+from tuner.objectives import Objective, parse_constraint
+from tuner.optimizers import RandomSearch
+from tuner.space import point_key
+from tuner.store import RECORDS_NAME
+from tuner.sweep import SweepConfig
+
+REPO = Path(__file__).resolve().parents[2]
+# A model that simulates in a few tens of milliseconds per plan on 8 A100s.
+SMALL = ('{"kind":"gpt","num_layers":8,"hidden_size":1024,"num_heads":16,"seq_len":512,"vocab_size":32000,'
+         '"name":"gpt-small"}')
+CLUSTER = "a100-sxm4-80gb:1x8"
+# 72 points: every mesh and micro-batch size, two recompute settings.
+NARROW = ["--fix", "schedule=1f1b", "--fix", "recompute=none,full", "--fix", "zero_stage=0",
+          "--fix", "comm_priority=fair", "--fix", "sequence_parallel=false"]
+NARROW_FIXES = [a for a in NARROW if a != "--fix"]
+
+
+def _png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def grid_sweep(tmp_path_factory):
+    """One grid sweep through the CLI (in process), shared by the output checks: (dir, code, stdout, stderr)."""
+    out = tmp_path_factory.mktemp("grid") / "sweep"
+    argv = ["tune", "--model", SMALL, "--cluster", CLUSTER, "--global-batch", "32", *NARROW, "--optimizer", "grid",
+            "--budget", "200", "--workers", "1", "--out", str(out), "--json"]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = mindpipe_main(argv)
+    return out, code, stdout.getvalue(), stderr.getvalue()
+
+
+def test_cli_grid_sweep_writes_every_output(grid_sweep, capsys):
+    out, code, stdout, stderr = grid_sweep
+    assert code == 0, stderr
+    summary = json.loads(stdout)  # one JSON object, nothing else on stdout
+    assert "simulations" in stderr  # the progress bar goes to stderr
+    for key in ("best_plan", "best_value", "evaluations", "infeasible"):
+        assert key in summary
+    space = build_space(load_model(SMALL), load_cluster(CLUSTER), 32, NARROW_FIXES, ["balanced"])
+    # grid evaluates the whole space
+    assert summary["evaluated_points"] == summary["space_size"] == space.size >= 20
+
+    csv = pd.read_csv(out / "evaluations.csv")
+    parquet = pd.read_parquet(out / "evaluations.parquet")
+    assert len(csv) == len(parquet) == space.size
+    assert list(csv.columns) == list(parquet.columns)
+    assert int(csv["simulated"].sum()) == summary["evaluations"]
+    # infeasible: evaluated and out of memory (or over a constraint) + filtered by the rules
+    assert int((~csv["feasible"]).sum()) + space.rejected_total == summary["infeasible"]
+    assert summary["infeasible_by_reason"].get("rules", 0) == space.rejected_total
+    feasible = csv[csv["feasible"]]
+    assert summary["best_value"] == pytest.approx(feasible["value"].max())
+
+    # The best plan is a Plan document with its partition; simulating it reproduces the value.
+    plan = load_plan(str(out / "best_plan.json"))
+    assert plan.partition is not None and sum(plan.partition) == 8 and len(plan.partition) == plan.num_stages
+    assert json.loads((out / "best_plan.json").read_text())["partition"] == summary["best_plan"]["partition"]
+    assert mindpipe_main(["simulate", "--model", SMALL, "--cluster", CLUSTER, "--plan", str(out / "best_plan.json"),
+                          "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["throughput_samples_per_s"] == pytest.approx(summary["best_value"], rel=1e-9)
+
+    # Pareto front: nothing feasible dominates a front row, and the fastest plan is on it.
+    front = pd.read_csv(out / "pareto.csv")
+    assert summary["pareto_points"] == len(front) >= 1
+    for _, r in front.iterrows():
+        dominated = feasible[(feasible["throughput_samples_per_s"] >= r["throughput_samples_per_s"])
+                             & (feasible["carbon_per_sample_g"] <= r["carbon_per_sample_g"])
+                             & ((feasible["throughput_samples_per_s"] > r["throughput_samples_per_s"])
+                                | (feasible["carbon_per_sample_g"] < r["carbon_per_sample_g"]))]
+        assert dominated.empty
+    assert front["throughput_samples_per_s"].max() == pytest.approx(feasible["throughput_samples_per_s"].max())
+    assert _png(out / "convergence.png") and _png(out / "pareto.png")
+
+
+@pytest.mark.parametrize("case", ["max-throughput-under-memory", "min-carbon-over-throughput"])
+def test_constrained_objective_respects_the_bound(grid_sweep, tmp_path, case):
+    """Constrained forms: the answer is the best plan of the grid's table that meets the bound."""
+    out, code, _, stderr = grid_sweep
+    assert code == 0, stderr
+    table = pd.read_csv(out / "evaluations.csv")
+    feasible = table[table["feasible"]]
+    fastest = feasible.loc[feasible["throughput_samples_per_s"].idxmax()]
+    if case == "max-throughput-under-memory":
+        bound = 0.99 * float(fastest["peak_memory_gib"])  # excludes the unconstrained optimum
+        objective = Objective("throughput", constraints=[parse_constraint(f"peak_memory<={bound!r}")])
+        allowed = feasible[feasible["peak_memory_gib"] <= bound]
+        expected = allowed["throughput_samples_per_s"].max()
+    else:
+        bound = float(feasible["throughput_samples_per_s"].median())
+        objective = Objective("carbon", constraints=[parse_constraint(f"throughput>={bound!r}")])
+        allowed = feasible[feasible["throughput_samples_per_s"] >= bound]
+        expected = allowed["carbon_per_sample_g"].min()
+    assert 0 < len(allowed) < len(feasible)
+    info = tune(SMALL, CLUSTER, out=tmp_path / "c", global_batch=32, fixes=NARROW_FIXES, objective=objective,
+                config=SweepConfig(optimizer="grid", budget=200, workers=1), plots=False).summary
+    assert info["best_value"] == pytest.approx(expected, rel=1e-12)
+    assert info["infeasible_by_reason"]["constraint"] == len(feasible) - len(allowed)
+
+
+class _Counting:
+    """Evaluator that records which points it was asked to evaluate."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def __call__(self, problem, point):
+        self.keys.append(point_key(point))
+        return evaluate(problem, point)
+
+
+def _read_keys(path: Path) -> list[str]:
+    keys = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a torn last line
+            keys.append(json.loads(line)["key"])
+    return keys
+
+
+def test_killed_sweep_resumes_without_re_evaluating(tmp_path):
+    out = tmp_path / "sweep"
+    budget, seed = 100, 3
+    # A wider space than NARROW (~200 points), so the kill lands long before the budget.
+    wide = ["--fix", "schedule=1f1b", "--fix", "zero_stage=0", "--fix", "comm_priority=fair"]
+    fixes = [a for a in wide if a != "--fix"]
+    args = ["--model", SMALL, "--cluster", CLUSTER, "--global-batch", "32", *wide, "--optimizer", "random",
+            "--seed", str(seed), "--budget", str(budget), "--workers", "1", "--no-plots", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "mindpipe.cli", "tune", *args, "--quiet"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    records = out / RECORDS_NAME
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if records.exists() and len(_read_keys(records)) >= 3:
+                break
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)  # mid-sweep, as a crash or a preempted node would
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
+    before = _read_keys(records)
+    assert 3 <= len(before) < budget
+    with records.open("a") as fh:  # a line torn by the kill is ignored on load
+        fh.write('{"key": "[8,1,1,')
+
+    # Without --resume the directory is refused; with other search settings it cannot resume.
+    assert mindpipe_main(["tune", *args, "--quiet"]) == 2
+    with pytest.raises(ContractError, match="seed"):
+        tune(SMALL, CLUSTER, out=out, global_batch=32, fixes=fixes, resume=True, plots=False,
+             config=SweepConfig(optimizer="random", seed=seed + 1, budget=budget, workers=1))
+
+    counting = _Counting()
+    outcome = tune(SMALL, CLUSTER, out=out, global_batch=32, fixes=fixes, resume=True, plots=False,
+                   config=SweepConfig(optimizer="random", seed=seed, budget=budget, workers=1), evaluator=counting)
+    assert not set(counting.keys) & set(before)  # nothing stored was evaluated again
+    assert outcome.result.reused == len(before)
+    keys = [r["key"] for r in outcome.result.records]
+    assert len(set(keys)) == len(keys) and keys[:len(before)] == before
+    assert sorted(counting.keys) == sorted(keys[len(before):])
+    # The resumed sweep is the uninterrupted one: the seeded random order, to the budget.
+    order = RandomSearch(outcome.space.size, seed).ask(len(keys))
+    assert keys == [point_key(outcome.space.points[i]) for i in order]
+    assert outcome.result.simulations == budget
+    assert _read_keys(records) == keys  # the store holds each evaluation once, torn line gone
+
+
+class _Interrupt(Exception):
+    pass
+
+
+class _DiesAfter:
+    """Evaluator that is "killed" (raises) when asked for its (n+1)-th evaluation."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, problem, point):
+        if self.n == 0:
+            raise _Interrupt
+        self.n -= 1
+        return evaluate(problem, point)
+
+
+def test_interrupted_bo_sweep_resumes_into_the_uninterrupted_search(tmp_path):
+    """BO's proposals depend on what it was told: a resumed sweep must replay them exactly."""
+    kwargs: dict[str, Any] = dict(global_batch=32, fixes=NARROW_FIXES, plots=False,
+                  config=SweepConfig(optimizer="bo", seed=5, budget=10, n_initial=4, workers=1))
+    whole = tune(SMALL, CLUSTER, out=tmp_path / "whole", **kwargs)
+    with pytest.raises(_Interrupt):
+        tune(SMALL, CLUSTER, out=tmp_path / "cut", evaluator=_DiesAfter(6), **kwargs)
+    assert len(_read_keys(tmp_path / "cut" / RECORDS_NAME)) == 6
+    other_batch = dict(kwargs, config=SweepConfig(optimizer="bo", seed=5, budget=10, n_initial=4, workers=1,
+                                                  batch_size=2))
+    with pytest.raises(ContractError, match="batch_size"):  # another batching would be another search
+        tune(SMALL, CLUSTER, out=tmp_path / "cut", resume=True, **other_batch)
+    counting = _Counting()
+    resumed = tune(SMALL, CLUSTER, out=tmp_path / "cut", resume=True, evaluator=counting, **kwargs)
+    keys = [r["key"] for r in resumed.result.records]
+    assert keys == [r["key"] for r in whole.result.records]
+    assert counting.keys == keys[6:] and resumed.result.reused == 6
+    assert resumed.summary["best_plan"] == whole.summary["best_plan"]
+
+
+def _on_worker(problem, point):
+    """Evaluate and note which Dask worker ran it."""
+    from distributed import get_worker
+
+    rec = evaluate(problem, point)
+    rec["message"] = get_worker().address
+    return rec
+
+
+def test_dask_local_cluster_sweep_matches_local(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    cfg: dict[str, Any] = dict(optimizer="random", seed=1, budget=6, workers=1)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc:
+        worker = next(iter(lc.workers.values())).address
+        remote = tune(SMALL, CLUSTER, out=tmp_path / "dask", global_batch=32, fixes=NARROW_FIXES, plots=False,
+                      config=SweepConfig(**cfg, dask=lc.scheduler_address), evaluator=_on_worker)
+    local = tune(SMALL, CLUSTER, out=tmp_path / "local", global_batch=32, fixes=NARROW_FIXES, plots=False,
+                 config=SweepConfig(**cfg))
+    assert {r["message"] for r in remote.result.records} == {worker}  # every evaluation ran on the Dask worker
+    assert [r["key"] for r in remote.result.records] == [r["key"] for r in local.result.records]
+    assert [r["value"] for r in remote.result.records] == [r["value"] for r in local.result.records]
+    assert remote.summary["best_plan"] == local.summary["best_plan"]
+
+
+def test_local_process_pool_sweep_matches_inline(tmp_path):
+    """The default executor (spawned local processes) returns what one in-process worker does."""
+    cfg: dict[str, Any] = dict(optimizer="random", seed=2, budget=6)
+    pooled = tune(SMALL, CLUSTER, out=tmp_path / "pool", global_batch=32, fixes=NARROW_FIXES, plots=False,
+                  config=SweepConfig(**cfg, workers=2))
+    inline = tune(SMALL, CLUSTER, out=tmp_path / "inline", global_batch=32, fixes=NARROW_FIXES, plots=False,
+                  config=SweepConfig(**cfg, workers=1))
+    assert [r["key"] for r in pooled.result.records] == [r["key"] for r in inline.result.records]
+    assert [r["value"] for r in pooled.result.records] == [r["value"] for r in inline.result.records]
+    assert pooled.summary["evaluations"] == inline.summary["evaluations"] == 6
+
+
+def test_unreachable_dask_scheduler_is_a_clear_error(tmp_path):
+    pytest.importorskip("distributed")
+    with pytest.raises(ContractError, match="cannot reach the Dask scheduler"):
+        tune(SMALL, CLUSTER, out=tmp_path / "x", global_batch=32, fixes=NARROW_FIXES, plots=False,
+             config=SweepConfig(optimizer="random", budget=2, workers=1, dask="tcp://127.0.0.1:9", dask_timeout_s=2))
+
+
+def test_no_plan_passes_the_rules_exit_2(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "mindpipe.cli", "tune", "--model", SMALL, "--cluster", CLUSTER,
+                          "--fix", "tp=3", "--out", str(tmp_path / "o"), "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert res.returncode == 2
+    assert res.stdout == ""
+    assert "no feasible plan" in res.stderr and "tp" in res.stderr and "Relax --fix" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_no_plan_fits_in_memory_exit_2(tmp_path, capsys):
+    out = tmp_path / "o"
+    # 175B parameters on 8 GPUs cannot hold their model states: every plan is out of memory.
+    code = mindpipe_main(["tune", "--model", "gpt3-175b", "--cluster", CLUSTER, "--global-batch", "64",
+                          "--fix", "tp=8", "--fix", "schedule=1f1b", "--fix", "zero_stage=0,3", "--optimizer", "bo",
+                          "--budget", "10", "--workers", "1", "--out", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert "no feasible plan among the" in captured.err and "out_of_memory" in captured.err
+    table = pd.read_csv(out / "evaluations.csv")  # what was tried is still written, and counted
+    assert len(table) > 0 and (table["status"] == "out_of_memory").all() and not table["simulated"].any()
+    assert not (out / "best_plan.json").exists()
