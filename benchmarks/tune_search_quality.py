@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ class CachedEvaluator:
                 "metrics": metrics, "message": "", "eval_s": 0.0}
 
 
-def evals_to_target(records: list[dict[str, Any]], target: float) -> int | None:
+def evals_to_target(records: Iterable[dict[str, Any]], target: float) -> int | None:
     """Simulations spent until the first feasible plan with value ≥ target (None if never)."""
     sims = 0
     for r in records:
@@ -149,12 +150,7 @@ def random_evals_to_target(space: SearchSpace, cache: dict[str, Any], seed: int,
     evaluator, objective = CachedEvaluator(cache), Objective("throughput")
     order = RandomSearch(space.size, seed).ask(space.size)
     records = (annotate(evaluator(None, space.points[i]), objective) for i in order)  # type: ignore[arg-type]
-    sims = 0
-    for r in records:
-        sims += bool(r.get("simulated"))
-        if r["feasible"] and r["value"] >= target:
-            return sims
-    return None
+    return evals_to_target(records, target)
 
 
 def load_or_build_cache(space: SearchSpace, work: Path, workers: int) -> dict[str, Any]:
