@@ -81,8 +81,9 @@ def write_gantt(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], 
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.6 * max(len(ranks), 1)))
     draw_gantt(ax, events, title)
     cats = sorted({e.get("category", "F") for e in events})
-    ax.legend(handles=[Patch(color=COLORS.get(c, "#999999"), label=c) for c in cats], loc="upper right",
-              fontsize="small", ncol=len(cats))
+    # Outside the axes, under the time axis: inside it would hide the last actions of rank 0.
+    ax.legend(handles=[Patch(color=COLORS.get(c, "#999999"), label=c) for c in cats], loc="upper center",
+              bbox_to_anchor=(0.5, -0.12 - 0.3 / max(len(ranks), 1)), fontsize="small", ncol=len(cats), frameon=False)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
