@@ -30,7 +30,8 @@ Mark = Any  # float seconds (CPU) or torch.cuda.Event
 class Spans:
     """Raw intervals of one rank, JSON-friendly (gathered to rank 0 at the end)."""
 
-    actions: list[tuple[int, int, int, str, float, float]] = field(default_factory=list)  # step, stage, mb, kind, t0, t1
+    # step, stage, mb, kind, t0, t1, process CPU seconds during the action (None on GPUs)
+    actions: list[tuple[int, int, int, str, float, float, float | None]] = field(default_factory=list)
     comms: list[tuple[int, str, str, str, float, float, int | None, int | None]] = field(default_factory=list)
     # comms: step, kind, axis, op, t0, t1, bytes, group size
     optimizer: list[tuple[int, float, float]] = field(default_factory=list)
@@ -85,7 +86,8 @@ class Recorder:
         for what, fields, t0, t1 in self._pending:
             a, b = self._seconds(t0), self._seconds(t1)
             if what == "action":
-                self.spans.actions.append((self.step, *fields, a, b))
+                *head, cpu = fields
+                self.spans.actions.append((self.step, *head, a, b, cpu))
             elif what == "comm":
                 self.spans.comms.append((self.step, fields[0], fields[1], fields[2], a, b, *fields[3:]))
             else:
@@ -112,6 +114,16 @@ class Recorder:
         do_wait()
         self._add("comm", ("p2p_wait", "pp", "wait", None, None), t0, self.now())
 
+    def _cpu(self) -> float | None:
+        # Process CPU time: on a CPU rank, the work an action got, whatever else shared the cores
+        # (calibration's measure of what the action would take alone). Meaningless on GPUs.
+        return None if self.cuda else time.process_time()
+
+    def _action(self, stage: int, mb: int, kind: str, t0: Mark, c0: float | None) -> None:
+        c1 = self._cpu()
+        cpu = None if c0 is None or c1 is None else c1 - c0
+        self._add("action", (stage, mb, kind, cpu), t0, self.now())
+
     def wrap_stage(self, stage: Any) -> None:
         """Replace the stage instance's F/B/I/W and gradient-reduction methods with timed ones."""
         s = stage.stage_index
@@ -119,20 +131,20 @@ class Recorder:
                               stage.perform_reduce_grad)
 
         def forward_one_chunk(mb: int, *args: Any, **kwargs: Any) -> Any:
-            t0 = self.now()
+            t0, c0 = self.now(), self._cpu()
             out = fwd(mb, *args, **kwargs)
-            self._add("action", (s, mb, "F"), t0, self.now())
+            self._action(s, mb, "F", t0, c0)
             return out
 
         def backward_one_chunk(mb: int, loss: Any = None, full_backward: bool = True, last_backward: bool = False) -> None:
-            t0 = self.now()
+            t0, c0 = self.now(), self._cpu()
             bwd(mb, loss=loss, full_backward=full_backward, last_backward=last_backward)
-            self._add("action", (s, mb, "B" if full_backward else "I"), t0, self.now())
+            self._action(s, mb, "B" if full_backward else "I", t0, c0)
 
         def backward_weight_one_chunk(mb: int, last_backward: bool = False) -> None:
-            t0 = self.now()
+            t0, c0 = self.now(), self._cpu()
             bww(mb, last_backward=last_backward)
-            self._add("action", (s, mb, "W"), t0, self.now())
+            self._action(s, mb, "W", t0, c0)
 
         def perform_reduce_grad(grad_scale_factor: int) -> None:
             t0 = self.now()

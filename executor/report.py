@@ -44,7 +44,7 @@ def _stage_times(payloads: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
     """Median F/B/I/W duration per stage over the measured steps and all replicas."""
     samples: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for p in payloads:
-        for step, stage, _mb, kind, t0, t1 in p["spans"]["actions"]:
+        for step, stage, _mb, kind, t0, t1, _cpu in p["spans"]["actions"]:
             if step >= p["first_measured"]:
                 samples[stage][kind].append(t1 - t0)
     return {s: {k: _median(v) for k, v in kinds.items()} for s, kinds in samples.items()}
@@ -86,7 +86,7 @@ def _timeline(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for p in payloads:
         r = p["rank"]
-        for step, stage, mb, kind, t0, t1 in p["spans"]["actions"]:
+        for step, stage, mb, kind, t0, t1, _cpu in p["spans"]["actions"]:
             events.append({"rank": r, "thread": "compute", "name": f"{kind}{mb} stage {stage}", "start_s": t0,
                            "end_s": t1, "category": kind, "step": step})
         for step, t0, t1 in p["spans"]["optimizer"]:
@@ -111,7 +111,7 @@ def _energy(cfg: RunConfig, payloads: list[dict[str, Any]], spec: DeviceSpec | N
     total = 0.0
     for ranks in per_host.values():
         if ranks[0]["memory_source"] == "cuda_allocator":  # GPUs without counters: busy power while computing
-            busy = [sum(t1 - t0 for *_, t0, t1 in r["spans"]["actions"]) / max(1, len(r["spans"]["steps"])) for r in ranks]
+            busy = [sum(t1 - t0 for *_, t0, t1, _cpu in r["spans"]["actions"]) / max(1, len(r["spans"]["steps"])) for r in ranks]
             total += sum(power.idle_power_W * iteration_s + (power.max_power_W - power.idle_power_W) * min(b, iteration_s)
                          for b in busy)
             continue
@@ -148,7 +148,7 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[dict[str, Any]], b
     ranks, actions, comms = [], [], []
     for p in payloads:
         sp = p["spans"]
-        per = [(s, t1 - t0) for s, *_, t0, t1 in sp["actions"] if s >= first_measured]
+        per = [(s, t1 - t0) for s, *_, t0, t1, _cpu in sp["actions"] if s >= first_measured]
 
         def total(rows: list[Any], kind: str | None = None) -> float:
             return sum(r[5] - r[4] for r in rows if r[0] >= first_measured and (kind is None or r[1] == kind)) / n_steps
@@ -161,7 +161,8 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[dict[str, Any]], b
             peak_memory_bytes=p["peak_memory"], memory_source=p["memory_source"], cpu_time_s=p["cpu_s"] / n_steps,
             energy_j=None if p["energy_j"] is None else p["energy_j"] / n_steps,
         ))
-        actions += [ActionRecord(p["rank"], step, stage, mb, kind, t0, t1 - t0) for step, stage, mb, kind, t0, t1 in sp["actions"]]
+        actions += [ActionRecord(p["rank"], step, stage, mb, kind, t0, t1 - t0, cpu)
+                    for step, stage, mb, kind, t0, t1, cpu in sp["actions"]]
         comms += [CommEvent(p["rank"], step, kind, axis, op, t0, t1 - t0, size, group)
                   for step, kind, axis, op, t0, t1, size, group in sp["comms"]]
     measurement = Measurement(
@@ -174,6 +175,7 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[dict[str, Any]], b
         mfu=flops / (iteration_s * peak * devices) if iteration_s and peak else 0.0,
         energy_j_per_iteration=energy, energy_source=energy_source, energy_notes=energy_notes, layer_times=LAYER_TIMES,
         actions=actions, comms=comms, ranks=ranks, timeline_file=timeline_file,
+        cpus_per_node=payloads[0]["cpu_count"],
     )
     layers, split = layer_records(cfg, payloads, spec or get_device("cpu"))
     notes = [f"measured with mindpipe run: {plan.world_size} ranks, schedule {plan.schedule} ({pre.schedule_source})"]

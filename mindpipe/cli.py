@@ -120,6 +120,12 @@ def _format_result(result: Any) -> str:
         f"energy                {result.energy_j:.6g} J per iteration (facility)",
         f"carbon                {result.carbon_gco2:.6g} gCO2eq per iteration ({e.get('carbon_intensity_g_per_kwh'):.0f} g/kWh)",
     ]
+    if "calibration" in e:
+        cal = e["calibration"]
+        lines.append("calibrated             " + "; ".join(
+            [f"step overhead {cal['step_overhead_s']:.4g} s"]
+            + ([f"{cal['cores_per_rank_slots']:g} ranks at full speed per host"] if cal["cores_per_rank_slots"] else [])
+            + cal["notes"]))
     if "warning" in e:
         lines.append(f"warning: {e['warning']}")
     return "\n".join(lines)
@@ -144,6 +150,10 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         trace = _load_trace_arg(args.trace)
         trace.check_model(model, source=args.trace)
         opts.trace = trace
+    if args.calibration:
+        from traces.calibration import load_calibration
+
+        opts.calibration = load_calibration(args.calibration)
     if args.carbon_csv:
         when = dt.datetime.fromisoformat(args.start) if args.start else None
         if when is None:
@@ -218,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--cluster", required=True, help="cluster JSON file, inline JSON, DEVICE or DEVICE:NODESxPER_NODE")
     sim.add_argument("--plan", required=True, help="plan JSON file or inline JSON")
     sim.add_argument("--trace", default=None, help="per-layer trace to use instead of the hardware model")
+    sim.add_argument("--calibration", default=None, metavar="FILE",
+                     help="constants fitted from measured runs (mindpipe calibrate)")
     sim.add_argument("--timeline", default=None, metavar="FILE", help="write a Chrome trace (Perfetto) of the iteration")
     sim.add_argument("--gantt", default=None, metavar="FILE.png", help="write a Gantt chart of the iteration")
     sim.add_argument("--action-table", default=None, metavar="FILE.csv",
@@ -233,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     from simulator.perf.cli import add_parser as add_validate_parser  # handler in simulator/perf (torch-free)
 
     add_validate_parser(sub)
+    from simulator.calibrate.cli import add_parser as add_calibrate_parser  # torch-free
+
+    add_calibrate_parser(sub)
+    from mindpipe.loop import add_parser as add_demo_parser  # torch only once it runs
+
+    add_demo_parser(sub)
 
     from executor.config import add_run_arguments  # torch-free
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.build import build_work
+from simulator.calibrate.models import apply_calibration
 from simulator.costs import (
     DTYPE_BYTES,
     AlphaBetaCommModel,
@@ -28,6 +29,7 @@ from simulator.ops import model_flops_per_iteration
 from simulator.perf import default_models as gpu_default_models
 from simulator.schedules import build_schedule
 from simulator.topology import Topology
+from traces.calibration import Calibration
 from traces.catalog import DeviceSpec, get_device
 from traces.config import Cluster, Model, Plan, check_plan, stage_layers
 from traces.result import SimulationResult
@@ -46,9 +48,13 @@ class SimulationOptions:
         comm: A communication model (default: the device's fitted or α-β model).
         timeline: Return every compute action and transfer in ``result.timeline``.
         cores_per_rank_slots: CPU ranks sharing cores (see EngineOptions); from calibration.
+        step_overhead_s: Host time per iteration outside the schedule (see EngineOptions).
         hourly_intensity: An Electricity Maps hourly series and the start time of the iteration,
             instead of the region's annual mean.
         catalog: A device catalog to look the cluster's device up in (default: shipped).
+        calibration: Constants fitted from measured runs (``mindpipe calibrate``): calibrated
+            compute (unless ``compute`` or ``trace`` is given) and communication (unless ``comm``
+            is given), CPU core sharing and the per-iteration overhead.
     """
 
     trace: Trace | None = None
@@ -56,8 +62,10 @@ class SimulationOptions:
     comm: CommModel | None = None
     timeline: bool = False
     cores_per_rank_slots: float | None = None
+    step_overhead_s: float = 0.0
     hourly_intensity: tuple[list[tuple[dt.datetime, float]], dt.datetime] | None = None
     catalog: dict[str, DeviceSpec] | None = None
+    calibration: Calibration | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -83,6 +91,17 @@ def simulate(model: Model, cluster: Cluster, plan: Plan, options: SimulationOpti
     check_plan(plan, model, cluster)
     device = get_device(cluster.gpu, opts.catalog)
     hw_compute, hw_comm = default_models(device, cluster)
+    slots, overhead = opts.cores_per_rank_slots, opts.step_overhead_s
+    notes: list[str] = []
+    if opts.calibration is not None:
+        applied = apply_calibration(opts.calibration, device, cluster, hw_compute, hw_comm)
+        if device.name in opts.calibration.devices and plan.precision not in opts.calibration.devices[device.name].compute:
+            applied.notes.append(f"no compute calibration for {device.name} at {plan.precision}; uncalibrated compute")
+        cluster, notes = applied.cluster, applied.notes
+        hw_compute = applied.compute or hw_compute
+        hw_comm = applied.comm or hw_comm
+        slots = slots if slots is not None else applied.cores_per_rank_slots
+        overhead = overhead or applied.step_overhead_s
     compute: ComputeModel
     if opts.compute is not None:
         compute = opts.compute
@@ -100,17 +119,22 @@ def simulate(model: Model, cluster: Cluster, plan: Plan, options: SimulationOpti
                                                swap_bytes_per_block=lambda: swap_bytes)
 
     def factory(env):
-        net = FluidNetwork(env, _capacity(topo, opts.cores_per_rank_slots))
+        net = FluidNetwork(env, _capacity(topo, slots))
         return net, Transfers(env, net, topo, comm)
 
     eng_opts = EngineOptions(
         overlap_grad_reduce=plan.overlap_grad_reduce,
         pp_first=plan.comm_priority == "pp_first",
-        cores_per_rank_slots=opts.cores_per_rank_slots,
+        cores_per_rank_slots=slots,
+        step_overhead_s=overhead,
         record=opts.timeline,
     )
     res = Engine(schedule, stages, ranks, factory, eng_opts).run()
-    return _result(model, cluster, plan, device, schedule, res, params_by_rank, compute, opts)
+    result = _result(model, cluster, plan, device, schedule, res, params_by_rank, compute, opts)
+    if opts.calibration is not None:
+        result.extra["calibration"] = {"applied": True, "notes": notes, "cores_per_rank_slots": slots,
+                                       "step_overhead_s": overhead}
+    return result
 
 
 def _capacity(topo: Topology, slots: float | None):

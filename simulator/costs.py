@@ -11,7 +11,7 @@ Units: seconds, bytes; everything is for one micro-batch on one device (one tens
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -134,6 +134,32 @@ def boundary_bytes(model: Model, plan: Plan, seq_len: int | None = None) -> int:
     return full // plan.tp if plan.sequence_parallel else full
 
 
+def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tuple[float, float, float, float]],
+                   flash_attention: bool = False) -> list[LayerCost]:
+    """Per-layer costs of a model priced operator by operator (shared by the op-level models).
+
+    ``price(ops)`` returns the (forward, input-gradient, weight-gradient, attention-core forward)
+    seconds of one layer's operators (:mod:`simulator.ops`); this function adds the layer
+    structure, the TP collectives, the pipeline boundary bytes and the parameters.
+    """
+    d = DTYPE_BYTES[plan.precision]
+    b, s, t, sp = plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel
+    fwd_comm, bwd_comm = tp_collectives(model, plan)
+    out_bytes = boundary_bytes(model, plan)
+    params = {name: n for name, _, n in layer_params(model, t)}
+    f, i, w, _ = price(embedding_ops(model, b, s, t, d))
+    layers = [LayerCost("embedding", "embedding", f, i, w, output_bytes=out_bytes, param_count=params["embedding"])]
+    f, i, w, core = price(block_ops(model, b, s, t, sp, d, flash_attention=flash_attention))
+    for k in range(model.num_layers):
+        name = f"block.{k}"
+        layers.append(LayerCost(name, "block", f, i, w, core, list(fwd_comm), list(bwd_comm), out_bytes, params[name]))
+    f, i, w, _ = price(final_norm_ops(model, b, s, t, sp, d))
+    layers.append(LayerCost("final_norm", "final_norm", f, i, w, output_bytes=out_bytes, param_count=params["final_norm"]))
+    f, i, w, _ = price(lm_head_ops(model, b, s, t, d))
+    layers.append(LayerCost("lm_head", "lm_head", f, i, w, output_bytes=0, param_count=params["lm_head"]))
+    return layers
+
+
 # -- roofline compute model ---------------------------------------------------------------------
 
 
@@ -174,26 +200,8 @@ class RooflineComputeModel:
 
     def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
         """Per-layer roofline costs (see :class:`ComputeModel`)."""
-        d = DTYPE_BYTES[plan.precision]
-        b, s, t = plan.micro_batch_size, model.seq_len, plan.tp
         peak, bw = self._peak(plan), self.device.memory_bandwidth_GBps * 1e9 * self.bandwidth_efficiency
-        fwd_comm, bwd_comm = tp_collectives(model, plan)
-        out_bytes = boundary_bytes(model, plan)
-        params = {name: n for name, _, n in layer_params(model, t)}
-        layers: list[LayerCost] = []
-        f, i, w, _ = roofline_time(embedding_ops(model, b, s, t, d), peak, bw)
-        layers.append(LayerCost("embedding", "embedding", f, i, w, output_bytes=out_bytes, param_count=params["embedding"]))
-        f, i, w, core = roofline_time(block_ops(model, b, s, t, plan.sequence_parallel, d), peak, bw)
-        for k in range(model.num_layers):
-            name = f"block.{k}"
-            layers.append(
-                LayerCost(name, "block", f, i, w, core, list(fwd_comm), list(bwd_comm), out_bytes, params[name])
-            )
-        f, i, w, _ = roofline_time(final_norm_ops(model, b, s, t, plan.sequence_parallel, d), peak, bw)
-        layers.append(LayerCost("final_norm", "final_norm", f, i, w, output_bytes=out_bytes, param_count=params["final_norm"]))
-        f, i, w, _ = roofline_time(lm_head_ops(model, b, s, t, d), peak, bw)
-        layers.append(LayerCost("lm_head", "lm_head", f, i, w, output_bytes=0, param_count=params["lm_head"]))
-        return layers
+        return op_layer_costs(model, plan, lambda ops: roofline_time(ops, peak, bw))
 
     def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
         """Adam is memory-bound: bytes per parameter over the achieved bandwidth."""
@@ -334,6 +342,7 @@ __all__ = [
     "TraceComputeModel",
     "boundary_bytes",
     "layer_params",
+    "op_layer_costs",
     "roofline_time",
     "tp_collectives",
 ]

@@ -77,12 +77,15 @@ class EngineOptions:
         pp_first: Pipeline p2p traffic has priority over other traffic on shared links.
         cores_per_rank_slots: For CPU ranks sharing cores: how many ranks a node's cores run at
             full speed at once (cores / threads per rank); None means dedicated devices.
+        step_overhead_s: Host time per iteration outside the schedule and the optimizer (framework
+            bookkeeping, data, loss reduction); calibration fits it, hardware models leave it 0.
         record: Keep a timeline of every compute action and transfer.
     """
 
     overlap_grad_reduce: bool = True
     pp_first: bool = False
     cores_per_rank_slots: float | None = None
+    step_overhead_s: float = 0.0
     record: bool = False
 
 
@@ -171,8 +174,9 @@ class Engine:
         if self.opt.cores_per_rank_slots is None:
             return self.env.timeout(seconds)
         ev = self.env.event()
-        node = self.tr.topo.node(self.tr.topo.rep(r))
-        self.net.start((("cores", node),), (1,), seconds, 1.0, 0, ev.succeed)
+        topo = self.tr.topo
+        # The rank's dp × tp replicas on the node compute the same work at the same time.
+        self.net.start((("cores", topo.node(topo.rep(r))),), (topo.replicas_on_node(r),), seconds, 1.0, 0, ev.succeed)
         return ev
 
     def _record(self, r: int, thread: str, name: str, start: float, end: float, cat: str) -> None:
@@ -330,6 +334,10 @@ class Engine:
             start = env.now
             yield self._transfer(phases)
             self._record(r, "comm", f"param-gather bucket {k}", start, env.now, "dp")
+        if self.opt.step_overhead_s > 0:
+            start = env.now
+            yield env.timeout(self.opt.step_overhead_s)
+            self._record(r, "compute", "step overhead", start, env.now, "overhead")
         self.end[r] = env.now
 
 

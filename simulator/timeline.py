@@ -16,7 +16,7 @@ from typing import Any
 THREADS = {"compute": 0, "comm": 1}
 COLORS = {
     "F": "#4C72B0", "B": "#DD8452", "I": "#DD8452", "W": "#55A868", "optimizer": "#8172B3",
-    "p2p": "#937860", "dp": "#C44E52", "tp": "#DA8BC3", "swap": "#8C8C8C",
+    "p2p": "#937860", "dp": "#C44E52", "tp": "#DA8BC3", "swap": "#8C8C8C", "overhead": "#BBBBBB",
 }
 
 
@@ -71,23 +71,30 @@ def draw_gantt(ax: Any, events: Sequence[dict[str, Any]], title: str = "") -> No
 
 def write_gantt(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], title: str = "") -> None:
     """Save a Gantt chart PNG of ``events`` (matplotlib, Agg backend)."""
+    write_gantts([(events, title)], path)
+
+
+def write_gantts(panels: Sequence[tuple[Sequence[dict[str, Any]], str]], path: str | os.PathLike[str]) -> None:
+    """Save Gantt charts stacked on one time axis (e.g. measured above simulated) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    ranks = {int(e["rank"]) for e in events}
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.6 * max(len(ranks), 1)))
-    draw_gantt(ax, events, title)
-    cats = sorted({e.get("category", "F") for e in events})
+    rows = [max(len({int(e["rank"]) for e in events}), 1) for events, _ in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, sum(1.0 + 0.6 * r for r in rows)), sharex=True,
+                             gridspec_kw={"height_ratios": rows}, squeeze=False)
+    for ax, (events, title) in zip(axes[:, 0], panels, strict=True):
+        draw_gantt(ax, events, title)
+    cats = sorted({e.get("category", "F") for events, _ in panels for e in events})
     # Outside the axes, under the time axis: inside it would hide the last actions of rank 0.
-    ax.legend(handles=[Patch(color=COLORS.get(c, "#999999"), label=c) for c in cats], loc="upper center",
-              bbox_to_anchor=(0.5, -0.12 - 0.3 / max(len(ranks), 1)), fontsize="small", ncol=len(cats), frameon=False)
+    axes[-1, 0].legend(handles=[Patch(color=COLORS.get(c, "#999999"), label=c) for c in cats], loc="upper center",
+                       bbox_to_anchor=(0.5, -0.12 - 0.3 / rows[-1]), fontsize="small", ncol=len(cats), frameon=False)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-__all__ = ["chrome_trace", "draw_gantt", "write_chrome_trace", "write_gantt"]
+__all__ = ["chrome_trace", "draw_gantt", "write_chrome_trace", "write_gantt", "write_gantts"]

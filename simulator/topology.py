@@ -102,6 +102,15 @@ class Topology:
         """The representative device of pipeline rank ``pp_rank`` (dp 0, tp 0)."""
         return self.global_rank(pp_rank)
 
+    def replicas_on_node(self, pp_rank: int) -> int:
+        """Devices of pipeline rank ``pp_rank`` (all its dp × tp replicas) on the representative's node.
+
+        They compute at the same time as the representative; on CPU ranks that share a node's
+        cores they take that many shares of them.
+        """
+        n0 = self.node(self.rep(pp_rank))
+        return sum(1 for _, _, g in self._members(pp_rank) if self.node(g) == n0)
+
     def _members(self, pp_rank: int) -> list[tuple[int, int, int]]:
         return [(d, t, self.global_rank(pp_rank, d, t)) for d in range(self.plan.dp) for t in range(self.plan.tp)]
 

@@ -63,7 +63,11 @@ class StepRecord:
 
 @dataclass
 class ActionRecord:
-    """One compute action of one rank: F, B (full backward), I (input grad) or W (weight grad)."""
+    """One compute action of one rank: F, B (full backward), I (input grad) or W (weight grad).
+
+    ``cpu_s`` is the process CPU time used during the action (CPU ranks): its work, whatever
+    else shared the cores; calibration fits compute to it.
+    """
 
     rank: int
     step: int
@@ -72,12 +76,14 @@ class ActionRecord:
     kind: str
     start_s: float
     duration_s: float
+    cpu_s: float | None = None
 
     def __post_init__(self) -> None:
         one_of("kind", self.kind, ACTION_KINDS)
         for key in ("rank", "stage", "microbatch"):
             non_negative(key, getattr(self, key))
         non_negative("duration_s", self.duration_s)
+        non_negative("cpu_s", self.cpu_s)
 
 
 @dataclass
@@ -164,6 +170,8 @@ class Measurement:
         backend, device_kind, device_name: ``gloo``/``nccl``; ``cpu``/``cuda``; the catalog
             device (``cpu``, ``h100-sxm5-80gb`` ...) or, if unknown, torch's device name.
         threads_per_rank: ``torch.get_num_threads()`` on each rank.
+        cpus_per_node: Logical CPUs of a host (``os.cpu_count()``); with ``threads_per_rank`` it
+            says how many ranks the cores run at full speed at once (calibration needs it on CPU).
         torch_version: The torch that ran.
         schedule_source: ``torch`` (torch's schedule class) or ``simulator`` (the simulator's
             action table loaded into torch's runtime).
@@ -212,6 +220,7 @@ class Measurement:
     comms: list[CommEvent] = field(default_factory=list)
     ranks: list[RankRecord] = field(default_factory=list)
     timeline_file: str | None = None
+    cpus_per_node: int | None = None
     format_version: int = MEASUREMENT_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -220,8 +229,8 @@ class Measurement:
         one_of("device_kind", self.device_kind, DEVICE_KINDS)
         one_of("energy_source", self.energy_source, ENERGY_SOURCES)
         one_of("schedule_source", self.schedule_source, ("torch", "simulator"))
-        for key in ("world_size", "nodes", "threads_per_rank", "devices_for_mfu"):
-            if getattr(self, key) < 1:
+        for key in ("world_size", "nodes", "threads_per_rank", "devices_for_mfu", "cpus_per_node"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ContractError("", key, f"{key}={getattr(self, key)} must be >= 1")
         if self.world_size != self.plan.world_size:
             raise ContractError(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from traces.builtin import load_cluster, load_model
+from traces.calibration import Calibration
 from traces.config import Cluster, Model
 from traces.errors import ContractError
 from traces.schema import to_dict
@@ -52,10 +53,12 @@ def default_global_batch(cluster: Cluster) -> int:
     return g
 
 
-def fingerprint(model: Model, cluster: Cluster, trace: Trace | None) -> str:
-    """Short hash identifying (model, cluster, trace)."""
-    blob = json.dumps([to_dict(model), to_dict(cluster), to_dict(trace) if trace is not None else None],
-                      sort_keys=True, default=str)
+def fingerprint(model: Model, cluster: Cluster, trace: Trace | None, calibration: Calibration | None = None) -> str:
+    """Short hash identifying (model, cluster, trace, calibration)."""
+    parts = [to_dict(model), to_dict(cluster), to_dict(trace) if trace is not None else None]
+    if calibration is not None:  # absent from older sweeps' identity, so they still resume
+        parts.append(to_dict(calibration))
+    blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -77,7 +80,8 @@ def build_space(model: Model, cluster: Cluster, global_batch: int | Sequence[int
 def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
          objective: Objective | str = "throughput", global_batch: int | Sequence[int] | str | None = None,
          fixes: dict[str, Any] | Sequence[str] | None = None, partitioners: Sequence[str] = ("balanced",),
-         trace: Trace | None = None, config: SweepConfig | None = None, resume: bool = False,
+         trace: Trace | None = None, calibration: Calibration | None = None,
+         config: SweepConfig | None = None, resume: bool = False,
          progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate) -> TuneOutcome:
     """Search for the best plan of ``model`` on ``cluster`` and write the outputs to ``out``.
 
@@ -90,6 +94,7 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
         fixes: Pinned plan keys: ``["tp=8", "recompute=full"]`` or a parsed dict.
         partitioners: Partitioners to try (``balanced``, ``pipedream``, ``even``).
         trace: Per-layer trace for the compute model (default: the hardware model).
+        calibration: Constants fitted from measured runs (``mindpipe calibrate``).
         config: Optimizer, budget, seed and parallelism.
         resume: Continue the sweep stored in ``out`` without re-evaluating what it holds.
         progress: Per-evaluation callback (e.g. :class:`tuner.progress.ProgressBar`).
@@ -107,9 +112,9 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
     space = build_space(model, cluster, global_batch, fixes, partitioners)
     if trace is not None:
         trace.check_model(model, source="trace")
-    fp = fingerprint(model, cluster, trace)
+    fp = fingerprint(model, cluster, trace, calibration)
     pinned = {k: v for k, v in space.fixes.items() if k in ("partition", "layer_memory_policy")}
-    problem = Problem(model, cluster, trace, pinned or None, fingerprint=fp)
+    problem = Problem(model, cluster, trace, pinned or None, fingerprint=fp, calibration=calibration)
     if not space.points:
         from tuner.sweep import no_plan_message
 

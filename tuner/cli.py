@@ -18,6 +18,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model JSON file, inline JSON or built-in name")
     p.add_argument("--cluster", required=True, help="cluster JSON file, inline JSON, DEVICE or DEVICE:NODESxPER_NODE")
     p.add_argument("--trace", default=None, help="per-layer trace for the compute model (file or shipped name)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="constants fitted from measured runs (mindpipe calibrate)")
     p.add_argument("--objective", default="throughput", choices=OBJECTIVES,
                    help="throughput (samples/s), energy or carbon per sample, or goodput (default throughput)")
     p.add_argument("--critical-batch", type=float, default=None, metavar="B",
@@ -84,6 +86,11 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         shipped = not Path(args.trace).exists() and args.trace in shipped_trace_names()
         trace = load_shipped_trace(args.trace) if shipped else Trace.load(args.trace)
+    calibration = None
+    if args.calibration:
+        from traces.calibration import load_calibration
+
+        calibration = load_calibration(args.calibration)
     objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint])
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
@@ -91,7 +98,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         outcome = tune(args.model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
                        fixes=args.fix, partitioners=[p.strip() for p in args.partitioner.split(",") if p.strip()],
-                       trace=trace, config=cfg, resume=args.resume, progress=bar, plots=not args.no_plots)
+                       trace=trace, calibration=calibration, config=cfg, resume=args.resume, progress=bar, plots=not args.no_plots)
     finally:
         if bar is not None:
             bar.close()

@@ -49,7 +49,8 @@ def evaluate(problem: Problem, point: Point) -> dict[str, Any]:
             record["message"] = (f"rank {worst.rank} needs {worst.total_bytes / 2**30:.1f} GiB of "
                                  f"{worst.capacity_bytes / 2**30:.1f} GiB")
         else:
-            result = simulate(problem.model, problem.cluster, mat.plan, SimulationOptions(trace=problem.trace))
+            result = simulate(problem.model, problem.cluster, mat.plan, SimulationOptions(trace=problem.trace,
+                                                                                        calibration=problem.calibration))
             record["simulated"] = True
             record["metrics"] = {k: getattr(result, k) for k in RESULT_FIELDS}
             record["metrics"]["exposed_dp_comm_s"] = result.extra.get("exposed_dp_comm_s")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.api import default_models
+from simulator.calibrate.models import apply_calibration
 from simulator.costs import DTYPE_BYTES, ComputeModel, LayerCost, TraceComputeModel, layer_params
 from simulator.memory import (
     GPU_RESERVED_BYTES,
@@ -24,6 +25,7 @@ from simulator.memory import (
     stage_memory,
 )
 from simulator.schedules import build_schedule
+from traces.calibration import Calibration
 from traces.catalog import DeviceSpec, get_device
 from traces.config import Cluster, Model, Plan
 from traces.errors import ContractError
@@ -45,6 +47,7 @@ class Problem:
         pinned: Plan list keys pinned by ``--fix`` (``partition``, ``layer_memory_policy``).
         memory_caps: Let the ``balanced`` partitioner cap blocks per stage by memory.
         fingerprint: Identity of (model, cluster, trace) for the workers' cost cache.
+        calibration: Constants fitted from measured runs (``mindpipe calibrate``), or None.
     """
 
     model: Model
@@ -53,6 +56,7 @@ class Problem:
     pinned: dict[str, list[Any]] | None = None
     memory_caps: bool = True
     fingerprint: str = ""
+    calibration: Calibration | None = None
 
     @property
     def device(self) -> DeviceSpec:
@@ -61,7 +65,9 @@ class Problem:
 
     def compute_model(self) -> ComputeModel:
         """The compute model :func:`simulator.api.simulate` uses for this problem."""
-        hw, _ = default_models(self.device)
+        hw, comm = default_models(self.device, self.cluster)
+        if self.calibration is not None:
+            hw = apply_calibration(self.calibration, self.device, self.cluster, hw, comm).compute or hw
         return TraceComputeModel(self.trace, fallback=hw) if self.trace is not None else hw
 
 

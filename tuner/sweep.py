@@ -8,8 +8,9 @@ searcher in ask order — so the sequence of proposals depends only on the seed 
 never on which worker finished first. That is what makes resuming exact: a resumed sweep replays
 the same search and takes results already in the store instead of evaluating them again.
 
-``budget`` counts simulations (evaluations that ran the event simulator); points rejected by the
-memory check before simulating cost no budget but are counted as infeasible.
+``budget`` counts simulations (evaluations that ran the event simulator, or tried to and failed
+with an error — a simulator bug must not let a sweep run through its whole space); points
+rejected by the memory check before simulating cost no budget but are counted as infeasible.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traces.errors import ContractError
-from tuner.evaluate import OK, evaluate
+from tuner.evaluate import ERROR, OK, evaluate
 from tuner.materialize import Problem
 from tuner.objectives import Objective
 from tuner.optimizers import OPTIMIZERS, make_searcher
@@ -207,7 +208,7 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
                 store.add(rec)
                 done[pending[fut]] = rec
                 if progress is not None:
-                    sims = simulations + sum(1 for r in done.values() if r.get("simulated"))
+                    sims = simulations + sum(1 for r in done.values() if _costs_budget(r))
                     shown = best["value"] if best else None
                     for r in done.values():  # the best so far includes this batch's finished results
                         ann = annotate(r, objective)
@@ -218,7 +219,7 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
             for rec in batch_records:
                 rec["index"] = len(records)
                 records.append(rec)
-                simulations += bool(rec.get("simulated"))
+                simulations += _costs_budget(rec)
                 if rec["feasible"] and (best is None or objective.better(rec["value"], best["value"])):
                     best = rec
             searcher.tell(batch, [r["loss"] for r in batch_records])
@@ -226,6 +227,11 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
         close()
     infeasible = Counter(r["reason"] for r in records if not r["feasible"])
     return SweepResult(records, best, simulations, reused, infeasible)
+
+
+def _costs_budget(record: dict[str, Any]) -> bool:
+    """Whether an evaluation counts against the budget (see module docstring)."""
+    return bool(record.get("simulated")) or record.get("status") == ERROR
 
 
 def no_plan_message(space: SearchSpace) -> str:

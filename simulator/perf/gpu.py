@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from simulator.costs import DTYPE_BYTES, LayerCost, boundary_bytes, layer_params, tp_collectives
-from simulator.ops import Op, block_ops, embedding_ops, final_norm_ops, lm_head_ops
+from simulator.costs import DTYPE_BYTES, LayerCost, op_layer_costs
+from simulator.ops import Op
 from simulator.perf.constants import GpuConstants, facts_for, shipped_constants
 from simulator.perf.kernels import KernelParams, flash_s, gemm_s, memory_s
 from traces.catalog import DeviceSpec
@@ -130,27 +130,12 @@ class GpuComputeModel:
 
     def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
         """Per-layer costs in pipeline order (embedding, blocks…, final_norm, lm_head)."""
-        d = DTYPE_BYTES[plan.precision]
-        b, s, t, sp = plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel
-        fwd_comm, bwd_comm = tp_collectives(model, plan)
-        out_bytes = boundary_bytes(model, plan)
-        params = {name: n for name, _, n in layer_params(model, t)}
-        pt = self.phase_times
-        emb = pt(embedding_ops(model, b, s, t, d), plan.precision)
-        blk = pt(block_ops(model, b, s, t, sp, d, flash_attention=self.flash_attention), plan.precision)
-        fin = pt(final_norm_ops(model, b, s, t, sp, d), plan.precision)
-        head = pt(lm_head_ops(model, b, s, t, d), plan.precision)
-        layers = [LayerCost("embedding", "embedding", emb.forward_s, emb.backward_input_s, emb.backward_weight_s,
-                            output_bytes=out_bytes, param_count=params["embedding"])]
-        for k in range(model.num_layers):
-            name = f"block.{k}"
-            layers.append(LayerCost(name, "block", blk.forward_s, blk.backward_input_s, blk.backward_weight_s,
-                                    blk.attention_core_s, list(fwd_comm), list(bwd_comm), out_bytes, params[name]))
-        layers.append(LayerCost("final_norm", "final_norm", fin.forward_s, fin.backward_input_s, fin.backward_weight_s,
-                                output_bytes=out_bytes, param_count=params["final_norm"]))
-        layers.append(LayerCost("lm_head", "lm_head", head.forward_s, head.backward_input_s, head.backward_weight_s,
-                                output_bytes=0, param_count=params["lm_head"]))
-        return layers
+
+        def price(ops: Sequence[Op]) -> tuple[float, float, float, float]:
+            pt = self.phase_times(ops, plan.precision)
+            return pt.forward_s, pt.backward_input_s, pt.backward_weight_s, pt.attention_core_s
+
+        return op_layer_costs(model, plan, price, flash_attention=self.flash_attention)
 
     def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
         """Mixed-precision Adam: memory-bound over the optimizer's bytes per parameter."""

@@ -292,3 +292,18 @@ def test_no_plan_fits_in_memory_exit_2(tmp_path, capsys):
     table = pd.read_csv(out / "evaluations.csv")  # what was tried is still written, and counted
     assert len(table) > 0 and (table["status"] == "out_of_memory").all() and not table["simulated"].any()
     assert not (out / "best_plan.json").exists()
+
+
+def _always_fails(problem: Any, point: Any) -> dict[str, Any]:
+    """An evaluator whose simulator is broken: every evaluation ends in an error record."""
+    return {"key": point_key(point), "point": dict(point), "plan": None, "status": "error", "simulated": False,
+            "metrics": {}, "message": "RuntimeError: simulator bug", "eval_s": 0.0}
+
+
+def test_failing_evaluations_count_against_the_budget(tmp_path):
+    """A systematic simulator error stops the sweep at its budget instead of running the whole space."""
+    from tuner.api import NoFeasiblePlan
+
+    with pytest.raises(NoFeasiblePlan, match="error: 7"):
+        tune(SMALL, CLUSTER, out=tmp_path / "t", global_batch=32, plots=False,
+             config=SweepConfig(optimizer="random", budget=7, workers=1), evaluator=_always_fails)

@@ -1,0 +1,124 @@
+"""What the calibrated model needs to explain each measured compute action, and what it really took.
+
+**Features.** A measured action (F, B, I or W of one virtual stage for one micro-batch) runs the
+operators of its stage's layers (:mod:`simulator.ops`). Under the calibrated model its time is
+linear in the constants: ``Σ_kind scale_kind · Σ t_ref(op of kind) + op_overhead · #ops`` (plus
+``tp_op_overhead · #ops + tp_comm_cpu · bytes`` when the layers are tensor-parallel). So an
+action's feature vector is its per-kind reference time, its operator count (twice: all, and
+tensor-parallel) and the bytes it sends in tensor-parallel collectives; the layer
+structure, recompute and stage assignment come from the same functions the simulator uses.
+
+**Core sharing.** On a CPU host, ranks share ``cpus`` cores and each runs ``threads`` threads:
+when n ranks compute at once each gets ``min(1, (cpus / threads) / n)`` of full speed (the OS
+shares cores fairly among runnable threads). An action's *work* — what it would take alone — is
+the integral of that rate over its measured interval, from the timeline of every rank's actions.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from simulator.build import assign_layers
+from simulator.calibrate.models import ReferenceOpTime, backend_of, tp_wire_bytes
+from simulator.costs import Collective, LayerCost, op_layer_costs
+from simulator.ops import Op
+from traces.calibration import OP_KINDS
+from traces.config import Model, Plan
+from traces.measured import ActionRecord
+
+FEATURES = (*OP_KINDS, "ops", "tp_ops", "tp_bytes")
+
+
+def _stage_sums(layers: list[LayerCost], plan: Plan) -> dict[str, float]:
+    """Per action kind, the summed phase value of a stage's layers (recompute added to B and I)."""
+    f = sum(c.forward_s for c in layers)
+    i = sum(c.backward_input_s for c in layers)
+    w = sum(c.backward_weight_s for c in layers)
+    blocks = [c for c in layers if c.kind == "block"]
+    re = {"full": sum(c.forward_s for c in blocks), "selective": sum(c.recompute_selective_s for c in blocks)}.get(
+        plan.recompute, 0.0)
+    return {"F": f, "B": re + i + w, "I": re + i, "W": w}
+
+
+def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tuple[int, str], list[float]]:
+    """Feature vector (``FEATURES`` order) of every (virtual stage, action kind) of ``plan``."""
+    per_feature: list[list[dict[str, float]]] = []
+    for feature in FEATURES[:-1]:
+
+        def price(ops: Sequence[Op], feature: str = feature) -> tuple[float, float, float, float]:
+            out = {"forward": 0.0, "backward_input": 0.0, "backward_weight": 0.0}
+            core = 0.0
+            for op in ops:
+                if feature == "ops":
+                    v = 1.0
+                elif feature == "tp_ops":
+                    v = 1.0 if plan.tp > 1 else 0.0
+                else:
+                    v = ref(op, plan.precision) if op.kind == feature else 0.0
+                out[op.phase] += v
+                if op.attention_core and op.phase == "forward":
+                    core += v
+            return out["forward"], out["backward_input"], out["backward_weight"], core
+
+        stages = assign_layers(op_layer_costs(model, plan, price), model, plan)
+        per_feature.append([_stage_sums(layers, plan) for layers in stages])
+    n_stages = len(per_feature[0])
+    colls = action_collectives(model, plan)
+    return {(s, kind): [per_feature[k][s][kind] for k in range(len(FEATURES) - 1)]
+            + [tp_wire_bytes(colls[(s, kind)], plan.tp, backend_of(ref.device)) if plan.tp > 1 else 0.0]
+            for s in range(n_stages) for kind in ("F", "B", "I", "W")}
+
+
+def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[Collective]]:
+    """Tensor-parallel collectives issued inside each (virtual stage, action kind)."""
+
+    def zero(ops: Sequence[Op]) -> tuple[float, float, float, float]:
+        return 0.0, 0.0, 0.0, 0.0
+
+    stages = assign_layers(op_layer_costs(model, plan, zero), model, plan)
+    out: dict[tuple[int, str], list[Collective]] = {}
+    for s, layers in enumerate(stages):
+        fwd = [c for layer in layers for c in layer.forward_comm]
+        bwd = [c for layer in layers for c in layer.backward_comm]
+        re = [c for layer in layers if layer.kind == "block" for c in layer.forward_comm] if plan.recompute == "full" else []
+        out[(s, "F")] = fwd
+        out[(s, "B")] = out[(s, "I")] = re + bwd
+        out[(s, "W")] = []
+    return out
+
+
+def shared_core_rates(actions: list[ActionRecord], slots: float) -> list[float]:
+    """Mean full-speed fraction each action ran at, given concurrent actions of all ranks.
+
+    ``slots`` ranks run at full speed at once; with n computing, each gets min(1, slots / n).
+    Actions of different steps never overlap (a step ends when every rank has finished).
+    """
+    rates = [1.0] * len(actions)
+    by_step: dict[int, list[int]] = defaultdict(list)
+    for idx, a in enumerate(actions):
+        by_step[a.step].append(idx)
+    for idxs in by_step.values():
+        edges = sorted({t for i in idxs for t in (actions[i].start_s, actions[i].start_s + actions[i].duration_s)})
+        if len(edges) < 2:
+            continue
+        # Ranks active in each elementary segment between consecutive edges.
+        active = [0] * (len(edges) - 1)
+        pos = {t: k for k, t in enumerate(edges)}
+        spans = []
+        for i in idxs:
+            a = actions[i]
+            lo, hi = pos[a.start_s], pos[a.start_s + a.duration_s]
+            spans.append((i, lo, hi))
+            for k in range(lo, hi):
+                active[k] += 1
+        for i, lo, hi in spans:
+            total = edges[hi] - edges[lo]
+            if total <= 0:
+                continue
+            work = sum((edges[k + 1] - edges[k]) * min(1.0, slots / active[k]) for k in range(lo, hi))
+            rates[i] = work / total
+    return rates
+
+
+__all__ = ["FEATURES", "action_collectives", "action_features", "shared_core_rates"]

@@ -1,0 +1,313 @@
+"""Fit a :class:`~traces.calibration.Calibration` from measured runs (``mindpipe calibrate``).
+
+Three fits, in order, each on what the executor recorded (:mod:`traces.measured`):
+
+1. **Communication** (per backend and link type): the collectives of the profiled step, grouped
+   by operation, message size and group size. A host-side collective time includes waiting for
+   the slowest peer, so each group's time is a low quantile of its events (the events where
+   everyone was already there). All-reduces are fitted with the ring α-β model
+   ``t = steps(op, k) · α + wire_bytes(op, n, k) / β`` (nccl-tests PERFORMANCE.md), which then
+   prices every transfer on that link. Point-to-point events are left out: a gloo send completes
+   when the peer has received (its time is mostly the peer's), and a receive whose data had
+   already arrived times only the final copy. All-gathers are left out because the profiler's
+   input shapes do not say whether a size is the shard or the gathered tensor.
+2. **Compute** (per device and precision): the work of every compute action of the clean steps —
+   what it would take alone — is its process CPU time where the executor recorded it (CPU ranks;
+   divided by the threads per rank), else its duration less the modelled time of the TP
+   collectives inside it, times its shared-core rate
+   (:func:`~simulator.calibrate.features.shared_core_rates`).
+   The medians per (rank, stage, action kind) are fitted by non-negative least squares on
+   relative error to the features of :func:`~simulator.calibrate.features.action_features`;
+   the optimizer step likewise to (1, parameters per rank).
+3. **Step overhead** (per device): the median, over runs, of measured minus simulated iteration
+   time once 1 and 2 are in — what the simulator does not see (framework bookkeeping, data,
+   loss reduction, Python between actions).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import lsq_linear, nnls
+
+from simulator.api import SimulationOptions, simulate
+from simulator.build import assign_layers
+from simulator.calibrate.features import FEATURES, action_collectives, action_features, shared_core_rates
+from simulator.calibrate.models import ReferenceOpTime, as_run
+from simulator.calibrate.runs import MeasuredRun, profiled_steps
+from simulator.costs import layer_params, op_layer_costs
+from simulator.perf.nccl import ring_steps, wire_bytes
+from simulator.schedules import build_schedule
+from traces.calibration import (
+    OP_KINDS,
+    Calibration,
+    ComputeCalibration,
+    DeviceCalibration,
+    LinkCalibration,
+)
+from traces.errors import ContractError
+
+# A group's transfer time: this quantile of its events (0: the fastest, where nobody waited).
+COMM_QUANTILE = 0.0
+# Weight of the pull of each operator kind's scale towards the common scale, per fitted row
+# (ridge; see _fit_compute_constants).
+RIDGE_PER_ROW = 0.01
+# Scales NNLS drives to zero (the kind's time is explained by the overhead term) are kept at
+# this floor so the contract's "positive" rule holds; such a kind then costs almost nothing.
+MIN_SCALE = 1e-3
+
+
+@dataclass
+class FitNotes:
+    """What each fit used and how well it explains its own data (for the report)."""
+
+    comm_groups: list[dict[str, float | int | str]]
+    compute_rows: int
+    optimizer_rows: int
+    step_residuals_s: dict[str, float]
+    warnings: list[str]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _nnls_relative(rows: list[list[float]], targets: list[float]) -> tuple[np.ndarray, float]:
+    """Non-negative x minimising Σ ((A x − y) / y)²; returns x and the fit's MAPE."""
+    a = np.asarray(rows, dtype=float)
+    y = np.asarray(targets, dtype=float)
+    w = 1.0 / y
+    # Columns differ by orders of magnitude (seconds vs counts); scale them for conditioning.
+    norms = np.linalg.norm(a * w[:, None], axis=0)
+    norms[norms == 0] = 1.0
+    x, _ = nnls(a * w[:, None] / norms, y * w)
+    x = x / norms
+    mape = float(np.mean(np.abs(a @ x - y) / y))
+    return x, mape
+
+
+def _fit_compute_constants(rows: list[list[float]], targets: list[float]) -> tuple[np.ndarray, float]:
+    """Scales per kind, per-op and per-TP-op overheads (``FEATURES`` order) and the fit's MAPE.
+
+    For one model the kinds' reference times all grow with the tokens of a micro-batch, so the
+    data barely tell them apart. First a tied fit (one scale for every kind, both overheads),
+    then the per-kind fit with a ridge pull of each scale towards the tied one: a kind's scale
+    leaves the common value only where the data clearly ask for it.
+    """
+    a = np.asarray(rows, dtype=float)
+    y = np.asarray(targets, dtype=float)
+    nk = len(OP_KINDS)
+    tied_rows = np.column_stack([a[:, :nk].sum(axis=1), a[:, nk:]])
+    tied, _ = _nnls_relative(tied_rows.tolist(), targets)
+    common = max(float(tied[0]), MIN_SCALE)
+    used = [k for k in range(nk) if np.any(a[:, k] > 0)]
+    lam = RIDGE_PER_ROW * len(y)
+    w = 1.0 / y
+    penalty = np.zeros((len(used), a.shape[1]))
+    for i, k in enumerate(used):
+        penalty[i, k] = np.sqrt(lam) / common
+    design = np.vstack([a * w[:, None], penalty])
+    target = np.concatenate([y * w, np.full(len(used), np.sqrt(lam))])
+    x = lsq_linear(design, target, bounds=(0.0, np.inf)).x
+    for k in range(nk):
+        if k not in used:
+            x[k] = common
+    mape = float(np.mean(np.abs(a @ x - y) / y))
+    return x, mape
+
+
+def _intra_link(run: MeasuredRun) -> str | None:
+    """The link type one node's collectives use; None for multi-node runs (not fitted yet)."""
+    if run.measurement.nodes != 1:
+        return None
+    return "local" if run.device.kind == "cpu" else "nvlink"
+
+
+def fit_comm(runs: list[MeasuredRun]) -> tuple[dict[str, dict[str, LinkCalibration]], list[dict[str, float | int | str]]]:
+    """α-β per backend and link type from the profiled collectives (module docstring, step 1)."""
+    groups: dict[tuple[str, str, str, int, int], list[float]] = defaultdict(list)
+    for run in runs:
+        link = _intra_link(run)
+        if link is None:
+            continue
+        meas, plan = run.measurement, run.plan
+        sizes = {"dp": plan.dp, "tp": plan.tp, "pp": 2}
+        for c in meas.comms:
+            if c.kind != "collective" or not c.size_bytes or c.op != "allreduce":
+                continue
+            k = c.group_size or sizes.get(c.axis)
+            if not k or k < 2:
+                continue
+            groups[(meas.backend, link, c.op, c.size_bytes, k)].append(c.duration_s)
+    out: dict[str, dict[str, LinkCalibration]] = {}
+    table: list[dict[str, float | int | str]] = []
+    by_link: dict[tuple[str, str], list[tuple[str, int, int, float, int]]] = defaultdict(list)
+    for (backend, link, op, n, k), durations in groups.items():
+        by_link[(backend, link)].append((op, n, k, _quantile(durations, COMM_QUANTILE), len(durations)))
+    for (backend, link), samples in sorted(by_link.items()):
+        if len({(op, n) for op, n, *_ in samples}) < 2:
+            continue  # one message size cannot separate latency from bandwidth
+        rows = [[float(ring_steps(op, k)), wire_bytes(op, n, k)] for op, n, k, _, _ in samples]
+        x, mape = _nnls_relative(rows, [t for *_, t, _ in samples])
+        if x[1] <= 0:
+            continue
+        out.setdefault(backend, {})[link] = LinkCalibration(
+            step_latency_s=float(x[0]), bandwidth_Bps=float(1.0 / x[1]), samples=sum(c for *_, c in samples),
+            fit_mape=mape)
+        for (op, n, k, t, count), row in zip(samples, rows, strict=True):
+            table.append({"backend": backend, "link": link, "op": op, "size_bytes": n, "group_size": k, "events": count,
+                          "measured_s": t, "fitted_s": float(row[0] * x[0] + row[1] * x[1])})
+    return out, table
+
+
+def _slots(run: MeasuredRun) -> float | None:
+    """Ranks the host's cores run at full speed at once (None: devices are not shared)."""
+    meas = run.measurement
+    if run.device.kind != "cpu" or not meas.cpus_per_node:
+        return None
+    return meas.cpus_per_node / meas.threads_per_rank
+
+
+def _tp_comm_s(colls, plan, link: LinkCalibration | None) -> float:
+    if link is None or plan.tp < 2:
+        return 0.0
+    return sum(ring_steps(as_run(c.op, "gloo"), plan.tp) * link.step_latency_s
+               + wire_bytes(as_run(c.op, "gloo"), c.nbytes, plan.tp) / link.bandwidth_Bps for c in colls)
+
+
+def _params_by_rank(run: MeasuredRun) -> dict[int, int]:
+    """Parameters each pipeline rank holds (after TP sharding; ZeRO shards over dp)."""
+    model, plan = run.model, run.plan
+    per_layer = {name: n for name, _, n in layer_params(model, plan.tp)}
+
+    def zero(ops):
+        return 0.0, 0.0, 0.0, 0.0
+
+    stages = assign_layers(op_layer_costs(model, plan, zero), model, plan)
+    owner = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages).stage_to_rank
+    out: dict[int, int] = defaultdict(int)
+    for s, layers in enumerate(stages):
+        out[owner[s]] += sum(per_layer[c.name] for c in layers)
+    return {r: n // plan.dp if plan.zero_stage >= 1 else n for r, n in out.items()}
+
+
+def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibration]],
+                warnings: list[str]) -> tuple[dict[str, dict[str, ComputeCalibration]], int, int]:
+    """Per device and precision: operator scales, per-operator overhead and optimizer constants."""
+    rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
+    ys: dict[tuple[str, str], list[float]] = defaultdict(list)
+    opt_rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
+    opt_ys: dict[tuple[str, str], list[float]] = defaultdict(list)
+    threads: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
+    for run in runs:
+        meas, plan = run.measurement, run.plan
+        key = (run.device.name, plan.precision)
+        threads[key][meas.threads_per_rank] += 1
+        link_type = _intra_link(run)
+        link = comm.get(meas.backend, {}).get(link_type) if link_type else None
+        feats = action_features(run.model, plan, ReferenceOpTime(run.device))
+        colls = action_collectives(run.model, plan)
+        clean = set(run.clean_steps)
+        actions = [a for a in meas.actions if a.step in clean]
+        slots = _slots(run)
+        rates = shared_core_rates(actions, slots) if slots is not None else [1.0] * len(actions)
+        work: dict[tuple[int, int, str], list[float]] = defaultdict(list)
+        for a, rate in zip(actions, rates, strict=True):
+            if a.cpu_s is not None:
+                # CPU time is the work itself (blocked collective waits use none of it).
+                alone = a.cpu_s / meas.threads_per_rank
+            else:
+                alone = (a.duration_s - _tp_comm_s(colls[(a.stage, a.kind)], plan, link)) * rate
+            work[(a.rank, a.stage, a.kind)].append(alone)
+        for (_, stage, kind), values in work.items():
+            y = statistics.median(values)
+            if y > 0:
+                rows[key].append(feats[(stage, kind)])
+                ys[key].append(y)
+        # The optimizer steps of all ranks of a node run together, after the last backward.
+        share = 1.0 if slots is None else min(1.0, slots / run.cluster.gpus_per_node)
+        params = _params_by_rank(run)
+        for r in meas.ranks:
+            if r.optimizer_s > 0:
+                opt_rows[key].append([1.0, float(params.get(r.pp_rank, 0))])
+                opt_ys[key].append(r.optimizer_s * share)
+    out: dict[str, dict[str, ComputeCalibration]] = {}
+    n_rows = n_opt = 0
+    for key, design in rows.items():
+        device, precision = key
+        if len(design) < len(FEATURES):
+            warnings.append(f"{device} {precision}: {len(design)} action groups, too few to fit {len(FEATURES)} constants")
+            continue
+        x, mape = _fit_compute_constants(design, ys[key])
+        used = [any(row[k] > 0 for row in design) for k in range(len(OP_KINDS))]
+        scale = {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if used[k]}
+        for kind, v in scale.items():
+            if v == MIN_SCALE:
+                warnings.append(f"{device} {precision}: the {kind} scale fitted to zero (its time is in the per-op overhead)")
+        opt_x = np.zeros(2)
+        if len(opt_rows[key]) >= 2:
+            opt_x, _ = _nnls_relative(opt_rows[key], opt_ys[key])
+        t = threads[key].most_common(1)[0][0]
+        if len(threads[key]) > 1:
+            warnings.append(f"{device} {precision}: runs used different threads per rank {sorted(threads[key])}; "
+                            f"the fit is labelled {t} thread(s)")
+        out.setdefault(device, {})[precision] = ComputeCalibration(
+            scale=scale, op_overhead_s=float(x[len(OP_KINDS)]), tp_op_overhead_s=float(x[len(OP_KINDS) + 1]),
+            tp_comm_cpu_s_per_byte=float(x[len(OP_KINDS) + 2]),
+            optimizer_overhead_s=float(opt_x[0]),
+            optimizer_s_per_param=float(opt_x[1]), threads_per_rank=t, samples=len(design), fit_mape=mape)
+        n_rows += len(design)
+        n_opt += len(opt_rows[key])
+    return out, n_rows, n_opt
+
+
+def calibrate(runs: list[MeasuredRun]) -> tuple[Calibration, FitNotes]:
+    """Fit communication, compute and step overhead from ``runs`` (module docstring).
+
+    Raises:
+        ContractError: nothing could be fitted (no actions, a single message size …).
+    """
+    warnings: list[str] = []
+    for run in runs:
+        if run.measurement.nodes > 1:
+            warnings.append(f"{run.source}: multi-node collectives are not fitted yet; its compute is used")
+        if not profiled_steps(run.measurement):
+            warnings.append(f"{run.source}: no profiled step (mindpipe run --profile-step N): no collective sizes")
+    comm, comm_table = fit_comm(runs)
+    compute, n_rows, n_opt = fit_compute(runs, comm, warnings)
+    devices: dict[str, DeviceCalibration] = {}
+    for run in runs:
+        name = run.device.name
+        if name in compute and name not in devices:
+            devices[name] = DeviceCalibration(kind=run.device.kind, compute=compute[name],
+                                              cpus_per_node=run.measurement.cpus_per_node)
+    if not devices and not comm:
+        raise ContractError(runs[0].source if runs else "", "measurement",
+                            "nothing to calibrate: no compute actions and no profiled collectives")
+    cal = Calibration(devices=devices, comm=comm, measurements=[r.source for r in runs],
+                      created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    residuals = fit_step_overhead(runs, cal)
+    return cal, FitNotes(comm_table, n_rows, n_opt, residuals, warnings)
+
+
+def fit_step_overhead(runs: list[MeasuredRun], cal: Calibration) -> dict[str, float]:
+    """Set each device's step overhead to the median residual of its runs; the residuals per run."""
+    residuals: dict[str, float] = {}
+    by_device: dict[str, list[float]] = defaultdict(list)
+    for run in runs:
+        if run.device.name not in cal.devices:
+            continue
+        predicted = simulate(run.model, run.cluster, run.plan, SimulationOptions(calibration=cal)).iteration_time_s
+        residuals[run.source] = run.iteration_s - predicted
+        by_device[run.device.name].append(run.iteration_s - predicted)
+    for name, values in by_device.items():
+        cal.devices[name].step_overhead_s = max(0.0, statistics.median(values))
+    return residuals
+
+
+__all__ = ["COMM_QUANTILE", "FitNotes", "calibrate", "fit_comm", "fit_compute", "fit_step_overhead"]

@@ -1,0 +1,249 @@
+"""Calibrated compute and communication models, and how a calibration file enters a simulation.
+
+Compute: every operator of :mod:`simulator.ops` costs ``scale[kind] × t_ref(op) + op_overhead``,
+where ``t_ref`` is the uncalibrated time of that operator — on CPUs its FLOPs over the catalog's
+peak (GEMMs) or its bytes over the catalog's bandwidth (memory-bound operators), on GPUs the
+shape-aware kernel model of :mod:`simulator.perf`. The scales absorb what the reference misses
+(BLAS efficiency at these shapes, cache effects) and the overhead absorbs the host's work per
+operator (eager PyTorch dispatch, autograd bookkeeping), which dominates small models on CPUs.
+
+Communication: the α-β model per link type, with the fitted step latency and achieved bandwidth
+(links without a fitted entry keep the uncalibrated model).
+
+CPU ranks of one host share its cores: the executor gives each rank ``cpus // ranks`` threads
+(at least one), so ``cpus / threads`` ranks run at full speed at once; the engine shares the
+cores among the ranks computing at each moment (:class:`~simulator.engine.EngineOptions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from simulator.costs import Collective, CommModel, ComputeModel, LayerCost, op_layer_costs
+from simulator.ops import Op
+from simulator.perf.gpu import GpuComputeModel
+from simulator.perf.nccl import ring_steps, wire_bytes
+from simulator.topology import DEFAULT_LOCAL_GBPS
+from traces.calibration import Calibration, ComputeCalibration, DeviceCalibration, LinkCalibration
+from traces.catalog import DeviceSpec
+from traces.config import Cluster, Model, Plan
+
+# Which reference a kind is priced against on CPUs: FLOPs over peak, or bytes over bandwidth.
+_FLOP_KINDS = ("gemm", "bmm", "flash")
+
+
+# Collectives a backend does not implement natively, and what runs instead. gloo has no
+# reduce-scatter: torch's ProcessGroupGloo (and so DTensor's Shard redistribution over it) all-reduces
+# the whole buffer and keeps its shard — twice the bytes and latency steps of a ring reduce-scatter.
+# (Seen in the executor's profiles: sequence-parallel plans on gloo issue all-reduces, no reduce-scatters.)
+EMULATED = {"gloo": {"reducescatter": "allreduce"}}
+
+
+def as_run(op: str, backend: str) -> str:
+    """The collective ``backend`` actually runs for ``op``."""
+    return EMULATED.get(backend, {}).get(op, op)
+
+
+def tp_wire_bytes(collectives: Sequence[Collective], tp: int, backend: str = "nccl") -> float:
+    """Bytes a rank sends for ``collectives`` over ``tp`` ranks (ring algorithms, as ``backend`` runs them)."""
+    return sum(wire_bytes(as_run(c.op, backend), c.nbytes, tp) for c in collectives)
+
+
+def backend_of(device: DeviceSpec) -> str:
+    """The collective backend the executor uses on ``device``: gloo on CPUs, NCCL on GPUs."""
+    return "gloo" if device.kind == "cpu" else "nccl"
+
+
+def threads_per_rank(cpus_per_node: int, ranks_per_node: int) -> int:
+    """Threads the executor gives each CPU rank (``executor.launch``: cpus // ranks, at least 1)."""
+    return max(1, cpus_per_node // max(1, ranks_per_node))
+
+
+@dataclass
+class ReferenceOpTime:
+    """The uncalibrated time of one operator (``t_ref`` in the module docstring)."""
+
+    device: DeviceSpec
+
+    def __post_init__(self) -> None:
+        self._gpu = GpuComputeModel(self.device, host_bound=False) if self.device.kind == "gpu" else None
+
+    def __call__(self, op: Op, precision: str) -> float:
+        """Seconds of ``op`` at ``precision`` on the device, before calibration."""
+        if self._gpu is not None:
+            return self._gpu.op_s(op, precision)
+        if op.kind in _FLOP_KINDS:
+            return op.flops / self.device.peak_flops(precision)
+        return op.bytes / (self.device.memory_bandwidth_GBps * 1e9)
+
+
+@dataclass
+class CalibratedComputeModel:
+    """Implements :class:`~simulator.costs.ComputeModel` with fitted per-kind scales (module doc).
+
+    Attributes:
+        device: The catalog device.
+        calibration: Fitted constants per precision.
+        fallback: Prices precisions the calibration does not cover.
+        thread_ratio: Calibrated threads per rank over the threads a rank gets under the plan;
+            the FLOP- and byte-bound part of an operator scales with it (BLAS and element-wise
+            kernels spread over threads), the host overhead does not (one Python thread issues it).
+    """
+
+    device: DeviceSpec
+    calibration: dict[str, ComputeCalibration]
+    fallback: ComputeModel
+    thread_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        self._ref = ReferenceOpTime(self.device)
+
+    def op_s(self, op: Op, cal: ComputeCalibration, precision: str, tp: int = 1) -> float:
+        """Calibrated seconds of one operator (of a layer sharded over ``tp`` ranks)."""
+        host = cal.op_overhead_s + (cal.tp_op_overhead_s if tp > 1 else 0.0)
+        return cal.scale.get(op.kind, 1.0) * self._ref(op, precision) * self.thread_ratio + host
+
+    def phase_times(self, ops: Sequence[Op], cal: ComputeCalibration, precision: str,
+                    tp: int = 1) -> tuple[float, float, float, float]:
+        """(forward, input-gradient, weight-gradient, attention-core forward) seconds of ``ops``."""
+        out = {"forward": 0.0, "backward_input": 0.0, "backward_weight": 0.0}
+        core = 0.0
+        for op in ops:
+            t = self.op_s(op, cal, precision, tp)
+            out[op.phase] += t
+            if op.attention_core and op.phase == "forward":
+                core += t
+        return out["forward"], out["backward_input"], out["backward_weight"], core
+
+    def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
+        """Per-layer costs (see :class:`~simulator.costs.ComputeModel`)."""
+        cal = self.calibration.get(plan.precision)
+        if cal is None:
+            return self.fallback.layer_costs(model, plan)
+        layers = op_layer_costs(model, plan, lambda ops: self.phase_times(ops, cal, plan.precision, plan.tp))
+        if cal.tp_comm_cpu_s_per_byte > 0 and plan.tp > 1:
+            backend = backend_of(self.device)
+            for layer in layers:
+                layer.forward_s += cal.tp_comm_cpu_s_per_byte * tp_wire_bytes(layer.forward_comm, plan.tp, backend)
+                layer.backward_input_s += cal.tp_comm_cpu_s_per_byte * tp_wire_bytes(layer.backward_comm, plan.tp, backend)
+        return layers
+
+    def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
+        """Fitted fixed time plus time per parameter."""
+        cal = self.calibration.get(plan.precision)
+        if cal is None:
+            return self.fallback.optimizer_step_s(params_per_device, plan)
+        return cal.optimizer_overhead_s + cal.optimizer_s_per_param * params_per_device * self.thread_ratio
+
+
+@dataclass
+class CalibratedCommModel:
+    """α-β per link type from a calibration; links it does not cover use ``fallback``.
+
+    Attributes:
+        links: Fitted constants per link type.
+        capacity_Bps: The simulator's bandwidth of each link type, so the achieved bandwidth can
+            be expressed as the efficiency the engine asks for.
+        fallback: The uncalibrated model.
+    """
+
+    links: dict[str, LinkCalibration]
+    capacity_Bps: dict[str, float]
+    fallback: CommModel
+    backend: str = "nccl"
+
+    def latency_s(self, op: str, group_size: int, link: str) -> float:
+        """Algorithm steps (of the collective the backend runs) × fitted latency per step."""
+        cal = self.links.get(link)
+        if cal is None:
+            return self.fallback.latency_s(op, group_size, link)
+        return ring_steps(as_run(op, self.backend), group_size) * cal.step_latency_s
+
+    def efficiency(self, op: str, nbytes: int, group_size: int, link: str) -> float:
+        """Fitted bandwidth over the link's capacity (capped at 1), less for emulated collectives.
+
+        The engine moves the ring bytes of ``op``; when the backend runs a collective that moves
+        more (see ``EMULATED``), the achieved rate of ``op``'s bytes drops by that ratio.
+        """
+        cal = self.links.get(link)
+        cap = self.capacity_Bps.get(link, 0.0)
+        if cal is None or cap <= 0:
+            return self.fallback.efficiency(op, nbytes, group_size, link)
+        eff = min(1.0, cal.bandwidth_Bps / cap)
+        run = as_run(op, self.backend)
+        if run != op and group_size > 1:
+            eff *= wire_bytes(op, nbytes, group_size) / wire_bytes(run, nbytes, group_size)
+        return eff
+
+
+@dataclass
+class Applied:
+    """What a calibration changes in one simulation (see :func:`apply_calibration`)."""
+
+    cluster: Cluster
+    compute: ComputeModel | None
+    comm: CommModel | None
+    cores_per_rank_slots: float | None
+    step_overhead_s: float
+    notes: list[str]
+
+
+def apply_calibration(cal: Calibration, device: DeviceSpec, cluster: Cluster, hw_compute: ComputeModel,
+                      hw_comm: CommModel) -> Applied:
+    """The models and options a calibration implies on ``cluster`` (``hw_*``: the uncalibrated models).
+
+    CPU loopback bandwidth is a property of the host, not of a catalog entry, so a fitted
+    ``local`` link also sets the cluster's intra-node bandwidth (the engine's link capacity).
+    """
+    notes: list[str] = []
+    dev: DeviceCalibration | None = cal.devices.get(device.name)
+    compute: ComputeModel | None = None
+    slots: float | None = None
+    overhead = 0.0
+    if dev is None:
+        notes.append(f"no compute calibration for {device.name}; uncalibrated compute model")
+    else:
+        ratio = 1.0
+        if device.kind == "cpu" and dev.cpus_per_node:
+            threads = threads_per_rank(dev.cpus_per_node, cluster.gpus_per_node)
+            slots = dev.cpus_per_node / threads
+            cal_threads = {c.threads_per_rank for c in dev.compute.values()}
+            if len(cal_threads) == 1 and threads not in cal_threads:
+                ratio = cal_threads.pop() / threads
+                notes.append(f"calibrated at a different thread count; compute scaled by {ratio:.2f}")
+        compute = CalibratedComputeModel(device, dev.compute, hw_compute, ratio)
+        overhead = dev.step_overhead_s
+    links = cal.comm.get(backend_of(device), {})
+    comm: CommModel | None = None
+    if links:
+        local = links.get("local")
+        if device.kind == "cpu" and local is not None:
+            cluster = dataclasses.replace(cluster, intra_node_bandwidth_GBps=local.bandwidth_Bps / 1e9)
+        caps = _link_capacities(device, cluster)
+        comm = CalibratedCommModel(dict(links), caps, hw_comm, backend_of(device))
+    else:
+        notes.append(f"no {backend_of(device)} calibration; uncalibrated communication model")
+    return Applied(cluster, compute, comm, slots, overhead, notes)
+
+
+def _link_capacities(device: DeviceSpec, cluster: Cluster) -> dict[str, float]:
+    """Bytes/s per link type as :class:`~simulator.topology.Topology` sets them."""
+    nv = cluster.intra_node_bandwidth_GBps or device.nvlink_bandwidth_unidirectional_GBps or device.pcie_bandwidth_GBps
+    nic = cluster.inter_node_bandwidth_Gbps or device.nic_bandwidth_Gbps * cluster.gpus_per_node
+    return {"nvlink": nv * 1e9, "nic": nic * 1e9 / 8, "pcie": device.pcie_bandwidth_GBps * 1e9,
+            "local": (cluster.intra_node_bandwidth_GBps or DEFAULT_LOCAL_GBPS) * 1e9}
+
+
+__all__ = [
+    "Applied",
+    "CalibratedCommModel",
+    "CalibratedComputeModel",
+    "ReferenceOpTime",
+    "apply_calibration",
+    "as_run",
+    "backend_of",
+    "threads_per_rank",
+    "tp_wire_bytes",
+]

@@ -1,0 +1,114 @@
+"""Measured runs as calibration and validation read them: plan, model, cluster, clean timings.
+
+A measured trace (``mindpipe run --out``) holds the plan, the model and every step's time. Steps
+that do not represent steady state are left out: the warm-up steps, and the step profiled with
+``--profile-step`` (torch.profiler slows it down). The run's iteration time is the median of the
+rest — on a shared machine single steps swing by tens of percent, and the median resists that.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from traces.catalog import DeviceSpec, get_device
+from traces.config import Cluster, Model, Plan
+from traces.errors import ContractError
+from traces.measured import Measurement
+from traces.trace import Trace
+
+
+@dataclass
+class MeasuredRun:
+    """One measured run, ready for calibration or validation.
+
+    Attributes:
+        source: The file it came from.
+        measurement: The raw records.
+        model, cluster, device: What ran, where (one node of ``world_size / nodes`` ranks each).
+        clean_steps: Measured steps that were neither warm-up nor profiled.
+        iteration_s: Median iteration time over ``clean_steps``.
+    """
+
+    source: str
+    measurement: Measurement
+    model: Model
+    cluster: Cluster
+    device: DeviceSpec
+    clean_steps: list[int]
+    iteration_s: float
+
+    @property
+    def plan(self) -> Plan:
+        """The plan that ran."""
+        return self.measurement.plan
+
+    @property
+    def name(self) -> str:
+        """The file's stem, a short label for tables."""
+        return Path(self.source).stem
+
+
+def measured_events(run: MeasuredRun, step: int | None = None) -> list[dict[str, Any]]:
+    """Timeline events of one clean step of the representative pipeline (dp 0, tp 0).
+
+    Ranks are numbered by pipeline position, as the simulator's timeline numbers them, and
+    times start at the step's first action, so the two can be drawn on one axis.
+    """
+    meas = run.measurement
+    step = step if step is not None else run.clean_steps[len(run.clean_steps) // 2]
+    pipe = {r.rank: r.pp_rank for r in meas.ranks if r.dp_rank == 0 and r.tp_rank == 0}
+    acts = [a for a in meas.actions if a.step == step and a.rank in pipe]
+    comms = [c for c in meas.comms if c.step == step and c.rank in pipe and c.kind != "collective"]
+    if not acts:
+        return []
+    t0 = min(a.start_s for a in acts)
+    events = [{"rank": pipe[a.rank], "thread": "compute", "name": f"{a.stage}{a.kind}{a.microbatch}",
+               "start_s": a.start_s - t0, "end_s": a.start_s + a.duration_s - t0, "category": a.kind} for a in acts]
+    events += [{"rank": pipe[c.rank], "thread": "comm", "name": c.op, "start_s": c.start_s - t0,
+                "end_s": c.start_s + c.duration_s - t0, "category": "p2p" if c.kind == "p2p_wait" else "dp"}
+               for c in comms]
+    return events
+
+
+def profiled_steps(meas: Measurement) -> set[int]:
+    """Steps whose collectives were recorded with the profiler (slower than the others)."""
+    return {c.step for c in meas.comms if c.kind == "collective"}
+
+
+def load_run(path: str | Path, catalog: dict[str, DeviceSpec] | None = None) -> MeasuredRun:
+    """Read a measured trace written by ``mindpipe run``.
+
+    Raises:
+        ContractError: the file is not a measured trace, or names an unknown device.
+    """
+    source = str(path)
+    trace = Trace.load(path)
+    meas = trace.measurement
+    if meas is None:
+        raise ContractError(source, "measurement", "not a measured run (write one with `mindpipe run --out`)")
+    if trace.model is None:
+        raise ContractError(source, "model", "the measured trace does not say which model ran")
+    try:
+        device = get_device(meas.device_name, catalog)
+    except ContractError as e:
+        raise ContractError(source, "measurement.device_name", e.rule) from None
+    cluster = Cluster(gpu=device.name, num_nodes=meas.nodes, gpus_per_node=max(1, meas.world_size // meas.nodes))
+    skip = profiled_steps(meas)
+    clean = [s.step for s in meas.measured_steps if s.step not in skip]
+    if not clean:
+        clean = [s.step for s in meas.measured_steps]
+    times = [s.iteration_s for s in meas.steps if s.step in set(clean)]
+    return MeasuredRun(source, meas, trace.model, cluster, device, clean, statistics.median(times))
+
+
+def load_runs(paths: list[str] | list[Path], catalog: dict[str, DeviceSpec] | None = None) -> list[MeasuredRun]:
+    """:func:`load_run` for each path (errors name the file)."""
+    if not paths:
+        raise ContractError("", "measured", "no measured runs given")
+    return [load_run(p, catalog) for p in paths]
+
+
+__all__ = ["MeasuredRun", "load_run", "load_runs", "measured_events", "profiled_steps"]

@@ -1,0 +1,176 @@
+"""The calibration contract: constants fitted from measured runs (``mindpipe calibrate``).
+
+A calibration file corrects the simulator's hardware models with what the executor measured:
+
+* **compute**, per device and precision: a scale per operator kind (``gemm``, ``bmm``,
+  ``flash``, ``memory``) on the uncalibrated model's time of that operator, plus a fixed host
+  time per operator (Python dispatch, framework bookkeeping) and the optimizer step's time per
+  parameter; on CPUs also how many ranks the host's cores run at full speed at once;
+* **communication**, per backend (``gloo``, ``nccl``) and link type (``local``, ``nvlink``,
+  ``nic``): a latency per algorithm step and an achieved bandwidth (the α-β model, Hockney 1994);
+* **step overhead**: host time per iteration outside the schedule and the optimizer.
+
+Each fitted entry keeps the number of samples it was fitted on and its error on them, and the
+file lists the measured runs it came from, so a reader can judge how far to trust it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from traces.config import non_negative, one_of
+from traces.errors import ContractError
+from traces.schema import check_format_version, from_dict, read_json, write_json
+
+CALIBRATION_FORMAT_VERSION = 1
+OP_KINDS = ("gemm", "bmm", "flash", "memory")
+BACKENDS = ("gloo", "nccl")
+LINK_TYPES = ("local", "nvlink", "nic", "pcie")
+
+
+def _positive_finite(key: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ContractError("", key, f"{key}={value} must be a positive number")
+
+
+@dataclass
+class ComputeCalibration:
+    """Fitted compute constants of one device at one precision.
+
+    Attributes:
+        scale: Multiplier per operator kind on the uncalibrated model's operator time (kinds not
+            listed keep 1.0). On CPUs the uncalibrated time is FLOPs / catalog peak (GEMMs) and
+            bytes / catalog bandwidth (memory-bound operators).
+        op_overhead_s: Host time added to every operator.
+        tp_op_overhead_s: Extra host time of every operator of a tensor-parallel layer (the
+            executor's DTensor dispatch: sharding propagation and redistribution checks in Python).
+        tp_comm_cpu_s_per_byte: Host CPU time per byte a rank sends in tensor-parallel collectives
+            (gloo copies and reduces on the host; DTensor redistributes), charged as compute — on
+            CPUs it competes for the cores like any other work.
+        optimizer_s_per_param: Optimizer step time per parameter a rank holds.
+        optimizer_overhead_s: Fixed time of an optimizer step.
+        threads_per_rank: Threads each rank ran with when measured (CPU).
+        samples: Compute actions the fit used.
+        fit_mape: Mean absolute percentage error of the fit on those actions.
+    """
+
+    scale: dict[str, float]
+    op_overhead_s: float
+    tp_op_overhead_s: float = 0.0
+    tp_comm_cpu_s_per_byte: float = 0.0
+    optimizer_s_per_param: float = 0.0
+    optimizer_overhead_s: float = 0.0
+    threads_per_rank: int = 1
+    samples: int = 0
+    fit_mape: float = 0.0
+
+    def __post_init__(self) -> None:
+        for kind, value in self.scale.items():
+            one_of("scale", kind, OP_KINDS)
+            _positive_finite(f"scale.{kind}", value)
+        for key in ("op_overhead_s", "tp_op_overhead_s", "tp_comm_cpu_s_per_byte", "optimizer_s_per_param", "optimizer_overhead_s", "samples", "fit_mape"):
+            non_negative(key, getattr(self, key))
+        if self.threads_per_rank < 1:
+            raise ContractError("", "threads_per_rank", f"threads_per_rank={self.threads_per_rank} must be >= 1")
+
+
+@dataclass
+class DeviceCalibration:
+    """Everything fitted for one device (catalog name).
+
+    Attributes:
+        kind: ``cpu`` or ``gpu``.
+        compute: Per precision (``fp32``, ``bf16``, ``fp16``).
+        cpus_per_node: Logical CPUs of a host (CPU devices; ranks share them).
+        step_overhead_s: Host time per iteration outside the schedule and the optimizer.
+    """
+
+    kind: str
+    compute: dict[str, ComputeCalibration]
+    cpus_per_node: int | None = None
+    step_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        one_of("kind", self.kind, ("cpu", "gpu"))
+        for precision in self.compute:
+            one_of("compute", precision, ("fp32", "bf16", "fp16"))
+        if self.cpus_per_node is not None and self.cpus_per_node < 1:
+            raise ContractError("", "cpus_per_node", f"cpus_per_node={self.cpus_per_node} must be >= 1")
+        non_negative("step_overhead_s", self.step_overhead_s)
+
+
+@dataclass
+class LinkCalibration:
+    """α-β constants of one link type under one backend.
+
+    Attributes:
+        step_latency_s: Latency per algorithm step (a ring all-reduce over k ranks takes 2(k−1)).
+        bandwidth_Bps: Achieved bytes per second on the wire (ring traffic 2(k−1)/k·n for an
+            all-reduce of n bytes).
+        samples: Collectives the fit used; ``fit_mape`` their error.
+    """
+
+    step_latency_s: float
+    bandwidth_Bps: float
+    samples: int = 0
+    fit_mape: float = 0.0
+
+    def __post_init__(self) -> None:
+        non_negative("step_latency_s", self.step_latency_s)
+        _positive_finite("bandwidth_Bps", self.bandwidth_Bps)
+        non_negative("samples", self.samples)
+        non_negative("fit_mape", self.fit_mape)
+
+
+@dataclass
+class Calibration:
+    """A calibration file (see module docstring).
+
+    Attributes:
+        devices: Per catalog device name.
+        comm: Per backend, per link type.
+        measurements: The measured runs it was fitted on (file names and plans).
+        created: ISO time of the fit; ``tool``: what made it.
+    """
+
+    devices: dict[str, DeviceCalibration]
+    comm: dict[str, dict[str, LinkCalibration]] = field(default_factory=dict)
+    measurements: list[str] = field(default_factory=list)
+    created: str = ""
+    tool: str = "mindpipe calibrate"
+    format_version: int = CALIBRATION_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        check_format_version(self.format_version, CALIBRATION_FORMAT_VERSION, "calibration")
+        for backend, links in self.comm.items():
+            one_of("comm", backend, BACKENDS)
+            for link in links:
+                one_of(f"comm.{backend}", link, LINK_TYPES)
+        if not self.devices and not self.comm:
+            raise ContractError("", "devices", "a calibration must calibrate at least one device or link")
+
+
+def load_calibration(path: str | os.PathLike[str]) -> Calibration:
+    """Read a calibration file (errors name the file and the key)."""
+    return from_dict(Calibration, read_json(path), str(path))
+
+
+def save_calibration(cal: Calibration, path: str | os.PathLike[str]) -> None:
+    """Write a calibration file (atomically)."""
+    write_json(cal, path)
+
+
+__all__ = [
+    "BACKENDS",
+    "CALIBRATION_FORMAT_VERSION",
+    "LINK_TYPES",
+    "OP_KINDS",
+    "Calibration",
+    "ComputeCalibration",
+    "DeviceCalibration",
+    "LinkCalibration",
+    "load_calibration",
+    "save_calibration",
+]
