@@ -29,10 +29,10 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# The closed loop on this CPU: profile gpt-mini -> tune -> run tuned and default plans -> calibrate
+# -> re-tune -> results/report.md (about 3 minutes on 2 cores after the install).
 demo: install
-	$(VENV)/bin/mindpipe profile gpt-mini --device cpu --micro-batch-size 4 --out results/gpt-mini.trace.json
-	$(VENV)/bin/mindpipe inspect results/gpt-mini.trace.json --model gpt-mini
-	@echo "Trace written to results/gpt-mini.trace.json"
+	$(VENV)/bin/mindpipe demo --out results
 
 test: install-dev
 	$(VENV)/bin/python -m pytest -q

@@ -115,9 +115,14 @@ class Recorder:
         self._add("comm", ("p2p_wait", "pp", "wait", None, None), t0, self.now())
 
     def _cpu(self) -> float | None:
-        # Process CPU time: on a CPU rank, the work an action got, whatever else shared the cores
-        # (calibration's measure of what the action would take alone). Meaningless on GPUs.
-        return None if self.cuda else time.process_time()
+        # CPU time: on a CPU rank, the work an action got, whatever else shared the cores
+        # (calibration's measure of what the action would take alone). With one intra-op thread
+        # every operator runs on this thread, so its own clock excludes the gloo threads copying
+        # earlier messages at the same time; with more, the workers' time counts, so the whole
+        # process's. Meaningless on GPUs.
+        if self.cuda:
+            return None
+        return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
 
     def _action(self, stage: int, mb: int, kind: str, t0: Mark, c0: float | None) -> None:
         c1 = self._cpu()

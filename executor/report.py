@@ -13,6 +13,7 @@ recompute of recomputed blocks (see ``provenance.notes``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import statistics
 from collections import defaultdict
@@ -165,8 +166,11 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[dict[str, Any]], b
                     for step, stage, mb, kind, t0, t1, cpu in sp["actions"]]
         comms += [CommEvent(p["rank"], step, kind, axis, op, t0, t1 - t0, size, group)
                   for step, kind, axis, op, t0, t1, size, group in sp["comms"]]
+    # torch.distributed.pipelining reduces a stage's gradients after its last backward
+    # (perform_reduce_grad), so the run did not overlap them whatever the plan asked: record what ran.
+    ran = dataclasses.replace(plan, overlap_grad_reduce=False) if plan.dp > 1 else plan
     measurement = Measurement(
-        plan=plan, world_size=plan.world_size, nodes=hosts, backend=backend, device_kind=device.type,
+        plan=ran, world_size=plan.world_size, nodes=hosts, backend=backend, device_kind=device.type,
         device_name=spec.name if spec is not None else torch.cuda.get_device_name(device),
         threads_per_rank=payloads[0]["threads"], torch_version=torch.__version__, schedule_source=pre.schedule_source,
         seed=cfg.seed, data=cfg.data, warmup_steps=first_measured - first, steps=records,
@@ -183,6 +187,9 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[dict[str, Any]], b
         notes.append(f"recompute={plan.recompute}: backward times include the recomputed forward")
     if plan.tp > 1:
         notes.append("times include tensor-parallel communication")
+    if plan.dp > 1 and plan.overlap_grad_reduce:
+        notes.append("gradients were reduced after each stage's last backward (torch.distributed.pipelining), "
+                     "not overlapped with it: the measurement's plan says overlap_grad_reduce=false")
     return Trace(
         device=measurement.device_name, dtype=plan.precision, layers=layers,
         provenance=Provenance(tool="mindpipe run", command=command, date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -35,7 +35,7 @@ from simulator.api import SimulationOptions, simulate
 from simulator.calibrate.cli import format_calibration
 from simulator.calibrate.fidelity import FidelityRow, fidelity, plan_label, scatter_png, summary, table_markdown
 from simulator.calibrate.fit import calibrate
-from simulator.calibrate.runs import MeasuredRun, load_run, measured_events
+from simulator.calibrate.runs import MeasuredRun, load_run, measured_events, merge_repeats
 from simulator.timeline import write_gantts
 from traces.builtin import load_cluster, load_model
 from traces.calibration import Calibration, save_calibration
@@ -95,10 +95,11 @@ def _tune(model: Model, cfg: LoopConfig, out: Path, trace: Trace | None, calibra
     from tuner.api import tune
     from tuner.sweep import SweepConfig
 
-    # The space of 4 ranks is small (about a thousand plans): search it exhaustively. fp32: the
-    # executor's CPU path trains in fp32 (bf16 matmuls on this CPU are no faster end to end).
+    # The space of 4 ranks is small (about a thousand plans): search it exhaustively. Pinned to
+    # what the executor runs here: fp32 (bf16 matmuls on this CPU are no faster end to end), and
+    # gradients reduced after the last backward (torch.distributed.pipelining does not overlap them).
     outcome = tune(model, load_cluster(f"cpu:1x{cfg.ranks}"), out=out, global_batch=cfg.global_batch,
-                   fixes=["precision=fp32"], trace=trace, calibration=calibration,
+                   fixes=["precision=fp32", "overlap_grad_reduce=false"], trace=trace, calibration=calibration,
                    config=SweepConfig(optimizer="grid", budget=100_000, workers=1), plots=True)
     return from_dict(Plan, outcome.summary["best_plan"], "best_plan")
 
@@ -125,21 +126,30 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
     tuned1 = _tune(model, cfg, out / "tune-uncalibrated", trace, None)
     default = _plan(pp=cfg.ranks, micro_batch_size=cfg.micro_batch, global_batch_size=cfg.global_batch)
 
-    measured: dict[str, MeasuredRun] = {}
+    measured: dict[tuple[str, int], MeasuredRun] = {}
 
-    def measure(plan: Plan) -> MeasuredRun:
-        key = json.dumps(to_dict(plan), sort_keys=True)
-        if key not in measured:
+    def key(plan: Plan) -> str:
+        return json.dumps(to_dict(plan), sort_keys=True)
+
+    def measure(plan: Plan, rnd: int = 0) -> MeasuredRun:
+        if (key(plan), rnd) not in measured:
             name = plan_label(plan).replace("·", "-").replace(" ", "_").replace("[", "").replace("]", "").replace(",", "-")
-            path = out / "measured" / f"{name}.json"
-            step(f"   running {plan_label(plan)} on {plan.world_size} CPU ranks")
+            path = out / "measured" / (f"{name}.json" if rnd == 0 else f"{name}.round{rnd}.json")
+            step(f"   running {plan_label(plan)} on {plan.world_size} CPU ranks" + (f" (round {rnd + 1})" if rnd else ""))
             run_plan(plan, model, path, cfg.run)
-            measured[key] = load_run(path)
-        return measured[key]
+            measured[(key(plan), rnd)] = load_run(path)
+        return measured[(key(plan), rnd)]
+
+    def combined(plan: Plan) -> MeasuredRun:
+        """The plan's runs as one: the median of its rounds' iteration times."""
+        return merge_repeats([r for (k, _), r in measured.items() if k == key(plan)])[0]
+
+    def unique(plans: list[Plan]) -> list[Plan]:
+        return list({key(p): p for p in plans}.values())
 
     step("3/6 running the default plan, the tuned plan and the calibration probes")
-    fit_plans = [default, tuned1] + [cfg.fitted(p) for p in cfg.probes]
-    fit_runs = list({id(r): r for r in (measure(p) for p in fit_plans)}.values())
+    fit_plans = unique([default, tuned1] + [cfg.fitted(p) for p in cfg.probes])
+    fit_runs = [measure(p) for p in fit_plans]
 
     step(f"4/6 calibrating on {len(fit_runs)} runs")
     cal, notes = calibrate(fit_runs)
@@ -149,13 +159,17 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
 
     step("5/6 re-tuning with the calibrated simulator; running its plan and the held-out plans")
     tuned2 = _tune(model, cfg, out / "tune-calibrated", None, cal)
-    fitted_keys = {id(r) for r in fit_runs}
-    held_runs = [r for r in (measure(p) for p in [tuned2] + [cfg.fitted(p) for p in cfg.holdout])
-                 if id(r) not in fitted_keys]
-    held_runs = list({id(r): r for r in held_runs}.values())
+    held_plans = [p for p in unique([tuned2] + [cfg.fitted(p) for p in cfg.holdout]) if key(p) not in map(key, fit_plans)]
+    for p in held_plans:
+        measure(p)
+    # The speedup compares two plans measured minutes apart, and this machine's speed drifts between
+    # runs: a second round of both, interleaved, and the median of each.
+    for p in unique([default, tuned2]):
+        measure(p, 1)
 
     step("6/6 writing the report")
-    res = _report(cfg, model, out, trace, default, tuned1, tuned2, measure, fit_runs, held_runs, cal, notes.warnings)
+    res = _report(cfg, model, out, trace, default, tuned1, tuned2, combined, [combined(p) for p in fit_plans],
+                  [combined(p) for p in held_plans], cal, notes.warnings)
     step(f"done: {res.report}")
     return res
 
@@ -201,7 +215,8 @@ def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, default: Pla
         f"({platform.processor() or platform.machine()}, Python {platform.python_version()}). "
         f"Every figure below was measured or simulated in this run. Global batch {cfg.global_batch}, "
         f"{cfg.run.steps} steps per run ({cfg.run.warmup_steps} warm-up, the last one profiled), "
-        "iteration time = median of the remaining steps.",
+        "iteration time = median of the remaining steps; the default and tuned plans ran twice, "
+        "interleaved, and their time is the mean of the two runs (this machine's speed drifts between runs).",
         "",
         "## Result",
         "",

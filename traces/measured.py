@@ -65,8 +65,10 @@ class StepRecord:
 class ActionRecord:
     """One compute action of one rank: F, B (full backward), I (input grad) or W (weight grad).
 
-    ``cpu_s`` is the process CPU time used during the action (CPU ranks): its work, whatever
-    else shared the cores; calibration fits compute to it.
+    ``cpu_s`` is the CPU time the action used (CPU ranks): of the rank's thread when it runs one
+    intra-op thread (gloo's own threads, copying other messages meanwhile, are left out), else of
+    the whole process. It is the action's work, whatever else shared the cores; calibration fits
+    compute to it.
     """
 
     rank: int

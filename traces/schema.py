@@ -12,6 +12,7 @@ Supported field types: ``int``, ``float``, ``bool``, ``str``, ``X | None``, ``li
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -148,16 +149,21 @@ def to_dict(obj: Any) -> Any:
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file, turning every I/O or syntax problem into a one-line ContractError."""
+    """Read a JSON file (gzip-compressed if it ends in ``.gz``), turning every I/O or syntax
+    problem into a one-line ContractError."""
     p = Path(path)
     name = str(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        if p.suffix == ".gz":
+            with gzip.open(p, "rt", encoding="utf-8") as fh:
+                text = fh.read()
+        else:
+            text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ContractError(name, None, "file not found") from None
     except IsADirectoryError:
         raise ContractError(name, None, "is a directory, expected a JSON file") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, EOFError) as e:
         raise ContractError(name, None, f"cannot read file ({e.__class__.__name__}: {e})") from None
     try:
         return json.loads(text)

@@ -8,6 +8,8 @@ rest — on a shared machine single steps swing by tens of percent, and the medi
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ from traces.catalog import DeviceSpec, get_device
 from traces.config import Cluster, Model, Plan
 from traces.errors import ContractError
 from traces.measured import Measurement
+from traces.schema import to_dict
 from traces.trace import Trace
 
 
@@ -47,8 +50,11 @@ class MeasuredRun:
 
     @property
     def name(self) -> str:
-        """The file's stem, a short label for tables."""
-        return Path(self.source).stem
+        """The file's name without ``.json``/``.json.gz``, a short label for tables."""
+        name = Path(self.source).name
+        for suffix in (".gz", ".json"):
+            name = name.removesuffix(suffix)
+        return name
 
 
 def measured_events(run: MeasuredRun, step: int | None = None) -> list[dict[str, Any]]:
@@ -104,6 +110,26 @@ def load_run(path: str | Path, catalog: dict[str, DeviceSpec] | None = None) -> 
     return MeasuredRun(source, meas, trace.model, cluster, device, clean, statistics.median(times))
 
 
+def merge_repeats(runs: list[MeasuredRun]) -> list[MeasuredRun]:
+    """One run per distinct plan (and model): repeated runs of a plan become one whose iteration
+    time is the median of theirs.
+
+    On a shared or virtualised machine the speed drifts between runs by more than it varies within
+    one (10–20 % between runs minutes apart on the 2-vCPU CI machine, a few % between steps of
+    one run), so a plan measured in several rounds, interleaved with the others, is compared by
+    the median of its rounds. The merged run keeps the first run's records and source.
+    """
+    groups: dict[str, list[MeasuredRun]] = {}
+    for run in runs:
+        key = json.dumps([to_dict(run.plan), to_dict(run.model), run.measurement.world_size], sort_keys=True)
+        groups.setdefault(key, []).append(run)
+    out = []
+    for group in groups.values():
+        first = group[0]
+        out.append(dataclasses.replace(first, iteration_s=statistics.median(r.iteration_s for r in group)))
+    return out
+
+
 def load_runs(paths: list[str] | list[Path], catalog: dict[str, DeviceSpec] | None = None) -> list[MeasuredRun]:
     """:func:`load_run` for each path (errors name the file)."""
     if not paths:
@@ -111,4 +137,4 @@ def load_runs(paths: list[str] | list[Path], catalog: dict[str, DeviceSpec] | No
     return [load_run(p, catalog) for p in paths]
 
 
-__all__ = ["MeasuredRun", "load_run", "load_runs", "measured_events", "profiled_steps"]
+__all__ = ["MeasuredRun", "load_run", "load_runs", "measured_events", "merge_repeats", "profiled_steps"]

@@ -1,7 +1,13 @@
-"""``mindpipe validate``: the GPU performance model against published measurements (torch-free).
+"""``mindpipe validate``: the simulator against measurements — published ones, or your own runs (torch-free).
 
     mindpipe validate vtrain-single --data vtrain_a100_single_node.csv [--json]
     mindpipe validate vtrain-multi  --data vtrain_a100_multi_node.csv  [--gpu h100-sxm5-80gb]
+    mindpipe validate measured --data m1.json m2.json ... [--calibration cal.json] [--report DIR]
+
+``measured`` takes traces written by ``mindpipe run`` and prints predicted vs measured iteration
+time, uncalibrated and (with ``--calibration``) calibrated; ``--report DIR`` also writes the
+table as Markdown and the scatter plot. ``--calibration`` applies to the vTrain datasets too (a
+calibration fitted on GPU runs of that device).
 
 The datasets are not shipped (DESIGN.md: the product must not need them); the user points at
 the CSV. ``--json`` prints one object on stdout (``mape``, ``max_abs_pct_error``, ``n``, per-row
@@ -19,14 +25,17 @@ from typing import Any
 
 from traces.errors import ContractError
 
-DATASETS = ("vtrain-single", "vtrain-multi")
+DATASETS = ("vtrain-single", "vtrain-multi", "measured")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``validate`` subcommand to ``subparsers`` and return its parser."""
     p = subparsers.add_parser("validate", help="simulate published runs and print the error of the performance model")
-    p.add_argument("dataset", choices=DATASETS, help="which published measurements the CSV holds")
-    p.add_argument("--data", required=True, metavar="CSV", help="the dataset's CSV (vTrain ground_truth_{single,multi}.csv)")
+    p.add_argument("dataset", choices=DATASETS, help="which measurements --data holds")
+    p.add_argument("--data", required=True, nargs="+", metavar="FILE",
+                   help="the dataset's CSV (vTrain ground_truth_{single,multi}.csv), or measured traces for 'measured'")
+    p.add_argument("--calibration", default=None, metavar="FILE", help="simulate with this calibration (mindpipe calibrate)")
+    p.add_argument("--report", default=None, metavar="DIR", help="measured: write fidelity.md and calibration_scatter.png")
     p.add_argument("--gpu", default="a100-sxm4-80gb", help="catalog GPU to simulate the runs on (default a100-sxm4-80gb)")
     p.add_argument("--sample", type=int, default=None, metavar="N", help="validate N rows drawn with --seed (default all)")
     p.add_argument("--seed", type=int, default=0, help="seed of --sample and of the fit/hold-out split (default 0)")
@@ -44,6 +53,16 @@ def cmd_validate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from simulator.perf.vtrain import load_vtrain, split_fit_holdout
     from traces.catalog import get_device
 
+    calibration = None
+    if args.calibration:
+        from traces.calibration import load_calibration
+
+        calibration = load_calibration(args.calibration)
+    if args.dataset == "measured":
+        return _validate_measured(args, calibration)
+    if len(args.data) != 1:
+        raise ContractError("--data", None, f"{args.dataset} takes one CSV file, got {len(args.data)}")
+    args.data = args.data[0]
     device = get_device(args.gpu)
     if device.kind != "gpu":
         raise ContractError("--gpu", "gpu", f"{args.gpu} is not a GPU; validate compares GPU runs")
@@ -66,7 +85,7 @@ def cmd_validate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if not args.quiet and (i % 50 == 0 or i == total):
             print(f"\rsimulated {i}/{total} rows", end="\n" if i == total else "", file=sys.stderr, flush=True)
 
-    results = validate_rows(rows, progress=progress)
+    results = validate_rows(rows, progress=progress, calibration=calibration)
     summary = summarize(results, fit_sources)
     label = args.dataset if device.name.startswith("a100") else f"{args.dataset} on {device.name}"
     if args.json:
@@ -78,6 +97,31 @@ def cmd_validate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(json.dumps(out))
     else:
         print(format_report(label, results, summary))
+    return 0
+
+
+def _validate_measured(args: argparse.Namespace, calibration: Any) -> int:
+    """Predicted vs measured for runs of ``mindpipe run`` (before and, if given, after calibration)."""
+    from pathlib import Path
+
+    from simulator.calibrate.fidelity import fidelity, scatter_png, summary, table_markdown, table_text
+    from simulator.calibrate.runs import load_runs
+
+    rows = fidelity(load_runs(args.data), calibration)
+    files = []
+    if args.report:
+        out = Path(args.report)
+        out.mkdir(parents=True, exist_ok=True)
+        source = f"calibration `{args.calibration}`" if args.calibration else "no calibration"
+        (out / "fidelity.md").write_text(f"# Predicted vs measured ({source})\n\n{table_markdown(rows)}\n", encoding="utf-8")
+        files = [str(out / "fidelity.md"), str(scatter_png(rows, out / "calibration_scatter.png"))]
+    if args.json:
+        print(json.dumps({"dataset": "measured", "data": list(args.data), "calibration": args.calibration,
+                          **summary(rows), "rows": [vars(r) for r in rows], "report": files}))
+    else:
+        print(table_text(rows))
+        if files:
+            print("wrote " + ", ".join(files))
     return 0
 
 

@@ -27,6 +27,7 @@ from simulator.costs import layer_params
 from simulator.perf.constants import GpuConstants
 from simulator.perf.gpu import GpuComputeModel
 from simulator.perf.vtrain import VOCAB, VTrainRow
+from traces.calibration import Calibration
 from traces.catalog import get_device
 
 # Published MAPE of vTrain on the same data (MICRO'24, §V): the figure to beat.
@@ -70,22 +71,22 @@ def with_gpu(row: VTrainRow, gpu: str) -> VTrainRow:
     return dataclasses.replace(row, cluster=dataclasses.replace(row.cluster, gpu=gpu))
 
 
-def predict_s(row: VTrainRow, constants: GpuConstants | None = None) -> float:
-    """Simulated iteration time of a row (default models, or given compute constants)."""
-    opts = SimulationOptions()
+def predict_s(row: VTrainRow, constants: GpuConstants | None = None, calibration: Calibration | None = None) -> float:
+    """Simulated iteration time of a row (default models, or given compute constants or calibration)."""
+    opts = SimulationOptions(calibration=calibration)
     if constants is not None:
         opts.compute = GpuComputeModel(get_device(row.cluster.gpu), constants=constants)
     return simulate(row.model, row.cluster, row.plan, opts).iteration_time_s
 
 
 def validate_rows(rows: Iterable[VTrainRow], constants: GpuConstants | None = None,
-                  progress: Callable[[int], None] | None = None) -> list[RowResult]:
+                  progress: Callable[[int], None] | None = None, calibration: Calibration | None = None) -> list[RowResult]:
     """Simulate every row; ``progress(i)`` is called after each one."""
     out = []
     for i, r in enumerate(rows, start=1):
         p = r.plan
         out.append(RowResult(r.source, size_label(r), p.world_size, p.tp, p.pp, p.dp, p.micro_batch_size,
-                             p.global_batch_size, r.measured_iteration_time_s, predict_s(r, constants)))
+                             p.global_batch_size, r.measured_iteration_time_s, predict_s(r, constants, calibration)))
         if progress is not None:
             progress(i)
     return out

@@ -34,6 +34,7 @@ from traces.catalog import get_device
 from traces.config import Plan
 from traces.errors import ContractError
 from traces.measured import ActionRecord, CommEvent, Measurement, RankRecord, StepRecord
+from traces.schema import to_dict
 
 MODEL = load_model("gpt-mini")
 CPU = get_device("cpu")
@@ -234,3 +235,51 @@ def test_gloo_runs_reduce_scatter_as_all_reduce():
 
     assert seconds(gloo, "reducescatter") == pytest.approx(seconds(gloo, "allreduce"))
     assert seconds(nccl, "reducescatter") == pytest.approx(seconds(nccl, "allreduce") / 2)
+
+
+def _write_measured(run: MeasuredRun, path) -> str:
+    """A measured trace file as `mindpipe run --out` writes it (layer records abridged)."""
+    from traces.trace import Trace
+
+    data = {"device": "cpu", "dtype": "fp32", "provenance": {"tool": "mindpipe run"}, "backward_split": "combined",
+            "model": to_dict(MODEL),
+            "layers": [{"name": n, "kind": k, "forward_s": 1e-3, "backward_input_s": 2e-3, "backward_weight_s": 0.0}
+                       for n, k in (("embedding", "embedding"), ("block.0", "block"), ("lm_head", "lm_head"))],
+            "measurement": to_dict(run.measurement)}
+    Trace.from_dict(data, str(path)).save(path)
+    return str(path)
+
+
+def test_calibrate_and_validate_commands(tmp_path, capsys):
+    from mindpipe.cli import main
+
+    fit_files = [_write_measured(_synthetic_run(p), tmp_path / f"fit{i}.json") for i, p in enumerate(FIT_PLANS)]
+    held_files = [_write_measured(_synthetic_run(p), tmp_path / f"held{i}.json") for i, p in enumerate(HELD_OUT[:2])]
+    cal_path, report = tmp_path / "cal.json", tmp_path / "report"
+    assert main(["calibrate", *fit_files, "--out", str(cal_path), "--holdout", *held_files,
+                 "--report", str(report), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["holdout"]["n"] == 2 and out["holdout"]["mape_calibrated_pct"] < 3.0
+    assert (report / "fidelity.md").read_text().count("| held") == 2
+    assert (report / "calibration_scatter.png").stat().st_size > 10_000
+    cal = load_calibration(cal_path)
+    assert cal.measurements == fit_files
+    # simulate --calibration prints the calibrated prediction, which matches the held-out "measurement".
+    plan = json.dumps(to_dict(HELD_OUT[0]))
+    assert main(["simulate", "--model", "gpt-mini", "--cluster", "cpu:1x4", "--plan", plan,
+                 "--calibration", str(cal_path), "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["iteration_time_s"] == pytest.approx(_synthetic_run(HELD_OUT[0]).iteration_s, rel=0.03)
+    assert sim["extra"]["calibration"]["cores_per_rank_slots"] == 2
+    # validate measured: the same table from the files alone.
+    assert main(["validate", "measured", "--data", *held_files, "--calibration", str(cal_path), "--json"]) == 0
+    val = json.loads(capsys.readouterr().out)
+    assert val["n"] == 2 and val["mape_calibrated_pct"] == pytest.approx(out["holdout"]["mape_calibrated_pct"])
+    # A file that is both fitted on and held out, and a trace without measurements, are refused.
+    assert main(["calibrate", *fit_files, "--out", str(cal_path), "--holdout", fit_files[0]]) == 2
+    plain = tmp_path / "plain.json"
+    data = json.loads((tmp_path / "fit0.json").read_text())
+    data.pop("measurement")
+    plain.write_text(json.dumps(data))
+    assert main(["calibrate", str(plain), "--out", str(cal_path)]) == 2
+    assert "not a measured run" in capsys.readouterr().err
