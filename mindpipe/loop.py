@@ -4,7 +4,8 @@
 
 1. **profile** the model layer by layer (``traces.profiler``);
 2. **tune** every plan for the ranks with the simulator, on the profiled trace (uncalibrated);
-3. **run** the tuned plan, the default plan (pipeline over all ranks, even split, ``1f1b``) and
+3. **run** the tuned plan, the default plan (pipeline over all ranks, even split, ``1f1b``,
+   micro-batch 1 as torchtitan's defaults) and
    a few probe plans that cover what the others may not (tensor and data parallelism) with the
    executor, measuring each;
 4. **calibrate** the simulator on those runs (:mod:`simulator.calibrate`);
@@ -56,7 +57,9 @@ class LoopConfig:
         model: Built-in name or model file.
         ranks: CPU ranks (one node).
         global_batch: Samples per iteration (every plan).
-        micro_batch: The default plan's micro-batch size.
+        micro_batch: The default plan's micro-batch size: 1, torchtitan's default
+            (``pipeline_parallel_microbatch_size``), as a user who does not tune gets.
+        profile_micro_batch: Micro-batch size the model is profiled at.
         run: Steps, warm-up and profiling of each executor run.
         probes: Extra plans run for the calibration (their ``global_batch_size`` is replaced).
         holdout: Extra plans run only to check the calibrated predictions.
@@ -66,7 +69,8 @@ class LoopConfig:
     model: str = "gpt-mini"
     ranks: int = 4
     global_batch: int = 32
-    micro_batch: int = 4
+    micro_batch: int = 1
+    profile_micro_batch: int = 4
     run: RunSpec = field(default_factory=RunSpec)
     probes: list[Plan] = field(default_factory=lambda: [_plan(tp=2, pp=2, micro_batch_size=4),
                                                         _plan(dp=4, micro_batch_size=8)])
@@ -118,7 +122,7 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
     step(f"1/6 profiling {model.label} on the CPU")
     from traces.profiler import ProfileOptions, profile_model
 
-    trace = profile_model(model, ProfileOptions(micro_batch_size=cfg.micro_batch, repeats=5, step_repeats=0),
+    trace = profile_model(model, ProfileOptions(micro_batch_size=cfg.profile_micro_batch, repeats=5, step_repeats=0),
                           command="mindpipe demo")
     trace.save(out / f"{cfg.model}.trace.json")
 
@@ -231,7 +235,7 @@ def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, default: Pla
         "",
         "## What happened",
         "",
-        f"1. **Profile**: per-layer CPU times of {model.label} at micro-batch {cfg.micro_batch} "
+        f"1. **Profile**: per-layer CPU times of {model.label} at micro-batch {cfg.profile_micro_batch} "
         f"(`{cfg.model}.trace.json`, {len(trace.layers)} layers).",
         f"2. **Tune, uncalibrated**: {_count(out / 'tune-uncalibrated')} plans simulated on the profiled trace; "
         f"best: {plan_label(tuned1)}.",
