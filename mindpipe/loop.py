@@ -95,7 +95,9 @@ class LoopResult:
     calibration: Calibration
 
 
-def _tune(model: Model, cfg: LoopConfig, out: Path, trace: Trace | None, calibration: Calibration | None) -> Plan:
+def _tune(model: Model, cfg: LoopConfig, out: Path, trace: Trace | None,
+          calibration: Calibration | None) -> tuple[Plan, int]:
+    """The best plan and how many plans were simulated."""
     from tuner.api import tune
     from tuner.sweep import SweepConfig
 
@@ -105,7 +107,7 @@ def _tune(model: Model, cfg: LoopConfig, out: Path, trace: Trace | None, calibra
     outcome = tune(model, load_cluster(f"cpu:1x{cfg.ranks}"), out=out, global_batch=cfg.global_batch,
                    fixes=["precision=fp32", "overlap_grad_reduce=false"], trace=trace, calibration=calibration,
                    config=SweepConfig(optimizer="grid", budget=100_000, workers=1), plots=True)
-    return from_dict(Plan, outcome.summary["best_plan"], "best_plan")
+    return from_dict(Plan, outcome.summary["best_plan"], "best_plan"), int(outcome.summary["evaluations"])
 
 
 def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> LoopResult:
@@ -127,7 +129,7 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
     trace.save(out / f"{cfg.model}.trace.json")
 
     step("2/6 tuning (uncalibrated: profiled layer times, dedicated devices)")
-    tuned1 = _tune(model, cfg, out / "tune-uncalibrated", trace, None)
+    tuned1, simulated = _tune(model, cfg, out / "tune-uncalibrated", trace, None)
     default = _plan(pp=cfg.ranks, micro_batch_size=cfg.micro_batch, global_batch_size=cfg.global_batch)
 
     measured: dict[tuple[str, int], MeasuredRun] = {}
@@ -162,7 +164,7 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
         say(f"   warning: {w}")
 
     step("5/6 re-tuning with the calibrated simulator; running its plan and the held-out plans")
-    tuned2 = _tune(model, cfg, out / "tune-calibrated", None, cal)
+    tuned2, _ = _tune(model, cfg, out / "tune-calibrated", None, cal)
     held_plans = [p for p in unique([tuned2] + [cfg.fitted(p) for p in cfg.holdout]) if key(p) not in map(key, fit_plans)]
     for p in held_plans:
         measure(p)
@@ -172,7 +174,7 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
         measure(p, 1)
 
     step("6/6 writing the report")
-    res = _report(cfg, model, out, trace, default, tuned1, tuned2, combined, [combined(p) for p in fit_plans],
+    res = _report(cfg, model, out, trace, simulated, default, tuned1, tuned2, combined, [combined(p) for p in fit_plans],
                   [combined(p) for p in held_plans], cal, notes.warnings)
     step(f"done: {res.report}")
     return res
@@ -186,7 +188,8 @@ def _gantt(run: MeasuredRun, cal: Calibration, path: Path) -> None:
                   (sim.timeline or [], f"simulated, calibrated: iteration {sim.iteration_time_s:.2f} s")], path)
 
 
-def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, default: Plan, tuned1: Plan, tuned2: Plan,
+def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, simulated: int, default: Plan, tuned1: Plan,
+            tuned2: Plan,
             measure: Callable[[Plan], MeasuredRun], fit_runs: list[MeasuredRun], held_runs: list[MeasuredRun],
             cal: Calibration, warnings: Sequence[str]) -> LoopResult:
     figs = out / "figures"
@@ -211,7 +214,7 @@ def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, default: Pla
         return (f"| {role} | {r.plan} | {r.uncalibrated_s:.3f} | {cal_s} | {r.measured_s:.3f} | "
                 f"{d_run.iteration_s / r.measured_s:.2f}× |")
 
-    all_rows = fidelity(list({id(r): r for r in [d_run, t1_run, t2_run]}.values()), cal)
+    all_rows = fit_rows + held_rows  # the default and both tuned plans are among them
     lines = [
         f"# MindPipe closed loop: {model.label} on {cfg.ranks} CPU ranks",
         "",
@@ -237,7 +240,7 @@ def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, default: Pla
         "",
         f"1. **Profile**: per-layer CPU times of {model.label} at micro-batch {cfg.profile_micro_batch} "
         f"(`{cfg.model}.trace.json`, {len(trace.layers)} layers).",
-        f"2. **Tune, uncalibrated**: {_count(out / 'tune-uncalibrated')} plans simulated on the profiled trace; "
+        f"2. **Tune, uncalibrated**: {simulated} plans simulated on the profiled trace; "
         f"best: {plan_label(tuned1)}.",
         f"3. **Run**: {len(fit_runs)} plans with `mindpipe run` (default, tuned, probes), files in `measured/`.",
         "4. **Calibrate** on those runs (`calibration.json`):",
@@ -288,13 +291,6 @@ def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, default: Pla
         "holdout": s, "holdout_rows": [vars(r) for r in held_rows], "fitted_rows": [vars(r) for r in fit_rows],
     }, indent=1) + "\n", encoding="utf-8")
     return LoopResult(report, d_run.iteration_s, t2_run.iteration_s, speedup, s, cal)
-
-
-def _count(tune_dir: Path) -> str:
-    try:
-        return str(json.loads((tune_dir / "summary.json").read_text())["evaluations"])
-    except (OSError, KeyError, ValueError):
-        return "the"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

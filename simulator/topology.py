@@ -34,6 +34,16 @@ RING_FACTOR = {"allreduce": lambda k: 2 * (k - 1) / k, "reducescatter": lambda k
 DEFAULT_LOCAL_GBPS = 2.0
 
 
+def link_type_capacities(cluster: Cluster, device: DeviceSpec) -> dict[str, float]:
+    """Bytes/s (one direction) of one link of each type: a device's NVLink port, a node's NIC
+    (all its NICs together), the loopback of a CPU node, a device's PCIe link."""
+    nv = cluster.intra_node_bandwidth_GBps or device.nvlink_bandwidth_unidirectional_GBps or device.pcie_bandwidth_GBps
+    nic_gbps = cluster.inter_node_bandwidth_Gbps or device.nic_bandwidth_Gbps * cluster.gpus_per_node
+    return {"nvlink": nv * 1e9, "nic": nic_gbps * 1e9 / 8,
+            "local": (cluster.intra_node_bandwidth_GBps or DEFAULT_LOCAL_GBPS) * 1e9,
+            "pcie": device.pcie_bandwidth_GBps * 1e9}
+
+
 @dataclass(frozen=True, slots=True)
 class FlowSpec:
     """Bytes that cross a set of links, ``multiplicity[link]`` identical flows on each."""
@@ -81,13 +91,9 @@ class Topology:
             self._stride[ax] = stride
             stride *= sizes[ax]
         self.is_cpu = self.device.kind == "cpu"
-        c, d = self.cluster, self.device
-        nv = c.intra_node_bandwidth_GBps or d.nvlink_bandwidth_unidirectional_GBps or d.pcie_bandwidth_GBps
-        self.nvlink_Bps = nv * 1e9
-        nic_gbps = c.inter_node_bandwidth_Gbps or d.nic_bandwidth_Gbps * c.gpus_per_node
-        self.nic_Bps = nic_gbps * 1e9 / 8
-        self.local_Bps = (c.intra_node_bandwidth_GBps or DEFAULT_LOCAL_GBPS) * 1e9
-        self.pcie_Bps = d.pcie_bandwidth_GBps * 1e9
+        caps = link_type_capacities(self.cluster, self.device)
+        self.nvlink_Bps, self.nic_Bps, self.local_Bps, self.pcie_Bps = (
+            caps["nvlink"], caps["nic"], caps["local"], caps["pcie"])
 
     # -- placement -----------------------------------------------------------------------------
     def global_rank(self, pp: int, dp: int = 0, tp: int = 0) -> int:
@@ -190,4 +196,4 @@ class Topology:
         return [Phase("p2p", 1, "pcie", (FlowSpec((("pcie", self.rep(pp_rank)),), nbytes, (1,), "pcie"),), nbytes)]
 
 
-__all__ = ["FlowSpec", "Phase", "Topology"]
+__all__ = ["FlowSpec", "Phase", "Topology", "link_type_capacities"]

@@ -70,13 +70,18 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
             for s in range(n_stages) for kind in ("F", "B", "I", "W")}
 
 
-def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[Collective]]:
-    """Tensor-parallel collectives issued inside each (virtual stage, action kind)."""
+def stage_structure(model: Model, plan: Plan) -> list[list[LayerCost]]:
+    """The layers of each virtual stage (names, collectives, parameters; times left at zero)."""
 
     def zero(ops: Sequence[Op]) -> tuple[float, float, float, float]:
         return 0.0, 0.0, 0.0, 0.0
 
-    stages = assign_layers(op_layer_costs(model, plan, zero), model, plan)
+    return assign_layers(op_layer_costs(model, plan, zero), model, plan)
+
+
+def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[Collective]]:
+    """Tensor-parallel collectives issued inside each (virtual stage, action kind)."""
+    stages = stage_structure(model, plan)
     out: dict[tuple[int, str], list[Collective]] = {}
     for s, layers in enumerate(stages):
         fwd = [c for layer in layers for c in layer.forward_comm]
@@ -121,4 +126,4 @@ def shared_core_rates(actions: list[ActionRecord], slots: float) -> list[float]:
     return rates
 
 
-__all__ = ["FEATURES", "action_collectives", "action_features", "shared_core_rates"]
+__all__ = ["FEATURES", "action_collectives", "action_features", "shared_core_rates", "stage_structure"]

@@ -89,13 +89,18 @@ def table_markdown(rows: list[FidelityRow]) -> str:
         cal = "—" if r.calibrated_s is None else f"{r.calibrated_s:.3f} ({100 * (r.calibrated_error or 0):+.1f}%)"
         lines.append(f"| {r.name} | {r.plan} | {r.ranks} | {r.measured_s:.3f} | "
                      f"{r.uncalibrated_s:.3f} ({100 * r.uncalibrated_error:+.1f}%) | {cal} |")
-    s = summary(rows)
     if rows:
-        line = f"\nMAPE uncalibrated {s['mape_uncalibrated_pct']:.1f}%"
-        if "mape_calibrated_pct" in s:
-            line += f", calibrated {s['mape_calibrated_pct']:.1f}% ({s['improvement_factor']:.1f}× lower)"
-        lines.append(line + f", over {s['n']} runs.")
+        lines.append(f"\nMAPE {_mape_phrase(rows, '×')}, over {len(rows)} runs.")
     return "\n".join(lines)
+
+
+def _mape_phrase(rows: list[FidelityRow], times: str) -> str:
+    """``uncalibrated X%, calibrated Y% (Z× lower)`` (the calibrated part only with a calibration)."""
+    s = summary(rows)
+    phrase = f"uncalibrated {s['mape_uncalibrated_pct']:.1f}%"
+    if "mape_calibrated_pct" in s:
+        phrase += f", calibrated {s['mape_calibrated_pct']:.1f}% ({s['improvement_factor']:.1f}{times} lower)"
+    return phrase
 
 
 def table_text(rows: list[FidelityRow]) -> str:
@@ -106,12 +111,8 @@ def table_text(rows: list[FidelityRow]) -> str:
         cal = ("", "") if r.calibrated_s is None else (f"{r.calibrated_s:9.3f}", f"{100 * (r.calibrated_error or 0):+7.1f}%")
         lines.append(f"{r.name[:24]:24s} {r.plan[:34]:34s} {r.ranks:5d} {r.measured_s:9.3f} {r.uncalibrated_s:9.3f} "
                      f"{100 * r.uncalibrated_error:+7.1f}% {cal[0]:>9s} {cal[1]:>8s}")
-    s = summary(rows)
     if rows:
-        line = f"MAPE: uncalibrated {s['mape_uncalibrated_pct']:.1f}%"
-        if "mape_calibrated_pct" in s:
-            line += f", calibrated {s['mape_calibrated_pct']:.1f}% ({s['improvement_factor']:.1f}x lower)"
-        lines.append(line)
+        lines.append(f"MAPE: {_mape_phrase(rows, 'x')}")
     return "\n".join(lines)
 
 

@@ -35,11 +35,16 @@ import numpy as np
 from scipy.optimize import lsq_linear, nnls
 
 from simulator.api import SimulationOptions, simulate
-from simulator.build import assign_layers
-from simulator.calibrate.features import FEATURES, action_collectives, action_features, shared_core_rates
+from simulator.calibrate.features import (
+    FEATURES,
+    action_collectives,
+    action_features,
+    shared_core_rates,
+    stage_structure,
+)
 from simulator.calibrate.models import ReferenceOpTime, as_run
 from simulator.calibrate.runs import MeasuredRun, profiled_steps
-from simulator.costs import layer_params, op_layer_costs
+from simulator.costs import layer_params
 from simulator.perf.nccl import ring_steps, wire_bytes
 from simulator.schedules import build_schedule
 from traces.calibration import (
@@ -66,8 +71,6 @@ class FitNotes:
     """What each fit used and how well it explains its own data (for the report)."""
 
     comm_groups: list[dict[str, float | int | str]]
-    compute_rows: int
-    optimizer_rows: int
     step_residuals_s: dict[str, float]
     warnings: list[str]
 
@@ -173,22 +176,18 @@ def _slots(run: MeasuredRun) -> float | None:
     return meas.cpus_per_node / meas.threads_per_rank
 
 
-def _tp_comm_s(colls, plan, link: LinkCalibration | None) -> float:
+def _tp_comm_s(colls, plan, link: LinkCalibration | None, backend: str) -> float:
     if link is None or plan.tp < 2:
         return 0.0
-    return sum(ring_steps(as_run(c.op, "gloo"), plan.tp) * link.step_latency_s
-               + wire_bytes(as_run(c.op, "gloo"), c.nbytes, plan.tp) / link.bandwidth_Bps for c in colls)
+    return sum(ring_steps(as_run(c.op, backend), plan.tp) * link.step_latency_s
+               + wire_bytes(as_run(c.op, backend), c.nbytes, plan.tp) / link.bandwidth_Bps for c in colls)
 
 
 def _params_by_rank(run: MeasuredRun) -> dict[int, int]:
     """Parameters each pipeline rank holds (after TP sharding; ZeRO shards over dp)."""
     model, plan = run.model, run.plan
     per_layer = {name: n for name, _, n in layer_params(model, plan.tp)}
-
-    def zero(ops):
-        return 0.0, 0.0, 0.0, 0.0
-
-    stages = assign_layers(op_layer_costs(model, plan, zero), model, plan)
+    stages = stage_structure(model, plan)
     owner = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages).stage_to_rank
     out: dict[int, int] = defaultdict(int)
     for s, layers in enumerate(stages):
@@ -197,7 +196,7 @@ def _params_by_rank(run: MeasuredRun) -> dict[int, int]:
 
 
 def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibration]],
-                warnings: list[str]) -> tuple[dict[str, dict[str, ComputeCalibration]], int, int]:
+                warnings: list[str]) -> dict[str, dict[str, ComputeCalibration]]:
     """Per device and precision: operator scales, per-operator overhead and optimizer constants."""
     rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
     ys: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -222,7 +221,7 @@ def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibrati
                 # CPU time is the work itself (blocked collective waits use none of it).
                 alone = a.cpu_s / meas.threads_per_rank
             else:
-                alone = (a.duration_s - _tp_comm_s(colls[(a.stage, a.kind)], plan, link)) * rate
+                alone = (a.duration_s - _tp_comm_s(colls[(a.stage, a.kind)], plan, link, meas.backend)) * rate
             work[(a.rank, a.stage, a.kind)].append(alone)
         for (_, stage, kind), values in work.items():
             y = statistics.median(values)
@@ -237,7 +236,6 @@ def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibrati
                 opt_rows[key].append([1.0, float(params.get(r.pp_rank, 0))])
                 opt_ys[key].append(r.optimizer_s * share)
     out: dict[str, dict[str, ComputeCalibration]] = {}
-    n_rows = n_opt = 0
     for key, design in rows.items():
         device, precision = key
         if len(design) < len(FEATURES):
@@ -261,9 +259,7 @@ def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibrati
             tp_comm_cpu_s_per_byte=float(x[len(OP_KINDS) + 2]),
             optimizer_overhead_s=float(opt_x[0]),
             optimizer_s_per_param=float(opt_x[1]), threads_per_rank=t, samples=len(design), fit_mape=mape)
-        n_rows += len(design)
-        n_opt += len(opt_rows[key])
-    return out, n_rows, n_opt
+    return out
 
 
 def calibrate(runs: list[MeasuredRun]) -> tuple[Calibration, FitNotes]:
@@ -279,7 +275,7 @@ def calibrate(runs: list[MeasuredRun]) -> tuple[Calibration, FitNotes]:
         if not profiled_steps(run.measurement):
             warnings.append(f"{run.source}: no profiled step (mindpipe run --profile-step N): no collective sizes")
     comm, comm_table = fit_comm(runs)
-    compute, n_rows, n_opt = fit_compute(runs, comm, warnings)
+    compute = fit_compute(runs, comm, warnings)
     devices: dict[str, DeviceCalibration] = {}
     for run in runs:
         name = run.device.name
@@ -292,7 +288,7 @@ def calibrate(runs: list[MeasuredRun]) -> tuple[Calibration, FitNotes]:
     cal = Calibration(devices=devices, comm=comm, measurements=[r.source for r in runs],
                       created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     residuals = fit_step_overhead(runs, cal)
-    return cal, FitNotes(comm_table, n_rows, n_opt, residuals, warnings)
+    return cal, FitNotes(comm_table, residuals, warnings)
 
 
 def fit_step_overhead(runs: list[MeasuredRun], cal: Calibration) -> dict[str, float]:

@@ -25,7 +25,7 @@ from simulator.costs import Collective, CommModel, ComputeModel, LayerCost, op_l
 from simulator.ops import Op
 from simulator.perf.gpu import GpuComputeModel
 from simulator.perf.nccl import ring_steps, wire_bytes
-from simulator.topology import DEFAULT_LOCAL_GBPS
+from simulator.topology import link_type_capacities
 from traces.calibration import Calibration, ComputeCalibration, DeviceCalibration, LinkCalibration
 from traces.catalog import DeviceSpec
 from traces.config import Cluster, Model, Plan
@@ -221,19 +221,11 @@ def apply_calibration(cal: Calibration, device: DeviceSpec, cluster: Cluster, hw
         local = links.get("local")
         if device.kind == "cpu" and local is not None:
             cluster = dataclasses.replace(cluster, intra_node_bandwidth_GBps=local.bandwidth_Bps / 1e9)
-        caps = _link_capacities(device, cluster)
+        caps = link_type_capacities(cluster, device)
         comm = CalibratedCommModel(dict(links), caps, hw_comm, backend_of(device))
     else:
         notes.append(f"no {backend_of(device)} calibration; uncalibrated communication model")
     return Applied(cluster, compute, comm, slots, overhead, notes)
-
-
-def _link_capacities(device: DeviceSpec, cluster: Cluster) -> dict[str, float]:
-    """Bytes/s per link type as :class:`~simulator.topology.Topology` sets them."""
-    nv = cluster.intra_node_bandwidth_GBps or device.nvlink_bandwidth_unidirectional_GBps or device.pcie_bandwidth_GBps
-    nic = cluster.inter_node_bandwidth_Gbps or device.nic_bandwidth_Gbps * cluster.gpus_per_node
-    return {"nvlink": nv * 1e9, "nic": nic * 1e9 / 8, "pcie": device.pcie_bandwidth_GBps * 1e9,
-            "local": (cluster.intra_node_bandwidth_GBps or DEFAULT_LOCAL_GBPS) * 1e9}
 
 
 __all__ = [
