@@ -122,7 +122,7 @@ def _format_result(result: Any) -> str:
     ]
     if "calibration" in e:
         cal = e["calibration"]
-        lines.append("calibrated             " + "; ".join(
+        lines.append("calibrated            " + "; ".join(
             [f"step overhead {cal['step_overhead_s']:.4g} s"]
             + ([f"{cal['cores_per_rank_slots']:g} ranks at full speed per host"] if cal["cores_per_rank_slots"] else [])
             + cal["notes"]))

@@ -83,15 +83,16 @@ def write_gantts(panels: Sequence[tuple[Sequence[dict[str, Any]], str]], path: s
     from matplotlib.patches import Patch
 
     rows = [max(len({int(e["rank"]) for e in events}), 1) for events, _ in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(12, sum(1.0 + 0.6 * r for r in rows)), sharex=True,
+    legend_in = 0.45  # a strip of its own under the time axis, so it hides neither actions nor the axis label
+    height = sum(1.0 + 0.6 * r for r in rows) + legend_in
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, height), sharex=True,
                              gridspec_kw={"height_ratios": rows}, squeeze=False)
     for ax, (events, title) in zip(axes[:, 0], panels, strict=True):
         draw_gantt(ax, events, title)
     cats = sorted({e.get("category", "F") for events, _ in panels for e in events})
-    # Outside the axes, under the time axis: inside it would hide the last actions of rank 0.
-    axes[-1, 0].legend(handles=[Patch(color=COLORS.get(c, "#999999"), label=c) for c in cats], loc="upper center",
-                       bbox_to_anchor=(0.5, -0.12 - 0.3 / rows[-1]), fontsize="small", ncol=len(cats), frameon=False)
-    fig.tight_layout()
+    fig.legend(handles=[Patch(color=COLORS.get(c, "#999999"), label=c) for c in cats], loc="lower center",
+               fontsize="small", ncol=len(cats), frameon=False)
+    fig.tight_layout(rect=(0.0, legend_in / height, 1.0, 1.0))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
