@@ -5,7 +5,9 @@ weights), as zero-bubble schedules need (Qi et al., ICLR'24). B is timed as
 ``torch.autograd.grad(outputs, inputs)``; the full backward (inputs and weights, as in ordinary
 training) is timed separately, and W = full − B. The same repeat interleaves both so slow drifts
 of the machine affect them alike. Units without parameters have W = 0; units without float
-inputs (the embedding) have B = 0.
+inputs (the embedding) have B = 0. When the difference is lost in timing noise (its median is
+not positive although W does FLOPs; seen on tiny units with few repeats), the full backward is
+split by the FLOP counts of B and W instead, and ``stats["w_from_flops"]`` is 1.
 
 Activation bytes are the distinct storages autograd saves during the unit's forward
 (``torch.autograd.graph.saved_tensors_hooks``), excluding parameters and buffers, which are model
@@ -160,6 +162,12 @@ def measure_unit(
         torch.autograd.backward(o, grads)
     bwd_flops = fc.get_total_flops()
     zero()
+    b_flops = 0
+    if grad_inputs and outs:
+        o = forward()
+        with FlopCounterMode(display=False) as fc:
+            torch.autograd.grad(o, grad_inputs, grads, allow_unused=True)
+        b_flops = fc.get_total_flops()
 
     fwd_t: list[float] = []
     b_t: list[float] = []
@@ -190,10 +198,16 @@ def measure_unit(
     elif not grad_inputs:
         w_t, b_t = full_t, [0.0] * len(full_t)
     else:
-        w_t = [max(f - b, 0.0) for f, b in zip(full_t, b_t, strict=True)]
+        w_t = [f - b for f, b in zip(full_t, b_t, strict=True)]
     f_med, f_iqr = median_iqr(fwd_t)
     b_med, b_iqr = median_iqr(b_t)
     w_med, w_iqr = median_iqr(w_t)
+    w_from_flops = weights and grad_inputs and w_med <= 0.0 and bwd_flops > b_flops
+    if w_from_flops:
+        full_med, _ = median_iqr(full_t)
+        w_med = full_med * (bwd_flops - b_flops) / bwd_flops
+        b_med = full_med - w_med
+    w_med = max(w_med, 0.0)
     return UnitCost(
         forward_s=f_med,
         backward_input_s=b_med,
@@ -207,5 +221,6 @@ def measure_unit(
             "forward_s_iqr": f_iqr,
             "backward_input_s_iqr": b_iqr,
             "backward_weight_s_iqr": w_iqr,
+            "w_from_flops": float(bool(w_from_flops)),
         },
     )
