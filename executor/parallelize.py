@@ -11,15 +11,14 @@ stream are split along the sequence (``Shard(1)``); the attention and MLP inputs
 and the row-parallel outputs reduce-scattered, as in torchtitan's plan.
 
 Recompute wraps a block's ``forward`` (instance attribute, so parameter names stay unchanged):
-``full`` checkpoints the whole block; ``selective`` checkpoints it with a policy that keeps the
-outputs of the linear layers' GEMMs and of collectives and recomputes everything else — the
-attention core (Q·Kᵀ, softmax, dropout, ·V) Korthikanti et al. recompute, plus the cheap
-element-wise ops; ``swap`` (per-layer policy) offloads the saved activations to host memory.
+``full`` checkpoints the whole block; ``selective`` checkpoints only the attention core (Q·Kᵀ,
+mask, softmax, dropout, ·V: ``Attention.core``), as Korthikanti et al. (2022, §5) define it and
+Megatron implements it — the simulator's compute and memory models price exactly that; ``swap``
+(per-layer policy) offloads the saved activations to host memory.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,20 +36,11 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint
 
 from executor.precheck import block_policies
 from executor.stages import StageModule
 from traces.config import Plan
-
-aten = torch.ops.aten
-# Outputs selective recompute keeps: the linear layers' GEMMs and every collective (recomputing
-# a collective would repeat communication). Everything else is recomputed.
-_SAVE_OPS: set[Any] = {aten.mm.default, aten.addmm.default}
-for _name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "wait_tensor"):
-    _op = getattr(torch.ops._c10d_functional, _name, None)
-    if _op is not None:
-        _SAVE_OPS.add(_op.default)
 
 
 def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -83,17 +73,9 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
             "out": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(), use_local_output=True)})
 
 
-def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _checkpointed(forward: Callable[..., Any], selective: bool) -> Callable[..., Any]:
-    context_fn = functools.partial(create_selective_checkpoint_contexts, _selective_policy) if selective else None
-
+def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
-        if context_fn is None:
-            return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, context_fn=context_fn, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
 
     return run
 
@@ -110,8 +92,11 @@ def apply_recompute(stage: StageModule, policies: list[str]) -> None:
     """Wrap each block's forward per its policy (indices are global block numbers)."""
     for key, block in stage.blocks.items():
         policy = policies[int(key)]
-        if policy in ("full", "selective"):
-            block.forward = _checkpointed(block.forward, selective=policy == "selective")  # type: ignore[method-assign]
+        if policy == "full":
+            block.forward = _checkpointed(block.forward)  # type: ignore[method-assign]
+        elif policy == "selective":
+            attn: Any = block.attn
+            attn.core = _checkpointed(attn.core)
         elif policy == "swap":
             block.forward = _swapped(block.forward)  # type: ignore[method-assign]
 

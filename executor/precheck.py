@@ -31,10 +31,6 @@ TORCH_SCHEDULES = {
     "dualpipev": "DualPipeV",
 }
 
-# Schedules whose backward is split into I (input gradient) and W (weight gradient) passes.
-SPLIT_BACKWARD = ("zb_h1", "zbv", "dualpipev")
-
-
 def block_policies(plan: Plan, num_layers: int) -> list[str]:
     """Per block ``none|selective|full|swap``: the plan's per-layer policy wins over ``recompute``."""
     if plan.layer_memory_policy is not None:
@@ -94,10 +90,6 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
         fail("vocab_size", f"byte-level text needs vocab_size >= 256, the model has {model.vocab_size}")
     if (plan.layer_memory_policy and "swap" in plan.layer_memory_policy) and device_kind != "cuda":
         fail("layer_memory_policy", "'swap' offloads activations to host memory and needs a GPU")
-    if plan.schedule in SPLIT_BACKWARD and "selective" in block_policies(plan, model.num_layers):
-        fail("recompute", f"selective recompute cannot run under {plan.schedule!r}: its split backward (I then W) "
-             "replays a selectively checkpointed region twice, which torch forbids; use recompute 'full' or 'none', "
-             "or a schedule without I/W split (gpipe, 1f1b, interleaved_1f1b)")
     src = resolve_schedule_source(schedule_source, plan)
     m = plan.num_microbatches
     if plan.pp > 1 and plan.schedule in ("interleaved_1f1b", "zb_h1") and m % max(1, m // plan.pp):
@@ -179,7 +171,6 @@ def catalog_device(kind: str, cuda_name: str | None = None) -> DeviceSpec | None
 
 
 __all__ = [
-    "SPLIT_BACKWARD",
     "TORCH_SCHEDULES",
     "Precheck",
     "block_policies",

@@ -100,6 +100,11 @@ def _timeline(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return events
 
 
+def _cpu_per_step(payload: dict[str, Any]) -> float:
+    """A rank's CPU seconds per measured step, the profiled step left out (the profiler's own work)."""
+    return float(payload["cpu_s"]) / payload["cpu_steps"]
+
+
 def _energy(cfg: RunConfig, payloads: list[dict[str, Any]], spec: DeviceSpec | None, iteration_s: float,
             n_steps: int) -> tuple[float, str, str]:
     """(joules per iteration, source, notes)."""
@@ -116,7 +121,7 @@ def _energy(cfg: RunConfig, payloads: list[dict[str, Any]], spec: DeviceSpec | N
             total += sum(power.idle_power_W * iteration_s + (power.max_power_W - power.idle_power_W) * min(b, iteration_s)
                          for b in busy)
             continue
-        util = min(1.0, sum(r["cpu_s"] for r in ranks) / n_steps / (iteration_s * ranks[0]["cpu_count"]))
+        util = min(1.0, sum(_cpu_per_step(r) for r in ranks) / (iteration_s * ranks[0]["cpu_count"]))
         total += (power.idle_power_W + (power.max_power_W - power.idle_power_W) * util) * iteration_s
     notes = (f"estimated from the catalog's {power.name} power (idle {power.idle_power_W} W, max {power.max_power_W} W) "
              "scaled by the measured utilisation (CPU time over wall time × cores; busy compute time on GPUs)")
@@ -159,7 +164,7 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[dict[str, Any]], b
             stages=p["stages"], host=p["host"], compute_s=sum(d for _, d in per) / n_steps,
             p2p_wait_s=total(sp["comms"], "p2p_wait"), dp_sync_s=total(sp["comms"], "dp_sync"),
             optimizer_s=sum(t1 - t0 for s, t0, t1 in sp["optimizer"] if s >= first_measured) / n_steps,
-            peak_memory_bytes=p["peak_memory"], memory_source=p["memory_source"], cpu_time_s=p["cpu_s"] / n_steps,
+            peak_memory_bytes=p["peak_memory"], memory_source=p["memory_source"], cpu_time_s=_cpu_per_step(p),
             energy_j=None if p["energy_j"] is None else p["energy_j"] / n_steps,
         ))
         actions += [ActionRecord(p["rank"], step, stage, mb, kind, t0, t1 - t0, cpu)

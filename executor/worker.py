@@ -137,6 +137,10 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[dict[str
     first_measured = start + 1 + cfg.warmup_steps if cfg.steps - start > cfg.warmup_steps else start + 1
     losses: list[torch.Tensor | None] = []
     marks: dict[str, Any] = {}
+    # The profiled step's CPU time (torch.profiler's own work inflates it) is left out of cpu_s,
+    # unless it is the only measured step.
+    skip_profiled_cpu = first_measured <= cfg.profile_step <= cfg.steps and cfg.steps > first_measured
+    profiled_cpu = 0.0
     dist.barrier()
     recorder.origin = time.perf_counter()  # the run's time origin (see traces.measured)
     for step in range(start + 1, cfg.steps + 1):
@@ -151,16 +155,20 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[dict[str
         args = (x,) if has_first else ()
         kwargs: dict[str, Any] = {"target": y, "losses": mb_losses} if has_last else {}
         recorder.begin_step(step)
+        cpu0 = cpu_seconds() if skip_profiled_cpu and step == cfg.profile_step else None
         with profiled(step == cfg.profile_step, recorder, mesh), timed_p2p_waits(recorder.p2p_wait):
             schedule.step(*args, return_outputs=False, **kwargs)
             with recorder.optimizer_span():
                 for opt in optimizers:
                     opt.step()
         recorder.end_step()
+        if cpu0 is not None:
+            profiled_cpu = cpu_seconds() - cpu0
         losses.append(torch.stack(mb_losses).mean().detach() if has_last else None)
         if cfg.checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             _save(cfg, step, parts, optimizers)
-    cpu_s = cpu_seconds() - marks["cpu"]
+    cpu_s = cpu_seconds() - marks["cpu"] - profiled_cpu
+    cpu_steps = cfg.steps - first_measured + 1 - int(skip_profiled_cpu)
     e1 = energy.read()
     if cfg.checkpoint_dir:
         _save(cfg, cfg.steps, parts, optimizers)
@@ -169,7 +177,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[dict[str
         "rank": dist.get_rank(), "coords": coords, "stages": sorted(modules), "host": host_name(),
         "cpu_count": os.cpu_count() or 1, "threads": torch.get_num_threads(),
         "spans": recorder.spans.__dict__, "losses": [None if v is None else float(v) for v in losses],
-        "first_step": start + 1, "first_measured": first_measured, "cpu_s": cpu_s,
+        "first_step": start + 1, "first_measured": first_measured, "cpu_s": cpu_s, "cpu_steps": cpu_steps,
         "energy_j": (e1 - marks["energy"]) if e1 is not None and marks["energy"] is not None else None,
         "peak_memory": mem, "memory_source": mem_source, "orders": orders,
     }

@@ -125,6 +125,7 @@ def _format_result(result: Any) -> str:
         lines.append("calibrated            " + "; ".join(
             [f"step overhead {cal['step_overhead_s']:.4g} s"]
             + ([f"{cal['cores_per_rank_slots']:g} ranks at full speed per host"] if cal["cores_per_rank_slots"] else [])
+            + (["transfers are host copies on the shared cores"] if cal.get("transfers_on_cores") else [])
             + cal["notes"]))
     if "warning" in e:
         lines.append(f"warning: {e['warning']}")

@@ -92,6 +92,7 @@ def simulate(model: Model, cluster: Cluster, plan: Plan, options: SimulationOpti
     device = get_device(cluster.gpu, opts.catalog)
     hw_compute, hw_comm = default_models(device, cluster)
     slots, overhead = opts.cores_per_rank_slots, opts.step_overhead_s
+    step_host = 0.0
     notes: list[str] = []
     if opts.calibration is not None:
         applied = apply_calibration(opts.calibration, device, cluster, hw_compute, hw_comm)
@@ -102,6 +103,7 @@ def simulate(model: Model, cluster: Cluster, plan: Plan, options: SimulationOpti
         hw_comm = applied.comm or hw_comm
         slots = slots if slots is not None else applied.cores_per_rank_slots
         overhead = overhead or applied.step_overhead_s
+        step_host = applied.step_cpu_s
     compute: ComputeModel
     if opts.compute is not None:
         compute = opts.compute
@@ -127,13 +129,17 @@ def simulate(model: Model, cluster: Cluster, plan: Plan, options: SimulationOpti
         pp_first=plan.comm_priority == "pp_first",
         cores_per_rank_slots=slots,
         step_overhead_s=overhead,
+        # gloo between the ranks of one CPU host copies through loopback on those same cores.
+        comm_on_cores=slots is not None and device.kind == "cpu" and cluster.num_nodes == 1,
+        step_host_s=step_host,
         record=opts.timeline,
     )
     res = Engine(schedule, stages, ranks, factory, eng_opts).run()
     result = _result(model, cluster, plan, device, schedule, res, params_by_rank, compute, opts)
     if opts.calibration is not None:
         result.extra["calibration"] = {"applied": True, "notes": notes, "cores_per_rank_slots": slots,
-                                       "step_overhead_s": overhead}
+                                       "step_overhead_s": overhead, "step_host_cpu_s": step_host,
+                                       "transfers_on_cores": eng_opts.comm_on_cores}
     return result
 
 

@@ -79,6 +79,11 @@ class EngineOptions:
             full speed at once (cores / threads per rank); None means dedicated devices.
         step_overhead_s: Host time per iteration outside the schedule and the optimizer (framework
             bookkeeping, data, loss reduction); calibration fits it, hardware models leave it 0.
+        comm_on_cores: Transfers are copies made by the host's CPUs (gloo between ranks of one
+            host, over loopback): each costs its host CPU time (or, unfitted, its uncontended
+            time) as work on the issuing rank's cores, shared with compute, instead of flowing
+            over a link. Needs ``cores_per_rank_slots``.
+        step_host_s: Host CPU time per iteration on the cores, after the optimizer.
         record: Keep a timeline of every compute action and transfer.
     """
 
@@ -86,6 +91,8 @@ class EngineOptions:
     pp_first: bool = False
     cores_per_rank_slots: float | None = None
     step_overhead_s: float = 0.0
+    comm_on_cores: bool = False
+    step_host_s: float = 0.0
     record: bool = False
 
 
@@ -133,6 +140,7 @@ class Engine:
         self.stages = stages
         self.ranks = ranks
         self.opt = options or EngineOptions()
+        self._on_cores = self.opt.comm_on_cores and self.opt.cores_per_rank_slots is not None
         self.env = simpy.Environment()
         self.net, self.tr = transfers_factory(self.env)
         if len(stages) != schedule.num_stages:
@@ -165,7 +173,10 @@ class Engine:
     def _prio(self, pp_traffic: bool) -> int:
         return 0 if (pp_traffic or not self.opt.pp_first) else 1
 
-    def _transfer(self, phases: list[Phase], pp_traffic: bool = False) -> simpy.Event:
+    def _transfer(self, r: int | None, phases: list[Phase], pp_traffic: bool = False) -> simpy.Event:
+        """Run ``phases``; ``r`` is the issuing rank for collectives and sends (None: swaps)."""
+        if r is not None and self._on_cores:
+            return self._compute(r, sum(self.tr.phase_host_s(p) for p in phases))
         ev = self.env.event()
         self.tr.run(phases, self._prio(pp_traffic), ev.succeed)
         return ev
@@ -218,7 +229,7 @@ class Engine:
                 yield self._compute(r, comp)
             cend = env.now
             if phases:
-                yield self._transfer(phases)
+                yield self._transfer(r, phases)
                 self.comm_busy[r] += env.now - cend
             end = env.now
             self.busy[r] += end - start
@@ -249,17 +260,20 @@ class Engine:
             self._record(r, "comm", label, start, self.env.now, "p2p")
             arrival.succeed()
 
+        if self._on_cores:
+            self._compute(r, sum(self.tr.phase_host_s(p) for p in phases)).callbacks.append(lambda _e: landed())
+            return
         self.tr.run(phases, self._prio(True), landed)
 
     def _prefetch(self, nxt: Action) -> None:
         """vPipe-style swap-in of the next backward's activations while this action runs."""
         st = self.stages[nxt.stage]
         if nxt.kind in ("B", "I") and st.swap_in and (nxt.stage, nxt.microbatch) not in self.swapped_in:
-            self.swapped_in[(nxt.stage, nxt.microbatch)] = self._transfer(st.swap_in)
+            self.swapped_in[(nxt.stage, nxt.microbatch)] = self._transfer(None, st.swap_in)
 
     def _comm(self, r: int, phases: list[Phase], label: str, cat: str, pp_traffic: bool):
         start = self.env.now
-        yield self._transfer(phases, pp_traffic)
+        yield self._transfer(None, phases, pp_traffic)
         self._record(r, "comm", label, start, self.env.now, cat)
 
     def _reduce_grads(self, r: int, s: int, t0: float, duration: float):
@@ -275,13 +289,13 @@ class Engine:
             elif not self.compute_done[r].processed:
                 yield self.compute_done[r]
             start = env.now
-            yield self._transfer(phases)
+            yield self._transfer(r, phases)
             self._record(r, "comm", f"grad-reduce stage {s} bucket {k}", start, env.now, "dp")
 
     def _gather_params(self, r: int, s: int):
         for k, phases in enumerate(self.stages[s].gather_buckets):
             start = self.env.now
-            yield self._transfer(phases)
+            yield self._transfer(r, phases)
             self._record(r, "comm", f"param-gather stage {s} bucket {k}", start, self.env.now, "dp")
         self.params_ready[s].succeed()
 
@@ -332,8 +346,12 @@ class Engine:
             self._record(r, "compute", "optimizer", start, env.now, "optimizer")
         for k, phases in enumerate(work.param_gather):
             start = env.now
-            yield self._transfer(phases)
+            yield self._transfer(r, phases)
             self._record(r, "comm", f"param-gather bucket {k}", start, env.now, "dp")
+        if self.opt.step_host_s > 0:
+            start = env.now
+            yield self._compute(r, self.opt.step_host_s)
+            self._record(r, "compute", "host work", start, env.now, "overhead")
         if self.opt.step_overhead_s > 0:
             start = env.now
             yield env.timeout(self.opt.step_overhead_s)

@@ -169,6 +169,12 @@ class Transfers:
             worst = max(worst, fs.nbytes / rate)
         return lat + worst
 
+    def phase_host_s(self, phase: Phase) -> float:
+        """Host CPU time of ``phase`` where the comm model fitted it (host copies), else its time alone."""
+        host = getattr(self.comm, "host_cpu_s", None)
+        t = host(phase) if host is not None else None
+        return self.phase_time_alone(phase) if t is None else t
+
     def _latency(self, phase: Phase) -> float:
         key = (phase.op, phase.group_size, phase.link_type)
         lat = self._lat_cache.get(key)

@@ -8,6 +8,10 @@ A calibration file corrects the simulator's hardware models with what the execut
   parameter; on CPUs also how many ranks the host's cores run at full speed at once;
 * **communication**, per backend (``gloo``, ``nccl``) and link type (``local``, ``nvlink``,
   ``nic``): a latency per algorithm step and an achieved bandwidth (the α-β model, Hockney 1994);
+* **host CPU** (CPU devices, whose ranks share the host's cores): CPU time each rank spends
+  outside its compute actions — per operator the actions issue (the schedule's bookkeeping
+  around them), per iteration, and per latency step and byte of the transfers the backend makes with host copies
+  (gloo over loopback) — all of which competes with compute for the cores;
 * **step overhead**: host time per iteration outside the schedule and the optimizer.
 
 Each fitted entry keeps the number of samples it was fitted on and its error on them, and the
@@ -84,12 +88,23 @@ class DeviceCalibration:
         kind: ``cpu`` or ``gpu``.
         compute: Per precision (``fp32``, ``bf16``, ``fp16``).
         cpus_per_node: Logical CPUs of a host (CPU devices; ranks share them).
-        step_overhead_s: Host time per iteration outside the schedule and the optimizer.
+        op_cpu_s: CPU time of a rank per operator of its compute actions spent outside the
+            actions (the schedule's Python and autograd bookkeeping around them, which grows with
+            the work the action issues), competing for the cores (CPU devices).
+        step_cpu_s: CPU time of a rank per iteration outside actions, optimizer and transfers
+            (batch, loss, step bookkeeping), competing for the cores (CPU devices).
+        host_samples: Rank-iterations the host CPU fit used; ``host_fit_mape`` its error on them.
+        step_overhead_s: Wall time per iteration the model still misses once all of the above is
+            in (median residual of the fitted runs).
     """
 
     kind: str
     compute: dict[str, ComputeCalibration]
     cpus_per_node: int | None = None
+    op_cpu_s: float = 0.0
+    step_cpu_s: float = 0.0
+    host_samples: int = 0
+    host_fit_mape: float = 0.0
     step_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -98,7 +113,8 @@ class DeviceCalibration:
             one_of("compute", precision, ("fp32", "bf16", "fp16"))
         if self.cpus_per_node is not None and self.cpus_per_node < 1:
             raise ContractError("", "cpus_per_node", f"cpus_per_node={self.cpus_per_node} must be >= 1")
-        non_negative("step_overhead_s", self.step_overhead_s)
+        for key in ("op_cpu_s", "step_cpu_s", "host_samples", "host_fit_mape", "step_overhead_s"):
+            non_negative(key, getattr(self, key))
 
 
 @dataclass
@@ -110,18 +126,24 @@ class LinkCalibration:
         bandwidth_Bps: Achieved bytes per second on the wire (ring traffic 2(k−1)/k·n for an
             all-reduce of n bytes).
         samples: Collectives the fit used; ``fit_mape`` their error.
+        cpu_s_per_step, cpu_s_per_byte: Host CPU time per algorithm step and per wire byte of a
+            transfer, summed over the ranks' sending and receiving sides, when the backend copies
+            with the host's CPUs (gloo over a CPU host's loopback); 0 when not fitted. Such
+            transfers cost this CPU time on the cores instead of the α-β wire time.
     """
 
     step_latency_s: float
     bandwidth_Bps: float
     samples: int = 0
     fit_mape: float = 0.0
+    cpu_s_per_step: float = 0.0
+    cpu_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         non_negative("step_latency_s", self.step_latency_s)
         _positive_finite("bandwidth_Bps", self.bandwidth_Bps)
-        non_negative("samples", self.samples)
-        non_negative("fit_mape", self.fit_mape)
+        for key in ("samples", "fit_mape", "cpu_s_per_step", "cpu_s_per_byte"):
+            non_negative(key, getattr(self, key))
 
 
 @dataclass

@@ -136,7 +136,8 @@ class RankRecord:
         optimizer_s: Optimizer step per step.
         peak_memory_bytes: Peak allocated device memory (CUDA) or peak process RSS (CPU).
         memory_source: ``cuda_allocator`` or ``process_rss``.
-        cpu_time_s: Process CPU time (user + system) per step, from the OS.
+        cpu_time_s: Process CPU time (user + system) per step, from the OS, over the measured
+            steps less the profiled one (torch.profiler's own work would inflate it).
         energy_j: Device energy per step from NVML counters; None on CPU.
     """
 

@@ -53,6 +53,21 @@ class Attention(nn.Module):
         self.causal_mask: torch.Tensor
         self.register_buffer("causal_mask", mask, persistent=False)
 
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core, ``[b, heads, s, d]`` in and out: Q·Kᵀ, mask, softmax, dropout, ·V.
+
+        A method of its own so selective recompute (Korthikanti et al. 2022 §5) can checkpoint
+        exactly this part, as Megatron does.
+        """
+        s = q.size(2)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (self.head_dim**-0.5)
+        mask = torch.narrow(torch.narrow(self.causal_mask, 0, 0, s), 1, 0, s)  # fx-traceable slice
+        scores = scores + mask.to(scores.dtype)
+        probs = torch.softmax(scores, dim=-1)
+        if self.dropout:
+            probs = F.dropout(probs, self.dropout, self.training)
+        return torch.matmul(probs, v)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s = x.size(0), x.size(1)  # size() rather than unpacking: keeps torch.fx tracing possible
         q, k, v = self.qkv(x).chunk(3, dim=-1)
@@ -60,13 +75,7 @@ class Attention(nn.Module):
         q = q.view(b, s, -1, self.head_dim).transpose(1, 2)
         k = k.view(b, s, -1, self.head_dim).transpose(1, 2)
         v = v.view(b, s, -1, self.head_dim).transpose(1, 2)
-        scores = torch.matmul(q, k.transpose(-2, -1)) * (self.head_dim**-0.5)
-        mask = torch.narrow(torch.narrow(self.causal_mask, 0, 0, s), 1, 0, s)  # fx-traceable slice
-        scores = scores + mask.to(scores.dtype)
-        probs = torch.softmax(scores, dim=-1)
-        if self.dropout:
-            probs = F.dropout(probs, self.dropout, self.training)
-        ctx = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, -1)
+        ctx = self.core(q, k, v).transpose(1, 2).reshape(b, s, -1)
         out = self.proj(ctx)
         return F.dropout(out, self.dropout, self.training) if self.dropout else out
 

@@ -2,9 +2,9 @@
 
     mindpipe calibrate m1.json m2.json ... --out calibration.json [--holdout h1.json ...] [--report DIR]
 
-Reads measured traces written by ``mindpipe run``, fits compute, communication and step overhead
-(:mod:`simulator.calibrate.fit`), writes the calibration file and prints what was fitted and how
-well it explains the runs it came from. With ``--holdout``, runs *not* used in the fit are
+Reads measured traces written by ``mindpipe run``, fits compute, communication, host CPU and step
+overhead (:mod:`simulator.calibrate.fit`), writes the calibration file and prints what was fitted
+and how well it explains the runs it came from. With ``--holdout``, runs *not* used in the fit are
 predicted before and after calibration (the fidelity report); ``--report DIR`` also writes that
 table as Markdown and the scatter plot as PNG. ``--json`` prints one object on stdout.
 """
@@ -44,11 +44,18 @@ def format_calibration(cal: Any) -> str:
                          f"optimizer {1e3 * c.optimizer_overhead_s:.2f} ms + {1e9 * c.optimizer_s_per_param:.2f} ns/param; "
                          f"fit on {c.samples} action groups, MAPE {100 * c.fit_mape:.1f}%")
         shared = f"; {dev.cpus_per_node} CPUs per host shared by its ranks" if dev.cpus_per_node else ""
+        if dev.host_samples:
+            lines.append(f"host CPU {name} outside the actions: {1e3 * dev.step_cpu_s:.1f} ms per iteration + "
+                         f"{1e6 * dev.op_cpu_s:.0f} µs per op; fit on {dev.host_samples} ranks, "
+                         f"MAPE {100 * dev.host_fit_mape:.1f}%")
         lines.append(f"step overhead {name}: {1e3 * dev.step_overhead_s:.1f} ms per iteration{shared}")
     for backend, links in cal.comm.items():
         for link, lc in links.items():
             lines.append(f"comm {backend} {link}: {1e6 * lc.step_latency_s:.1f} µs per step, "
                          f"{lc.bandwidth_Bps / 1e9:.3g} GB/s; fit on {lc.samples} collectives, MAPE {100 * lc.fit_mape:.1f}%")
+            if lc.cpu_s_per_step or lc.cpu_s_per_byte:
+                lines.append(f"comm {backend} {link} host copies: {1e6 * lc.cpu_s_per_step:.1f} µs CPU per step + "
+                             f"{1e9 * lc.cpu_s_per_byte:.2f} ns CPU per byte, on the cores the ranks share")
     return "\n".join(lines)
 
 

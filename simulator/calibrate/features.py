@@ -8,6 +8,14 @@ action's feature vector is its per-kind reference time, its operator count (twic
 tensor-parallel) and the bytes it sends in tensor-parallel collectives; the layer
 structure, recompute and stage assignment come from the same functions the simulator uses.
 
+**Host CPU outside the actions.** A CPU rank also spends CPU time outside its compute actions:
+the schedule's and autograd's bookkeeping around each action (per operator the action runs), a
+fixed amount per iteration, and the host copies of its transfers (gloo over loopback), linear in
+their algorithm steps and wire bytes (:func:`~simulator.calibrate.models.host_terms`).
+:data:`HOST_FEATURES` counts these per rank and iteration from the same stage work the engine
+runs (:func:`simulator.build.build_work`); a point-to-point message counts half at its sender and
+half at its receiver (the engine charges it all to the sender; summed over ranks the two agree).
+
 **Core sharing.** On a CPU host, ranks share ``cpus`` cores and each runs ``threads`` threads:
 when n ranks compute at once each gets ``min(1, (cpus / threads) / n)`` of full speed (the OS
 shares cores fairly among runnable threads). An action's *work* — what it would take alone — is
@@ -19,15 +27,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from simulator.build import assign_layers
-from simulator.calibrate.models import ReferenceOpTime, backend_of, tp_wire_bytes
+from simulator.build import assign_layers, build_work
+from simulator.calibrate.models import ReferenceOpTime, backend_of, host_terms, tp_wire_bytes
 from simulator.costs import Collective, LayerCost, op_layer_costs
 from simulator.ops import Op
+from simulator.schedules import build_schedule
+from simulator.topology import Phase, Topology
 from traces.calibration import OP_KINDS
-from traces.config import Model, Plan
+from traces.catalog import DeviceSpec
+from traces.config import Cluster, Model, Plan
 from traces.measured import ActionRecord
 
 FEATURES = (*OP_KINDS, "ops", "tp_ops", "tp_bytes")
+HOST_FEATURES = ("step", "ops", "comm_steps", "comm_bytes")
 
 
 def _stage_sums(layers: list[LayerCost], plan: Plan) -> dict[str, float]:
@@ -73,10 +85,7 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
 def stage_structure(model: Model, plan: Plan) -> list[list[LayerCost]]:
     """The layers of each virtual stage (names, collectives, parameters; times left at zero)."""
 
-    def zero(ops: Sequence[Op]) -> tuple[float, float, float, float]:
-        return 0.0, 0.0, 0.0, 0.0
-
-    return assign_layers(op_layer_costs(model, plan, zero), model, plan)
+    return assign_layers(stage_structure_costs(model, plan), model, plan)
 
 
 def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[Collective]]:
@@ -91,6 +100,70 @@ def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[C
         out[(s, "B")] = out[(s, "I")] = re + bwd
         out[(s, "W")] = []
     return out
+
+
+class _NoOptimizer:
+    """A compute model for :func:`build_work` when only the transfers matter."""
+
+    def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
+        return 0.0
+
+
+def rank_host_features(model: Model, plan: Plan, cluster: Cluster, device: DeviceSpec,
+                       actions_per_step: dict[int, dict[tuple[int, str], float]]) -> dict[int, list[float]]:
+    """``HOST_FEATURES`` per pipeline rank for one iteration (module docstring).
+
+    Args:
+        actions_per_step: Per pipeline rank, how many actions of each (virtual stage, kind) it
+            ran per iteration (measured, so a torch-built schedule counts as it ran).
+    """
+    backend = backend_of(device)
+    topo = Topology(plan, cluster, device, rank_order=plan.rank_order)
+    owner = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages).stage_to_rank
+    stages, ranks, _ = build_work(model, plan, stage_structure_costs(model, plan), _NoOptimizer(), topo,  # type: ignore[arg-type]
+                                  owner)
+    last = len(stages) - 1
+    ops = {key: row[FEATURES.index("ops")] for key, row in action_features(model, plan, ReferenceOpTime(device)).items()}
+    out: dict[int, list[float]] = {}
+
+    def add(acc: list[float], phases: list[Phase] | None, weight: float) -> None:
+        for ph in phases or []:
+            steps, nbytes = host_terms(ph, backend)
+            acc[2] += weight * steps
+            acc[3] += weight * nbytes
+
+    for r in range(plan.pp):
+        acc = [1.0, 0.0, 0.0, 0.0]
+        for (s, kind), n in actions_per_step.get(r, {}).items():
+            acc[1] += n * ops[(s, kind)]
+            st = stages[s]
+            if kind == "F":
+                add(acc, st.fwd_tp, n)
+                add(acc, st.send_fwd, 0.5 * n)
+                if s > 0:
+                    add(acc, stages[s - 1].send_fwd, 0.5 * n)
+            elif kind in ("B", "I"):
+                add(acc, st.bwd_tp, n)
+                add(acc, st.send_bwd, 0.5 * n)
+                if s < last:
+                    add(acc, stages[s + 1].send_bwd, 0.5 * n)
+        for s, st in enumerate(stages):
+            if owner[s] == r:
+                for phases in st.dp_buckets + st.gather_buckets:
+                    add(acc, phases, 1.0)
+        for phases in ranks[r].param_gather:
+            add(acc, phases, 1.0)
+        out[r] = acc
+    return out
+
+
+def stage_structure_costs(model: Model, plan: Plan) -> list[LayerCost]:
+    """Every layer's structure (collectives, parameters, output bytes) with times left at zero."""
+
+    def zero(ops: Sequence[Op]) -> tuple[float, float, float, float]:
+        return 0.0, 0.0, 0.0, 0.0
+
+    return op_layer_costs(model, plan, zero)
 
 
 def shared_core_rates(actions: list[ActionRecord], slots: float) -> list[float]:
@@ -126,4 +199,13 @@ def shared_core_rates(actions: list[ActionRecord], slots: float) -> list[float]:
     return rates
 
 
-__all__ = ["FEATURES", "action_collectives", "action_features", "shared_core_rates", "stage_structure"]
+__all__ = [
+    "FEATURES",
+    "HOST_FEATURES",
+    "action_collectives",
+    "action_features",
+    "rank_host_features",
+    "shared_core_rates",
+    "stage_structure",
+    "stage_structure_costs",
+]

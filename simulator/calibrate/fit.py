@@ -19,9 +19,15 @@ Three fits, in order, each on what the executor recorded (:mod:`traces.measured`
    The medians per (rank, stage, action kind) are fitted by non-negative least squares on
    relative error to the features of :func:`~simulator.calibrate.features.action_features`;
    the optimizer step likewise to (1, parameters per rank).
-3. **Step overhead** (per device): the median, over runs, of measured minus simulated iteration
-   time once 1 and 2 are in — what the simulator does not see (framework bookkeeping, data,
-   loss reduction, Python between actions).
+3. **Host CPU** (CPU devices with the ranks' CPU time recorded): each rank's CPU time per
+   iteration outside its compute actions and its optimizer step (as fitted in 2) is fitted by
+   non-negative least squares on relative error to
+   :data:`~simulator.calibrate.features.HOST_FEATURES` — a fixed part, a part per operator its
+   actions run, and the host copies of its transfers per algorithm step and per wire byte. On a host whose ranks
+   share the cores this is what makes communication-heavy plans slow: gloo's copies run on the
+   same cores as compute (a tensor-parallel rank here spends a third of its CPU in them).
+4. **Step overhead** (per device): the median, over runs, of measured minus simulated iteration
+   time once 1–3 are in — what the simulator still does not see.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from scipy.optimize import lsq_linear, nnls
 from simulator.api import SimulationOptions, simulate
 from simulator.calibrate.features import (
     FEATURES,
+    HOST_FEATURES,
     action_collectives,
     action_features,
+    rank_host_features,
     shared_core_rates,
     stage_structure,
 )
@@ -262,6 +270,53 @@ def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibrati
     return out
 
 
+def fit_host(runs: list[MeasuredRun], cal: Calibration, warnings: list[str]) -> None:
+    """Set each CPU device's host CPU constants and its loopback link's copy costs (step 3)."""
+    rows: dict[tuple[str, str, str], list[list[float]]] = defaultdict(list)
+    ys: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for run in runs:
+        meas, plan = run.measurement, run.plan
+        dev = cal.devices.get(run.device.name)
+        comp = dev.compute.get(plan.precision) if dev is not None else None
+        clean = set(run.clean_steps)
+        actions = [a for a in meas.actions if a.step in clean]
+        if (comp is None or run.device.kind != "cpu" or meas.nodes != 1 or not actions
+                or any(a.cpu_s is None for a in actions) or any(r.cpu_time_s is None for r in meas.ranks)):
+            continue
+        n = len(clean)
+        act_cpu: dict[int, float] = defaultdict(float)
+        counts: dict[int, dict[tuple[int, str], float]] = defaultdict(lambda: defaultdict(float))
+        pp_of = {r.rank: r.pp_rank for r in meas.ranks}
+        first = {r.pp_rank: r.rank for r in sorted(meas.ranks, key=lambda r: r.rank, reverse=True)}
+        for a in actions:
+            act_cpu[a.rank] += (a.cpu_s or 0.0) / n
+            if a.rank in pp_of and first[pp_of[a.rank]] == a.rank:
+                counts[pp_of[a.rank]][(a.stage, a.kind)] += 1.0 / n
+        feats = rank_host_features(run.model, plan, run.cluster, run.device, counts)
+        params = _params_by_rank(run)
+        for r in meas.ranks:
+            optimizer = comp.optimizer_overhead_s + comp.optimizer_s_per_param * params.get(r.pp_rank, 0)
+            y = (r.cpu_time_s or 0.0) - act_cpu[r.rank] - optimizer
+            if y > 0:
+                key = (run.device.name, meas.backend, _intra_link(run) or "local")
+                rows[key].append(feats[r.pp_rank])
+                ys[key].append(y)
+    for (device, backend, link_type), design in rows.items():
+        link = cal.comm.get(backend, {}).get(link_type)
+        cols = len(HOST_FEATURES) if link is not None else 2
+        if link is None:
+            warnings.append(f"{device}: no {backend} {link_type} link fitted; host CPU of transfers not fitted")
+        if len(design) < 2 * cols:
+            warnings.append(f"{device}: {len(design)} rank-iterations, too few to fit the host CPU")
+            continue
+        x, mape = _nnls_relative([row[:cols] for row in design], ys[(device, backend, link_type)])
+        dev = cal.devices[device]
+        dev.step_cpu_s, dev.op_cpu_s = float(x[0]), float(x[1])
+        dev.host_samples, dev.host_fit_mape = len(design), mape
+        if link is not None:
+            link.cpu_s_per_step, link.cpu_s_per_byte = float(x[2]), float(x[3])
+
+
 def calibrate(runs: list[MeasuredRun]) -> tuple[Calibration, FitNotes]:
     """Fit communication, compute and step overhead from ``runs`` (module docstring).
 
@@ -287,6 +342,7 @@ def calibrate(runs: list[MeasuredRun]) -> tuple[Calibration, FitNotes]:
                             "nothing to calibrate: no compute actions and no profiled collectives")
     cal = Calibration(devices=devices, comm=comm, measurements=[r.source for r in runs],
                       created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    fit_host(runs, cal, warnings)
     residuals = fit_step_overhead(runs, cal)
     return cal, FitNotes(comm_table, residuals, warnings)
 
@@ -306,4 +362,4 @@ def fit_step_overhead(runs: list[MeasuredRun], cal: Calibration) -> dict[str, fl
     return residuals
 
 
-__all__ = ["COMM_QUANTILE", "FitNotes", "calibrate", "fit_comm", "fit_compute", "fit_step_overhead"]
+__all__ = ["COMM_QUANTILE", "FitNotes", "calibrate", "fit_comm", "fit_compute", "fit_host", "fit_step_overhead"]

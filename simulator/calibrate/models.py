@@ -8,7 +8,9 @@ shape-aware kernel model of :mod:`simulator.perf`. The scales absorb what the re
 operator (eager PyTorch dispatch, autograd bookkeeping), which dominates small models on CPUs.
 
 Communication: the α-β model per link type, with the fitted step latency and achieved bandwidth
-(links without a fitted entry keep the uncalibrated model).
+(links without a fitted entry keep the uncalibrated model). Where the backend copies with the
+host's CPUs (gloo between the ranks of one CPU host), a transfer instead costs its fitted host CPU
+time — per algorithm step and per wire byte, :func:`host_terms` — as work on the cores.
 
 CPU ranks of one host share its cores: the executor gives each rank ``cpus // ranks`` threads
 (at least one), so ``cpus / threads`` ranks run at full speed at once; the engine shares the
@@ -25,7 +27,7 @@ from simulator.costs import Collective, CommModel, ComputeModel, LayerCost, op_l
 from simulator.ops import Op
 from simulator.perf.gpu import GpuComputeModel
 from simulator.perf.nccl import ring_steps, wire_bytes
-from simulator.topology import link_type_capacities
+from simulator.topology import Phase, link_type_capacities
 from traces.calibration import Calibration, ComputeCalibration, DeviceCalibration, LinkCalibration
 from traces.catalog import DeviceSpec
 from traces.config import Cluster, Model, Plan
@@ -49,6 +51,17 @@ def as_run(op: str, backend: str) -> str:
 def tp_wire_bytes(collectives: Sequence[Collective], tp: int, backend: str = "nccl") -> float:
     """Bytes a rank sends for ``collectives`` over ``tp`` ranks (ring algorithms, as ``backend`` runs them)."""
     return sum(wire_bytes(as_run(c.op, backend), c.nbytes, tp) for c in collectives)
+
+
+def host_terms(phase: Phase, backend: str) -> tuple[float, float]:
+    """(algorithm steps, wire bytes per rank) of ``phase`` as ``backend`` runs it.
+
+    These are what a transfer's host CPU cost is linear in (:class:`CalibratedCommModel`); a
+    point-to-point send is one step of its bytes.
+    """
+    op = as_run(phase.op, backend)
+    k = phase.group_size
+    return float(phase.count * ring_steps(op, k)), phase.count * wire_bytes(op, phase.msg_bytes, k)
 
 
 def backend_of(device: DeviceSpec) -> str:
@@ -90,19 +103,22 @@ class CalibratedComputeModel:
         thread_ratio: Calibrated threads per rank over the threads a rank gets under the plan;
             the FLOP- and byte-bound part of an operator scales with it (BLAS and element-wise
             kernels spread over threads), the host overhead does not (one Python thread issues it).
+        host_op_s: Host CPU per operator spent outside the action on cores the ranks share
+            (:attr:`~traces.calibration.DeviceCalibration.op_cpu_s`), charged with the operator.
     """
 
     device: DeviceSpec
     calibration: dict[str, ComputeCalibration]
     fallback: ComputeModel
     thread_ratio: float = 1.0
+    host_op_s: float = 0.0
 
     def __post_init__(self) -> None:
         self._ref = ReferenceOpTime(self.device)
 
     def op_s(self, op: Op, cal: ComputeCalibration, precision: str, tp: int = 1) -> float:
         """Calibrated seconds of one operator (of a layer sharded over ``tp`` ranks)."""
-        host = cal.op_overhead_s + (cal.tp_op_overhead_s if tp > 1 else 0.0)
+        host = cal.op_overhead_s + self.host_op_s + (cal.tp_op_overhead_s if tp > 1 else 0.0)
         return cal.scale.get(op.kind, 1.0) * self._ref(op, precision) * self.thread_ratio + host
 
     def phase_times(self, ops: Sequence[Op], cal: ComputeCalibration, precision: str,
@@ -177,6 +193,14 @@ class CalibratedCommModel:
             eff *= wire_bytes(op, nbytes, group_size) / wire_bytes(run, nbytes, group_size)
         return eff
 
+    def host_cpu_s(self, phase: Phase) -> float | None:
+        """Host CPU time of ``phase`` on a link whose host CPU cost was fitted, else None."""
+        cal = self.links.get(phase.link_type)
+        if cal is None or (cal.cpu_s_per_step <= 0 and cal.cpu_s_per_byte <= 0):
+            return None
+        steps, nbytes = host_terms(phase, self.backend)
+        return steps * cal.cpu_s_per_step + nbytes * cal.cpu_s_per_byte
+
 
 @dataclass
 class Applied:
@@ -188,6 +212,7 @@ class Applied:
     cores_per_rank_slots: float | None
     step_overhead_s: float
     notes: list[str]
+    step_cpu_s: float = 0.0
 
 
 def apply_calibration(cal: Calibration, device: DeviceSpec, cluster: Cluster, hw_compute: ComputeModel,
@@ -213,7 +238,10 @@ def apply_calibration(cal: Calibration, device: DeviceSpec, cluster: Cluster, hw
             if len(cal_threads) == 1 and threads not in cal_threads:
                 ratio = cal_threads.pop() / threads
                 notes.append(f"calibrated at a different thread count; compute scaled by {ratio:.2f}")
-        compute = CalibratedComputeModel(device, dev.compute, hw_compute, ratio)
+        # Host CPU per operator outside the actions competes for the same cores, so it is part of
+        # each action's work; on dedicated devices it overlaps with the device and is left out.
+        compute = CalibratedComputeModel(device, dev.compute, hw_compute, ratio,
+                                         dev.op_cpu_s if slots is not None else 0.0)
         overhead = dev.step_overhead_s
     links = cal.comm.get(backend_of(device), {})
     comm: CommModel | None = None
@@ -225,7 +253,8 @@ def apply_calibration(cal: Calibration, device: DeviceSpec, cluster: Cluster, hw
         comm = CalibratedCommModel(dict(links), caps, hw_comm, backend_of(device))
     else:
         notes.append(f"no {backend_of(device)} calibration; uncalibrated communication model")
-    return Applied(cluster, compute, comm, slots, overhead, notes)
+    step_cpu = dev.step_cpu_s if dev is not None and slots is not None else 0.0
+    return Applied(cluster, compute, comm, slots, overhead, notes, step_cpu)
 
 
 __all__ = [
@@ -236,6 +265,7 @@ __all__ = [
     "apply_calibration",
     "as_run",
     "backend_of",
+    "host_terms",
     "threads_per_rank",
     "tp_wire_bytes",
 ]

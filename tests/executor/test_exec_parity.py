@@ -82,6 +82,15 @@ def test_tp2_sequence_parallel_selective_recompute_parity(tmp_path):
     assert trace.tp == 2 and trace.sequence_parallel
 
 
+def test_zb_h1_selective_recompute_parity(tmp_path):
+    # Selective recompute checkpoints only the attention core, which the split backward (I then
+    # W) can replay: the run matches the single-process reference.
+    plan = {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "zb_h1", "recompute": "selective",
+            "precision": "fp32"}
+    trace = launched(tmp_path, plan, 2)
+    assert_parity(trace.measurement.losses, reference(plan))
+
+
 def test_pp2_1f1b_parity(pp2_run):
     _, trace = pp2_run
     assert trace.measurement.schedule_source == "torch"

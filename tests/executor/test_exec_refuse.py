@@ -26,8 +26,6 @@ def _run(plan: str, *extra: str, model: dict | str = TINY) -> subprocess.Complet
         ('{"pp": 2, "global_batch_size": 4, "precision": "fp16"}', "2", "needs loss scaling"),
         ('{"pp": 2, "global_batch_size": 1}', "2", "needs micro-batches m=1 >= pp=2"),
         ('{"pp": 2, "global_batch_size": 4, "partition": [3, 3]}', "2", "partition sums to 6 layers"),
-        ('{"pp": 2, "global_batch_size": 4, "schedule": "zb_h1", "recompute": "selective"}', "2",
-         "selective recompute cannot run under 'zb_h1'"),
     ],
 )
 def test_refused_before_launch(plan, nproc, needle):

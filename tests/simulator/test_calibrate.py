@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from simulator.api import SimulationOptions, simulate
-from simulator.calibrate.features import FEATURES, action_features, shared_core_rates
+from simulator.calibrate.features import FEATURES, HOST_FEATURES, action_features, rank_host_features, shared_core_rates
 from simulator.calibrate.fidelity import fidelity, plan_label, summary
 from simulator.calibrate.fit import calibrate, fit_comm
-from simulator.calibrate.models import CalibratedComputeModel, ReferenceOpTime, apply_calibration
+from simulator.calibrate.models import CalibratedComputeModel, ReferenceOpTime, apply_calibration, host_terms
 from simulator.calibrate.runs import MeasuredRun
 from simulator.perf.nccl import ring_steps, wire_bytes
 from simulator.topology import Topology
@@ -53,7 +53,27 @@ def _plan(**kw) -> Plan:
     return Plan(**{"global_batch_size": 16, "precision": "fp32", "micro_batch_size": 4, **kw})
 
 
-def _synthetic_run(plan: Plan, truth: Calibration = TRUTH) -> MeasuredRun:
+def _rank_cpu_s(plan: Plan, cluster, truth: Calibration, actions: list[ActionRecord],
+                params: dict[int, int]) -> dict[int, float]:
+    """CPU seconds per step of each pipeline rank's first rank under ``truth``'s host constants."""
+    dev, link = truth.devices["cpu"], truth.comm["gloo"]["local"]
+    cal = dev.compute["fp32"]
+    topo = Topology(plan, cluster, CPU)
+    out = {}
+    for p in range(plan.pp):
+        rank = topo.global_rank(p)
+        mine = [a for a in actions if a.rank == rank and a.step == 1]
+        counts: dict[tuple[int, str], float] = {}
+        for a in mine:
+            counts[(a.stage, a.kind)] = counts.get((a.stage, a.kind), 0.0) + 1.0
+        feats = rank_host_features(MODEL, plan, cluster, CPU, {p: counts})[p]
+        host = float(np.dot(feats, [dev.step_cpu_s, dev.op_cpu_s, link.cpu_s_per_step, link.cpu_s_per_byte]))
+        out[rank] = (sum(a.cpu_s or 0.0 for a in mine) + cal.optimizer_overhead_s + cal.optimizer_s_per_param * params[p]
+                     + host)
+    return out
+
+
+def _synthetic_run(plan: Plan, truth: Calibration = TRUTH, with_cpu: bool = False) -> MeasuredRun:
     """A measured run as the executor would record it if the truth were the simulator's model."""
     cluster = load_cluster(f"cpu:1x{plan.world_size}")
     res = simulate(MODEL, cluster, plan, SimulationOptions(calibration=truth, timeline=True))
@@ -84,8 +104,10 @@ def _synthetic_run(plan: Plan, truth: Calibration = TRUTH) -> MeasuredRun:
     steps.append(StepRecord(4, 5.0, 3 * res.iteration_time_s, 1.0))  # the profiled step: slower, left out
     share = min(1.0, 2 / plan.world_size)
     params = res.extra["params_per_device_by_rank"]
+    cpu = _rank_cpu_s(plan, cluster, truth, actions, params) if with_cpu else {}
     ranks = [RankRecord(topo.global_rank(p), p, 0, 0, [p], "h", 0.1, 0.0, 0.0,
-                        (cal.optimizer_overhead_s + cal.optimizer_s_per_param * params[p]) / share, 1, "process_rss")
+                        (cal.optimizer_overhead_s + cal.optimizer_s_per_param * params[p]) / share, 1, "process_rss",
+                        cpu.get(topo.global_rank(p)))
              for p in range(plan.pp)]
     meas = Measurement(plan=plan, world_size=plan.world_size, nodes=1, backend="gloo", device_kind="cpu",
                        device_name="cpu", threads_per_rank=1, torch_version="2.13.0", schedule_source="simulator",
@@ -105,6 +127,68 @@ HELD_OUT = [_plan(pp=4, micro_batch_size=2), _plan(dp=2, tp=2), _plan(pp=2, sche
 @pytest.fixture(scope="module")
 def fitted() -> tuple[Calibration, object]:
     return calibrate([_synthetic_run(p) for p in FIT_PLANS])
+
+
+# The same truth, plus what a CPU rank spends outside its actions (host CPU, fit step 3).
+TRUTH_HOST = dataclasses.replace(
+    TRUTH,
+    devices={"cpu": dataclasses.replace(TRUTH.devices["cpu"], op_cpu_s=1e-4, step_cpu_s=0.03)},
+    comm={"gloo": {"local": dataclasses.replace(TRUTH.comm["gloo"]["local"], cpu_s_per_step=3e-4,
+                                                cpu_s_per_byte=2e-9)}},
+)
+
+
+@pytest.fixture(scope="module")
+def fitted_host() -> tuple[Calibration, object]:
+    return calibrate([_synthetic_run(p, TRUTH_HOST, with_cpu=True) for p in FIT_PLANS])
+
+
+def test_host_terms_count_algorithm_steps_and_wire_bytes():
+    from simulator.topology import Phase
+
+    n = 1 << 20
+    # gloo runs an all-reduce of 4 ranks as a ring: 2(k−1) = 6 steps, 2(k−1)/k·n bytes per rank.
+    assert host_terms(Phase("allreduce", 4, "local", (), n, count=3), "gloo") == pytest.approx((18.0, 3 * 1.5 * n))
+    assert host_terms(Phase("p2p", 2, "local", (), n), "gloo") == pytest.approx((1.0, n))
+
+
+def test_fit_recovers_the_host_cpu_constants(fitted_host):
+    cal, notes = fitted_host
+    got, want = cal.devices["cpu"], TRUTH_HOST.devices["cpu"]
+    assert got.op_cpu_s == pytest.approx(want.op_cpu_s, rel=0.02)
+    assert got.step_cpu_s == pytest.approx(want.step_cpu_s, rel=0.02)
+    link, want_link = cal.comm["gloo"]["local"], TRUTH_HOST.comm["gloo"]["local"]
+    assert link.cpu_s_per_step == pytest.approx(want_link.cpu_s_per_step, rel=0.05)
+    assert link.cpu_s_per_byte == pytest.approx(want_link.cpu_s_per_byte, rel=0.05)
+    assert got.host_fit_mape < 1e-3 and got.host_samples >= 2 * len(HOST_FEATURES)
+    # With the host CPU in, the model explains the runs: no step overhead is left over.
+    assert got.step_overhead_s == pytest.approx(TRUTH_HOST.devices["cpu"].step_overhead_s, abs=0.005)
+    assert not [w for w in notes.warnings if "host CPU" in w]
+
+
+def test_host_cpu_predicts_held_out_plans(fitted_host):
+    cal, _ = fitted_host
+    rows = fidelity([_synthetic_run(p, TRUTH_HOST, with_cpu=True) for p in HELD_OUT], cal)
+    assert summary(rows)["mape_calibrated_pct"] < 3.0
+    # Leaving the host CPU out (the compute-only fit of the same runs) predicts them worse.
+    bare = dataclasses.replace(cal, devices={"cpu": dataclasses.replace(cal.devices["cpu"], op_cpu_s=0.0, step_cpu_s=0.0)})
+    assert summary(fidelity([_synthetic_run(p, TRUTH_HOST) for p in HELD_OUT], bare))["mape_calibrated_pct"] > 5.0
+
+
+def test_transfers_between_cpu_ranks_cost_their_host_cpu_on_the_cores():
+    """tp=2 on two cores: each rank has a core, so every tp collective's host CPU adds to the iteration."""
+    plan = _plan(tp=2, micro_batch_size=8)
+    cluster = load_cluster("cpu:1x2")
+    per_byte = [1e-9, 3e-9]
+    times = []
+    for c in per_byte:
+        link = LinkCalibration(step_latency_s=1e-4, bandwidth_Bps=1e9, cpu_s_per_step=1e-4, cpu_s_per_byte=c)
+        cal = dataclasses.replace(TRUTH, comm={"gloo": {"local": link}})
+        times.append(simulate(MODEL, cluster, plan, SimulationOptions(calibration=cal)).iteration_time_s)
+    counts = {(0, "F"): 2.0, (0, "B"): 2.0}  # two micro-batches, one stage
+    wire = rank_host_features(MODEL, plan, cluster, CPU, {0: counts})[0][HOST_FEATURES.index("comm_bytes")]
+    assert wire > 0
+    assert times[1] - times[0] == pytest.approx(wire * (per_byte[1] - per_byte[0]), rel=1e-6)
 
 
 def test_shared_core_rates_follow_processor_sharing():
@@ -155,8 +239,10 @@ def test_cores_are_shared_by_the_replicas_of_a_stage():
 
     A lone rank gets both cores as threads: its FLOP/byte-bound work halves, its host overhead not.
     """
-    compute_only = dataclasses.replace(TRUTH, comm={})
-    cal = dataclasses.replace(compute_only, devices={"cpu": dataclasses.replace(TRUTH.devices["cpu"], step_overhead_s=0.0)})
+    # Transfers on a CPU host are host copies on the cores; make them (almost) free here.
+    free = LinkCalibration(step_latency_s=0.0, bandwidth_Bps=1e12, cpu_s_per_step=1e-15)
+    cal = Calibration(devices={"cpu": dataclasses.replace(TRUTH.devices["cpu"], step_overhead_s=0.0)},
+                      comm={"gloo": {"local": free}})
 
     def pipeline_s(dp: int) -> float:
         plan = _plan(dp=dp, micro_batch_size=2, global_batch_size=2 * dp)
