@@ -7,6 +7,9 @@ linear in the constants: ``Σ_kind scale_kind · Σ t_ref(op of kind) + op_overh
 action's feature vector is its per-kind reference time, its operator count (twice: all, and
 tensor-parallel) and the bytes it sends in tensor-parallel collectives; the layer
 structure, recompute and stage assignment come from the same functions the simulator uses.
+Under a split backward the executor's runtime (``torch.distributed.pipelining``) computes no input
+gradient for the first stage, whose input is token ids: its I action does nothing and its W runs
+the stage's whole backward, so their features are those of nothing and of B.
 
 **Host CPU outside the actions.** A CPU rank also spends CPU time outside its compute actions:
 the schedule's and autograd's bookkeeping around each action (per operator the action runs), a
@@ -77,9 +80,11 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
         per_feature.append([_stage_sums(layers, plan) for layers in stages])
     n_stages = len(per_feature[0])
     colls = action_collectives(model, plan)
-    return {(s, kind): [per_feature[k][s][kind] for k in range(len(FEATURES) - 1)]
-            + [tp_wire_bytes(colls[(s, kind)], plan.tp, backend_of(ref.device)) if plan.tp > 1 else 0.0]
-            for s in range(n_stages) for kind in ("F", "B", "I", "W")}
+    out = {(s, kind): [per_feature[k][s][kind] for k in range(len(FEATURES) - 1)]
+           + [tp_wire_bytes(colls[(s, kind)], plan.tp, backend_of(ref.device)) if plan.tp > 1 else 0.0]
+           for s in range(n_stages) for kind in ("F", "B", "I", "W")}
+    out[(0, "W")], out[(0, "I")] = out[(0, "B")], [0.0] * len(FEATURES)  # see module docstring
+    return out
 
 
 def stage_structure(model: Model, plan: Plan) -> list[list[LayerCost]]:
@@ -99,6 +104,7 @@ def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[C
         out[(s, "F")] = fwd
         out[(s, "B")] = out[(s, "I")] = re + bwd
         out[(s, "W")] = []
+    out[(0, "W")], out[(0, "I")] = out[(0, "B")], []  # see module docstring
     return out
 
 

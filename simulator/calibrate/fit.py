@@ -233,7 +233,7 @@ def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibrati
             work[(a.rank, a.stage, a.kind)].append(alone)
         for (_, stage, kind), values in work.items():
             y = statistics.median(values)
-            if y > 0:
+            if y > 0 and any(feats[(stage, kind)]):
                 rows[key].append(feats[(stage, kind)])
                 ys[key].append(y)
         # The optimizer steps of all ranks of a node run together, after the last backward.

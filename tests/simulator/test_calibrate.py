@@ -191,6 +191,21 @@ def test_transfers_between_cpu_ranks_cost_their_host_cpu_on_the_cores():
     assert times[1] - times[0] == pytest.approx(wire * (per_byte[1] - per_byte[0]), rel=1e-6)
 
 
+def test_first_stage_runs_its_whole_backward_in_w():
+    """torch's pipelining computes no input gradient for stage 0 (token ids): I is empty, W is all of B."""
+    feats = action_features(MODEL, _plan(pp=2, schedule="zb_h1"), ReferenceOpTime(CPU))
+    assert not any(feats[(0, "I")]) and feats[(0, "W")] == feats[(0, "B")]
+    assert any(feats[(1, "I")]) and feats[(1, "W")] != feats[(1, "B")]
+    # A measured stage-0 I of a few microseconds (the runtime's bookkeeping) must not sway the fit.
+    zb = _synthetic_run(_plan(pp=2, schedule="zb_h1"))
+    zb.measurement.actions = [dataclasses.replace(a, cpu_s=2e-5) if (a.stage, a.kind) == (0, "I") else a
+                              for a in zb.measurement.actions]
+    cal, _ = calibrate([_synthetic_run(p) for p in FIT_PLANS] + [zb])
+    got, want = cal.devices["cpu"].compute["fp32"], TRUTH.devices["cpu"].compute["fp32"]
+    assert got.op_overhead_s == pytest.approx(want.op_overhead_s, rel=0.02)
+    assert got.scale["gemm"] == pytest.approx(want.scale["gemm"], rel=0.02)
+
+
 def test_shared_core_rates_follow_processor_sharing():
     # Three ranks on one core slot: A overlaps B then C, each overlap halves the speed.
     acts = [ActionRecord(0, 1, 0, 0, "F", 0.0, 2.0), ActionRecord(1, 1, 0, 0, "F", 0.0, 1.0),
