@@ -174,8 +174,10 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
         measure(p, 1)
 
     step("6/6 writing the report")
+    rounds = {k: [r.iteration_s for (kk, _), r in sorted(measured.items()) if kk == k] for k in (key(default), key(tuned2))}
     res = _report(cfg, model, out, trace, simulated, default, tuned1, tuned2, combined, [combined(p) for p in fit_plans],
-                  [combined(p) for p in held_plans], cal, notes.warnings)
+                  [combined(p) for p in held_plans], cal, notes.warnings,
+                  (rounds[key(default)], rounds[key(tuned2)]))
     step(f"done: {res.report}")
     return res
 
@@ -191,7 +193,7 @@ def _gantt(run: MeasuredRun, cal: Calibration, path: Path) -> None:
 def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, simulated: int, default: Plan, tuned1: Plan,
             tuned2: Plan,
             measure: Callable[[Plan], MeasuredRun], fit_runs: list[MeasuredRun], held_runs: list[MeasuredRun],
-            cal: Calibration, warnings: Sequence[str]) -> LoopResult:
+            cal: Calibration, warnings: Sequence[str], rounds: tuple[list[float], list[float]]) -> LoopResult:
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     d_run, t1_run, t2_run = measure(default), measure(tuned1), measure(tuned2)
@@ -206,6 +208,8 @@ def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, simulated: i
         if src.exists():
             shutil.copyfile(src, figs / f"tune_calibrated_{name}")
     speedup = d_run.iteration_s / t2_run.iteration_s
+    verdict = "as fast as" if speedup < 1 else "faster than"
+    spread = max((100 * (max(r) - min(r)) / min(r) for r in rounds if len(r) > 1), default=0.0)
     s = summary(held_rows)
 
     def row(role: str, run: MeasuredRun, rows: list[FidelityRow]) -> str:
@@ -227,8 +231,13 @@ def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, simulated: i
         "",
         "## Result",
         "",
-        f"**The tuned plan ({plan_label(tuned2)}) trains {speedup:.2f}× faster than the default plan "
+        f"**The tuned plan ({plan_label(tuned2)}) trains {speedup:.2f}× {verdict} the default plan "
         f"({plan_label(default)}), measured: {t2_run.iteration_s:.3f} s vs {d_run.iteration_s:.3f} s per iteration.**",
+        "",
+        f"Each round alone: default {', '.join(f'{t:.3f}' for t in rounds[0])} s; tuned "
+        f"{', '.join(f'{t:.3f}' for t in rounds[1])} s. The rounds of one plan differ by up to {spread:.0f} %: "
+        + ("the difference is larger than that drift." if abs(speedup - 1) * 100 > spread else
+           "the difference between the two plans is within that drift, so this run cannot tell them apart."),
         "",
         "| plan | | predicted, uncalibrated s | predicted, calibrated s | measured s | speedup vs default |",
         "|---|---|---:|---:|---:|---:|",
@@ -310,7 +319,7 @@ def cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
     cfg = LoopConfig(model=args.model, ranks=args.ranks, global_batch=args.global_batch,
                      run=RunSpec(steps=args.steps, warmup_steps=min(2, max(0, args.steps - 3))), out=Path(args.out))
     res = closed_loop(cfg)
-    print(f"tuned plan {res.speedup:.2f}x faster than the default plan (measured {res.tuned_s:.3f} s vs "
+    print(f"tuned plan {res.speedup:.2f}x {'faster than' if res.speedup >= 1 else 'as fast as'} the default plan (measured {res.tuned_s:.3f} s vs "
           f"{res.default_s:.3f} s per iteration)")
     s = res.holdout
     if s.get("n"):
