@@ -153,7 +153,7 @@ def ranks_per_host() -> int:
     """Ranks on this host (torchrun's ``LOCAL_WORLD_SIZE``, SLURM's tasks per node; 1 alone)."""
     for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = os.environ.get(key, "")
-        if value.isdigit():
+        if value.isdecimal():
             return int(value)
     return 1
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from traces.errors import ContractError
@@ -87,6 +87,8 @@ row = st.lists(st.text(alphabet="abcNOE-0123456789 \t", max_size=8), min_size=0,
 @settings(max_examples=300, deadline=None)
 @given(header=st.sampled_from(["HYBRID_TRANSFORMER_FWD_IN_BCKWD\tmodel_parallel_NPU_group: 8", "junk", "model_parallel_NPU_group: 0"]),
        count=st.text(max_size=3), rows=st.lists(row, max_size=5))
+# A superscript digit passes str.isdigit() but not int() (CI found it).
+@example(header="HYBRID_TRANSFORMER_FWD_IN_BCKWD\tmodel_parallel_NPU_group: 8", count="¹", rows=[])
 def test_arbitrary_workloads(tmp_path_factory, header, count, rows):
     path = tmp_path_factory.mktemp("aicb") / "w.txt"
     path.write_text("\n".join([header, count, *rows]))

@@ -117,7 +117,7 @@ def import_aicb(
     tp_match = _TP_RE.search(lines[0])
     if tp_match is None or int(tp_match[1]) < 1:
         raise ContractError(source, "line 1", "line 1: model_parallel_NPU_group must be a positive integer")
-    if len(lines) < 2 or not lines[1].strip().isdigit():
+    if len(lines) < 2 or re.fullmatch(r"[0-9]+", lines[1].strip()) is None:
         raise ContractError(source, "line 2", "line 2: expected the number of entries")
     declared = int(lines[1].strip())
     records = [_parse_row(line.split(), source, n) for n, line in enumerate(lines[2:], start=3) if line.strip()]
