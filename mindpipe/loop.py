@@ -146,9 +146,12 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
             measured[(key(plan), rnd)] = load_run(path)
         return measured[(key(plan), rnd)]
 
+    def rounds_of(plan: Plan) -> list[MeasuredRun]:
+        return [r for (k, _), r in sorted(measured.items()) if k == key(plan)]
+
     def combined(plan: Plan) -> MeasuredRun:
         """The plan's runs as one: the median of its rounds' iteration times."""
-        return merge_repeats([r for (k, _), r in measured.items() if k == key(plan)])[0]
+        return merge_repeats(rounds_of(plan))[0]
 
     def unique(plans: list[Plan]) -> list[Plan]:
         return list({key(p): p for p in plans}.values())
@@ -174,12 +177,16 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
         measure(p, 1)
 
     step("6/6 writing the report")
-    rounds = {k: [r.iteration_s for (kk, _), r in sorted(measured.items()) if kk == k] for k in (key(default), key(tuned2))}
+    rounds = ([r.iteration_s for r in rounds_of(default)], [r.iteration_s for r in rounds_of(tuned2)])
     res = _report(cfg, model, out, trace, simulated, default, tuned1, tuned2, combined, [combined(p) for p in fit_plans],
-                  [combined(p) for p in held_plans], cal, notes.warnings,
-                  (rounds[key(default)], rounds[key(tuned2)]))
+                  [combined(p) for p in held_plans], cal, notes.warnings, rounds)
     step(f"done: {res.report}")
     return res
+
+
+def _verdict(speedup: float) -> str:
+    """How a speedup reads: "1.2× faster than", "0.9× as fast as"."""
+    return "faster than" if speedup >= 1 else "as fast as"
 
 
 def _gantt(run: MeasuredRun, cal: Calibration, path: Path) -> None:
@@ -208,7 +215,6 @@ def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, simulated: i
         if src.exists():
             shutil.copyfile(src, figs / f"tune_calibrated_{name}")
     speedup = d_run.iteration_s / t2_run.iteration_s
-    verdict = "as fast as" if speedup < 1 else "faster than"
     spread = max((100 * (max(r) - min(r)) / min(r) for r in rounds if len(r) > 1), default=0.0)
     s = summary(held_rows)
 
@@ -231,7 +237,7 @@ def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, simulated: i
         "",
         "## Result",
         "",
-        f"**The tuned plan ({plan_label(tuned2)}) trains {speedup:.2f}× {verdict} the default plan "
+        f"**The tuned plan ({plan_label(tuned2)}) trains {speedup:.2f}× {_verdict(speedup)} the default plan "
         f"({plan_label(default)}), measured: {t2_run.iteration_s:.3f} s vs {d_run.iteration_s:.3f} s per iteration.**",
         "",
         f"Each round alone: default {', '.join(f'{t:.3f}' for t in rounds[0])} s; tuned "
@@ -319,7 +325,7 @@ def cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
     cfg = LoopConfig(model=args.model, ranks=args.ranks, global_batch=args.global_batch,
                      run=RunSpec(steps=args.steps, warmup_steps=min(2, max(0, args.steps - 3))), out=Path(args.out))
     res = closed_loop(cfg)
-    print(f"tuned plan {res.speedup:.2f}x {'faster than' if res.speedup >= 1 else 'as fast as'} the default plan (measured {res.tuned_s:.3f} s vs "
+    print(f"tuned plan {res.speedup:.2f}x {_verdict(res.speedup)} the default plan (measured {res.tuned_s:.3f} s vs "
           f"{res.default_s:.3f} s per iteration)")
     s = res.holdout
     if s.get("n"):

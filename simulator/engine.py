@@ -173,10 +173,14 @@ class Engine:
     def _prio(self, pp_traffic: bool) -> int:
         return 0 if (pp_traffic or not self.opt.pp_first) else 1
 
+    def _host_copy(self, r: int, phases: list[Phase]) -> simpy.Event:
+        """``phases`` as host-copy work on rank ``r``'s cores (``comm_on_cores``)."""
+        return self._compute(r, sum(self.tr.phase_host_s(p) for p in phases))
+
     def _transfer(self, r: int | None, phases: list[Phase], pp_traffic: bool = False) -> simpy.Event:
         """Run ``phases``; ``r`` is the issuing rank for collectives and sends (None: swaps)."""
         if r is not None and self._on_cores:
-            return self._compute(r, sum(self.tr.phase_host_s(p) for p in phases))
+            return self._host_copy(r, phases)
         ev = self.env.event()
         self.tr.run(phases, self._prio(pp_traffic), ev.succeed)
         return ev
@@ -261,7 +265,7 @@ class Engine:
             arrival.succeed()
 
         if self._on_cores:
-            self._compute(r, sum(self.tr.phase_host_s(p) for p in phases)).callbacks.append(lambda _e: landed())
+            self._host_copy(r, phases).callbacks.append(lambda _e: landed())
             return
         self.tr.run(phases, self._prio(True), landed)
 

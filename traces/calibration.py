@@ -10,8 +10,8 @@ A calibration file corrects the simulator's hardware models with what the execut
   ``nic``): a latency per algorithm step and an achieved bandwidth (the α-β model, Hockney 1994);
 * **host CPU** (CPU devices, whose ranks share the host's cores): CPU time each rank spends
   outside its compute actions — per operator the actions issue (the schedule's bookkeeping
-  around them), per iteration, and per latency step and byte of the transfers the backend makes with host copies
-  (gloo over loopback) — all of which competes with compute for the cores;
+  around them), per iteration, and per algorithm step and byte of the transfers the backend
+  makes with host copies (gloo over loopback) — all of which competes with compute for the cores;
 * **step overhead**: host time per iteration outside the schedule and the optimizer.
 
 Each fitted entry keeps the number of samples it was fitted on and its error on them, and the

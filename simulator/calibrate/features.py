@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 from simulator.build import assign_layers, build_work
 from simulator.calibrate.models import ReferenceOpTime, backend_of, host_terms, tp_wire_bytes
@@ -83,8 +84,13 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
     out = {(s, kind): [per_feature[k][s][kind] for k in range(len(FEATURES) - 1)]
            + [tp_wire_bytes(colls[(s, kind)], plan.tp, backend_of(ref.device)) if plan.tp > 1 else 0.0]
            for s in range(n_stages) for kind in ("F", "B", "I", "W")}
-    out[(0, "W")], out[(0, "I")] = out[(0, "B")], [0.0] * len(FEATURES)  # see module docstring
+    _first_stage_backward_in_w(out, [0.0] * len(FEATURES))
     return out
+
+
+def _first_stage_backward_in_w(table: dict[tuple[int, str], Any], nothing: Any) -> None:
+    """Stage 0's I does ``nothing`` and its W is the whole B, as torch runs it (module docstring)."""
+    table[(0, "W")], table[(0, "I")] = table[(0, "B")], nothing
 
 
 def stage_structure(model: Model, plan: Plan) -> list[list[LayerCost]]:
@@ -104,7 +110,7 @@ def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[C
         out[(s, "F")] = fwd
         out[(s, "B")] = out[(s, "I")] = re + bwd
         out[(s, "W")] = []
-    out[(0, "W")], out[(0, "I")] = out[(0, "B")], []  # see module docstring
+    _first_stage_backward_in_w(out, [])
     return out
 
 

@@ -288,18 +288,20 @@ def fit_host(runs: list[MeasuredRun], cal: Calibration, warnings: list[str]) -> 
         act_cpu: dict[int, float] = defaultdict(float)
         counts: dict[int, dict[tuple[int, str], float]] = defaultdict(lambda: defaultdict(float))
         pp_of = {r.rank: r.pp_rank for r in meas.ranks}
-        first = {r.pp_rank: r.rank for r in sorted(meas.ranks, key=lambda r: r.rank, reverse=True)}
+        first: dict[int, int] = {}  # the lowest rank of each pipeline rank counts its actions
+        for r in sorted(meas.ranks, key=lambda r: r.rank):
+            first.setdefault(r.pp_rank, r.rank)
         for a in actions:
             act_cpu[a.rank] += (a.cpu_s or 0.0) / n
             if a.rank in pp_of and first[pp_of[a.rank]] == a.rank:
                 counts[pp_of[a.rank]][(a.stage, a.kind)] += 1.0 / n
         feats = rank_host_features(run.model, plan, run.cluster, run.device, counts)
         params = _params_by_rank(run)
+        key = (run.device.name, meas.backend, _intra_link(run) or "local")
         for r in meas.ranks:
             optimizer = comp.optimizer_overhead_s + comp.optimizer_s_per_param * params.get(r.pp_rank, 0)
             y = (r.cpu_time_s or 0.0) - act_cpu[r.rank] - optimizer
             if y > 0:
-                key = (run.device.name, meas.backend, _intra_link(run) or "local")
                 rows[key].append(feats[r.pp_rank])
                 ys[key].append(y)
     for (device, backend, link_type), design in rows.items():
