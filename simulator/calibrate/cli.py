@@ -45,8 +45,8 @@ def format_calibration(cal: Any) -> str:
                          f"fit on {c.samples} action groups, MAPE {100 * c.fit_mape:.1f}%")
         shared = f"; {dev.cpus_per_node} CPUs per host shared by its ranks" if dev.cpus_per_node else ""
         if dev.host_samples:
-            lines.append(f"host CPU {name} outside the actions: {1e3 * dev.step_cpu_s:.1f} ms per iteration + "
-                         f"{1e6 * dev.op_cpu_s:.0f} µs per op; fit on {dev.host_samples} ranks, "
+            lines.append(f"host work {name}: {1e3 * dev.step_cpu_s:.1f} ms CPU per iteration + "
+                         f"{1e6 * dev.op_cpu_s:.0f} µs per op outside the actions; fit on {dev.host_samples} ranks, "
                          f"MAPE {100 * dev.host_fit_mape:.1f}%")
         lines.append(f"step overhead {name}: {1e3 * dev.step_overhead_s:.1f} ms per iteration{shared}")
     for backend, links in cal.comm.items():
