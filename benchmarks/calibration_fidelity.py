@@ -35,12 +35,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mindpipe.simulator.calibrate.fidelity import fidelity, scatter_png, summary, table_text
+from mindpipe.simulator.calibrate.fit import calibrate
+from mindpipe.simulator.calibrate.runs import MeasuredRun, load_runs, merge_repeats
+from mindpipe.traces.config import Plan
+from mindpipe.traces.schema import to_dict
+
 from mindpipe.runs import RunSpec, run_plan
-from simulator.calibrate.fidelity import fidelity, scatter_png, summary, table_text
-from simulator.calibrate.fit import calibrate
-from simulator.calibrate.runs import MeasuredRun, load_runs, merge_repeats
-from traces.config import Plan
-from traces.schema import to_dict
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

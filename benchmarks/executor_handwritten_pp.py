@@ -16,11 +16,10 @@ import time
 
 import torch
 import torch.distributed as dist
+from mindpipe.traces.builtin import load_model
+from mindpipe.traces.torch_gpt import GPT, build_gpt, lm_loss, synthetic_batch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-from traces.builtin import load_model
-from traces.torch_gpt import GPT, build_gpt, lm_loss, synthetic_batch
 
 
 class Half(nn.Module):

@@ -25,9 +25,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-
-from executor.launch import free_port
-from traces.trace import Trace
+from mindpipe.executor.launch import free_port
+from mindpipe.traces.trace import Trace
 
 HERE = Path(__file__).resolve().parent
 

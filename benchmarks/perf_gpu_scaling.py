@@ -1,7 +1,7 @@
 """H100 and H200 vs A100: do predicted times scale with the FLOP/s and bandwidth ratios?
 
 H100/H200 have no fitted constants of their own; they reuse the A100 curves with their own peak
-FLOP/s, HBM bandwidth, NVLink bandwidth and SM count (:mod:`simulator.perf`). For the same
+FLOP/s, HBM bandwidth, NVLink bandwidth and SM count (:mod:`mindpipe.simulator.perf`). For the same
 configurations (vTrain-like small and large GPT blocks, LM head, optimizer step, TP all-reduce)
 this prints the A100/H100 and A100/H200 time ratios next to the hardware ratios they should
 follow, and checks the documented expectation:
@@ -25,10 +25,10 @@ import argparse
 import json
 from pathlib import Path
 
-from simulator.ops import block_ops, lm_head_ops
-from simulator.perf import GpuComputeModel, NcclCommModel, collective_time_s
-from traces.catalog import DeviceSpec, get_device
-from traces.config import Model, Plan
+from mindpipe.simulator.ops import block_ops, lm_head_ops
+from mindpipe.simulator.perf import GpuComputeModel, NcclCommModel, collective_time_s
+from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.config import Model, Plan
 
 # Wave quantisation on 132 SMs (H100/H200) vs 108 (A100) can favour either GPU for a given shape;
 # for these shapes by up to ~5%, so ratios are checked against the FLOP/s ratio within 10%.

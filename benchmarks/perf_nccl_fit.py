@@ -1,6 +1,6 @@
 """NCCL all-reduce model: fit on A100 LUTs and hold-out error, by group size and message size.
 
-Fits the NVLink curve of :mod:`simulator.perf.nccl` on vTrain's ``AR_GPU{2,8}`` LUTs and checks
+Fits the NVLink curve of :mod:`mindpipe.simulator.perf.nccl` on vTrain's ``AR_GPU{2,8}`` LUTs and checks
 it on ``AR_GPU4`` (the shipped constants), and on even rows vs odd rows; also prints the shipped
 model's ring/tree choice across nodes (NIC constants are priors: no multi-node data). Writes
 ``benchmarks/results/perf_nccl_fit.json``.
@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from simulator.perf import NcclCommModel, collective_time_s, default_models
-from simulator.perf.fit import nccl_report, read_luts
-from traces.catalog import get_device
-from traces.config import Cluster
+from mindpipe.simulator.perf import NcclCommModel, collective_time_s, default_models
+from mindpipe.simulator.perf.fit import nccl_report, read_luts
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.config import Cluster
 
 BUCKETS = ((1, 8), (8, 64), (64, 512), (512, 1025))  # MiB
 

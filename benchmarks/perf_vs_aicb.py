@@ -1,6 +1,6 @@
 """Per-layer compute times: the GPU model vs AICB's A100 traces (GPT-13B/175B, LLaMA-7B/65B).
 
-For every comparable AICB Megatron workload (see :mod:`simulator.perf.aicb` for what is comparable
+For every comparable AICB Megatron workload (see :mod:`mindpipe.simulator.perf.aicb` for what is comparable
 and how LLaMA is mapped to a FLOP-equivalent GPT block) prints measured and predicted times per
 transformer block — forward, and input + weight gradient — with the attention/MLP halves
 alongside AICB's two row types, under both attention pricings (FlashAttention-2, which AICB's
@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from simulator.ops import block_ops
-from simulator.perf import GpuComputeModel
-from simulator.perf.aicb import AICB_CASES, case_model, compare_file, measured_parts
-from traces.catalog import get_device
+from mindpipe.simulator.ops import block_ops
+from mindpipe.simulator.perf import GpuComputeModel
+from mindpipe.simulator.perf.aicb import AICB_CASES, case_model, compare_file, measured_parts
+from mindpipe.traces.catalog import get_device
 
 ATTENTION_OPS = ("ln1", "qkv", "attn_scores", "softmax", "attn_dropout", "attn_context", "flash_attn", "proj", "residual1")
 

@@ -1,7 +1,7 @@
 """Baseline for phase 2: the untuned hardware models through the engine on vTrain's measurements.
 
 Simulates every row of ``validation/vtrain_a100_{single,multi}_node.csv`` with
-:func:`simulator.perf.default_models` (shipped constants: nothing here is fitted on these files)
+:func:`mindpipe.simulator.perf.default_models` (shipped constants: nothing here is fitted on these files)
 and reports MAPE on the fit half and the hold-out half of the seed-0 split, plus the signed
 median error by configuration knob, to show the lead where an end-to-end fit has to act. Writes
 ``benchmarks/results/perf_vtrain_untuned.json``.
@@ -18,10 +18,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from simulator.api import SimulationOptions, simulate
-from simulator.perf import default_models
-from simulator.perf.vtrain import VTrainRow, load_vtrain, split_fit_holdout
-from traces.catalog import get_device
+from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.perf import default_models
+from mindpipe.simulator.perf.vtrain import VTrainRow, load_vtrain, split_fit_holdout
+from mindpipe.traces.catalog import get_device
 
 FILES = {"single": "validation/vtrain_a100_single_node.csv", "multi": "validation/vtrain_a100_multi_node.csv"}
 

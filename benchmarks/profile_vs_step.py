@@ -16,9 +16,8 @@ import statistics
 from pathlib import Path
 
 import torch
-
-from traces.builtin import load_model
-from traces.profiler import ProfileOptions, profile_model
+from mindpipe.traces.builtin import load_model
+from mindpipe.traces.profiler import ProfileOptions, profile_model
 
 
 def main() -> None:

@@ -15,9 +15,9 @@ import statistics
 import time
 from pathlib import Path
 
-from simulator.api import simulate
-from traces.builtin import load_cluster, load_model
-from traces.config import Plan
+from mindpipe.simulator.api import simulate
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.config import Plan
 
 OUT = Path(__file__).resolve().parent / "results" / "sim_speed.json"
 

@@ -36,12 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulator.api import simulate
-from traces.builtin import load_cluster
-from traces.config import Model, Plan
-from traces.schema import from_dict, to_dict
-from tuner.api import tune
-from tuner.sweep import SweepConfig
+from mindpipe.simulator.api import simulate
+from mindpipe.traces.builtin import load_cluster
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.schema import from_dict, to_dict
+from mindpipe.tuner.api import tune
+from mindpipe.tuner.sweep import SweepConfig
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "tune_partition_balance.json"

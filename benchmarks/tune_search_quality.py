@@ -33,14 +33,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from traces.builtin import load_cluster, load_model
-from tuner.api import build_space, fingerprint
-from tuner.materialize import Problem
-from tuner.objectives import Objective
-from tuner.optimizers import RandomSearch
-from tuner.space import SearchSpace, point_key
-from tuner.store import SweepStore
-from tuner.sweep import SweepConfig, annotate, run_sweep
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.tuner.api import build_space, fingerprint
+from mindpipe.tuner.materialize import Problem
+from mindpipe.tuner.objectives import Objective
+from mindpipe.tuner.optimizers import RandomSearch
+from mindpipe.tuner.space import SearchSpace, point_key
+from mindpipe.tuner.store import SweepStore
+from mindpipe.tuner.sweep import SweepConfig, annotate, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -106,7 +106,7 @@ def exhaustive(space: SearchSpace, work: Path, workers: int, identity: dict[str,
 
 
 class CachedEvaluator:
-    """Stands in for :func:`tuner.evaluate.evaluate` with the exhaustive results."""
+    """Stands in for :func:`mindpipe.tuner.evaluate.evaluate` with the exhaustive results."""
 
     def __init__(self, cache: dict[str, Any]) -> None:
         self.rows = cache["rows"]

@@ -21,9 +21,9 @@ import statistics
 import time
 from pathlib import Path
 
-from simulator.perf.validate import VTRAIN_PUBLISHED_MAPE, summarize, validate_rows, with_gpu
-from simulator.perf.vtrain import load_vtrain, split_fit_holdout
-from traces.catalog import get_device
+from mindpipe.simulator.perf.validate import VTRAIN_PUBLISHED_MAPE, summarize, validate_rows, with_gpu
+from mindpipe.simulator.perf.vtrain import load_vtrain, split_fit_holdout
+from mindpipe.traces.catalog import get_device
 
 FILES = {"vtrain-single": "validation/vtrain_a100_single_node.csv", "vtrain-multi": "validation/vtrain_a100_multi_node.csv"}
 TARGET_MAPE = {"vtrain-single": 8.0, "vtrain-multi": 10.0}

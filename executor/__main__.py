@@ -1,8 +1,8 @@
-"""``python -m executor PLAN --steps S ...``: one rank, under torchrun or a cluster scheduler.
+"""``python -m mindpipe.executor PLAN --steps S ...``: one rank, under torchrun or a cluster scheduler.
 
 Every rank of the job runs this module; torchrun (or ``srun`` with ``MASTER_ADDR``/``MASTER_PORT``
 exported) provides the rank and world size, and without either it trains as a single process.
-``mindpipe run`` launches it as ``python -m executor --config FILE`` with the validated config.
+``mindpipe run`` launches it as ``python -m mindpipe.executor --config FILE`` with the validated config.
 Input problems print one line ``executor: error: ...`` and exit with code 2.
 """
 
@@ -13,9 +13,9 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from executor.config import RunConfig, add_run_arguments, config_from_args
-from executor.precheck import catalog_device, check_run, detect_device, env_world_size, ranks_per_host
-from traces.errors import ContractError
+from mindpipe.executor.config import RunConfig, add_run_arguments, config_from_args
+from mindpipe.executor.precheck import catalog_device, check_run, detect_device, env_world_size, ranks_per_host
+from mindpipe.traces.errors import ContractError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,15 +26,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = RunConfig.load(argv[1])
             command = ""
         else:
-            p = argparse.ArgumentParser(prog="python -m executor", description="Run one rank of a MindPipe plan.")
+            p = argparse.ArgumentParser(prog="python -m mindpipe.executor", description="Run one rank of a MindPipe plan.")
             add_run_arguments(p, launcher=False)
             cfg = config_from_args(p.parse_args(argv))
-            command = "python -m executor " + " ".join(shlex.quote(a) for a in argv)
+            command = "python -m mindpipe.executor " + " ".join(shlex.quote(a) for a in argv)
         # Refuse an impossible plan before importing torch (seconds per rank).
         kind, gpu = detect_device(cfg.device)
         pre = check_run(cfg.model, cfg.plan, env_world_size(), kind, catalog_device(kind, gpu), cfg.schedule_source,
                         text_data=cfg.data != "synthetic", ranks_per_device=ranks_per_host() if kind == "cpu" else 1)
-        from executor.worker import run  # imports torch
+        from mindpipe.executor.worker import run  # imports torch
 
         return run(cfg, command=command, pre=pre)
     except ContractError as e:

@@ -10,7 +10,7 @@ records it in ``DIR/latest.json`` (the newest step and every complete one), so a
 save is never picked up. Resume loads the newest, or a chosen complete step.
 
 ``latest.json`` also keeps ``tp``: the fused QKV weight is stored in the head-major order of
-that TP degree (:func:`executor.stages.head_major_qkv`), so resuming with another ``tp`` is
+that TP degree (:func:`mindpipe.executor.stages.head_major_qkv`), so resuming with another ``tp`` is
 refused.
 """
 
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from mindpipe.traces.errors import ContractError
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -32,8 +33,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-
-from traces.errors import ContractError
 
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 LATEST = "latest.json"

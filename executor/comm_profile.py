@@ -23,10 +23,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from mindpipe.executor.measure import Recorder
 from torch.distributed.device_mesh import DeviceMesh
 from torch.profiler import ProfilerActivity, profile
-
-from executor.measure import Recorder
 
 _EVENT = re.compile(r"^(gloo|nccl):(\w+)$")
 _DTYPE_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4,

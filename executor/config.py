@@ -1,6 +1,6 @@
 """What one executor run needs besides the plan, and the shared command-line arguments.
 
-:class:`RunConfig` is built from the command line of ``mindpipe run`` or ``python -m executor``
+:class:`RunConfig` is built from the command line of ``mindpipe run`` or ``python -m mindpipe.executor``
 (:func:`add_run_arguments` serves both) and travels to every rank as JSON. This module is
 torch-free so ``mindpipe --help`` and the pre-launch checks never import torch.
 """
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from traces.builtin import load_model, load_plan
-from traces.config import Model, Plan, non_negative, one_of, positive
-from traces.errors import ContractError
-from traces.schema import from_dict, read_json, to_dict
+from mindpipe.traces.builtin import load_model, load_plan
+from mindpipe.traces.config import Model, Plan, non_negative, one_of, positive
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import from_dict, read_json, to_dict
 
 SCHEDULE_SOURCES = ("auto", "torch", "simulator")
 DEVICES = ("auto", "cpu", "cuda")
@@ -42,7 +42,7 @@ class RunConfig:
         resume_from: Load the checkpoint of this step instead of the latest (implies ``resume``).
         schedule_source: ``torch`` runs torch's schedule class of the plan's schedule;
             ``simulator`` runs the action table of the simulator's schedule; ``auto`` uses the
-            simulator's table when :mod:`simulator.schedules` is present, else torch's class.
+            simulator's table when :mod:`mindpipe.simulator.schedules` is present, else torch's class.
         device: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``.
         timeout_s: Collective timeout of every process group (a dead peer ends the run).
         warmup_steps: Leading steps left out of the aggregates.
@@ -110,7 +110,7 @@ class RunConfig:
 
 
 def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
-    """Arguments of ``mindpipe run`` (``launcher=True``) and ``python -m executor``."""
+    """Arguments of ``mindpipe run`` (``launcher=True``) and ``python -m mindpipe.executor``."""
     p.add_argument("plan", metavar="PLAN", help="plan JSON file or inline JSON")
     if launcher:
         p.add_argument("--nproc", type=int, required=True, help="processes (ranks) per node")

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from traces.config import Model, Plan
-from traces.torch_gpt import synthetic_batch
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.torch_gpt import synthetic_batch
 
 # Distinct streams per step without collisions for any realistic step count.
 _STEP_STRIDE = 1_000_003

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from mindpipe.traces.config import Plan
+from mindpipe.traces.errors import ContractError
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-from traces.config import Plan
-from traces.errors import ContractError
 
 AXES = ("pp", "dp", "tp")
 

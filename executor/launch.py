@@ -1,6 +1,6 @@
 """``mindpipe run``: validate a plan, then run it under torchrun with a watchdog.
 
-The plan is checked before any process starts (:func:`executor.precheck.check_run`); a plan
+The plan is checked before any process starts (:func:`mindpipe.executor.precheck.check_run`); a plan
 that cannot work is refused with the reason. On one node the launcher picks a free port on
 127.0.0.1 and sets ``GLOO_SOCKET_IFNAME=lo`` (gloo otherwise binds the host name's interface and
 may hang); across nodes it passes torchrun's rendezvous options through unchanged.
@@ -30,10 +30,10 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
-from executor.config import RunConfig, config_from_args
-from executor.precheck import catalog_device, check_run, detect_device
-from traces.errors import ContractError
-from traces.trace import Trace
+from mindpipe.executor.config import RunConfig, config_from_args
+from mindpipe.executor.precheck import catalog_device, check_run, detect_device
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.trace import Trace
 
 EXIT_FAILED = 1
 ERROR_DIR_ENV = "MINDPIPE_ERROR_DIR"  # where ranks leave their exception (read by executor.worker)
@@ -63,7 +63,7 @@ def torchrun_command(args: argparse.Namespace, config_path: str) -> list[str]:
         cmd += ["--master-addr", args.master_addr or "127.0.0.1", "--master-port", str(args.master_port or free_port())]
         if args.node_rank is not None:
             cmd += ["--node-rank", str(args.node_rank)]
-    return [*cmd, "-m", "executor", "--config", config_path]
+    return [*cmd, "-m", "mindpipe.executor", "--config", config_path]
 
 
 def _environment(args: argparse.Namespace, device_kind: str) -> dict[str, str]:

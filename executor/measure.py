@@ -4,13 +4,13 @@ A :class:`Recorder` replaces, on each :class:`~torch.distributed.pipelining.Pipe
 *instance*, the four methods every torch schedule calls — ``forward_one_chunk`` (F),
 ``backward_one_chunk`` (B, or I when ``full_backward=False``), ``backward_weight_one_chunk`` (W)
 and ``perform_reduce_grad`` (the data-parallel gradient reduction) — with timed versions, and
-times the pipeline's p2p waits through :func:`executor.torch_pipelining.timed_p2p_waits`. torch's
+times the pipeline's p2p waits through :func:`mindpipe.executor.torch_pipelining.timed_p2p_waits`. torch's
 classes are untouched.
 
 Clocks: on CPU the host's monotonic clock (``time.perf_counter``, system-wide on Linux, so ranks
 on one host share it); on CUDA, events on the current stream, anchored to the host clock at the
 start of each step after a synchronise, so GPU work is timed where it runs rather than where it
-was queued. All times are relative to the run's origin (see :mod:`traces.measured`).
+was queued. All times are relative to the run's origin (see :mod:`mindpipe.traces.measured`).
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from mindpipe.executor.precheck import block_policies
+from mindpipe.executor.stages import StageModule
+from mindpipe.traces.config import Plan
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
@@ -37,10 +40,6 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.utils.checkpoint import checkpoint
-
-from executor.precheck import block_policies
-from executor.stages import StageModule
-from traces.config import Plan
 
 
 def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:

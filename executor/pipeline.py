@@ -5,9 +5,9 @@
 ``ScheduleInterleavedZeroBubble`` with one stage per rank — torch's ZB1P, i.e. ZB-H1 —,
 ``zbv`` → ``ScheduleZBVZeroBubble``, ``dualpipev`` → ``ScheduleDualPipeV``).
 
-``simulator``: :func:`simulator.schedules.build_schedule` produces the per-rank action lists the
-simulator times; :func:`simulator.action_table.write_csv` writes them in torch's compute-only CSV
-format and torch's runtime executes that table (:func:`executor.torch_pipelining.table_schedule`).
+``simulator``: :func:`mindpipe.simulator.schedules.build_schedule` produces the per-rank action lists the
+simulator times; :func:`mindpipe.simulator.action_table.write_csv` writes them in torch's compute-only CSV
+format and torch's runtime executes that table (:func:`mindpipe.executor.torch_pipelining.table_schedule`).
 So a measured run and a simulated one follow the same order, action for action (DESIGN.md "One
 schedule implementation").
 """
@@ -18,18 +18,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mindpipe.executor.precheck import TORCH_SCHEDULES
+from mindpipe.executor.torch_pipelining import named_schedule, schedule_orders, table_schedule
+from mindpipe.traces.config import Plan
+from mindpipe.traces.torch_gpt import lm_loss
 from torch.distributed.pipelining import PipelineStage
-
-from executor.precheck import TORCH_SCHEDULES
-from executor.torch_pipelining import named_schedule, schedule_orders, table_schedule
-from traces.config import Plan
-from traces.torch_gpt import lm_loss
 
 
 def write_simulator_table(plan: Plan, path: str | Path) -> None:
     """Write the simulator's action table of ``plan`` as torch compute-only CSV."""
-    from simulator.action_table import write_csv
-    from simulator.schedules import build_schedule
+    from mindpipe.simulator.action_table import write_csv
+    from mindpipe.simulator.schedules import build_schedule
 
     schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
     write_csv(schedule, path)

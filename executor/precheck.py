@@ -1,9 +1,9 @@
 """Refuse a run that cannot work, before any process starts.
 
-Checks the plan against the model (:func:`traces.config.check_plan`), the world size, what the
+Checks the plan against the model (:func:`mindpipe.traces.config.check_plan`), the world size, what the
 executor supports, and the memory each pipeline rank needs (the simulator's memory model,
-:func:`simulator.memory.stage_memory`) against the device's capacity. Every refusal is a
-:class:`~traces.errors.ContractError` that names the plan and the rule. Torch-free: the launcher
+:func:`mindpipe.simulator.memory.stage_memory`) against the device's capacity. Every refusal is a
+:class:`~mindpipe.traces.errors.ContractError` that names the plan and the rule. Torch-free: the launcher
 runs this before it starts torchrun.
 """
 
@@ -14,11 +14,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from simulator.memory import stage_memory
-from simulator.schedules import build_schedule
-from traces.catalog import DeviceSpec, get_device
-from traces.config import Model, Plan, check_plan, stage_layers
-from traces.errors import ContractError
+from mindpipe.simulator.memory import stage_memory
+from mindpipe.simulator.schedules import build_schedule
+from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.config import Model, Plan, check_plan, stage_layers
+from mindpipe.traces.errors import ContractError
 
 GIB = 2**30
 # torch.distributed.pipelining class per schedule name of the plan (torch 2.13 names).

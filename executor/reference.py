@@ -1,6 +1,6 @@
 """Single-process training of the same model: the ground truth parity tests compare against.
 
-No parallelism and no torch.distributed: the unsplit GPT from :func:`traces.torch_gpt.build_gpt`,
+No parallelism and no torch.distributed: the unsplit GPT from :func:`mindpipe.traces.torch_gpt.build_gpt`,
 the global batch in micro-batches of ``micro_batch_size`` sequences in order, each micro-batch's
 mean loss divided by the number of micro-batches before ``backward`` (so the gradient is that of
 the global mean loss, which is what pipeline schedules with ``scale_grads`` and a data-parallel
@@ -10,10 +10,9 @@ average compute), and AdamW. The same per-step RNG seeding as the executor keeps
 from __future__ import annotations
 
 import torch
-
-from executor.data import TokenSource
-from traces.config import Model, Plan
-from traces.torch_gpt import build_gpt, lm_loss
+from mindpipe.executor.data import TokenSource
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.torch_gpt import build_gpt, lm_loss
 
 
 def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, data: str = "synthetic",

@@ -1,12 +1,12 @@
 """Turn the ranks' raw measurements into the measured trace and its timeline (rank 0).
 
-The result is a :class:`traces.trace.Trace` with a :class:`traces.measured.Measurement`: the
+The result is a :class:`mindpipe.traces.trace.Trace` with a :class:`mindpipe.traces.measured.Measurement`: the
 simulator reads its per-layer records like any trace, calibration reads the raw timings.
 
 Per-layer records: a pipeline stage is timed as a whole (one F, and B or I+W, per micro-batch),
 so each stage's median time (measured steps, all micro-batches, all data/tensor-parallel replicas)
 is spread over the stage's layers in proportion to their roofline cost on the catalog device
-(:class:`simulator.costs.RooflineComputeModel`: FLOPs over peak, bytes over bandwidth), phase by
+(:class:`mindpipe.simulator.costs.RooflineComputeModel`: FLOPs over peak, bytes over bandwidth), phase by
 phase. Times include what ran inside the actions: TP collectives, FSDP gathers, and the forward
 recompute of recomputed blocks (see ``provenance.notes``).
 """
@@ -21,16 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from executor.config import RunConfig
-from executor.precheck import Precheck
-from executor.stages import block_ranges
-from simulator.costs import RooflineComputeModel, boundary_bytes, layer_params
-from simulator.ops import model_flops_per_iteration
-from simulator.timeline import write_chrome_trace
-from traces.catalog import DeviceSpec, get_device
-from traces.measured import ActionRecord, CommEvent, Measurement, RankRecord, StepRecord
-from traces.trace import LayerRecord, Provenance, Trace
+from mindpipe.executor.config import RunConfig
+from mindpipe.executor.precheck import Precheck
+from mindpipe.executor.stages import block_ranges
+from mindpipe.simulator.costs import RooflineComputeModel, boundary_bytes, layer_params
+from mindpipe.simulator.ops import model_flops_per_iteration
+from mindpipe.simulator.timeline import write_chrome_trace
+from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.measured import ActionRecord, CommEvent, Measurement, RankRecord, StepRecord
+from mindpipe.traces.trace import LayerRecord, Provenance, Trace
 
 LAYER_TIMES = ("stage medians spread over the stage's layers by roofline cost on the catalog device "
                "(FLOPs/peak vs bytes/bandwidth), per phase")

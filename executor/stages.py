@@ -1,4 +1,4 @@
-"""Cut the GPT of :mod:`traces.torch_gpt` into pipeline stages.
+"""Cut the GPT of :mod:`mindpipe.traces.torch_gpt` into pipeline stages.
 
 A stage keeps the parent's module objects and names: the first virtual stage owns ``embedding``,
 every stage a slice of ``blocks`` (a ModuleDict keyed by the *global* block index), the last
@@ -15,11 +15,10 @@ Qi et al. ICLR'24, torch ``generate_stage_to_rank_mapping(style="v")``).
 from __future__ import annotations
 
 import torch
+from mindpipe.simulator.actions import loop_stage_to_rank, v_stage_to_rank
+from mindpipe.traces.config import V_SCHEDULES, Model, Plan, stage_layers
+from mindpipe.traces.torch_gpt import GPT
 from torch import nn
-
-from simulator.actions import loop_stage_to_rank, v_stage_to_rank
-from traces.config import V_SCHEDULES, Model, Plan, stage_layers
-from traces.torch_gpt import GPT
 
 
 class StageModule(nn.Module):

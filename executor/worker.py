@@ -2,13 +2,13 @@
 
 Apply order (torchtitan): the GPT is built whole with the run's seed (identical weights on every
 rank), cut into this pipeline rank's stages, and each stage gets TP → recompute → DP
-(:mod:`executor.parallelize`); each stage becomes a ``PipelineStage`` on the mesh's ``pp`` group
+(:mod:`mindpipe.executor.parallelize`); each stage becomes a ``PipelineStage`` on the mesh's ``pp`` group
 and the plan's schedule drives them (torch's class, or the simulator's action table). With
 ``pp = 1`` the same path runs a single stage, so gradient accumulation over micro-batches, loss
 scaling and the data-parallel reduction are torch's in every case.
 
 At the end every rank sends its measurements to rank 0 (``gather_object``), which writes the
-measured trace and the timeline (:mod:`executor.report`).
+measured trace and the timeline (:mod:`mindpipe.executor.report`).
 """
 
 from __future__ import annotations
@@ -22,21 +22,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mindpipe.executor.comm_profile import profiled
+from mindpipe.executor.config import RunConfig
+from mindpipe.executor.data import TokenSource
+from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
+from mindpipe.executor.launch import ERROR_DIR_ENV
+from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory
+from mindpipe.executor.parallelize import parallelize_stage
+from mindpipe.executor.pipeline import make_schedule
+from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
+from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
+from mindpipe.executor.torch_pipelining import timed_p2p_waits
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.torch_gpt import build_gpt
 from torch.distributed.pipelining import PipelineStage
-
-from executor.comm_profile import profiled
-from executor.config import RunConfig
-from executor.data import TokenSource
-from executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
-from executor.launch import ERROR_DIR_ENV
-from executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory
-from executor.parallelize import parallelize_stage
-from executor.pipeline import make_schedule
-from executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
-from executor.stages import build_stage_modules, permute_qkv_for_tp
-from executor.torch_pipelining import timed_p2p_waits
-from traces.errors import ContractError
-from traces.torch_gpt import build_gpt
 
 # Fault injection for the failure tests: "RANK:STEP[:raise|exit|hang]" makes that rank raise, die
 # without a Python error, or stop responding at that step.
@@ -61,7 +60,7 @@ def _fault(rank: int, step: int) -> None:
 def run(cfg: RunConfig, command: str = "", pre: Precheck | None = None) -> int:
     """Run this rank to completion; rank 0 writes the outputs. Returns the exit status.
 
-    ``pre`` is the result of :func:`executor.precheck.check_run` if the caller already ran it.
+    ``pre`` is the result of :func:`mindpipe.executor.precheck.check_run` if the caller already ran it.
     """
     env = rank_env()
     device, backend = pick_device(cfg.device, env.local_rank)
@@ -74,7 +73,7 @@ def run(cfg: RunConfig, command: str = "", pre: Precheck | None = None) -> int:
     try:
         payloads = _train(cfg, device, pre)
         if payloads is not None:  # rank 0
-            from executor.report import write_outputs
+            from mindpipe.executor.report import write_outputs
 
             write_outputs(cfg, pre, payloads, backend=backend, device=device, spec=spec, command=command)
         dist.barrier()
@@ -98,7 +97,7 @@ def _write_error(rank: int, e: BaseException) -> None:
 
 
 def _save(cfg: RunConfig, step: int, parts: list[Any], optimizers: list[Any]) -> None:
-    from executor import checkpoint as ckpt  # DCP is imported only by runs that checkpoint
+    from mindpipe.executor import checkpoint as ckpt  # DCP is imported only by runs that checkpoint
 
     ckpt.save(cfg.checkpoint_dir or ".", step, parts, optimizers, cfg.plan.tp)
 
@@ -125,7 +124,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[dict[str
     optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
     start = 0
     if cfg.resume and cfg.checkpoint_dir:
-        from executor import checkpoint as ckpt
+        from mindpipe.executor import checkpoint as ckpt
 
         start = ckpt.load(cfg.checkpoint_dir, parts, optimizers, plan.tp, step=cfg.resume_from)
     if start >= cfg.steps:

@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mindpipe import __version__
-from traces.builtin import load_model, model_names
-from traces.errors import ContractError
-from traces.summary import format_summary, summarize
-from traces.trace import Trace
+from mindpipe.traces.builtin import load_model, model_names
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.summary import format_summary, summarize
+from mindpipe.traces.trace import Trace
 
 EXIT_USAGE = 2
 
@@ -45,7 +45,7 @@ def _emit(args: argparse.Namespace, trace: Trace, out: str | None) -> None:
 
 def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``mindpipe profile MODEL``: per-layer trace of the GPT model on this machine."""
-    from traces.profiler import ProfileOptions, profile_model  # imports torch
+    from mindpipe.traces.profiler import ProfileOptions, profile_model  # imports torch
 
     model = load_model(args.model)
     opts = ProfileOptions(
@@ -75,11 +75,11 @@ def cmd_import(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "command": _command_line(argv),
     }
     if args.format == "aicb":
-        from traces.importers.aicb import import_aicb
+        from mindpipe.traces.importers.aicb import import_aicb
 
         trace = import_aicb(args.file, **common)
     else:
-        from traces.importers.torch_profiler import import_torch_profiler
+        from mindpipe.traces.importers.torch_profiler import import_torch_profiler
 
         trace = import_torch_profiler(args.file, group=args.group, pattern=args.pattern, steps=args.steps, **common)
     _emit(args, trace, args.out)
@@ -99,7 +99,7 @@ def _load_trace_arg(arg: str) -> Trace:
     """A trace file, or the name of a shipped trace (e.g. ``gpt-mini.cpu``)."""
     from pathlib import Path
 
-    from traces.data import load_shipped_trace, shipped_trace_names
+    from mindpipe.traces.data import load_shipped_trace, shipped_trace_names
 
     if not Path(arg).exists() and arg in shipped_trace_names():
         return load_shipped_trace(arg)
@@ -136,12 +136,12 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``mindpipe simulate``: predict one iteration of a plan (the ``simulate`` contract)."""
     import datetime as dt
 
-    from simulator.api import SimulationOptions, simulate
-    from simulator.energy import load_hourly_intensity
-    from simulator.timeline import write_chrome_trace, write_gantt
-    from traces.builtin import load_cluster, load_plan
-    from traces.errors import ContractError as _CE
-    from traces.schema import to_dict
+    from mindpipe.simulator.api import SimulationOptions, simulate
+    from mindpipe.simulator.energy import load_hourly_intensity
+    from mindpipe.simulator.timeline import write_chrome_trace, write_gantt
+    from mindpipe.traces.builtin import load_cluster, load_plan
+    from mindpipe.traces.errors import ContractError as _CE
+    from mindpipe.traces.schema import to_dict
 
     model = load_model(args.model)
     cluster = load_cluster(args.cluster)
@@ -152,7 +152,7 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         trace.check_model(model, source=args.trace)
         opts.trace = trace
     if args.calibration:
-        from traces.calibration import load_calibration
+        from mindpipe.traces.calibration import load_calibration
 
         opts.calibration = load_calibration(args.calibration)
     if args.carbon_csv:
@@ -165,8 +165,8 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         write_chrome_trace(result.timeline, args.timeline, label=f"simulated {plan.schedule}")
         _stderr(f"wrote {args.timeline}")
     if args.action_table:
-        from simulator.action_table import write_csv
-        from simulator.schedules import build_schedule
+        from mindpipe.simulator.action_table import write_csv
+        from mindpipe.simulator.schedules import build_schedule
 
         write_csv(build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages), args.action_table)
         _stderr(f"wrote {args.action_table}")
@@ -240,23 +240,23 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print one JSON object (the simulation result) on stdout")
     sim.set_defaults(func=cmd_simulate)
 
-    from tuner.cli import add_parser as add_tune_parser  # the handler lives in tuner/ (torch-free)
+    from mindpipe.tuner.cli import add_parser as add_tune_parser  # the handler lives in tuner/ (torch-free)
 
     add_tune_parser(sub)
-    from simulator.perf.cli import add_parser as add_validate_parser  # handler in simulator/perf (torch-free)
+    from mindpipe.simulator.perf.cli import add_parser as add_validate_parser  # handler in simulator/perf (torch-free)
 
     add_validate_parser(sub)
-    from simulator.calibrate.cli import add_parser as add_calibrate_parser  # torch-free
+    from mindpipe.simulator.calibrate.cli import add_parser as add_calibrate_parser  # torch-free
 
     add_calibrate_parser(sub)
     from mindpipe.loop import add_parser as add_demo_parser  # torch only once it runs
 
     add_demo_parser(sub)
 
-    from executor.config import add_run_arguments  # torch-free
+    from mindpipe.executor.config import add_run_arguments  # torch-free
 
     def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-        from executor.launch import cmd_run as run_plan  # the handler; imports torch
+        from mindpipe.executor.launch import cmd_run as run_plan  # the handler; imports torch
 
         return run_plan(args, argv)
 

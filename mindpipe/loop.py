@@ -8,7 +8,7 @@
    micro-batch 1 as torchtitan's defaults) and
    a few probe plans that cover what the others may not (tensor and data parallelism) with the
    executor, measuring each;
-4. **calibrate** the simulator on those runs (:mod:`simulator.calibrate`);
+4. **calibrate** the simulator on those runs (:mod:`mindpipe.simulator.calibrate`);
 5. **re-tune** with the calibrated simulator and run its choice, plus plans held out of the fit;
 6. **report**: ``report.md`` with the measured speedup of the tuned plan over the default, the
    fidelity of the simulator before and after calibration on the held-out runs (table and
@@ -32,17 +32,24 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.runs import RunSpec, run_plan
-from simulator.api import SimulationOptions, simulate
-from simulator.calibrate.cli import format_calibration
-from simulator.calibrate.fidelity import FidelityRow, fidelity, plan_label, scatter_png, summary, table_markdown
-from simulator.calibrate.fit import calibrate
-from simulator.calibrate.runs import MeasuredRun, load_run, measured_events, merge_repeats
-from simulator.timeline import write_gantts
-from traces.builtin import load_cluster, load_model
-from traces.calibration import Calibration, save_calibration
-from traces.config import Model, Plan
-from traces.schema import from_dict, to_dict
-from traces.trace import Trace
+from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.calibrate.cli import format_calibration
+from mindpipe.simulator.calibrate.fidelity import (
+    FidelityRow,
+    fidelity,
+    plan_label,
+    scatter_png,
+    summary,
+    table_markdown,
+)
+from mindpipe.simulator.calibrate.fit import calibrate
+from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run, measured_events, merge_repeats
+from mindpipe.simulator.timeline import write_gantts
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.calibration import Calibration, save_calibration
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.schema import from_dict, to_dict
+from mindpipe.traces.trace import Trace
 
 
 def _plan(**kw: Any) -> Plan:
@@ -98,8 +105,8 @@ class LoopResult:
 def _tune(model: Model, cfg: LoopConfig, out: Path, trace: Trace | None,
           calibration: Calibration | None) -> tuple[Plan, int]:
     """The best plan and how many plans were simulated."""
-    from tuner.api import tune
-    from tuner.sweep import SweepConfig
+    from mindpipe.tuner.api import tune
+    from mindpipe.tuner.sweep import SweepConfig
 
     # The space of 4 ranks is small (about a thousand plans): search it exhaustively. Pinned to
     # what the executor runs here: fp32 (bf16 matmuls on this CPU are no faster end to end), and
@@ -122,7 +129,7 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
         say(f"[{time.perf_counter() - t_start:5.0f} s] {msg}")
 
     step(f"1/6 profiling {model.label} on the CPU")
-    from traces.profiler import ProfileOptions, profile_model
+    from mindpipe.traces.profiler import ProfileOptions, profile_model
 
     trace = profile_model(model, ProfileOptions(micro_batch_size=cfg.profile_micro_batch, repeats=5, step_repeats=0),
                           command="mindpipe demo")

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.calibrate.fidelity import plan_label
-from traces.config import Model, Plan
-from traces.schema import to_dict
-from traces.trace import Trace
+from mindpipe.simulator.calibrate.fidelity import plan_label
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.schema import to_dict
+from mindpipe.traces.trace import Trace
 
 
 class PlanRunFailed(RuntimeError):

@@ -9,7 +9,7 @@ implementation").
 
 Reading accepts what torch itself writes for compute-only tables: empty cells (torch's idle
 ``None`` slots) are skipped and a fused ``(0F3;1B2)OVERLAP_F_B`` cell (DualPipeV) becomes its
-sub-actions in order, the split form :func:`simulator.schedules.build_schedule` uses.
+sub-actions in order, the split form :func:`mindpipe.simulator.schedules.build_schedule` uses.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from simulator.actions import Action, Schedule
-from simulator.schedules import validate_schedule
-from traces.errors import ContractError
+from mindpipe.simulator.actions import Action, Schedule
+from mindpipe.simulator.schedules import validate_schedule
+from mindpipe.traces.errors import ContractError
 
 _OVERLAP = "OVERLAP_F_B"
 
@@ -29,7 +29,7 @@ def write_csv(schedule: Schedule, path: str | Path) -> None:
 
     Raises:
         ValueError: the schedule is incomplete, misplaced or deadlocks (see
-            :func:`~simulator.schedules.validate_schedule`); torch would hang on such a table.
+            :func:`~mindpipe.simulator.schedules.validate_schedule`); torch would hang on such a table.
     """
     validate_schedule(schedule)
     with open(path, "w", newline="") as f:
@@ -70,7 +70,7 @@ def _cell_rule(a: Action, r: int, placed: dict[int, tuple[int, str]], stage_to_r
 
 def read_csv(path: str | Path, name: str, num_microbatches: int | None = None,
              stage_to_rank: list[int] | None = None) -> Schedule:
-    """Read a torch compute-only action table into a :class:`~simulator.actions.Schedule`.
+    """Read a torch compute-only action table into a :class:`~mindpipe.simulator.actions.Schedule`.
 
     pp is the number of rows; the number of stages and micro-batches are inferred from the cells
     (largest index + 1) and the placement from which rank runs which stage.

@@ -2,7 +2,7 @@
 
 Assembles the pieces — compute costs (trace or hardware model), the schedule's action lists,
 placement and links, the event-driven engine, the memory model, energy and carbon — into the
-:class:`~traces.result.SimulationResult` of DESIGN.md.
+:class:`~mindpipe.traces.result.SimulationResult` of DESIGN.md.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.build import build_work
-from simulator.calibrate.models import apply_calibration
-from simulator.costs import (
+from mindpipe.simulator.build import build_work
+from mindpipe.simulator.calibrate.models import apply_calibration
+from mindpipe.simulator.costs import (
     DTYPE_BYTES,
     AlphaBetaCommModel,
     CommModel,
@@ -21,19 +21,19 @@ from simulator.costs import (
     RooflineComputeModel,
     TraceComputeModel,
 )
-from simulator.energy import annual_intensity, energy_report, hourly_intensity
-from simulator.engine import Engine, EngineOptions, EngineResult
-from simulator.memory import activation_bytes_per_layer, stage_memory
-from simulator.network import FluidNetwork, Transfers
-from simulator.ops import model_flops_per_iteration
-from simulator.perf import default_models as gpu_default_models
-from simulator.schedules import build_schedule
-from simulator.topology import Topology
-from traces.calibration import Calibration
-from traces.catalog import DeviceSpec, get_device
-from traces.config import Cluster, Model, Plan, check_plan, stage_layers
-from traces.result import SimulationResult
-from traces.trace import Trace
+from mindpipe.simulator.energy import annual_intensity, energy_report, hourly_intensity
+from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult
+from mindpipe.simulator.memory import activation_bytes_per_layer, stage_memory
+from mindpipe.simulator.network import FluidNetwork, Transfers
+from mindpipe.simulator.ops import model_flops_per_iteration
+from mindpipe.simulator.perf import default_models as gpu_default_models
+from mindpipe.simulator.schedules import build_schedule
+from mindpipe.simulator.topology import Topology
+from mindpipe.traces.calibration import Calibration
+from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.config import Cluster, Model, Plan, check_plan, stage_layers
+from mindpipe.traces.result import SimulationResult
+from mindpipe.traces.trace import Trace
 
 GIB = 2**30
 
@@ -72,7 +72,7 @@ class SimulationOptions:
 def default_models(device: DeviceSpec, cluster: Cluster | None = None) -> tuple[ComputeModel, CommModel]:
     """The hardware models used when no trace is given.
 
-    GPUs: the shape-aware kernel model and the NCCL model of :mod:`simulator.perf` (constants per
+    GPUs: the shape-aware kernel model and the NCCL model of :mod:`mindpipe.simulator.perf` (constants per
     GPU family, fitted on published A100 measurements; ``mindpipe validate`` reports their error).
     CPUs: the roofline and an α-β comm model (gloo), which calibration refits.
     """

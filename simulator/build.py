@@ -20,10 +20,10 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
-from simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost
-from simulator.engine import RankWork, StageWork
-from simulator.topology import Phase, Topology
-from traces.config import Model, Plan, stage_layers
+from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost
+from mindpipe.simulator.engine import RankWork, StageWork
+from mindpipe.simulator.topology import Phase, Topology
+from mindpipe.traces.config import Model, Plan, stage_layers
 
 GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}
 

@@ -4,7 +4,7 @@ The engine times a schedule from :class:`LayerCost` records (one per pipeline la
 blocks, final norm, LM head) and prices every transfer with a :class:`CommModel`. Compute comes
 either from a trace (:class:`TraceComputeModel`: profiled or imported per-layer times) or from a
 hardware model (:class:`RooflineComputeModel` here; the shape-aware GPU model of
-:mod:`simulator.perf` implements the same protocol).
+:mod:`mindpipe.simulator.perf` implements the same protocol).
 
 Units: seconds, bytes; everything is for one micro-batch on one device (one tensor-parallel rank).
 """
@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from simulator.ops import Op, block_ops, embedding_ops, final_norm_ops, lm_head_ops
-from traces.catalog import DeviceSpec
-from traces.config import Model, Plan
-from traces.errors import ContractError
-from traces.trace import Trace
+from mindpipe.simulator.ops import Op, block_ops, embedding_ops, final_norm_ops, lm_head_ops
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.trace import Trace
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 LINKS = ("nvlink", "nic", "pcie", "local")
@@ -139,7 +139,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     """Per-layer costs of a model priced operator by operator (shared by the op-level models).
 
     ``price(ops)`` returns the (forward, input-gradient, weight-gradient, attention-core forward)
-    seconds of one layer's operators (:mod:`simulator.ops`); this function adds the layer
+    seconds of one layer's operators (:mod:`mindpipe.simulator.ops`); this function adds the layer
     structure, the TP collectives, the pipeline boundary bytes and the parameters.
     """
     d = DTYPE_BYTES[plan.precision]
@@ -309,7 +309,7 @@ class AlphaBetaCommModel:
 
     Ring collectives take ``k−1`` (reduce-scatter, all-gather) or ``2(k−1)`` (all-reduce) latency
     steps (nccl-tests PERFORMANCE.md); p2p takes one. The defaults are typical NCCL figures
-    (a few µs per step over NVLink, ~10 µs over InfiniBand); :mod:`simulator.perf` fits them to
+    (a few µs per step over NVLink, ~10 µs over InfiniBand); :mod:`mindpipe.simulator.perf` fits them to
     measurements and calibration refits them for gloo.
     """
 

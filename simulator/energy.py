@@ -19,8 +19,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from traces.catalog import DeviceSpec
-from traces.errors import ContractError
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.errors import ContractError
 
 BLOCKED_POWER_FRACTION = 0.175  # Perseus: 70 W of a 400 W A100 while blocked on communication
 J_PER_KWH = 3.6e6
@@ -54,7 +54,7 @@ def device_energy_j(device: DeviceSpec, iteration_s: float, compute_s: list[floa
 
 @functools.lru_cache(maxsize=1)
 def _annual_table() -> dict:
-    text = importlib.resources.files("simulator.data").joinpath("grid_intensity.json").read_text(encoding="utf-8")
+    text = importlib.resources.files("mindpipe.simulator.data").joinpath("grid_intensity.json").read_text(encoding="utf-8")
     return json.loads(text)
 
 

@@ -2,7 +2,7 @@
 
 One representative pipeline is simulated (data-parallel rank 0, tensor-parallel rank 0); data
 replicas and TP peers run the same program at the same time, and their traffic on shared links
-enters through flow multiplicities (:mod:`simulator.topology`). Each pipeline rank replays its
+enters through flow multiplicities (:mod:`mindpipe.simulator.topology`). Each pipeline rank replays its
 schedule's action list (BACKGROUND.md §1.3): an action starts when the rank is free and its
 inputs have arrived —
 
@@ -25,9 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import simpy
-
-from simulator.actions import Action, Schedule
-from simulator.topology import Phase
+from mindpipe.simulator.actions import Action, Schedule
+from mindpipe.simulator.topology import Phase
 
 
 @dataclass

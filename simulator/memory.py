@@ -24,7 +24,7 @@ Decisions:
   GPT keeps masks, and the attention term shrinks to the softmax output alone (d; ``probs @ V``
   saves it). The paper's setting (GPT-3 dropout 0.1) reproduces its numbers exactly.
 * Masks are 1 byte on GPUs (CUDA ``native_dropout`` keeps a bool mask) and ``d`` bytes on CPUs
-  (torch's CPU path keeps the scaled noise, :func:`traces.torch_gpt.dropout_mask_bytes`).
+  (torch's CPU path keeps the scaled noise, :func:`mindpipe.traces.torch_gpt.dropout_mask_bytes`).
 * fp32 is the same accounting with d = 4 (masks stay 1 byte on GPUs).
 * Per-token LayerNorm statistics (mean, rstd: 4·d·s·b per block) are left out, as the paper
   does; they are 1/h of the rest. ``traces.torch_gpt.block_activation_bytes`` counts them.
@@ -34,14 +34,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from simulator.actions import Schedule
-from simulator.build import GRAD_BYTES
-from simulator.costs import DTYPE_BYTES, layer_params
-from simulator.schedules import build_schedule
-from traces.catalog import DeviceSpec
-from traces.config import Model, Plan
-from traces.config import stage_layers as plan_stage_layers
-from traces.errors import ContractError
+from mindpipe.simulator.actions import Schedule
+from mindpipe.simulator.build import GRAD_BYTES
+from mindpipe.simulator.costs import DTYPE_BYTES, layer_params
+from mindpipe.simulator.schedules import build_schedule
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.config import stage_layers as plan_stage_layers
+from mindpipe.traces.errors import ContractError
 
 GIB = 2**30
 ACTIVATION_POLICIES = ("keep", "recompute", "swap")
@@ -230,7 +230,7 @@ def stage_memory(
     Args:
         model, plan: The model and plan.
         device: Capacity comes from here; a CPU keeps dtype-sized dropout masks and no reserve.
-        schedule: Per-rank orders (from :func:`simulator.schedules.build_schedule`).
+        schedule: Per-rank orders (from :func:`mindpipe.simulator.schedules.build_schedule`).
         stage_layers: Transformer blocks on each virtual stage.
         reserved_bytes: Framework overhead per rank (default ``GPU_RESERVED_BYTES`` on a GPU, 0
             on a CPU).

@@ -22,9 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 import simpy
-
-from simulator.costs import CommModel
-from simulator.topology import Phase, Topology
+from mindpipe.simulator.costs import CommModel
+from mindpipe.simulator.topology import Phase, Topology
 
 _EPS = 1e-12
 

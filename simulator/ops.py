@@ -1,7 +1,7 @@
 """Operator decomposition of the GPT layers: FLOPs, bytes moved and GEMM shapes per micro-batch.
 
 The compute models price these operators (a roofline here; shape-aware efficiencies in
-:mod:`simulator.perf`). Counting follows Megatron-LM's GPT layer (Narayanan et al., SC'21, §5.1;
+:mod:`mindpipe.simulator.perf`). Counting follows Megatron-LM's GPT layer (Narayanan et al., SC'21, §5.1;
 Korthikanti et al. 2022, §4) on one tensor-parallel rank: QKV and projection GEMMs, attention
 scores Q·Kᵀ, softmax, attention over values, MLP GEMMs, LayerNorms, GeLU, dropouts and residual
 adds; the embedding; the LM head and the cross-entropy. A forward GEMM ``[M,K]×[K,N]`` costs
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traces.config import Model
+from mindpipe.traces.config import Model
 
 PHASES = ("forward", "backward_input", "backward_weight")
 

@@ -1,7 +1,7 @@
 """Pipeline schedules as pure functions: (name, pp, m, v) → every rank's ordered compute actions.
 
 One implementation serves the simulator (which times the lists) and the executor (which writes
-them as torch compute-only CSV, :mod:`simulator.action_table`, and runs them), DESIGN.md "One
+them as torch compute-only CSV, :mod:`mindpipe.simulator.action_table`, and runs them), DESIGN.md "One
 schedule implementation". Orders follow the literature, BACKGROUND.md §1.1:
 
 * ``gpipe`` (Huang et al., arXiv 1811.06965): all forwards, then all backwards.
@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-from simulator.actions import Action, Schedule, loop_stage_to_rank, v_stage_to_rank
-from traces.errors import ContractError
+from mindpipe.simulator.actions import Action, Schedule, loop_stage_to_rank, v_stage_to_rank
+from mindpipe.traces.errors import ContractError
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
 _V_PLACED = ("zbv", "dualpipev")
@@ -229,7 +229,7 @@ def build_schedule(name: str, pp: int, num_microbatches: int, virtual_stages: in
             any v >= 1 for interleaved_1f1b (loop placement, stage c·pp + r on rank r).
 
     Returns:
-        A fresh :class:`~simulator.actions.Schedule` (the caller may mutate its lists).
+        A fresh :class:`~mindpipe.simulator.actions.Schedule` (the caller may mutate its lists).
 
     Raises:
         ContractError: source ``plan``, naming the key and rule (unknown name, pp/m/v < 1, wrong v

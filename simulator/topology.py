@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from traces.catalog import DeviceSpec
-from traces.config import Cluster, Plan
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.config import Cluster, Plan
 
 AXES = ("tp", "dp", "pp")
 RING_FACTOR = {"allreduce": lambda k: 2 * (k - 1) / k, "reducescatter": lambda k: (k - 1) / k,

@@ -37,6 +37,6 @@ def shared_data() -> Path:
 @pytest.fixture()
 def tiny_model():
     """A model small enough to profile in well under a second."""
-    from traces.config import Model
+    from mindpipe.traces.config import Model
 
     return Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128, name="tiny")

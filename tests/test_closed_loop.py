@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 
 import pytest
+from mindpipe.traces.calibration import load_calibration
 
 from mindpipe.loop import LoopConfig, _plan, closed_loop
 from mindpipe.runs import RunSpec
-from traces.calibration import load_calibration
 
 TINY = {"kind": "gpt", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "seq_len": 32, "vocab_size": 256,
         "name": "tiny2"}

@@ -5,9 +5,9 @@ the torch parts (``traces.torch_gpt``, ``traces.profiler``, ``traces.op_graph``)
 explicitly by the code that needs them.
 """
 
-from traces.config import Cluster, Model, Plan, check_plan
-from traces.errors import ContractError
-from traces.result import SimulationResult
-from traces.trace import CommRecord, LayerRecord, Provenance, Trace
+from mindpipe.traces.config import Cluster, Model, Plan, check_plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.result import SimulationResult
+from mindpipe.traces.trace import CommRecord, LayerRecord, Provenance, Trace
 
 __all__ = ["Cluster", "CommRecord", "ContractError", "LayerRecord", "Model", "Plan", "Provenance", "SimulationResult", "Trace", "check_plan"]

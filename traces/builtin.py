@@ -11,10 +11,10 @@ import re
 from pathlib import Path
 from typing import Any, TypeVar
 
-from traces.catalog import device_names, get_device
-from traces.config import Cluster, Model, Plan
-from traces.errors import ContractError
-from traces.schema import from_dict, read_json
+from mindpipe.traces.catalog import device_names, get_device
+from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import from_dict, read_json
 
 T = TypeVar("T")
 

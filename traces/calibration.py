@@ -24,9 +24,9 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from traces.config import non_negative, one_of
-from traces.errors import ContractError
-from traces.schema import check_format_version, from_dict, read_json, write_json
+from mindpipe.traces.config import non_negative, one_of
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
 
 CALIBRATION_FORMAT_VERSION = 1
 OP_KINDS = ("gemm", "bmm", "flash", "memory")

@@ -16,7 +16,7 @@ import math
 import os
 from typing import Any
 
-from traces.errors import ContractError
+from mindpipe.traces.errors import ContractError
 
 FORMAT_VERSION = 1
 KINDS = ("gpu", "cpu")
@@ -206,7 +206,7 @@ def _read_json(path: str | os.PathLike[str] | None) -> tuple[Any, str]:
 
     if path is None:
         source = _SHIPPED
-        resource = importlib.resources.files("traces.hardware").joinpath("catalog.json")
+        resource = importlib.resources.files("mindpipe.traces.hardware").joinpath("catalog.json")
         text = resource.read_text(encoding="utf-8")
     else:
         source = os.fspath(path)

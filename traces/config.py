@@ -1,8 +1,8 @@
 """Model, cluster and plan contracts (DESIGN.md "Data contracts").
 
 Each is a dataclass validated in ``__post_init__`` (torchtitan's pattern) and read from JSON with
-:func:`traces.schema.from_dict`, so unknown keys and impossible values raise a
-:class:`~traces.errors.ContractError` naming the file, the key and the rule. Rules that involve
+:func:`mindpipe.traces.schema.from_dict`, so unknown keys and impossible values raise a
+:class:`~mindpipe.traces.errors.ContractError` naming the file, the key and the rule. Rules that involve
 more than one document (plan vs model vs cluster) live in :func:`check_plan`.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traces.errors import ContractError
-from traces.schema import check_format_version
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import check_format_version
 
 MODEL_FORMAT_VERSION = 1
 CLUSTER_FORMAT_VERSION = 1
@@ -154,7 +154,7 @@ class Cluster:
                 positive(key, value)
         if self.pue < 1.0:
             raise ContractError("", "pue", f"pue={self.pue} must be >= 1.0")
-        from traces.catalog import get_device  # local import: catalog is data, loaded on demand
+        from mindpipe.traces.catalog import get_device  # local import: catalog is data, loaded on demand
 
         try:
             get_device(self.gpu)

@@ -1,6 +1,6 @@
 """The measured-run contract: what ``mindpipe run`` records about real training.
 
-A measured run is written as a :class:`traces.trace.Trace` whose optional ``measurement`` field
+A measured run is written as a :class:`mindpipe.traces.trace.Trace` whose optional ``measurement`` field
 holds a :class:`Measurement`, so one file serves two readers: the simulator reads the per-layer
 records like any trace (``TraceComputeModel(Trace.load("measured.json"))``), and calibration
 (issue 7) reads the raw timings kept here — per-step loss and iteration time, every compute action
@@ -12,7 +12,7 @@ barrier just before the first step, each rank measuring from its own copy of tha
 cross-rank alignment is as good as the barrier's exit skew, typically well under a millisecond
 on one host).
 
-This module is torch-free and imports nothing from :mod:`traces.trace` (which imports it).
+This module is torch-free and imports nothing from :mod:`mindpipe.traces.trace` (which imports it).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from traces.config import Plan, non_negative, one_of
-from traces.errors import ContractError
-from traces.schema import check_format_version
+from mindpipe.traces.config import Plan, non_negative, one_of
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import check_format_version
 
 MEASUREMENT_FORMAT_VERSION = 1
 ACTION_KINDS = ("F", "B", "I", "W")

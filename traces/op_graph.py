@@ -5,7 +5,7 @@ captured by a compiler. Here a block is traced with ``torch.fx.symbolic_trace``;
 node (module call, matmul, softmax, GeLU, dropout, add, mul …) becomes one unit, and the free
 nodes that only reshape or index (``view``, ``transpose``, ``chunk``, ``getitem``, ``size`` …)
 are folded into the first compute unit that consumes them. Each unit is timed in isolation on
-its real inputs like a layer (:func:`traces.timing.measure_unit`).
+its real inputs like a layer (:func:`mindpipe.traces.timing.measure_unit`).
 
 Per-unit numbers that must add up to the block's are attributed, not re-measured: a tensor that
 autograd saves is charged to the first unit that saves it (the softmax output, saved by both the
@@ -22,10 +22,9 @@ from typing import Any
 
 import torch
 import torch.fx
+from mindpipe.traces.timing import Clock, measure_unit, tensor_bytes
+from mindpipe.traces.trace import LayerRecord
 from torch.utils._pytree import tree_map
-
-from traces.timing import Clock, measure_unit, tensor_bytes
-from traces.trace import LayerRecord
 
 # Nodes that only describe, view or index a tensor: no kernel worth timing on their own.
 _FREE_METHODS = {"size", "view", "transpose", "chunk", "split", "permute", "reshape", "contiguous", "to", "unsqueeze"}

@@ -3,12 +3,12 @@
 Method: one forward pass through the model's pipeline layers (embedding, blocks, final norm, LM
 head + loss) records every layer's real input; then each layer is re-run in isolation on that
 input, ``warmup`` times untimed and ``repeats`` times timed, and the median is kept
-(:func:`traces.timing.measure_unit`). A whole forward+backward step of the same model and batch
+(:func:`mindpipe.traces.timing.measure_unit`). A whole forward+backward step of the same model and batch
 is timed too, so a reader can check that the per-layer sum accounts for the step
 (``benchmarks/profile_vs_step.py``).
 
 With ``granularity="op"`` each block is split into operators from its ``torch.fx`` graph (as
-DawnPiper profiles), see :mod:`traces.op_graph`.
+DawnPiper profiles), see :mod:`mindpipe.traces.op_graph`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from traces.config import Model
-from traces.errors import ContractError
-from traces.timing import Clock, measure_unit, median_iqr
-from traces.torch_gpt import GPT, build_gpt, lm_loss, synthetic_batch
-from traces.trace import LayerRecord, Provenance, StepMeasurement, Trace
+from mindpipe.traces.config import Model
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.timing import Clock, measure_unit, median_iqr
+from mindpipe.traces.torch_gpt import GPT, build_gpt, lm_loss, synthetic_batch
+from mindpipe.traces.trace import LayerRecord, Provenance, StepMeasurement, Trace
 
 Progress = Callable[[str], None]
 
@@ -164,7 +163,7 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
     prev_name: str | None = None
     for i, (name, kind, mod, fn, x) in enumerate(units):
         if opts.granularity == "op" and kind == "block":
-            from traces.op_graph import profile_block_ops  # fx machinery only when asked for
+            from mindpipe.traces.op_graph import profile_block_ops  # fx machinery only when asked for
 
             say(f"profiling {name} by operator ({i + 1}/{len(units)})")
             if not isinstance(x, torch.Tensor):

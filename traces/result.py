@@ -6,9 +6,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from traces.config import non_negative
-from traces.errors import ContractError
-from traces.schema import check_format_version, from_dict, read_json, write_json
+from mindpipe.traces.config import non_negative
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
 
 RESULT_FORMAT_VERSION = 1
 

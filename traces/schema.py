@@ -2,7 +2,7 @@
 
 The contracts (model, cluster, plan, trace, result) are plain dataclasses whose ``__post_init__``
 checks value rules. This module adds what JSON needs on top: unknown keys, missing keys and wrong
-types are rejected with a :class:`~traces.errors.ContractError` that names the source file and the
+types are rejected with a :class:`~mindpipe.traces.errors.ContractError` that names the source file and the
 (dotted) key, and nested dataclasses and lists of them are converted recursively.
 
 Supported field types: ``int``, ``float``, ``bool``, ``str``, ``X | None``, ``list[X]``,
@@ -21,7 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from traces.errors import ContractError
+from mindpipe.traces.errors import ContractError
 
 T = TypeVar("T")
 

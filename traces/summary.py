@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traces.trace import Trace
+from mindpipe.traces.trace import Trace
 
 
 def summarize(trace: Trace) -> dict[str, Any]:

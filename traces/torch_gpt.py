@@ -1,4 +1,4 @@
-"""The GPT model in torch, built from the :class:`traces.config.Model` contract.
+"""The GPT model in torch, built from the :class:`mindpipe.traces.config.Model` contract.
 
 One implementation serves the profiler and the executor. It is a pre-LN decoder (GPT-2 layout):
 token + learned position embeddings, ``num_layers`` blocks (LayerNorm → causal self-attention →
@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from mindpipe.traces.config import Model
 from torch import nn
-
-from traces.config import Model
 
 
 class Embedding(nn.Module):

@@ -17,10 +17,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from traces.config import PRECISIONS, Model, non_negative, one_of
-from traces.errors import ContractError
-from traces.measured import Measurement
-from traces.schema import check_format_version, from_dict, read_json, write_json
+from mindpipe.traces.config import PRECISIONS, Model, non_negative, one_of
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.measured import Measurement
+from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
 
 TRACE_FORMAT_VERSION = 1
 GRANULARITIES = ("layer", "op")

@@ -1,9 +1,9 @@
 """``tune(model, cluster, ...)``: the tuner's one library entry point (``mindpipe tune`` wraps it).
 
 Builds the search space, runs the sweep with the simulator as cost function, writes the outputs
-(:mod:`tuner.output`) and returns the summary. Usable from a notebook::
+(:mod:`mindpipe.tuner.output`) and returns the summary. Usable from a notebook::
 
-    from tuner.api import tune
+    from mindpipe.tuner.api import tune
     info = tune("gpt-13b", "a100-sxm4-80gb:8x8", objective="throughput", global_batch=512,
                 fixes=["tp=8"], out="sweeps/13b", config=SweepConfig(optimizer="bo", budget=60))
 """
@@ -17,19 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from traces.builtin import load_cluster, load_model
-from traces.calibration import Calibration
-from traces.config import Cluster, Model
-from traces.errors import ContractError
-from traces.schema import to_dict
-from traces.trace import Trace
-from tuner.evaluate import evaluate
-from tuner.materialize import Problem
-from tuner.objectives import Objective
-from tuner.output import write_outputs
-from tuner.space import SearchSpace, parse_fixes, parse_global_batch
-from tuner.store import SweepStore
-from tuner.sweep import Evaluator, Progress, SweepConfig, SweepResult, run_sweep
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.calibration import Calibration
+from mindpipe.traces.config import Cluster, Model
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import to_dict
+from mindpipe.traces.trace import Trace
+from mindpipe.tuner.evaluate import evaluate
+from mindpipe.tuner.materialize import Problem
+from mindpipe.tuner.objectives import Objective
+from mindpipe.tuner.output import write_outputs
+from mindpipe.tuner.space import SearchSpace, parse_fixes, parse_global_batch
+from mindpipe.tuner.store import SweepStore
+from mindpipe.tuner.sweep import Evaluator, Progress, SweepConfig, SweepResult, run_sweep
 
 
 class NoFeasiblePlan(ContractError):
@@ -97,7 +97,7 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
         calibration: Constants fitted from measured runs (``mindpipe calibrate``).
         config: Optimizer, budget, seed and parallelism.
         resume: Continue the sweep stored in ``out`` without re-evaluating what it holds.
-        progress: Per-evaluation callback (e.g. :class:`tuner.progress.ProgressBar`).
+        progress: Per-evaluation callback (e.g. :class:`mindpipe.tuner.progress.ProgressBar`).
         plots: Write the PNG plots.
         evaluator: Evaluation function (tests and benchmarks substitute recorded results).
 
@@ -116,7 +116,7 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
     pinned = {k: v for k, v in space.fixes.items() if k in ("partition", "layer_memory_policy")}
     problem = Problem(model, cluster, trace, pinned or None, fingerprint=fp, calibration=calibration)
     if not space.points:
-        from tuner.sweep import no_plan_message
+        from mindpipe.tuner.sweep import no_plan_message
 
         raise NoFeasiblePlan("tune", None, no_plan_message(space))
     identity = {

@@ -8,8 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tuner.objectives import OBJECTIVES
-from tuner.optimizers import OPTIMIZERS, SURROGATES
+from mindpipe.tuner.objectives import OBJECTIVES
+from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -72,23 +72,23 @@ def _format(info: dict[str, Any]) -> str:
 
 def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the search; exit 2 (through ContractError) when no plan is feasible."""
-    from tuner.api import tune
-    from tuner.objectives import Objective, parse_constraint
-    from tuner.progress import ProgressBar
-    from tuner.sweep import SweepConfig
+    from mindpipe.tuner.api import tune
+    from mindpipe.tuner.objectives import Objective, parse_constraint
+    from mindpipe.tuner.progress import ProgressBar
+    from mindpipe.tuner.sweep import SweepConfig
 
     trace = None
     if args.trace:
         from pathlib import Path
 
-        from traces.data import load_shipped_trace, shipped_trace_names
-        from traces.trace import Trace
+        from mindpipe.traces.data import load_shipped_trace, shipped_trace_names
+        from mindpipe.traces.trace import Trace
 
         shipped = not Path(args.trace).exists() and args.trace in shipped_trace_names()
         trace = load_shipped_trace(args.trace) if shipped else Trace.load(args.trace)
     calibration = None
     if args.calibration:
-        from traces.calibration import load_calibration
+        from mindpipe.traces.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
     objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint])

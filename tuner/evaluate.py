@@ -11,11 +11,11 @@ import time
 import traceback
 from typing import Any
 
-from simulator.api import SimulationOptions, simulate
-from traces.errors import ContractError
-from traces.schema import to_dict
-from tuner.materialize import Problem, materialize
-from tuner.space import Point, point_key
+from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import to_dict
+from mindpipe.tuner.materialize import Problem, materialize
+from mindpipe.tuner.space import Point, point_key
 
 # Simulator result fields copied into every record (DESIGN.md simulation-result contract).
 RESULT_FIELDS = (

@@ -2,7 +2,7 @@
 
 Runs inside the evaluation workers. The partition is computed here and written into the plan, so
 the simulator (and later the executor, from ``best_plan.json``) use the same split. The memory
-check is :func:`simulator.memory.stage_memory` — the simulator's own model — evaluated before the
+check is :func:`mindpipe.simulator.memory.stage_memory` — the simulator's own model — evaluated before the
 (much more expensive) event simulation, so plans that cannot fit are filtered without simulating.
 """
 
@@ -12,10 +12,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.api import default_models
-from simulator.calibrate.models import apply_calibration
-from simulator.costs import DTYPE_BYTES, ComputeModel, LayerCost, TraceComputeModel, layer_params
-from simulator.memory import (
+from mindpipe.simulator.api import default_models
+from mindpipe.simulator.calibrate.models import apply_calibration
+from mindpipe.simulator.costs import DTYPE_BYTES, ComputeModel, LayerCost, TraceComputeModel, layer_params
+from mindpipe.simulator.memory import (
     GPU_RESERVED_BYTES,
     RankMemory,
     activation_bytes_per_layer,
@@ -24,14 +24,14 @@ from simulator.memory import (
     model_state_bytes,
     stage_memory,
 )
-from simulator.schedules import build_schedule
-from traces.calibration import Calibration
-from traces.catalog import DeviceSpec, get_device
-from traces.config import Cluster, Model, Plan
-from traces.errors import ContractError
-from traces.trace import Trace
-from tuner.partition import link_bandwidths, make_partition
-from tuner.space import POINT_KEYS, Point
+from mindpipe.simulator.schedules import build_schedule
+from mindpipe.traces.calibration import Calibration
+from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.trace import Trace
+from mindpipe.tuner.partition import link_bandwidths, make_partition
+from mindpipe.tuner.space import POINT_KEYS, Point
 
 _COSTS: OrderedDict[tuple[Any, ...], list[LayerCost]] = OrderedDict()
 _COST_CACHE_SIZE = 256
@@ -64,7 +64,7 @@ class Problem:
         return get_device(self.cluster.gpu)
 
     def compute_model(self) -> ComputeModel:
-        """The compute model :func:`simulator.api.simulate` uses for this problem."""
+        """The compute model :func:`mindpipe.simulator.api.simulate` uses for this problem."""
         hw, comm = default_models(self.device, self.cluster)
         if self.calibration is not None:
             hw = apply_calibration(self.calibration, self.device, self.cluster, hw, comm).compute or hw
@@ -95,7 +95,7 @@ def base_plan(problem: Problem, point: Point, partition: list[int] | None = None
 def memory_caps(model: Model, plan: Plan, device: DeviceSpec, in_flight: list[list[int]]) -> list[int] | None:
     """Most blocks each stage can hold in device memory (one stage per rank), or None.
 
-    Mirrors :func:`simulator.memory.stage_memory` for one stage per rank, as an affine function
+    Mirrors :func:`mindpipe.simulator.memory.stage_memory` for one stage per rank, as an affine function
     of the block count n: model states of (extras + n blocks), in-flight micro-batches × (n ×
     per-block activations + embedding/head extras), a transient block under full recompute, the
     framework reserve. Several chunks per rank couple stages, so no caps there (the memory check

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from traces.errors import ContractError
+from mindpipe.traces.errors import ContractError
 
 OBJECTIVES = ("throughput", "energy", "carbon", "goodput")
 # Objective → (metric column, larger is better, unit).

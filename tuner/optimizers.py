@@ -35,9 +35,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
-
-from traces.errors import ContractError
-from tuner.space import POINT_KEYS, Point
+from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.space import POINT_KEYS, Point
 
 OPTIMIZERS = ("bo", "random", "grid")
 SURROGATES = ("gp", "rf", "et")

@@ -16,11 +16,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from traces.config import Plan
-from traces.schema import from_dict, write_json
-from tuner.objectives import Objective, pareto_front
-from tuner.space import POINT_KEYS
-from tuner.sweep import SweepResult
+from mindpipe.traces.config import Plan
+from mindpipe.traces.schema import from_dict, write_json
+from mindpipe.tuner.objectives import Objective, pareto_front
+from mindpipe.tuner.space import POINT_KEYS
+from mindpipe.tuner.sweep import SweepResult
 
 METRIC_COLUMNS = (
     "iteration_time_s", "throughput_samples_per_s", "throughput_tokens_per_s", "goodput_samples_per_s",

@@ -2,10 +2,10 @@
 
 Three rules (issue 6, point 2), all returning blocks per virtual stage (the plan's ``partition``),
 every stage holding at least one block; the embedding always joins the first stage and the final
-norm and LM head the last (:func:`simulator.build.assign_layers`):
+norm and LM head the last (:func:`mindpipe.simulator.build.assign_layers`):
 
 * ``even`` — equal block counts, the remainder to the first stages (torch's default split,
-  :func:`traces.config.even_partition`). Ignores the embedding and the LM head, which is why it is
+  :func:`mindpipe.traces.config.even_partition`). Ignores the embedding and the LM head, which is why it is
   slow when they are large.
 * ``pipedream`` — PipeDream's dynamic program (Narayanan et al., SOSP'19; DESIGN.md):
   A(j, s) = min over i < j of max{A(i, s−1), 2·a_i/B, T(i+1→j)}, over the profiled layers
@@ -27,11 +27,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from simulator.costs import LayerCost
-from traces.catalog import DeviceSpec
-from traces.config import Cluster, Plan, even_partition
-from traces.errors import ContractError
+from mindpipe.simulator.costs import LayerCost
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.config import Cluster, Plan, even_partition
+from mindpipe.traces.errors import ContractError
 
 
 def _split(costs: Sequence[LayerCost]) -> tuple[list[LayerCost], list[LayerCost], list[LayerCost]]:

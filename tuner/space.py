@@ -1,11 +1,11 @@
 """The search space of 4D plans for a (model, cluster), enumerated and filtered by the plan rules.
 
 A *point* is a plain dict of plan keys (without ``partition``) plus ``partitioner`` — the name of
-the rule that will write the partition (:mod:`tuner.partition`). The space lists every point
+the rule that will write the partition (:mod:`mindpipe.tuner.partition`). The space lists every point
 that satisfies the structural rules (issue 6, point 1): dp·tp·pp = devices, tp ≤ devices per node
 and dividing the heads (and the MLP width), pp·v ≤ layers, global batch a multiple of
-micro-batch × dp, the schedule's micro-batch rules (:func:`simulator.schedules.build_schedule` is
-the one authority) and :func:`traces.config.check_plan`. Combinations that break a rule are counted
+micro-batch × dp, the schedule's micro-batch rules (:func:`mindpipe.simulator.schedules.build_schedule` is
+the one authority) and :func:`mindpipe.traces.config.check_plan`. Combinations that break a rule are counted
 per rule, so the output can say how many were filtered and why.
 
 Dimensions that cannot change the result are not multiplied out (the first allowed value is
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from traces.config import (
+from mindpipe.traces.config import (
     COMM_PRIORITIES,
     PRECISIONS,
     RANK_ORDERS,
@@ -38,7 +38,7 @@ from traces.config import (
     Plan,
     check_plan,
 )
-from traces.errors import ContractError
+from mindpipe.traces.errors import ContractError
 
 PARTITIONERS = ("balanced", "pipedream", "even", "given")
 # Keys a point (and --fix) may carry; order fixes the column order of the output tables.
@@ -147,7 +147,7 @@ def _schedule_rule(name: str, pp: int, m: int, v: int) -> str | None:
     """None if ``build_schedule`` accepts (name, pp, m, v), else the rule it reports."""
     # The schedule module's own argument check (without building the action lists, ~20 ms each),
     # so the tuner and the simulator cannot disagree on which (schedule, m, v) are valid.
-    from simulator.schedules import _check
+    from mindpipe.simulator.schedules import _check
 
     try:
         _check(name, pp, m, v)

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from traces.errors import ContractError
+from mindpipe.traces.errors import ContractError
 
 CONFIG_NAME = "sweep.json"
 RECORDS_NAME = "evaluations.jsonl"

@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from traces.errors import ContractError
-from tuner.evaluate import ERROR, OK, evaluate
-from tuner.materialize import Problem
-from tuner.objectives import Objective
-from tuner.optimizers import OPTIMIZERS, make_searcher
-from tuner.space import SearchSpace, point_key
-from tuner.store import SweepStore
+from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.evaluate import ERROR, OK, evaluate
+from mindpipe.tuner.materialize import Problem
+from mindpipe.tuner.objectives import Objective
+from mindpipe.tuner.optimizers import OPTIMIZERS, make_searcher
+from mindpipe.tuner.space import SearchSpace, point_key
+from mindpipe.tuner.store import SweepStore
 
 Evaluator = Callable[[Problem, dict[str, Any]], dict[str, Any]]
 Progress = Callable[[int, int, float | None], None]
@@ -168,7 +168,7 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
         cfg: Optimizer, budget, seed, parallelism.
         store: Where results are persisted (and found again on resume).
         progress: Called after every finished evaluation with (simulations, budget, best value).
-        evaluator: The evaluation function (default :func:`tuner.evaluate.evaluate`); must be
+        evaluator: The evaluation function (default :func:`mindpipe.tuner.evaluate.evaluate`); must be
             picklable for process and Dask executors.
 
     Raises:

@@ -3,7 +3,7 @@
     mindpipe calibrate m1.json m2.json ... --out calibration.json [--holdout h1.json ...] [--report DIR]
 
 Reads measured traces written by ``mindpipe run``, fits compute, communication, host CPU and step
-overhead (:mod:`simulator.calibrate.fit`), writes the calibration file and prints what was fitted
+overhead (:mod:`mindpipe.simulator.calibrate.fit`), writes the calibration file and prints what was fitted
 and how well it explains the runs it came from. With ``--holdout``, runs *not* used in the fit are
 predicted before and after calibration (the fidelity report); ``--report DIR`` also writes that
 table as Markdown and the scatter plot as PNG. ``--json`` prints one object on stdout.
@@ -61,17 +61,17 @@ def format_calibration(cal: Any) -> str:
 
 def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Fit, write, and report (see module docstring)."""
-    from simulator.calibrate.fidelity import fidelity, scatter_png, summary, table_markdown, table_text
-    from simulator.calibrate.fit import calibrate
-    from simulator.calibrate.runs import load_runs
-    from traces.calibration import save_calibration
-    from traces.schema import to_dict
+    from mindpipe.simulator.calibrate.fidelity import fidelity, scatter_png, summary, table_markdown, table_text
+    from mindpipe.simulator.calibrate.fit import calibrate
+    from mindpipe.simulator.calibrate.runs import load_runs
+    from mindpipe.traces.calibration import save_calibration
+    from mindpipe.traces.schema import to_dict
 
     runs = load_runs(args.measured)
     holdout = load_runs(args.holdout) if args.holdout else []
     overlap = {Path(r.source).resolve() for r in runs} & {Path(r.source).resolve() for r in holdout}
     if overlap:
-        from traces.errors import ContractError
+        from mindpipe.traces.errors import ContractError
 
         raise ContractError("--holdout", None, f"{sorted(map(str, overlap))[0]} is both fitted on and held out")
     print(f"calibrating on {len(runs)} measured run(s)", file=sys.stderr, flush=True)

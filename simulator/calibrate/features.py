@@ -1,7 +1,7 @@
 """What the calibrated model needs to explain each measured compute action, and what it really took.
 
 **Features.** A measured action (F, B, I or W of one virtual stage for one micro-batch) runs the
-operators of its stage's layers (:mod:`simulator.ops`). Under the calibrated model its time is
+operators of its stage's layers (:mod:`mindpipe.simulator.ops`). Under the calibrated model its time is
 linear in the constants: ``Σ_kind scale_kind · Σ t_ref(op of kind) + op_overhead · #ops`` (plus
 ``tp_op_overhead · #ops + tp_comm_cpu · bytes`` when the layers are tensor-parallel). So an
 action's feature vector is its per-kind reference time, its operator count (twice: all, and
@@ -14,9 +14,9 @@ the stage's whole backward, so their features are those of nothing and of B.
 **Host CPU outside the actions.** A CPU rank also spends CPU time outside its compute actions:
 the schedule's and autograd's bookkeeping around each action (per operator the action runs), a
 fixed amount per iteration, and the host copies of its transfers (gloo over loopback), linear in
-their algorithm steps and wire bytes (:func:`~simulator.calibrate.models.host_terms`).
+their algorithm steps and wire bytes (:func:`~mindpipe.simulator.calibrate.models.host_terms`).
 :data:`HOST_FEATURES` counts these per rank and iteration from the same stage work the engine
-runs (:func:`simulator.build.build_work`); a point-to-point message counts half at its sender and
+runs (:func:`mindpipe.simulator.build.build_work`); a point-to-point message counts half at its sender and
 half at its receiver (the engine charges it all to the sender; summed over ranks the two agree).
 
 **Core sharing.** On a CPU host, ranks share ``cpus`` cores and each runs ``threads`` threads:
@@ -31,16 +31,16 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from simulator.build import assign_layers, build_work
-from simulator.calibrate.models import ReferenceOpTime, backend_of, host_terms, tp_wire_bytes
-from simulator.costs import Collective, LayerCost, op_layer_costs
-from simulator.ops import Op
-from simulator.schedules import build_schedule
-from simulator.topology import Phase, Topology
-from traces.calibration import OP_KINDS
-from traces.catalog import DeviceSpec
-from traces.config import Cluster, Model, Plan
-from traces.measured import ActionRecord
+from mindpipe.simulator.build import assign_layers, build_work
+from mindpipe.simulator.calibrate.models import ReferenceOpTime, backend_of, host_terms, tp_wire_bytes
+from mindpipe.simulator.costs import Collective, LayerCost, op_layer_costs
+from mindpipe.simulator.ops import Op
+from mindpipe.simulator.schedules import build_schedule
+from mindpipe.simulator.topology import Phase, Topology
+from mindpipe.traces.calibration import OP_KINDS
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.measured import ActionRecord
 
 FEATURES = (*OP_KINDS, "ops", "tp_ops", "tp_bytes")
 HOST_FEATURES = ("step", "ops", "comm_steps", "comm_bytes")

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.api import SimulationOptions, simulate
-from simulator.calibrate.runs import MeasuredRun
-from traces.calibration import Calibration
-from traces.config import Plan
+from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.calibrate.runs import MeasuredRun
+from mindpipe.traces.calibration import Calibration
+from mindpipe.traces.config import Plan
 
 
 def plan_label(plan: Plan) -> str:

@@ -1,6 +1,6 @@
-"""Fit a :class:`~traces.calibration.Calibration` from measured runs (``mindpipe calibrate``).
+"""Fit a :class:`~mindpipe.traces.calibration.Calibration` from measured runs (``mindpipe calibrate``).
 
-Three fits, in order, each on what the executor recorded (:mod:`traces.measured`):
+Three fits, in order, each on what the executor recorded (:mod:`mindpipe.traces.measured`):
 
 1. **Communication** (per backend and link type): the collectives of the profiled step, grouped
    by operation, message size and group size. A host-side collective time includes waiting for
@@ -15,14 +15,14 @@ Three fits, in order, each on what the executor recorded (:mod:`traces.measured`
    what it would take alone — is its process CPU time where the executor recorded it (CPU ranks;
    divided by the threads per rank), else its duration less the modelled time of the TP
    collectives inside it, times its shared-core rate
-   (:func:`~simulator.calibrate.features.shared_core_rates`).
+   (:func:`~mindpipe.simulator.calibrate.features.shared_core_rates`).
    The medians per (rank, stage, action kind) are fitted by non-negative least squares on
-   relative error to the features of :func:`~simulator.calibrate.features.action_features`;
+   relative error to the features of :func:`~mindpipe.simulator.calibrate.features.action_features`;
    the optimizer step likewise to (1, parameters per rank).
 3. **Host CPU** (CPU devices with the ranks' CPU time recorded): each rank's CPU time per
    iteration outside its compute actions and its optimizer step (as fitted in 2) is fitted by
    non-negative least squares on relative error to
-   :data:`~simulator.calibrate.features.HOST_FEATURES` — a fixed part, a part per operator its
+   :data:`~mindpipe.simulator.calibrate.features.HOST_FEATURES` — a fixed part, a part per operator its
    actions run, and the host copies of its transfers per algorithm step and per wire byte. On a host
    whose ranks share the cores, gloo's copies run on the same cores as compute: on the 2-vCPU
    machine of ``benchmarks/calibration_fidelity.py`` a tensor-parallel rank spends 10–24 % of its
@@ -39,10 +39,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import lsq_linear, nnls
-
-from simulator.api import SimulationOptions, simulate
-from simulator.calibrate.features import (
+from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.calibrate.features import (
     FEATURES,
     HOST_FEATURES,
     action_collectives,
@@ -51,19 +49,20 @@ from simulator.calibrate.features import (
     shared_core_rates,
     stage_structure,
 )
-from simulator.calibrate.models import ReferenceOpTime, as_run
-from simulator.calibrate.runs import MeasuredRun, profiled_steps
-from simulator.costs import layer_params
-from simulator.perf.nccl import ring_steps, wire_bytes
-from simulator.schedules import build_schedule
-from traces.calibration import (
+from mindpipe.simulator.calibrate.models import ReferenceOpTime, as_run
+from mindpipe.simulator.calibrate.runs import MeasuredRun, profiled_steps
+from mindpipe.simulator.costs import layer_params
+from mindpipe.simulator.perf.nccl import ring_steps, wire_bytes
+from mindpipe.simulator.schedules import build_schedule
+from mindpipe.traces.calibration import (
     OP_KINDS,
     Calibration,
     ComputeCalibration,
     DeviceCalibration,
     LinkCalibration,
 )
-from traces.errors import ContractError
+from mindpipe.traces.errors import ContractError
+from scipy.optimize import lsq_linear, nnls
 
 # A group's transfer time: this quantile of its events (0: the fastest, where nobody waited).
 COMM_QUANTILE = 0.0

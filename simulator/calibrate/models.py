@@ -1,9 +1,9 @@
 """Calibrated compute and communication models, and how a calibration file enters a simulation.
 
-Compute: every operator of :mod:`simulator.ops` costs ``scale[kind] × t_ref(op) + op_overhead``,
+Compute: every operator of :mod:`mindpipe.simulator.ops` costs ``scale[kind] × t_ref(op) + op_overhead``,
 where ``t_ref`` is the uncalibrated time of that operator — on CPUs its FLOPs over the catalog's
 peak (GEMMs) or its bytes over the catalog's bandwidth (memory-bound operators), on GPUs the
-shape-aware kernel model of :mod:`simulator.perf`. The scales absorb what the reference misses
+shape-aware kernel model of :mod:`mindpipe.simulator.perf`. The scales absorb what the reference misses
 (BLAS efficiency at these shapes, cache effects) and the overhead absorbs the host's work per
 operator (eager PyTorch dispatch, autograd bookkeeping), which dominates small models on CPUs.
 
@@ -14,7 +14,7 @@ time — per algorithm step and per wire byte, :func:`host_terms` — as work on
 
 CPU ranks of one host share its cores: the executor gives each rank ``cpus // ranks`` threads
 (at least one), so ``cpus / threads`` ranks run at full speed at once; the engine shares the
-cores among the ranks computing at each moment (:class:`~simulator.engine.EngineOptions`).
+cores among the ranks computing at each moment (:class:`~mindpipe.simulator.engine.EngineOptions`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simulator.costs import Collective, CommModel, ComputeModel, LayerCost, op_layer_costs
-from simulator.ops import Op
-from simulator.perf.gpu import GpuComputeModel
-from simulator.perf.nccl import ring_steps, wire_bytes
-from simulator.topology import Phase, link_type_capacities
-from traces.calibration import Calibration, ComputeCalibration, DeviceCalibration, LinkCalibration
-from traces.catalog import DeviceSpec
-from traces.config import Cluster, Model, Plan
+from mindpipe.simulator.costs import Collective, CommModel, ComputeModel, LayerCost, op_layer_costs
+from mindpipe.simulator.ops import Op
+from mindpipe.simulator.perf.gpu import GpuComputeModel
+from mindpipe.simulator.perf.nccl import ring_steps, wire_bytes
+from mindpipe.simulator.topology import Phase, link_type_capacities
+from mindpipe.traces.calibration import Calibration, ComputeCalibration, DeviceCalibration, LinkCalibration
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.config import Cluster, Model, Plan
 
 # Which reference a kind is priced against on CPUs: FLOPs over peak, or bytes over bandwidth.
 _FLOP_KINDS = ("gemm", "bmm", "flash")
@@ -94,7 +94,7 @@ class ReferenceOpTime:
 
 @dataclass
 class CalibratedComputeModel:
-    """Implements :class:`~simulator.costs.ComputeModel` with fitted per-kind scales (module doc).
+    """Implements :class:`~mindpipe.simulator.costs.ComputeModel` with fitted per-kind scales (module doc).
 
     Attributes:
         device: The catalog device.
@@ -104,7 +104,7 @@ class CalibratedComputeModel:
             the FLOP- and byte-bound part of an operator scales with it (BLAS and element-wise
             kernels spread over threads), the host overhead does not (one Python thread issues it).
         host_op_s: Host CPU per operator spent outside the action on cores the ranks share
-            (:attr:`~traces.calibration.DeviceCalibration.op_cpu_s`), charged with the operator.
+            (:attr:`~mindpipe.traces.calibration.DeviceCalibration.op_cpu_s`), charged with the operator.
     """
 
     device: DeviceSpec
@@ -134,7 +134,7 @@ class CalibratedComputeModel:
         return out["forward"], out["backward_input"], out["backward_weight"], core
 
     def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
-        """Per-layer costs (see :class:`~simulator.costs.ComputeModel`)."""
+        """Per-layer costs (see :class:`~mindpipe.simulator.costs.ComputeModel`)."""
         cal = self.calibration.get(plan.precision)
         if cal is None:
             return self.fallback.layer_costs(model, plan)

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from traces.catalog import DeviceSpec, get_device
-from traces.config import Cluster, Model, Plan
-from traces.errors import ContractError
-from traces.measured import Measurement
-from traces.schema import to_dict
-from traces.trace import Trace
+from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.measured import Measurement
+from mindpipe.traces.schema import to_dict
+from mindpipe.traces.trace import Trace
 
 
 @dataclass

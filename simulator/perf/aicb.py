@@ -1,7 +1,7 @@
 """Compare the GPU compute model with AICB's per-layer A100 timings (issue 4, point 3).
 
 AICB workload files (``aliyun/aicb: workload/simAI/model_workload/``, read with
-:func:`traces.importers.aicb.import_aicb`) give, per Megatron sub-layer row, forward,
+:func:`mindpipe.traces.importers.aicb.import_aicb`) give, per Megatron sub-layer row, forward,
 input-gradient and weight-gradient compute times in ns. What is comparable with MindPipe's GPT
 model, and how:
 
@@ -26,11 +26,11 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.perf.gpu import GpuComputeModel
-from traces.config import Model, Plan
-from traces.errors import ContractError
-from traces.importers.aicb import import_aicb
-from traces.trace import LayerRecord
+from mindpipe.simulator.perf.gpu import GpuComputeModel
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.importers.aicb import import_aicb
+from mindpipe.traces.trace import LayerRecord
 
 # Shapes of the comparable AICB files; s·h from the files' TP all-reduce sizes (b·s·h·2 bytes).
 AICB_CASES: dict[str, dict[str, object]] = {

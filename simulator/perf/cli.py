@@ -12,7 +12,7 @@ calibration fitted on GPU runs of that device).
 The datasets are not shipped (DESIGN.md: the product must not need them); the user points at
 the CSV. ``--json`` prints one object on stdout (``mape``, ``max_abs_pct_error``, ``n``, per-row
 results, error by model size, the fit/hold-out halves); progress goes to stderr. Bad input raises
-:class:`~traces.errors.ContractError`, which the CLI turns into one line and exit status 2.
+:class:`~mindpipe.traces.errors.ContractError`, which the CLI turns into one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from traces.errors import ContractError
+from mindpipe.traces.errors import ContractError
 
 DATASETS = ("vtrain-single", "vtrain-multi", "measured")
 
@@ -49,13 +49,13 @@ def cmd_validate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Simulate every (or a sample of the) row(s) and print predicted vs measured."""
     import random
 
-    from simulator.perf.validate import format_report, summarize, validate_rows, with_gpu
-    from simulator.perf.vtrain import load_vtrain, split_fit_holdout
-    from traces.catalog import get_device
+    from mindpipe.simulator.perf.validate import format_report, summarize, validate_rows, with_gpu
+    from mindpipe.simulator.perf.vtrain import load_vtrain, split_fit_holdout
+    from mindpipe.traces.catalog import get_device
 
     calibration = None
     if args.calibration:
-        from traces.calibration import load_calibration
+        from mindpipe.traces.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
     if args.dataset == "measured":
@@ -104,8 +104,8 @@ def _validate_measured(args: argparse.Namespace, calibration: Any) -> int:
     """Predicted vs measured for runs of ``mindpipe run`` (before and, if given, after calibration)."""
     from pathlib import Path
 
-    from simulator.calibrate.fidelity import fidelity, scatter_png, summary, table_markdown, table_text
-    from simulator.calibrate.runs import load_runs
+    from mindpipe.simulator.calibrate.fidelity import fidelity, scatter_png, summary, table_markdown, table_text
+    from mindpipe.simulator.calibrate.runs import load_runs
 
     rows = fidelity(load_runs(args.data), calibration)
     files = []

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simulator.perf.kernels import Tile
-from traces.catalog import DeviceSpec
-from traces.errors import ContractError
+from mindpipe.simulator.perf.kernels import Tile
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.errors import ContractError
 
 FORMAT_VERSION = 1
 METHODS = ("spec", "prior", "derived", "fit")
@@ -110,7 +110,7 @@ def parse_constants(doc: Any, source: str) -> ConstantsFile:
 
 def data_text(name: str) -> str:
     """Text of a shipped file under ``simulator/perf/data``."""
-    return importlib.resources.files("simulator.perf").joinpath("data", name).read_text(encoding="utf-8")
+    return importlib.resources.files("mindpipe.simulator.perf").joinpath("data", name).read_text(encoding="utf-8")
 
 
 def read_constants(path: str | Path | None = None, shipped: str | None = None) -> ConstantsFile:

@@ -1,15 +1,15 @@
 """Regenerate the fitted constants of the performance model from ../shared/data, in one command.
 
-    .venv/bin/python -m simulator.perf.fit --data ../shared/data [--write]
+    .venv/bin/python -m mindpipe.simulator.perf.fit --data ../shared/data [--write]
 
-* NVLink collective curve (:mod:`simulator.perf.nccl`): fitted to vTrain's A100 all-reduce LUTs
+* NVLink collective curve (:mod:`mindpipe.simulator.perf.nccl`): fitted to vTrain's A100 all-reduce LUTs
   ``traces/nccl_allreduce_a100/AR_GPU{2,4,8}_1M_1024M_LUT`` on GPU2 + GPU8, GPU4 held out (the
   constants written); the even-row / odd-row split is reported as a second check. Least squares
   on relative error of the in-place time (``torch.distributed.all_reduce`` is in-place).
-* GEMM efficiency ceiling (:mod:`simulator.perf.gpu`): solved so the model reproduces AICB's
+* GEMM efficiency ceiling (:mod:`mindpipe.simulator.perf.gpu`): solved so the model reproduces AICB's
   GPT-175B forward block time (``traces/aicb_a100/G175B-…``); every other comparable AICB
-  measurement is the hold-out (see :mod:`simulator.perf.aicb` for what is comparable).
-* Everything else is a prior or a derivation, listed in :mod:`simulator.perf.priors` with its
+  measurement is the hold-out (see :mod:`mindpipe.simulator.perf.aicb` for what is comparable).
+* Everything else is a prior or a derivation, listed in :mod:`mindpipe.simulator.perf.priors` with its
   source. Nothing here reads the vTrain iteration-time CSVs (those are the end-to-end check).
 
 With ``--write`` the files ``simulator/perf/data/a100.json`` and ``nccl_a100.json`` are rewritten.
@@ -26,13 +26,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from simulator.perf.aicb import AICB_CASES, compare_file
-from simulator.perf.constants import GpuConstants, parse_constants
-from simulator.perf.gpu import GpuComputeModel
-from simulator.perf.nccl import LinkCurve, wire_bytes
-from simulator.perf.priors import COMPUTE_PRIORS, NCCL_PRIORS, nvlink_record_template
-from traces.catalog import get_device
-from traces.errors import ContractError
+from mindpipe.simulator.perf.aicb import AICB_CASES, compare_file
+from mindpipe.simulator.perf.constants import GpuConstants, parse_constants
+from mindpipe.simulator.perf.gpu import GpuComputeModel
+from mindpipe.simulator.perf.nccl import LinkCurve, wire_bytes
+from mindpipe.simulator.perf.priors import COMPUTE_PRIORS, NCCL_PRIORS, nvlink_record_template
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.errors import ContractError
 
 LUT_DIR = "traces/nccl_allreduce_a100"
 LUT_NAME = "AR_GPU{k}_1M_1024M_LUT"
@@ -46,7 +46,7 @@ _LO = (0.0, 0.0, 0.1, 0.0, 1e3, 0.25)
 _HI = (1e-3, 1e-4, 1.0, 0.99, 1e10, 2.0)
 _X0 = (30e-6, 2e-6, 0.85, 0.35, 1e6, 0.5)
 SMALL_BYTES = 64 * 2**20  # TP all-reduces of the validation models are 2-100 MiB; report below 64 MiB too
-REGENERATE = ".venv/bin/python -m simulator.perf.fit --data ../shared/data --write"
+REGENERATE = ".venv/bin/python -m mindpipe.simulator.perf.fit --data ../shared/data --write"
 DATA_OUT = Path(__file__).parent / "data"
 
 

@@ -1,7 +1,7 @@
 """Shape-aware GPU compute model: per-operator kernel times from FLOPs, bytes and GEMM shapes.
 
-Prices the operators of :mod:`simulator.ops` (one :class:`~simulator.ops.Op` = one kernel) with
-:mod:`simulator.perf.kernels` — tile and wave quantised GEMMs with an efficiency ceiling and a
+Prices the operators of :mod:`mindpipe.simulator.ops` (one :class:`~mindpipe.simulator.ops.Op` = one kernel) with
+:mod:`mindpipe.simulator.perf.kernels` — tile and wave quantised GEMMs with an efficiency ceiling and a
 memory floor, batched GEMMs for Megatron's attention, memory-bound operators at a fraction of HBM
 bandwidth, a fixed overhead per kernel — and adds one bound the GPU alone does not see: eager
 PyTorch issues kernels from one host thread, so a phase of a layer cannot finish faster than
@@ -10,7 +10,7 @@ e.g. Lin et al., "Understanding the overheads of launching CUDA kernels", ICPP'1
 motivation of CUDA graphs in Megatron-LM). The host runs ahead of the GPU, so per phase the time
 is the larger of the two sums, not their sum.
 
-Constants come per GPU family from ``simulator/perf/data`` (see :mod:`simulator.perf.constants`);
+Constants come per GPU family from ``simulator/perf/data`` (see :mod:`mindpipe.simulator.perf.constants`);
 GPUs without a fit of their own (H100, H200) use the A100 curves with their own peak FLOP/s, SM
 count and memory bandwidth.
 """
@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from simulator.costs import DTYPE_BYTES, LayerCost, op_layer_costs
-from simulator.ops import Op
-from simulator.perf.constants import GpuConstants, facts_for, shipped_constants
-from simulator.perf.kernels import KernelParams, flash_s, gemm_s, memory_s
-from traces.catalog import DeviceSpec
-from traces.config import Model, Plan
-from traces.errors import ContractError
+from mindpipe.simulator.costs import DTYPE_BYTES, LayerCost, op_layer_costs
+from mindpipe.simulator.ops import Op
+from mindpipe.simulator.perf.constants import GpuConstants, facts_for, shipped_constants
+from mindpipe.simulator.perf.kernels import KernelParams, flash_s, gemm_s, memory_s
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
 
 # Kernels of one mixed-precision optimizer step (Megatron's FP16 optimizer with a fused Adam):
 # copy/unscale grads, inf check, grad norm, Adam, copy fp32 params back to 16-bit, zero grads.
@@ -45,7 +45,7 @@ class PhaseTimes:
 
 @dataclass
 class GpuComputeModel:
-    """Implements :class:`simulator.costs.ComputeModel` for GPUs from shapes and fitted constants.
+    """Implements :class:`mindpipe.simulator.costs.ComputeModel` for GPUs from shapes and fitted constants.
 
     Attributes:
         device: Catalog entry (peak FLOP/s per dtype, memory bandwidth).

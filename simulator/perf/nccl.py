@@ -14,7 +14,7 @@ decides ``wire_bytes`` (ring all-reduce ``2(k−1)/k·n`` per rank, reduce-scatt
   fixed per-rank cost of a ring step is spread over more ranks).
 
 The NVLink constants are fitted to the A100 all-reduce LUTs (vTrain's ``AR_GPU{2,4,8}``) by
-:mod:`simulator.perf.fit`; NIC, PCIe and tree constants are priors (no such data in shared/data).
+:mod:`mindpipe.simulator.perf.fit`; NIC, PCIe and tree constants are priors (no such data in shared/data).
 
 Tree vs ring (BACKGROUND.md §3): NCCL's double binary tree all-reduce needs ``2·⌈log2 k⌉`` steps
 instead of ``2(k−1)`` but reaches a lower bandwidth; NCCL's tuner takes whichever is faster for
@@ -31,9 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from simulator.costs import LINKS
-from simulator.perf.constants import ConstantsFile, shipped_constants
-from traces.errors import ContractError
+from mindpipe.simulator.costs import LINKS
+from mindpipe.simulator.perf.constants import ConstantsFile, shipped_constants
+from mindpipe.traces.errors import ContractError
 
 OPS = ("allreduce", "reducescatter", "allgather", "p2p", "broadcast")
 LINK_KEYS = ("base_latency_s", "step_latency_s", "efficiency_max", "efficiency_group_penalty", "half_size_bytes",
@@ -84,7 +84,7 @@ class LinkCurve:
 
 @dataclass
 class NcclCommModel:
-    """Implements :class:`simulator.costs.CommModel` with NCCL curves per link type.
+    """Implements :class:`mindpipe.simulator.costs.CommModel` with NCCL curves per link type.
 
     Attributes:
         constants: Parsed NCCL constants; default: the shipped A100 fit.

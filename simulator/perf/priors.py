@@ -1,6 +1,6 @@
 """Constants of the performance model that are not fitted here, with their sources.
 
-:mod:`simulator.perf.fit` writes them, next to the fitted ones, into ``simulator/perf/data``.
+:mod:`mindpipe.simulator.perf.fit` writes them, next to the fitted ones, into ``simulator/perf/data``.
 ``prior`` = a published figure or an engineering estimate (marked "estimate"; the end-to-end fit
 of phase 2 may refine it), ``derived`` = counted from the algorithm, ``spec`` = vendor figure.
 """

@@ -1,6 +1,6 @@
 """End-to-end refit of compute constants on vTrain's fit half, keeping the fit/hold-out provenance.
 
-Three :class:`~simulator.perf.constants.GpuConstants` fields are fitted through the whole
+Three :class:`~mindpipe.simulator.perf.constants.GpuConstants` fields are fitted through the whole
 simulator (engine, schedule, NCCL model) on the seed-0 fit half of the single-node vTrain file —
 720 of 1,440 rows; the other 720 and all 109 multi-node rows are never seen by the fit:
 
@@ -17,7 +17,7 @@ term: it enters through ``max(GPU, host)``), then bounded least squares on the l
 predicted/measured over the three fields (:func:`fit_compute_constants`).
 :func:`refit_document` writes the result into ``data/a100.json`` with its provenance.
 
-    .venv/bin/python -m simulator.perf.refit --data ../shared/data [--seed 0] [--write]
+    .venv/bin/python -m mindpipe.simulator.perf.refit --data ../shared/data [--seed 0] [--write]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from simulator.perf.constants import GpuConstants, data_text, parse_constants, shipped_constants
+from mindpipe.simulator.perf.constants import GpuConstants, data_text, parse_constants, shipped_constants
 
 T = TypeVar("T")
 
@@ -54,7 +54,7 @@ def fit_compute_constants(rows: Sequence[T], predict: Callable[[GpuConstants, T]
     Minimises the squared log ratio predicted/measured over ``rows`` within :data:`COMPUTE_BOUNDS`.
 
     Args:
-        rows: The fit rows (at most half of a dataset; see :func:`simulator.perf.vtrain.split_fit_holdout`).
+        rows: The fit rows (at most half of a dataset; see :func:`mindpipe.simulator.perf.vtrain.split_fit_holdout`).
         predict: Predicted seconds of a row under given constants (e.g. the engine's iteration time).
         measured: Measured seconds of a row.
         fields: :class:`GpuConstants` fields to fit, e.g. ``("gemm_ceiling", "host_overhead_per_kernel_s")``.
@@ -113,8 +113,8 @@ def fit_vtrain(data_dir: str | Path, seed: int = 0, log: Callable[[str], None] =
     Returns:
         (fitted constants, report with the fit rows' sources and fit/hold-out MAPE).
     """
-    from simulator.perf.validate import predict_s, summarize, validate_rows
-    from simulator.perf.vtrain import load_vtrain, split_fit_holdout
+    from mindpipe.simulator.perf.validate import predict_s, summarize, validate_rows
+    from mindpipe.simulator.perf.vtrain import load_vtrain, split_fit_holdout
 
     rows = load_vtrain(Path(data_dir) / SINGLE_FILE)
     fit, _ = split_fit_holdout(rows, seed=seed, fit_fraction=0.5)
@@ -137,7 +137,7 @@ def fit_vtrain(data_dir: str | Path, seed: int = 0, log: Callable[[str], None] =
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m simulator.perf.refit``: fit on vTrain's fit half; ``--write`` updates data/a100.json."""
+    """``python -m mindpipe.simulator.perf.refit``: fit on vTrain's fit half; ``--write`` updates data/a100.json."""
     import argparse
 
     ap = argparse.ArgumentParser(description="Refit A100 compute constants on the fit half of vTrain's single-node runs")
@@ -153,8 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                "on log(predicted/measured) over host_overhead_per_kernel_s, gemm_efficiency_ceiling and "
                "memory_bandwidth_efficiency (simulator/perf/refit.py)")
         doc = refit_document(fitted, VTRAIN_FIELDS, [fit_desc], hold_desc, report["summary"]["holdout_half"]["mape"], how)
-        doc["regenerate"] = (".venv/bin/python -m simulator.perf.fit --data ../shared/data --write && "
-                             f".venv/bin/python -m simulator.perf.refit --data ../shared/data --seed {args.seed} --write")
+        doc["regenerate"] = (".venv/bin/python -m mindpipe.simulator.perf.fit --data ../shared/data --write && "
+                             f".venv/bin/python -m mindpipe.simulator.perf.refit --data ../shared/data --seed {args.seed} --write")
         path = Path(__file__).parent / "data" / "a100.json"
         path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {path}")

@@ -1,11 +1,11 @@
 """Validate the GPU performance model against published iteration times (``mindpipe validate``).
 
-Every row of a vTrain ground-truth CSV (:mod:`simulator.perf.vtrain`) is simulated end to end
-with :func:`simulator.api.simulate` — the shape-aware kernel model and the NCCL model of
-:mod:`simulator.perf`, the schedule, the event engine — and compared with the measured time.
+Every row of a vTrain ground-truth CSV (:mod:`mindpipe.simulator.perf.vtrain`) is simulated end to end
+with :func:`mindpipe.simulator.api.simulate` — the shape-aware kernel model and the NCCL model of
+:mod:`mindpipe.simulator.perf`, the schedule, the event engine — and compared with the measured time.
 The summary is what calculon's ``validate`` and vTrain's paper report: mean absolute percentage
 error (MAPE), the largest error, and the error per model size; with a fit/hold-out split (the
-rows an end-to-end fit of constants was allowed to see, :func:`~simulator.perf.vtrain.split_fit_holdout`)
+rows an end-to-end fit of constants was allowed to see, :func:`~mindpipe.simulator.perf.vtrain.split_fit_holdout`)
 it also reports each half separately, so the hold-out figure is not flattered by the fit.
 
 vTrain's own errors on the same files: 8.37 % (single node) and 14.73 % (multi node) MAPE
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.api import SimulationOptions, simulate
-from simulator.costs import layer_params
-from simulator.perf.constants import GpuConstants
-from simulator.perf.gpu import GpuComputeModel
-from simulator.perf.vtrain import VOCAB, VTrainRow
-from traces.calibration import Calibration
-from traces.catalog import get_device
+from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.costs import layer_params
+from mindpipe.simulator.perf.constants import GpuConstants
+from mindpipe.simulator.perf.gpu import GpuComputeModel
+from mindpipe.simulator.perf.vtrain import VOCAB, VTrainRow
+from mindpipe.traces.calibration import Calibration
+from mindpipe.traces.catalog import get_device
 
 # Published MAPE of vTrain on the same data (MICRO'24, §V): the figure to beat.
 VTRAIN_PUBLISHED_MAPE = {"vtrain-single": 8.37, "vtrain-multi": 14.73}

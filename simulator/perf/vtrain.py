@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from traces.builtin import BUILTIN_CLUSTERS, load_cluster
-from traces.config import Cluster, Model, Plan, check_plan
-from traces.errors import ContractError
+from mindpipe.traces.builtin import BUILTIN_CLUSTERS, load_cluster
+from mindpipe.traces.config import Cluster, Model, Plan, check_plan
+from mindpipe.traces.errors import ContractError
 
 T = TypeVar("T")
 

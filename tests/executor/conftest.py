@@ -51,6 +51,6 @@ def run_plan(tmp: Path, plan: dict[str, Any], nproc: int, *extra: str, steps: in
 @pytest.fixture()
 def tiny4():
     """The tiny model as a contract object."""
-    from traces.config import Model
+    from mindpipe.traces.config import Model
 
     return Model(**TINY)

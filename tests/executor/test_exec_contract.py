@@ -5,11 +5,10 @@ from __future__ import annotations
 import copy
 
 import pytest
-
-from traces.errors import ContractError
-from traces.measured import Measurement
-from traces.schema import from_dict, to_dict
-from traces.trace import Trace
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.measured import Measurement
+from mindpipe.traces.schema import from_dict, to_dict
+from mindpipe.traces.trace import Trace
 
 
 def _measurement() -> dict:

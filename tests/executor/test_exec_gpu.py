@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from traces.trace import Trace
+from mindpipe.traces.trace import Trace
 
 from .conftest import STEPS, run_plan
 

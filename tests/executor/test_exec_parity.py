@@ -1,7 +1,7 @@
 """Parallel training matches single-process training (issue 5 acceptance), and what it measures.
 
 Each fixture launches one real run with ``mindpipe run`` (CPU, gloo, one thread per rank) and
-several tests read its measured trace. The reference is :func:`executor.reference.reference_losses`:
+several tests read its measured trace. The reference is :func:`mindpipe.executor.reference.reference_losses`:
 the unsplit model, the same seed and data, the same micro-batching and loss scaling, AdamW.
 """
 
@@ -15,10 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from executor.reference import reference_losses
-from traces.config import Model, Plan
-from traces.trace import Trace
+from mindpipe.executor.reference import reference_losses
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.trace import Trace
 
 from .conftest import REPO, STEPS, TINY, TINY_TEXT, run_env, run_plan
 
@@ -108,7 +107,7 @@ def test_resume_continues_exactly(pp2_run, tmp_path):
 
 
 def test_pp2_simulator_action_table_parity(tmp_path):
-    from simulator.schedules import build_schedule
+    from mindpipe.simulator.schedules import build_schedule
 
     trace = launched(tmp_path, PP2_TABLE, 2, "--schedule-source", "simulator")
     m = trace.measurement
@@ -144,7 +143,7 @@ def test_single_process_python_m_executor_on_text(tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text("MindPipe trains large models with 4D parallelism. " * 40)
     plan = {"micro_batch_size": 2, "global_batch_size": 4, "precision": "fp32"}
-    res = subprocess.run([sys.executable, "-m", "executor", json.dumps(plan), "--steps", str(STEPS), "--model",
+    res = subprocess.run([sys.executable, "-m", "mindpipe.executor", json.dumps(plan), "--steps", str(STEPS), "--model",
                           json.dumps(TINY_TEXT), "--data", str(text), "--out", str(tmp_path / "m.json")],
                          capture_output=True, text=True, env=run_env(), cwd=REPO, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -156,7 +155,7 @@ def test_single_process_python_m_executor_on_text(tmp_path):
 
 def test_bf16_single_process(tmp_path):
     plan = {"micro_batch_size": 2, "global_batch_size": 4, "precision": "bf16"}
-    res = subprocess.run([sys.executable, "-m", "executor", json.dumps(plan), "--steps", "3", "--model", json.dumps(TINY),
+    res = subprocess.run([sys.executable, "-m", "mindpipe.executor", json.dumps(plan), "--steps", "3", "--model", json.dumps(TINY),
                           "--out", str(tmp_path / "m.json")], capture_output=True, text=True, env=run_env(), cwd=REPO,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -198,7 +197,7 @@ def test_measurement_records(pp2_run):
 
 
 def test_measured_trace_feeds_the_simulator(pp2_run):
-    from simulator.costs import TraceComputeModel
+    from mindpipe.simulator.costs import TraceComputeModel
 
     tmp, trace = pp2_run
     # Stage medians are spread over the stage's layers: their sum is the stage's median F.
@@ -212,8 +211,8 @@ def test_measured_trace_feeds_the_simulator(pp2_run):
     assert [c.name for c in costs] == [r.name for r in trace.layers]
     assert all(c.forward_s > 0 and c.backward_input_s > 0 for c in costs if c.kind == "block")
     # ... and the simulator predicts the measured plan from it.
-    from simulator.api import SimulationOptions, simulate
-    from traces.builtin import load_cluster
+    from mindpipe.simulator.api import SimulationOptions, simulate
+    from mindpipe.traces.builtin import load_cluster
 
     result = simulate(model, load_cluster("cpu:1x2"), plan, SimulationOptions(trace=trace))
     assert 0 < result.iteration_time_s < float("inf")

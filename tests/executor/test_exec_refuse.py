@@ -51,7 +51,7 @@ def test_plan_that_does_not_fit_is_refused():
 
 def test_python_m_executor_refuses_a_world_size_mismatch():
     # Outside torchrun the world size is 1, so a 2-rank plan is refused (before torch is imported).
-    res = subprocess.run([sys.executable, "-m", "executor", '{"pp": 2, "global_batch_size": 4}', "--steps", "1",
+    res = subprocess.run([sys.executable, "-m", "mindpipe.executor", '{"pp": 2, "global_batch_size": 4}', "--steps", "1",
                           "--model", json.dumps(TINY)], capture_output=True, text=True, env=run_env(), cwd=REPO,
                          timeout=120)
     assert res.returncode == 2

@@ -7,17 +7,16 @@ import json
 
 import pytest
 import torch
-
-from executor.comm_profile import axis_of
-from executor.config import RunConfig, add_run_arguments, config_from_args
-from executor.data import TokenSource
-from executor.distributed import mesh_shape
-from executor.launch import _first_error, torchrun_command
-from executor.precheck import resolve_schedule_source
-from executor.stages import block_ranges, build_stage_modules, head_major_qkv, local_stages, permute_qkv_for_tp
-from traces.config import Model, Plan
-from traces.errors import ContractError
-from traces.torch_gpt import build_gpt
+from mindpipe.executor.comm_profile import axis_of
+from mindpipe.executor.config import RunConfig, add_run_arguments, config_from_args
+from mindpipe.executor.data import TokenSource
+from mindpipe.executor.distributed import mesh_shape
+from mindpipe.executor.launch import _first_error, torchrun_command
+from mindpipe.executor.precheck import resolve_schedule_source
+from mindpipe.executor.stages import block_ranges, build_stage_modules, head_major_qkv, local_stages, permute_qkv_for_tp
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.torch_gpt import build_gpt
 
 from .conftest import TINY
 
@@ -129,7 +128,7 @@ def test_run_config_roundtrip_and_rules(tmp_path):
 def test_torchrun_command_single_node_and_rendezvous():
     single = torchrun_command(_args("{}", "--nproc", "4", "--steps", "1"), "cfg.json")
     assert single[1:3] == ["-m", "torch.distributed.run"] and "--master-addr" in single
-    assert single[single.index("--master-addr") + 1] == "127.0.0.1" and single[-4:] == ["-m", "executor", "--config", "cfg.json"]
+    assert single[single.index("--master-addr") + 1] == "127.0.0.1" and single[-4:] == ["-m", "mindpipe.executor", "--config", "cfg.json"]
     multi = torchrun_command(_args("{}", "--nproc", "8", "--steps", "1", "--nnodes", "4", "--rdzv-backend", "c10d",
                                    "--rdzv-endpoint", "head:29400", "--rdzv-id", "job7"), "cfg.json")
     for flag, value in (("--nnodes", "4"), ("--rdzv-backend", "c10d"), ("--rdzv-endpoint", "head:29400"), ("--rdzv-id", "job7")):

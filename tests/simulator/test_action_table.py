@@ -16,17 +16,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mindpipe.simulator.action_table import read_csv, write_csv
+from mindpipe.simulator.actions import Action, Schedule
+from mindpipe.simulator.schedules import build_schedule
+from mindpipe.traces.errors import ContractError
 from torch.distributed.pipelining.schedules import (
     _PipelineScheduleRuntime,
     _simulate_comms_compute,
     get_schedule_class,
 )
 from torch.distributed.pipelining.stage import PipelineStage
-
-from simulator.action_table import read_csv, write_csv
-from simulator.actions import Action, Schedule
-from simulator.schedules import build_schedule
-from traces.errors import ContractError
 
 CASES = [
     ("gpipe", 3, 4, 1),

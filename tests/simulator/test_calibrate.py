@@ -12,17 +12,22 @@ import json
 
 import numpy as np
 import pytest
-
-from simulator.api import SimulationOptions, simulate
-from simulator.calibrate.features import FEATURES, HOST_FEATURES, action_features, rank_host_features, shared_core_rates
-from simulator.calibrate.fidelity import fidelity, plan_label, summary
-from simulator.calibrate.fit import calibrate, fit_comm
-from simulator.calibrate.models import CalibratedComputeModel, ReferenceOpTime, apply_calibration, host_terms
-from simulator.calibrate.runs import MeasuredRun
-from simulator.perf.nccl import ring_steps, wire_bytes
-from simulator.topology import Topology
-from traces.builtin import load_cluster, load_model
-from traces.calibration import (
+from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.calibrate.features import (
+    FEATURES,
+    HOST_FEATURES,
+    action_features,
+    rank_host_features,
+    shared_core_rates,
+)
+from mindpipe.simulator.calibrate.fidelity import fidelity, plan_label, summary
+from mindpipe.simulator.calibrate.fit import calibrate, fit_comm
+from mindpipe.simulator.calibrate.models import CalibratedComputeModel, ReferenceOpTime, apply_calibration, host_terms
+from mindpipe.simulator.calibrate.runs import MeasuredRun
+from mindpipe.simulator.perf.nccl import ring_steps, wire_bytes
+from mindpipe.simulator.topology import Topology
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.calibration import (
     Calibration,
     ComputeCalibration,
     DeviceCalibration,
@@ -30,11 +35,11 @@ from traces.calibration import (
     load_calibration,
     save_calibration,
 )
-from traces.catalog import get_device
-from traces.config import Plan
-from traces.errors import ContractError
-from traces.measured import ActionRecord, CommEvent, Measurement, RankRecord, StepRecord
-from traces.schema import to_dict
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.config import Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.measured import ActionRecord, CommEvent, Measurement, RankRecord, StepRecord
+from mindpipe.traces.schema import to_dict
 
 MODEL = load_model("gpt-mini")
 CPU = get_device("cpu")
@@ -144,7 +149,7 @@ def fitted_host() -> tuple[Calibration, object]:
 
 
 def test_host_terms_count_algorithm_steps_and_wire_bytes():
-    from simulator.topology import Phase
+    from mindpipe.simulator.topology import Phase
 
     n = 1 << 20
     # gloo runs an all-reduce of 4 ranks as a ring: 2(k−1) = 6 steps, 2(k−1)/k·n bytes per rank.
@@ -282,7 +287,7 @@ def test_calibrated_compute_model_prices_ops_linearly():
 
 def test_apply_calibration_notes_what_it_cannot_cover():
     gpu = get_device("a100-sxm4-80gb")
-    from simulator.api import default_models
+    from mindpipe.simulator.api import default_models
 
     cluster = load_cluster("a100-sxm4-80gb:1x8")
     hw_compute, hw_comm = default_models(gpu, cluster)
@@ -324,7 +329,7 @@ def test_comm_fit_needs_two_message_sizes():
 
 def test_gloo_runs_reduce_scatter_as_all_reduce():
     """gloo has no reduce-scatter: a sequence-parallel reduce-scatter costs an all-reduce's time."""
-    from simulator.calibrate.models import CalibratedCommModel
+    from mindpipe.simulator.calibrate.models import CalibratedCommModel
 
     link = TRUTH.comm["gloo"]["local"]
     gloo = CalibratedCommModel({"local": link}, {"local": link.bandwidth_Bps}, fallback=None, backend="gloo")  # type: ignore[arg-type]
@@ -340,7 +345,7 @@ def test_gloo_runs_reduce_scatter_as_all_reduce():
 
 def _write_measured(run: MeasuredRun, path) -> str:
     """A measured trace file as `mindpipe run --out` writes it (layer records abridged)."""
-    from traces.trace import Trace
+    from mindpipe.traces.trace import Trace
 
     data = {"device": "cpu", "dtype": "fp32", "provenance": {"tool": "mindpipe run"}, "backward_split": "combined",
             "model": to_dict(MODEL),

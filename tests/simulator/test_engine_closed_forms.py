@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-
-from simulator.api import SimulationOptions, simulate
-from simulator.costs import LayerCost
-from traces.config import Cluster, Model, Plan
+from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.costs import LayerCost
+from mindpipe.traces.config import Cluster, Model, Plan
 
 
 @dataclass

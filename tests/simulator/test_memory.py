@@ -9,10 +9,9 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from simulator.actions import Action, Schedule, loop_stage_to_rank
-from simulator.costs import layer_params
-from simulator.memory import (
+from mindpipe.simulator.actions import Action, Schedule, loop_stage_to_rank
+from mindpipe.simulator.costs import layer_params
+from mindpipe.simulator.memory import (
     GIB,
     GPU_RESERVED_BYTES,
     activation_bytes_per_layer,
@@ -24,10 +23,10 @@ from simulator.memory import (
     plan_memory,
     stage_memory,
 )
-from simulator.schedules import build_schedule
-from traces.catalog import get_device
-from traces.config import Model, Plan
-from traces.errors import ContractError
+from mindpipe.simulator.schedules import build_schedule
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
 
 A100 = get_device("a100-sxm4-80gb")
 CPU = get_device("cpu")
@@ -120,7 +119,7 @@ def test_relation_to_the_torch_model(dropout):
     """traces.torch_gpt.block_activation_bytes is what our torch block saves at fp32 on CPU
     (masks dtype-sized); it equals ours with CPU masks plus the LayerNorm statistics
     (2 LayerNorms × mean and rstd × 4 B × s·b) that Korthikanti et al. leave out."""
-    torch_gpt = pytest.importorskip("traces.torch_gpt")
+    torch_gpt = pytest.importorskip("mindpipe.traces.torch_gpt")
     for h, a, s, b, ffn in [(64, 4, 32, 3, None), (96, 8, 16, 2, 160), (12288, 96, 2048, 1, None)]:
         m = Model(kind="gpt", num_layers=1, hidden_size=h, num_heads=a, seq_len=s, vocab_size=50, dropout=dropout,
                   ffn_hidden_size=ffn)
@@ -133,8 +132,8 @@ def test_relation_to_the_torch_model(dropout):
 def test_relation_measured_on_the_torch_block():
     """The same relation against bytes autograd really saves for one tiny block (CPU, fp32)."""
     torch = pytest.importorskip("torch")
-    from traces.timing import saved_activation_bytes
-    from traces.torch_gpt import build_gpt
+    from mindpipe.traces.timing import saved_activation_bytes
+    from mindpipe.traces.torch_gpt import build_gpt
 
     m = Model(kind="gpt", num_layers=1, hidden_size=32, num_heads=4, seq_len=16, vocab_size=50, dropout=0.1)
     net = build_gpt(m).train()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import simpy
-
-from simulator.network import FluidNetwork
+from mindpipe.simulator.network import FluidNetwork
 
 
 def _run(flows: list[tuple[tuple, tuple, float, float, int, float]], capacity: dict) -> list[float]:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from simulator.actions import Action, Schedule
-from simulator.schedules import SCHEDULE_NAMES, build_schedule, validate_schedule
-from traces.errors import ContractError
+from mindpipe.simulator.actions import Action, Schedule
+from mindpipe.simulator.schedules import SCHEDULE_NAMES, build_schedule, validate_schedule
+from mindpipe.traces.errors import ContractError
 
 
 def table(text: str) -> list[list[str]]:

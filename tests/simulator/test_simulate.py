@@ -8,12 +8,11 @@ import subprocess
 import sys
 
 import pytest
-
-from simulator.api import SimulationOptions, simulate
-from simulator.energy import J_PER_KWH, annual_intensity, load_hourly_intensity, wait_power_w
-from traces.builtin import load_model
-from traces.catalog import get_device
-from traces.config import Cluster, Plan
+from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.energy import J_PER_KWH, annual_intensity, load_hourly_intensity, wait_power_w
+from mindpipe.traces.builtin import load_model
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.config import Cluster, Plan
 
 RESULT_KEYS = ("iteration_time_s", "throughput_samples_per_s", "throughput_tokens_per_s", "tflops_per_gpu", "mfu",
                "bubble_fraction", "memory_by_stage_gib", "peak_memory_gib", "fits_in_memory", "energy_j",
@@ -103,8 +102,8 @@ def test_cli_json_is_exactly_one_object_with_the_contract_keys(tmp_path) -> None
     assert len(by_thread) >= 2
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
     # The action table is the schedule the simulator timed, readable back (and by torch, see test_action_table).
-    from simulator.action_table import read_csv
-    from simulator.schedules import build_schedule
+    from mindpipe.simulator.action_table import read_csv
+    from mindpipe.simulator.schedules import build_schedule
 
     back = read_csv(table, "interleaved_1f1b", num_microbatches=8)
     assert back.orders == build_schedule("interleaved_1f1b", 2, 8, 2).orders

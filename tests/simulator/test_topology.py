@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from simulator.topology import Topology
-from traces.catalog import get_device
-from traces.config import Cluster, Plan
+from mindpipe.simulator.topology import Topology
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.config import Cluster, Plan
 
 
 def _topo(dp: int, tp: int, pp: int, per_node: int = 8, order: str = "tp-dp-pp", **cluster) -> Topology:

@@ -23,10 +23,9 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
+from mindpipe.simulator.schedules import build_schedule
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 from torch.distributed.pipelining.stage import PipelineStage
-
-from simulator.schedules import build_schedule
 
 COMPUTE = ("F", "B", "I", "W")
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from traces.catalog import (
+from mindpipe.traces.catalog import (
     ENTRY_KEYS,
     NUMERIC_KEYS,
     DeviceSpec,
@@ -20,7 +19,7 @@ from traces.catalog import (
     get_device,
     load_catalog,
 )
-from traces.errors import ContractError
+from mindpipe.traces.errors import ContractError
 
 SHIPPED = ("a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb", "cpu")
 

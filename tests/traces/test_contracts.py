@@ -7,13 +7,12 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from traces.builtin import BUILTIN_MODELS, load_cluster, load_model, load_plan
-from traces.config import Cluster, Model, Plan, check_plan, even_partition
-from traces.errors import ContractError
-from traces.result import SimulationResult
-from traces.schema import from_dict, read_json, to_dict
-from traces.trace import LayerRecord, Provenance, Trace
+from mindpipe.traces.builtin import BUILTIN_MODELS, load_cluster, load_model, load_plan
+from mindpipe.traces.config import Cluster, Model, Plan, check_plan, even_partition
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.result import SimulationResult
+from mindpipe.traces.schema import from_dict, read_json, to_dict
+from mindpipe.traces.trace import LayerRecord, Provenance, Trace
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=True) | st.text(max_size=8),

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
-from traces.errors import ContractError
-from traces.importers.aicb import import_aicb
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.importers.aicb import import_aicb
 
 G13B = "traces/aicb_a100/G13B-M1-C01_GPT13B_megatron_tp8_pp1_mbs1_A100.txt"
 COMM = {"ALLREDUCE": "allreduce", "ALLGATHER": "allgather", "REDUCESCATTER": "reducescatter", "BROADCAST": "broadcast"}

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from traces.errors import ContractError
-from traces.importers.torch_profiler import import_torch_profiler, record_layers
-from traces.trace import Trace
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.importers.torch_profiler import import_torch_profiler, record_layers
+from mindpipe.traces.trace import Trace
 
 FIXTURE = Path(__file__).parent / "data" / "torch_profiler" / "gpt_tiny_cpu_stack.json.gz"
 GPT_LAYERS = ["embedding", "block.0", "block.1", "block.2", "block.3", "final_norm", "lm_head"]
@@ -23,10 +22,9 @@ GPT_LAYERS = ["embedding", "block.0", "block.1", "block.2", "block.3", "final_no
 @pytest.fixture(scope="module")
 def gpt_mini_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """gpt-mini, micro-batch 2, seq 64, on CPU: 1 warm-up and 3 profiled steps."""
+    from mindpipe.traces.builtin import load_model
+    from mindpipe.traces.torch_gpt import build_gpt, lm_loss, synthetic_batch
     from torch.profiler import ProfilerActivity, profile, schedule
-
-    from traces.builtin import load_model
-    from traces.torch_gpt import build_gpt, lm_loss, synthetic_batch
 
     model = load_model("gpt-mini")
     net = build_gpt(model)

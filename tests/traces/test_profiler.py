@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from traces.errors import ContractError
-from traces.profiler import ProfileOptions, profile_model
-from traces.torch_gpt import block_activation_bytes
-from traces.trace import Trace
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.profiler import ProfileOptions, profile_model
+from mindpipe.traces.torch_gpt import block_activation_bytes
+from mindpipe.traces.trace import Trace
 
 FAST = {"warmup": 1, "repeats": 3, "step_repeats": 2}
 
 
 @pytest.fixture(scope="module")
 def model():
-    from traces.config import Model
+    from mindpipe.traces.config import Model
 
     return Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128, name="tiny")
 

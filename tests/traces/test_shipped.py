@@ -1,7 +1,7 @@
 """The shipped CPU trace of gpt-mini is real, labelled and consistent with the model."""
 
-from traces.builtin import load_model
-from traces.data import load_shipped_trace, shipped_trace_names
+from mindpipe.traces.builtin import load_model
+from mindpipe.traces.data import load_shipped_trace, shipped_trace_names
 
 
 def test_gpt_mini_cpu_trace_is_labelled_and_matches_the_model() -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from traces.timing import Clock, measure_unit
+from mindpipe.traces.timing import Clock, measure_unit
 
 
 class ScriptedClock(Clock):

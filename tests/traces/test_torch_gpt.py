@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from traces.config import Model
-from traces.timing import saved_activation_bytes
-from traces.torch_gpt import (
+from mindpipe.traces.config import Model
+from mindpipe.traces.timing import saved_activation_bytes
+from mindpipe.traces.torch_gpt import (
     block_activation_bytes,
     build_gpt,
     dropout_mask_bytes,

@@ -6,9 +6,8 @@ import math
 import random
 
 import pytest
-
-from traces.errors import ContractError
-from tuner.objectives import Objective, pareto_front, parse_constraint, statistical_efficiency
+from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.objectives import Objective, pareto_front, parse_constraint, statistical_efficiency
 
 
 def test_statistical_efficiency_follows_the_noise_scale():

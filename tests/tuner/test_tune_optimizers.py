@@ -6,11 +6,10 @@ import math
 import statistics
 
 import pytest
-
-from traces.builtin import load_cluster, load_model
-from traces.errors import ContractError
-from tuner.optimizers import BayesSearch, GridSearch, RandomSearch, encode_points, make_searcher
-from tuner.space import SearchSpace
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.optimizers import BayesSearch, GridSearch, RandomSearch, encode_points, make_searcher
+from mindpipe.tuner.space import SearchSpace
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,13 @@ import itertools
 import random
 
 import pytest
-
-from simulator.api import simulate
-from simulator.costs import LayerCost
-from traces.builtin import load_cluster
-from traces.config import Model, even_partition
-from traces.errors import ContractError
-from tuner.materialize import Problem, materialize
-from tuner.partition import (
+from mindpipe.simulator.api import simulate
+from mindpipe.simulator.costs import LayerCost
+from mindpipe.traces.builtin import load_cluster
+from mindpipe.traces.config import Model, even_partition
+from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.materialize import Problem, materialize
+from mindpipe.tuner.partition import (
     balanced_partition,
     minmax_partition,
     pipedream_partition,

@@ -6,12 +6,11 @@ import functools
 import itertools
 
 import pytest
-
-from simulator.schedules import build_schedule
-from traces.builtin import load_cluster, load_model
-from traces.config import Model, Plan, check_plan
-from traces.errors import ContractError
-from tuner.space import POINT_KEYS, SearchSpace, parse_fixes, parse_global_batch, point_key
+from mindpipe.simulator.schedules import build_schedule
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.config import Model, Plan, check_plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.space import POINT_KEYS, SearchSpace, parse_fixes, parse_global_batch, point_key
 
 
 @functools.cache

@@ -15,17 +15,17 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from mindpipe.traces.builtin import load_cluster, load_model, load_plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.api import build_space, tune
+from mindpipe.tuner.evaluate import evaluate
+from mindpipe.tuner.objectives import Objective, parse_constraint
+from mindpipe.tuner.optimizers import RandomSearch
+from mindpipe.tuner.space import point_key
+from mindpipe.tuner.store import RECORDS_NAME
+from mindpipe.tuner.sweep import SweepConfig
 
 from mindpipe.cli import main as mindpipe_main
-from traces.builtin import load_cluster, load_model, load_plan
-from traces.errors import ContractError
-from tuner.api import build_space, tune
-from tuner.evaluate import evaluate
-from tuner.objectives import Objective, parse_constraint
-from tuner.optimizers import RandomSearch
-from tuner.space import point_key
-from tuner.store import RECORDS_NAME
-from tuner.sweep import SweepConfig
 
 REPO = Path(__file__).resolve().parents[2]
 # A model that simulates in a few tens of milliseconds per plan on 8 A100s.
@@ -302,7 +302,7 @@ def _always_fails(problem: Any, point: Any) -> dict[str, Any]:
 
 def test_failing_evaluations_count_against_the_budget(tmp_path):
     """A systematic simulator error stops the sweep at its budget instead of running the whole space."""
-    from tuner.api import NoFeasiblePlan
+    from mindpipe.tuner.api import NoFeasiblePlan
 
     with pytest.raises(NoFeasiblePlan, match="error: 7"):
         tune(SMALL, CLUSTER, out=tmp_path / "t", global_batch=32, plots=False,

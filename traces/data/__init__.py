@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import importlib.resources
 
-from traces.errors import ContractError
-from traces.trace import Trace
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.trace import Trace
 
 
 def shipped_trace_names() -> list[str]:
     """Names accepted by :func:`load_shipped_trace` (file names without ``.trace.json``)."""
-    root = importlib.resources.files("traces.data")
+    root = importlib.resources.files("mindpipe.traces.data")
     return sorted(p.name[: -len(".trace.json")] for p in root.iterdir() if p.name.endswith(".trace.json"))
 
 
@@ -27,6 +27,6 @@ def load_shipped_trace(name: str) -> Trace:
     """
     if name not in shipped_trace_names():
         raise ContractError(name, None, f"no shipped trace of that name (shipped: {', '.join(shipped_trace_names())})")
-    res = importlib.resources.files("traces.data").joinpath(f"{name}.trace.json")
+    res = importlib.resources.files("mindpipe.traces.data").joinpath(f"{name}.trace.json")
     with importlib.resources.as_file(res) as path:
         return Trace.load(path)

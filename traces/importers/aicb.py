@@ -21,9 +21,9 @@ import os
 import re
 from pathlib import Path
 
-from traces.config import Model
-from traces.errors import ContractError
-from traces.trace import CommRecord, LayerRecord, Provenance, Trace
+from mindpipe.traces.config import Model
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.trace import CommRecord, LayerRecord, Provenance, Trace
 
 COLUMNS = (
     "name", "reserved", "forward_ns", "forward_comm", "forward_bytes", "input_grad_ns", "input_grad_comm",
@@ -89,7 +89,7 @@ def import_aicb(
     dtype: str = "unknown",
     command: str = "",
 ) -> Trace:
-    """Read an AICB workload file into a :class:`~traces.trace.Trace`.
+    """Read an AICB workload file into a :class:`~mindpipe.traces.trace.Trace`.
 
     Args:
         path: The workload file.

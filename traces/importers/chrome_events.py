@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from traces.errors import ContractError
+from mindpipe.traces.errors import ContractError
 
 Thread = tuple[Any, Any]
 """``(pid, tid)``; Kineto uses integers for CPU threads and strings for some synthetic rows."""

@@ -45,9 +45,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from traces.config import Model
-from traces.errors import ContractError
-from traces.importers.chrome_events import (
+from mindpipe.traces.config import Model
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.importers.chrome_events import (
     MODULE_PREFIX,
     KernelLaunches,
     Ranges,
@@ -59,7 +59,7 @@ from traces.importers.chrome_events import (
     outermost,
     read_spans,
 )
-from traces.trace import LayerRecord, Provenance, Trace
+from mindpipe.traces.trace import LayerRecord, Provenance, Trace
 
 GROUPS = ("auto", "record_function", "module")
 _STEP_RE = re.compile(r"ProfilerStep#\d+$")

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from simulator.perf import GpuComputeModel
-from simulator.perf.aicb import AICB_CASES, BlockComparison, compare_dir, measured_blocks
-from simulator.perf.fit import compute_report
-from traces.catalog import get_device
+from mindpipe.simulator.perf import GpuComputeModel
+from mindpipe.simulator.perf.aicb import AICB_CASES, BlockComparison, compare_dir, measured_blocks
+from mindpipe.simulator.perf.fit import compute_report
+from mindpipe.traces.catalog import get_device
 
 A100 = get_device("a100-sxm4-80gb")
 G175 = "G175B-M1-C03_GPT175B_megatron_tp8_pp1_mbs1_A100.txt"

@@ -8,14 +8,13 @@ import math
 from pathlib import Path
 
 import pytest
-
-from simulator.costs import DTYPE_BYTES, RooflineComputeModel
-from simulator.ops import block_ops
-from simulator.perf import GpuComputeModel, NcclCommModel, default_models
-from simulator.perf.constants import GpuConstants, parse_constants, read_constants, shipped_constants
-from traces.catalog import get_device
-from traces.config import Model, Plan
-from traces.errors import ContractError
+from mindpipe.simulator.costs import DTYPE_BYTES, RooflineComputeModel
+from mindpipe.simulator.ops import block_ops
+from mindpipe.simulator.perf import GpuComputeModel, NcclCommModel, default_models
+from mindpipe.simulator.perf.constants import GpuConstants, parse_constants, read_constants, shipped_constants
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
 
 A100 = get_device("a100-sxm4-80gb")
 H100 = get_device("h100-sxm5-80gb")

@@ -7,8 +7,15 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from simulator.perf.kernels import KernelParams, Tile, flash_s, gemm_compute_s, gemm_efficiency, gemm_s, memory_s
+from mindpipe.simulator.perf.kernels import (
+    KernelParams,
+    Tile,
+    flash_s,
+    gemm_compute_s,
+    gemm_efficiency,
+    gemm_s,
+    memory_s,
+)
 
 A100_LIKE = KernelParams(
     peak_flops=312e12, sm_count=108, gemm_ceiling=0.9,

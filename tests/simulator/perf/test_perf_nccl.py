@@ -6,14 +6,13 @@ import math
 from pathlib import Path
 
 import pytest
-
-from simulator.perf import NcclCommModel, collective_time_s, default_models
-from simulator.perf.constants import shipped_constants
-from simulator.perf.fit import fit_nvlink, mape, nccl_report, read_lut, read_luts
-from simulator.perf.nccl import LinkCurve, ring_steps, wire_bytes
-from traces.catalog import get_device
-from traces.config import Cluster
-from traces.errors import ContractError
+from mindpipe.simulator.perf import NcclCommModel, collective_time_s, default_models
+from mindpipe.simulator.perf.constants import shipped_constants
+from mindpipe.simulator.perf.fit import fit_nvlink, mape, nccl_report, read_lut, read_luts
+from mindpipe.simulator.perf.nccl import LinkCurve, ring_steps, wire_bytes
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.config import Cluster
+from mindpipe.traces.errors import ContractError
 
 NV_BW = get_device("a100-sxm4-80gb").nvlink_bandwidth_unidirectional_GBps * 1e9
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from simulator.perf import GpuComputeModel
-from simulator.perf.constants import GpuConstants, parse_constants, shipped_constants
-from simulator.perf.refit import fit_compute_constants, refit_document
-from traces.catalog import get_device
-from traces.config import Model, Plan
+from mindpipe.simulator.perf import GpuComputeModel
+from mindpipe.simulator.perf.constants import GpuConstants, parse_constants, shipped_constants
+from mindpipe.simulator.perf.refit import fit_compute_constants, refit_document
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.config import Model, Plan
 
 A100 = get_device("a100-sxm4-80gb")
 ROWS = [(Model(kind="gpt", num_layers=2, hidden_size=h, num_heads=16, seq_len=1024, vocab_size=50304), b)

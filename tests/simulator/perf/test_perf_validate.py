@@ -13,11 +13,11 @@ import random
 from pathlib import Path
 
 import pytest
+from mindpipe.simulator.perf.validate import error_stats, size_label, validate_rows, with_gpu
+from mindpipe.simulator.perf.vtrain import load_vtrain, split_fit_holdout
+from mindpipe.traces.builtin import load_cluster
 
 from mindpipe.cli import main
-from simulator.perf.validate import error_stats, size_label, validate_rows, with_gpu
-from simulator.perf.vtrain import load_vtrain, split_fit_holdout
-from traces.builtin import load_cluster
 
 DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "validation"
 SINGLE = DATA / "vtrain_a100_single_node.csv"

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from simulator.perf.vtrain import COLUMNS, load_vtrain, padded_vocab, split_fit_holdout
-from traces.config import check_plan
-from traces.errors import ContractError
+from mindpipe.simulator.perf.vtrain import COLUMNS, load_vtrain, padded_vocab, split_fit_holdout
+from mindpipe.traces.config import check_plan
+from mindpipe.traces.errors import ContractError
 
 SINGLE = "validation/vtrain_a100_single_node.csv"
 MULTI = "validation/vtrain_a100_multi_node.csv"

@@ -1,7 +1,7 @@
 """Regenerate ``gpt_tiny_cpu_stack.json.gz``: a real torch.profiler CPU trace of a tiny GPT.
 
 The trace has both layer groupings the importer reads: ``record_function`` ranges opened by
-:func:`traces.importers.torch_profiler.record_layers` and, because of ``with_stack=True``, the
+:func:`mindpipe.traces.importers.torch_profiler.record_layers` and, because of ``with_stack=True``, the
 ``nn.Module: <Class>_<k>`` python_function events. Two profiled steps (one warm-up step first).
 
 Run from the repository root: ``PYTHONPATH=. .venv/bin/python tests/traces/data/torch_profiler/make_fixture.py``
@@ -15,11 +15,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from mindpipe.traces.config import Model
+from mindpipe.traces.importers.torch_profiler import record_layers
+from mindpipe.traces.torch_gpt import build_gpt, lm_loss, synthetic_batch
 from torch.profiler import ProfilerActivity, profile, schedule
-
-from traces.config import Model
-from traces.importers.torch_profiler import record_layers
-from traces.torch_gpt import build_gpt, lm_loss, synthetic_batch
 
 OUT = Path(__file__).with_name("gpt_tiny_cpu_stack.json.gz")
 MODEL = Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128, name="tiny")
