@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from mindpipe.executor.precheck import block_policies
 from mindpipe.executor.stages import StageModule
 from mindpipe.traces.config import Plan
+from mindpipe.traces.layout import BlockPolicy, block_policies
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
@@ -87,7 +87,7 @@ def _swapped(forward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def apply_recompute(stage: StageModule, policies: list[str]) -> None:
+def apply_recompute(stage: StageModule, policies: list[BlockPolicy]) -> None:
     """Wrap each block's forward per its policy (indices are global block numbers)."""
     for key, block in stage.blocks.items():
         policy = policies[int(key)]

@@ -19,6 +19,7 @@ from mindpipe.simulator.schedules import build_schedule
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Model, Plan, check_plan, stage_layers
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import block_policies
 
 GIB = 2**30
 # torch.distributed.pipelining class per schedule name of the plan (torch 2.13 names).
@@ -30,14 +31,6 @@ TORCH_SCHEDULES = {
     "zbv": "ZBVZeroBubble",
     "dualpipev": "DualPipeV",
 }
-
-def block_policies(plan: Plan, num_layers: int) -> list[str]:
-    """Per block ``none|selective|full|swap``: the plan's per-layer policy wins over ``recompute``."""
-    if plan.layer_memory_policy is not None:
-        table = {"keep": "none", "recompute": "full", "swap": "swap"}
-        return [table[p] for p in plan.layer_memory_policy]
-    return [plan.recompute] * num_layers
-
 
 @dataclass
 class Precheck:
@@ -88,7 +81,7 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
         fail("tp", f"tp={plan.tp} does not divide vocab_size={model.vocab_size} (vocabulary-parallel LM head)")
     if text_data and model.vocab_size < 256:
         fail("vocab_size", f"byte-level text needs vocab_size >= 256, the model has {model.vocab_size}")
-    if (plan.layer_memory_policy and "swap" in plan.layer_memory_policy) and device_kind != "cuda":
+    if "swap" in block_policies(plan, model.num_layers) and device_kind != "cuda":
         fail("layer_memory_policy", "'swap' offloads activations to host memory and needs a GPU")
     src = resolve_schedule_source(schedule_source, plan)
     m = plan.num_microbatches
@@ -173,7 +166,6 @@ def catalog_device(kind: str, cuda_name: str | None = None) -> DeviceSpec | None
 __all__ = [
     "TORCH_SCHEDULES",
     "Precheck",
-    "block_policies",
     "catalog_device",
     "check_run",
     "detect_device",

@@ -7,16 +7,15 @@ every stage a slice of ``blocks`` (a ModuleDict keyed by the *global* block inde
 the partition (torchtitan's convention). The loss (``lm_loss``) is applied by the pipeline
 schedule on the last stage.
 
-Stage placement: virtual stage s runs on pipeline rank s mod pp ("loop", Megatron/torch
-interleaving), or in a "V" for ``zbv``/``dualpipev`` (rank r holds stages r and 2·pp−1−r;
-Qi et al. ICLR'24, torch ``generate_stage_to_rank_mapping(style="v")``).
+Which blocks a stage holds and which rank runs it are the plan rules of
+:mod:`mindpipe.traces.layout`.
 """
 
 from __future__ import annotations
 
 import torch
-from mindpipe.simulator.actions import loop_stage_to_rank, v_stage_to_rank
-from mindpipe.traces.config import V_SCHEDULES, Model, Plan, stage_layers
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.layout import rank_stages, stage_layout
 from mindpipe.traces.torch_gpt import GPT
 from torch import nn
 
@@ -41,32 +40,17 @@ class StageModule(nn.Module):
         return x
 
 
-def stage_to_rank(plan: Plan) -> list[int]:
-    """Pipeline rank of every virtual stage for the plan's schedule."""
-    if plan.schedule in V_SCHEDULES:
-        return v_stage_to_rank(plan.pp, plan.num_stages)
-    return loop_stage_to_rank(plan.pp, plan.num_stages)
-
-
-def local_stages(plan: Plan, pp_rank: int) -> list[int]:
-    """Virtual stages of ``pp_rank``, ascending."""
-    return [s for s, r in enumerate(stage_to_rank(plan)) if r == pp_rank]
-
-
 def block_ranges(plan: Plan, model: Model) -> list[tuple[int, int]]:
-    """(first block, block count) of every virtual stage."""
-    counts = stage_layers(plan, model)
-    starts = [sum(counts[:i]) for i in range(len(counts))]
-    return list(zip(starts, counts, strict=True))
+    """(first block, block count) of every virtual stage (:func:`mindpipe.traces.layout.stage_layout`)."""
+    return [(span.first_block, span.num_blocks) for span in stage_layout(plan, model)]
 
 
 def build_stage_modules(gpt: GPT, plan: Plan, pp_rank: int) -> dict[int, StageModule]:
     """The stage modules of ``pp_rank``, keyed by virtual stage index."""
-    ranges = block_ranges(plan, gpt.config)
-    last = plan.num_stages - 1
+    layout = stage_layout(plan, gpt.config)
     return {
-        s: StageModule(gpt, ranges[s][0], ranges[s][1], is_first=s == 0, is_last=s == last)
-        for s in local_stages(plan, pp_rank)
+        s: StageModule(gpt, layout[s].first_block, layout[s].num_blocks, layout[s].has_embedding, layout[s].has_head)
+        for s in rank_stages(plan, pp_rank)
     }
 
 
@@ -100,7 +84,5 @@ __all__ = [
     "block_ranges",
     "build_stage_modules",
     "head_major_qkv",
-    "local_stages",
     "permute_qkv_for_tp",
-    "stage_to_rank",
 ]

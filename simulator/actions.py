@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from mindpipe.traces.layout import loop_stage_to_rank, v_stage_to_rank
+
 KINDS = ("F", "B", "I", "W")
 _ACTION_RE = re.compile(r"^(?P<stage>\d+)(?P<kind>F|B|I|W)(?P<mb>\d+)$")
 
@@ -53,18 +55,6 @@ class Action:
         if m is None:
             raise ValueError(f"{text!r} is not a compute action like 2F0, 1I3, 0W7 or 3B1")
         return Action(int(m["stage"]), m["kind"], int(m["mb"]))
-
-
-def loop_stage_to_rank(pp: int, num_stages: int) -> list[int]:
-    """Megatron/torch "loop" placement: virtual stage s runs on rank s mod pp."""
-    return [s % pp for s in range(num_stages)]
-
-
-def v_stage_to_rank(pp: int, num_stages: int) -> list[int]:
-    """"V" placement (ZBV, DualPipeV): rank r holds stages r and 2·pp−1−r (torch style="v")."""
-    if num_stages != 2 * pp:
-        raise ValueError(f"a V placement needs 2·pp={2 * pp} stages, got {num_stages}")
-    return [s if s < pp else 2 * pp - 1 - s for s in range(num_stages)]
 
 
 @dataclass
@@ -153,4 +143,5 @@ class Schedule:
         return out
 
 
+# loop_stage_to_rank and v_stage_to_rank are the plan rules of traces.layout, re-exported for the schedules.
 __all__ = ["KINDS", "Action", "Schedule", "loop_stage_to_rank", "v_stage_to_rank"]

@@ -1,12 +1,11 @@
 """Turn per-layer costs and a plan into the engine's per-stage and per-rank work.
 
-Layers are assigned to virtual stages by the plan's partition (blocks per stage; even split by
-default): the embedding joins the first stage, the final norm and LM head the last. Recompute adds
-the re-run forward before the input gradient: ``full`` re-runs every block's forward (and its
+Layers are assigned to virtual stages by the plan's stage layout and every block follows its own
+activation policy (:mod:`mindpipe.traces.layout`, the one owner of both rules). Recompute adds the
+re-run forward before the input gradient: ``full`` re-runs the block's forward (and its
 tensor-parallel collectives — Megatron's checkpointed layers re-issue them), ``selective`` only
-the attention core (Korthikanti et al. §5); a per-block ``layer_memory_policy`` overrides the plan
-(``recompute`` as full, ``swap`` copies the block's activations to the host after F and back
-before I over PCIe, ``keep`` stores them).
+the attention core (Korthikanti et al. §5); ``swap`` copies the block's activations to the host
+after F and back before I over PCIe; ``none`` stores them.
 
 Gradient reduction: bucket size as Megatron's DDP (max(40M, 1M × dp) parameters), all-reduce
 without ZeRO, reduce-scatter with ZeRO ≥ 1 (Megatron's distributed optimizer is ZeRO-1);
@@ -18,12 +17,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
 
 from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost
 from mindpipe.simulator.engine import RankWork, StageWork
 from mindpipe.simulator.topology import Phase, Topology
-from mindpipe.traces.config import Model, Plan, stage_layers
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.layout import BlockPolicy, block_policies, stage_layout
 
 GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}
 
@@ -34,22 +33,40 @@ def bucket_params(plan: Plan) -> int:
 
 
 def assign_layers(costs: list[LayerCost], model: Model, plan: Plan) -> list[list[LayerCost]]:
-    """Split the pipeline-ordered layer costs into virtual stages."""
-    per_stage = stage_layers(plan, model)
-    blocks = [c for c in costs if c.kind == "block"]
-    head = [c for c in costs if c.kind in ("embedding",)]
-    tail = [c for c in costs if c.kind in ("final_norm", "lm_head")]
-    stages: list[list[LayerCost]] = []
-    i = 0
-    for s, n in enumerate(per_stage):
-        layers = list(blocks[i:i + n])
-        i += n
-        if s == 0:
-            layers = head + layers
-        if s == len(per_stage) - 1:
-            layers = layers + tail
-        stages.append(layers)
-    return stages
+    """Split the pipeline-ordered layer costs into virtual stages (:func:`~mindpipe.traces.layout.stage_layout`)."""
+    by_name = {c.name: c for c in costs}
+    return [[by_name[n] for n in span.layer_names()] for span in stage_layout(plan, model)]
+
+
+def stage_recompute(layers: list[LayerCost], policies: list[BlockPolicy]) -> tuple[float, list[Collective], int]:
+    """(re-run forward seconds, re-issued TP collectives, swapped blocks) of a stage's blocks.
+
+    ``policies`` are the stage's blocks' policies in order (:func:`mindpipe.traces.layout.block_policies`).
+    """
+    blocks = [c for c in layers if c.kind == "block"]
+    seconds, comm, swapped = 0.0, [], 0
+    for c, policy in zip(blocks, policies, strict=True):
+        if policy == "full":
+            seconds += c.forward_s
+            comm += c.forward_comm
+        elif policy == "selective":
+            seconds += c.recompute_selective_s
+        elif policy == "swap":
+            swapped += 1
+    return seconds, comm, swapped
+
+
+def optimizer_shard(plan: Plan, params: float) -> float:
+    """Parameters whose optimizer step one device runs: all of its own, or a 1/dp shard under ZeRO ≥ 1."""
+    return params / plan.dp if plan.zero_stage >= 1 else params
+
+
+def rank_params(stages: list[list[LayerCost]], stage_to_rank: list[int], pp: int) -> list[int]:
+    """Parameters on each pipeline rank's device (after TP sharding): the sum over its stages' layers."""
+    out = [0] * pp
+    for s, layers in enumerate(stages):
+        out[stage_to_rank[s]] += sum(c.param_count for c in layers)
+    return out
 
 
 def _merge(colls: list[Collective]) -> list[tuple[str, int, int]]:
@@ -80,45 +97,30 @@ def build_work(
     compute: ComputeModel,
     topo: Topology,
     stage_to_rank: list[int],
-    swap_bytes_per_block: Callable[[], float] | None = None,
+    swap_bytes_per_block: float = 0.0,
 ) -> tuple[list[StageWork], list[RankWork], list[int]]:
-    """Per-stage work, per-rank work and per-rank parameter counts for the engine."""
+    """Per-stage work, per-rank work and per-rank parameter counts for the engine.
+
+    ``swap_bytes_per_block`` is what one swapped block copies to the host and back per micro-batch
+    (its activations kept whole, :func:`mindpipe.simulator.memory.activation_bytes_per_layer`).
+    """
     stages = assign_layers(costs, model, plan)
-    policy = plan.layer_memory_policy
+    policies = block_policies(plan, model.num_layers)
+    spans = stage_layout(plan, model)
     dbytes = DTYPE_BYTES[plan.precision]
     gbytes = GRAD_BYTES[plan.precision]
     bucket = bucket_params(plan)
-    block_index = 0
     works: list[StageWork] = []
-    params_by_stage: list[int] = []
     for s, layers in enumerate(stages):
         rank = stage_to_rank[s]
         f = sum(c.forward_s for c in layers)
         i = sum(c.backward_input_s for c in layers)
         w = sum(c.backward_weight_s for c in layers)
-        recompute = 0.0
-        re_comm: list[Collective] = []
-        swap = 0.0
-        fwd_comm: list[Collective] = []
-        bwd_comm: list[Collective] = []
-        for c in layers:
-            fwd_comm += c.forward_comm
-            bwd_comm += c.backward_comm
-            if c.kind != "block":
-                continue
-            mode = plan.recompute
-            if policy is not None:
-                mode = {"keep": "none", "recompute": "full", "swap": "swap"}[policy[block_index]]
-            block_index += 1
-            if mode == "full":
-                recompute += c.forward_s
-                re_comm += c.forward_comm
-            elif mode == "selective":
-                recompute += c.recompute_selective_s
-            elif mode == "swap" and swap_bytes_per_block is not None:
-                swap += swap_bytes_per_block()
+        fwd_comm = [x for c in layers for x in c.forward_comm]
+        bwd_comm = [x for c in layers for x in c.backward_comm]
+        recompute, re_comm, swapped = stage_recompute(layers, [policies[b] for b in spans[s].blocks])
+        swap = swapped * swap_bytes_per_block
         params = sum(c.param_count for c in layers)
-        params_by_stage.append(params)
         out_bytes = layers[-1].output_bytes
         in_bytes = stages[s - 1][-1].output_bytes if s > 0 else 0
         nxt = stage_to_rank[s + 1] if s + 1 < len(stages) else None
@@ -140,15 +142,14 @@ def build_work(
         )
         works.append(work)
     ranks: list[RankWork] = []
-    params_by_rank = [0] * plan.pp
-    for s, n in enumerate(params_by_stage):
-        params_by_rank[stage_to_rank[s]] += n
+    params_by_rank = rank_params(stages, stage_to_rank, plan.pp)
     for r in range(plan.pp):
-        shard = params_by_rank[r] / plan.dp if plan.zero_stage >= 1 else params_by_rank[r]
+        shard = optimizer_shard(plan, params_by_rank[r])
         gather = (_buckets(topo, "allgather", params_by_rank[r], dbytes, bucket, r)
                   if plan.zero_stage in (1, 2) else [])
         ranks.append(RankWork(optimizer_s=compute.optimizer_step_s(int(shard), plan), param_gather=gather))
     return works, ranks, params_by_rank
 
 
-__all__ = ["GRAD_BYTES", "assign_layers", "bucket_params", "build_work"]
+__all__ = ["GRAD_BYTES", "assign_layers", "bucket_params", "build_work", "optimizer_shard", "rank_params",
+           "stage_recompute"]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from mindpipe.simulator.collectives import ring_steps
 from mindpipe.simulator.ops import Op, block_ops, embedding_ops, final_norm_ops, lm_head_ops
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
@@ -22,7 +23,6 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.trace import Trace
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-LINKS = ("nvlink", "nic", "pcie", "local")
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,8 +307,7 @@ def _attention_core_share(model: Model, plan: Plan) -> float:
 class AlphaBetaCommModel:
     """Constant latency per algorithm step and constant bandwidth efficiency per link type.
 
-    Ring collectives take ``k−1`` (reduce-scatter, all-gather) or ``2(k−1)`` (all-reduce) latency
-    steps (nccl-tests PERFORMANCE.md); p2p takes one. The defaults are typical NCCL figures
+    A collective takes its ring steps (:func:`mindpipe.simulator.collectives.ring_steps`) of latency. The defaults are typical NCCL figures
     (a few µs per step over NVLink, ~10 µs over InfiniBand); :mod:`mindpipe.simulator.perf` fits them to
     measurements and calibration refits them for gloo.
     """
@@ -322,8 +321,7 @@ class AlphaBetaCommModel:
 
     def latency_s(self, op: str, group_size: int, link: str) -> float:
         """Latency steps × per-step latency of the link."""
-        steps = {"allreduce": 2 * (group_size - 1), "reducescatter": group_size - 1, "allgather": group_size - 1}.get(op, 1)
-        return max(steps, 1) * self.step_latency_s[link]
+        return max(ring_steps(op, group_size), 1) * self.step_latency_s[link]
 
     def efficiency(self, op: str, nbytes: int, group_size: int, link: str) -> float:
         """Constant achieved fraction of the link bandwidth."""
@@ -332,7 +330,6 @@ class AlphaBetaCommModel:
 
 __all__ = [
     "DTYPE_BYTES",
-    "LINKS",
     "AlphaBetaCommModel",
     "Collective",
     "CommModel",

@@ -42,9 +42,9 @@ from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.config import stage_layers as plan_stage_layers
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import BLOCK_POLICIES, BlockPolicy, block_policies
 
 GIB = 2**30
-ACTIVATION_POLICIES = ("keep", "recompute", "swap")
 # Bool dropout mask of CUDA's fused dropout (Korthikanti et al. §4.1 count 1 byte per element).
 GPU_MASK_BYTES = 1
 # Embedding backward needs the token ids: int64 (Megatron's calculator counts 8·s·b per micro-batch).
@@ -62,18 +62,12 @@ OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12}
 GPU_RESERVED_BYTES = 1 * GIB
 
 
-def _recompute_level(plan: Plan, policy: str | None) -> str:
-    """``none``, ``selective``, ``full`` or ``swap`` for one block under ``policy``."""
-    if policy is None:
-        return plan.recompute
-    if policy == "keep":
-        # Keep = store what the plan stores: selective stays selective, full becomes none (vPipe).
-        return plan.recompute if plan.recompute != "full" else "none"
-    if policy == "recompute":
-        return "full"
-    if policy == "swap":
-        return "swap"
-    raise ContractError("plan", "layer_memory_policy", f"policy {policy!r} is not one of {', '.join(ACTIVATION_POLICIES)}")
+def _level(plan: Plan, policy: str | None) -> BlockPolicy:
+    """The block policy ``policy`` names (:mod:`mindpipe.traces.layout`), or the plan's recompute level."""
+    level = plan.recompute if policy is None else policy
+    if level not in BLOCK_POLICIES:
+        raise ContractError("plan", "layer_memory_policy", f"policy {level!r} is not one of {', '.join(BLOCK_POLICIES)}")
+    return level  # type: ignore[return-value]
 
 
 def _mask_bytes(model: Model, mask_bytes: int | None) -> int:
@@ -87,7 +81,7 @@ def activation_bytes_per_layer(
     model: Model,
     plan: Plan,
     *,
-    policy: str | None = None,
+    policy: BlockPolicy | None = None,
     seq_len: int | None = None,
     mask_bytes: int | None = None,
 ) -> float:
@@ -96,15 +90,16 @@ def activation_bytes_per_layer(
     Args:
         model: The model (h, a, f, dropout).
         plan: Micro-batch size, TP degree, sequence parallelism, recompute level, precision.
-        policy: Per-block override: ``keep`` (the plan's level, full recompute counted as none),
-            ``recompute`` (full) or ``swap`` (0 on device; vPipe moves it to the host).
+        policy: The block's policy (:func:`mindpipe.traces.layout.block_policies`): ``none``,
+            ``selective``, ``full`` or ``swap`` (0 on device; vPipe moves it to the host); None
+            means the plan's recompute level.
         seq_len: Sequence length if not the model's.
         mask_bytes: Bytes per dropout-mask element (default 1, a GPU's bool mask).
 
     Returns:
         Bytes (a float: shards of odd sizes are averaged over ranks).
     """
-    level = _recompute_level(plan, policy)
+    level = _level(plan, policy)
     if level == "swap":
         return 0.0
     s, b, h, a = seq_len or model.seq_len, plan.micro_batch_size, model.hidden_size, model.num_heads
@@ -208,6 +203,69 @@ def _check(model: Model, plan: Plan, schedule: Schedule, stage_layers: list[int]
         fail("layer_memory_policy", f"{len(plan.layer_memory_policy)} entries for num_layers={model.num_layers}")
 
 
+@dataclass(frozen=True)
+class _StageTerms:
+    """What one virtual stage adds to its rank's memory (see :func:`stage_memory`)."""
+
+    per_microbatch_bytes: float  # activations held per in-flight micro-batch
+    params: float  # parameters on one device
+    largest_layer_params: float  # ZeRO-3 gathers the layer being computed whole
+    transient_bytes: float  # one block's full activations while recomputed or swapped back
+
+
+class _StageMemoryModel:
+    """The per-stage and per-rank arithmetic of :func:`stage_memory` and :func:`block_caps`."""
+
+    def __init__(self, model: Model, plan: Plan, device: DeviceSpec, reserved_bytes: float | None,
+                 seq_len: int | None) -> None:
+        self.model, self.plan, self.device, self.seq_len = model, plan, device, seq_len
+        cpu = device.kind == "cpu"
+        self.mask = DTYPE_BYTES[plan.precision] if cpu else GPU_MASK_BYTES
+        self.reserve = (0.0 if cpu else GPU_RESERVED_BYTES) if reserved_bytes is None else reserved_bytes
+        self.params = {kind: n for _, kind, n in layer_params(model, plan.tp)}
+        self._block: dict[BlockPolicy, float] = {}
+
+    def block(self, policy: BlockPolicy) -> float:
+        """Bytes one block keeps per micro-batch under ``policy``."""
+        if policy not in self._block:
+            self._block[policy] = activation_bytes_per_layer(self.model, self.plan, policy=policy,
+                                                             seq_len=self.seq_len, mask_bytes=self.mask)
+        return self._block[policy]
+
+    def stage(self, policies: list[BlockPolicy], has_embedding: bool, has_head: bool) -> _StageTerms:
+        """Terms of a stage holding blocks with ``policies`` (and the embedding and/or head)."""
+        model, plan, params = self.model, self.plan, self.params
+        acts = sum(self.block(p) for p in policies)
+        layers = [params["block"]] * len(policies)
+        if has_embedding:
+            acts += embedding_activation_bytes(model, plan, seq_len=self.seq_len, mask_bytes=self.mask)
+            layers.append(params["embedding"])
+        if has_head:
+            acts += head_activation_bytes(model, plan, seq_len=self.seq_len)
+            layers += [params["final_norm"], params["lm_head"]]
+        redone = any(p in ("full", "swap") for p in policies)
+        return _StageTerms(acts, sum(layers), max(layers, default=0), self.block("none") if redone else 0.0)
+
+    def rank(self, rank: int, terms: dict[int, _StageTerms], in_flight: list[dict[int, int]]) -> RankMemory:
+        """Peak memory of a pipeline rank holding the stages of ``terms`` (virtual stage → terms).
+
+        ``in_flight`` is the rank's :meth:`Schedule.in_flight_timeline`: micro-batches held per stage
+        after each of its actions.
+        """
+        plan = self.plan
+        acts = max((sum(c * terms[s].per_microbatch_bytes for s, c in held.items()) for held in in_flight), default=0.0)
+        weights, grads, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
+        # The re-materialised block sits on top of the peak: in 1F1B's steady state the oldest
+        # micro-batch's backward runs while the newest forward's activations are still held.
+        other = self.reserve + max((t.transient_bytes for t in terms.values()), default=0.0)
+        if plan.zero_stage == 3 and plan.dp > 1:
+            # FSDP-style: the layer being computed and the prefetched next one are gathered whole.
+            other += 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision]
+        total = weights + grads + optim + acts + other
+        cap = float(self.device.memory_capacity_bytes)
+        return RankMemory(rank, weights, grads, optim, acts, other, total, cap, total <= cap)
+
+
 def stage_memory(
     model: Model,
     plan: Plan,
@@ -221,11 +279,11 @@ def stage_memory(
     """Peak memory of every pipeline rank under ``schedule``.
 
     Activations: stage s holds, per in-flight micro-batch, its blocks' bytes (each under its
-    ``plan.layer_memory_policy`` entry, else the plan's recompute) plus the embedding extras on
-    stage 0 and the head extras on the last stage. A rank's peak is the maximum over its action
-    order of Σ_s in_flight_s × bytes_s (:meth:`Schedule.in_flight_timeline`), so unequal chunks
-    and V placements are weighted right; for 1F1B stage s of p holds min(p − s, m) micro-batches,
-    and the first stage holds L × per-layer bytes for any p (Korthikanti §4.3).
+    policy, :func:`mindpipe.traces.layout.block_policies`) plus the embedding extras on stage 0 and
+    the head extras on the last stage. A rank's peak is the maximum over its action order of
+    Σ_s in_flight_s × bytes_s (:meth:`Schedule.in_flight_timeline`), so unequal chunks and V
+    placements are weighted right; for 1F1B stage s of p holds min(p − s, m) micro-batches, and
+    the first stage holds L × per-layer bytes for any p (Korthikanti §4.3).
 
     Args:
         model, plan: The model and plan.
@@ -240,58 +298,48 @@ def stage_memory(
         ContractError: stage layers or policies that do not match the model, plan and schedule.
     """
     _check(model, plan, schedule, stage_layers)
-    cpu = device.kind == "cpu"
-    mask = DTYPE_BYTES[plan.precision] if cpu else GPU_MASK_BYTES
-    reserve = (0.0 if cpu else GPU_RESERVED_BYTES) if reserved_bytes is None else reserved_bytes
-    policies: list[str | None] = [None] * model.num_layers
-    if plan.layer_memory_policy is not None:
-        policies = list(plan.layer_memory_policy)
-    cache: dict[str | None, float] = {}
-
-    def block(policy: str | None) -> float:
-        if policy not in cache:
-            cache[policy] = activation_bytes_per_layer(model, plan, policy=policy, seq_len=seq_len, mask_bytes=mask)
-        return cache[policy]
-
-    params = {kind: n for _, kind, n in layer_params(model, plan.tp)}
+    mm = _StageMemoryModel(model, plan, device, reserved_bytes, seq_len)
+    policies = block_policies(plan, model.num_layers)
     last = schedule.num_stages - 1
-    per_mb: list[float] = []
-    stage_params: list[float] = []
-    largest_layer: list[float] = []  # params of the largest layer, for ZeRO-3's gathered weights
-    transient: list[float] = []  # one block's full activations while recomputed or swapped in
+    terms: list[_StageTerms] = []
     first = 0
     for s, n in enumerate(stage_layers):
-        own = policies[first:first + n]
+        terms.append(mm.stage(policies[first:first + n], s == 0, s == last))
         first += n
-        acts = sum(block(p) for p in own)
-        layers = [params["block"]] * n
-        if s == 0:
-            acts += embedding_activation_bytes(model, plan, seq_len=seq_len, mask_bytes=mask)
-            layers.append(params["embedding"])
-        if s == last:
-            acts += head_activation_bytes(model, plan, seq_len=seq_len)
-            layers += [params["final_norm"], params["lm_head"]]
-        per_mb.append(acts)
-        stage_params.append(sum(layers))
-        largest_layer.append(max(layers, default=0))
-        redone = any(_recompute_level(plan, p) in ("full", "swap") for p in own)
-        transient.append(block("keep") if redone else 0.0)
+    return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.in_flight_timeline(r))
+            for r in range(schedule.pp)]
 
+
+def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule, *,
+               reserved_bytes: float | None = None) -> list[int] | None:
+    """Most blocks each stage can hold in device memory, for a partitioner; None when not separable.
+
+    With one stage per rank and one policy for every block, a rank's total in :func:`stage_memory`
+    is affine in its block count n ≥ 1 (model states and held activations grow by one block's
+    worth per block), so the cap is read off the same arithmetic at n = 1 and n = 2. Several chunks
+    per rank couple their stages, and per-block policies depend on where the cut falls: None there
+    (the memory check after partitioning still decides).
+    """
+    if plan.virtual_stages != 1 or plan.layer_memory_policy is not None:
+        return None
+    mm = _StageMemoryModel(model, plan, device, reserved_bytes, None)
+    policy = block_policies(plan, 1)[0]
+    cap = float(device.memory_capacity_bytes)
+    last = schedule.num_stages - 1
     out = []
-    for r in range(schedule.pp):
-        stages = schedule.stages_of_rank(r)
-        timeline = schedule.in_flight_timeline(r)
-        acts = max((sum(c * per_mb[s] for s, c in held.items()) for held in timeline), default=0.0)
-        weights, grads, optim = model_state_bytes(sum(stage_params[s] for s in stages), plan)
-        # The re-materialised block sits on top of the peak: in 1F1B's steady state the oldest
-        # micro-batch's backward runs while the newest forward's activations are still held.
-        other = reserve + max((transient[s] for s in stages), default=0.0)
-        if plan.zero_stage == 3 and plan.dp > 1:
-            # FSDP-style: the layer being computed and the prefetched next one are gathered whole.
-            other += 2 * max(largest_layer[s] for s in stages) * DTYPE_BYTES[plan.precision]
-        total = weights + grads + optim + acts + other
-        cap = float(device.memory_capacity_bytes)
-        out.append(RankMemory(r, weights, grads, optim, acts, other, total, cap, total <= cap))
+    for s in range(schedule.num_stages):
+        timeline = schedule.in_flight_timeline(schedule.stage_to_rank[s])
+
+        def total(n: int, s: int = s, timeline: list[dict[int, int]] = timeline) -> float:
+            return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last)}, timeline).total_bytes
+
+        one, two = total(1), total(2)
+        if one > cap:
+            out.append(0)
+        elif two <= one:
+            out.append(model.num_layers)
+        else:
+            out.append(min(model.num_layers, 1 + int((cap - one) // (two - one))))
     return out
 
 
@@ -321,11 +369,11 @@ def fits_in_memory(
 
 
 __all__ = [
-    "ACTIVATION_POLICIES",
     "GPU_RESERVED_BYTES",
     "OPTIMIZER_BYTES",
     "RankMemory",
     "activation_bytes_per_layer",
+    "block_caps",
     "embedding_activation_bytes",
     "fits_in_memory",
     "head_activation_bytes",

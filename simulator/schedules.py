@@ -28,11 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-from mindpipe.simulator.actions import Action, Schedule, loop_stage_to_rank, v_stage_to_rank
+from mindpipe.simulator.actions import Action, Schedule
+from mindpipe.traces.config import V_SCHEDULES
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import loop_stage_to_rank, v_stage_to_rank
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
-_V_PLACED = ("zbv", "dualpipev")
 
 _Orders = tuple[tuple[Action, ...], ...]
 
@@ -193,7 +194,7 @@ def _check(name: str, pp: int, m: int, v: int) -> None:
         fail("virtual_stages", f"virtual_stages={v} must be >= 1")
     if name in ("gpipe", "1f1b", "zb_h1") and v != 1:
         fail("virtual_stages", f"schedule {name!r} needs virtual_stages=1, got {v}")
-    if name in _V_PLACED and v != 2:
+    if name in V_SCHEDULES and v != 2:
         fail("virtual_stages", f"schedule {name!r} needs virtual_stages=2, got {v}")
     if name == "interleaved_1f1b" and m % pp:
         # Megatron asserts this; the micro-batch ↔ chunk mapping assumes whole groups of pp.
@@ -237,7 +238,7 @@ def build_schedule(name: str, pp: int, num_microbatches: int, virtual_stages: in
     """
     _check(name, pp, num_microbatches, virtual_stages)
     n_st = pp * virtual_stages
-    placement = v_stage_to_rank(pp, n_st) if name in _V_PLACED else loop_stage_to_rank(pp, n_st)
+    placement = v_stage_to_rank(pp, n_st) if name in V_SCHEDULES else loop_stage_to_rank(pp, n_st)
     orders = _orders(name, pp, num_microbatches, virtual_stages)
     return Schedule(name, pp, num_microbatches, n_st, placement, [list(o) for o in orders])
 

@@ -23,25 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mindpipe.simulator.collectives import link_type_capacities, wire_factor
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Plan
 
 AXES = ("tp", "dp", "pp")
-RING_FACTOR = {"allreduce": lambda k: 2 * (k - 1) / k, "reducescatter": lambda k: (k - 1) / k,
-               "allgather": lambda k: (k - 1) / k, "p2p": lambda k: 1.0, "broadcast": lambda k: 1.0}
-# Loopback bandwidth between CPU ranks when nothing better is known (gloo over TCP on lo is a few
-# GB/s on a small VM); calibration (issue 7) replaces it with a fitted figure.
-DEFAULT_LOCAL_GBPS = 2.0
-
-
-def link_type_capacities(cluster: Cluster, device: DeviceSpec) -> dict[str, float]:
-    """Bytes/s (one direction) of one link of each type: a device's NVLink port, a node's NIC
-    (all its NICs together), the loopback of a CPU node, a device's PCIe link."""
-    nv = cluster.intra_node_bandwidth_GBps or device.nvlink_bandwidth_unidirectional_GBps or device.pcie_bandwidth_GBps
-    nic_gbps = cluster.inter_node_bandwidth_Gbps or device.nic_bandwidth_Gbps * cluster.gpus_per_node
-    return {"nvlink": nv * 1e9, "nic": nic_gbps * 1e9 / 8,
-            "local": (cluster.intra_node_bandwidth_GBps or DEFAULT_LOCAL_GBPS) * 1e9,
-            "pcie": device.pcie_bandwidth_GBps * 1e9}
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,10 +157,9 @@ class Topology:
         n0 = self.node(rep)
         nodes = sorted({self.node(g) for g in members})
         g_local = sum(1 for g in members if self.node(g) == n0)
-        ring = RING_FACTOR[op]
         if len(nodes) == 1:
             nxt = members[1]
-            flow = self._intra(rep, nxt, ring(size) * nbytes * count)
+            flow = self._intra(rep, nxt, wire_factor(op, size) * nbytes * count)
             return [Phase(op, size, flow.link_type, (flow,), nbytes, count)]
         phases: list[Phase] = []
         n_nodes = len(nodes)
@@ -184,16 +169,29 @@ class Topology:
         if g_local > 1 and op in ("allreduce", "reducescatter"):
             flow = self._intra(rep, members[1], (g_local - 1) / g_local * nbytes * count)
             phases.append(Phase("reducescatter", g_local, flow.link_type, (flow,), nbytes, count))
-        inter = FlowSpec((("nicout", n0), ("nicin", n0)), ring(n_nodes) * nbytes * count, (mult, mult), "nic")
+        inter = FlowSpec((("nicout", n0), ("nicin", n0)), wire_factor(op, n_nodes) * nbytes * count, (mult, mult), "nic")
         phases.append(Phase(op, n_nodes, "nic", (inter,), nbytes / g_local, count))
         if g_local > 1 and op in ("allreduce", "allgather"):
             flow = self._intra(rep, members[1], (g_local - 1) / g_local * nbytes * count)
             phases.append(Phase("allgather", g_local, flow.link_type, (flow,), nbytes, count))
         return phases
 
+    def _share_Bps(self, phases: list[Phase]) -> float:
+        """Per-flow bandwidth of the slowest link the phases cross (a link's capacity over its flows)."""
+        return min((self.link_capacity(link) / mult for ph in phases for f in ph.flows
+                    for link, mult in zip(f.links, f.multiplicity, strict=True)), default=0.0)
+
+    def p2p_bandwidth_Bps(self, src_pp: int, dst_pp: int) -> float:
+        """Bytes/s one device gets for a pipeline send from ``src_pp`` to ``dst_pp`` (all replicas sending)."""
+        return self._share_Bps(self.p2p(src_pp, dst_pp, 1.0))
+
+    def group_bandwidth_Bps(self, axis: str, pp_rank: int) -> float:
+        """Bytes/s one device gets on the slowest link of its ``axis`` ring (0 for a group of one)."""
+        return self._share_Bps(self.collective("allreduce", 1.0, axis, pp_rank))
+
     def swap(self, pp_rank: int, nbytes: float) -> list[Phase]:
         """Host↔device copy over the device's PCIe link (vPipe's swap)."""
         return [Phase("p2p", 1, "pcie", (FlowSpec((("pcie", self.rep(pp_rank)),), nbytes, (1,), "pcie"),), nbytes)]
 
 
-__all__ = ["FlowSpec", "Phase", "Topology", "link_type_capacities"]
+__all__ = ["FlowSpec", "Phase", "Topology"]

@@ -8,7 +8,7 @@ more than one document (plan vs model vs cluster) live in :func:`check_plan`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import check_format_version
@@ -168,6 +168,37 @@ class Cluster:
 
 
 @dataclass
+class MadeFor:
+    """What a plan was made for: ``mindpipe tune`` writes it into ``best_plan.json``.
+
+    ``mindpipe run`` takes the model from here when ``--model`` is not given, and refuses a run
+    that does not match (another model, another number of devices) with the reason stated here.
+
+    Attributes:
+        model: The model the plan was tuned for.
+        cluster: The cluster it was tuned for (device, nodes, devices per node).
+        tool: What wrote it.
+        trace: The trace the tuner priced compute with (its file or name and a content hash), if any.
+        calibration: The calibration it was tuned with (file and content hash), if any.
+        what_if: Plan keys set to values only the simulator models (what-if knobs): the executor
+            does not carry them out, so a run of this plan will not match its simulation there.
+    """
+
+    model: Model
+    cluster: Cluster
+    tool: str = "mindpipe tune"
+    trace: str | None = None
+    calibration: str | None = None
+    what_if: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """E.g. ``gpt-13b on a100-sxm4-80gb:8x8 (64 devices)``."""
+        c = self.cluster
+        where = c.name or f"{c.gpu}:{c.num_nodes}x{c.gpus_per_node}"
+        return f"{self.model.label} on {where} ({c.world_size} device{'s' if c.world_size != 1 else ''})"
+
+
+@dataclass
 class Plan:
     """How to parallelise one training iteration.
 
@@ -176,7 +207,8 @@ class Plan:
     ``recompute``. ``comm_priority`` ``pp_first`` gives pipeline p2p traffic priority on shared
     links; ``overlap_grad_reduce`` issues data-parallel gradient buckets during the last backward
     (Megatron ``--overlap-grad-reduce``); ``rank_order`` lays global ranks out over the mesh axes,
-    innermost first (Megatron: ``tp-dp-pp``, so TP stays inside a node).
+    innermost first (Megatron: ``tp-dp-pp``, so TP stays inside a node). ``made_for`` names the
+    model and cluster a tuned plan was made for (:class:`MadeFor`); hand-written plans leave it out.
     """
 
     dp: int = 1
@@ -195,6 +227,7 @@ class Plan:
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
+    made_for: MadeFor | None = None
     format_version: int = PLAN_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -310,6 +343,7 @@ __all__ = [
     "RECOMPUTE",
     "SCHEDULES",
     "Cluster",
+    "MadeFor",
     "Model",
     "Plan",
     "check_plan",

@@ -11,7 +11,6 @@ import time
 import traceback
 from typing import Any
 
-from mindpipe.simulator.api import SimulationOptions, simulate
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import to_dict
 from mindpipe.tuner.materialize import Problem, materialize
@@ -40,7 +39,8 @@ def evaluate(problem: Problem, point: Point) -> dict[str, Any]:
     record: dict[str, Any] = {"key": point_key(point), "point": dict(point), "plan": None, "status": OK,
                               "simulated": False, "metrics": {}, "message": ""}
     try:
-        mat = materialize(problem, point)
+        sim = problem.simulator()
+        mat = materialize(problem, point, sim)
         record["plan"] = to_dict(mat.plan)
         record["metrics"]["peak_memory_gib"] = mat.peak_memory_gib
         if not mat.fits:
@@ -49,8 +49,7 @@ def evaluate(problem: Problem, point: Point) -> dict[str, Any]:
             record["message"] = (f"rank {worst.rank} needs {worst.total_bytes / 2**30:.1f} GiB of "
                                  f"{worst.capacity_bytes / 2**30:.1f} GiB")
         else:
-            result = simulate(problem.model, problem.cluster, mat.plan, SimulationOptions(trace=problem.trace,
-                                                                                        calibration=problem.calibration))
+            result = sim.run(mat.plan)
             record["simulated"] = True
             record["metrics"] = {k: getattr(result, k) for k in RESULT_FIELDS}
             record["metrics"]["exposed_dp_comm_s"] = result.extra.get("exposed_dp_comm_s")

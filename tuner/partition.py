@@ -27,10 +27,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from mindpipe.simulator.build import stage_recompute
 from mindpipe.simulator.costs import LayerCost
-from mindpipe.traces.catalog import DeviceSpec
-from mindpipe.traces.config import Cluster, Plan, even_partition
+from mindpipe.traces.config import Plan, even_partition
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import BlockPolicy, block_policies
 
 
 def _split(costs: Sequence[LayerCost]) -> tuple[list[LayerCost], list[LayerCost], list[LayerCost]]:
@@ -40,11 +41,13 @@ def _split(costs: Sequence[LayerCost]) -> tuple[list[LayerCost], list[LayerCost]
     return head, blocks, tail
 
 
-def schedule_load(c: LayerCost, recompute: str) -> float:
-    """Compute time of one layer per micro-batch under a schedule: F + I + W (+ the re-run forward)."""
-    extra = 0.0
-    if c.kind == "block":
-        extra = c.forward_s if recompute == "full" else c.recompute_selective_s if recompute == "selective" else 0.0
+def schedule_load(c: LayerCost, policy: BlockPolicy = "none") -> float:
+    """Compute time of one layer per micro-batch under a schedule: F + I + W (+ the re-run forward).
+
+    ``policy`` is the block's activation policy (:mod:`mindpipe.traces.layout`); the re-run part
+    is :func:`mindpipe.simulator.build.stage_recompute`'s, the engine's own rule.
+    """
+    extra = stage_recompute([c], [policy])[0] if c.kind == "block" else 0.0
     return c.forward_s + c.backward_input_s + c.backward_weight_s + extra
 
 
@@ -198,13 +201,13 @@ def refine_for_ranks(partition: list[int], loads: Sequence[float], first: float,
     return part
 
 
-def balanced_partition(costs: Sequence[LayerCost], num_stages: int, recompute: str,
+def balanced_partition(costs: Sequence[LayerCost], num_stages: int, policies: Sequence[BlockPolicy],
                        stage_to_rank: Sequence[int] | None = None, caps: Sequence[int] | None = None) -> list[int]:
-    """The ``balanced`` rule (module docstring) over a model's per-layer costs."""
+    """The ``balanced`` rule (module docstring) over a model's per-layer costs and block policies."""
     head, blocks, tail = _split(costs)
-    loads = [schedule_load(c, recompute) for c in blocks]
-    first = sum(schedule_load(c, recompute) for c in head)
-    last = sum(schedule_load(c, recompute) for c in tail)
+    loads = [schedule_load(c, p) for c, p in zip(blocks, policies, strict=True)]
+    first = sum(schedule_load(c) for c in head)
+    last = sum(schedule_load(c) for c in tail)
     part = minmax_partition(loads, num_stages, first, last, caps)
     if stage_to_rank is not None and len(set(stage_to_rank)) < num_stages:
         part = refine_for_ranks(part, loads, first, last, stage_to_rank, caps)
@@ -267,21 +270,6 @@ def pipedream_partition(costs: Sequence[LayerCost], num_stages: int, *, num_micr
 # -- dispatch -------------------------------------------------------------------------------------
 
 
-def link_bandwidths(plan: Plan, cluster: Cluster, device: DeviceSpec) -> tuple[float, float]:
-    """(pipeline p2p, data-parallel) bytes/s per device under Megatron's tp-dp-pp rank order.
-
-    Pipeline neighbours sit tp·dp ranks apart, on another node once that reaches a node's size;
-    a data-parallel group spans nodes when tp·dp exceeds it. NVLink (one direction) inside a
-    node, the device's NIC share across nodes; 0 where the catalog has no such link.
-    """
-    nvlink = device.nvlink_bandwidth_unidirectional_GBps * 1e9
-    nic = device.nic_bandwidth_Gbps * 1e9 / 8
-    per_node = cluster.gpus_per_node
-    p2p = nic if plan.tp * plan.dp >= per_node and cluster.num_nodes > 1 else nvlink
-    dpb = nic if plan.tp * plan.dp > per_node else nvlink
-    return p2p, dpb
-
-
 def make_partition(name: str, costs: Sequence[LayerCost], plan: Plan, *, num_layers: int,
                    stage_to_rank: Sequence[int] | None = None, bandwidths: tuple[float, float] = (0.0, 0.0),
                    caps: Sequence[int] | None = None) -> list[int]:
@@ -308,13 +296,12 @@ def make_partition(name: str, costs: Sequence[LayerCost], plan: Plan, *, num_lay
                                    p2p_Bps=bandwidths[0], dp_Bps=bandwidths[1],
                                    grad_bytes_per_param=2 if plan.precision == "fp16" else 4)
     if name == "balanced":
-        return balanced_partition(costs, stages, plan.recompute, stage_to_rank, caps)
+        return balanced_partition(costs, stages, block_policies(plan, num_layers), stage_to_rank, caps)
     raise ContractError("partition", "partitioner", f"partitioner={name!r} is not one of balanced, pipedream, even")
 
 
 __all__ = [
     "balanced_partition",
-    "link_bandwidths",
     "make_partition",
     "minmax_partition",
     "pipedream_partition",

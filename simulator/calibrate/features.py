@@ -31,35 +31,44 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from mindpipe.simulator.build import assign_layers, build_work
+from mindpipe.simulator.build import assign_layers, build_work, stage_recompute
 from mindpipe.simulator.calibrate.models import ReferenceOpTime, backend_of, host_terms, tp_wire_bytes
 from mindpipe.simulator.costs import Collective, LayerCost, op_layer_costs
 from mindpipe.simulator.ops import Op
-from mindpipe.simulator.schedules import build_schedule
 from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.traces.calibration import OP_KINDS
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.layout import BlockPolicy, block_policies, stage_layout, stage_to_rank
 from mindpipe.traces.measured import ActionRecord
 
 FEATURES = (*OP_KINDS, "ops", "tp_ops", "tp_bytes")
 HOST_FEATURES = ("step", "ops", "comm_steps", "comm_bytes")
 
 
-def _stage_sums(layers: list[LayerCost], plan: Plan) -> dict[str, float]:
-    """Per action kind, the summed phase value of a stage's layers (recompute added to B and I)."""
+def _stage_sums(layers: list[LayerCost], policies: list[BlockPolicy]) -> dict[str, float]:
+    """Per action kind, the summed phase value of a stage's layers (the re-run forward added to B and I).
+
+    ``policies`` are the stage's blocks' policies; the re-run part is the engine's own rule
+    (:func:`mindpipe.simulator.build.stage_recompute`).
+    """
     f = sum(c.forward_s for c in layers)
     i = sum(c.backward_input_s for c in layers)
     w = sum(c.backward_weight_s for c in layers)
-    blocks = [c for c in layers if c.kind == "block"]
-    re = {"full": sum(c.forward_s for c in blocks), "selective": sum(c.recompute_selective_s for c in blocks)}.get(
-        plan.recompute, 0.0)
+    re = stage_recompute(layers, policies)[0]
     return {"F": f, "B": re + i + w, "I": re + i, "W": w}
+
+
+def _stage_policies(model: Model, plan: Plan) -> list[list[BlockPolicy]]:
+    """The block policies of each virtual stage (:mod:`mindpipe.traces.layout`)."""
+    policies = block_policies(plan, model.num_layers)
+    return [[policies[b] for b in span.blocks] for span in stage_layout(plan, model)]
 
 
 def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tuple[int, str], list[float]]:
     """Feature vector (``FEATURES`` order) of every (virtual stage, action kind) of ``plan``."""
     per_feature: list[list[dict[str, float]]] = []
+    policies = _stage_policies(model, plan)
     for feature in FEATURES[:-1]:
 
         def price(ops: Sequence[Op], feature: str = feature) -> tuple[float, float, float, float]:
@@ -78,7 +87,7 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
             return out["forward"], out["backward_input"], out["backward_weight"], core
 
         stages = assign_layers(op_layer_costs(model, plan, price), model, plan)
-        per_feature.append([_stage_sums(layers, plan) for layers in stages])
+        per_feature.append([_stage_sums(layers, pol) for layers, pol in zip(stages, policies, strict=True)])
     n_stages = len(per_feature[0])
     colls = action_collectives(model, plan)
     out = {(s, kind): [per_feature[k][s][kind] for k in range(len(FEATURES) - 1)]
@@ -103,10 +112,10 @@ def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[C
     """Tensor-parallel collectives issued inside each (virtual stage, action kind)."""
     stages = stage_structure(model, plan)
     out: dict[tuple[int, str], list[Collective]] = {}
-    for s, layers in enumerate(stages):
+    for s, (layers, policies) in enumerate(zip(stages, _stage_policies(model, plan), strict=True)):
         fwd = [c for layer in layers for c in layer.forward_comm]
         bwd = [c for layer in layers for c in layer.backward_comm]
-        re = [c for layer in layers if layer.kind == "block" for c in layer.forward_comm] if plan.recompute == "full" else []
+        re = stage_recompute(layers, policies)[1]
         out[(s, "F")] = fwd
         out[(s, "B")] = out[(s, "I")] = re + bwd
         out[(s, "W")] = []
@@ -131,7 +140,7 @@ def rank_host_features(model: Model, plan: Plan, cluster: Cluster, device: Devic
     """
     backend = backend_of(device)
     topo = Topology(plan, cluster, device, rank_order=plan.rank_order)
-    owner = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages).stage_to_rank
+    owner = stage_to_rank(plan)
     stages, ranks, _ = build_work(model, plan, stage_structure_costs(model, plan), _NoOptimizer(), topo,  # type: ignore[arg-type]
                                   owner)
     last = len(stages) - 1

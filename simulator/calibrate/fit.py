@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.build import optimizer_shard, rank_params
 from mindpipe.simulator.calibrate.features import (
     FEATURES,
     HOST_FEATURES,
@@ -51,9 +52,7 @@ from mindpipe.simulator.calibrate.features import (
 )
 from mindpipe.simulator.calibrate.models import ReferenceOpTime, as_run
 from mindpipe.simulator.calibrate.runs import MeasuredRun, profiled_steps
-from mindpipe.simulator.costs import layer_params
-from mindpipe.simulator.perf.nccl import ring_steps, wire_bytes
-from mindpipe.simulator.schedules import build_schedule
+from mindpipe.simulator.collectives import ring_steps, wire_bytes
 from mindpipe.traces.calibration import (
     OP_KINDS,
     Calibration,
@@ -62,6 +61,7 @@ from mindpipe.traces.calibration import (
     LinkCalibration,
 )
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import stage_to_rank
 from scipy.optimize import lsq_linear, nnls
 
 # A group's transfer time: this quantile of its events (0: the fastest, where nobody waited).
@@ -191,16 +191,11 @@ def _tp_comm_s(colls, plan, link: LinkCalibration | None, backend: str) -> float
                + wire_bytes(as_run(c.op, backend), c.nbytes, plan.tp) / link.bandwidth_Bps for c in colls)
 
 
-def _params_by_rank(run: MeasuredRun) -> dict[int, int]:
-    """Parameters each pipeline rank holds (after TP sharding; ZeRO shards over dp)."""
-    model, plan = run.model, run.plan
-    per_layer = {name: n for name, _, n in layer_params(model, plan.tp)}
-    stages = stage_structure(model, plan)
-    owner = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages).stage_to_rank
-    out: dict[int, int] = defaultdict(int)
-    for s, layers in enumerate(stages):
-        out[owner[s]] += sum(per_layer[c.name] for c in layers)
-    return {r: n // plan.dp if plan.zero_stage >= 1 else n for r, n in out.items()}
+def _params_by_rank(run: MeasuredRun) -> dict[int, float]:
+    """Parameters whose optimizer step each pipeline rank runs (the engine's own rules)."""
+    plan = run.plan
+    params = rank_params(stage_structure(run.model, plan), stage_to_rank(plan), plan.pp)
+    return {r: optimizer_shard(plan, n) for r, n in enumerate(params)}
 
 
 def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibration]],

@@ -23,11 +23,11 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mindpipe.simulator.collectives import link_type_capacities, ring_steps, wire_bytes
 from mindpipe.simulator.costs import Collective, CommModel, ComputeModel, LayerCost, op_layer_costs
 from mindpipe.simulator.ops import Op
 from mindpipe.simulator.perf.gpu import GpuComputeModel
-from mindpipe.simulator.perf.nccl import ring_steps, wire_bytes
-from mindpipe.simulator.topology import Phase, link_type_capacities
+from mindpipe.simulator.topology import Phase
 from mindpipe.traces.calibration import Calibration, ComputeCalibration, DeviceCalibration, LinkCalibration
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan

@@ -31,31 +31,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mindpipe.simulator.costs import LINKS
+from mindpipe.simulator.collectives import LINKS, OPS, ring_steps, wire_bytes
 from mindpipe.simulator.perf.constants import ConstantsFile, shipped_constants
 from mindpipe.traces.errors import ContractError
 
-OPS = ("allreduce", "reducescatter", "allgather", "p2p", "broadcast")
 LINK_KEYS = ("base_latency_s", "step_latency_s", "efficiency_max", "efficiency_group_penalty", "half_size_bytes",
              "shape_exponent")
 TREE_KEYS = ("tree.step_latency_s", "tree.bandwidth_factor", "tree.min_ranks")
-# Ring factor of bytes each rank sends, per op (nccl-tests PERFORMANCE.md).
-WIRE_FACTOR = {"allreduce": lambda k: 2 * (k - 1) / k, "reducescatter": lambda k: (k - 1) / k,
-               "allgather": lambda k: (k - 1) / k, "p2p": lambda k: 1.0, "broadcast": lambda k: 1.0}
-
-
-def ring_steps(op: str, k: int) -> int:
-    """Latency steps of the ring algorithm for ``op`` over ``k`` ranks."""
-    if op == "allreduce":
-        return 2 * (k - 1)
-    if op in ("reducescatter", "allgather", "broadcast"):
-        return k - 1
-    return 1
-
-
-def wire_bytes(op: str, nbytes: float, k: int) -> float:
-    """Bytes each rank sends for ``op`` of an ``nbytes`` buffer over ``k`` ranks (ring)."""
-    return WIRE_FACTOR[op](k) * nbytes if k > 1 or op == "p2p" else 0.0
 
 
 @dataclass(frozen=True)
@@ -191,4 +173,4 @@ def collective_time_s(op: str, nbytes: float, group_size: int, link: str, link_b
     return (model or NcclCommModel()).time_s(op, nbytes, group_size, link, link_bandwidth_Bps)
 
 
-__all__ = ["LINK_KEYS", "OPS", "TREE_KEYS", "LinkCurve", "NcclCommModel", "collective_time_s", "ring_steps", "wire_bytes"]
+__all__ = ["LINK_KEYS", "TREE_KEYS", "LinkCurve", "NcclCommModel", "collective_time_s"]

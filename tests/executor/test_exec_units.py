@@ -13,9 +13,10 @@ from mindpipe.executor.data import TokenSource
 from mindpipe.executor.distributed import mesh_shape
 from mindpipe.executor.launch import _first_error, torchrun_command
 from mindpipe.executor.precheck import resolve_schedule_source
-from mindpipe.executor.stages import block_ranges, build_stage_modules, head_major_qkv, local_stages, permute_qkv_for_tp
+from mindpipe.executor.stages import block_ranges, build_stage_modules, head_major_qkv, permute_qkv_for_tp
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import rank_stages as local_stages
 from mindpipe.traces.torch_gpt import build_gpt
 
 from .conftest import TINY

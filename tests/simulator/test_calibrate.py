@@ -24,7 +24,7 @@ from mindpipe.simulator.calibrate.fidelity import fidelity, plan_label, summary
 from mindpipe.simulator.calibrate.fit import calibrate, fit_comm
 from mindpipe.simulator.calibrate.models import CalibratedComputeModel, ReferenceOpTime, apply_calibration, host_terms
 from mindpipe.simulator.calibrate.runs import MeasuredRun
-from mindpipe.simulator.perf.nccl import ring_steps, wire_bytes
+from mindpipe.simulator.collectives import ring_steps, wire_bytes
 from mindpipe.simulator.topology import Topology
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.calibration import (

@@ -27,6 +27,7 @@ from mindpipe.simulator.schedules import build_schedule
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import LAYER_POLICY
 
 A100 = get_device("a100-sxm4-80gb")
 CPU = get_device("cpu")
@@ -74,11 +75,12 @@ def test_korthikanti_table2_exact(name, b, t):
     assert ours("none", True) == x / t * (34 + 5 * r)
     assert ours("selective", True) == 34 * x / t
     assert ours("full", True) == 2 * x / t
-    # Per-layer policies: keep = the plan's own level (not full), recompute = full, swap = nothing on device.
-    assert ours("selective", True, "keep") == 34 * x / t
-    assert ours("full", True, "keep") == x / t * (34 + 5 * r)
-    assert ours("none", True, "recompute") == 2 * x / t
-    assert ours("none", True, "swap") == 0
+    # vPipe's per-layer policies (traces.layout): keep = everything kept, whatever the plan's level;
+    # recompute = full; swap = nothing on device.
+    assert ours("selective", True, LAYER_POLICY["keep"]) == x / t * (34 + 5 * r)
+    assert ours("full", True, LAYER_POLICY["keep"]) == x / t * (34 + 5 * r)
+    assert ours("none", True, LAYER_POLICY["recompute"]) == 2 * x / t
+    assert ours("none", True, LAYER_POLICY["swap"]) == 0
 
 
 def test_headline_five_fold_reduction():
@@ -225,7 +227,7 @@ def test_layer_memory_policy_and_transients():
     base = Plan(pp=2, global_batch_size=2)
     plan = dataclasses.replace(base, layer_memory_policy=["keep", "recompute", "swap", "keep"])
     none = activation_bytes_per_layer(model, base)
-    full = activation_bytes_per_layer(model, base, policy="recompute")
+    full = activation_bytes_per_layer(model, base, policy="full")
     emb, head = embedding_activation_bytes(model, base), head_activation_bytes(model, base)
     mem = stage_memory(model, plan, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
     assert [rm.activations_bytes for rm in mem] == [2 * (none + full + emb), none + head]

@@ -96,13 +96,13 @@ def test_pipedream_matches_its_recurrence_by_brute_force(seed):
 def test_balanced_unloads_the_stage_with_the_lm_head():
     loads = [1.0] * 8
     costs = _costs(loads, first=0.2, last=4.0)
-    part = balanced_partition(costs, 2, "none")
+    part = balanced_partition(costs, 2, ["none"] * 8)
     assert part == [6, 2]  # 6 + 0.2 vs 2 + 4: the bottleneck drops from 8 (even, 4 + 4) to 6.2
     assert max(stage_loads(part, loads, 0.2, 4.0)) == pytest.approx(6.2)
     assert max(stage_loads(even_partition(8, 2), loads, 0.2, 4.0)) == pytest.approx(8.0)
     # Full recompute re-runs the blocks' forward (not the head's): blocks weigh 4/3 as much, so
     # the head is worth fewer blocks and the last stage takes one more.
-    assert balanced_partition(costs, 2, "full") == [5, 3]
+    assert balanced_partition(costs, 2, ["full"] * 8) == [5, 3]
 
 
 def test_refine_balances_ranks_with_several_chunks():

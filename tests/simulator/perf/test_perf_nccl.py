@@ -6,10 +6,11 @@ import math
 from pathlib import Path
 
 import pytest
+from mindpipe.simulator.collectives import ring_steps, wire_bytes
 from mindpipe.simulator.perf import NcclCommModel, collective_time_s, default_models
 from mindpipe.simulator.perf.constants import shipped_constants
 from mindpipe.simulator.perf.fit import fit_nvlink, mape, nccl_report, read_lut, read_luts
-from mindpipe.simulator.perf.nccl import LinkCurve, ring_steps, wire_bytes
+from mindpipe.simulator.perf.nccl import LinkCurve
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Cluster
 from mindpipe.traces.errors import ContractError

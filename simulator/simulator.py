@@ -1,0 +1,294 @@
+"""The :class:`Simulator`: built once from (model, cluster, trace, calibration), asked per plan.
+
+It owns everything a simulation needs that does not depend on the plan — the catalog device, the
+compute and communication models (hardware models, a trace, a calibration on top), the cluster as
+calibration sees it, the CPU core sharing and host overheads — and answers, per plan:
+
+* :meth:`~Simulator.layer_costs` — per-layer costs (cached on the plan fields that change them);
+* :meth:`~Simulator.memory` and :meth:`~Simulator.block_caps` — per-rank memory and per-stage
+  block caps (:mod:`mindpipe.simulator.memory`);
+* :meth:`~Simulator.topology` and :meth:`~Simulator.link_bandwidths` — placement, links and the
+  bandwidths a pipeline send and a data-parallel reduction get;
+* :meth:`~Simulator.run` — the event-driven simulation of one iteration (a
+  :class:`~mindpipe.traces.result.SimulationResult`).
+
+The tuner builds one per sweep (per worker process), calibration and the demo one per measured
+setup, the CLI's ``simulate`` and ``run`` one per command; :func:`mindpipe.simulator.api.simulate`
+is a thin wrapper for a single plan. Nobody re-derives these pieces.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindpipe.simulator.actions import Schedule
+from mindpipe.simulator.build import build_work
+from mindpipe.simulator.calibrate.models import apply_calibration
+from mindpipe.simulator.costs import DTYPE_BYTES, CommModel, ComputeModel, LayerCost, TraceComputeModel
+from mindpipe.simulator.energy import annual_intensity, energy_report, hourly_intensity
+from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult
+from mindpipe.simulator.memory import RankMemory, activation_bytes_per_layer, block_caps, stage_memory
+from mindpipe.simulator.network import FluidNetwork, Transfers
+from mindpipe.simulator.ops import model_flops_per_iteration
+from mindpipe.simulator.perf import default_models
+from mindpipe.simulator.schedules import build_schedule
+from mindpipe.simulator.topology import Topology
+from mindpipe.traces.calibration import Calibration
+from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.config import Cluster, Model, Plan, check_plan, stage_layers
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.result import SimulationResult
+from mindpipe.traces.trace import Trace
+
+GIB = 2**30
+# Plan fields that change per-layer costs (micro-batch shape, sharding, dtype); the cost cache key.
+COST_FIELDS = ("tp", "micro_batch_size", "sequence_parallel", "precision")
+
+
+@dataclass
+class HostModel:
+    """How a calibrated CPU host behaves outside the device models (see :class:`EngineOptions`).
+
+    Attributes:
+        cores_per_rank_slots: Ranks the host's cores run at full speed at once (None: dedicated devices).
+        step_overhead_s: Wall time per iteration outside the schedule and the optimizer.
+        step_host_s: Host CPU time per iteration on the shared cores, after the optimizer.
+        notes: What the calibration did and did not cover.
+    """
+
+    cores_per_rank_slots: float | None = None
+    step_overhead_s: float = 0.0
+    step_host_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+class Simulator:
+    """Simulations of many plans of one (model, cluster) under one set of models (module docstring).
+
+    Args:
+        model, cluster: What is simulated.
+        trace: Per-layer costs to use instead of the hardware compute model.
+        calibration: Constants fitted from measured runs (``mindpipe calibrate``): calibrated compute
+            (unless ``compute`` or ``trace`` is given) and communication (unless ``comm`` is given),
+            CPU core sharing and the host overheads.
+        compute: A compute model (overrides ``trace`` and the default).
+        comm: A communication model (default: the device's, or the calibration's).
+        catalog: A device catalog to look the cluster's device up in (default: shipped).
+        cores_per_rank_slots: Overrides the calibration's CPU core sharing.
+        step_overhead_s: Overrides the calibration's per-iteration overhead (when non-zero).
+    """
+
+    def __init__(self, model: Model, cluster: Cluster, *, trace: Trace | None = None,
+                 calibration: Calibration | None = None, compute: ComputeModel | None = None,
+                 comm: CommModel | None = None, catalog: dict[str, DeviceSpec] | None = None,
+                 cores_per_rank_slots: float | None = None, step_overhead_s: float = 0.0) -> None:
+        self.model = model
+        self.device = get_device(cluster.gpu, catalog)
+        self.trace = trace
+        self.calibration = calibration
+        hw_compute, hw_comm = default_models(self.device, cluster)
+        host = HostModel(cores_per_rank_slots, step_overhead_s)
+        if calibration is not None:
+            applied = apply_calibration(calibration, self.device, cluster, hw_compute, hw_comm)
+            cluster = applied.cluster
+            hw_compute = applied.compute or hw_compute
+            hw_comm = applied.comm or hw_comm
+            host = HostModel(cores_per_rank_slots if cores_per_rank_slots is not None else applied.cores_per_rank_slots,
+                             step_overhead_s or applied.step_overhead_s, applied.step_cpu_s, applied.notes)
+        self.cluster = cluster
+        self.host = host
+        self.compute: ComputeModel = compute or (TraceComputeModel(trace, fallback=hw_compute) if trace is not None
+                                                 else hw_compute)
+        self.comm: CommModel = comm or hw_comm
+        self._costs: dict[tuple[Any, ...], list[LayerCost]] = {}
+
+    # -- plan-level answers ------------------------------------------------------------------
+    def check(self, plan: Plan, source: str = "plan") -> None:
+        """Raise a ContractError unless ``plan`` fits the model and the cluster."""
+        check_plan(plan, self.model, self.cluster, source=source)
+
+    def schedule(self, plan: Plan) -> Schedule:
+        """The plan's schedule (per-rank action lists)."""
+        return build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+
+    def layer_costs(self, plan: Plan) -> list[LayerCost]:
+        """Per-layer costs under ``plan`` (shared, read-only: cached on :data:`COST_FIELDS`)."""
+        key = tuple(getattr(plan, k) for k in COST_FIELDS)
+        costs = self._costs.get(key)
+        if costs is None:
+            costs = self._costs[key] = self.compute.layer_costs(self.model, plan)
+        return costs
+
+    def memory(self, plan: Plan) -> list[RankMemory]:
+        """Peak memory of every pipeline rank (:func:`mindpipe.simulator.memory.stage_memory`)."""
+        return stage_memory(self.model, plan, self.device, self.schedule(plan), stage_layers(plan, self.model))
+
+    def refuse_unless_fits(self, plan: Plan, ranks_per_device: int = 1, source: str = "plan") -> list[float]:
+        """Per-rank peak memory in GiB; raise when a rank (times the ranks sharing its device) does not fit.
+
+        ``ranks_per_device`` ranks share one device's memory (CPU ranks on one host share its RAM).
+
+        Raises:
+            ContractError: naming the rank, the estimate with its parts, and the device's capacity.
+        """
+        ranks = self.memory(plan)
+        share = max(1, ranks_per_device)
+        for r in ranks:
+            if r.total_bytes * share > r.capacity_bytes:
+                g = r.gib()
+                shared = f" × {share} ranks sharing it" if share > 1 else ""
+                raise ContractError(source, None, (
+                    f"pipeline rank {r.rank} needs an estimated {r.total_gib:.2f} GiB{shared} (simulator memory "
+                    f"model: weights {g['weights_gib']:.2f}, gradients {g['gradients_gib']:.2f}, optimizer "
+                    f"{g['optimizer_gib']:.2f}, activations {g['activations_gib']:.2f}, other {g['other_gib']:.2f}) "
+                    f"but {self.device.name} has {r.capacity_bytes / GIB:.2f} GiB; raise pp, tp or zero_stage, "
+                    "recompute, or lower micro_batch_size"))
+        return [r.total_gib for r in ranks]
+
+    def block_caps(self, plan: Plan) -> list[int] | None:
+        """Most blocks each stage can hold (:func:`mindpipe.simulator.memory.block_caps`)."""
+        return block_caps(self.model, plan, self.device, self.schedule(plan))
+
+    def topology(self, plan: Plan) -> Topology:
+        """Placement of the plan's ranks on the cluster, and its links."""
+        return Topology(plan, self.cluster, self.device, rank_order=plan.rank_order)
+
+    def link_bandwidths(self, plan: Plan) -> tuple[float, float]:
+        """(pipeline send, data-parallel ring) bytes/s per device under the plan's placement.
+
+        The links a send between the representatives of pipeline ranks 0 and 1 crosses, and the
+        slowest link of pipeline rank 0's data-parallel ring (the node's NIC shared by its devices
+        when the ring spans nodes): cluster overrides and ``rank_order`` included.
+        """
+        topo = self.topology(plan)
+        p2p = topo.p2p_bandwidth_Bps(0, 1) if plan.pp > 1 else 0.0
+        return p2p, topo.group_bandwidth_Bps("dp", 0) if plan.dp > 1 else 0.0
+
+    # -- simulation ----------------------------------------------------------------------------
+    def run(self, plan: Plan, *, timeline: bool = False,
+            hourly: tuple[list[tuple[dt.datetime, float]], dt.datetime] | None = None,
+            extra: dict[str, Any] | None = None) -> SimulationResult:
+        """Simulate one iteration of ``plan``.
+
+        Args:
+            plan: The plan (checked against the model and the cluster).
+            timeline: Return every compute action and transfer in ``result.timeline``.
+            hourly: An hourly carbon-intensity series and the iteration's start time, instead of
+                the region's annual mean.
+            extra: Entries added to ``result.extra``.
+
+        Raises:
+            ContractError: the plan does not fit the model or the cluster (names key and rule).
+        """
+        self.check(plan)
+        schedule = self.schedule(plan)
+        topo = self.topology(plan)
+        costs = self.layer_costs(plan)
+        swap = activation_bytes_per_layer(self.model, plan, policy="none")
+        stages, ranks, params_by_rank = build_work(self.model, plan, costs, self.compute, topo, schedule.stage_to_rank,
+                                                   swap_bytes_per_block=swap)
+        host = self.host
+        comm = self.comm
+
+        def network(env: Any) -> tuple[FluidNetwork, Transfers]:
+            def capacity(link: Any) -> float:
+                return float(host.cores_per_rank_slots or 1.0) if link[0] == "cores" else topo.link_capacity(link)
+
+            net = FluidNetwork(env, capacity)
+            return net, Transfers(env, net, topo, comm)
+
+        opts = EngineOptions(
+            overlap_grad_reduce=plan.overlap_grad_reduce,
+            pp_first=plan.comm_priority == "pp_first",
+            cores_per_rank_slots=host.cores_per_rank_slots,
+            step_overhead_s=host.step_overhead_s,
+            # gloo between the ranks of one CPU host copies through loopback on those same cores.
+            comm_on_cores=(host.cores_per_rank_slots is not None and self.device.kind == "cpu"
+                           and self.cluster.num_nodes == 1),
+            step_host_s=host.step_host_s,
+            record=timeline,
+        )
+        res = Engine(schedule, stages, ranks, network, opts).run()
+        result = self._result(plan, schedule, res, params_by_rank, hourly)
+        if self.calibration is not None:
+            result.extra["calibration"] = {"applied": True, "notes": self._calibration_notes(plan),
+                                           "cores_per_rank_slots": host.cores_per_rank_slots,
+                                           "step_overhead_s": host.step_overhead_s, "step_host_cpu_s": host.step_host_s,
+                                           "transfers_on_cores": opts.comm_on_cores}
+        result.extra.update(extra or {})
+        return result
+
+    def _calibration_notes(self, plan: Plan) -> list[str]:
+        notes = list(self.host.notes)
+        dev = self.calibration.devices.get(self.device.name) if self.calibration is not None else None
+        if dev is not None and plan.precision not in dev.compute:
+            notes.append(f"no compute calibration for {self.device.name} at {plan.precision}; uncalibrated compute")
+        return notes
+
+    def _result(self, plan: Plan, schedule: Schedule, res: EngineResult, params_by_rank: list[int],
+                hourly: tuple[list[tuple[dt.datetime, float]], dt.datetime] | None) -> SimulationResult:
+        model, cluster, device = self.model, self.cluster, self.device
+        t = res.iteration_time_s
+        world = plan.world_size
+        gbs, s = plan.global_batch_size, model.seq_len
+        flops = model_flops_per_iteration(model, gbs)
+        peak = device.peak_flops(plan.precision)
+        mem = stage_memory(model, plan, device, schedule, stage_layers(plan, model))
+        by_stage = [rm.total_bytes / GIB for rm in mem]
+        if hourly is not None:
+            series, when = hourly
+            intensity = (hourly_intensity(series, when), f"hourly series at {when.isoformat()}")
+        else:
+            intensity = annual_intensity(cluster.region)
+        energy = energy_report(device, t, list(res.compute_s), plan.dp * plan.tp, cluster.pue, intensity)
+        extra: dict[str, Any] = {
+            "schedule": schedule.name,
+            "num_microbatches": plan.num_microbatches,
+            "pipeline_time_s": res.pipeline_time_s,
+            "exposed_dp_comm_s": max(res.exposed_dp_s) if res.exposed_dp_s else 0.0,
+            "rank_end_s": res.end_s,
+            "rank_compute_s": res.compute_s,
+            "rank_tp_comm_s": res.comm_busy_s,
+            "params_per_device_by_rank": params_by_rank,
+            "model_flops_per_iteration": flops,
+            "bytes_by_link_type": res.bytes_by_link_type,
+            "device_energy_j": energy.device_energy_j,
+            "carbon_intensity_g_per_kwh": energy.intensity_g_per_kwh,
+            "carbon_intensity_source": energy.intensity_source,
+            "compute_model": type(self.compute).__name__,
+            "memory_by_stage": [
+                {k: getattr(rm, k) for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
+                                             "other_bytes", "total_bytes")} for rm in mem
+            ],
+            "precision_bytes": DTYPE_BYTES[plan.precision],
+        }
+        compute = self.compute
+        if isinstance(compute, TraceComputeModel) and compute.scaled(plan):
+            extra["warning"] = (
+                f"trace taken at micro_batch_size={compute.trace.micro_batch_size}, tp={compute.trace.tp}; "
+                f"times scaled linearly to micro_batch_size={plan.micro_batch_size}, tp={plan.tp}"
+            )
+        timeline = None
+        if res.timeline is not None:
+            timeline = [{"rank": e.rank, "thread": e.thread, "name": e.name, "start_s": e.start, "end_s": e.end,
+                         "category": e.category} for e in res.timeline]
+        return SimulationResult(
+            iteration_time_s=t,
+            throughput_samples_per_s=gbs / t,
+            throughput_tokens_per_s=gbs * s / t,
+            tflops_per_gpu=flops / t / world / 1e12,
+            mfu=flops / (t * world * peak),
+            bubble_fraction=res.bubble_fraction,
+            memory_by_stage_gib=by_stage,
+            peak_memory_gib=max(by_stage),
+            fits_in_memory=all(rm.fits for rm in mem),
+            energy_j=energy.facility_energy_j,
+            carbon_gco2=energy.carbon_gco2,
+            timeline=timeline,
+            extra=extra,
+        )
+
+
+__all__ = ["COST_FIELDS", "HostModel", "Simulator"]
