@@ -9,6 +9,7 @@ and the executor's stage modules and recompute wrappers must agree with
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -45,7 +46,7 @@ def plans(draw: st.DrawFn) -> tuple[Model, Plan]:
     stages = pp * v
     cuts = sorted(draw(st.sets(st.integers(1, layers - 1), min_size=stages - 1, max_size=stages - 1))) if stages > 1 else []
     bounds = [0, *cuts, layers]
-    partition = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+    partition = [b - a for a, b in itertools.pairwise(bounds)]
     tp = draw(st.sampled_from([1, 2]))
     m = draw(st.integers(1, 3)) * max(1, 2 * pp)
     policy = draw(st.one_of(st.none(), st.lists(st.sampled_from(["keep", "recompute", "swap"]), min_size=layers,
