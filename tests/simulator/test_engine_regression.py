@@ -80,8 +80,12 @@ CASES: dict[str, Case] = {
 
 def run_case(case: Case):
     """Simulate ``case`` (also used to compute the pinned figures)."""
-    return simulate(load_model(case.model), load_cluster(case.cluster), Plan(**case.plan),
+    return simulate(load_model(case.model), _cluster(case.cluster), Plan(**case.plan),
                     SimulationOptions(**case.options))
+
+
+def _cluster(cluster: str | Cluster) -> Cluster:
+    return load_cluster(cluster) if isinstance(cluster, str) else cluster
 
 
 def figures(case: Case) -> dict[str, Any]:
@@ -91,6 +95,22 @@ def figures(case: Case) -> dict[str, Any]:
             "pipeline_time_s": r.extra["pipeline_time_s"], "rank_end_s": list(r.extra["rank_end_s"]),
             "bytes_by_link_type": dict(r.extra["bytes_by_link_type"])}
 
+
+def timeline_digest(case: Case) -> dict[str, list[float]]:
+    """Per timeline category: [spans, summed duration, summed start] of ``case`` run with a timeline."""
+    r = simulate(load_model(case.model), _cluster(case.cluster), Plan(**case.plan),
+                 SimulationOptions(timeline=True, **case.options))
+    out: dict[str, list[float]] = {}
+    for e in r.timeline or []:
+        d = out.setdefault(e["category"], [0, 0.0, 0.0])
+        d[0] += 1
+        d[1] += e["end_s"] - e["start_s"]
+        d[2] += e["start_s"]
+    return out
+
+
+TIMELINE_CASES = ("1f1b_swap", "interleaved_slow_nic_pp_first_zero3", "cpu_cores_host_copies", "1f1b_no_overlap",
+                  "zbv_slow_nic")
 
 EXPECTED: dict[str, dict[str, Any]] = {
     "headline_175b_1024": {
@@ -274,3 +294,53 @@ def test_engine_figures_are_unchanged(name: str) -> None:
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+TIMELINE: dict[str, dict[str, list[float]]] = {
+    "1f1b_swap": {
+        "B": [32, 2.374416285771283, 29.935847568681076],
+        "F": [32, 1.1379927683437612, 18.149047409111922],
+        "dp": [166, 1.0602976818999938, 279.24889728880095],
+        "optimizer": [4, 0.2686903989125389, 7.270670909688456],
+        "p2p": [48, 0.044520124100001, 36.53800666877033],
+        "swap": [32, 3.9844292230085885, 19.287040177455687],
+    },
+    "interleaved_slow_nic_pp_first_zero3": {
+        "B": [64, 2.0964800883790735, 117.06501754066038],
+        "F": [64, 1.137992768343759, 91.9963516450293],
+        "dp": [334, 24.596103509279928, 608.7828562292245],
+        "optimizer": [4, 0.13436919945626968, 16.975029731714542],
+        "p2p": [112, 1.7555969166673393, 182.77422587284812],
+    },
+    "cpu_cores_host_copies": {
+        "F": [8, 0.04406226328239203, 0.16380416151199706],
+        "I": [8, 0.04272199389885567, 0.27504064755998525],
+        "W": [8, 0.047265798315737656, 0.37196547907567373],
+        "dp": [2, 0.051845539201181234, 0.13763392278774458],
+        "optimizer": [2, 0.01797890875944383, 0.18947946198892582],
+        "p2p": [8, 0.0020528639999999898, 0.2284312439542267],
+    },
+    "1f1b_no_overlap": {
+        "B": [32, 2.0964800883790815, 19.85000832766646],
+        "F": [32, 1.1379927683437607, 12.79067462384951],
+        "dp": [166, 1.0603216057999942, 197.69834836180073],
+        "optimizer": [4, 0.2686903989125389, 5.304739404072963],
+        "p2p": [48, 0.044544047999999004, 25.450172994103102],
+    },
+    "zbv_slow_nic": {
+        "F": [64, 1.1379927683437612, 20.661298602584267],
+        "I": [64, 1.2965495079581932, 42.84256325049952],
+        "W": [64, 0.7999305804208892, 46.37396074304753],
+        "dp": [167, 33.11143240972798, 506.6405986949908],
+        "optimizer": [4, 0.268690398912538, 20.90926456665006],
+        "p2p": [96, 1.5670219522259905, 47.03532685810853],
+    },
+}
+
+
+@pytest.mark.parametrize("name", TIMELINE_CASES)
+def test_timeline_is_unchanged(name: str) -> None:
+    got = timeline_digest(CASES[name])
+    want = TIMELINE[name]
+    assert got.keys() == want.keys()
+    for category, (count, duration, starts) in want.items():
+        assert got[category][0] == count, category
+        assert got[category][1:] == pytest.approx([duration, starts], rel=1e-9, abs=1e-12), category
