@@ -18,117 +18,22 @@ PyTorch DDP bucketing); with ZeRO ≥ 1 they are reduce-scattered, ZeRO-1/2 all-
 parameters after the optimizer step and ZeRO-3 gathers each stage's parameters before its first
 forward (FSDP2 under PP keeps them unsharded for the step; torchtitan). The iteration ends when
 the slowest rank has finished its optimizer step.
+
+Cost (issue 14: 1,024 GPUs, m·p = 2,048 in about 0.05 s on one core): a rank's tensor-parallel
+collectives go through the fluid network only when another transfer could share their links;
+where none can (TP inside a node, on NVLink ports nothing else uses) their time alone is exactly
+what the network would give, so it is added to the action's compute delay and an action costs
+one event. A pipeline input is a flag, with an event only while a rank waits for it. The
+engine's records (work, options, result) live in :mod:`mindpipe.simulator.work`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import simpy
 from mindpipe.simulator.actions import Action, Schedule
 from mindpipe.simulator.network import solo_times
 from mindpipe.simulator.topology import Phase
-
-
-@dataclass
-class StageWork:
-    """Per micro-batch work of one virtual stage on its rank.
-
-    Attributes:
-        forward_s, input_s, weight_s: Compute of F, I (input gradient) and W (weight gradient).
-        recompute_s: Forward compute re-run before I (recompute policy).
-        fwd_tp: TP collective phases of a forward.
-        bwd_tp: TP collective phases of the input-gradient pass (with recomputed forward ones).
-        send_fwd: Phases moving the output to the next stage (None: same rank or last stage).
-        send_bwd: Phases moving the input gradient to the previous stage.
-        dp_buckets: Gradient-reduction phases per bucket, in issue order.
-        gather_buckets: ZeRO-3 parameter all-gather phases per bucket.
-        swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
-    """
-
-    forward_s: float
-    input_s: float
-    weight_s: float
-    recompute_s: float = 0.0
-    fwd_tp: list[Phase] = field(default_factory=list)
-    bwd_tp: list[Phase] = field(default_factory=list)
-    send_fwd: list[Phase] | None = None
-    send_bwd: list[Phase] | None = None
-    dp_buckets: list[list[Phase]] = field(default_factory=list)
-    gather_buckets: list[list[Phase]] = field(default_factory=list)
-    swap_out: list[Phase] = field(default_factory=list)
-    swap_in: list[Phase] = field(default_factory=list)
-
-
-@dataclass
-class RankWork:
-    """Per-iteration work of a pipeline rank outside the schedule."""
-
-    optimizer_s: float = 0.0
-    param_gather: list[list[Phase]] = field(default_factory=list)  # ZeRO-1/2 after the step
-
-
-@dataclass
-class EngineOptions:
-    """Engine knobs.
-
-    Attributes:
-        overlap_grad_reduce: Issue gradient buckets during the last backward (else after it).
-        pp_first: Pipeline p2p traffic has priority over other traffic on shared links.
-        cores_per_rank_slots: For CPU ranks sharing cores: how many ranks a node's cores run at
-            full speed at once (cores / threads per rank); None means dedicated devices.
-        step_overhead_s: Host time per iteration outside the schedule and the optimizer (framework
-            bookkeeping, data, loss reduction); calibration fits it, hardware models leave it 0.
-        comm_on_cores: Transfers are copies made by the host's CPUs (gloo between ranks of one
-            host, over loopback): each costs its host CPU time (or, unfitted, its uncontended
-            time) as work on the issuing rank's cores, shared with compute, instead of flowing
-            over a link. Needs ``cores_per_rank_slots``.
-        step_host_s: Host CPU time per iteration on the cores, after the optimizer.
-        record: Keep a timeline of every compute action and transfer.
-    """
-
-    overlap_grad_reduce: bool = True
-    pp_first: bool = False
-    cores_per_rank_slots: float | None = None
-    step_overhead_s: float = 0.0
-    comm_on_cores: bool = False
-    step_host_s: float = 0.0
-    record: bool = False
-
-
-@dataclass
-class TimelineEvent:
-    """One span of the timeline: rank, thread (``compute``/``comm``), label, start, end."""
-
-    rank: int
-    thread: str
-    name: str
-    start: float
-    end: float
-    category: str
-
-
-@dataclass
-class EngineResult:
-    """Times of one simulated iteration."""
-
-    iteration_time_s: float
-    pipeline_time_s: float
-    busy_s: list[float]
-    compute_s: list[float]
-    end_s: list[float]
-    exposed_dp_s: list[float]
-    comm_busy_s: list[float]
-    bytes_by_link_type: dict[str, float]
-    timeline: list[TimelineEvent] | None = None
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle share of the pipeline span, averaged over ranks (the schedule's bubble)."""
-        if self.pipeline_time_s <= 0:
-            return 0.0
-        frac = 1.0 - sum(self.busy_s) / (len(self.busy_s) * self.pipeline_time_s)
-        return min(max(frac, 0.0), 1.0)
+from mindpipe.simulator.work import EngineOptions, EngineResult, RankWork, StageWork, TimelineEvent
 
 
 class Engine:
@@ -441,4 +346,5 @@ class Engine:
         self.end[r] = env.now
 
 
+# The records are re-exported: build_work and the Simulator import them from here.
 __all__ = ["Engine", "EngineOptions", "EngineResult", "RankWork", "StageWork", "TimelineEvent"]
