@@ -98,19 +98,18 @@ class Engine:
         return list(zip(times[0::2], times[1::2], strict=True))
 
     def _solo_bytes(self) -> dict[str, float]:
-        """Bytes per link type of the TP collectives that ran alone (off the network)."""
-        runs = [[0, 0] for _ in self.stages]
-        for order in self.schedule.orders:
-            for a in order:
-                if a.kind != "W":
-                    runs[a.stage][a.kind != "F"] += 1
+        """Bytes per link type of the TP collectives that ran alone (off the network).
+
+        Every micro-batch passes every stage once forward and once backward (B or I), so each
+        stage ran its forward and its backward collectives m times.
+        """
         out: dict[str, float] = {}
-        for st, solo, n in zip(self.stages, self._solo, runs, strict=True):
-            for phases, t, k in ((st.fwd_tp, solo[0], n[0]), (st.bwd_tp, solo[1], n[1])):
+        for st, solo in zip(self.stages, self._solo, strict=True):
+            for phases, t in ((st.fwd_tp, solo[0]), (st.bwd_tp, solo[1])):
                 if t is None:
                     continue
                 for fs in (fs for ph in phases for fs in ph.flows):
-                    out[fs.link_type] = out.get(fs.link_type, 0.0) + k * fs.nbytes
+                    out[fs.link_type] = out.get(fs.link_type, 0.0) + self._m * fs.nbytes
         return out
 
     def _last_grad_index(self, r: int) -> dict[int, int]:

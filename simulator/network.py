@@ -65,8 +65,11 @@ class FluidNetwork:
         return c
 
     def start(self, links: tuple[Any, ...], mult: tuple[int, ...], size: float, cap: float, prio: int,
-              done: Callable[[], None]) -> None:
-        """Start a flow of ``size`` units; ``done()`` is called when it has been delivered."""
+              done: Callable[[], None], alone_rate: float | None = None) -> None:
+        """Start a flow of ``size`` units; ``done()`` is called when it has been delivered.
+
+        ``alone_rate`` is :meth:`alone_rate` of the flow, where the caller has it at hand.
+        """
         if size <= _EPS:
             done()
             return
@@ -84,11 +87,12 @@ class FluidNetwork:
             self._reallocate(f)
             return
         # Alone on its links (the usual case): its own component, rate as in _reallocate.
-        rate = cap
-        for link, m in zip(links, mult, strict=True):
-            rate = min(rate, self.capacity(link) / m)
-        f.rate = rate
+        f.rate = self.alone_rate(links, mult, cap) if alone_rate is None else alone_rate
         self._schedule(f)
+
+    def alone_rate(self, links: tuple[Any, ...], mult: tuple[int, ...], cap: float) -> float:
+        """Rate of a flow with no other flow on its links: its cap or its links' share, whichever is lower."""
+        return min([cap] + [self.capacity(link) / m for link, m in zip(links, mult, strict=True)])
 
     def _finish(self, f: Flow, version: int) -> None:
         if version != f.version:
@@ -126,7 +130,7 @@ class FluidNetwork:
             old[id(f)] = f.rate
         if len(comp) == 1:
             f = comp[0]
-            f.rate = min([f.cap] + [self.capacity(link) / m for link, m in zip(f.links, f.mult, strict=True)])
+            f.rate = self.alone_rate(f.links, f.mult, f.cap)
         else:
             self._fill(comp)
         for f in comp:
@@ -264,13 +268,17 @@ class Transfers:
         hit = self._steps_memo.get(id(phases))
         if hit is not None and hit[0] is phases:
             return hit[1]
-        steps = tuple(
-            _Step(self._latency(ph) * ph.count,
-                  tuple((fs.links, fs.multiplicity, fs.nbytes, self._flow_cap(ph, fs.links), fs.link_type)
-                        for fs in ph.flows))
-            for ph in phases)
-        self._steps_memo[id(phases)] = (phases, steps)
-        return steps
+        steps: list[_Step] = []
+        for ph in phases:
+            flows = []
+            for fs in ph.flows:
+                cap = self._flow_cap(ph, fs.links)
+                flows.append((fs.links, fs.multiplicity, fs.nbytes, cap, fs.link_type,
+                              self.net.alone_rate(fs.links, fs.multiplicity, cap)))
+            steps.append(_Step(self._latency(ph) * ph.count, tuple(flows)))
+        compiled = tuple(steps)
+        self._steps_memo[id(phases)] = (phases, compiled)
+        return compiled
 
     def run(self, phases: list[Phase], prio: int, done: Callable[[], None]) -> None:
         """Run ``phases`` one after another; call ``done()`` when the last flow has landed."""
@@ -291,16 +299,16 @@ class Transfers:
 
     def _start_flows(self, step: _Step, prio: int, done: Callable[[], None], _event: object = None) -> None:
         by_type = self.net.bytes_by_link_type
-        for links, mult, nbytes, cap, link_type in step.flows:
+        for links, mult, nbytes, cap, link_type, alone_rate in step.flows:
             by_type[link_type] = by_type.get(link_type, 0.0) + nbytes
-            self.net.start(links, mult, nbytes, cap, prio, done)
+            self.net.start(links, mult, nbytes, cap, prio, done, alone_rate)
 
 
 class _Step(NamedTuple):
-    """A phase ready to run: its latency, then flows as (links, multiplicity, bytes, cap, link type)."""
+    """A phase ready to run: its latency, then flows as (links, multiplicity, bytes, cap, link type, alone rate)."""
 
     latency: float
-    flows: tuple[tuple[tuple[Any, ...], tuple[int, ...], float, float, str], ...]
+    flows: tuple[tuple[tuple[Any, ...], tuple[int, ...], float, float, str, float], ...]
 
 
 class _Countdown:

@@ -111,8 +111,9 @@ class Topology:
     def _members(self, pp_rank: int) -> list[tuple[int, int, int]]:
         members = self._members_memo.get(pp_rank)
         if members is None:
+            base, sd, st = self.global_rank(pp_rank), self._stride["dp"], self._stride["tp"]
             members = self._members_memo[pp_rank] = [
-                (d, t, self.global_rank(pp_rank, d, t)) for d in range(self.plan.dp) for t in range(self.plan.tp)]
+                (d, t, base + d * sd + t * st) for d in range(self.plan.dp) for t in range(self.plan.tp)]
         return members
 
     # -- link capacities ----------------------------------------------------------------------
@@ -148,9 +149,13 @@ class Topology:
         if ns == nd:
             flow = self._intra(src, dst, nbytes)
             return [Phase("p2p", 2, flow.link_type, (flow,), nbytes)]
-        pairs = [(self.global_rank(src_pp, d, t), self.global_rank(dst_pp, d, t)) for d, t, _ in self._members(src_pp)]
-        out_mult = sum(1 for a, b in pairs if self.node(a) == ns and self.node(b) != ns)
-        in_mult = sum(1 for a, b in pairs if self.node(b) == nd and self.node(a) != nd)
+        # Replica (d, t) sends from global rank a to a + shift; count those leaving ns and entering nd.
+        shift, per_node = self.global_rank(dst_pp) - src, self.cluster.gpus_per_node
+        out_mult = in_mult = 0
+        for _, _, a in self._members(src_pp):
+            na, nb = a // per_node, (a + shift) // per_node
+            out_mult += na == ns and nb != ns
+            in_mult += nb == nd and na != nd
         flow = FlowSpec((("nicout", ns), ("nicin", nd)), nbytes, (max(out_mult, 1), max(in_mult, 1)), "nic")
         return [Phase("p2p", 2, "nic", (flow,), nbytes)]
 
