@@ -273,13 +273,15 @@ class Engine:
                 yield self.compute_done[r]
             start = env.now
             yield self._transfer(r, phases)
-            self._record(r, "comm", f"grad-reduce stage {s} bucket {k}", start, env.now, "dp")
+            if self.timeline is not None:
+                self._record(r, "comm", f"grad-reduce stage {s} bucket {k}", start, env.now, "dp")
 
     def _gather_params(self, r: int, s: int):
         for k, phases in enumerate(self.stages[s].gather_buckets):
             start = self.env.now
             yield self._transfer(r, phases)
-            self._record(r, "comm", f"param-gather stage {s} bucket {k}", start, self.env.now, "dp")
+            if self.timeline is not None:
+                self._record(r, "comm", f"param-gather stage {s} bucket {k}", start, self.env.now, "dp")
         self.params_ready[s].succeed()
 
     def run(self) -> EngineResult:
@@ -333,7 +335,8 @@ class Engine:
         for k, phases in enumerate(work.param_gather):
             start = env.now
             yield self._transfer(r, phases)
-            self._record(r, "comm", f"param-gather bucket {k}", start, env.now, "dp")
+            if self.timeline is not None:
+                self._record(r, "comm", f"param-gather bucket {k}", start, env.now, "dp")
         if self.opt.step_host_s > 0:
             start = env.now
             yield self._compute(r, self.opt.step_host_s)

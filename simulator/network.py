@@ -94,7 +94,7 @@ class FluidNetwork:
         """Rate of a flow with no other flow on its links: its cap or its links' share, whichever is lower."""
         return min([cap] + [self.capacity(link) / m for link, m in zip(links, mult, strict=True)])
 
-    def _finish(self, f: Flow, version: int) -> None:
+    def _finish(self, f: Flow, version: int, _event: object = None) -> None:
         if version != f.version:
             return  # superseded by a later rate change
         neighbours: list[Flow] = []
@@ -171,10 +171,7 @@ class FluidNetwork:
         f.version += 1
         if f.rate <= 0.0:
             return  # starved by higher-priority traffic; rescheduled when that ends
-        self.env.timeout(f.remaining / f.rate).callbacks.append(partial(self._finished, f, f.version))
-
-    def _finished(self, f: Flow, version: int, _event: object) -> None:
-        self._finish(f, version)
+        self.env.timeout(f.remaining / f.rate).callbacks.append(partial(self._finish, f, f.version))
 
 
 def solo_times(owned: list[tuple[int, list[Phase]]], shared: list[list[Phase]],
