@@ -53,7 +53,7 @@ def main() -> None:
                 "load_average_1m_after": os.getloadavg()[0], "predicted_iteration_s": it}
     print(f"headline: {headline['case']}: {secs:.3f} s to simulate (CPU {cpu:.3f} s; target {TARGET_S} s; "
           f"load average {load_before[0]:.1f}; predicted iteration {it:.2f} s)")
-    print(f"{'pp':>4} {'dp':>4} {'m':>6} {'m*p':>7} {'sim s':>8} {'us per m*p':>11}")
+    print(f"{'pp':>4} {'dp':>4} {'m':>6} {'m*p':>7} {'sim s':>8} {'CPU s':>8} {'us per m*p':>11}")
     for pp, dp, m in [(4, 8, 32), (8, 8, 32), (16, 8, 32), (16, 8, 64), (16, 8, 128), (16, 8, 256), (32, 8, 128),
                       (16, 1, 128), (16, 2, 128), (16, 4, 128), (16, 16, 128), (16, 32, 128)]:
         tp = 8
@@ -65,7 +65,7 @@ def main() -> None:
         row = {"pp": pp, "dp": dp, "m": m, "gpus": gpus, "sim_seconds": secs, "cpu_seconds": cpu,
                "us_per_mp": secs / (m * pp) * 1e6, "predicted_iteration_s": it}
         rows.append(row)
-        print(f"{pp:>4} {dp:>4} {m:>6} {m * pp:>7} {secs:>8.3f} {row['us_per_mp']:>11.1f}")
+        print(f"{pp:>4} {dp:>4} {m:>6} {m * pp:>7} {secs:>8.3f} {cpu:>8.3f} {row['us_per_mp']:>11.1f}")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"headline": headline, "table": rows}, indent=1) + "\n")
     print(f"wrote {OUT}")
