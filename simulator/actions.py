@@ -132,14 +132,24 @@ class Schedule:
 
     def in_flight_timeline(self, rank: int) -> list[dict[int, int]]:
         """After each action of ``rank``, the held micro-batches per local stage."""
-        cur = dict.fromkeys(self.stages_of_rank(rank), 0)
-        out = []
+        stages = self.stages_of_rank(rank)
+        out: list[dict[int, int]] = []
+        if len(stages) == 1:  # the common case, without a dict update per action
+            only, held = stages[0], 0
+            for a in self.orders[rank]:
+                if a.kind == "F":
+                    held += 1
+                elif a.kind != "W":
+                    held -= 1
+                out.append({only: held})
+            return out
+        cur = dict.fromkeys(stages, 0)
         for a in self.orders[rank]:
             if a.kind == "F":
                 cur[a.stage] += 1
-            elif a.kind in ("B", "I"):
+            elif a.kind != "W":
                 cur[a.stage] -= 1
-            out.append(dict(cur))
+            out.append(cur.copy())
         return out
 
 

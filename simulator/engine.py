@@ -18,116 +18,22 @@ PyTorch DDP bucketing); with ZeRO ≥ 1 they are reduce-scattered, ZeRO-1/2 all-
 parameters after the optimizer step and ZeRO-3 gathers each stage's parameters before its first
 forward (FSDP2 under PP keeps them unsharded for the step; torchtitan). The iteration ends when
 the slowest rank has finished its optimizer step.
+
+Cost (issue 14: 1,024 GPUs, m·p = 2,048 in about 0.05 s on one core): a rank's tensor-parallel
+collectives go through the fluid network only when another transfer could share their links;
+where none can (TP inside a node, on NVLink ports nothing else uses) their time alone is exactly
+what the network would give, so it is added to the action's compute delay and an action costs
+one event. A pipeline input is a flag, with an event only while a rank waits for it. The
+engine's records (work, options, result) live in :mod:`mindpipe.simulator.work`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import simpy
 from mindpipe.simulator.actions import Action, Schedule
+from mindpipe.simulator.network import solo_times
 from mindpipe.simulator.topology import Phase
-
-
-@dataclass
-class StageWork:
-    """Per micro-batch work of one virtual stage on its rank.
-
-    Attributes:
-        forward_s, input_s, weight_s: Compute of F, I (input gradient) and W (weight gradient).
-        recompute_s: Forward compute re-run before I (recompute policy).
-        fwd_tp: TP collective phases of a forward.
-        bwd_tp: TP collective phases of the input-gradient pass (with recomputed forward ones).
-        send_fwd: Phases moving the output to the next stage (None: same rank or last stage).
-        send_bwd: Phases moving the input gradient to the previous stage.
-        dp_buckets: Gradient-reduction phases per bucket, in issue order.
-        gather_buckets: ZeRO-3 parameter all-gather phases per bucket.
-        swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
-    """
-
-    forward_s: float
-    input_s: float
-    weight_s: float
-    recompute_s: float = 0.0
-    fwd_tp: list[Phase] = field(default_factory=list)
-    bwd_tp: list[Phase] = field(default_factory=list)
-    send_fwd: list[Phase] | None = None
-    send_bwd: list[Phase] | None = None
-    dp_buckets: list[list[Phase]] = field(default_factory=list)
-    gather_buckets: list[list[Phase]] = field(default_factory=list)
-    swap_out: list[Phase] = field(default_factory=list)
-    swap_in: list[Phase] = field(default_factory=list)
-
-
-@dataclass
-class RankWork:
-    """Per-iteration work of a pipeline rank outside the schedule."""
-
-    optimizer_s: float = 0.0
-    param_gather: list[list[Phase]] = field(default_factory=list)  # ZeRO-1/2 after the step
-
-
-@dataclass
-class EngineOptions:
-    """Engine knobs.
-
-    Attributes:
-        overlap_grad_reduce: Issue gradient buckets during the last backward (else after it).
-        pp_first: Pipeline p2p traffic has priority over other traffic on shared links.
-        cores_per_rank_slots: For CPU ranks sharing cores: how many ranks a node's cores run at
-            full speed at once (cores / threads per rank); None means dedicated devices.
-        step_overhead_s: Host time per iteration outside the schedule and the optimizer (framework
-            bookkeeping, data, loss reduction); calibration fits it, hardware models leave it 0.
-        comm_on_cores: Transfers are copies made by the host's CPUs (gloo between ranks of one
-            host, over loopback): each costs its host CPU time (or, unfitted, its uncontended
-            time) as work on the issuing rank's cores, shared with compute, instead of flowing
-            over a link. Needs ``cores_per_rank_slots``.
-        step_host_s: Host CPU time per iteration on the cores, after the optimizer.
-        record: Keep a timeline of every compute action and transfer.
-    """
-
-    overlap_grad_reduce: bool = True
-    pp_first: bool = False
-    cores_per_rank_slots: float | None = None
-    step_overhead_s: float = 0.0
-    comm_on_cores: bool = False
-    step_host_s: float = 0.0
-    record: bool = False
-
-
-@dataclass
-class TimelineEvent:
-    """One span of the timeline: rank, thread (``compute``/``comm``), label, start, end."""
-
-    rank: int
-    thread: str
-    name: str
-    start: float
-    end: float
-    category: str
-
-
-@dataclass
-class EngineResult:
-    """Times of one simulated iteration."""
-
-    iteration_time_s: float
-    pipeline_time_s: float
-    busy_s: list[float]
-    compute_s: list[float]
-    end_s: list[float]
-    exposed_dp_s: list[float]
-    comm_busy_s: list[float]
-    bytes_by_link_type: dict[str, float]
-    timeline: list[TimelineEvent] | None = None
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle share of the pipeline span, averaged over ranks (the schedule's bubble)."""
-        if self.pipeline_time_s <= 0:
-            return 0.0
-        frac = 1.0 - sum(self.busy_s) / (len(self.busy_s) * self.pipeline_time_s)
-        return min(max(frac, 0.0), 1.0)
+from mindpipe.simulator.work import EngineOptions, EngineResult, RankWork, StageWork, TimelineEvent
 
 
 class Engine:
@@ -145,10 +51,14 @@ class Engine:
         if len(stages) != schedule.num_stages:
             raise ValueError(f"{len(stages)} stage costs for a schedule of {schedule.num_stages} stages")
         m, n_st = schedule.num_microbatches, schedule.num_stages
-        self.arr_f = [[self.env.event() for _ in range(m)] for _ in range(n_st)]
-        self.arr_b = [[self.env.event() for _ in range(m)] for _ in range(n_st)]
+        # Arrival of F(s, μ)'s input and B/I(s, μ)'s output gradient, at index s·m + μ: a flag, and
+        # an event only while a rank waits for it (most inputs land before they are needed).
+        self._m = m
+        self.arrived = ([False] * (n_st * m), [False] * (n_st * m))
+        self._waiting: tuple[dict[int, simpy.Event], dict[int, simpy.Event]] = ({}, {})
         self.params_ready = [self.env.event() for _ in range(n_st)]
         self.swapped_in: dict[tuple[int, int], simpy.Event] = {}
+        self._has_swap = any(st.swap_in for st in stages)
         pp = schedule.pp
         self.busy = [0.0] * pp
         self.compute = [0.0] * pp
@@ -160,6 +70,47 @@ class Engine:
         self.compute_done = [self.env.event() for _ in range(pp)]
         self._last_grad = [self._last_grad_index(r) for r in range(pp)]
         self._dp_waiters: list[list[simpy.Process]] = [[] for _ in range(pp)]
+        self._solo = self._solo_tp_times()
+        if self.opt.cores_per_rank_slots is not None:
+            topo = self.tr.topo
+            # The rank's dp × tp replicas on the node compute the same work at the same time.
+            self._cores = [((("cores", topo.node(topo.rep(r))),), (topo.replicas_on_node(r),)) for r in range(pp)]
+
+    def _solo_tp_times(self) -> list[tuple[float | None, float | None]]:
+        """Per stage, the (forward, backward) TP collectives' time where they provably run alone.
+
+        A rank waits for its TP collectives, so one rank's never overlap each other; where no
+        other transfer of the iteration crosses their links, their fluid time is their time alone
+        (:func:`~mindpipe.simulator.network.solo_times`). None: they run on the network.
+        """
+        if self._on_cores:
+            return [(None, None)] * len(self.stages)
+        owned: list[tuple[int, list[Phase]]] = []
+        shared: list[list[Phase]] = []
+        for s, st in enumerate(self.stages):
+            r = self.schedule.stage_to_rank[s]
+            owned += [(r, st.fwd_tp), (r, st.bwd_tp)]
+            shared += [st.send_fwd or [], st.send_bwd or [], st.swap_out, st.swap_in, *st.dp_buckets,
+                       *st.gather_buckets]
+        for rw in self.ranks:
+            shared += rw.param_gather
+        times = solo_times(owned, shared, self.tr.time_alone)
+        return list(zip(times[0::2], times[1::2], strict=True))
+
+    def _solo_bytes(self) -> dict[str, float]:
+        """Bytes per link type of the TP collectives that ran alone (off the network).
+
+        Every micro-batch passes every stage once forward and once backward (B or I), so each
+        stage ran its forward and its backward collectives m times.
+        """
+        out: dict[str, float] = {}
+        for st, solo in zip(self.stages, self._solo, strict=True):
+            for phases, t in ((st.fwd_tp, solo[0]), (st.bwd_tp, solo[1])):
+                if t is None:
+                    continue
+                for fs in (fs for ph in phases for fs in ph.flows):
+                    out[fs.link_type] = out.get(fs.link_type, 0.0) + self._m * fs.nbytes
+        return out
 
     def _last_grad_index(self, r: int) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -188,80 +139,109 @@ class Engine:
         if self.opt.cores_per_rank_slots is None:
             return self.env.timeout(seconds)
         ev = self.env.event()
-        topo = self.tr.topo
-        # The rank's dp × tp replicas on the node compute the same work at the same time.
-        self.net.start((("cores", topo.node(topo.rep(r))),), (topo.replicas_on_node(r),), seconds, 1.0, 0, ev.succeed)
+        links, mult = self._cores[r]
+        self.net.start(links, mult, seconds, 1.0, 0, ev.succeed)
         return ev
 
     def _record(self, r: int, thread: str, name: str, start: float, end: float, cat: str) -> None:
         if self.timeline is not None and end > start:
             self.timeline.append(TimelineEvent(r, thread, name, start, end, cat))
 
+    def _wait_input(self, grad: int, i: int) -> simpy.Event:
+        """An event that fires when input ``i`` (0: activation, 1: gradient) lands."""
+        ev = self._waiting[grad][i] = self.env.event()
+        return ev
+
+    def _land(self, grad: int, i: int) -> None:
+        self.arrived[grad][i] = True
+        ev = self._waiting[grad].pop(i, None)
+        if ev is not None:
+            ev.succeed()
+
     # -- processes ----------------------------------------------------------------------------
     def _rank(self, r: int):
         env = self.env
-        stages = self.stages
+        stages, solo = self.stages, self._solo
         last_grad = self._last_grad[r]
         order = self.schedule.orders[r]
-        n_st = self.schedule.num_stages
+        n_st, m = self.schedule.num_stages, self._m
+        arrived_f, arrived_b = self.arrived
+        # On dedicated devices compute is a plain delay, and TP collectives that run alone
+        # (solo_tp_times) add their time to it: one event per action.
+        plain = self.opt.cores_per_rank_slots is None
+        busy = compute = comm_busy = 0.0
         for idx, a in enumerate(order):
-            st = stages[a.stage]
-            s, mb = a.stage, a.microbatch
-            if a.kind == "F":
-                if s > 0 and not self.arr_f[s][mb].processed:
-                    yield self.arr_f[s][mb]
+            s, mb, kind = a.stage, a.microbatch, a.kind
+            st = stages[s]
+            if kind == "F":
+                if s > 0 and not arrived_f[s * m + mb]:
+                    yield self._wait_input(0, s * m + mb)
                 if st.gather_buckets and not self.params_ready[s].processed:
                     yield self.params_ready[s]
-                comp, phases = st.forward_s, st.fwd_tp
-            elif a.kind in ("B", "I"):
-                if s < n_st - 1 and not self.arr_b[s][mb].processed:
-                    yield self.arr_b[s][mb]
-                ev = self.swapped_in.get((s, mb))
-                if ev is not None and not ev.processed:
-                    yield ev
-                comp = st.recompute_s + st.input_s + (st.weight_s if a.kind == "B" else 0.0)
-                phases = st.bwd_tp
+                comp, phases, alone = st.forward_s, st.fwd_tp, solo[s][0]
+            elif kind == "W":
+                comp, phases, alone = st.weight_s, None, 0.0
             else:
-                comp, phases = st.weight_s, []
+                if s < n_st - 1 and not arrived_b[s * m + mb]:
+                    yield self._wait_input(1, s * m + mb)
+                if self._has_swap:
+                    ev = self.swapped_in.get((s, mb))
+                    if ev is not None and not ev.processed:
+                        yield ev
+                comp = st.recompute_s + st.input_s + (st.weight_s if kind == "B" else 0.0)
+                phases, alone = st.bwd_tp, solo[s][1]
             start = env.now
-            if idx + 1 < len(order):
+            if self._has_swap and idx + 1 < len(order):
                 self._prefetch(order[idx + 1])
-            if idx == last_grad.get(s) and st.dp_buckets:
+            if st.dp_buckets and idx == last_grad.get(s):
                 self._dp_waiters[r].append(env.process(self._reduce_grads(r, s, start, comp)))
-            if comp > 0.0:
-                yield self._compute(r, comp)
-            cend = env.now
-            if phases:
-                yield self._transfer(r, phases)
-                self.comm_busy[r] += env.now - cend
+            if plain and alone is not None:
+                if comp + alone > 0.0:
+                    yield env.timeout(comp + alone)
+                cend = start + comp
+            else:
+                if comp > 0.0:
+                    yield self._compute(r, comp)
+                cend = env.now
+                if phases:
+                    yield env.timeout(alone) if alone is not None else self._transfer(r, phases)
             end = env.now
-            self.busy[r] += end - start
-            self.compute[r] += cend - start
+            if phases:
+                comm_busy += end - cend
+            busy += end - start
+            compute += cend - start
             self.last_compute_end[r] = end
-            self._record(r, "compute", str(a), start, end, a.kind)
-            self._after(r, a, st, end)
+            if self.timeline is not None:
+                self._record(r, "compute", str(a), start, end, kind)
+            self._after(r, a, st)
+        self.busy[r], self.compute[r], self.comm_busy[r] = busy, compute, comm_busy
         self.compute_done[r].succeed()
 
-    def _after(self, r: int, a: Action, st: StageWork, t: float) -> None:
+    def _after(self, r: int, a: Action, st: StageWork) -> None:
         """Post the sends that action ``a`` enables."""
-        s, mb = a.stage, a.microbatch
+        s = a.stage
         if a.kind == "F":
             if st.swap_out:
                 self.env.process(self._comm(r, st.swap_out, f"swap-out {a}", "swap", False))
             if s + 1 < self.schedule.num_stages:
-                self._send(r, st.send_fwd, self.arr_f[s + 1][mb], f"send F{mb} {s}->{s + 1}")
-        elif a.kind in ("B", "I") and s > 0:
-            self._send(r, st.send_bwd, self.arr_b[s - 1][mb], f"send B{mb} {s}->{s - 1}")
+                self._send(r, st.send_fwd, 0, (s + 1) * self._m + a.microbatch, a, s + 1)
+        elif a.kind != "W" and s > 0:
+            self._send(r, st.send_bwd, 1, (s - 1) * self._m + a.microbatch, a, s - 1)
 
-    def _send(self, r: int, phases: list[Phase] | None, arrival: simpy.Event, label: str) -> None:
+    def _send(self, r: int, phases: list[Phase] | None, grad: int, i: int, a: Action, dst: int) -> None:
+        """Send action ``a``'s output (``grad`` 0) or input gradient (1) to stage ``dst``, as input ``i``."""
         if not phases:
-            arrival.succeed()
+            self._land(grad, i)
+            return
+        if self.timeline is None and not self._on_cores:
+            self.tr.run(phases, 0, lambda: self._land(grad, i))
             return
         start = self.env.now
+        label = f"send {'B' if grad else 'F'}{a.microbatch} {a.stage}->{dst}"
 
         def landed() -> None:
             self._record(r, "comm", label, start, self.env.now, "p2p")
-            arrival.succeed()
+            self._land(grad, i)
 
         if self._on_cores:
             self._host_copy(r, phases).callbacks.append(lambda _e: landed())
@@ -293,13 +273,15 @@ class Engine:
                 yield self.compute_done[r]
             start = env.now
             yield self._transfer(r, phases)
-            self._record(r, "comm", f"grad-reduce stage {s} bucket {k}", start, env.now, "dp")
+            if self.timeline is not None:
+                self._record(r, "comm", f"grad-reduce stage {s} bucket {k}", start, env.now, "dp")
 
     def _gather_params(self, r: int, s: int):
         for k, phases in enumerate(self.stages[s].gather_buckets):
             start = self.env.now
             yield self._transfer(r, phases)
-            self._record(r, "comm", f"param-gather stage {s} bucket {k}", start, self.env.now, "dp")
+            if self.timeline is not None:
+                self._record(r, "comm", f"param-gather stage {s} bucket {k}", start, self.env.now, "dp")
         self.params_ready[s].succeed()
 
     def run(self) -> EngineResult:
@@ -319,6 +301,9 @@ class Engine:
             if not p.processed:
                 raise RuntimeError(f"deadlock: rank {r} never finished its schedule (waiting on a transfer)")
         pipeline = max(self.last_compute_end) if pp else 0.0
+        moved = self._solo_bytes()
+        for link_type, nbytes in self.net.bytes_by_link_type.items():
+            moved[link_type] = moved.get(link_type, 0.0) + nbytes
         return EngineResult(
             iteration_time_s=max(self.end),
             pipeline_time_s=pipeline,
@@ -327,7 +312,7 @@ class Engine:
             end_s=list(self.end),
             exposed_dp_s=list(self.exposed_dp),
             comm_busy_s=list(self.comm_busy),
-            bytes_by_link_type=dict(self.net.bytes_by_link_type),
+            bytes_by_link_type=moved,
             timeline=self.timeline,
         )
 
@@ -350,7 +335,8 @@ class Engine:
         for k, phases in enumerate(work.param_gather):
             start = env.now
             yield self._transfer(r, phases)
-            self._record(r, "comm", f"param-gather bucket {k}", start, env.now, "dp")
+            if self.timeline is not None:
+                self._record(r, "comm", f"param-gather bucket {k}", start, env.now, "dp")
         if self.opt.step_host_s > 0:
             start = env.now
             yield self._compute(r, self.opt.step_host_s)
@@ -362,4 +348,5 @@ class Engine:
         self.end[r] = env.now
 
 
+# The records are re-exported: build_work and the Simulator import them from here.
 __all__ = ["Engine", "EngineOptions", "EngineResult", "RankWork", "StageWork", "TimelineEvent"]

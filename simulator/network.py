@@ -19,7 +19,8 @@ is their duration alone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import simpy
 from mindpipe.simulator.costs import CommModel
@@ -51,29 +52,57 @@ class FluidNetwork:
 
     def __init__(self, env: simpy.Environment, capacity: Callable[[Any], float]) -> None:
         self.env = env
-        self.capacity = capacity
+        self._capacity = capacity
+        self._caps: dict[Any, float] = {}
         self.on_link: dict[Any, list[Flow]] = {}
         self.bytes_by_link_type: dict[str, float] = {}
 
+    def capacity(self, link: Any) -> float:
+        """Capacity of ``link`` (constant over a run; asked once per link)."""
+        c = self._caps.get(link)
+        if c is None:
+            c = self._caps[link] = self._capacity(link)
+        return c
+
     def start(self, links: tuple[Any, ...], mult: tuple[int, ...], size: float, cap: float, prio: int,
-              done: Callable[[], None]) -> None:
-        """Start a flow of ``size`` units; ``done()`` is called when it has been delivered."""
+              done: Callable[[], None], alone_rate: float | None = None) -> None:
+        """Start a flow of ``size`` units; ``done()`` is called when it has been delivered.
+
+        ``alone_rate`` is :meth:`alone_rate` of the flow, where the caller has it at hand.
+        """
         if size <= _EPS:
             done()
             return
         f = Flow(links, mult, size, cap, prio, done)
         f.last = self.env.now
+        alone = True
         for link in links:
-            self.on_link.setdefault(link, []).append(f)
-        self._reallocate(f)
+            on = self.on_link.get(link)
+            if on is None:
+                self.on_link[link] = [f]
+            else:
+                alone = alone and not on
+                on.append(f)
+        if not alone:
+            self._reallocate(f)
+            return
+        # Alone on its links (the usual case): its own component, rate as in _reallocate.
+        f.rate = self.alone_rate(links, mult, cap) if alone_rate is None else alone_rate
+        self._schedule(f)
 
-    def _finish(self, f: Flow, version: int) -> None:
+    def alone_rate(self, links: tuple[Any, ...], mult: tuple[int, ...], cap: float) -> float:
+        """Rate of a flow with no other flow on its links: its cap or its links' share, whichever is lower."""
+        return min([cap] + [self.capacity(link) / m for link, m in zip(links, mult, strict=True)])
+
+    def _finish(self, f: Flow, version: int, _event: object = None) -> None:
         if version != f.version:
             return  # superseded by a later rate change
+        neighbours: list[Flow] = []
         for link in f.links:
-            self.on_link[link].remove(f)
+            on = self.on_link[link]
+            on.remove(f)
+            neighbours += on
         f.remaining = 0.0
-        neighbours = [g for link in f.links for g in self.on_link[link]]
         f.done()
         if neighbours:
             self._reallocate(neighbours[0], extra=neighbours)
@@ -101,7 +130,7 @@ class FluidNetwork:
             old[id(f)] = f.rate
         if len(comp) == 1:
             f = comp[0]
-            f.rate = min([f.cap] + [self.capacity(link) / m for link, m in zip(f.links, f.mult, strict=True)])
+            f.rate = self.alone_rate(f.links, f.mult, f.cap)
         else:
             self._fill(comp)
         for f in comp:
@@ -142,9 +171,42 @@ class FluidNetwork:
         f.version += 1
         if f.rate <= 0.0:
             return  # starved by higher-priority traffic; rescheduled when that ends
-        ev = self.env.timeout(f.remaining / f.rate)
-        version = f.version
-        ev.callbacks.append(lambda _e: self._finish(f, version))
+        self.env.timeout(f.remaining / f.rate).callbacks.append(partial(self._finish, f, f.version))
+
+
+def solo_times(owned: list[tuple[int, list[Phase]]], shared: list[list[Phase]],
+               time_alone: Callable[[list[Phase]], float]) -> list[float | None]:
+    """For each owned phase list, its time alone where nothing can share its links, else None.
+
+    ``owned`` are (owner, phases): an owner runs its lists one at a time (a rank waits for its
+    tensor-parallel collectives). ``shared`` are all other transfers, which may run at any time.
+    A list runs alone when every link it crosses is crossed only by lists of its owner and the
+    flows of each of its phases cross disjoint links: then no flow ever shares a link, the fluid
+    model gives each its uncontended rate throughout, and its time is ``time_alone(phases)``.
+    """
+    users: dict[Any, Any] = {}
+    contended = object()
+
+    def use(phases: list[Phase], who: Any) -> None:
+        for ph in phases:
+            for fs in ph.flows:
+                for link in fs.links:
+                    if users.setdefault(link, who) != who:
+                        users[link] = contended
+
+    for phases in shared:
+        use(phases, contended)
+    for who, phases in owned:
+        use(phases, who)
+
+    def alone(who: Any, phases: list[Phase]) -> bool:
+        for ph in phases:
+            links = [link for fs in ph.flows for link in set(fs.links)]
+            if len(links) != len(set(links)) or any(users[link] != who for link in links):
+                return False
+        return True
+
+    return [time_alone(phases) if alone(who, phases) else None for who, phases in owned]
 
 
 class Transfers:
@@ -157,6 +219,7 @@ class Transfers:
         self.comm = comm
         self._cap_cache: dict[tuple[str, float, int, str], float] = {}
         self._lat_cache: dict[tuple[str, int, str], float] = {}
+        self._steps_memo: dict[int, tuple[list[Phase], tuple[_Step, ...]]] = {}
 
     def phase_time_alone(self, phase: Phase) -> float:
         """Uncontended time of one phase (latency + slowest flow at its capped rate)."""
@@ -189,33 +252,75 @@ class Transfers:
                                                               phase.link_type)
         return eff * min(self.topo.link_capacity(lk) for lk in links)
 
+    def time_alone(self, phases: list[Phase]) -> float:
+        """Uncontended time of ``phases`` run one after another."""
+        return sum(self.phase_time_alone(p) for p in phases)
+
+    def _steps(self, phases: list[Phase]) -> tuple[_Step, ...]:
+        """``phases`` with their latencies and flow caps worked out (memoised per phase list).
+
+        The work lists hold the same phase lists for every micro-batch; the memo keeps the list
+        itself so that its id is not reused while the memo lives.
+        """
+        hit = self._steps_memo.get(id(phases))
+        if hit is not None and hit[0] is phases:
+            return hit[1]
+        steps: list[_Step] = []
+        for ph in phases:
+            flows = []
+            for fs in ph.flows:
+                cap = self._flow_cap(ph, fs.links)
+                flows.append((fs.links, fs.multiplicity, fs.nbytes, cap, fs.link_type,
+                              self.net.alone_rate(fs.links, fs.multiplicity, cap)))
+            steps.append(_Step(self._latency(ph) * ph.count, tuple(flows)))
+        compiled = tuple(steps)
+        self._steps_memo[id(phases)] = (phases, compiled)
+        return compiled
+
     def run(self, phases: list[Phase], prio: int, done: Callable[[], None]) -> None:
         """Run ``phases`` one after another; call ``done()`` when the last flow has landed."""
         if not phases:
             done()
             return
-        self._run_phase(phases, 0, prio, done)
+        self._run_step(self._steps(phases), 0, prio, done)
 
-    def _run_phase(self, phases: list[Phase], k: int, prio: int, done: Callable[[], None]) -> None:
-        phase = phases[k]
-        nxt: Callable[[], None] = done if k + 1 == len(phases) else (lambda: self._run_phase(phases, k + 1, prio, done))
-        pending = [len(phase.flows)]
-
-        def flow_done() -> None:
-            pending[0] -= 1
-            if pending[0] == 0:
-                nxt()
-
-        def start_flows(_e: object = None) -> None:
-            for fs in phase.flows:
-                self.net.bytes_by_link_type[fs.link_type] = self.net.bytes_by_link_type.get(fs.link_type, 0.0) + fs.nbytes
-                self.net.start(fs.links, fs.multiplicity, fs.nbytes, self._flow_cap(phase, fs.links), prio, flow_done)
-
-        lat = self._latency(phase) * phase.count
-        if lat > 0.0:
-            self.env.timeout(lat).callbacks.append(start_flows)
+    def _run_step(self, steps: tuple[_Step, ...], k: int, prio: int, done: Callable[[], None]) -> None:
+        step = steps[k]
+        nxt = done if k + 1 == len(steps) else partial(self._run_step, steps, k + 1, prio, done)
+        if len(step.flows) != 1:
+            nxt = _Countdown(len(step.flows), nxt)
+        if step.latency > 0.0:
+            self.env.timeout(step.latency).callbacks.append(partial(self._start_flows, step, prio, nxt))
         else:
-            start_flows()
+            self._start_flows(step, prio, nxt)
+
+    def _start_flows(self, step: _Step, prio: int, done: Callable[[], None], _event: object = None) -> None:
+        by_type = self.net.bytes_by_link_type
+        for links, mult, nbytes, cap, link_type, alone_rate in step.flows:
+            by_type[link_type] = by_type.get(link_type, 0.0) + nbytes
+            self.net.start(links, mult, nbytes, cap, prio, done, alone_rate)
+
+
+class _Step(NamedTuple):
+    """A phase ready to run: its latency, then flows as (links, multiplicity, bytes, cap, link type, alone rate)."""
+
+    latency: float
+    flows: tuple[tuple[tuple[Any, ...], tuple[int, ...], float, float, str, float], ...]
+
+
+class _Countdown:
+    """Calls ``done()`` on the ``n``-th call (all flows of a phase have landed)."""
+
+    __slots__ = ("done", "n")
+
+    def __init__(self, n: int, done: Callable[[], None]) -> None:
+        self.n = n
+        self.done = done
+
+    def __call__(self) -> None:
+        self.n -= 1
+        if self.n == 0:
+            self.done()
 
 
 __all__ = ["Flow", "FluidNetwork", "Transfers"]

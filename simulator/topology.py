@@ -80,6 +80,11 @@ class Topology:
         caps = link_type_capacities(self.cluster, self.device)
         self.nvlink_Bps, self.nic_Bps, self.local_Bps, self.pcie_Bps = (
             caps["nvlink"], caps["nic"], caps["local"], caps["pcie"])
+        # Memos of the pure decompositions below: build_work asks for the same collective once per
+        # gradient bucket and per layer, and each answer walks the stage's dp × tp members.
+        self._members_memo: dict[int, list[tuple[int, int, int]]] = {}
+        self._collective_memo: dict[tuple[str, float, str, int, int], list[Phase]] = {}
+        self._p2p_memo: dict[tuple[int, int, float], list[Phase]] = {}
 
     # -- placement -----------------------------------------------------------------------------
     def global_rank(self, pp: int, dp: int = 0, tp: int = 0) -> int:
@@ -104,7 +109,12 @@ class Topology:
         return sum(1 for _, _, g in self._members(pp_rank) if self.node(g) == n0)
 
     def _members(self, pp_rank: int) -> list[tuple[int, int, int]]:
-        return [(d, t, self.global_rank(pp_rank, d, t)) for d in range(self.plan.dp) for t in range(self.plan.tp)]
+        members = self._members_memo.get(pp_rank)
+        if members is None:
+            base, sd, st = self.global_rank(pp_rank), self._stride["dp"], self._stride["tp"]
+            members = self._members_memo[pp_rank] = [
+                (d, t, base + d * sd + t * st) for d in range(self.plan.dp) for t in range(self.plan.tp)]
+        return members
 
     # -- link capacities ----------------------------------------------------------------------
     def link_capacity(self, link: tuple[str, int]) -> float:
@@ -127,14 +137,25 @@ class Topology:
     # -- transfers ----------------------------------------------------------------------------
     def p2p(self, src_pp: int, dst_pp: int, nbytes: float) -> list[Phase]:
         """Pipeline send of ``nbytes`` per device from stage-rank ``src_pp`` to ``dst_pp``."""
+        key = (src_pp, dst_pp, nbytes)
+        phases = self._p2p_memo.get(key)
+        if phases is None:
+            phases = self._p2p_memo[key] = self._p2p(src_pp, dst_pp, nbytes)
+        return list(phases)
+
+    def _p2p(self, src_pp: int, dst_pp: int, nbytes: float) -> list[Phase]:
         src, dst = self.rep(src_pp), self.rep(dst_pp)
         ns, nd = self.node(src), self.node(dst)
         if ns == nd:
             flow = self._intra(src, dst, nbytes)
             return [Phase("p2p", 2, flow.link_type, (flow,), nbytes)]
-        pairs = [(self.global_rank(src_pp, d, t), self.global_rank(dst_pp, d, t)) for d, t, _ in self._members(src_pp)]
-        out_mult = sum(1 for a, b in pairs if self.node(a) == ns and self.node(b) != ns)
-        in_mult = sum(1 for a, b in pairs if self.node(b) == nd and self.node(a) != nd)
+        # Replica (d, t) sends from global rank a to a + shift; count those leaving ns and entering nd.
+        shift, per_node = self.global_rank(dst_pp) - src, self.cluster.gpus_per_node
+        out_mult = in_mult = 0
+        for _, _, a in self._members(src_pp):
+            na, nb = a // per_node, (a + shift) // per_node
+            out_mult += na == ns and nb != ns
+            in_mult += nb == nd and na != nd
         flow = FlowSpec((("nicout", ns), ("nicin", nd)), nbytes, (max(out_mult, 1), max(in_mult, 1)), "nic")
         return [Phase("p2p", 2, "nic", (flow,), nbytes)]
 
@@ -148,6 +169,13 @@ class Topology:
         node: hierarchical — intra-node reduce-scatter, inter-node ring over the NICs on n/g per
         device, intra-node all-gather (BACKGROUND.md §3; NCCL's own choice differs in details).
         """
+        key = (op, nbytes, axis, pp_rank, count)
+        phases = self._collective_memo.get(key)
+        if phases is None:
+            phases = self._collective_memo[key] = self._collective(op, nbytes, axis, pp_rank, count)
+        return list(phases)
+
+    def _collective(self, op: str, nbytes: float, axis: str, pp_rank: int, count: int) -> list[Phase]:
         size = self.plan.dp if axis == "dp" else self.plan.tp
         if size == 1 or nbytes <= 0:
             return []

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import simpy
-from mindpipe.simulator.network import FluidNetwork
+from mindpipe.simulator.network import FluidNetwork, solo_times
+from mindpipe.simulator.topology import FlowSpec, Phase
 
 
 def _run(flows: list[tuple[tuple, tuple, float, float, int, float]], capacity: dict) -> list[float]:
@@ -68,3 +69,28 @@ def test_capped_high_priority_flow_leaves_the_rest_to_others() -> None:
     # Priority flow capped at 4/s; the other gets 6/s of the 10/s link.
     t = _run([(("a",), (1,), 40.0, 4.0, 0, 0.0), (("a",), (1,), 60.0, 1e9, 1, 0.0)], {"a": 10.0})
     assert t == [pytest.approx(10.0), pytest.approx(10.0)]
+
+
+def _phase(*flows: tuple[tuple, ...]) -> Phase:
+    """A phase whose flows cross the given link tuples (1 byte each, multiplicity 1)."""
+    return Phase("allreduce", 2, "nvlink", tuple(FlowSpec(links, 1.0, (1,) * len(links), "nvlink") for links in flows))
+
+
+def test_solo_times_only_for_lists_whose_links_nobody_else_crosses() -> None:
+    a, b, c = ("nvout", 0), ("nvin", 1), ("nvout", 2)
+    owned = [
+        (0, [_phase((a, b))]),  # rank 0's forward TP: its links are rank 0's alone
+        (0, [_phase((a, b)), _phase((a,))]),  # rank 0's backward TP: same owner, run one at a time
+        (1, [_phase((c,))]),  # rank 1's, but a send crosses c
+        (2, [_phase((("nvout", 5),), (("nvout", 5),))]),  # two flows of one phase on one link
+        (3, []),  # no collectives: trivially alone
+    ]
+    shared = [[_phase((c, ("nvin", 3)))]]
+    got = solo_times(owned, shared, lambda phases: 10.0 * len(phases))
+    assert got == [10.0, 20.0, None, None, 0.0]
+
+
+def test_solo_times_none_when_two_owners_share_a_link() -> None:
+    link = ("local", 0)
+    got = solo_times([(0, [_phase((link,))]), (1, [_phase((link,))])], [], lambda phases: 1.0)
+    assert got == [None, None]

@@ -1,0 +1,116 @@
+"""What the engine is given and what it returns: per-stage and per-rank work, options, results.
+
+:func:`mindpipe.simulator.build.build_work` fills :class:`StageWork` and :class:`RankWork` from a
+plan; :class:`~mindpipe.simulator.engine.Engine` times them under :class:`EngineOptions` and
+returns an :class:`EngineResult` (with :class:`TimelineEvent` spans when asked to record).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mindpipe.simulator.topology import Phase
+
+
+@dataclass
+class StageWork:
+    """Per micro-batch work of one virtual stage on its rank.
+
+    Attributes:
+        forward_s, input_s, weight_s: Compute of F, I (input gradient) and W (weight gradient).
+        recompute_s: Forward compute re-run before I (recompute policy).
+        fwd_tp: TP collective phases of a forward.
+        bwd_tp: TP collective phases of the input-gradient pass (with recomputed forward ones).
+        send_fwd: Phases moving the output to the next stage (None: same rank or last stage).
+        send_bwd: Phases moving the input gradient to the previous stage.
+        dp_buckets: Gradient-reduction phases per bucket, in issue order.
+        gather_buckets: ZeRO-3 parameter all-gather phases per bucket.
+        swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
+    """
+
+    forward_s: float
+    input_s: float
+    weight_s: float
+    recompute_s: float = 0.0
+    fwd_tp: list[Phase] = field(default_factory=list)
+    bwd_tp: list[Phase] = field(default_factory=list)
+    send_fwd: list[Phase] | None = None
+    send_bwd: list[Phase] | None = None
+    dp_buckets: list[list[Phase]] = field(default_factory=list)
+    gather_buckets: list[list[Phase]] = field(default_factory=list)
+    swap_out: list[Phase] = field(default_factory=list)
+    swap_in: list[Phase] = field(default_factory=list)
+
+
+@dataclass
+class RankWork:
+    """Per-iteration work of a pipeline rank outside the schedule."""
+
+    optimizer_s: float = 0.0
+    param_gather: list[list[Phase]] = field(default_factory=list)  # ZeRO-1/2 after the step
+
+
+@dataclass
+class EngineOptions:
+    """Engine knobs.
+
+    Attributes:
+        overlap_grad_reduce: Issue gradient buckets during the last backward (else after it).
+        pp_first: Pipeline p2p traffic has priority over other traffic on shared links.
+        cores_per_rank_slots: For CPU ranks sharing cores: how many ranks a node's cores run at
+            full speed at once (cores / threads per rank); None means dedicated devices.
+        step_overhead_s: Host time per iteration outside the schedule and the optimizer (framework
+            bookkeeping, data, loss reduction); calibration fits it, hardware models leave it 0.
+        comm_on_cores: Transfers are copies made by the host's CPUs (gloo between ranks of one
+            host, over loopback): each costs its host CPU time (or, unfitted, its uncontended
+            time) as work on the issuing rank's cores, shared with compute, instead of flowing
+            over a link. Needs ``cores_per_rank_slots``.
+        step_host_s: Host CPU time per iteration on the cores, after the optimizer.
+        record: Keep a timeline of every compute action and transfer.
+    """
+
+    overlap_grad_reduce: bool = True
+    pp_first: bool = False
+    cores_per_rank_slots: float | None = None
+    step_overhead_s: float = 0.0
+    comm_on_cores: bool = False
+    step_host_s: float = 0.0
+    record: bool = False
+
+
+@dataclass
+class TimelineEvent:
+    """One span of the timeline: rank, thread (``compute``/``comm``), label, start, end."""
+
+    rank: int
+    thread: str
+    name: str
+    start: float
+    end: float
+    category: str
+
+
+@dataclass
+class EngineResult:
+    """Times of one simulated iteration."""
+
+    iteration_time_s: float
+    pipeline_time_s: float
+    busy_s: list[float]
+    compute_s: list[float]
+    end_s: list[float]
+    exposed_dp_s: list[float]
+    comm_busy_s: list[float]
+    bytes_by_link_type: dict[str, float]
+    timeline: list[TimelineEvent] | None = None
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the pipeline span, averaged over ranks (the schedule's bubble)."""
+        if self.pipeline_time_s <= 0:
+            return 0.0
+        frac = 1.0 - sum(self.busy_s) / (len(self.busy_s) * self.pipeline_time_s)
+        return min(max(frac, 0.0), 1.0)
+
+
+__all__ = ["EngineOptions", "EngineResult", "RankWork", "StageWork", "TimelineEvent"]
