@@ -170,9 +170,13 @@ class Engine:
         # (solo_tp_times) add their time to it: one event per action.
         plain = self.opt.cores_per_rank_slots is None
         busy = compute = comm_busy = 0.0
+        gap = self._overhead_slices(r)
         for idx, a in enumerate(order):
             s, mb, kind = a.stage, a.microbatch, a.kind
             st = stages[s]
+            if gap is not None:
+                # Bookkeeping between actions runs on the rank's thread, waits or not.
+                yield from self._overhead(r, *gap)
             if kind == "F":
                 if s > 0 and not arrived_f[s * m + mb]:
                     yield self._wait_input(0, s * m + mb)
@@ -337,15 +341,29 @@ class Engine:
             yield self._transfer(r, phases)
             if self.timeline is not None:
                 self._record(r, "comm", f"param-gather bucket {k}", start, env.now, "dp")
-        if self.opt.step_host_s > 0:
-            start = env.now
-            yield self._compute(r, self.opt.step_host_s)
-            self._record(r, "compute", "host work", start, env.now, "overhead")
-        if self.opt.step_overhead_s > 0:
-            start = env.now
-            yield env.timeout(self.opt.step_overhead_s)
-            self._record(r, "compute", "step overhead", start, env.now, "overhead")
+        gap = self._overhead_slices(r)
+        if gap is not None:
+            yield from self._overhead(r, *gap)
         self.end[r] = env.now
+
+    def _overhead_slices(self, r: int) -> tuple[float, float] | None:
+        """(host CPU, wall) seconds of one overhead slice of rank ``r``: its per-iteration
+        ``step_host_s`` and ``step_overhead_s`` split over its actions plus one after the step."""
+        host, wall = self.opt.step_host_s, self.opt.step_overhead_s
+        if host <= 0 and wall <= 0:
+            return None
+        slices = len(self.schedule.orders[r]) + 1
+        return host / slices, wall / slices
+
+    def _overhead(self, r: int, host: float, wall: float):
+        """One overhead slice: host CPU work on the shared cores, then host time outside them."""
+        start = self.env.now
+        if host > 0:
+            yield self._compute(r, host)
+        if wall > 0:
+            yield self.env.timeout(wall)
+        if self.timeline is not None:
+            self._record(r, "compute", "overhead", start, self.env.now, "overhead")
 
 
 # The records are re-exported: build_work and the Simulator import them from here.

@@ -59,13 +59,16 @@ class EngineOptions:
         pp_first: Pipeline p2p traffic has priority over other traffic on shared links.
         cores_per_rank_slots: For CPU ranks sharing cores: how many ranks a node's cores run at
             full speed at once (cores / threads per rank); None means dedicated devices.
-        step_overhead_s: Host time per iteration outside the schedule and the optimizer (framework
-            bookkeeping, data, loss reduction); calibration fits it, hardware models leave it 0.
+        step_overhead_s: Wall time per iteration outside the actions and the optimizer (the
+            schedule's and autograd's bookkeeping, data, loss reduction); calibration fits it,
+            hardware models leave it 0. It is spent where it occurs: a rank's share is split
+            evenly into a slice before each of its actions and one after its optimizer step.
         comm_on_cores: Transfers are copies made by the host's CPUs (gloo between ranks of one
             host, over loopback): each costs its host CPU time (or, unfitted, its uncontended
             time) as work on the issuing rank's cores, shared with compute, instead of flowing
             over a link. Needs ``cores_per_rank_slots``.
-        step_host_s: Host CPU time per iteration on the cores, after the optimizer.
+        step_host_s: Host CPU time per iteration on the shared cores outside the actions, split
+            like ``step_overhead_s`` (a slice before each action, one after the optimizer).
         record: Keep a timeline of every compute action and transfer.
     """
 

@@ -270,10 +270,12 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "rank_end_s": [1.1443724914738447, 1.070037691764041],
         "bytes_by_link_type": {"nvlink": 40600862720.0},
     },
+    # Re-pinned when the per-iteration overhead moved from one block after the optimizer to slices
+    # between the actions (issue 14): same iteration time here, longer pipeline span.
     "cpu_cores_network": {
         "iteration_time_s": 0.06252303735873016,
-        "bubble_fraction": 0.268984983483073,
-        "pipeline_time_s": 0.04863276863078628,
+        "bubble_fraction": 0.29476495105281286,
+        "pipeline_time_s": 0.05041054640856405,
         "rank_end_s": [0.06252303735873016, 0.05674118931207088],
         "bytes_by_link_type": {"nic": 524288.0, "local": 16963584.0},
     },
@@ -344,3 +346,18 @@ def test_timeline_is_unchanged(name: str) -> None:
     for category, (count, duration, starts) in want.items():
         assert got[category][0] == count, category
         assert got[category][1:] == pytest.approx([duration, starts], rel=1e-9, abs=1e-12), category
+
+
+def test_overhead_is_spent_between_actions() -> None:
+    """The fitted per-iteration overhead is split into a slice before each action and one after the step."""
+    case = CASES["cpu_cores_network"]
+    r = simulate(load_model(case.model), _cluster(case.cluster), Plan(**case.plan),
+                 SimulationOptions(timeline=True, **case.options))
+    events = r.timeline or []
+    for rank in (0, 1):
+        mine = sorted((e for e in events if e["rank"] == rank and e["thread"] == "compute"), key=lambda e: e["start_s"])
+        overhead = [e for e in mine if e["category"] == "overhead"]
+        actions = [e for e in mine if e["category"] in ("F", "B", "I", "W")]
+        assert len(overhead) == len(actions) + 1
+        assert sum(e["end_s"] - e["start_s"] for e in overhead) == pytest.approx(case.options["step_overhead_s"])
+        assert mine[0]["category"] == "overhead" and mine[-1]["category"] == "overhead"
