@@ -19,7 +19,6 @@ Every figure in the report is measured or simulated in this run; nothing is copi
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import platform
@@ -33,10 +32,10 @@ from typing import Any
 
 from mindpipe.runs import RunSpec, run_plan
 from mindpipe.simulator.api import SimulationOptions, simulate
-from mindpipe.simulator.calibrate.cli import format_calibration
 from mindpipe.simulator.calibrate.fidelity import (
     FidelityRow,
     fidelity,
+    format_calibration,
     plan_label,
     scatter_png,
     summary,
@@ -315,31 +314,4 @@ def _report(cfg: LoopConfig, model: Model, out: Path, trace: Trace, simulated: i
     return LoopResult(report, d_run.iteration_s, t2_run.iteration_s, speedup, s, cal)
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``demo`` subcommand."""
-    p = subparsers.add_parser("demo", help="the closed loop on this CPU: profile, tune, run, calibrate, report")
-    p.add_argument("--out", default="results", metavar="DIR", help="output directory (default results)")
-    p.add_argument("--model", default="gpt-mini", help="built-in model or model file (default gpt-mini)")
-    p.add_argument("--ranks", type=int, default=4, help="CPU ranks (default 4)")
-    p.add_argument("--global-batch", type=int, default=32, help="samples per iteration (default 32)")
-    p.add_argument("--steps", type=int, default=8, help="training steps per run (default 8)")
-    p.set_defaults(func=cmd_demo)
-    return p
-
-
-def cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run the loop and print where the report is."""
-    cfg = LoopConfig(model=args.model, ranks=args.ranks, global_batch=args.global_batch,
-                     run=RunSpec(steps=args.steps, warmup_steps=min(2, max(0, args.steps - 3))), out=Path(args.out))
-    res = closed_loop(cfg)
-    print(f"tuned plan {res.speedup:.2f}x {_verdict(res.speedup)} the default plan (measured {res.tuned_s:.3f} s vs "
-          f"{res.default_s:.3f} s per iteration)")
-    s = res.holdout
-    if s.get("n"):
-        print(f"held-out fidelity over {s['n']} plans: MAPE {s['mape_uncalibrated_pct']:.1f}% uncalibrated, "
-              f"{s['mape_calibrated_pct']:.1f}% calibrated")
-    print(f"report: {res.report}")
-    return 0
-
-
-__all__ = ["LoopConfig", "LoopResult", "add_parser", "closed_loop", "cmd_demo"]
+__all__ = ["LoopConfig", "LoopResult", "closed_loop"]

@@ -3,13 +3,16 @@
 The fidelity report of the closed loop: for runs that were *not* used to calibrate, how far the
 uncalibrated simulator (catalog hardware model, dedicated devices) and the calibrated one are
 from what the executor measured — a table (Markdown or text) and a scatter plot.
+:func:`fidelity_report` is the one place that assembles them (``mindpipe calibrate --report``
+and ``mindpipe validate measured --report`` both call it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from mindpipe.simulator.api import SimulationOptions, simulate
 from mindpipe.simulator.calibrate.runs import MeasuredRun
@@ -169,4 +172,68 @@ def scatter_png(rows: list[FidelityRow], path: str | Path, title: str = "Predict
     return out
 
 
-__all__ = ["FidelityRow", "fidelity", "plan_label", "scatter_png", "summary", "table_markdown", "table_text"]
+def format_calibration(cal: Calibration) -> str:
+    """The fitted constants of a calibration, one line each (terminal and Markdown code block)."""
+    lines = []
+    for name, dev in cal.devices.items():
+        for precision, c in dev.compute.items():
+            scales = ", ".join(f"{k} ×{v:.3g}" for k, v in c.scale.items())
+            lines.append(f"compute {name} {precision} ({c.threads_per_rank} thread(s)/rank): {scales}; "
+                         f"{1e6 * c.op_overhead_s:.0f} µs per op (+{1e6 * c.tp_op_overhead_s:.0f} µs tensor-parallel, "
+                         f"+{1e9 * c.tp_comm_cpu_s_per_byte:.2f} ns CPU per TP byte sent); "
+                         f"optimizer {1e3 * c.optimizer_overhead_s:.2f} ms + {1e9 * c.optimizer_s_per_param:.2f} ns/param; "
+                         f"fit on {c.samples} action groups, MAPE {100 * c.fit_mape:.1f}%")
+        shared = f"; {dev.cpus_per_node} CPUs per host shared by its ranks" if dev.cpus_per_node else ""
+        if dev.host_samples:
+            lines.append(f"host work {name}: {1e3 * dev.step_cpu_s:.1f} ms CPU per iteration + "
+                         f"{1e6 * dev.op_cpu_s:.0f} µs per op outside the actions; fit on {dev.host_samples} ranks, "
+                         f"MAPE {100 * dev.host_fit_mape:.1f}%")
+        lines.append(f"step overhead {name}: {1e3 * dev.step_overhead_s:.1f} ms per iteration{shared}")
+    for backend, links in cal.comm.items():
+        for link, lc in links.items():
+            lines.append(f"comm {backend} {link}: {1e6 * lc.step_latency_s:.1f} µs per step, "
+                         f"{lc.bandwidth_Bps / 1e9:.3g} GB/s; fit on {lc.samples} collectives, MAPE {100 * lc.fit_mape:.1f}%")
+            if lc.cpu_s_per_step or lc.cpu_s_per_byte:
+                lines.append(f"comm {backend} {link} host copies: {1e6 * lc.cpu_s_per_step:.1f} µs CPU per step + "
+                             f"{1e9 * lc.cpu_s_per_byte:.2f} ns CPU per byte, on the cores the ranks share")
+    return "\n".join(lines)
+
+
+def fidelity_report(rows: list[FidelityRow], fitted: list[FidelityRow] | None = None, *,
+                    report_dir: str | Path | None = None, title: str = "Predicted vs measured",
+                    preface: Sequence[str] = (), print_to: TextIO | None = None) -> list[Path]:
+    """Print the predicted-vs-measured table(s) and write ``fidelity.md`` and the scatter plot.
+
+    Args:
+        rows: The runs being judged: held-out runs when ``fitted`` is given, else every run.
+        fitted: The runs a calibration was fitted on (in-sample), shown in their own section
+            and drawn hollow in the scatter; None when there is no such split.
+        report_dir: Where to write ``fidelity.md`` and ``calibration_scatter.png`` (created if
+            missing); None writes nothing.
+        title: The Markdown document's heading.
+        preface: Markdown lines between the heading and the tables (e.g. the fitted constants).
+        print_to: Stream for the plain-text tables; None prints nothing (``--json``).
+
+    Returns:
+        The files written, ``fidelity.md`` first (empty without ``report_dir``).
+    """
+    # (section heading in Markdown, label on the terminal, rows); a lone set of rows gets neither.
+    sections = [("Runs the calibration was fitted on", "runs fitted on (in-sample):", fitted or []),
+                ("Held-out runs", "held-out runs:", rows)] if fitted else [("", "", rows)]
+    sections = [s for s in sections if s[2]]
+    if print_to is not None:
+        print("\n\n".join((f"{label}\n" if label else "") + table_text(part) for _, label, part in sections),
+              file=print_to)
+    if report_dir is None:
+        return []
+    out = Path(report_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md = [f"# {title}", "", *preface] + [line for heading, _, part in sections
+                                         for line in ([f"## {heading}", ""] if heading else []) + [table_markdown(part), ""]]
+    (out / "fidelity.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    png = scatter_png(rows or fitted or [], out / "calibration_scatter.png", fitted=fitted if rows else None)
+    return [out / "fidelity.md", png]
+
+
+__all__ = ["FidelityRow", "fidelity", "fidelity_report", "format_calibration", "plan_label", "scatter_png", "summary",
+           "table_markdown", "table_text"]

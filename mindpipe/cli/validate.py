@@ -6,8 +6,9 @@
 
 ``measured`` takes traces written by ``mindpipe run`` and prints predicted vs measured iteration
 time, uncalibrated and (with ``--calibration``) calibrated; ``--report DIR`` also writes the
-table as Markdown and the scatter plot. ``--calibration`` applies to the vTrain datasets too (a
-calibration fitted on GPU runs of that device).
+table as Markdown and the scatter plot
+(:func:`~mindpipe.simulator.calibrate.fidelity.fidelity_report`). ``--calibration`` applies to
+the vTrain datasets too (a calibration fitted on GPU runs of that device).
 
 The datasets are not shipped (DESIGN.md: the product must not need them); the user points at
 the CSV. ``--json`` prints one object on stdout (``mape``, ``max_abs_pct_error``, ``n``, per-row
@@ -21,16 +22,20 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from mindpipe.cli import loaders
 from mindpipe.traces.errors import ContractError
+
+if TYPE_CHECKING:
+    from mindpipe.traces.calibration import Calibration
 
 DATASETS = ("vtrain-single", "vtrain-multi", "measured")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``validate`` subcommand to ``subparsers`` and return its parser."""
-    p = subparsers.add_parser("validate", help="simulate published runs and print the error of the performance model")
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``validate`` subcommand to ``sub`` and return its parser."""
+    p = sub.add_parser("validate", help="simulate published runs and print the error of the performance model")
     p.add_argument("dataset", choices=DATASETS, help="which measurements --data holds")
     p.add_argument("--data", required=True, nargs="+", metavar="FILE",
                    help="the dataset's CSV (vTrain ground_truth_{single,multi}.csv), or measured traces for 'measured'")
@@ -47,30 +52,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_validate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Simulate every (or a sample of the) row(s) and print predicted vs measured."""
+    calibration = loaders.calibration(args.calibration)
+    if args.dataset == "measured":
+        return _validate_measured(args, calibration)
+    return _validate_vtrain(args, calibration)
+
+
+def _validate_vtrain(args: argparse.Namespace, calibration: Calibration | None) -> int:
+    """vTrain's published runs: per-row error, MAPE, error by model size."""
     import random
 
     from mindpipe.simulator.perf.validate import format_report, summarize, validate_rows, with_gpu
-    from mindpipe.simulator.perf.vtrain import load_vtrain, split_fit_holdout
+    from mindpipe.simulator.perf.vtrain import split_fit_holdout
     from mindpipe.traces.catalog import get_device
 
-    calibration = None
-    if args.calibration:
-        from mindpipe.traces.calibration import load_calibration
-
-        calibration = load_calibration(args.calibration)
-    if args.dataset == "measured":
-        return _validate_measured(args, calibration)
     if len(args.data) != 1:
         raise ContractError("--data", None, f"{args.dataset} takes one CSV file, got {len(args.data)}")
-    args.data = args.data[0]
+    data = args.data[0]
     device = get_device(args.gpu)
     if device.kind != "gpu":
         raise ContractError("--gpu", "gpu", f"{args.gpu} is not a GPU; validate compares GPU runs")
-    rows = load_vtrain(args.data)
-    multi = rows[0].stated_params_billion is not None
-    if multi != (args.dataset == "vtrain-multi"):
-        found = "multi-node" if multi else "single-node"
-        raise ContractError(args.data, "line 1", f"this is vTrain's {found} file; dataset {args.dataset} expects the other")
+    rows = loaders.vtrain_rows(data, args.dataset)
     # The split of the shipped fit (simulator/perf/refit.py): rows a constant may have been fitted on.
     fit, _ = split_fit_holdout(rows, seed=0)
     fit_sources = {r.source for r in fit} if args.dataset == "vtrain-single" else None
@@ -87,41 +89,32 @@ def cmd_validate(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     results = validate_rows(rows, progress=progress, calibration=calibration)
     summary = summarize(results, fit_sources)
-    label = args.dataset if device.name.startswith("a100") else f"{args.dataset} on {device.name}"
     if args.json:
-        out = {"dataset": args.dataset, "data": str(args.data), "gpu": device.name, **summary,
+        out = {"dataset": args.dataset, "data": data, "gpu": device.name, **summary,
                "fit_split": "split_fit_holdout(seed=0, fit_fraction=0.5) of vtrain-single; nothing fitted on vtrain-multi",
                "rows": [{"source": r.source, "size": r.size, "gpus": r.gpus, "tp": r.tp, "pp": r.pp, "dp": r.dp,
                          "micro_batch": r.micro_batch, "global_batch": r.global_batch, "measured_s": r.measured_s,
                          "predicted_s": r.predicted_s, "pct_error": 100 * r.error} for r in results]}
         print(json.dumps(out))
     else:
+        label = args.dataset if device.name.startswith("a100") else f"{args.dataset} on {device.name}"
         print(format_report(label, results, summary))
     return 0
 
 
-def _validate_measured(args: argparse.Namespace, calibration: Any) -> int:
+def _validate_measured(args: argparse.Namespace, calibration: Calibration | None) -> int:
     """Predicted vs measured for runs of ``mindpipe run`` (before and, if given, after calibration)."""
-    from pathlib import Path
+    from mindpipe.simulator.calibrate.fidelity import fidelity, fidelity_report, summary
 
-    from mindpipe.simulator.calibrate.fidelity import fidelity, scatter_png, summary, table_markdown, table_text
-    from mindpipe.simulator.calibrate.runs import load_runs
-
-    rows = fidelity(load_runs(args.data), calibration)
-    files = []
-    if args.report:
-        out = Path(args.report)
-        out.mkdir(parents=True, exist_ok=True)
-        source = f"calibration `{args.calibration}`" if args.calibration else "no calibration"
-        (out / "fidelity.md").write_text(f"# Predicted vs measured ({source})\n\n{table_markdown(rows)}\n", encoding="utf-8")
-        files = [str(out / "fidelity.md"), str(scatter_png(rows, out / "calibration_scatter.png"))]
+    rows = fidelity(loaders.measured_runs(args.data), calibration)
+    source = f"calibration `{args.calibration}`" if args.calibration else "no calibration"
+    files = [str(f) for f in fidelity_report(rows, report_dir=args.report, title=f"Predicted vs measured ({source})",
+                                             print_to=None if args.json else sys.stdout)]
     if args.json:
         print(json.dumps({"dataset": "measured", "data": list(args.data), "calibration": args.calibration,
                           **summary(rows), "rows": [vars(r) for r in rows], "report": files}))
-    else:
-        print(table_text(rows))
-        if files:
-            print("wrote " + ", ".join(files))
+    elif files:
+        print("wrote " + ", ".join(files))
     return 0
 
 

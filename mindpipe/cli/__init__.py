@@ -1,0 +1,60 @@
+"""The ``mindpipe`` command line: thin wiring from subcommands to library calls.
+
+One module per subcommand (:mod:`~mindpipe.cli.profile`, :mod:`~mindpipe.cli.import_`,
+:mod:`~mindpipe.cli.inspect`, :mod:`~mindpipe.cli.simulate`, :mod:`~mindpipe.cli.tune`,
+:mod:`~mindpipe.cli.calibrate`, :mod:`~mindpipe.cli.validate`, :mod:`~mindpipe.cli.run`,
+:mod:`~mindpipe.cli.demo`), each with ``add_parser(sub)`` and ``cmd_<name>(args, argv) -> int``,
+and one loader per kind of input (:mod:`~mindpipe.cli.loaders`).
+
+Every input problem is reported as one line ``mindpipe: error: <file>: <key>: <rule>`` on stderr
+with exit code 2, never a traceback. ``--json`` prints exactly one JSON object on stdout;
+progress always goes to stderr. torch is imported only by the subcommands that need it (profile,
+run, demo), and only when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from mindpipe import __version__
+from mindpipe.cli import calibrate, demo, import_, inspect, profile, run, simulate, tune, validate
+from mindpipe.cli.output import stderr
+from mindpipe.traces.errors import ContractError
+
+EXIT_USAGE = 2
+
+# In the order ``mindpipe --help`` lists them.
+SUBCOMMANDS = (profile, import_, inspect, simulate, tune, validate, calibrate, demo, run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    p = argparse.ArgumentParser(prog="mindpipe", description="Plan, simulate and run 4D-parallel training.")
+    p.add_argument("--version", action="version", version=f"mindpipe {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.add_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mindpipe`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace, Sequence[str]], int] = args.func
+    try:
+        return func(args, argv)
+    except ContractError as e:
+        stderr(f"mindpipe: error: {e}")
+        return EXIT_USAGE
+    except OSError as e:
+        stderr(f"mindpipe: error: {getattr(e, 'filename', '') or ''}: {e.strerror or e}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        stderr("mindpipe: interrupted")
+        return 130
+
+
+__all__ = ["EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]

@@ -1,0 +1,78 @@
+"""``mindpipe calibrate``: fit the simulator's constants to measured runs (torch-free).
+
+    mindpipe calibrate m1.json m2.json ... --out calibration.json [--holdout h1.json ...] [--report DIR]
+
+Reads measured traces written by ``mindpipe run``, fits compute, communication, host CPU and step
+overhead (:mod:`mindpipe.simulator.calibrate.fit`), writes the calibration file and prints what was
+fitted and how well it explains the runs it came from. With ``--holdout``, runs *not* used in the
+fit are predicted before and after calibration (the fidelity report); ``--report DIR`` also writes
+that table as Markdown and the scatter plot as PNG
+(:func:`~mindpipe.simulator.calibrate.fidelity.fidelity_report`). ``--json`` prints one object on
+stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mindpipe.cli import loaders
+from mindpipe.cli.output import stderr
+from mindpipe.traces.errors import ContractError
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``calibrate`` subcommand to ``sub`` and return its parser."""
+    p = sub.add_parser("calibrate", help="fit the simulator's compute and communication constants to measured runs")
+    p.add_argument("measured", nargs="+", metavar="MEASURED", help="measured traces from `mindpipe run --out` to fit on")
+    p.add_argument("--out", required=True, metavar="FILE", help="calibration JSON to write")
+    p.add_argument("--holdout", nargs="+", default=[], metavar="MEASURED",
+                   help="measured runs left out of the fit: report predicted vs measured before and after")
+    p.add_argument("--report", default=None, metavar="DIR", help="write fidelity.md and calibration_scatter.png here")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=cmd_calibrate)
+    return p
+
+
+def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Fit, write, and report (see module docstring)."""
+    from mindpipe.simulator.calibrate.fidelity import fidelity, fidelity_report, format_calibration, summary
+    from mindpipe.simulator.calibrate.fit import calibrate
+    from mindpipe.traces.calibration import save_calibration
+    from mindpipe.traces.schema import to_dict
+
+    runs = loaders.measured_runs(args.measured)
+    holdout = loaders.measured_runs(args.holdout) if args.holdout else []
+    overlap = {Path(r.source).resolve() for r in runs} & {Path(r.source).resolve() for r in holdout}
+    if overlap:
+        raise ContractError("--holdout", None, f"{sorted(map(str, overlap))[0]} is both fitted on and held out")
+    stderr(f"calibrating on {len(runs)} measured run(s)")
+    cal, notes = calibrate(runs)
+    save_calibration(cal, args.out)
+    fitted_rows = fidelity(runs, cal)
+    held_rows = fidelity(holdout, cal) if holdout else []
+    constants = format_calibration(cal)
+    if not args.json:
+        print(constants)
+        for w in notes.warnings:
+            print(f"warning: {w}")
+        print()
+    files = [str(f) for f in fidelity_report(
+        held_rows, fitted_rows, report_dir=args.report, title="Calibration fidelity",
+        preface=[f"Calibration: `{args.out}`", "", "```", constants, "```", ""],
+        print_to=None if args.json else sys.stdout)]
+    if args.json:
+        print(json.dumps({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows),
+                          "holdout": summary(held_rows) if held_rows else None,
+                          "rows": {"fitted": [vars(r) for r in fitted_rows], "holdout": [vars(r) for r in held_rows]},
+                          "warnings": notes.warnings, "report": files}))
+    else:
+        print(f"\nwrote {args.out}" + "".join(f", {f}" for f in files))
+    return 0
+
+
+__all__ = ["add_parser", "cmd_calibrate"]

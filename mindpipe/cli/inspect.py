@@ -1,0 +1,30 @@
+"""``mindpipe inspect TRACE [--model M]``: a trace's per-layer table, checked against a model."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from mindpipe.cli import loaders
+from mindpipe.cli.output import emit_trace
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``inspect`` subcommand to ``sub`` and return its parser."""
+    p = sub.add_parser("inspect", help="summarise a trace file and check it against a model")
+    p.add_argument("trace", metavar="TRACE", help="trace file or shipped trace name (e.g. gpt-mini.cpu)")
+    p.add_argument("--model", default=None, help="fail unless the trace was taken for this model")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    p.set_defaults(func=cmd_inspect)
+    return p
+
+
+def cmd_inspect(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Load the trace (refusing one taken for another ``--model``) and print its summary."""
+    trace = loaders.trace(args.trace, loaders.model(args.model) if args.model else None)
+    emit_trace(args, trace, None)
+    return 0
+
+
+__all__ = ["add_parser", "cmd_inspect"]
