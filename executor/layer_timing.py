@@ -200,7 +200,8 @@ class LayerTimer:
                 return
             self._mark(stage, None, j, "forward")
             if isinstance(output, torch.Tensor):
-                self.output_bytes.setdefault(name, _nbytes(output))
+                if name not in self.output_bytes:
+                    self.output_bytes[name] = _nbytes(output)
                 if output.requires_grad:
                     output.register_hook(self._on_grad(stage, a.microbatch, j, "output_grad"))
 

@@ -152,8 +152,8 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
         notes.append(f"the plan was tuned for {plan.made_for.describe()}; this run is on {device.name}")
     capacity = device.memory_capacity_bytes / GIB
     if memory_check is None:
-        notes.append("memory pre-check skipped: no memory model was given (python -m mindpipe.executor runs "
-                     "without the simulator; mindpipe run checks memory before it launches)")
+        notes.append("memory pre-check skipped: the caller gave no memory model (the simulator's, which the "
+                     "executor does not import)")
         return Precheck(src, None, capacity, notes)
     try:
         gib = memory_check(model, plan, device, max(1, min(ranks_per_device, world_size)))

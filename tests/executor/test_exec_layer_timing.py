@@ -26,7 +26,17 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 MODEL = Model(kind="gpt", num_layers=3, hidden_size=64, num_heads=4, seq_len=64, vocab_size=64)
 BATCH = 8
 HEAVY = "block.1"
-MICROBATCHES = 3
+MICROBATCHES = 5
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, as the executor's CPU ranks run: a second one spinning at barriers on a
+    busy machine stalls whichever layer is running, and the heavy block would no longer stand out."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 class FakeStage:
@@ -120,9 +130,11 @@ def test_layer_table_holds_medians_of_the_segments():
     assert heavy.param_count > table.records[0].param_count == MODEL.block_param_count()
     assert table.records[0].output_bytes == BATCH * MODEL.seq_len * MODEL.hidden_size * 4
     assert table.records[-1].output_bytes == 0
-    # The stage's forward is the sum of its layers (medians of sums vs sums of medians: close, not equal).
-    f = sorted(a.end_s - a.start_s for a in rec.spans.actions if a.kind == "F" and a.step == 2)[MICROBATCHES // 2]
-    assert sum(r.forward_s for r in table.records) == pytest.approx(f, rel=0.5)
+    # Each record is the median of the layer's segments over the measured step's micro-batches.
+    for r in table.records:
+        for phase in ("forward", "backward_input", "backward_weight"):
+            spans = [s.end_s - s.start_s for s in rec.spans.layers if s.layer == r.name and s.phase == phase and s.step == 2]
+            assert len(spans) == MICROBATCHES and getattr(r, f"{phase}_s") == statistics.median(spans)
 
 
 def test_segment_rules():

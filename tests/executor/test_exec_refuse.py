@@ -77,7 +77,7 @@ def test_plan_that_does_not_fit_is_refused(capsys):
 def test_without_a_memory_model_the_precheck_says_so():
     plan = Plan(pp=2, global_batch_size=8, micro_batch_size=2, precision="fp32")
     pre = check_run(load_model("gpt-1.3b"), plan, 2, "cpu", get_device("cpu"), ranks_per_device=2)
-    assert pre.memory_gib is None and any(n.startswith("memory pre-check skipped: no memory model") for n in pre.notes)
+    assert pre.memory_gib is None and any(n.startswith("memory pre-check skipped: the caller gave no memory model") for n in pre.notes)
     fits = check_run(Model(**TINY), plan, 2, "cpu", get_device("cpu"), ranks_per_device=2,
                      memory_check=simulator_memory_check)
     assert fits.memory_gib is not None and len(fits.memory_gib) == 2 and 0 < max(fits.memory_gib) < fits.capacity_gib
