@@ -28,6 +28,7 @@ from mindpipe.executor.payload import (
     ActionKind,
     ActionSpan,
     Axis,
+    CommKind,
     CommSpan,
     LayerSpan,
     MemorySource,
@@ -104,10 +105,9 @@ class Recorder:
         self.spans.comms.append(CommSpan(self.step, "collective", axis, op, t0, t1, size, group))
 
     # -- instrumentation ---------------------------------------------------------------------
-    def _comm(self, kind: str, axis: Axis, op: str, t0: Mark) -> None:
+    def _comm(self, kind: CommKind, axis: Axis, op: str, t0: Mark) -> None:
         step = self.step
-        self._pending.append((lambda a, b: self.spans.comms.append(CommSpan(step, kind, axis, op, a, b)),  # type: ignore[arg-type]
-                              t0, self.now()))
+        self._pending.append((lambda a, b: self.spans.comms.append(CommSpan(step, kind, axis, op, a, b)), t0, self.now()))
 
     def p2p_wait(self, do_wait: Callable[[], None]) -> None:
         """Timed pipeline p2p wait (installed by ``timed_p2p_waits``)."""

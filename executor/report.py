@@ -120,9 +120,11 @@ def _measurement(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], bac
                for p in payloads for a in p.spans.actions]
     comms = [CommEvent(p.rank, c.step, c.kind, c.axis, c.op, c.start_s, c.end_s - c.start_s, c.size_bytes, c.group_size)
              for p in payloads for c in p.spans.comms]
-    # torch.distributed.pipelining reduces a stage's gradients after its last backward
-    # (perform_reduce_grad), so the run did not overlap them whatever the plan asked: record what ran.
+    # What-if knobs are recorded as what ran: torch.distributed.pipelining reduces a stage's
+    # gradients after its last backward (perform_reduce_grad), so they were not overlapped, and
+    # every stream ran at torch's default priority (no pipeline-first policy).
     ran = dataclasses.replace(plan, overlap_grad_reduce=False) if plan.dp > 1 else plan
+    ran = dataclasses.replace(ran, comm_priority="fair")
     return Measurement(
         plan=ran, world_size=plan.world_size, nodes=hosts, backend=backend, device_kind=device.type,
         device_name=spec.name if spec is not None else torch.cuda.get_device_name(device),
@@ -152,6 +154,9 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], back
     if plan.dp > 1 and plan.overlap_grad_reduce:
         notes.append("gradients were reduced after each stage's last backward (torch.distributed.pipelining), "
                      "not overlapped with it: the measurement's plan says overlap_grad_reduce=false")
+    if plan.comm_priority != "fair":
+        notes.append(f"comm_priority={plan.comm_priority} is a what-if knob the executor does not carry out (torch's "
+                     "default stream priorities ran): the measurement's plan says comm_priority=fair")
     notes += table.notes
     return Trace(
         device=measurement.device_name, dtype=plan.precision, layers=table.records,

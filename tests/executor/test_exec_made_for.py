@@ -44,6 +44,8 @@ def test_a_tuned_plan_runs_without_model(tmp_path):
     # The what-if knob is named, and what ran is recorded.
     notes = [ln for ln in res.stderr.splitlines() if ln.startswith("mindpipe: note: what-if knobs")]
     assert len(notes) == 1 and "comm_priority=pp_first" in notes[0], res.stderr[-3000:]
+    assert trace.measurement.plan.comm_priority == "fair" and "comm_priority=pp_first is a what-if knob" in \
+        trace.provenance.notes
 
 
 @pytest.mark.parametrize(
