@@ -3,7 +3,9 @@
 Every rank of the job runs this module; torchrun (or ``srun`` with ``MASTER_ADDR``/``MASTER_PORT``
 exported) provides the rank and world size, and without either it trains as a single process.
 ``mindpipe run`` launches it as ``python -m mindpipe.executor --config FILE`` with the validated config.
-Input problems print one line ``executor: error: ...`` and exit with code 2.
+Input problems print one line ``executor: error: ...`` and exit with code 2. Started directly, the
+rank runs the launcher's checks except the memory pre-check (the simulator's memory model, which
+the executor does not import), and rank 0 prints the notes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ import sys
 from collections.abc import Sequence
 
 from mindpipe.executor.config import RunConfig, add_run_arguments, config_from_args
-from mindpipe.executor.precheck import catalog_device, check_run, detect_device, env_world_size, ranks_per_host
+from mindpipe.executor.precheck import (
+    catalog_device,
+    check_run,
+    detect_device,
+    env_rank,
+    env_world_size,
+    ranks_per_host,
+)
 from mindpipe.traces.errors import ContractError
 
 
@@ -30,10 +39,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             add_run_arguments(p, launcher=False)
             cfg = config_from_args(p.parse_args(argv))
             command = "python -m mindpipe.executor " + " ".join(shlex.quote(a) for a in argv)
-        # Refuse an impossible plan before importing torch (seconds per rank).
+        # Refuse an impossible plan before importing torch (seconds per rank). No memory model
+        # here: the executor does not import the simulator's (mindpipe run checks memory itself).
         kind, gpu = detect_device(cfg.device)
         pre = check_run(cfg.model, cfg.plan, env_world_size(), kind, catalog_device(kind, gpu), cfg.schedule_source,
                         text_data=cfg.data != "synthetic", ranks_per_device=ranks_per_host() if kind == "cpu" else 1)
+        if command and env_rank() == 0:  # started directly: nobody printed the notes (mindpipe run does)
+            for note in pre.notes:
+                print(f"executor: note: {note}", file=sys.stderr, flush=True)
         from mindpipe.executor.worker import run  # imports torch
 
         return run(cfg, command=command, pre=pre)

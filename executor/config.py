@@ -21,6 +21,7 @@ from mindpipe.traces.schema import from_dict, read_json, to_dict
 SCHEDULE_SOURCES = ("auto", "torch", "simulator")
 DEVICES = ("auto", "cpu", "cuda")
 RUN_CONFIG_FORMAT_VERSION = 1
+DEFAULT_MODEL = "gpt-mini"  # the model of a hand-written plan run without --model
 
 
 @dataclass
@@ -125,7 +126,8 @@ def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
         p.add_argument("--run-timeout", type=float, default=None,
                        help="launcher watchdog: end the whole run after this many seconds (default: none)")
     p.add_argument("--steps", type=int, required=True, help="train until this global step")
-    p.add_argument("--model", default="gpt-mini", help="model JSON file, inline JSON or built-in name (default gpt-mini)")
+    p.add_argument("--model", default=None,
+                   help="model JSON file, inline JSON or built-in name (default: the plan's made_for.model, else gpt-mini)")
     p.add_argument("--out", default="measured.json", help="measured trace to write (default measured.json)")
     p.add_argument("--timeline", default=None, help="Chrome-trace timeline (default: OUT with .timeline.json)")
     p.add_argument("--checkpoint-dir", default=None, help="torch.distributed.checkpoint directory")
@@ -145,14 +147,39 @@ def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary of the run on stdout")
 
 
+def plan_source(arg: str) -> str:
+    """How errors name the plan: its file, or ``plan`` for inline JSON."""
+    return "plan" if arg.strip().startswith("{") else arg
+
+
+def resolve_model(model_arg: str | None, plan: Plan, source: str = "plan") -> Model:
+    """The model to train: ``--model``, else the one the plan was tuned for, else ``gpt-mini``.
+
+    Raises:
+        ContractError: ``--model`` names another model than the plan's ``made_for.model``, e.g.
+            ``plan.json: made_for: the plan was tuned for gpt-13b; --model gives gpt-mini``.
+    """
+    made = plan.made_for
+    if model_arg is None:
+        return made.model if made is not None else load_model(DEFAULT_MODEL)
+    model = load_model(model_arg)
+    if made is not None and not made.model.same_shape(model):
+        raise ContractError(source, "made_for", f"the plan was tuned for {made.model.label}; --model gives {model.label}")
+    return model
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Build and validate a :class:`RunConfig` from parsed arguments.
 
+    The model is ``--model``, or the plan's ``made_for.model`` when it is not given (a tuned
+    plan carries the model it was tuned for), else ``gpt-mini``.
+
     Raises:
-        ContractError: a malformed plan or model, or an impossible option (names the key).
+        ContractError: a malformed plan or model, a model other than the one the plan was tuned
+            for, or an impossible option (names the key).
     """
-    model = load_model(args.model)
     plan = load_plan(args.plan)
+    model = resolve_model(args.model, plan, plan_source(args.plan))
     fields: dict[str, Any] = {
         "model": model, "plan": plan, "steps": args.steps, "seed": args.seed, "data": args.data, "lr": args.lr,
         "weight_decay": args.weight_decay, "out": args.out, "timeline": args.timeline,
@@ -167,4 +194,4 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise ContractError("command line", e.key, e.rule) from None
 
 
-__all__ = ["RunConfig", "add_run_arguments", "config_from_args"]
+__all__ = ["DEFAULT_MODEL", "RunConfig", "add_run_arguments", "config_from_args", "plan_source", "resolve_model"]

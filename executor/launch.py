@@ -1,7 +1,8 @@
 """``mindpipe run``: validate a plan, then run it under torchrun with a watchdog.
 
 The plan is checked before any process starts (:func:`mindpipe.executor.precheck.check_run`); a plan
-that cannot work is refused with the reason. On one node the launcher picks a free port on
+that cannot work is refused with the reason. The memory check is the caller's (``memory_check``:
+the CLI passes the simulator's memory model, which the executor does not import). On one node the launcher picks a free port on
 127.0.0.1 and sets ``GLOO_SOCKET_IFNAME=lo`` (gloo otherwise binds the host name's interface and
 may hang); across nodes it passes torchrun's rendezvous options through unchanged.
 
@@ -30,8 +31,8 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
-from mindpipe.executor.config import RunConfig, config_from_args
-from mindpipe.executor.precheck import catalog_device, check_run, detect_device
+from mindpipe.executor.config import RunConfig, config_from_args, plan_source
+from mindpipe.executor.precheck import MemoryCheck, catalog_device, check_run, detect_device
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.trace import Trace
 
@@ -115,13 +116,13 @@ def _first_error(error_dir: Path, output: Sequence[str]) -> str:
     return "torchrun failed: " + (output[-1] if output else "no output")
 
 
-def _plan_source(arg: str) -> str:
-    """How errors name the plan: its file, or ``plan`` for inline JSON."""
-    return "plan" if arg.strip().startswith("{") else arg
-
-
-def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None = None) -> Trace | None:
+def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None = None,
+           memory_check: MemoryCheck | None = None) -> Trace | None:
     """Validate, launch torchrun, wait; returns the measured trace (None when ``cfg.out`` is unset).
+
+    ``memory_check`` estimates each pipeline rank's memory and refuses a plan that does not fit
+    (:func:`mindpipe.executor.precheck.check_run`); the CLI passes the simulator's. None skips
+    the memory check (the launcher prints a note).
 
     Raises:
         ContractError: the plan is refused before launch.
@@ -131,8 +132,8 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
     spec = catalog_device(kind, gpu)
     world = None if ":" in str(args.nnodes) else int(args.nproc) * int(args.nnodes)
     pre = check_run(cfg.model, cfg.plan, world if world is not None else cfg.plan.world_size, kind, spec,
-                    cfg.schedule_source, text_data=cfg.data != "synthetic", source=_plan_source(args.plan),
-                    ranks_per_device=int(args.nproc) if kind == "cpu" else 1)
+                    cfg.schedule_source, text_data=cfg.data != "synthetic", source=plan_source(args.plan),
+                    ranks_per_device=int(args.nproc) if kind == "cpu" else 1, memory_check=memory_check)
     for note in pre.notes:
         print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="mindpipe-run-") as tmp:
@@ -197,12 +198,15 @@ def summary(trace: Trace) -> dict[str, object]:
     }
 
 
-def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """``mindpipe run PLAN --nproc N --steps S ...`` (handler registered by :mod:`mindpipe.cli`)."""
+def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryCheck | None = None) -> int:
+    """``mindpipe run PLAN --nproc N --steps S ...`` (handler registered by :mod:`mindpipe.cli`).
+
+    ``memory_check``: see :func:`launch` (the CLI builds it on ``Simulator.refuse_unless_fits``).
+    """
     cfg = config_from_args(args)
     started = time.perf_counter()
     try:
-        trace = launch(cfg, args, run_timeout=args.run_timeout)
+        trace = launch(cfg, args, run_timeout=args.run_timeout, memory_check=memory_check)
     except RunFailed as e:
         print(f"mindpipe: error: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILED

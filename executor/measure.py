@@ -1,16 +1,18 @@
-"""Per-rank timing of a real run: every compute action, p2p wait, gradient sync and step.
+"""Per-rank timing of a real run: every compute action, its layers, p2p wait, gradient sync and step.
 
 A :class:`Recorder` replaces, on each :class:`~torch.distributed.pipelining.PipelineStage`
 *instance*, the four methods every torch schedule calls — ``forward_one_chunk`` (F),
 ``backward_one_chunk`` (B, or I when ``full_backward=False``), ``backward_weight_one_chunk`` (W)
 and ``perform_reduce_grad`` (the data-parallel gradient reduction) — with timed versions, and
 times the pipeline's p2p waits through :func:`mindpipe.executor.torch_pipelining.timed_p2p_waits`. torch's
-classes are untouched.
+classes are untouched. Inside each action, :class:`~mindpipe.executor.layer_timing.LayerTimer`
+cuts the time into per-layer segments at marks the layers' hooks leave.
 
 Clocks: on CPU the host's monotonic clock (``time.perf_counter``, system-wide on Linux, so ranks
 on one host share it); on CUDA, events on the current stream, anchored to the host clock at the
 start of each step after a synchronise, so GPU work is timed where it runs rather than where it
 was queued. All times are relative to the run's origin (see :mod:`mindpipe.traces.measured`).
+The records are the typed spans of :mod:`mindpipe.executor.payload`.
 """
 
 from __future__ import annotations
@@ -18,35 +20,40 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from mindpipe.executor.layer_timing import LayerTimer, Segment
+from mindpipe.executor.payload import (
+    ActionKind,
+    ActionSpan,
+    Axis,
+    CommKind,
+    CommSpan,
+    LayerSpan,
+    MemorySource,
+    OptimizerSpan,
+    Spans,
+    StepSpan,
+)
+from mindpipe.executor.torch_pipelining import weight_pass_runs_whole_backward
+from torch import nn
 
 Mark = Any  # float seconds (CPU) or torch.cuda.Event
-
-
-@dataclass
-class Spans:
-    """Raw intervals of one rank, JSON-friendly (gathered to rank 0 at the end)."""
-
-    # step, stage, mb, kind, t0, t1, process CPU seconds during the action (None on GPUs)
-    actions: list[tuple[int, int, int, str, float, float, float | None]] = field(default_factory=list)
-    comms: list[tuple[int, str, str, str, float, float, int | None, int | None]] = field(default_factory=list)
-    # comms: step, kind, axis, op, t0, t1, bytes, group size
-    optimizer: list[tuple[int, float, float]] = field(default_factory=list)
-    steps: list[tuple[int, float, float]] = field(default_factory=list)  # step, t0, t1
+# Builds a record from an interval's resolved (start, end) seconds and files it.
+_Sink = Callable[[float, float], None]
 
 
 class Recorder:
-    """Collects :class:`Spans` for one rank (see module docstring)."""
+    """Collects the :class:`~mindpipe.executor.payload.Spans` of one rank (see module docstring)."""
 
     def __init__(self, device: torch.device, origin: float) -> None:
         self.cuda = device.type == "cuda"
         self.origin = origin
         self.step = 0
         self.spans = Spans()
-        self._pending: list[tuple[str, tuple[Any, ...], Mark, Mark]] = []
+        self.layers = LayerTimer(self.now)
+        self._pending: list[tuple[_Sink, Mark, Mark]] = []
         self._anchor_host = 0.0
         self._anchor_event: Any = None
         self._step_start = 0.0
@@ -65,9 +72,6 @@ class Recorder:
             return float(mark)
         return self._anchor_host + self._anchor_event.elapsed_time(mark) / 1e3
 
-    def _add(self, what: str, fields: tuple[Any, ...], t0: Mark, t1: Mark) -> None:
-        self._pending.append((what, fields, t0, t1))
-
     # -- steps -------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         """Start timing global step ``step``."""
@@ -83,36 +87,33 @@ class Recorder:
         if self.cuda:
             torch.cuda.synchronize()
         end = time.perf_counter() - self.origin
-        for what, fields, t0, t1 in self._pending:
-            a, b = self._seconds(t0), self._seconds(t1)
-            if what == "action":
-                *head, cpu = fields
-                self.spans.actions.append((self.step, *head, a, b, cpu))
-            elif what == "comm":
-                self.spans.comms.append((self.step, fields[0], fields[1], fields[2], a, b, *fields[3:]))
-            else:
-                self.spans.optimizer.append((self.step, a, b))
+        for sink, t0, t1 in self._pending:
+            sink(self._seconds(t0), self._seconds(t1))
         self._pending.clear()
-        self.spans.steps.append((self.step, self._step_start, end))
+        self.spans.steps.append(StepSpan(self.step, self._step_start, end))
         return end - self._step_start
 
     @contextlib.contextmanager
     def optimizer_span(self) -> Iterator[None]:
         """Time the optimizer step."""
-        t0 = self.now()
+        t0, step = self.now(), self.step
         yield
-        self._add("optimizer", (), t0, self.now())
+        self._pending.append((lambda a, b: self.spans.optimizer.append(OptimizerSpan(step, a, b)), t0, self.now()))
 
-    def add_collective(self, axis: str, op: str, t0: float, t1: float, size: int | None, group: int | None) -> None:
+    def add_collective(self, axis: Axis, op: str, t0: float, t1: float, size: int | None, group: int | None) -> None:
         """Record a collective observed by the profiler (already in seconds since the origin)."""
-        self.spans.comms.append((self.step, "collective", axis, op, t0, t1, size, group))
+        self.spans.comms.append(CommSpan(self.step, "collective", axis, op, t0, t1, size, group))
 
     # -- instrumentation ---------------------------------------------------------------------
+    def _comm(self, kind: CommKind, axis: Axis, op: str, t0: Mark) -> None:
+        step = self.step
+        self._pending.append((lambda a, b: self.spans.comms.append(CommSpan(step, kind, axis, op, a, b)), t0, self.now()))
+
     def p2p_wait(self, do_wait: Callable[[], None]) -> None:
         """Timed pipeline p2p wait (installed by ``timed_p2p_waits``)."""
         t0 = self.now()
         do_wait()
-        self._add("comm", ("p2p_wait", "pp", "wait", None, None), t0, self.now())
+        self._comm("p2p_wait", "pp", "wait", t0)
 
     def _cpu(self) -> float | None:
         # CPU time: on a CPU rank, the work an action got, whatever else shared the cores
@@ -124,37 +125,52 @@ class Recorder:
             return None
         return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
 
-    def _action(self, stage: int, mb: int, kind: str, t0: Mark, c0: float | None) -> None:
-        c1 = self._cpu()
+    @contextlib.contextmanager
+    def _action(self, stage: int, mb: int, kind: ActionKind, whole_backward: bool = False) -> Iterator[None]:
+        """Time one compute action and its layers."""
+        self.layers.begin(stage, mb, kind, whole_backward)  # before the clock: W hooks its parameters here
+        t0, c0, step = self.now(), self._cpu(), self.step
+        try:
+            yield
+        finally:
+            c1, t1 = self._cpu(), self.now()
+            segments = self.layers.end(t0, t1)
         cpu = None if c0 is None or c1 is None else c1 - c0
-        self._add("action", (stage, mb, kind, cpu), t0, self.now())
+        self._pending.append((lambda a, b: self.spans.actions.append(ActionSpan(step, stage, mb, kind, a, b, cpu)), t0, t1))
+        for seg in segments:
+            self._pending.append((self._layer_sink(step, stage, mb, seg), seg[2], seg[3]))
 
-    def wrap_stage(self, stage: Any) -> None:
-        """Replace the stage instance's F/B/I/W and gradient-reduction methods with timed ones."""
+    def _layer_sink(self, step: int, stage: int, mb: int, seg: Segment) -> _Sink:
+        name, phase = seg[0], seg[1]
+        return lambda a, b: self.spans.layers.append(LayerSpan(step, stage, mb, name, phase, a, b))
+
+    def wrap_stage(self, stage: Any, layers: list[tuple[str, str, nn.Module]] | None = None) -> None:
+        """Replace the stage instance's F/B/I/W and gradient-reduction methods with timed ones.
+
+        ``layers``: the stage's ``(name, kind, module)`` pipeline layers, to be timed one by one.
+        """
         s = stage.stage_index
+        if layers is not None:
+            self.layers.install(s, layers)
         fwd, bwd, bww, red = (stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk,
                               stage.perform_reduce_grad)
 
         def forward_one_chunk(mb: int, *args: Any, **kwargs: Any) -> Any:
-            t0, c0 = self.now(), self._cpu()
-            out = fwd(mb, *args, **kwargs)
-            self._action(s, mb, "F", t0, c0)
-            return out
+            with self._action(s, mb, "F"):
+                return fwd(mb, *args, **kwargs)
 
         def backward_one_chunk(mb: int, loss: Any = None, full_backward: bool = True, last_backward: bool = False) -> None:
-            t0, c0 = self.now(), self._cpu()
-            bwd(mb, loss=loss, full_backward=full_backward, last_backward=last_backward)
-            self._action(s, mb, "B" if full_backward else "I", t0, c0)
+            with self._action(s, mb, "B" if full_backward else "I"):
+                bwd(mb, loss=loss, full_backward=full_backward, last_backward=last_backward)
 
         def backward_weight_one_chunk(mb: int, last_backward: bool = False) -> None:
-            t0, c0 = self.now(), self._cpu()
-            bww(mb, last_backward=last_backward)
-            self._action(s, mb, "W", t0, c0)
+            with self._action(s, mb, "W", whole_backward=weight_pass_runs_whole_backward(stage)):
+                bww(mb, last_backward=last_backward)
 
         def perform_reduce_grad(grad_scale_factor: int) -> None:
             t0 = self.now()
             red(grad_scale_factor)
-            self._add("comm", ("dp_sync", "dp", "reduce_grad", None, None), t0, self.now())
+            self._comm("dp_sync", "dp", "reduce_grad", t0)
 
         stage.forward_one_chunk = forward_one_chunk
         stage.backward_one_chunk = backward_one_chunk
@@ -162,7 +178,7 @@ class Recorder:
         stage.perform_reduce_grad = perform_reduce_grad
 
 
-def peak_memory(device: torch.device) -> tuple[int, str]:
+def peak_memory(device: torch.device) -> tuple[int, MemorySource]:
     """Peak allocated CUDA memory, or the process's peak resident set size on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_allocator"
@@ -209,4 +225,4 @@ class EnergyMeter:
         return float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) / 1e3
 
 
-__all__ = ["EnergyMeter", "Recorder", "Spans", "cpu_seconds", "peak_memory"]
+__all__ = ["EnergyMeter", "Recorder", "cpu_seconds", "peak_memory"]

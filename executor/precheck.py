@@ -1,23 +1,30 @@
 """Refuse a run that cannot work, before any process starts.
 
-Checks the plan against the model (:func:`mindpipe.traces.config.check_plan`), the world size, what the
-executor supports, and the memory each pipeline rank needs (the simulator's memory model,
-:func:`mindpipe.simulator.memory.stage_memory`) against the device's capacity. Every refusal is a
-:class:`~mindpipe.traces.errors.ContractError` that names the plan and the rule. Torch-free: the launcher
-runs this before it starts torchrun.
+Checks the plan against the model (:func:`mindpipe.traces.config.check_plan`), against what it was
+tuned for (``plan.made_for``: another device kind or number of devices is refused with what it
+was made for), the world size, what the executor supports, and — when the caller gives a memory
+check — the memory each pipeline rank needs against the device's capacity. Every refusal is a
+:class:`~mindpipe.traces.errors.ContractError` that names the plan and the rule. Torch-free: the
+launcher runs this before it starts torchrun.
+
+The memory model is the simulator's, which the executor does not import (DESIGN.md: the
+executor depends on ``traces`` and the simulator's pure schedule modules only). ``mindpipe run``
+injects it as ``memory_check`` (built on ``Simulator.refuse_unless_fits``); ``python -m
+mindpipe.executor`` started directly under torchrun has none, and then no memory check runs (a
+note says so).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from mindpipe.simulator.memory import stage_memory
-from mindpipe.simulator.schedules import build_schedule
 from mindpipe.traces.catalog import DeviceSpec, get_device
-from mindpipe.traces.config import Model, Plan, check_plan, stage_layers
+from mindpipe.traces.config import Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import block_policies
 
@@ -31,6 +38,10 @@ TORCH_SCHEDULES = {
     "zbv": "ZBVZeroBubble",
     "dualpipev": "DualPipeV",
 }
+# (model, plan, catalog device, ranks sharing one device) -> estimated peak GiB per pipeline rank;
+# raises ContractError when a rank does not fit.
+MemoryCheck = Callable[[Model, Plan, DeviceSpec, int], list[float]]
+
 
 @dataclass
 class Precheck:
@@ -38,8 +49,9 @@ class Precheck:
 
     Attributes:
         schedule_source: ``torch`` or ``simulator`` (``auto`` resolved).
-        memory_gib: Estimated peak per pipeline rank (None for a GPU missing from the catalog).
-        capacity_gib: The device's memory.
+        memory_gib: Estimated peak per pipeline rank from the injected memory check (None when
+            no check ran: no ``memory_check`` given, or a GPU missing from the catalog).
+        capacity_gib: The device's memory (0 when the device is not in the catalog).
         notes: Non-fatal remarks (printed by the launcher).
     """
 
@@ -56,23 +68,62 @@ def resolve_schedule_source(requested: str, plan: Plan) -> str:
     return "torch" if plan.pp == 1 else "simulator"
 
 
+def check_made_for(plan: Plan, world_size: int, device_kind: str, source: str = "plan") -> None:
+    """Refuse a launch that does not match what a tuned plan was made for (``plan.made_for``).
+
+    Raises:
+        ContractError: a plan tuned for GPUs launched on a CPU (or the reverse), or on another
+            number of ranks; the message states what the plan was tuned for.
+    """
+    made = plan.made_for
+    if made is None:
+        return
+    tuned_gpu = get_device(made.cluster.gpu).kind == "gpu"
+    if tuned_gpu != (device_kind == "cuda"):
+        here = "CUDA GPUs" if device_kind == "cuda" else "the CPU"
+        raise ContractError(source, "made_for", f"the plan was tuned for {made.describe()}, "
+                            f"{'GPUs' if tuned_gpu else 'CPUs'}; this launch runs on {here}")
+    if plan.world_size != world_size:
+        raise ContractError(source, "dp", f"the plan was tuned for {made.describe()}; this launch has {world_size} "
+                            f"rank{'s' if world_size != 1 else ''}")
+
+
+def what_if_notes(plan: Plan) -> list[str]:
+    """A note naming the plan's what-if knobs: keys the simulator models but the executor does not carry out."""
+    knobs: dict[str, str] = {}
+    if plan.comm_priority != "fair":
+        knobs["comm_priority"] = f"comm_priority={plan.comm_priority} (torch's default stream priorities run)"
+    if plan.dp > 1 and plan.overlap_grad_reduce:
+        knobs["overlap_grad_reduce"] = ("overlap_grad_reduce=true (torch.distributed.pipelining reduces a stage's "
+                                        "gradients after its last backward; the measurement records false)")
+    for key in plan.made_for.what_if if plan.made_for is not None else []:
+        knobs.setdefault(key, f"{key}={json.dumps(getattr(plan, key, None))} (made_for.what_if)")
+    if not knobs:
+        return []
+    return ["what-if knobs the simulator models but the executor does not carry out: " + "; ".join(knobs.values())]
+
+
 def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, device: DeviceSpec | None,
               schedule_source: str = "auto", text_data: bool = False, source: str = "plan",
-              ranks_per_device: int = 1) -> Precheck:
+              ranks_per_device: int = 1, memory_check: MemoryCheck | None = None) -> Precheck:
     """Validate a run of ``plan`` on ``world_size`` ranks of a ``device_kind`` (``cpu``/``cuda``) device.
 
     ``device`` is its catalog entry (None for a GPU the catalog does not list: no memory check).
     ``ranks_per_device`` ranks share one device's memory (CPU ranks on one host share its RAM).
+    ``memory_check`` estimates each pipeline rank's peak memory and refuses a plan that does not
+    fit (``mindpipe run`` passes the simulator's); None runs no memory check (the notes say so).
 
     Raises:
-        ContractError: the plan is malformed for this model, needs another world size, asks for
-            something the executor does not do, or does not fit in device memory.
+        ContractError: the plan is malformed for this model, was tuned for another device kind
+            or size, needs another world size, asks for something the executor does not do, or
+            does not fit in device memory.
     """
 
     def fail(key: str, rule: str) -> None:
         raise ContractError(source, key, rule)
 
     check_plan(plan, model, None, source=source)
+    check_made_for(plan, world_size, device_kind, source)
     if plan.world_size != world_size:
         fail("dp", f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} ranks needed, the launch has {world_size}")
     if plan.precision == "fp16":
@@ -93,24 +144,22 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
     notes: list[str] = []
     if plan.zero_stage in (1, 2):
         notes.append(f"zero_stage={plan.zero_stage} runs as FSDP2 without resharding after forward (ZeRO-2 semantics)")
-    if plan.comm_priority != "fair":
-        notes.append("comm_priority is a simulator policy; the executor runs torch's default stream priorities")
+    notes += what_if_notes(plan)
     if device is None:
         notes.append("memory pre-check skipped: this GPU is not in the hardware catalog")
         return Precheck(src, None, 0.0, notes)
-    ranks = stage_memory(model, plan, device, build_schedule(plan.schedule, plan.pp, plan.num_microbatches,
-                                                             plan.virtual_stages), stage_layers(plan, model))
-    share = max(1, min(ranks_per_device, world_size))
-    for r in ranks:
-        if r.total_bytes * share > r.capacity_bytes:
-            g = r.gib()
-            shared = f" × {share} ranks sharing it" if share > 1 else ""
-            raise ContractError(source, None, (
-                f"pipeline rank {r.rank} needs an estimated {r.total_gib:.2f} GiB{shared} (simulator memory model: "
-                f"weights {g['weights_gib']:.2f}, gradients {g['gradients_gib']:.2f}, optimizer {g['optimizer_gib']:.2f}, "
-                f"activations {g['activations_gib']:.2f}, other {g['other_gib']:.2f}) but {device.name} has "
-                f"{r.capacity_bytes / GIB:.2f} GiB; raise pp, tp or zero_stage, recompute, or lower micro_batch_size"))
-    return Precheck(src, [r.total_gib for r in ranks], device.memory_capacity_bytes / GIB, notes)
+    if plan.made_for is not None and plan.made_for.cluster.gpu != device.name:
+        notes.append(f"the plan was tuned for {plan.made_for.describe()}; this run is on {device.name}")
+    capacity = device.memory_capacity_bytes / GIB
+    if memory_check is None:
+        notes.append("memory pre-check skipped: the caller gave no memory model (the simulator's, which the "
+                     "executor does not import)")
+        return Precheck(src, None, capacity, notes)
+    try:
+        gib = memory_check(model, plan, device, max(1, min(ranks_per_device, world_size)))
+    except ContractError as e:
+        raise ContractError(source, e.key, e.rule) from None
+    return Precheck(src, gib, capacity, notes)
 
 
 def detect_device(requested: str) -> tuple[str, str | None]:
@@ -142,6 +191,15 @@ def env_world_size() -> int:
     return 1
 
 
+def env_rank() -> int:
+    """This process's global rank from torchrun's or SLURM's environment (0 when launched alone)."""
+    for key in ("RANK", "SLURM_PROCID"):
+        value = os.environ.get(key, "")
+        if value.isdecimal():
+            return int(value)
+    return 0
+
+
 def ranks_per_host() -> int:
     """Ranks on this host (torchrun's ``LOCAL_WORLD_SIZE``, SLURM's tasks per node; 1 alone)."""
     for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
@@ -165,11 +223,15 @@ def catalog_device(kind: str, cuda_name: str | None = None) -> DeviceSpec | None
 
 __all__ = [
     "TORCH_SCHEDULES",
+    "MemoryCheck",
     "Precheck",
     "catalog_device",
+    "check_made_for",
     "check_run",
     "detect_device",
+    "env_rank",
     "env_world_size",
     "ranks_per_host",
     "resolve_schedule_source",
+    "what_if_notes",
 ]

@@ -5,7 +5,8 @@ every stage a slice of ``blocks`` (a ModuleDict keyed by the *global* block inde
 ``final_norm`` and ``lm_head``. Parameter names therefore match the unsplit model's
 (``blocks.5.attn.qkv.weight`` wherever block 5 lives), which keeps checkpoints independent of
 the partition (torchtitan's convention). The loss (``lm_loss``) is applied by the pipeline
-schedule on the last stage.
+schedule on the last stage. :meth:`StageModule.layers` lists the stage's pipeline layers in
+forward order, the units the executor times (:mod:`mindpipe.executor.layer_timing`).
 
 Which blocks a stage holds and which rank runs it are the plan rules of
 :mod:`mindpipe.traces.layout`.
@@ -38,6 +39,14 @@ class StageModule(nn.Module):
         if self.final_norm is not None and self.lm_head is not None:
             x = self.lm_head(self.final_norm(x))
         return x
+
+    def layers(self) -> list[tuple[str, str, nn.Module]]:
+        """The stage's pipeline layers as ``(name, kind, module)`` in forward order (as ``GPT.layers``)."""
+        out: list[tuple[str, str, nn.Module]] = [("embedding", "embedding", self.embedding)] if self.embedding is not None else []
+        out += [(f"block.{i}", "block", blk) for i, blk in self.blocks.items()]
+        if self.final_norm is not None and self.lm_head is not None:
+            out += [("final_norm", "final_norm", self.final_norm), ("lm_head", "lm_head", self.lm_head)]
+        return out
 
 
 def block_ranges(plan: Plan, model: Model) -> list[tuple[int, int]]:

@@ -13,6 +13,10 @@ Two private pieces are used, both checked against the torch versions this code w
   the duration of a ``with`` block, which is how the time a rank spends blocked on pipeline
   communication is measured without changing torch.
 
+One behaviour of the public ``PipelineStage`` is relied on as well, for per-layer timing: under a
+split backward, a first stage's I does nothing and its W runs the whole backward
+(:func:`weight_pass_runs_whole_backward`).
+
 Tested with torch 2.13.0 (CPU/gloo). Other versions run if the private names exist, with a
 warning; if they do not, the error says which name is missing.
 """
@@ -80,6 +84,17 @@ def schedule_orders(schedule: Any) -> dict[int, list[str]]:
     return {r: [str(a) for a in acts if a is not None] for r, acts in order.items()}
 
 
+def weight_pass_runs_whole_backward(stage: PipelineStage) -> bool:
+    """True when ``stage``'s W action runs its whole backward instead of weight gradients only.
+
+    torch 2.13 (``PipelineStage.backward_one_chunk`` with ``full_backward=False``) skips the
+    input-gradient pass of the first stage — its input, token ids, needs no gradient — and its
+    ``backward_weight_one_chunk`` then runs ``autograd.backward`` over the whole stage. A stage
+    built with a custom ``dw_builder`` runs the full backward in I instead (not used here).
+    """
+    return stage.stage_index == 0 and getattr(stage, "dw_builder", None) is None
+
+
 @contextlib.contextmanager
 def timed_p2p_waits(on_wait: Callable[[Callable[[], None]], None]) -> Iterator[None]:
     """Route every pipeline p2p wait through ``on_wait(do_wait)`` while the block runs.
@@ -102,4 +117,4 @@ def timed_p2p_waits(on_wait: Callable[[Callable[[], None]], None]) -> Iterator[N
 
 
 __all__ = ["TESTED_TORCH", "check_torch_version", "named_schedule", "schedule_orders", "table_schedule",
-           "timed_p2p_waits"]
+           "timed_p2p_waits", "weight_pass_runs_whole_backward"]

@@ -29,6 +29,7 @@ from mindpipe.executor.distributed import build_mesh, coordinates, host_name, in
 from mindpipe.executor.launch import ERROR_DIR_ENV
 from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory
 from mindpipe.executor.parallelize import parallelize_stage
+from mindpipe.executor.payload import Coords, RankPayload
 from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
@@ -102,7 +103,7 @@ def _save(cfg: RunConfig, step: int, parts: list[Any], optimizers: list[Any]) ->
     ckpt.save(cfg.checkpoint_dir or ".", step, parts, optimizers, cfg.plan.tp)
 
 
-def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[dict[str, Any]] | None:
+def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayload] | None:
     plan, model = cfg.plan, cfg.model
     mesh = build_mesh(plan, device)
     coords = coordinates(mesh)
@@ -118,8 +119,8 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[dict[str
         parts.append(mod)
         stages.append(PipelineStage(mod, s, plan.num_stages, device, group=mesh.get_group("pp")))
     recorder = Recorder(device, origin=0.0)
-    for st in stages:
-        recorder.wrap_stage(st)
+    for st, mod in zip(stages, parts, strict=True):
+        recorder.wrap_stage(st, mod.layers())
     schedule, orders = make_schedule(plan, stages, pre.schedule_source)
     optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
     start = 0
@@ -172,14 +173,15 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[dict[str
     if cfg.checkpoint_dir:
         _save(cfg, cfg.steps, parts, optimizers)
     mem, mem_source = peak_memory(device)
-    payload = {
-        "rank": dist.get_rank(), "coords": coords, "stages": sorted(modules), "host": host_name(),
-        "cpu_count": os.cpu_count() or 1, "threads": torch.get_num_threads(),
-        "spans": recorder.spans.__dict__, "losses": [None if v is None else float(v) for v in losses],
-        "first_step": start + 1, "first_measured": first_measured, "cpu_s": cpu_s, "cpu_steps": cpu_steps,
-        "energy_j": (e1 - marks["energy"]) if e1 is not None and marks["energy"] is not None else None,
-        "peak_memory": mem, "memory_source": mem_source, "orders": orders,
-    }
+    payload = RankPayload(
+        rank=dist.get_rank(), coords=Coords(**coords), stages=sorted(modules), host=host_name(),
+        cpu_count=os.cpu_count() or 1, threads=torch.get_num_threads(), spans=recorder.spans,
+        layers=recorder.layers.infos(),
+        losses=[None if v is None else float(v) for v in losses], first_step=start + 1, first_measured=first_measured,
+        cpu_s=cpu_s, cpu_steps=cpu_steps,
+        energy_j=(e1 - marks["energy"]) if e1 is not None and marks["energy"] is not None else None,
+        peak_memory_bytes=mem, memory_source=mem_source, orders=orders,
+    )
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     return gathered

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mindpipe.traces.config import Model
+from mindpipe.traces.flops import forward_flops_per_token, model_flops_per_iteration  # MFU's numerator, re-exported
 
 PHASES = ("forward", "backward_input", "backward_weight")
 
@@ -195,24 +196,6 @@ def cross_entropy_ops(tokens: int, v_local: int, dtype_bytes: int = 2) -> list[O
     return [Op(n, "forward", "memory", 0.0, e * per) for n, per in fwd] + [
         Op(n + "_bwd", "backward_input", "memory", 0.0, e * per) for n, per in bwd
     ]
-
-
-def forward_flops_per_token(model: Model, seq_len: int) -> float:
-    """Model FLOPs of the forward pass per token (no recompute), all layers, TP-independent.
-
-    Narayanan et al. (SC'21), Eq. 3 without the recompute forward: the whole iteration costs
-    72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) FLOPs for ffn = 4h, i.e. 3 × this forward count.
-    Written per operator here so ffn ≠ 4h is exact too.
-    """
-    h, f, L, v = model.hidden_size, model.ffn, model.num_layers, model.vocab_size
-    per_layer = 2 * (3 * h * h + h * h + 2 * h * f) + 2 * 2 * seq_len * h
-    return L * per_layer + 2 * h * v
-
-
-def model_flops_per_iteration(model: Model, global_batch_size: int, seq_len: int | None = None) -> float:
-    """Model FLOPs of one training iteration (forward + backward = 3 × forward; no recompute)."""
-    s = seq_len or model.seq_len
-    return 3.0 * forward_flops_per_token(model, s) * global_batch_size * s
 
 
 __all__ = [

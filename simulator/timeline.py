@@ -2,51 +2,23 @@
 
 Events are the dicts of ``SimulationResult.timeline`` (rank, thread, name, start_s, end_s,
 category); the executor's measured timelines use the same shape, so one function draws both and
-a simulated and a measured run can be compared side by side.
+a simulated and a measured run can be compared side by side. The Chrome-trace writer is
+:mod:`mindpipe.traces.chrome_trace` (the executor writes it too), re-exported here.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-THREADS = {"compute": 0, "comm": 1}
+from mindpipe.traces.chrome_trace import chrome_trace, write_chrome_trace
+
 COLORS = {
     "F": "#4C72B0", "B": "#DD8452", "I": "#DD8452", "W": "#55A868", "optimizer": "#8172B3",
     "p2p": "#937860", "dp": "#C44E52", "tp": "#DA8BC3", "swap": "#8C8C8C", "overhead": "#BBBBBB",
 }
-
-
-def chrome_trace(events: Sequence[dict[str, Any]], label: str = "mindpipe") -> dict[str, Any]:
-    """Chrome trace-event document: one process per rank, compute and communication threads."""
-    out: list[dict[str, Any]] = []
-    ranks = sorted({int(e["rank"]) for e in events})
-    for r in ranks:
-        out.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"{label} rank {r}"}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
-        for thread, tid in THREADS.items():
-            out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": thread}})
-    for e in events:
-        out.append({
-            "ph": "X",
-            "name": e["name"],
-            "cat": e.get("category", ""),
-            "pid": int(e["rank"]),
-            "tid": THREADS.get(e.get("thread", "compute"), 0),
-            "ts": float(e["start_s"]) * 1e6,
-            "dur": max(float(e["end_s"]) - float(e["start_s"]), 0.0) * 1e6,
-        })
-    return {"traceEvents": out, "displayTimeUnit": "ms"}
-
-
-def write_chrome_trace(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], label: str = "mindpipe") -> None:
-    """Write :func:`chrome_trace` to ``path``."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(chrome_trace(events, label)), encoding="utf-8")
 
 
 def draw_gantt(ax: Any, events: Sequence[dict[str, Any]], title: str = "") -> None:

@@ -54,3 +54,28 @@ def tiny4():
     from mindpipe.traces.config import Model
 
     return Model(**TINY)
+
+
+def assert_layer_times(trace: Any) -> None:
+    """The measured trace's per-layer records are timed and complete.
+
+    Every layer has a forward and a backward; under a split backward every layer outside the first
+    stage has its own weight-gradient time (the first stage's whole backward runs in W and is named
+    in the notes); no phase went untimed. (That each action's layer segments add up to the action
+    is exact and tested in test_exec_layer_timing; medians of busy-machine wall times are not
+    compared here.)
+    """
+    from mindpipe.traces.layout import stage_layout
+
+    m = trace.measurement
+    notes = trace.provenance.notes
+    assert "not timed per layer" not in notes and "timed inside each action" in m.layer_times, notes
+    layers = {r.name: r for r in trace.layers}
+    assert all(r.forward_s > 0 and r.backward_input_s > 0 for r in trace.layers), trace.layers
+    for span in stage_layout(m.plan, trace.model):
+        names = (["embedding"] if span.has_embedding else []) + \
+                [f"block.{i}" for i in range(span.first_block, span.first_block + span.num_blocks)] + \
+                (["final_norm", "lm_head"] if span.has_head else [])
+        assert all(layers[n].stats and layers[n].stats["forward_samples"] > 0 for n in names)
+        if trace.backward_split == "measured":
+            assert all((layers[n].backward_weight_s > 0) == (span.stage != 0) for n in names), (span, notes)

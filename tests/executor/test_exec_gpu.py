@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from mindpipe.traces.trace import Trace
 
-from .conftest import STEPS, run_plan
+from .conftest import STEPS, assert_layer_times, run_plan
 
 
 @pytest.mark.gpu
@@ -19,3 +19,4 @@ def test_single_gpu_run_uses_cuda_nccl_and_allocator_memory(tmp_path):
     assert all(r.memory_source == "cuda_allocator" and r.peak_memory_bytes > 0 for r in m.ranks)
     # NVML energy counters where pynvml is installed; otherwise the run says it estimated.
     assert m.energy_source in ("nvml", "estimated") and m.energy_j_per_iteration > 0
+    assert_layer_times(Trace.load(tmp_path / "measured.json"))  # CUDA events at the layer marks

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
+from mindpipe.executor.config import add_run_arguments
+from mindpipe.executor.launch import cmd_run
+from mindpipe.executor.precheck import check_run
+from mindpipe.traces.builtin import load_model
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
 
 from .conftest import REPO, TINY, mindpipe, run_env
 
@@ -37,16 +45,42 @@ def test_refused_before_launch(plan, nproc, needle):
     assert res.stdout == ""
 
 
-def test_plan_that_does_not_fit_is_refused():
+def simulator_memory_check(model, plan, device, ranks_per_device):
+    """What the CLI injects: the simulator's memory model, refusing a plan that does not fit."""
+    from mindpipe.simulator.simulator import Simulator
+    from mindpipe.traces.config import Cluster
+
+    cluster = Cluster(gpu=device.name, num_nodes=1, gpus_per_node=plan.world_size)
+    return Simulator(model, cluster).refuse_unless_fits(plan, ranks_per_device)
+
+
+def _launcher_args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_run_arguments(p, launcher=True)
+    return p.parse_args(list(argv))
+
+
+def test_plan_that_does_not_fit_is_refused(capsys):
     # gpt-1.3b, pp=2 in fp32: ~35 GiB per pipeline rank (simulator memory model) on a CPU host
-    # whose catalog entry has ~24 GiB, shared by both ranks.
-    res = _run('{"pp": 2, "global_batch_size": 8, "micro_batch_size": 2, "precision": "fp32"}', "--nproc", "2",
-               model="gpt-1.3b")
-    assert res.returncode == 2, res.stderr
-    last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("mindpipe: error: plan: pipeline rank 0 needs an estimated ")
-    assert "× 2 ranks sharing it (simulator memory model: weights" in last and "but cpu has" in last
-    assert "torch.distributed.run" not in res.stderr
+    # whose catalog entry has ~24 GiB, shared by both ranks. The memory model is injected (the
+    # executor does not import the simulator); the refusal comes before anything is launched.
+    argv = ['{"pp": 2, "global_batch_size": 8, "micro_batch_size": 2, "precision": "fp32"}', "--nproc", "2",
+            "--steps", "2", "--model", "gpt-1.3b"]
+    with pytest.raises(ContractError) as e:
+        cmd_run(_launcher_args(*argv), argv, memory_check=simulator_memory_check)
+    msg = str(e.value)
+    assert msg.startswith("plan: pipeline rank 0 needs an estimated ")
+    assert "× 2 ranks sharing it (simulator memory model: weights" in msg and "but cpu has" in msg
+    assert "torch.distributed.run" not in capsys.readouterr().err  # nothing was launched
+
+
+def test_without_a_memory_model_the_precheck_says_so():
+    plan = Plan(pp=2, global_batch_size=8, micro_batch_size=2, precision="fp32")
+    pre = check_run(load_model("gpt-1.3b"), plan, 2, "cpu", get_device("cpu"), ranks_per_device=2)
+    assert pre.memory_gib is None and any(n.startswith("memory pre-check skipped: the caller gave no memory model") for n in pre.notes)
+    fits = check_run(Model(**TINY), plan, 2, "cpu", get_device("cpu"), ranks_per_device=2,
+                     memory_check=simulator_memory_check)
+    assert fits.memory_gib is not None and len(fits.memory_gib) == 2 and 0 < max(fits.memory_gib) < fits.capacity_gib
 
 
 def test_python_m_executor_refuses_a_world_size_mismatch():
