@@ -46,12 +46,10 @@ def test_refused_before_launch(plan, nproc, needle):
 
 
 def simulator_memory_check(model, plan, device, ranks_per_device):
-    """What the CLI injects: the simulator's memory model, refusing a plan that does not fit."""
-    from mindpipe.simulator.simulator import Simulator
-    from mindpipe.traces.config import Cluster
+    """What ``mindpipe run`` injects: the simulator's memory model, refusing a plan that does not fit."""
+    from mindpipe.cli.run import memory_check
 
-    cluster = Cluster(gpu=device.name, num_nodes=1, gpus_per_node=plan.world_size)
-    return Simulator(model, cluster).refuse_unless_fits(plan, ranks_per_device)
+    return memory_check(model, plan, device, ranks_per_device)
 
 
 def _launcher_args(*argv: str) -> argparse.Namespace:
@@ -72,6 +70,15 @@ def test_plan_that_does_not_fit_is_refused(capsys):
     assert msg.startswith("plan: pipeline rank 0 needs an estimated ")
     assert "× 2 ranks sharing it (simulator memory model: weights" in msg and "but cpu has" in msg
     assert "torch.distributed.run" not in capsys.readouterr().err  # nothing was launched
+
+
+def test_mindpipe_run_refuses_a_plan_that_does_not_fit():
+    res = _run('{"pp": 2, "global_batch_size": 8, "micro_batch_size": 2, "precision": "fp32"}', "--nproc", "2",
+               model="gpt-1.3b")
+    assert res.returncode == 2, res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith("mindpipe: error: plan: pipeline rank 0 needs an estimated ") and "but cpu has" in line
+    assert "torch.distributed.run" not in res.stderr
 
 
 def test_without_a_memory_model_the_precheck_says_so():
