@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from mindpipe.executor.stages import StageModule
 from mindpipe.traces.config import Plan
-from mindpipe.traces.layout import BlockPolicy, block_policies
+from mindpipe.traces.layout import BlockPolicy, block_policies, reshards_after_forward
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
@@ -100,14 +100,15 @@ def apply_recompute(stage: StageModule, policies: list[BlockPolicy]) -> None:
             block.forward = _swapped(block.forward)  # type: ignore[method-assign]
 
 
-def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, zero_stage: int, precision: str,
-                        pp_enabled: bool) -> nn.Module:
+def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, plan: Plan) -> nn.Module:
     """FSDP2 (``zero_stage`` ≥ 1: per block, then the stage) or replication (``zero_stage`` 0).
 
     bf16 keeps fp32 master weights and reduces gradients in fp32 (MixedPrecisionPolicy). With
     one data-parallel rank and fp32 there is nothing to do, and no wrapper is applied (its hooks
-    would only cost time).
+    would only cost time). Whether ZeRO-3 frees gathered weights after the forward is the plan rule
+    :func:`mindpipe.traces.layout.reshards_after_forward` (the simulator prices the same gathers).
     """
+    zero_stage, precision = plan.zero_stage, plan.precision
     if dp_mesh.size() == 1 and precision == "fp32":
         return stage
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" \
@@ -115,9 +116,7 @@ def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, zero_stage: int
     if zero_stage == 0:
         replicate(stage, mesh=dp_mesh, mp_policy=mp)
         return stage
-    # ZeRO-3 reshards parameters after forward; with pipelining torchtitan keeps them gathered
-    # until the backward (re-gathering per micro-batch costs more than it saves).
-    reshard = zero_stage == 3 and not pp_enabled
+    reshard = reshards_after_forward(plan)
     for block in stage.blocks.values():
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(stage, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
@@ -129,7 +128,7 @@ def parallelize_stage(stage: StageModule, mesh: DeviceMesh, plan: Plan, num_laye
     if plan.tp > 1:
         apply_tensor_parallel(stage, mesh["tp"], plan.sequence_parallel)
     apply_recompute(stage, block_policies(plan, num_layers))
-    return apply_data_parallel(stage, mesh["dp"], plan.zero_stage, plan.precision, pp_enabled=plan.pp > 1)
+    return apply_data_parallel(stage, mesh["dp"], plan)
 
 
 __all__ = ["apply_data_parallel", "apply_recompute", "apply_tensor_parallel", "parallelize_stage"]

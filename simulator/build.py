@@ -22,7 +22,7 @@ from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, Laye
 from mindpipe.simulator.engine import RankWork, StageWork
 from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.traces.config import Model, Plan
-from mindpipe.traces.layout import BlockPolicy, block_policies, stage_layout
+from mindpipe.traces.layout import BlockPolicy, block_policies, reshards_after_forward, stage_layout
 
 GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}
 
@@ -126,6 +126,7 @@ def build_work(
         nxt = stage_to_rank[s + 1] if s + 1 < len(stages) else None
         prv = stage_to_rank[s - 1] if s > 0 else None
         zero = plan.zero_stage
+        gathers = _buckets(topo, "allgather", params, dbytes, bucket, rank) if zero == 3 else []
         work = StageWork(
             forward_s=f,
             input_s=i,
@@ -136,7 +137,8 @@ def build_work(
             send_fwd=topo.p2p(rank, nxt, out_bytes) if nxt is not None and nxt != rank else None,
             send_bwd=topo.p2p(rank, prv, in_bytes) if prv is not None and prv != rank else None,
             dp_buckets=_buckets(topo, "allreduce" if zero == 0 else "reducescatter", params, gbytes, bucket, rank),
-            gather_buckets=_buckets(topo, "allgather", params, dbytes, bucket, rank) if zero == 3 else [],
+            gather_buckets=gathers,
+            regather_buckets=gathers if reshards_after_forward(plan) else [],
             swap_out=topo.swap(rank, swap) if swap > 0 else [],
             swap_in=topo.swap(rank, swap) if swap > 0 else [],
         )

@@ -16,7 +16,8 @@ sends are asynchronous for the sender. Gradients of a stage are reduced over dat
 buckets issued while the stage's last backward computes (Megatron ``--overlap-grad-reduce``,
 PyTorch DDP bucketing); with ZeRO ≥ 1 they are reduce-scattered, ZeRO-1/2 all-gather the updated
 parameters after the optimizer step and ZeRO-3 gathers each stage's parameters before its first
-forward (FSDP2 under PP keeps them unsharded for the step; torchtitan). The iteration ends when
+forward (FSDP2 under PP keeps them unsharded for the step; torchtitan), and without pipelining
+again before every backward (:func:`mindpipe.traces.layout.reshards_after_forward`). The iteration ends when
 the slowest rank has finished its optimizer step.
 
 Cost (issue 14: 1,024 GPUs, m·p = 2,048 in about 0.05 s on one core): a rank's tensor-parallel
@@ -192,6 +193,11 @@ class Engine:
                     ev = self.swapped_in.get((s, mb))
                     if ev is not None and not ev.processed:
                         yield ev
+                for k, gather in enumerate(st.regather_buckets):
+                    t0 = env.now
+                    yield self._transfer(r, gather)
+                    if self.timeline is not None:
+                        self._record(r, "comm", f"param-gather stage {s} bucket {k}", t0, env.now, "dp")
                 comp = st.recompute_s + st.input_s + (st.weight_s if kind == "B" else 0.0)
                 phases, alone = st.bwd_tp, solo[s][1]
             start = env.now

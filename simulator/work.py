@@ -24,7 +24,9 @@ class StageWork:
         send_fwd: Phases moving the output to the next stage (None: same rank or last stage).
         send_bwd: Phases moving the input gradient to the previous stage.
         dp_buckets: Gradient-reduction phases per bucket, in issue order.
-        gather_buckets: ZeRO-3 parameter all-gather phases per bucket.
+        gather_buckets: ZeRO-3 parameter all-gather phases per bucket (before the stage's first forward).
+        regather_buckets: ZeRO-3 gathers again before each backward (weights freed after the forward,
+            :func:`mindpipe.traces.layout.reshards_after_forward`); empty otherwise.
         swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
     """
 
@@ -38,6 +40,7 @@ class StageWork:
     send_bwd: list[Phase] | None = None
     dp_buckets: list[list[Phase]] = field(default_factory=list)
     gather_buckets: list[list[Phase]] = field(default_factory=list)
+    regather_buckets: list[list[Phase]] = field(default_factory=list)
     swap_out: list[Phase] = field(default_factory=list)
     swap_in: list[Phase] = field(default_factory=list)
 

@@ -55,6 +55,17 @@ def recomputes(policy: BlockPolicy) -> bool:
     return policy in ("selective", "full")
 
 
+def reshards_after_forward(plan: Plan) -> bool:
+    """ZeRO-3 frees each layer's gathered weights after its forward and gathers them again for the
+    backward — except under pipelining, where they stay gathered for the whole step (torchtitan's
+    ``reshard_after_forward = not pp_enabled``: re-gathering per micro-batch costs more than it saves).
+
+    With gradient accumulation the weights stay gathered after a backward, so a step of m
+    micro-batches gathers them m + 1 times (before the first forward and before each backward).
+    """
+    return plan.zero_stage == 3 and plan.dp > 1 and plan.pp == 1
+
+
 def loop_stage_to_rank(pp: int, num_stages: int) -> list[int]:
     """Interleaved ("loop") placement: virtual stage s on rank s mod pp."""
     return [s % pp for s in range(num_stages)]
@@ -133,6 +144,7 @@ __all__ = [
     "loop_stage_to_rank",
     "rank_stages",
     "recomputes",
+    "reshards_after_forward",
     "stage_layout",
     "stage_to_rank",
     "v_stage_to_rank",
