@@ -29,10 +29,13 @@ the smooth landscapes the simulator produces (``et`` missed the optimum within 6
 
 Cost: a sweep asks once per proposal, and a GP fit plus the acquisition over 10⁴ points is what a
 long sweep spends its time on, not the simulations. So the surrogates run on one BLAS thread,
-the GP's predictive variance is a matrix product (:class:`_Posterior`), the feasibility classifier
-is fitted once per set of told results (not once per pick of a batch), and the acquisition is
-cached while the data the GP was fitted to does not change (out-of-memory proposals, which cost no
-simulation, do not change it). These caches are exact: the proposals are the uncached ones.
+the GP's predictive variance is a matrix product (:class:`_Posterior`), the acquisition is cached
+while the data the GP was fitted to does not change (out-of-memory proposals, which cost no
+simulation, do not change it; the cache is exact), and the feasibility classifier is fitted once
+per set of told results, not once per pick of a batch (the picks of a batch see the same labels;
+only the classifier's seed differs from a per-pick refit). On the search-quality landscape
+(``benchmarks/tune_search_quality.py``) the proposals with one pick per batch are the per-pick
+refit's, seed for seed, and the median evaluations to the target with two picks per batch match.
 """
 
 from __future__ import annotations
