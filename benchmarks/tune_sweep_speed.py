@@ -8,6 +8,12 @@ is a checkout given by path (issue 14 measured against commit 067639e, whose pac
 from inside that checkout, so its own modules are imported, not this checkout's. ``--repeats N``
 alternates the two (baseline first) N times.
 
+This checkout's default space pins the what-if knobs to what the executor runs (``comm_priority``,
+``overlap_grad_reduce``), so it is smaller than 067639e's, which searched ``comm_priority``.
+``--current-arg=--what-if --current-arg=--fix --current-arg=overlap_grad_reduce=true`` makes this
+checkout search exactly that older space (results to ``--out``; e.g.
+``tune_sweep_speed_same_space.json``), to time the search machinery on equal terms.
+
 Acceptance (issue 14): this checkout spends at most 60 % of the baseline's time. The machine's
 load average before and after each run is recorded: on a shared machine, other work inflates both.
 
@@ -74,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=BUDGET)
     ap.add_argument("--repeats", type=int, default=1, help="baseline/current pairs, alternating")
     ap.add_argument("--arg", action="append", default=[], help="extra argument for both runs (repeatable)")
+    ap.add_argument("--current-arg", action="append", default=[],
+                    help="extra argument for this checkout's run only (repeatable; write it --current-arg=VALUE)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     baseline = Path(args.baseline).resolve()
@@ -82,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mindpipe-sweep-speed-") as tmp:
         for rep in range(args.repeats):
             for label in ("baseline", "current"):
-                info = run_sweep(checkouts[label], args.python, Path(tmp) / f"{label}{rep}", args.budget, args.arg)
+                extra = args.arg + (args.current_arg if label == "current" else [])
+                info = run_sweep(checkouts[label], args.python, Path(tmp) / f"{label}{rep}", args.budget, extra)
                 runs[label].append(info)
                 print(json.dumps({"run": label, "repeat": rep, **info}), file=sys.stderr, flush=True)
     ok = all(r["returncode"] == 0 for rs in runs.values() for r in rs)
@@ -91,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": ".venv/bin/python benchmarks/tune_sweep_speed.py --baseline " + str(args.baseline)
                    + (f" --repeats {args.repeats}" if args.repeats != 1 else "")
-                   + (f" --budget {args.budget}" if args.budget != BUDGET else ""),
+                   + (f" --budget {args.budget}" if args.budget != BUDGET else "")
+                   + "".join(f" --current-arg={a}" for a in args.current_arg)
+                   + (f" --out {args.out}" if Path(args.out).resolve() != OUT else ""),
         "sweep": f"mindpipe tune --model {MODEL} --cluster {CLUSTER} --budget {args.budget} --out DIR --json --quiet"
                  + "".join(f" {a}" for a in args.arg),
+        "current_only_args": args.current_arg,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "baseline": {"path": str(baseline), "commit": git_commit(baseline)},
         "current": {"path": str(REPO), "commit": git_commit(REPO)},
