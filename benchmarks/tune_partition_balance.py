@@ -39,7 +39,7 @@ from typing import Any
 from mindpipe.simulator.api import simulate
 from mindpipe.traces.builtin import load_cluster
 from mindpipe.traces.config import Model, Plan
-from mindpipe.traces.schema import from_dict, to_dict
+from mindpipe.traces.schema import to_dict
 from mindpipe.tuner.api import tune
 from mindpipe.tuner.sweep import SweepConfig
 
@@ -57,7 +57,7 @@ def tuned_plans(work: Path) -> tuple[dict[str, Plan], dict[str, Any]]:
     outcome = tune(MODEL, CLUSTER, out=work / "tune", global_batch=16, fixes=FIXES,
                    partitioners=["even", "pipedream", "balanced"],
                    config=SweepConfig(optimizer="grid", budget=3, workers=1), plots=False)
-    plans = {r["point"]["partitioner"]: from_dict(Plan, r["plan"], "plan") for r in outcome.result.records}
+    plans = {r.point["partitioner"]: r.plan for r in outcome.result.records if r.plan is not None}
     return plans, outcome.summary
 
 

@@ -1,7 +1,8 @@
 """Search quality of the tuner: ``bo`` vs ``random`` against the exhaustive optimum (issue 6).
 
-The space: gpt-13b on 64 A100-80GB (8 nodes × 8), global batch 128, every plan key searched
-except ``comm_priority`` (pinned to ``fair``), ``balanced`` partitions — 6,666 valid plans. Step 1
+The space: gpt-13b on 64 A100-80GB (8 nodes × 8), global batch 128, the default space (the
+what-if knobs at the executor's values: ``comm_priority=fair``, pinned here explicitly as before,
+and ``overlap_grad_reduce=false``), ``balanced`` partitions — 6,666 valid plans. Step 1
 simulates every one of them (a resumable ``grid`` sweep in one process; 188 s when last run) and
 caches the results in ``benchmarks/results/tune_exhaustive_gpt-13b_a100x64.json``. The cache is
 keyed by a hash of the simulator's, the traces' and the tuner's evaluation sources and by the
@@ -35,10 +36,13 @@ from typing import Any
 
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.tuner.api import build_space, fingerprint
+from mindpipe.tuner.keys import plan_of, point_key
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective
 from mindpipe.tuner.optimizers import RandomSearch
-from mindpipe.tuner.space import SearchSpace, point_key
+from mindpipe.tuner.records import EvaluationRecord, MemoryCode, Metrics, ScoredRecord, Status
+from mindpipe.tuner.rules import Rule
+from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.store import SweepStore
 from mindpipe.tuner.sweep import SweepConfig, annotate, run_sweep
 
@@ -47,12 +51,14 @@ RESULTS = REPO / "benchmarks" / "results"
 MODEL, CLUSTER, GLOBAL_BATCH, FIXES = "gpt-13b", "a100-sxm4-80gb:8x8", 128, ["comm_priority=fair"]
 CACHE = RESULTS / "tune_exhaustive_gpt-13b_a100x64.json"
 OUT = RESULTS / "tune_search_quality.json"
-# Compact cache row: status, simulated, partition, then these metrics.
+# Compact cache row: status, code, simulated, partition, then these metrics.
 CACHED_METRICS = ("iteration_time_s", "throughput_samples_per_s", "throughput_tokens_per_s", "tflops_per_gpu", "mfu",
                   "bubble_fraction", "peak_memory_gib", "fits_in_memory", "energy_j", "carbon_gco2")
 # What the simulated results depend on: the simulator, the contracts and hardware catalog, and
 # the tuner's point → plan → evaluation path.
-SOURCES = ("simulator", "traces", "tuner/space.py", "tuner/materialize.py", "tuner/partition.py", "tuner/evaluate.py")
+SOURCES = ("simulator", "traces", "tuner/keys.py", "tuner/space.py", "tuner/materialize.py", "tuner/partition.py",
+           "tuner/evaluate.py")
+_CODES = {Status.OUT_OF_MEMORY: MemoryCode, Status.INVALID: Rule}
 
 
 def source_hash() -> str:
@@ -97,11 +103,11 @@ def exhaustive(space: SearchSpace, work: Path, workers: int, identity: dict[str,
         store.close()
     rows = {}
     for key, rec in store.records.items():
-        plan = rec.get("plan") or {}
-        rows[key] = [rec["status"], bool(rec.get("simulated")), plan.get("partition"),
-                     *[rec["metrics"].get(k) for k in CACHED_METRICS]]
+        rows[key] = [rec.status.value, rec.code.value if rec.code is not None else None, rec.simulated,
+                     rec.plan.partition if rec.plan is not None else None,
+                     *[rec.metrics.get(k) for k in CACHED_METRICS]]
     return {"model": MODEL, "cluster": CLUSTER, "global_batch": GLOBAL_BATCH, "fixes": FIXES, "partitioner": "balanced",
-            **identity, "space_size": space.size, "rejected_by_rule": dict(space.rejected),
+            **identity, "space_size": space.size, "rejected_by_rule": space.describe()["rejected_by_rule"],
             "metrics": list(CACHED_METRICS), "wall_s": time.perf_counter() - start, "workers": workers, "rows": rows}
 
 
@@ -112,21 +118,22 @@ class CachedEvaluator:
         self.rows = cache["rows"]
         self.metrics = cache["metrics"]
 
-    def __call__(self, problem: Problem, point: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, problem: Problem, point: dict[str, Any]) -> EvaluationRecord:
         key = point_key(point)
-        status, simulated, partition, *values = self.rows[key]
-        metrics = {k: v for k, v in zip(self.metrics, values, strict=True) if v is not None}
-        plan = {k: point[k] for k in point if k != "partitioner"} | {"partition": partition}
-        return {"key": key, "point": dict(point), "plan": plan, "status": status, "simulated": simulated,
-                "metrics": metrics, "message": "", "eval_s": 0.0}
+        status_s, code_s, simulated, partition, *values = self.rows[key]
+        status = Status(status_s)
+        code = _CODES[status](code_s) if status in _CODES else None
+        metrics = Metrics(**{k: v for k, v in zip(self.metrics, values, strict=True) if v is not None})
+        plan = plan_of(point, None, partition) if partition is not None else None
+        return EvaluationRecord(key, dict(point), status, plan, code, simulated, metrics)
 
 
-def evals_to_target(records: Iterable[dict[str, Any]], target: float) -> int | None:
+def evals_to_target(records: Iterable[ScoredRecord], target: float) -> int | None:
     """Simulations spent until the first feasible plan with value ≥ target (None if never)."""
     sims = 0
     for r in records:
-        sims += bool(r.get("simulated"))
-        if r["feasible"] and r["value"] >= target:
+        sims += r.simulated
+        if r.feasible and r.value is not None and r.value >= target:
             return sims
     return None
 
@@ -141,7 +148,7 @@ def bo_search(space: SearchSpace, cache: dict[str, Any], seed: int, budget: int,
         start = time.perf_counter()
         res = run_sweep(problem, space, Objective("throughput"), cfg, store, evaluator=CachedEvaluator(cache))
         store.close()
-    return {"records": res.records, "best": res.best["value"] if res.best else None, "simulations": res.simulations,
+    return {"records": res.records, "best": res.best.value if res.best else None, "simulations": res.simulations,
             "search_s": time.perf_counter() - start}
 
 
@@ -182,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     out_path = OUT if args.batch_size == 1 else OUT.with_name(f"{OUT.stem}_batch{args.batch_size}.json")
     space = make_space()
     cache = load_or_build_cache(space, Path(args.work), args.workers)
-    thr = cache["metrics"].index("throughput_samples_per_s") + 3
-    feasible = [row[thr] for row in cache["rows"].values() if row[0] == "ok" and row[1]]
+    thr = cache["metrics"].index("throughput_samples_per_s") + 4
+    feasible = [row[thr] for row in cache["rows"].values() if row[0] == "ok" and row[2]]
     optimum = max(feasible)
     target = optimum * (1 - args.gap)
     near = sum(1 for v in feasible if v >= target)

@@ -324,3 +324,19 @@ def _replay(s: Schedule) -> None:
 
 
 __all__ = ["SCHEDULE_NAMES", "build_schedule", "validate_schedule"]
+
+
+def schedule_rule(name: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> str | None:
+    """The rule :func:`build_schedule` would reject these arguments with, or None when it accepts them.
+
+    The same argument check, without building the action lists: the tuner asks it for every
+    combination of its search space, so the two cannot disagree on which schedules are valid.
+    """
+    try:
+        _check(name, pp, num_microbatches, virtual_stages)
+    except ContractError as e:
+        return e.rule
+    return None
+
+
+__all__ += ["schedule_rule"]

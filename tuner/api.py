@@ -19,15 +19,16 @@ from typing import Any
 
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.calibration import Calibration
-from mindpipe.traces.config import Cluster, Model
+from mindpipe.traces.config import Cluster, MadeFor, Model
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.evaluate import evaluate
+from mindpipe.tuner.keys import parse_fixes, parse_global_batch, parse_what_if
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective
 from mindpipe.tuner.output import write_outputs
-from mindpipe.tuner.space import SearchSpace, parse_fixes, parse_global_batch
+from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.store import SweepStore
 from mindpipe.tuner.sweep import Evaluator, Progress, SweepConfig, SweepResult, run_sweep
 
@@ -62,8 +63,19 @@ def fingerprint(model: Model, cluster: Cluster, trace: Trace | None, calibration
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def reference(source: str, obj: Trace | Calibration) -> str:
+    """``SOURCE sha256:PREFIX``: where a trace or calibration came from and a hash of its content.
+
+    The hash is over the canonical JSON of the object (sorted keys), so a file, a shipped name and
+    an object built in a notebook with the same content get the same reference.
+    """
+    blob = json.dumps(to_dict(obj), sort_keys=True, default=str)
+    return f"{source} sha256:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
 def build_space(model: Model, cluster: Cluster, global_batch: int | Sequence[int] | str | None,
-                fixes: dict[str, Any] | Sequence[str] | None, partitioners: Sequence[str]) -> SearchSpace:
+                fixes: dict[str, Any] | Sequence[str] | None, partitioners: Sequence[str],
+                what_if: str | Sequence[str] | None = None) -> SearchSpace:
     """The search space from loose arguments (see :func:`tune`)."""
     if global_batch is None:
         batches = [default_global_batch(cluster)]
@@ -74,14 +86,15 @@ def build_space(model: Model, cluster: Cluster, global_batch: int | Sequence[int
     else:
         batches = sorted(set(global_batch))
     fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
-    return SearchSpace(model, cluster, batches, fixed, tuple(partitioners))
+    return SearchSpace(model, cluster, batches, fixed, tuple(partitioners), parse_what_if(what_if))
 
 
 def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
          objective: Objective | str = "throughput", global_batch: int | Sequence[int] | str | None = None,
          fixes: dict[str, Any] | Sequence[str] | None = None, partitioners: Sequence[str] = ("balanced",),
-         trace: Trace | None = None, calibration: Calibration | None = None,
-         config: SweepConfig | None = None, resume: bool = False,
+         what_if: str | Sequence[str] | None = None, trace: Trace | None = None,
+         calibration: Calibration | None = None, trace_source: str = "trace",
+         calibration_source: str = "calibration", config: SweepConfig | None = None, resume: bool = False,
          progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate) -> TuneOutcome:
     """Search for the best plan of ``model`` on ``cluster`` and write the outputs to ``out``.
 
@@ -91,10 +104,14 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
         objective: An :class:`Objective` or an objective name.
         global_batch: One size, a list, or ``"N"``/``"A,B"``/``"A:B"`` text; default
             :func:`default_global_batch`.
-        fixes: Pinned plan keys: ``["tp=8", "recompute=full"]`` or a parsed dict.
+        fixes: Pinned plan keys: ``["tp=8", "recompute=full"]`` or a parsed dict. A what-if knob
+            may be pinned to a value the executor does not run only when ``what_if`` names it.
         partitioners: Partitioners to try (``balanced``, ``pipedream``, ``even``).
+        what_if: What-if knobs to search as well (:data:`mindpipe.tuner.keys.WHAT_IF_KEYS`):
+            ``"all"``, ``"comm_priority"``, a list; None searches only what the executor runs.
         trace: Per-layer trace for the compute model (default: the hardware model).
         calibration: Constants fitted from measured runs (``mindpipe calibrate``).
+        trace_source, calibration_source: Their file or name, for ``best_plan.json``'s ``made_for``.
         config: Optimizer, budget, seed and parallelism.
         resume: Continue the sweep stored in ``out`` without re-evaluating what it holds.
         progress: Per-evaluation callback (e.g. :class:`mindpipe.tuner.progress.ProgressBar`).
@@ -109,19 +126,18 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
     cluster = load_cluster(cluster)
     obj = objective if isinstance(objective, Objective) else Objective(objective)
     cfg = config or SweepConfig()
-    space = build_space(model, cluster, global_batch, fixes, partitioners)
+    space = build_space(model, cluster, global_batch, fixes, partitioners, what_if)
     if trace is not None:
         trace.check_model(model, source="trace")
     fp = fingerprint(model, cluster, trace, calibration)
-    pinned = {k: v for k, v in space.fixes.items() if k in ("partition", "layer_memory_policy")}
-    problem = Problem(model, cluster, trace, pinned or None, fingerprint=fp, calibration=calibration)
+    problem = Problem(model, cluster, trace, space.pinned or None, fingerprint=fp, calibration=calibration)
     if not space.points:
         from mindpipe.tuner.sweep import no_plan_message
 
         raise NoFeasiblePlan("tune", None, no_plan_message(space))
     identity = {
         "problem": fp, "model": model.label, "global_batch": space.global_batches,
-        "fixes": space.fixes, "partitioners": list(space.partitioners),
+        "fixes": space.fixes, "partitioners": list(space.partitioners), "what_if": list(space.what_if),
         "objective": {"name": obj.name, "critical_batch": obj.critical_batch, "constraints": [str(c) for c in obj.constraints]},
         **cfg.identity(),
     }
@@ -131,7 +147,10 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
         result = run_sweep(problem, space, obj, cfg, store, progress=progress, evaluator=evaluator)
     finally:
         store.close()
-    info = write_outputs(result, obj, space.describe(), out_dir, plots=plots)
+    made_for = MadeFor(model, cluster, tool="mindpipe tune",
+                       trace=reference(trace_source, trace) if trace is not None else None,
+                       calibration=reference(calibration_source, calibration) if calibration is not None else None)
+    info = write_outputs(result, obj, space, out_dir, made_for, plots=plots)
     if result.best is None:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(info["infeasible_by_reason"].items()))
         raise NoFeasiblePlan("tune", None, f"no feasible plan among the {len(result.records)} evaluated "
@@ -139,4 +158,4 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
     return TuneOutcome(info, result, space)
 
 
-__all__ = ["NoFeasiblePlan", "TuneOutcome", "build_space", "default_global_batch", "fingerprint", "tune"]
+__all__ = ["NoFeasiblePlan", "TuneOutcome", "build_space", "default_global_batch", "fingerprint", "reference", "tune"]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from mindpipe.tuner.keys import WHAT_IF_KEYS
 from mindpipe.tuner.objectives import OBJECTIVES
 from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
 
@@ -30,6 +32,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="global batch: fixed, a list, or a power-of-two range (default: power of two >= 4x devices)")
     p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help="pin a plan key, e.g. --fix tp=8 --fix recompute=full (KEY=A,B restricts to a set)")
+    p.add_argument("--what-if", nargs="?", const="all", default=None, metavar="KEY[,KEY]",
+                   help=f"also search what-if knobs, which only the simulator models (the executor runs "
+                        f"{', '.join(f'{k}={json.dumps(v)}' for k, v in WHAT_IF_KEYS.items())}): all of them, or "
+                        "the ones named; plans that use one are marked in every output")
     p.add_argument("--partitioner", default="balanced",
                    help="balanced, pipedream, even, or a comma list searched as a dimension (default balanced)")
     p.add_argument("--optimizer", default="bo", choices=OPTIMIZERS, help="bo, random or grid (default bo)")
@@ -53,15 +59,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _format(info: dict[str, Any]) -> str:
     plan = info["best_plan"] or {}
     keys = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
-            "sequence_parallel", "zero_stage", "comm_priority", "partition")
+            "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce", "partition")
     shown = ", ".join(f"{k}={plan.get(k)}" for k in keys if k in plan)
     by_reason = dict(info["infeasible_by_reason"])
     rules = by_reason.pop("rules", 0)
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) or "none evaluated"
+    searched, uses = info["what_if"]["searched"], info["what_if"]["best_plan_uses"]
+    if not searched:
+        what_if = "none searched: every plan is one the executor runs"
+    else:
+        used = (", ".join(f"{k}={json.dumps(plan.get(k))}" for k in uses) + " (simulated only; the executor "
+                "runs " + ", ".join(f"{k}={json.dumps(WHAT_IF_KEYS[k])}" for k in uses) + ")") if uses else "none"
+        what_if = f"searched {', '.join(searched)}; the best plan uses {used}"
     return "\n".join([
         f"objective        {info['objective']}",
         f"best value       {info['best_value']:.6g}",
         f"best plan        {shown}",
+        f"what-if knobs    {what_if}",
         f"simulations      {info['evaluations']} ({info['evaluated_points']} points proposed, {info['reused']} from a previous run)",
         f"space            {info['space_size']} valid points",
         f"infeasible       {info['infeasible']}: {rules} combinations filtered by the plan rules, {reasons}",
@@ -77,7 +91,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from mindpipe.tuner.progress import ProgressBar
     from mindpipe.tuner.sweep import SweepConfig
 
-    trace = None
+    trace, trace_source, calibration_source = None, "trace", "calibration"
     if args.trace:
         from pathlib import Path
 
@@ -86,11 +100,13 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         shipped = not Path(args.trace).exists() and args.trace in shipped_trace_names()
         trace = load_shipped_trace(args.trace) if shipped else Trace.load(args.trace)
+        trace_source = args.trace if shipped else Path(args.trace).name
     calibration = None
     if args.calibration:
         from mindpipe.traces.calibration import load_calibration
 
         calibration = load_calibration(args.calibration)
+        calibration_source = os.path.basename(args.calibration)
     objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint])
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
@@ -98,7 +114,9 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         outcome = tune(args.model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
                        fixes=args.fix, partitioners=[p.strip() for p in args.partitioner.split(",") if p.strip()],
-                       trace=trace, calibration=calibration, config=cfg, resume=args.resume, progress=bar, plots=not args.no_plots)
+                       what_if=args.what_if, trace=trace, calibration=calibration, trace_source=trace_source,
+                       calibration_source=calibration_source, config=cfg, resume=args.resume, progress=bar,
+                       plots=not args.no_plots)
     finally:
         if bar is not None:
             bar.close()

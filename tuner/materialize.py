@@ -19,8 +19,8 @@ from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.trace import Trace
+from mindpipe.tuner.keys import Point, plan_of
 from mindpipe.tuner.partition import make_partition
-from mindpipe.tuner.space import POINT_KEYS, Point
 
 # One Simulator per problem per process: a sweep's workers build theirs on their first point.
 _SIMULATORS: dict[str, Simulator] = {}
@@ -61,16 +61,6 @@ class Problem:
         return sim
 
 
-def base_plan(problem: Problem, point: Point, partition: list[int] | None = None) -> Plan:
-    """The plan of a point, without or with a partition."""
-    kwargs: dict[str, Any] = {k: point[k] for k in POINT_KEYS if k != "partitioner"}
-    for key, value in (problem.pinned or {}).items():
-        kwargs[key] = list(value)
-    if partition is not None:
-        kwargs["partition"] = list(partition)
-    return Plan(**kwargs)
-
-
 @dataclass
 class Materialized:
     """A point made concrete: the plan with its partition and the memory verdict."""
@@ -97,7 +87,7 @@ def materialize(problem: Problem, point: Point, sim: Simulator | None = None) ->
     """
     sim = sim or problem.simulator()
     model = problem.model
-    plan = base_plan(problem, point)
+    plan = plan_of(point, problem.pinned)
     name = point["partitioner"]
     if plan.num_stages == 1:
         partition = [model.num_layers]
@@ -113,8 +103,8 @@ def materialize(problem: Problem, point: Point, sim: Simulator | None = None) ->
                 raise
             # No split fits under the caps: balance time alone; the memory check reports the overflow.
             partition = make_partition(name, costs, plan, num_layers=model.num_layers, stage_to_rank=stage_to_rank)
-    plan = base_plan(problem, point, partition)
+    plan = plan_of(point, problem.pinned, partition)
     return Materialized(plan, sim.memory(plan))
 
 
-__all__ = ["Materialized", "Problem", "base_plan", "materialize"]
+__all__ = ["Materialized", "Problem", "materialize"]

@@ -14,6 +14,7 @@ the user's ``--critical-batch``. Goodput is thus in small-batch-equivalent sampl
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.records import Metrics
 
 OBJECTIVES = ("throughput", "energy", "carbon", "goodput")
 # Objective → (metric column, larger is better, unit).
@@ -63,7 +65,7 @@ class Constraint:
     op: str
     bound: float
 
-    def holds(self, metrics: Mapping[str, Any]) -> bool:
+    def holds(self, metrics: Metrics) -> bool:
         """True when the metric is present, finite and on the right side of the bound."""
         value = metrics.get(self.metric)
         if value is None or not math.isfinite(float(value)):
@@ -140,20 +142,21 @@ class Objective:
         extra = f" s.t. {', '.join(map(str, self.constraints))}" if self.constraints else ""
         return f"{verb} {self.name} ({self.unit}){extra}"
 
-    def derive(self, metrics: dict[str, Any], global_batch: int) -> dict[str, Any]:
-        """Add per-sample and goodput columns to simulator metrics (in place; returned)."""
-        thr = metrics.get("throughput_samples_per_s")
-        if metrics.get("energy_j") is not None:
-            metrics["energy_per_sample_j"] = metrics["energy_j"] / global_batch
-        if metrics.get("carbon_gco2") is not None:
-            metrics["carbon_per_sample_g"] = metrics["carbon_gco2"] / global_batch
+    def derive(self, metrics: Metrics, global_batch: int) -> Metrics:
+        """The simulator's metrics with the per-sample and goodput columns filled in."""
+        derived: dict[str, Any] = {}
+        if metrics.energy_j is not None:
+            derived["energy_per_sample_j"] = metrics.energy_j / global_batch
+        if metrics.carbon_gco2 is not None:
+            derived["carbon_per_sample_g"] = metrics.carbon_gco2 / global_batch
         if self.critical_batch is not None:
             eff = statistical_efficiency(global_batch, self.critical_batch)
-            metrics["statistical_efficiency"] = eff
-            metrics["goodput_samples_per_s"] = thr * eff if thr is not None else None
-        return metrics
+            thr = metrics.throughput_samples_per_s
+            derived["statistical_efficiency"] = eff
+            derived["goodput_samples_per_s"] = thr * eff if thr is not None else None
+        return dataclasses.replace(metrics, **derived)
 
-    def value(self, metrics: Mapping[str, Any]) -> float | None:
+    def value(self, metrics: Metrics) -> float | None:
         """The objective in natural units, None when unavailable."""
         v = metrics.get(self.metric)
         return None if v is None or not math.isfinite(float(v)) else float(v)
@@ -163,7 +166,7 @@ class Objective:
         v = max(value, 1e-300)
         return -math.log(v) if self.maximize else math.log(v)
 
-    def violated(self, metrics: Mapping[str, Any]) -> list[str]:
+    def violated(self, metrics: Metrics) -> list[str]:
         """The constraints a plan breaks (as text)."""
         return [str(c) for c in self.constraints if not c.holds(metrics)]
 

@@ -5,12 +5,13 @@ the space's point list that were never proposed before, ``tell(indices, losses)`
 losses (``None`` for infeasible points). Working on the enumerated list is how infeasible
 combinations are "filtered before asking": nothing outside the valid points can be proposed.
 
-``bo`` is Bayesian optimisation on scikit-optimize's ask/tell :class:`skopt.Optimizer`: the
-points are encoded as skopt dimensions (log2 of the mesh and batch sizes as reals, schedule,
-recompute etc. as categoricals), the Optimizer fits its surrogate (GP, random forest or extra
-trees) to what was told, and expected improvement (:func:`skopt.acquisition.gaussian_ei`) is
-maximised over the not-yet-proposed valid points — exact acquisition maximisation over a finite
-set instead of skopt's sampling of the unconstrained box. The first ``n_initial`` proposals are
+``bo`` is Bayesian optimisation with scikit-optimize's pieces: the points are encoded as skopt
+dimensions (log2 of the mesh and batch sizes as reals, schedule, recompute etc. as categoricals)
+and transformed once as skopt's :class:`skopt.Optimizer` would, skopt's default surrogate (GP,
+random forest or extra trees; :func:`skopt.utils.cook_estimator`) is fitted to what was told, and
+expected improvement (:func:`skopt.acquisition.gaussian_ei`) is maximised over the
+not-yet-proposed valid points — exact acquisition maximisation over a finite set instead of
+skopt's sampling of the unconstrained box. The first ``n_initial`` proposals are
 uniform random (seeded). Batches use the "constant liar" of skopt's ``ask(n_points, "cl_min")``
 (Ginsbourger et al. 2010): after each pick the point is told with the best loss so far, the model
 refitted, and the next point chosen.
@@ -25,6 +26,16 @@ the test landscape, against 26 without infeasible points; with the classifier it
 of 5 seeds). The GP is the default surrogate: the tree surrogates (``rf``, ``et``) are noisier on
 the smooth landscapes the simulator produces (``et`` missed the optimum within 60 evaluations for
 4 of 5 seeds on the same test landscape).
+
+Cost: a sweep asks once per proposal, and a GP fit plus the acquisition over 10⁴ points is what a
+long sweep spends its time on, not the simulations. So the surrogates run on one BLAS thread,
+the GP's predictive variance is a matrix product (:class:`_Posterior`), the acquisition is cached
+while the data the GP was fitted to does not change (out-of-memory proposals, which cost no
+simulation, do not change it; the cache is exact), and the feasibility classifier is fitted once
+per set of told results, not once per pick of a batch (the picks of a batch see the same labels;
+only the classifier's seed differs from a per-pick refit). On the search-quality landscape
+(``benchmarks/tune_search_quality.py``) the proposals with one pick per batch are the per-pick
+refit's, seed for seed, and the median evaluations to the target with two picks per batch match.
 """
 
 from __future__ import annotations
@@ -36,11 +47,12 @@ from typing import Any, Protocol
 
 import numpy as np
 from mindpipe.traces.errors import ContractError
-from mindpipe.tuner.space import POINT_KEYS, Point
+from mindpipe.tuner.keys import POINT_KEYS, Point
 
 OPTIMIZERS = ("bo", "random", "grid")
 SURROGATES = ("gp", "rf", "et")
 _LOG_KEYS = ("tp", "pp", "dp", "micro_batch_size", "global_batch_size", "virtual_stages")
+_ACQ_CACHE_SIZE = 8  # acquisitions kept: one per pick of a batch (constant liar) is what gets reused
 
 
 class Searcher(Protocol):
@@ -108,6 +120,25 @@ def encode_points(points: Sequence[Point]) -> tuple[list[Any], list[str], list[l
     return dims, keys, rows
 
 
+class _Posterior:
+    """A fitted skopt GP's ``predict(X, return_std=True)``, with the variance's quadratic form as a
+    matrix product: skopt sums ``k·K⁻¹·k`` with a three-operand einsum, which does not use BLAS and
+    dominated the acquisition over 10⁴ candidates. Same formula (Rasmussen & Williams eq. 2.26)."""
+
+    def __init__(self, gp: Any) -> None:
+        self.gp = gp
+
+    def predict(self, x: np.ndarray, return_std: bool = False) -> Any:
+        """Posterior mean (and standard deviation) at ``x``, in the units of the told losses."""
+        gp = self.gp
+        k = gp.kernel_(x, gp.X_train_)
+        mean = k @ gp.alpha_ * gp.y_train_std_ + gp.y_train_mean_
+        if not return_std:
+            return mean
+        var = gp.kernel_.diag(x) - np.einsum("ij,ij->i", k @ gp.K_inv_, k)
+        return mean, np.sqrt(np.maximum(var, 0.0) * gp.y_train_std_**2)
+
+
 class BayesSearch:
     """Bayesian optimisation over a finite point list (module docstring)."""
 
@@ -126,69 +157,95 @@ class BayesSearch:
         self._asked = 0
         self._rounds = 0
         self._pool_t: np.ndarray | None = None
+        # Caches (exact): the acquisition over the whole pool for the data the surrogate was fitted
+        # to, and P(feasible) for the number of results told (it is fitted on told results only).
+        self._acq: dict[Any, np.ndarray] = {}
+        self._pf: tuple[int, np.ndarray] | None = None
 
-    def _optimizer(self) -> Any:
-        from skopt import Optimizer
-        from skopt.utils import cook_estimator
-
-        self._rounds += 1
-        seed = self.seed * 1_000_003 + self._rounds
-        extra = {"n_restarts_optimizer": self.gp_restarts} if self.surrogate == "gp" else {}
-        # skopt's default surrogates (cook_estimator); the GP's kernel-fit restarts are the cost
-        # that dominates a sweep's bookkeeping, so they are a parameter.
-        est = cook_estimator(self.surrogate.upper(), space=self.dims, random_state=seed, **extra)
-        return Optimizer(self.dims, base_estimator=est, n_initial_points=0, acq_func="EI",
-                         acq_optimizer="sampling", acq_optimizer_kwargs={"n_points": 1}, random_state=seed)
-
-    def _pool(self, opt: Any) -> np.ndarray:
+    def _pool(self) -> np.ndarray:
+        """Every point in the surrogate's coordinates (skopt's Optimizer transform: normalised for the GP)."""
         if self._pool_t is None:  # the transform depends only on the dimensions: do it once
-            self._pool_t = np.asarray(opt.space.transform(self.rows), dtype=float)
+            from skopt.space import Space
+            from skopt.utils import normalize_dimensions
+
+            dims = normalize_dimensions(self.dims) if self.surrogate == "gp" else self.dims
+            self._pool_t = np.asarray(Space(dims).transform(self.rows), dtype=float)
         return self._pool_t
 
     def _feasible(self) -> tuple[list[int], list[float]]:
         pairs = [(i, y) for i, y in self._told if y is not None]
         return [i for i, _ in pairs], [float(y) for _, y in pairs]
 
-    def _p_feasible(self, opt: Any, pool: np.ndarray) -> np.ndarray:
-        """Probability that each pool point is feasible (1 where nothing infeasible was seen)."""
-        labels = [y is not None for _, y in self._told]
-        if all(labels):
-            return np.ones(len(pool))
-        from sklearn.ensemble import ExtraTreesClassifier
+    def _acquisition(self, idx: list[int], ys: list[float]) -> np.ndarray:
+        """Expected improvement of every pool point under the surrogate fitted to (idx, ys)."""
+        from skopt.acquisition import gaussian_ei
+        from skopt.utils import cook_estimator
 
-        x = self._pool(opt)[[i for i, _ in self._told]]
-        clf = ExtraTreesClassifier(n_estimators=100, min_samples_leaf=3, random_state=self.seed * 7919 + self._rounds)
-        clf.fit(x, labels)
-        col = list(clf.classes_).index(True)
-        return np.asarray(clf.predict_proba(pool)[:, col])
+        self._rounds += 1
+        seed = self.seed * 1_000_003 + self._rounds
+        # A GP without restarts fits the same model whatever its seed, so the cache may skip the
+        # refit when only infeasible results (which it is not fitted on) came in; tree surrogates
+        # are seeded per round and refitted.
+        key = (tuple(idx), tuple(ys), None if self.surrogate == "gp" and not self.gp_restarts else seed)
+        if key in self._acq:
+            return self._acq[key]
+        extra = {"n_restarts_optimizer": self.gp_restarts} if self.surrogate == "gp" else {}
+        # skopt's default surrogates (cook_estimator), fitted as skopt's Optimizer.tell does.
+        est = cook_estimator(self.surrogate.upper(), space=self.dims, random_state=seed, **extra)
+        pool = self._pool()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(pool[idx], ys)
+            model = _Posterior(est) if self.surrogate == "gp" else est
+            ei = np.asarray(gaussian_ei(pool, model, y_opt=float(min(ys)), xi=self.xi))
+        if len(self._acq) >= _ACQ_CACHE_SIZE:
+            self._acq.pop(next(iter(self._acq)))
+        self._acq[key] = ei
+        return ei
+
+    def _p_feasible(self) -> np.ndarray:
+        """Probability that each pool point is feasible (1 where nothing infeasible was seen)."""
+        if self._pf is not None and self._pf[0] == len(self._told):
+            return self._pf[1]
+        labels = [y is not None for _, y in self._told]
+        pool = self._pool()
+        if all(labels):
+            pf = np.ones(len(pool))
+        else:
+            from sklearn.ensemble import ExtraTreesClassifier
+
+            clf = ExtraTreesClassifier(n_estimators=100, min_samples_leaf=3,
+                                       random_state=self.seed * 7919 + self._rounds)
+            clf.fit(pool[[i for i, _ in self._told]], labels)
+            pf = np.asarray(clf.predict_proba(pool)[:, list(clf.classes_).index(True)])
+        self._pf = (len(self._told), pf)
+        return pf
 
     def ask(self, n: int) -> list[int]:
         """Random picks until ``n_initial`` were proposed, then expected improvement (with lies)."""
+        from threadpoolctl import threadpool_limits
+
         out: list[int] = []
         feasible = any(y is not None for _, y in self._told)
-        while len(out) < n and self._remaining:
-            if self._asked < self.n_initial or not feasible or not self.dims:
-                j = int(self._rng.integers(len(self._remaining)))
-            else:
-                j = self._best_candidate(out)
-            out.append(self._remaining.pop(j))
-            self._asked += 1
+        # The surrogates work on at most a few hundred points: BLAS threads only add synchronisation
+        # (5x slower fits on a busy 2-core machine), so they run on one.
+        with threadpool_limits(limits=1):
+            while len(out) < n and self._remaining:
+                if self._asked < self.n_initial or not feasible or not self.dims:
+                    j = int(self._rng.integers(len(self._remaining)))
+                else:
+                    j = self._best_candidate(out)
+                out.append(self._remaining.pop(j))
+                self._asked += 1
         return out
 
     def _best_candidate(self, pending: list[int]) -> int:
-        from skopt.acquisition import gaussian_ei
-
         idx, ys = self._feasible()
         # Constant liar: pending picks of this batch count as already at the best loss.
         idx, ys = idx + pending, ys + [min(ys)] * len(pending)
-        opt = self._optimizer()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            opt.tell([self.rows[i] for i in idx], ys)
-            model = opt.models[-1]
-            pool = self._pool(opt)[self._remaining]
-            ei = gaussian_ei(pool, model, y_opt=float(min(ys)), xi=self.xi) * self._p_feasible(opt, pool)
-        return int(np.argmax(ei))
+        ei = self._acquisition(idx, ys)
+        remaining = np.asarray(self._remaining)
+        return int(np.argmax(ei[remaining] * self._p_feasible()[remaining]))
 
     def tell(self, indices: Sequence[int], losses: Sequence[float | None]) -> None:
         """Record losses; the surrogate is refitted at the next ask."""

@@ -3,23 +3,31 @@
 * ``evaluations.csv`` / ``evaluations.parquet``: one row per evaluated point — the plan keys, its
   partition, status and reason, every metric, the objective value;
 * ``best_plan.json``: the best feasible plan (a Plan document ``mindpipe run`` and ``mindpipe
-  simulate`` accept), ``best.json`` its metrics;
+  simulate`` accept) with ``made_for`` filled — the model and cluster, the trace and calibration
+  it was priced with, and the what-if knobs it uses (values the executor does not carry out) —
+  and ``best.json`` its metrics;
 * ``pareto.csv``: the feasible plans no other beats on both throughput and carbon per sample;
 * ``convergence.png`` (best value so far vs. simulations) and ``pareto.png``;
 * ``summary.json``: what ``--json`` prints.
+
+Every table row says which what-if knobs its plan uses (``what_if``), and the summary which knobs
+were searched and which the best plan uses.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import Any
 
-from mindpipe.traces.config import Plan
-from mindpipe.traces.schema import from_dict, write_json
+from mindpipe.traces.config import MadeFor, Plan
+from mindpipe.traces.schema import to_dict, write_json
+from mindpipe.tuner.keys import POINT_KEYS, what_if_used
 from mindpipe.tuner.objectives import Objective, pareto_front
-from mindpipe.tuner.space import POINT_KEYS
+from mindpipe.tuner.records import ScoredRecord
+from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.sweep import SweepResult
 
 METRIC_COLUMNS = (
@@ -29,18 +37,25 @@ METRIC_COLUMNS = (
 )
 
 
+COLUMNS = ("index", "status", "code", "feasible", "reason", "value", "simulated", "what_if", *POINT_KEYS, "partition",
+           *METRIC_COLUMNS, "message", "eval_s")
+
+
 def rows(result: SweepResult) -> list[dict[str, Any]]:
-    """Flat table rows, one per evaluated point, in evaluation order."""
+    """Flat table rows (:data:`COLUMNS`), one per evaluated point, in evaluation order."""
     out = []
     for r in result.records:
-        plan = r.get("plan") or {}
-        row: dict[str, Any] = {"index": r["index"], "status": r["status"], "feasible": r["feasible"],
-                               "reason": r["reason"], "value": r["value"], "simulated": bool(r.get("simulated"))}
-        row.update({k: r["point"][k] for k in POINT_KEYS})
-        row["partition"] = json.dumps(plan.get("partition")) if plan.get("partition") is not None else ""
-        row.update({k: r["metrics"].get(k) for k in METRIC_COLUMNS})
-        row["message"] = (r.get("message") or "").splitlines()[0] if r.get("message") else ""
-        row["eval_s"] = r.get("eval_s")
+        ev = r.evaluation
+        partition = ev.plan.partition if ev.plan is not None else None
+        row: dict[str, Any] = {"index": r.index, "status": ev.status.value,
+                               "code": ev.code.value if ev.code is not None else "", "feasible": r.feasible,
+                               "reason": r.verdict.value, "value": r.value, "simulated": ev.simulated,
+                               "what_if": ",".join(r.what_if)}
+        row.update({k: r.point[k] for k in POINT_KEYS})
+        row["partition"] = json.dumps(partition) if partition is not None else ""
+        row.update({k: r.metrics.get(k) for k in METRIC_COLUMNS})
+        row["message"] = r.message.splitlines()[0] if r.message else ""
+        row["eval_s"] = ev.eval_s
         out.append(row)
     return out
 
@@ -49,8 +64,7 @@ def write_tables(table: list[dict[str, Any]], out: Path) -> list[Path]:
     """``evaluations.csv`` and ``evaluations.parquet``."""
     import pandas as pd
 
-    df = pd.DataFrame(table, columns=["index", "status", "feasible", "reason", "value", "simulated", *POINT_KEYS,
-                                      "partition", *METRIC_COLUMNS, "message", "eval_s"])
+    df = pd.DataFrame(table, columns=list(COLUMNS))
     for col in ("value", *METRIC_COLUMNS, "eval_s"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     csv, parquet = out / "evaluations.csv", out / "evaluations.parquet"
@@ -74,13 +88,13 @@ def _plot_convergence(result: SweepResult, objective: Objective, path: Path) -> 
     xs, ys, best, sims = [], [], None, 0
     each_x, each_y = [], []
     for r in result.records:
-        sims += bool(r.get("simulated"))
-        if r["feasible"]:
+        sims += r.simulated
+        if r.feasible and r.value is not None:
             each_x.append(sims)
-            each_y.append(r["value"])
-            if best is None or objective.better(r["value"], best):
-                best = r["value"]
-        if best is not None and r.get("simulated"):
+            each_y.append(r.value)
+            if best is None or objective.better(r.value, best):
+                best = r.value
+        if best is not None and r.simulated:
             xs.append(sims)
             ys.append(best)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -123,50 +137,60 @@ def _finite(x: Any) -> Any:
     return x
 
 
-def summary(result: SweepResult, objective: Objective, space_info: dict[str, Any], out: Path,
-            pareto_count: int) -> dict[str, Any]:
-    """The ``--json`` summary object."""
+def best_plan(best: ScoredRecord | None, made_for: MadeFor) -> Plan | None:
+    """The best plan with ``made_for`` filled in (the what-if knobs it uses included)."""
+    if best is None or best.plan is None:
+        return None
+    return dataclasses.replace(best.plan, made_for=dataclasses.replace(made_for, what_if=what_if_used(best.plan)))
+
+
+def summary(result: SweepResult, objective: Objective, space: SearchSpace, out: Path,
+            pareto_count: int, plan: Plan | None) -> dict[str, Any]:
+    """The ``--json`` summary object (``plan``: the best plan as written to ``best_plan.json``)."""
     best = result.best
-    infeasible = dict(result.infeasible)
-    rules = space_info["rejected"]
+    infeasible: dict[str, int] = {v.value: n for v, n in result.infeasible.items()}
+    rules = space.rejected_total
     if rules:
         infeasible["rules"] = rules
     return {
         "objective": objective.describe(),
-        "best_plan": best["plan"] if best else None,
-        "best_value": best["value"] if best else None,
-        "best_metrics": {k: _finite(best["metrics"].get(k)) for k in METRIC_COLUMNS} if best else None,
+        "best_plan": to_dict(plan) if plan is not None else None,
+        "best_value": best.value if best else None,
+        "best_metrics": {k: _finite(best.metrics.get(k)) for k in METRIC_COLUMNS} if best else None,
+        "what_if": {"searched": list(space.what_if),
+                    "best_plan_uses": plan.made_for.what_if if plan is not None and plan.made_for else []},
         "evaluations": result.simulations,
         "evaluated_points": len(result.records),
         "reused": result.reused,
         "infeasible": sum(infeasible.values()),
         "infeasible_by_reason": infeasible,
-        "space_size": space_info["size"],
+        "space_size": space.size,
         "pareto_points": pareto_count,
         "out": str(out),
     }
 
 
-def write_outputs(result: SweepResult, objective: Objective, space_info: dict[str, Any], out: Path,
-                  plots: bool = True) -> dict[str, Any]:
-    """Write every output file and return the summary."""
+def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace, out: Path,
+                  made_for: MadeFor, plots: bool = True) -> dict[str, Any]:
+    """Write every output file and return the summary (``made_for``: what the sweep planned for)."""
     table = rows(result)
     write_tables(table, out)
     front = pareto_rows(table)
     import pandas as pd
 
     pd.DataFrame(front, columns=list(table[0]) if table else None).to_csv(out / "pareto.csv", index=False)
-    if result.best is not None:
-        plan = from_dict(Plan, result.best["plan"], "best plan")  # validate before handing it on
+    plan = best_plan(result.best, made_for)
+    if result.best is not None and plan is not None:
         write_json(plan, out / "best_plan.json")
-        (out / "best.json").write_text(json.dumps({k: result.best[k] for k in ("point", "plan", "metrics", "value")},
-                                                  indent=1, default=str) + "\n", encoding="utf-8")
+        best = {"point": result.best.point, "plan": to_dict(plan), "metrics": result.best.metrics.to_json(),
+                "value": result.best.value, "what_if": result.best.what_if}
+        (out / "best.json").write_text(json.dumps(best, indent=1, default=str) + "\n", encoding="utf-8")
     if plots and table:
         _plot_convergence(result, objective, out / "convergence.png")
         _plot_pareto(table, front, out / "pareto.png")
-    info = summary(result, objective, space_info, out, len(front))
+    info = summary(result, objective, space, out, len(front), plan)
     (out / "summary.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return info
 
 
-__all__ = ["METRIC_COLUMNS", "pareto_rows", "rows", "summary", "write_outputs", "write_tables"]
+__all__ = ["COLUMNS", "METRIC_COLUMNS", "best_plan", "pareto_rows", "rows", "summary", "write_outputs", "write_tables"]

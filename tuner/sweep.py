@@ -23,14 +23,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindpipe.traces.errors import ContractError
-from mindpipe.tuner.evaluate import ERROR, OK, evaluate
+from mindpipe.tuner.evaluate import evaluate
+from mindpipe.tuner.keys import point_key
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective
 from mindpipe.tuner.optimizers import OPTIMIZERS, make_searcher
-from mindpipe.tuner.space import SearchSpace, point_key
+from mindpipe.tuner.records import EvaluationRecord, ScoredRecord, Status, Verdict
+from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.store import SweepStore
 
-Evaluator = Callable[[Problem, dict[str, Any]], dict[str, Any]]
+Evaluator = Callable[[Problem, dict[str, Any]], EvaluationRecord]
 Progress = Callable[[int, int, float | None], None]
 
 
@@ -87,37 +89,33 @@ class SweepConfig:
 
 @dataclass
 class SweepResult:
-    """Every evaluation of a sweep, annotated with the objective, and the tallies."""
+    """Every evaluation of a sweep, scored under the objective, and the tallies."""
 
-    records: list[dict[str, Any]]
-    best: dict[str, Any] | None
+    records: list[ScoredRecord]
+    best: ScoredRecord | None
     simulations: int
     reused: int
-    infeasible: Counter[str] = field(default_factory=Counter)
+    infeasible: Counter[Verdict] = field(default_factory=Counter)
 
 
-def annotate(record: dict[str, Any], objective: Objective) -> dict[str, Any]:
-    """A copy of a stored record with derived metrics, ``value``, ``loss``, ``feasible`` and ``reason``."""
-    rec = dict(record)
-    metrics = dict(rec.get("metrics") or {})
-    gbs = rec["point"]["global_batch_size"]
-    rec["value"] = rec["loss"] = None
-    rec["feasible"] = False
-    rec["reason"] = rec["status"]
-    if rec["status"] == OK and rec.get("simulated"):
-        objective.derive(metrics, gbs)
-        value = objective.value(metrics)
-        broken = objective.violated(metrics)
-        if value is None:
-            rec["reason"] = "no_value"
-        elif broken:
-            rec["reason"] = "constraint"
-            rec["message"] = "violates " + ", ".join(broken)
-            rec["value"] = value
-        else:
-            rec["value"], rec["loss"], rec["feasible"], rec["reason"] = value, objective.loss(value), True, ""
-    rec["metrics"] = metrics
-    return rec
+_VERDICT_OF_STATUS = {Status.OUT_OF_MEMORY: Verdict.OUT_OF_MEMORY, Status.INVALID: Verdict.INVALID,
+                      Status.ERROR: Verdict.ERROR}
+
+
+def annotate(record: EvaluationRecord, objective: Objective, index: int = -1) -> ScoredRecord:
+    """An evaluation under ``objective``: derived metrics, value, loss and verdict."""
+    metrics = objective.derive(record.metrics, record.point["global_batch_size"])
+    if record.status is not Status.OK:
+        return ScoredRecord(record, metrics, _VERDICT_OF_STATUS[record.status], index=index)
+    if not record.simulated:
+        return ScoredRecord(record, metrics, Verdict.NO_VALUE, index=index)
+    value = objective.value(metrics)
+    if value is None:
+        return ScoredRecord(record, metrics, Verdict.NO_VALUE, index=index)
+    broken = objective.violated(metrics)
+    if broken:
+        return ScoredRecord(record, metrics, Verdict.CONSTRAINT, value, broken=broken, index=index)
+    return ScoredRecord(record, metrics, Verdict.FEASIBLE, value, objective.loss(value), index=index)
 
 
 class _InlineExecutor(cf.Executor):
@@ -184,15 +182,15 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
     batch_size = cfg.batch_size or cfg.workers
     executor: cf.Executor | None = None
     close: Callable[[], None] = lambda: None  # noqa: E731 - replaced once an executor is opened
-    records: list[dict[str, Any]] = []
-    best: dict[str, Any] | None = None
+    records: list[ScoredRecord] = []
+    best: ScoredRecord | None = None
     simulations = reused = 0
     try:
         while simulations < cfg.budget:
             batch = searcher.ask(min(batch_size, cfg.budget - simulations))
             if not batch:
                 break
-            done: dict[int, dict[str, Any]] = {}
+            done: dict[int, EvaluationRecord] = {}
             pending: dict[cf.Future[Any], int] = {}
             for j, i in enumerate(batch):
                 stored = store.get(point_key(points[i]))
@@ -208,35 +206,29 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
                 store.add(rec)
                 done[pending[fut]] = rec
                 if progress is not None:
-                    sims = simulations + sum(1 for r in done.values() if _costs_budget(r))
-                    shown = best["value"] if best else None
+                    sims = simulations + sum(1 for r in done.values() if r.costs_budget)
+                    shown = best.value if best else None
                     for r in done.values():  # the best so far includes this batch's finished results
                         ann = annotate(r, objective)
-                        if ann["feasible"] and (shown is None or objective.better(ann["value"], shown)):
-                            shown = ann["value"]
+                        if ann.feasible and (shown is None or objective.better(ann.value, shown)):
+                            shown = ann.value
                     progress(sims, cfg.budget, shown)
-            batch_records = [annotate(done[j], objective) for j in range(len(batch))]
+            batch_records = [annotate(done[j], objective, len(records) + j) for j in range(len(batch))]
             for rec in batch_records:
-                rec["index"] = len(records)
                 records.append(rec)
-                simulations += _costs_budget(rec)
-                if rec["feasible"] and (best is None or objective.better(rec["value"], best["value"])):
+                simulations += rec.evaluation.costs_budget
+                if rec.feasible and (best is None or objective.better(rec.value, best.value)):
                     best = rec
-            searcher.tell(batch, [r["loss"] for r in batch_records])
+            searcher.tell(batch, [r.loss for r in batch_records])
     finally:
         close()
-    infeasible = Counter(r["reason"] for r in records if not r["feasible"])
+    infeasible = Counter(r.verdict for r in records if not r.feasible)
     return SweepResult(records, best, simulations, reused, infeasible)
-
-
-def _costs_budget(record: dict[str, Any]) -> bool:
-    """Whether an evaluation counts against the budget (see module docstring)."""
-    return bool(record.get("simulated")) or record.get("status") == ERROR
 
 
 def no_plan_message(space: SearchSpace) -> str:
     """Why a space is empty: the rules that rejected its combinations, most frequent first."""
-    reasons = "; ".join(f"{rule} ({n}×)" for rule, n in space.rejected.most_common(5))
+    reasons = "; ".join(f"{rule.text} ({n}×)" for rule, n in space.rejected.most_common(5))
     return (f"no feasible plan: all {space.rejected_total} combinations of the search space break a rule"
             + (f" — {reasons}" if reasons else "") + ". Relax --fix or change --global-batch.")
 

@@ -8,6 +8,7 @@ import random
 import pytest
 from mindpipe.traces.errors import ContractError
 from mindpipe.tuner.objectives import Objective, pareto_front, parse_constraint, statistical_efficiency
+from mindpipe.tuner.records import Metrics
 
 
 def test_statistical_efficiency_follows_the_noise_scale():
@@ -20,11 +21,13 @@ def test_statistical_efficiency_follows_the_noise_scale():
 
 
 def test_derive_and_value_for_every_objective():
-    metrics = {"throughput_samples_per_s": 200.0, "energy_j": 5000.0, "carbon_gco2": 2.0}
-    good = Objective("goodput", critical_batch=512).derive(dict(metrics), 512)
-    assert good["energy_per_sample_j"] == pytest.approx(5000 / 512)
-    assert good["carbon_per_sample_g"] == pytest.approx(2 / 512)
-    assert good["goodput_samples_per_s"] == pytest.approx(100.0)
+    metrics = Metrics(throughput_samples_per_s=200.0, energy_j=5000.0, carbon_gco2=2.0)
+    good = Objective("goodput", critical_batch=512).derive(metrics, 512)
+    assert metrics.energy_per_sample_j is None  # derive returns a new record
+    assert good.energy_per_sample_j == pytest.approx(5000 / 512)
+    assert good.carbon_per_sample_g == pytest.approx(2 / 512)
+    assert good.goodput_samples_per_s == pytest.approx(100.0)
+    assert Objective("throughput").derive(metrics, 512).goodput_samples_per_s is None
     assert Objective("goodput", critical_batch=512).value(good) == pytest.approx(100.0)
     assert Objective("energy").value(good) == pytest.approx(5000 / 512)
     thr, carbon = Objective("throughput"), Objective("carbon")
@@ -38,20 +41,23 @@ def test_derive_and_value_for_every_objective():
 
 def test_goodput_prefers_a_smaller_batch_when_throughput_gains_are_small():
     obj = Objective("goodput", critical_batch=256)
-    small = obj.derive({"throughput_samples_per_s": 100.0}, 128)
-    large = obj.derive({"throughput_samples_per_s": 120.0}, 1024)
+    small = obj.derive(Metrics(throughput_samples_per_s=100.0), 128)
+    large = obj.derive(Metrics(throughput_samples_per_s=120.0), 1024)
     assert obj.better(obj.value(small), obj.value(large))
 
 
 def test_constraints():
     c = parse_constraint("carbon_per_sample<=0.5")
     assert (c.metric, c.op, c.bound) == ("carbon_per_sample_g", "<=", 0.5)
-    assert c.holds({"carbon_per_sample_g": 0.5}) and not c.holds({"carbon_per_sample_g": 0.51})
-    assert not c.holds({})
+    assert c.holds(Metrics(carbon_per_sample_g=0.5)) and not c.holds(Metrics(carbon_per_sample_g=0.51))
+    assert not c.holds(Metrics())
     lo = parse_constraint(" throughput >= 1e2 ")
-    assert lo.metric == "throughput_samples_per_s" and lo.holds({"throughput_samples_per_s": 100.0})
+    assert lo.metric == "throughput_samples_per_s" and lo.holds(Metrics(throughput_samples_per_s=100.0))
     obj = Objective("throughput", constraints=[c, lo])
-    assert obj.violated({"carbon_per_sample_g": 1.0, "throughput_samples_per_s": 50.0}) == [str(c), str(lo)]
+    assert obj.violated(Metrics(carbon_per_sample_g=1.0, throughput_samples_per_s=50.0)) == [str(c), str(lo)]
+    # Every metric a constraint may name is a field of the record.
+    from mindpipe.tuner.objectives import CONSTRAINT_METRICS
+    assert all(hasattr(Metrics(), m) for m in CONSTRAINT_METRICS)
     assert "s.t." in obj.describe()
     for bad in ("carbon<0.5", "speed>=3", "carbon<=abc", ""):
         with pytest.raises(ContractError):

@@ -8,7 +8,7 @@ import statistics
 import pytest
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.errors import ContractError
-from mindpipe.tuner.optimizers import BayesSearch, GridSearch, RandomSearch, encode_points, make_searcher
+from mindpipe.tuner.optimizers import BayesSearch, GridSearch, RandomSearch, _Posterior, encode_points, make_searcher
 from mindpipe.tuner.space import SearchSpace
 
 
@@ -108,3 +108,53 @@ def test_make_searcher_rejects_unknown_names(points):
         make_searcher("anneal", points, 0)
     with pytest.raises(ContractError):
         make_searcher("bo", points, 0, surrogate="svm")
+
+
+def test_fast_posterior_equals_skopt_predict(points):
+    """The GP's mean and std over the pool are skopt's, computed with matrix products."""
+    from skopt.utils import cook_estimator
+
+    bo = BayesSearch(points, seed=0)
+    pool = bo._pool()
+    told = list(range(0, len(points), max(1, len(points) // 40)))
+    gp = cook_estimator("GP", space=bo.dims, random_state=0, n_restarts_optimizer=0)
+    gp.fit(pool[told], [_synthetic_loss(points[i]) for i in told])
+    mu, std = gp.predict(pool, return_std=True)
+    fast_mu, fast_std = _Posterior(gp).predict(pool, return_std=True)
+    assert fast_mu == pytest.approx(mu, rel=1e-9, abs=1e-9)
+    assert fast_std == pytest.approx(std, rel=1e-6, abs=1e-9)
+
+
+def test_bo_reuses_its_fit_when_only_infeasible_results_arrive(points, monkeypatch):
+    """Out-of-memory results do not change the GP's data: the next ask reuses its acquisition, and
+    proposes what a searcher that refits would."""
+    import skopt.utils
+
+    fits = 0
+    cook = skopt.utils.cook_estimator
+
+    def counted_cook(*args, **kwargs):
+        nonlocal fits
+        fits += 1
+        return cook(*args, **kwargs)
+
+    monkeypatch.setattr(skopt.utils, "cook_estimator", counted_cook)
+
+    def run(cache: bool) -> tuple[list[int], int]:
+        nonlocal fits
+        fits = 0
+        bo = BayesSearch(points, seed=4, n_initial=4)
+        asked = []
+        for r in range(8):
+            if not cache:
+                bo._acq.clear()
+            got = bo.ask(2)
+            asked += got
+            # From the third round on, every proposal is "out of memory".
+            bo.tell(got, [_synthetic_loss(points[i]) if r < 3 else None for i in got])
+        return asked, fits
+
+    cached, cached_fits = run(True)
+    uncached, uncached_fits = run(False)
+    assert cached == uncached
+    assert cached_fits < uncached_fits

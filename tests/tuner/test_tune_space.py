@@ -1,4 +1,4 @@
-"""The search space: exactly the plans that satisfy the rules, --fix, rejection counts."""
+"""The search space: exactly the plans that satisfy the rules, --fix, --what-if, rejection codes."""
 
 from __future__ import annotations
 
@@ -6,11 +6,22 @@ import functools
 import itertools
 
 import pytest
-from mindpipe.simulator.schedules import build_schedule
+from mindpipe.simulator.schedules import build_schedule, schedule_rule
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.config import Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
-from mindpipe.tuner.space import POINT_KEYS, SearchSpace, parse_fixes, parse_global_batch, point_key
+from mindpipe.tuner.keys import (
+    POINT_KEYS,
+    WHAT_IF_KEYS,
+    parse_fixes,
+    parse_global_batch,
+    parse_what_if,
+    plan_of,
+    point_key,
+    what_if_used,
+)
+from mindpipe.tuner.rules import Rule
+from mindpipe.tuner.space import SearchSpace
 
 
 @functools.cache
@@ -60,11 +71,73 @@ def _tuples(space: SearchSpace) -> set[tuple]:
 def test_space_equals_brute_force_enumeration():
     model = Model(kind="gpt", num_layers=6, hidden_size=96, num_heads=6, seq_len=64, vocab_size=512)
     cluster = load_cluster("a100-sxm4-80gb:2x4")
-    space = SearchSpace(model, cluster, [16, 32])
+    space = SearchSpace(model, cluster, [16, 32], what_if=("comm_priority",))
     assert _tuples(space) == _brute_force(model, cluster, [16, 32])
     assert len({point_key(p) for p in space.points}) == space.size  # no duplicates
     assert space.rejected_total > 0
-    assert "tp must not exceed devices per node" in space.rejected
+    # Every rule of this landscape is counted under its code: tp 8 > 4 devices per node, 6 heads
+    # not divisible by tp 4, more stages than layers, m < pp, dualpipev's m < 2·pp, batch multiple.
+    for rule in (Rule.TP_PER_NODE, Rule.HEADS, Rule.LAYERS, Rule.SCHEDULE, Rule.BATCH_MULTIPLE):
+        assert space.rejected[rule] > 0, rule
+    assert set(space.describe()["rejected_by_rule"]) == {r.value for r in space.rejected}
+
+
+def test_rule_texts_are_generic_and_distinct():
+    texts = [r.text for r in Rule]
+    assert len(set(texts)) == len(texts)
+    assert not any(ch.isdigit() and ch not in "12" for t in texts for ch in t)  # no numbers of one combination
+
+
+@pytest.mark.parametrize(("name", "pp", "m", "v"), [("1f1b", 4, 4, 1), ("interleaved_1f1b", 4, 6, 2),
+                                                     ("dualpipev", 4, 6, 2), ("zbv", 2, 2, 2), ("gpipe", 4, 1, 1),
+                                                     ("zb_h1", 2, 4, 2)])
+def test_schedule_rule_agrees_with_build_schedule(name, pp, m, v):
+    rule = schedule_rule(name, pp, m, v)
+    assert (rule is None) == _schedule_ok(name, pp, m, v)
+    if rule is not None:
+        with pytest.raises(ContractError, match=rule.split("=")[0]):
+            build_schedule(name, pp, m, v)
+
+
+@pytest.mark.parametrize(("model", "cluster", "batches"), [
+    ("gpt-13b", "a100-sxm4-80gb:8x8", [128, 512]), ("gpt-1.3b", "a100-sxm4-80gb:1x8", [16, 64]),
+    ("gpt-mini", "cpu:1x4", [8, 32]),
+])
+def test_default_space_holds_only_what_the_executor_runs(model, cluster, batches):
+    """No point of a default space sets a what-if knob to a value the executor does not carry out."""
+    model, cluster = load_model(model), load_cluster(cluster)
+    space = SearchSpace(model, cluster, batches)
+    assert space.size > 0
+    for p in space.points:
+        assert what_if_used(p) == [], p
+        assert all(p[k] == run for k, run in WHAT_IF_KEYS.items())
+        assert what_if_used(plan_of(p)) == []
+    # With --what-if every knob is searched wherever it can matter, and only there.
+    wide = SearchSpace(model, cluster, batches, what_if=parse_what_if("all"))
+    assert wide.size > space.size
+    used = {k for p in wide.points for k in what_if_used(p)}
+    assert used == set(WHAT_IF_KEYS)
+    assert not any(p["comm_priority"] != "fair" for p in wide.points if p["pp"] == 1)
+    assert not any(p["overlap_grad_reduce"] for p in wide.points if p["dp"] == 1)
+    narrow = {point_key(p) for p in space.points}
+    assert narrow == {point_key(p) for p in wide.points if not what_if_used(p)}
+
+
+def test_what_if_knob_pinned_off_the_executor_needs_what_if():
+    model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
+    for fix in ("comm_priority=pp_first", "overlap_grad_reduce=true", "comm_priority=fair,pp_first"):
+        with pytest.raises(ContractError, match="--what-if") as e:
+            SearchSpace(model, cluster, [64], parse_fixes([fix]))
+        assert e.value.source == "--fix" and "executor runs only" in str(e.value)
+    # Pinning the executor's own value needs nothing; naming the knob (or all) allows the others.
+    assert SearchSpace(model, cluster, [64], parse_fixes(["comm_priority=fair"])).size > 0
+    space = SearchSpace(model, cluster, [64], parse_fixes(["overlap_grad_reduce=true"]),
+                        what_if=parse_what_if("overlap-grad-reduce"))
+    assert {p["overlap_grad_reduce"] for p in space.points if p["dp"] > 1} == {True}
+    assert parse_what_if("") == parse_what_if("all") == tuple(WHAT_IF_KEYS)
+    assert parse_what_if(None) == ()
+    with pytest.raises(ContractError, match="not a what-if knob"):
+        parse_what_if("tp")
 
 
 def test_every_point_satisfies_the_issue_rules():
@@ -93,7 +166,8 @@ def test_fix_pins_and_restricts():
     assert {p["schedule"] for p in space.points} <= {"1f1b", "zb_h1"}
     assert all(p["sequence_parallel"] for p in space.points)
     # Pinning a key that would be collapsed keeps the pinned value.
-    space = SearchSpace(model, cluster, [64], parse_fixes(["pp=1", "comm_priority=pp_first"]))
+    space = SearchSpace(model, cluster, [64], parse_fixes(["pp=1", "comm_priority=pp_first"]),
+                        what_if=("comm_priority",))
     assert {p["comm_priority"] for p in space.points} == {"pp_first"}
 
 
@@ -101,10 +175,10 @@ def test_fix_partition_pins_the_partitioner():
     model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
     space = SearchSpace(model, cluster, [64], parse_fixes(["pp=2", "partition=[20,4]", "schedule=1f1b"]))
     assert space.partitioners == ("given",)
-    assert all(space.plan_of(p).partition == [20, 4] for p in space.points)
+    assert all(plan_of(p, space.pinned).partition == [20, 4] for p in space.points)
     # A partition that does not fit the plan rules empties the space with a reason.
     space = SearchSpace(model, cluster, [64], parse_fixes(["pp=2", "partition=[20,5]"]))
-    assert space.size == 0 and any("partition" in rule for rule in space.rejected)
+    assert space.size == 0 and Rule.PARTITION in space.rejected
 
 
 @pytest.mark.parametrize("bad", ["tp", "tpx=3", "tp=two", "schedule=fast", "sequence_parallel=maybe", "partition=4"])
@@ -127,5 +201,7 @@ def test_impossible_space_is_empty_with_reasons():
     model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
     space = SearchSpace(model, cluster, [64], parse_fixes(["tp=3"]))
     assert space.size == 0
-    assert space.rejected_total > 0
+    assert space.rejected_total > 0 and set(space.rejected) == {Rule.MESH}
     assert set(POINT_KEYS) >= set(space.describe()["values"])
+    space = SearchSpace(model, cluster, [64], parse_fixes(["tp=8", "dp=2"]))
+    assert space.size == 0 and set(space.rejected) == {Rule.PINNED}

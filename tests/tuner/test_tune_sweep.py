@@ -1,4 +1,4 @@
-"""Sweeps end to end: the CLI's outputs, resuming a killed sweep, Dask, and "no feasible plan"."""
+"""Sweeps end to end: the CLI's outputs, what-if knobs, resuming a killed sweep, Dask, and "no feasible plan"."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ from mindpipe.traces.builtin import load_cluster, load_model, load_plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.tuner.api import build_space, tune
 from mindpipe.tuner.evaluate import evaluate
+from mindpipe.tuner.keys import WHAT_IF_KEYS, point_key, what_if_used
+from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective, parse_constraint
 from mindpipe.tuner.optimizers import RandomSearch
-from mindpipe.tuner.space import point_key
-from mindpipe.tuner.store import RECORDS_NAME
+from mindpipe.tuner.records import EvaluationRecord, Status
+from mindpipe.tuner.store import CONFIG_NAME, RECORDS_NAME
 from mindpipe.tuner.sweep import SweepConfig
 
 from mindpipe.cli import main as mindpipe_main
@@ -76,10 +78,16 @@ def test_cli_grid_sweep_writes_every_output(grid_sweep, capsys):
     feasible = csv[csv["feasible"]]
     assert summary["best_value"] == pytest.approx(feasible["value"].max())
 
-    # The best plan is a Plan document with its partition; simulating it reproduces the value.
+    # The best plan is a Plan document with its partition and what it was made for; simulating it
+    # reproduces the value.
     plan = load_plan(str(out / "best_plan.json"))
     assert plan.partition is not None and sum(plan.partition) == 8 and len(plan.partition) == plan.num_stages
-    assert json.loads((out / "best_plan.json").read_text())["partition"] == summary["best_plan"]["partition"]
+    assert json.loads((out / "best_plan.json").read_text()) == summary["best_plan"]
+    assert plan.made_for is not None and plan.made_for.tool == "mindpipe tune"
+    assert plan.made_for.model == load_model(SMALL) and plan.made_for.cluster == load_cluster(CLUSTER)
+    assert plan.made_for.trace is None and plan.made_for.calibration is None and plan.made_for.what_if == []
+    assert csv["what_if"].isna().all()  # the default space: no plan uses a what-if knob
+    assert summary["what_if"] == {"searched": [], "best_plan_uses": []}
     assert mindpipe_main(["simulate", "--model", SMALL, "--cluster", CLUSTER, "--plan", str(out / "best_plan.json"),
                           "--json"]) == 0
     sim = json.loads(capsys.readouterr().out)
@@ -180,7 +188,7 @@ def test_killed_sweep_resumes_without_re_evaluating(tmp_path):
                    config=SweepConfig(optimizer="random", seed=seed, budget=budget, workers=1), evaluator=counting)
     assert not set(counting.keys) & set(before)  # nothing stored was evaluated again
     assert outcome.result.reused == len(before)
-    keys = [r["key"] for r in outcome.result.records]
+    keys = [r.key for r in outcome.result.records]
     assert len(set(keys)) == len(keys) and keys[:len(before)] == before
     assert sorted(counting.keys) == sorted(keys[len(before):])
     # The resumed sweep is the uninterrupted one: the seeded random order, to the budget.
@@ -221,8 +229,8 @@ def test_interrupted_bo_sweep_resumes_into_the_uninterrupted_search(tmp_path):
         tune(SMALL, CLUSTER, out=tmp_path / "cut", resume=True, **other_batch)
     counting = _Counting()
     resumed = tune(SMALL, CLUSTER, out=tmp_path / "cut", resume=True, evaluator=counting, **kwargs)
-    keys = [r["key"] for r in resumed.result.records]
-    assert keys == [r["key"] for r in whole.result.records]
+    keys = [r.key for r in resumed.result.records]
+    assert keys == [r.key for r in whole.result.records]
     assert counting.keys == keys[6:] and resumed.result.reused == 6
     assert resumed.summary["best_plan"] == whole.summary["best_plan"]
 
@@ -232,7 +240,7 @@ def _on_worker(problem, point):
     from distributed import get_worker
 
     rec = evaluate(problem, point)
-    rec["message"] = get_worker().address
+    rec.message = get_worker().address
     return rec
 
 
@@ -245,9 +253,9 @@ def test_dask_local_cluster_sweep_matches_local(tmp_path):
                       config=SweepConfig(**cfg, dask=lc.scheduler_address), evaluator=_on_worker)
     local = tune(SMALL, CLUSTER, out=tmp_path / "local", global_batch=32, fixes=NARROW_FIXES, plots=False,
                  config=SweepConfig(**cfg))
-    assert {r["message"] for r in remote.result.records} == {worker}  # every evaluation ran on the Dask worker
-    assert [r["key"] for r in remote.result.records] == [r["key"] for r in local.result.records]
-    assert [r["value"] for r in remote.result.records] == [r["value"] for r in local.result.records]
+    assert {r.message for r in remote.result.records} == {worker}  # every evaluation ran on the Dask worker
+    assert [r.key for r in remote.result.records] == [r.key for r in local.result.records]
+    assert [r.value for r in remote.result.records] == [r.value for r in local.result.records]
     assert remote.summary["best_plan"] == local.summary["best_plan"]
 
 
@@ -258,8 +266,8 @@ def test_local_process_pool_sweep_matches_inline(tmp_path):
                   config=SweepConfig(**cfg, workers=2))
     inline = tune(SMALL, CLUSTER, out=tmp_path / "inline", global_batch=32, fixes=NARROW_FIXES, plots=False,
                   config=SweepConfig(**cfg, workers=1))
-    assert [r["key"] for r in pooled.result.records] == [r["key"] for r in inline.result.records]
-    assert [r["value"] for r in pooled.result.records] == [r["value"] for r in inline.result.records]
+    assert [r.key for r in pooled.result.records] == [r.key for r in inline.result.records]
+    assert [r.value for r in pooled.result.records] == [r.value for r in inline.result.records]
     assert pooled.summary["evaluations"] == inline.summary["evaluations"] == 6
 
 
@@ -294,10 +302,9 @@ def test_no_plan_fits_in_memory_exit_2(tmp_path, capsys):
     assert not (out / "best_plan.json").exists()
 
 
-def _always_fails(problem: Any, point: Any) -> dict[str, Any]:
+def _always_fails(problem: Any, point: Any) -> EvaluationRecord:
     """An evaluator whose simulator is broken: every evaluation ends in an error record."""
-    return {"key": point_key(point), "point": dict(point), "plan": None, "status": "error", "simulated": False,
-            "metrics": {}, "message": "RuntimeError: simulator bug", "eval_s": 0.0}
+    return EvaluationRecord(point_key(point), dict(point), Status.ERROR, message="RuntimeError: simulator bug")
 
 
 def test_failing_evaluations_count_against_the_budget(tmp_path):
@@ -307,3 +314,72 @@ def test_failing_evaluations_count_against_the_budget(tmp_path):
     with pytest.raises(NoFeasiblePlan, match="error: 7"):
         tune(SMALL, CLUSTER, out=tmp_path / "t", global_batch=32, plots=False,
              config=SweepConfig(optimizer="random", budget=7, workers=1), evaluator=_always_fails)
+
+
+def test_what_if_sweep_marks_every_output(tmp_path, capsys):
+    """--what-if searches the knobs the executor does not run, and every output says which plan uses one."""
+    out = tmp_path / "w"
+    fixes = ["--fix", "schedule=1f1b", "--fix", "recompute=none", "--fix", "zero_stage=0",
+             "--fix", "sequence_parallel=false", "--fix", "micro_batch_size=1,4"]
+    argv = ["tune", "--model", SMALL, "--cluster", CLUSTER, "--global-batch", "32", *fixes, "--optimizer", "grid",
+            "--budget", "400", "--workers", "1", "--no-plots", "--quiet", "--out", str(out)]
+    # Pinning a knob off the executor's value needs --what-if: one line, exit 2.
+    assert mindpipe_main([*argv, "--fix", "comm_priority=pp_first"]) == 2
+    err = capsys.readouterr().err
+    assert "comm_priority" in err and "--what-if" in err and len(err.strip().splitlines()) == 1
+    assert mindpipe_main([*argv, "--what-if"]) == 0
+    printed = capsys.readouterr().out
+    assert "what-if knobs    searched comm_priority, overlap_grad_reduce" in printed
+
+    csv = pd.read_csv(out / "evaluations.csv", keep_default_na=False)
+    for _, row in csv.iterrows():
+        expected = [k for k, run in WHAT_IF_KEYS.items() if str(row[k]).lower() != str(run).lower()]
+        assert row["what_if"] == ",".join(expected)
+    assert set(csv["what_if"]) >= {"", "comm_priority", "overlap_grad_reduce", "comm_priority,overlap_grad_reduce"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["what_if"]["searched"] == list(WHAT_IF_KEYS)
+    plan = load_plan(str(out / "best_plan.json"))
+    assert plan.made_for is not None and plan.made_for.what_if == what_if_used(plan)
+    assert summary["what_if"]["best_plan_uses"] == plan.made_for.what_if
+
+
+def test_trace_and_calibration_are_named_in_made_for(tmp_path):
+    from mindpipe.traces.data import load_shipped_trace
+
+    trace = load_shipped_trace("gpt-mini.cpu")
+    outcome = tune("gpt-mini", "cpu:1x4", out=tmp_path / "t", global_batch=8, fixes=["schedule=1f1b"],
+                   trace=trace, trace_source="gpt-mini.cpu", plots=False,
+                   config=SweepConfig(optimizer="random", budget=4, workers=1))
+    made_for = load_plan(str(tmp_path / "t" / "best_plan.json")).made_for
+    assert made_for is not None and made_for.model == load_model("gpt-mini")
+    assert made_for.trace is not None and made_for.trace.startswith("gpt-mini.cpu sha256:")
+    assert made_for.calibration is None
+    assert outcome.summary["best_plan"]["made_for"]["trace"] == made_for.trace
+
+
+def test_a_store_of_another_version_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / CONFIG_NAME).write_text(json.dumps({"state_version": 1, "problem": "x"}))
+    (out / RECORDS_NAME).write_text('{"key": "[1]", "status": "ok", "metrics": {}}\n')
+    with pytest.raises(ContractError, match="state_version=1") as e:
+        tune(SMALL, CLUSTER, out=out, global_batch=32, fixes=NARROW_FIXES, resume=True, plots=False,
+             config=SweepConfig(optimizer="random", budget=2, workers=1))
+    assert "\n" not in str(e.value) and "new --out" in str(e.value)
+
+
+def test_store_round_trips_typed_records(tmp_path):
+    """What the store writes is what a resumed sweep reads back: status, code, plan and metrics."""
+    from mindpipe.tuner.store import SweepStore
+
+    space = build_space(load_model("gpt3-175b"), load_cluster(CLUSTER), 64, ["tp=8", "schedule=1f1b"], ["balanced"])
+    problem = Problem(space.model, space.cluster)
+    recs = [evaluate(problem, p) for p in space.points[:3]]
+    assert {r.status for r in recs} == {Status.OUT_OF_MEMORY}
+    store = SweepStore(tmp_path, {"x": 1}, resume=False)
+    for r in recs:
+        store.add(r)
+    store.close()
+    again = SweepStore(tmp_path, {"x": 1}, resume=True)
+    again.close()
+    assert [again.get(r.key) for r in recs] == recs

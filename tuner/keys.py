@@ -1,0 +1,196 @@
+"""The plan keys the tuner searches, the what-if knobs among them, and ``--fix`` / ``--what-if`` parsing.
+
+A *point* is a plain dict of plan keys (without ``partition``) plus ``partitioner`` — the name of
+the rule that will write the partition (:mod:`mindpipe.tuner.partition`). :func:`plan_of` is the
+one place a point becomes a :class:`~mindpipe.traces.config.Plan`.
+
+What-if knobs (DESIGN.md "searched means runnable") are plan keys that only the simulator
+models: the executor runs one value of each, :data:`WHAT_IF_KEYS` names it, and the default
+search space pins every knob there. ``comm_priority=pp_first`` (p2p traffic first on shared
+links) needs stream priorities the executor does not set; ``overlap_grad_reduce=true`` needs
+gradient buckets reduced during the last backward, while torch.distributed.pipelining reduces a
+stage's gradients after it. ``mindpipe tune --what-if`` searches them; every output marks a plan
+that uses one (:func:`what_if_used`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from mindpipe.traces.config import COMM_PRIORITIES, PRECISIONS, RANK_ORDERS, RECOMPUTE, SCHEDULES, Plan
+from mindpipe.traces.errors import ContractError
+
+PARTITIONERS = ("balanced", "pipedream", "even", "given")
+# Keys a point (and --fix) may carry; order fixes the column order of the output tables.
+POINT_KEYS = (
+    "dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
+    "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "rank_order",
+    "partitioner",
+)
+LIST_KEYS = ("partition", "layer_memory_policy")  # pinned as JSON lists, copied into every plan
+# What-if knob → the one value the executor carries out (module docstring).
+WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False}
+_INT_KEYS = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage")
+_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce")
+_STR_CHOICES: dict[str, tuple[str, ...]] = {
+    "schedule": SCHEDULES, "recompute": RECOMPUTE, "comm_priority": COMM_PRIORITIES, "precision": PRECISIONS,
+    "rank_order": RANK_ORDERS, "partitioner": PARTITIONERS,
+}
+
+Point = dict[str, Any]
+
+
+def plan_of(point: Mapping[str, Any], pinned: Mapping[str, list[Any]] | None = None,
+            partition: list[int] | None = None) -> Plan:
+    """The :class:`Plan` of a point: its plan keys, the pinned list keys and ``partition`` copied in.
+
+    Keys the point leaves out take the Plan's defaults (the search space checks partial points).
+
+    Raises:
+        ContractError: a value the Plan contract refuses (source empty; the caller names it).
+    """
+    kwargs: dict[str, Any] = {k: point[k] for k in POINT_KEYS if k != "partitioner" and k in point}
+    for key, value in (pinned or {}).items():
+        kwargs[key] = list(value)
+    if partition is not None:
+        kwargs["partition"] = list(partition)
+    return Plan(**kwargs)
+
+
+def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
+    """The what-if knobs a plan (or point) sets to a value the executor does not carry out."""
+    get = plan.get if isinstance(plan, Mapping) else lambda k: getattr(plan, k)
+    return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run]
+
+
+def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """``--what-if`` into the knobs to search: ``all`` (or an empty string) → every knob; ``KEY[,KEY]``.
+
+    Raises:
+        ContractError: a key that is not a what-if knob.
+    """
+    if value is None:
+        return ()
+    items = [v.strip().replace("-", "_") for v in (value.split(",") if isinstance(value, str) else value)]
+    items = [v for v in items if v]
+    if not items or items == ["all"]:
+        return tuple(WHAT_IF_KEYS)
+    for key in items:
+        if key not in WHAT_IF_KEYS:
+            raise ContractError("--what-if", key, f"{key} is not a what-if knob (known: all, {', '.join(WHAT_IF_KEYS)})")
+    return tuple(k for k in WHAT_IF_KEYS if k in items)
+
+
+def _parse_scalar(key: str, text: str) -> Any:
+    text = text.strip()
+    if key in _INT_KEYS:
+        try:
+            return int(text)
+        except ValueError:
+            raise ContractError("--fix", key, f"{key}={text!r} must be an integer") from None
+    if key in _BOOL_KEYS:
+        low = text.lower()
+        if low not in ("true", "false", "1", "0", "yes", "no"):
+            raise ContractError("--fix", key, f"{key}={text!r} must be true or false")
+        return low in ("true", "1", "yes")
+    allowed = _STR_CHOICES[key]
+    if text not in allowed:
+        raise ContractError("--fix", key, f"{key}={text!r} is not one of {', '.join(allowed)}")
+    return text
+
+
+def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
+    """Parse ``--fix KEY=VALUE`` arguments.
+
+    ``KEY=A,B`` restricts a key to a set of values (a list); ``partition`` and
+    ``layer_memory_policy`` take a JSON list (``partition=[3,5]``); ``partition`` also pins the
+    partitioner to ``given``.
+
+    Raises:
+        ContractError: unknown key, malformed value, or a key pinned twice.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep:
+            raise ContractError("--fix", None, f"{item!r} is not KEY=VALUE")
+        if key in out:
+            raise ContractError("--fix", key, f"{key} is pinned twice")
+        if key in LIST_KEYS:
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError:
+                raise ContractError("--fix", key, f"{key} must be a JSON list, e.g. {key}=[4,4]") from None
+            if not isinstance(parsed, list):
+                raise ContractError("--fix", key, f"{key} must be a JSON list, e.g. {key}=[4,4]")
+            out[key] = parsed
+        elif key in POINT_KEYS:
+            values = [_parse_scalar(key, v) for v in value.split(",")]
+            out[key] = values[0] if len(values) == 1 else values
+        else:
+            known = ", ".join((*POINT_KEYS, *LIST_KEYS))
+            raise ContractError("--fix", key, f"{key}: not a plan key (known: {known})")
+    return out
+
+
+def check_fixes_what_if(fixes: Mapping[str, Any], what_if: Iterable[str]) -> None:
+    """Refuse ``--fix`` of a what-if knob to a value the executor does not run, unless it is searched.
+
+    Raises:
+        ContractError: e.g. ``--fix: comm_priority=pp_first is a what-if knob ...``.
+    """
+    enabled = set(what_if)
+    for key, run in WHAT_IF_KEYS.items():
+        if key not in fixes or key in enabled:
+            continue
+        values = fixes[key] if isinstance(fixes[key], list) else [fixes[key]]
+        other = [v for v in values if v != run]
+        if other:
+            raise ContractError("--fix", key, (
+                f"{key}={json.dumps(other[0])} is a what-if knob (the executor runs only {key}={json.dumps(run)}): "
+                f"add --what-if {key} to search or pin it"))
+
+
+def parse_global_batch(text: str) -> list[int]:
+    """``N``, ``A,B,C`` or ``A:B`` (A, 2A, 4A … up to B) into a sorted list of global batch sizes."""
+    try:
+        if ":" in text:
+            lo_s, hi_s = text.split(":", 1)
+            lo, hi = int(lo_s), int(hi_s)
+            if lo <= 0 or hi < lo:
+                raise ValueError
+            out, g = [], lo
+            while g <= hi:
+                out.append(g)
+                g *= 2
+            return out
+        values = sorted({int(v) for v in text.split(",")})
+    except ValueError:
+        raise ContractError("--global-batch", None, f"{text!r} is not N, A,B,C or A:B with 0 < A <= B") from None
+    if not values or values[0] <= 0:
+        raise ContractError("--global-batch", None, f"{text!r}: global batch sizes must be > 0")
+    return values
+
+
+def point_key(point: Mapping[str, Any]) -> str:
+    """Canonical, stable identity of a point (used by the sweep store)."""
+    return json.dumps([point[k] for k in POINT_KEYS], separators=(",", ":"))
+
+
+__all__ = [
+    "LIST_KEYS",
+    "PARTITIONERS",
+    "POINT_KEYS",
+    "WHAT_IF_KEYS",
+    "Point",
+    "check_fixes_what_if",
+    "parse_fixes",
+    "parse_global_batch",
+    "parse_what_if",
+    "plan_of",
+    "point_key",
+    "what_if_used",
+]
