@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mindpipe.traces.catalog import DeviceSpec, get_device
-from mindpipe.traces.config import Model, Plan, check_plan
+from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, check_plan, plan_value, what_if_used
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import block_policies
 
@@ -90,12 +90,10 @@ def check_made_for(plan: Plan, world_size: int, device_kind: str, source: str = 
 
 def what_if_notes(plan: Plan) -> list[str]:
     """A note naming the plan's what-if knobs: keys the simulator models but the executor does not carry out."""
-    knobs: dict[str, str] = {}
-    if plan.comm_priority != "fair":
-        knobs["comm_priority"] = f"comm_priority={plan.comm_priority} (torch's default stream priorities run)"
-    if plan.dp > 1 and plan.overlap_grad_reduce:
-        knobs["overlap_grad_reduce"] = ("overlap_grad_reduce=true (torch.distributed.pipelining reduces a stage's "
-                                        "gradients after its last backward; the measurement records false)")
+    why = {"comm_priority": "torch's default stream priorities run",
+           "overlap_grad_reduce": "torch.distributed.pipelining reduces a stage's gradients after its last backward"}
+    knobs = {key: f"{key}={plan_value(getattr(plan, key))} ({why.get(key, 'simulated only')}; the measurement "
+                  f"records {plan_value(WHAT_IF_KEYS[key])})" for key in what_if_used(plan)}
     for key in plan.made_for.what_if if plan.made_for is not None else []:
         knobs.setdefault(key, f"{key}={json.dumps(getattr(plan, key, None))} (made_for.what_if)")
     if not knobs:

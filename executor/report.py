@@ -12,7 +12,6 @@ collectives, FSDP gathers, and the forward recompute of recomputed blocks (see
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import statistics
 from collections import defaultdict
@@ -26,6 +25,7 @@ from mindpipe.executor.payload import RankPayload
 from mindpipe.executor.precheck import Precheck
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.chrome_trace import write_chrome_trace
+from mindpipe.traces.config import WHAT_IF_KEYS, plan_value, what_if_used
 from mindpipe.traces.flops import model_flops_per_iteration
 from mindpipe.traces.measured import ActionRecord, CommEvent, Measurement, RankRecord, StepRecord
 from mindpipe.traces.trace import Provenance, Trace
@@ -123,8 +123,7 @@ def _measurement(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], bac
     # What-if knobs are recorded as what ran: torch.distributed.pipelining reduces a stage's
     # gradients after its last backward (perform_reduce_grad), so they were not overlapped, and
     # every stream ran at torch's default priority (no pipeline-first policy).
-    ran = dataclasses.replace(plan, overlap_grad_reduce=False) if plan.dp > 1 else plan
-    ran = dataclasses.replace(ran, comm_priority="fair")
+    ran = plan.as_executed()
     return Measurement(
         plan=ran, world_size=plan.world_size, nodes=hosts, backend=backend, device_kind=device.type,
         device_name=spec.name if spec is not None else torch.cuda.get_device_name(device),
@@ -151,12 +150,9 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], back
         notes.append(f"recompute={plan.recompute}: backward times include the recomputed forward")
     if plan.tp > 1:
         notes.append("times include tensor-parallel communication")
-    if plan.dp > 1 and plan.overlap_grad_reduce:
-        notes.append("gradients were reduced after each stage's last backward (torch.distributed.pipelining), "
-                     "not overlapped with it: the measurement's plan says overlap_grad_reduce=false")
-    if plan.comm_priority != "fair":
-        notes.append(f"comm_priority={plan.comm_priority} is a what-if knob the executor does not carry out (torch's "
-                     "default stream priorities ran): the measurement's plan says comm_priority=fair")
+    for key in what_if_used(plan):
+        notes.append(f"{key}={plan_value(getattr(plan, key))} is a what-if knob the executor does not carry out: "
+                     f"the measurement's plan says what ran, {key}={plan_value(WHAT_IF_KEYS[key])}")
     notes += table.notes
     return Trace(
         device=measurement.device_name, dtype=plan.precision, layers=table.records,

@@ -8,7 +8,11 @@ more than one document (plan vs model vs cluster) live in :func:`check_plan`.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import check_format_version
@@ -25,6 +29,11 @@ COMM_PRIORITIES = ("fair", "pp_first")
 LAYER_MEMORY_POLICIES = ("keep", "recompute", "swap")
 # How global ranks are laid out over (tp, dp, pp), innermost first; Megatron's default is tp-dp-pp.
 RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
+# What-if knobs (DESIGN.md "searched means runnable"): plan keys only the simulator models, each
+# with the one value the executor carries out. ``comm_priority=pp_first`` needs stream priorities the
+# executor does not set; ``overlap_grad_reduce=true`` needs gradient buckets reduced during the last
+# backward, while torch.distributed.pipelining reduces a stage's gradients after it.
+WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False}
 # Schedules that place two model chunks per rank in a "V" (Qi et al. ICLR'24; DeepSeek DualPipeV).
 V_SCHEDULES = ("zbv", "dualpipev")
 
@@ -206,7 +215,8 @@ class Plan:
     ``layer_memory_policy`` gives per block ``keep|recompute|swap`` (vPipe); ``None`` follows
     ``recompute``. ``comm_priority`` ``pp_first`` gives pipeline p2p traffic priority on shared
     links; ``overlap_grad_reduce`` issues data-parallel gradient buckets during the last backward
-    (Megatron ``--overlap-grad-reduce``); ``rank_order`` lays global ranks out over the mesh axes,
+    (Megatron ``--overlap-grad-reduce``). Both are what-if knobs (:data:`WHAT_IF_KEYS`): their
+    defaults are what the executor runs. ``rank_order`` lays global ranks out over the mesh axes,
     innermost first (Megatron: ``tp-dp-pp``, so TP stays inside a node). ``made_for`` names the
     model and cluster a tuned plan was made for (:class:`MadeFor`); hand-written plans leave it out.
     """
@@ -223,7 +233,7 @@ class Plan:
     zero_stage: int = 0
     precision: str = "bf16"
     comm_priority: str = "fair"
-    overlap_grad_reduce: bool = True
+    overlap_grad_reduce: bool = False
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
@@ -271,6 +281,10 @@ class Plan:
             for i, p in enumerate(self.layer_memory_policy):
                 one_of(f"layer_memory_policy[{i}]", p, LAYER_MEMORY_POLICIES)
 
+    def as_executed(self) -> Plan:
+        """The plan as the executor runs it: every what-if knob at the executor's value."""
+        return dataclasses.replace(self, **WHAT_IF_KEYS)
+
     @property
     def num_stages(self) -> int:
         """Virtual pipeline stages: pp × virtual_stages."""
@@ -285,6 +299,17 @@ class Plan:
     def world_size(self) -> int:
         """Devices the plan needs: dp·tp·pp."""
         return self.dp * self.tp * self.pp
+
+
+def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
+    """The what-if knobs a plan (or a point of plan keys) sets to a value the executor does not carry out."""
+    get = plan.get if isinstance(plan, Mapping) else lambda k: getattr(plan, k)
+    return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run]
+
+
+def plan_value(value: Any) -> str:
+    """A plan value as the command line and the plan files write it (``fair``, ``false``, ``[4, 4]``)."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def even_partition(num_layers: int, num_stages: int) -> list[int]:
@@ -342,11 +367,14 @@ __all__ = [
     "PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
+    "WHAT_IF_KEYS",
     "Cluster",
     "MadeFor",
     "Model",
     "Plan",
     "check_plan",
     "even_partition",
+    "plan_value",
     "stage_layers",
+    "what_if_used",
 ]

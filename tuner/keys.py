@@ -5,7 +5,8 @@ the rule that will write the partition (:mod:`mindpipe.tuner.partition`). :func:
 one place a point becomes a :class:`~mindpipe.traces.config.Plan`.
 
 What-if knobs (DESIGN.md "searched means runnable") are plan keys that only the simulator
-models: the executor runs one value of each, :data:`WHAT_IF_KEYS` names it, and the default
+models: the executor runs one value of each, :data:`mindpipe.traces.config.WHAT_IF_KEYS` (their
+owner, on the Plan contract) names it, and the default
 search space pins every knob there. ``comm_priority=pp_first`` (p2p traffic first on shared
 links) needs stream priorities the executor does not set; ``overlap_grad_reduce=true`` needs
 gradient buckets reduced during the last backward, while torch.distributed.pipelining reduces a
@@ -19,7 +20,16 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mindpipe.traces.config import COMM_PRIORITIES, PRECISIONS, RANK_ORDERS, RECOMPUTE, SCHEDULES, Plan
+from mindpipe.traces.config import (
+    COMM_PRIORITIES,
+    PRECISIONS,
+    RANK_ORDERS,
+    RECOMPUTE,
+    SCHEDULES,
+    WHAT_IF_KEYS,
+    Plan,
+    what_if_used,
+)
 from mindpipe.traces.errors import ContractError
 
 PARTITIONERS = ("balanced", "pipedream", "even", "given")
@@ -30,8 +40,6 @@ POINT_KEYS = (
     "partitioner",
 )
 LIST_KEYS = ("partition", "layer_memory_policy")  # pinned as JSON lists, copied into every plan
-# What-if knob → the one value the executor carries out (module docstring).
-WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False}
 _INT_KEYS = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage")
 _BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce")
 _STR_CHOICES: dict[str, tuple[str, ...]] = {
@@ -57,12 +65,6 @@ def plan_of(point: Mapping[str, Any], pinned: Mapping[str, list[Any]] | None = N
     if partition is not None:
         kwargs["partition"] = list(partition)
     return Plan(**kwargs)
-
-
-def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
-    """The what-if knobs a plan (or point) sets to a value the executor does not carry out."""
-    get = plan.get if isinstance(plan, Mapping) else lambda k: getattr(plan, k)
-    return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run]
 
 
 def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:

@@ -1,30 +1,121 @@
-"""``mindpipe tune``: registered here; the parser and the handler are still :mod:`mindpipe.tuner.cli`'s.
-
-Thin re-wiring only, while the tuner's command changes on its own branch: the parser and the
-search are the tuner's, unchanged (torch-free).
-"""
+"""``mindpipe tune``: search plans with the simulator as cost function (:func:`mindpipe.tuner.api.tune`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from mindpipe.cli import loaders
+from mindpipe.traces.config import WHAT_IF_KEYS
+from mindpipe.tuner.objectives import OBJECTIVES
+from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add the ``tune`` subcommand (the tuner's arguments) to ``sub`` and return its parser."""
-    from mindpipe.tuner.cli import add_parser as add_tune_parser
 
-    p = add_tune_parser(sub)
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``tune`` subcommand to ``subparsers`` and return its parser."""
+    p = subparsers.add_parser("tune", help="search for the best 4D plan with the simulator as cost function")
+    p.add_argument("--model", required=True, help="model JSON file, inline JSON or built-in name")
+    p.add_argument("--cluster", required=True, help="cluster JSON file, inline JSON, DEVICE or DEVICE:NODESxPER_NODE")
+    p.add_argument("--trace", default=None, help="per-layer trace for the compute model (file or shipped name)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="constants fitted from measured runs (mindpipe calibrate)")
+    p.add_argument("--objective", default="throughput", choices=OBJECTIVES,
+                   help="throughput (samples/s), energy or carbon per sample, or goodput (default throughput)")
+    p.add_argument("--critical-batch", type=float, default=None, metavar="B",
+                   help="critical batch size (gradient noise scale, McCandlish et al. 2018) for goodput")
+    p.add_argument("--constraint", action="append", default=[], metavar="METRIC<=X",
+                   help="e.g. carbon_per_sample<=0.05 or throughput>=100 (repeatable)")
+    p.add_argument("--global-batch", default=None, metavar="N|A,B|A:B",
+                   help="global batch: fixed, a list, or a power-of-two range (default: power of two >= 4x devices)")
+    p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
+                   help="pin a plan key, e.g. --fix tp=8 --fix recompute=full (KEY=A,B restricts to a set)")
+    p.add_argument("--what-if", nargs="?", const="all", default=None, metavar="KEY[,KEY]",
+                   help=f"also search what-if knobs, which only the simulator models (the executor runs "
+                        f"{', '.join(f'{k}={json.dumps(v)}' for k, v in WHAT_IF_KEYS.items())}): all of them, or "
+                        "the ones named; plans that use one are marked in every output")
+    p.add_argument("--partitioner", default="balanced",
+                   help="balanced, pipedream, even, or a comma list searched as a dimension (default balanced)")
+    p.add_argument("--optimizer", default="bo", choices=OPTIMIZERS, help="bo, random or grid (default bo)")
+    p.add_argument("--surrogate", default="gp", choices=SURROGATES, help="bo surrogate: gp, rf or et (default gp)")
+    p.add_argument("--initial-points", type=int, default=10, help="bo: random points before the surrogate (default 10)")
+    p.add_argument("--budget", type=int, default=60, help="most simulations to run (default 60)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2, help="parallel local evaluation processes (default 2)")
+    p.add_argument("--batch-size", type=int, default=None, help="proposals per round (default: --workers)")
+    p.add_argument("--dask", default=None, metavar="ADDRESS", help="evaluate on a Dask cluster (scheduler address)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output and state directory")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep stored in --out (same search arguments; bo also the same batch size)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=cmd_tune)
     return p
 
 
-def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run the tuner's command (exit 2, through ContractError, when no plan is feasible)."""
-    from mindpipe.tuner.cli import cmd_tune as tune_command
+def _format(info: dict[str, Any]) -> str:
+    plan = info["best_plan"] or {}
+    keys = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
+            "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce", "partition")
+    shown = ", ".join(f"{k}={plan.get(k)}" for k in keys if k in plan)
+    by_reason = dict(info["infeasible_by_reason"])
+    rules = by_reason.pop("rules", 0)
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) or "none evaluated"
+    searched, uses = info["what_if"]["searched"], info["what_if"]["best_plan_uses"]
+    if not searched:
+        what_if = "none searched: every plan is one the executor runs"
+    else:
+        used = (", ".join(f"{k}={json.dumps(plan.get(k))}" for k in uses) + " (simulated only; the executor "
+                "runs " + ", ".join(f"{k}={json.dumps(WHAT_IF_KEYS[k])}" for k in uses) + ")") if uses else "none"
+        what_if = f"searched {', '.join(searched)}; the best plan uses {used}"
+    return "\n".join([
+        f"objective        {info['objective']}",
+        f"best value       {info['best_value']:.6g}",
+        f"best plan        {shown}",
+        f"what-if knobs    {what_if}",
+        f"simulations      {info['evaluations']} ({info['evaluated_points']} points proposed, {info['reused']} from a previous run)",
+        f"space            {info['space_size']} valid points",
+        f"infeasible       {info['infeasible']}: {rules} combinations filtered by the plan rules, {reasons}",
+        f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)",
+        f"outputs          {info['out']}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png",
+    ])
 
-    return tune_command(args, argv)
+
+def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run the search; exit 2 (through ContractError) when no plan is feasible."""
+    from mindpipe.tuner.api import tune
+    from mindpipe.tuner.objectives import Objective, parse_constraint
+    from mindpipe.tuner.progress import ProgressBar
+    from mindpipe.tuner.sweep import SweepConfig
+
+    trace = loaders.trace(args.trace) if args.trace else None
+    calibration = loaders.calibration(args.calibration)
+    trace_source = Path(args.trace).name if args.trace else "trace"
+    calibration_source = os.path.basename(args.calibration) if args.calibration else "calibration"
+    objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint])
+    cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
+                      n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
+    bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
+    try:
+        outcome = tune(args.model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
+                       fixes=args.fix, partitioners=[p.strip() for p in args.partitioner.split(",") if p.strip()],
+                       what_if=args.what_if, trace=trace, calibration=calibration, trace_source=trace_source,
+                       calibration_source=calibration_source, config=cfg, resume=args.resume, progress=bar,
+                       plots=not args.no_plots)
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        print(json.dumps(outcome.summary))
+    else:
+        print(_format(outcome.summary))
+    sys.stdout.flush()
+    return 0
 
 
 __all__ = ["add_parser", "cmd_tune"]

@@ -86,7 +86,7 @@ def test_made_for_checks_and_what_if_notes():
         check_made_for(cpu_plan, 2, "cuda")
     check_made_for(Plan(**PLAN), 5, "cuda")  # a hand-written plan: nothing to compare with
     assert what_if_notes(Plan(**PLAN)) == []
-    dp_plan = Plan(dp=2, global_batch_size=2, comm_priority="pp_first")
+    dp_plan = Plan(dp=2, global_batch_size=2, comm_priority="pp_first", overlap_grad_reduce=True)
     (note,) = what_if_notes(dp_plan)
     assert note.startswith("what-if knobs the simulator models but the executor does not carry out: ")
     assert "comm_priority=pp_first" in note and "overlap_grad_reduce=true" in note
