@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from mindpipe.executor.stages import StageModule
 from mindpipe.traces.config import Plan
-from mindpipe.traces.layout import BlockPolicy, block_policies, reshards_after_forward
+from mindpipe.traces.layout import BlockPolicy, block_policies, data_parallel_units, reshards_after_forward
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
@@ -109,7 +109,7 @@ def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, plan: Plan) -> 
     :func:`mindpipe.traces.layout.reshards_after_forward` (the simulator prices the same gathers).
     """
     zero_stage, precision = plan.zero_stage, plan.precision
-    if dp_mesh.size() == 1 and precision == "fp32":
+    if data_parallel_units(plan, len(stage.blocks)) == 0:
         return stage
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" \
         else MixedPrecisionPolicy()

@@ -22,7 +22,13 @@ from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, Laye
 from mindpipe.simulator.engine import RankWork, StageWork
 from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.traces.config import Model, Plan
-from mindpipe.traces.layout import BlockPolicy, block_policies, reshards_after_forward, stage_layout
+from mindpipe.traces.layout import (
+    BlockPolicy,
+    block_policies,
+    data_parallel_units,
+    reshards_after_forward,
+    stage_layout,
+)
 
 GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}
 
@@ -98,11 +104,14 @@ def build_work(
     topo: Topology,
     stage_to_rank: list[int],
     swap_bytes_per_block: float = 0.0,
+    dp_unit_s: float = 0.0,
 ) -> tuple[list[StageWork], list[RankWork], list[int]]:
     """Per-stage work, per-rank work and per-rank parameter counts for the engine.
 
     ``swap_bytes_per_block`` is what one swapped block copies to the host and back per micro-batch
     (its activations kept whole, :func:`mindpipe.simulator.memory.activation_bytes_per_layer`).
+    ``dp_unit_s`` is the host time of the data-parallel wrapper's hooks per wrapped module
+    (:func:`mindpipe.traces.layout.data_parallel_units`) per forward and per backward (calibrated).
     """
     stages = assign_layers(costs, model, plan)
     policies = block_policies(plan, model.num_layers)
@@ -119,6 +128,7 @@ def build_work(
         fwd_comm = [x for c in layers for x in c.forward_comm]
         bwd_comm = [x for c in layers for x in c.backward_comm]
         recompute, re_comm, swapped = stage_recompute(layers, [policies[b] for b in spans[s].blocks])
+        hooks = dp_unit_s * data_parallel_units(plan, spans[s].num_blocks)
         swap = swapped * swap_bytes_per_block
         params = sum(c.param_count for c in layers)
         out_bytes = layers[-1].output_bytes
@@ -128,8 +138,8 @@ def build_work(
         zero = plan.zero_stage
         gathers = _buckets(topo, "allgather", params, dbytes, bucket, rank) if zero == 3 else []
         work = StageWork(
-            forward_s=f,
-            input_s=i,
+            forward_s=f + hooks,
+            input_s=i + hooks,
             weight_s=w,
             recompute_s=recompute,
             fwd_tp=_tp_phases(topo, fwd_comm, rank),

@@ -188,7 +188,7 @@ class Simulator:
         costs = self.layer_costs(plan)
         swap = activation_bytes_per_layer(self.model, plan, policy="none")
         stages, ranks, params_by_rank = build_work(self.model, plan, costs, self.compute, topo, schedule.stage_to_rank,
-                                                   swap_bytes_per_block=swap)
+                                                   swap_bytes_per_block=swap, dp_unit_s=self._dp_unit_s(plan))
         host = self.host
         comm = self.comm
 
@@ -219,6 +219,12 @@ class Simulator:
                                            "transfers_on_cores": opts.comm_on_cores}
         result.extra.update(extra or {})
         return result
+
+    def _dp_unit_s(self, plan: Plan) -> float:
+        """Calibrated host time of the data-parallel wrapper per wrapped module and action (0 if none)."""
+        dev = self.calibration.devices.get(self.device.name) if self.calibration is not None else None
+        comp = dev.compute.get(plan.precision) if dev is not None else None
+        return comp.dp_unit_overhead_s if comp is not None else 0.0
 
     def _calibration_notes(self, plan: Plan) -> list[str]:
         notes = list(self.host.notes)

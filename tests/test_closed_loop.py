@@ -1,7 +1,8 @@
 """The closed loop (``mindpipe demo``) end to end on 2 CPU ranks with a tiny model.
 
-The demo itself runs ``gpt-mini`` on 4 ranks (minutes); this is the same code at a size CI can
-afford: every stage runs for real (profile, tune, executor runs, calibration, re-tune, report).
+The demo itself runs ``gpt-tiny-32k`` on 2 ranks in 3 rounds (minutes); this is the same code at a
+size CI can afford (one round, a tinier model): every stage runs for real (profile, tune, executor
+runs, calibration, re-tune, report).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from mindpipe.traces.calibration import load_calibration
 
-from mindpipe.loop import LoopConfig, _plan, closed_loop
+from mindpipe.loop import LoopConfig, closed_loop, demo_plan
 from mindpipe.runs import RunSpec
 
 TINY = {"kind": "gpt", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "seq_len": 32, "vocab_size": 256,
@@ -28,10 +29,10 @@ def test_closed_loop_on_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     model_file = tmp_path / "tiny.json"
     model_file.write_text(json.dumps(TINY))
     log: list[str] = []
-    cfg = LoopConfig(model=str(model_file), ranks=2, global_batch=8, profile_micro_batch=2,
+    cfg = LoopConfig(model=str(model_file), ranks=2, global_batch=8, profile_micro_batch=2, rounds=1,
                      run=RunSpec(steps=5, warmup_steps=1),
-                     probes=[_plan(tp=2, micro_batch_size=4), _plan(dp=2, micro_batch_size=4)],
-                     holdout=[_plan(pp=2, micro_batch_size=2, schedule="gpipe")], out=tmp_path / "out")
+                     probes=[demo_plan(tp=2, micro_batch_size=4), demo_plan(dp=2, micro_batch_size=4)],
+                     holdout=[demo_plan(pp=2, micro_batch_size=2, schedule="gpipe")], out=tmp_path / "out")
     res = closed_loop(cfg, log=log.append)
 
     # Progress is shown, stage by stage, and ends with where the report is.
@@ -44,7 +45,12 @@ def test_closed_loop_on_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert res.speedup == pytest.approx(res.default_s / res.tuned_s)
     assert summary["speedup"] == pytest.approx(res.speedup)
     assert f"{res.tuned_s:.3f} s vs {res.default_s:.3f} s per iteration" in text
-    assert "Each round alone: default" in text
+    assert "Rounds side by side: default" in text and "**Regret:**" in text
+    assert summary["regret"] == pytest.approx(res.regret) and res.regret >= 0
+    assert summary["round_ranges_overlap"] == res.ranges_overlap
+    # Every plan measured appears with its rounds; the fastest is named; nothing is written outside --out.
+    assert summary["fastest_plan"] in summary["median_s_by_plan"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tiny.json"]
     # The calibration was fitted on this run's measurements and predicts the held-out plans.
     cal = load_calibration(tmp_path / "out" / "calibration.json")
     assert cal.devices["cpu"].compute["fp32"].samples > 0

@@ -53,6 +53,9 @@ class ComputeCalibration:
         tp_comm_cpu_s_per_byte: Host CPU time per byte a rank sends in tensor-parallel collectives
             (gloo copies and reduces on the host; DTensor redistributes), charged as compute — on
             CPUs it competes for the cores like any other work.
+        dp_unit_overhead_s: Host time per data-parallel-wrapped module
+            (:func:`mindpipe.traces.layout.data_parallel_units`) per forward and backward action:
+            the FSDP2/replicate hooks around each module (unshard, reshard, gradient bookkeeping).
         optimizer_s_per_param: Optimizer step time per parameter a rank holds.
         optimizer_overhead_s: Fixed time of an optimizer step.
         threads_per_rank: Threads each rank ran with when measured (CPU).
@@ -64,6 +67,7 @@ class ComputeCalibration:
     op_overhead_s: float
     tp_op_overhead_s: float = 0.0
     tp_comm_cpu_s_per_byte: float = 0.0
+    dp_unit_overhead_s: float = 0.0
     optimizer_s_per_param: float = 0.0
     optimizer_overhead_s: float = 0.0
     threads_per_rank: int = 1
@@ -74,7 +78,7 @@ class ComputeCalibration:
         for kind, value in self.scale.items():
             one_of("scale", kind, OP_KINDS)
             _positive_finite(f"scale.{kind}", value)
-        for key in ("op_overhead_s", "tp_op_overhead_s", "tp_comm_cpu_s_per_byte", "optimizer_s_per_param", "optimizer_overhead_s", "samples", "fit_mape"):
+        for key in ("op_overhead_s", "tp_op_overhead_s", "tp_comm_cpu_s_per_byte", "dp_unit_overhead_s", "optimizer_s_per_param", "optimizer_overhead_s", "samples", "fit_mape"):
             non_negative(key, getattr(self, key))
         if self.threads_per_rank < 1:
             raise ContractError("", "threads_per_rank", f"threads_per_rank={self.threads_per_rank} must be >= 1")

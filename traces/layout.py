@@ -66,6 +66,19 @@ def reshards_after_forward(plan: Plan) -> bool:
     return plan.zero_stage == 3 and plan.dp > 1 and plan.pp == 1
 
 
+def data_parallel_units(plan: Plan, num_blocks: int) -> int:
+    """Modules of a stage of ``num_blocks`` blocks that the data-parallel wrapper hooks.
+
+    The executor wraps nothing with one fp32 replica, the whole stage under replication
+    (``zero_stage`` 0: FSDP2's ``replicate``), and every block plus the stage under ``fully_shard``
+    (ZeRO ≥ 1). Each wrapped module runs hooks around its forward and backward (unshard, reshard,
+    gradient bookkeeping), a host cost calibration fits per module.
+    """
+    if plan.dp == 1 and plan.precision == "fp32":
+        return 0
+    return 1 if plan.zero_stage == 0 else num_blocks + 1
+
+
 def loop_stage_to_rank(pp: int, num_stages: int) -> list[int]:
     """Interleaved ("loop") placement: virtual stage s on rank s mod pp."""
     return [s % pp for s in range(num_stages)]
@@ -141,6 +154,7 @@ __all__ = [
     "BlockPolicy",
     "StageSpan",
     "block_policies",
+    "data_parallel_units",
     "loop_stage_to_rank",
     "rank_stages",
     "recomputes",

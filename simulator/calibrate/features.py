@@ -5,7 +5,9 @@ operators of its stage's layers (:mod:`mindpipe.simulator.ops`). Under the calib
 linear in the constants: ``Σ_kind scale_kind · Σ t_ref(op of kind) + op_overhead · #ops`` (plus
 ``tp_op_overhead · #ops + tp_comm_cpu · bytes`` when the layers are tensor-parallel). So an
 action's feature vector is its per-kind reference time, its operator count (twice: all, and
-tensor-parallel) and the bytes it sends in tensor-parallel collectives; the layer
+tensor-parallel), the bytes it sends in tensor-parallel collectives and, for forward and backward
+actions, the modules the data-parallel wrapper hooks (``dp_unit_overhead · units``:
+:func:`mindpipe.traces.layout.data_parallel_units`); the layer
 structure, recompute and stage assignment come from the same functions the simulator uses.
 Under a split backward the executor's runtime (``torch.distributed.pipelining``) computes no input
 gradient for the first stage, whose input is token ids: its I action does nothing and its W runs
@@ -39,10 +41,12 @@ from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.traces.calibration import OP_KINDS
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
-from mindpipe.traces.layout import BlockPolicy, block_policies, stage_layout, stage_to_rank
+from mindpipe.traces.layout import BlockPolicy, block_policies, data_parallel_units, stage_layout, stage_to_rank
 from mindpipe.traces.measured import ActionRecord
 
-FEATURES = (*OP_KINDS, "ops", "tp_ops", "tp_bytes")
+# Per-operator features (summed over a stage's operators), then per-action ones.
+OP_FEATURES = (*OP_KINDS, "ops", "tp_ops")
+FEATURES = (*OP_FEATURES, "tp_bytes", "dp_units")
 HOST_FEATURES = ("step", "ops", "comm_steps", "comm_bytes")
 
 
@@ -69,7 +73,7 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
     """Feature vector (``FEATURES`` order) of every (virtual stage, action kind) of ``plan``."""
     per_feature: list[list[dict[str, float]]] = []
     policies = _stage_policies(model, plan)
-    for feature in FEATURES[:-1]:
+    for feature in OP_FEATURES:
 
         def price(ops: Sequence[Op], feature: str = feature) -> tuple[float, float, float, float]:
             out = {"forward": 0.0, "backward_input": 0.0, "backward_weight": 0.0}
@@ -90,8 +94,10 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
         per_feature.append([_stage_sums(layers, pol) for layers, pol in zip(stages, policies, strict=True)])
     n_stages = len(per_feature[0])
     colls = action_collectives(model, plan)
-    out = {(s, kind): [per_feature[k][s][kind] for k in range(len(FEATURES) - 1)]
-           + [tp_wire_bytes(colls[(s, kind)], plan.tp, backend_of(ref.device)) if plan.tp > 1 else 0.0]
+    units = [data_parallel_units(plan, span.num_blocks) for span in stage_layout(plan, model)]
+    out = {(s, kind): [per_feature[k][s][kind] for k in range(len(OP_FEATURES))]
+           + [tp_wire_bytes(colls[(s, kind)], plan.tp, backend_of(ref.device)) if plan.tp > 1 else 0.0,
+              float(units[s]) if kind != "W" else 0.0]
            for s in range(n_stages) for kind in ("F", "B", "I", "W")}
     _first_stage_backward_in_w(out, [0.0] * len(FEATURES))
     return out
@@ -223,6 +229,7 @@ def shared_core_rates(actions: list[ActionRecord], slots: float) -> list[float]:
 __all__ = [
     "FEATURES",
     "HOST_FEATURES",
+    "OP_FEATURES",
     "action_collectives",
     "action_features",
     "rank_host_features",

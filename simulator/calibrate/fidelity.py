@@ -29,7 +29,7 @@ def plan_label(plan: Plan) -> str:
     extras = [("sp", plan.sequence_parallel), (f"rc-{plan.recompute}", plan.recompute != "none"),
               (f"zero{plan.zero_stage}", plan.zero_stage > 0), (plan.precision, plan.precision != "fp32")]
     label += "".join(f" {name}" for name, on in extras if on)
-    if plan.partition:
+    if plan.partition and plan.num_stages > 1:
         label += " [" + ",".join(str(n) for n in plan.partition) + "]"
     return label
 

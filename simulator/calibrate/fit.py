@@ -259,7 +259,7 @@ def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibrati
                             f"the fit is labelled {t} thread(s)")
         out.setdefault(device, {})[precision] = ComputeCalibration(
             scale=scale, op_overhead_s=float(x[len(OP_KINDS)]), tp_op_overhead_s=float(x[len(OP_KINDS) + 1]),
-            tp_comm_cpu_s_per_byte=float(x[len(OP_KINDS) + 2]),
+            tp_comm_cpu_s_per_byte=float(x[len(OP_KINDS) + 2]), dp_unit_overhead_s=float(x[len(OP_KINDS) + 3]),
             optimizer_overhead_s=float(opt_x[0]),
             optimizer_s_per_param=float(opt_x[1]), threads_per_rank=t, samples=len(design), fit_mape=mape)
     return out

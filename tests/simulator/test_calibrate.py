@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.build import optimizer_shard
 from mindpipe.simulator.calibrate.features import (
     FEATURES,
     HOST_FEATURES,
@@ -48,7 +49,7 @@ TRUTH = Calibration(
         kind="cpu", cpus_per_node=2, step_overhead_s=0.05,
         compute={"fp32": ComputeCalibration(scale={"gemm": 3.0, "bmm": 3.0, "memory": 3.0}, op_overhead_s=3e-4,
                                             tp_op_overhead_s=8e-4, tp_comm_cpu_s_per_byte=5e-9,
-                                            optimizer_s_per_param=4e-9,
+                                            dp_unit_overhead_s=1.5e-3, optimizer_s_per_param=4e-9,
                                             optimizer_overhead_s=2e-3)})},
     comm={"gloo": {"local": LinkCalibration(step_latency_s=1.2e-4, bandwidth_Bps=1.5e9)}},
 )
@@ -85,7 +86,7 @@ def _synthetic_run(plan: Plan, truth: Calibration = TRUTH, with_cpu: bool = Fals
     cal = truth.devices["cpu"].compute["fp32"]
     feats = action_features(MODEL, plan, ReferenceOpTime(CPU))
     x = [*(cal.scale.get(k, 0.0) for k in ("gemm", "bmm", "flash", "memory")),
-         cal.op_overhead_s, cal.tp_op_overhead_s, cal.tp_comm_cpu_s_per_byte]
+         cal.op_overhead_s, cal.tp_op_overhead_s, cal.tp_comm_cpu_s_per_byte, cal.dp_unit_overhead_s]
     topo = Topology(plan, cluster, CPU)
     actions, steps, comms = [], [], []
     for step in (1, 2, 3):
@@ -108,7 +109,8 @@ def _synthetic_run(plan: Plan, truth: Calibration = TRUTH, with_cpu: bool = Fals
                 comms.append(CommEvent(0, 4, "collective", "tp" if op == "allreduce" else "pp", op, 0.0, t + wait, n, k))
     steps.append(StepRecord(4, 5.0, 3 * res.iteration_time_s, 1.0))  # the profiled step: slower, left out
     share = min(1.0, 2 / plan.world_size)
-    params = res.extra["params_per_device_by_rank"]
+    # Each rank's optimizer steps its own parameters, a 1/dp shard of them under ZeRO (the engine's rule).
+    params = [optimizer_shard(plan, n) for n in res.extra["params_per_device_by_rank"]]
     cpu = _rank_cpu_s(plan, cluster, truth, actions, params) if with_cpu else {}
     ranks = [RankRecord(topo.global_rank(p), p, 0, 0, [p], "h", 0.1, 0.0, 0.0,
                         (cal.optimizer_overhead_s + cal.optimizer_s_per_param * params[p]) / share, 1, "process_rss",
@@ -124,9 +126,9 @@ def _synthetic_run(plan: Plan, truth: Calibration = TRUTH, with_cpu: bool = Fals
 
 
 FIT_PLANS = [_plan(dp=2, pp=2), _plan(tp=2, pp=2, schedule="gpipe"), _plan(dp=4, micro_batch_size=2),
-             _plan(tp=2, micro_batch_size=8), _plan(pp=2, micro_batch_size=2)]
+             _plan(tp=2, micro_batch_size=8), _plan(pp=2, micro_batch_size=2), _plan(dp=2, micro_batch_size=4, zero_stage=1)]
 HELD_OUT = [_plan(pp=4, micro_batch_size=2), _plan(dp=2, tp=2), _plan(pp=2, schedule="interleaved_1f1b", virtual_stages=2),
-            _plan(tp=4, micro_batch_size=8), _plan(pp=2, schedule="zb_h1")]
+            _plan(tp=4, micro_batch_size=8), _plan(pp=2, schedule="zb_h1"), _plan(dp=4, micro_batch_size=2, zero_stage=2)]
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +231,7 @@ def test_fit_recovers_the_compute_constants(fitted):
     assert got.op_overhead_s == pytest.approx(want.op_overhead_s, rel=0.02)
     assert got.tp_op_overhead_s == pytest.approx(want.tp_op_overhead_s, rel=0.02)
     assert got.tp_comm_cpu_s_per_byte == pytest.approx(want.tp_comm_cpu_s_per_byte, rel=0.02)
+    assert got.dp_unit_overhead_s == pytest.approx(want.dp_unit_overhead_s, rel=0.02)
     assert got.optimizer_s_per_param == pytest.approx(want.optimizer_s_per_param, rel=0.02)
     assert got.optimizer_overhead_s == pytest.approx(want.optimizer_overhead_s, rel=0.05)
     assert got.fit_mape < 1e-3 and got.samples > len(FEATURES)
@@ -248,7 +251,7 @@ def test_step_overhead_and_held_out_predictions(fitted):
     held = [_synthetic_run(p) for p in HELD_OUT]
     rows = fidelity(held, cal)
     s = summary(rows)
-    assert s["n"] == 5 and s["mape_calibrated_pct"] < 3.0
+    assert s["n"] == 6 and s["mape_calibrated_pct"] < 3.0
     # The catalog roofline with dedicated devices is far off these (synthetic) CPU runs.
     assert s["mape_uncalibrated_pct"] > 5 * s["mape_calibrated_pct"]
     assert set(notes.step_residuals_s) == {f"{plan_label(p)}.json" for p in FIT_PLANS}
@@ -280,7 +283,7 @@ def test_calibrated_compute_model_prices_ops_linearly():
     costs = model.layer_costs(MODEL, _plan(tp=2))
     block_f = next(c.forward_s for c in costs if c.kind == "block")
     # Stage 0 of a pp=1 plan holds every layer; its F feature · constants = the summed layer forwards.
-    x = [3.0, 3.0, 0.0, 3.0, cal.op_overhead_s, cal.tp_op_overhead_s, cal.tp_comm_cpu_s_per_byte]
+    x = [3.0, 3.0, 0.0, 3.0, cal.op_overhead_s, cal.tp_op_overhead_s, cal.tp_comm_cpu_s_per_byte, cal.dp_unit_overhead_s]
     assert float(np.dot(feats[(0, "F")], x)) == pytest.approx(sum(c.forward_s for c in costs), rel=1e-9)
     assert block_f > 0
 
