@@ -3,7 +3,7 @@
 ``DIR/sweep.json`` holds the configuration that defines a sweep (model, cluster, space, objective,
 optimizer, seed); ``DIR/evaluations.jsonl`` gets one line per finished evaluation, flushed and
 fsync'ed before the sweep moves on, so a killed sweep loses at most the evaluations in flight. A
-torn last line (killed mid-write: no newline after it) is dropped on load. Resuming replays the
+torn last line (killed mid-write: no newline after it, not complete JSON) is dropped on load. Resuming replays the
 same deterministic search and takes every result already on disk instead of evaluating it again.
 
 The state is created with the first stored evaluation, not before: a sweep that fails before it
@@ -160,7 +160,14 @@ class SweepStore:
             return
         text = _read_regular(self.records_path)
         lines = text.split("\n")
-        torn = lines.pop()  # "" after a final newline; else a line cut short by a kill
+        last = lines.pop()  # "" after a final newline; else a line a kill may have cut short
+        try:
+            if last.strip():
+                json.loads(last)
+                lines.append(last)  # complete, only its newline is missing: checked like the others
+            torn = False
+        except (json.JSONDecodeError, RecursionError):
+            torn = True  # cut short by a kill: that evaluation runs again
         good: list[str] = []
         for n, line in enumerate(lines, 1):
             if not line.strip():
@@ -170,15 +177,8 @@ class SweepStore:
                 self.records[rec.key] = rec
                 self.order.append(rec.key)
                 good.append(line)
-        if torn:
-            try:
-                json.loads(torn)
-            except (json.JSONDecodeError, RecursionError):
-                pass  # torn by a kill: that evaluation runs again
-            else:
-                raise ContractError(f"{self.records_path}: line {len(lines) + 1}", None,
-                                    f"a complete line without its newline: not written by mindpipe tune; {_START_AGAIN}")
-        if torn or len(good) != len(lines):  # rewrite without torn lines so appends start on a clean line
+        if torn or (text and not text.endswith("\n")) or len(good) != len(lines):
+            # Rewrite without torn or repeated lines, so appends start on a clean line.
             write_text(self.records_path, "".join(g + "\n" for g in good))
 
     def _create(self) -> IO[str]:
