@@ -209,10 +209,11 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
             msg, exit_code = _first_error(records, output, code)
             raise RunFailed(msg, exit_code, log=str(log))
     finally:
+        stopped = not any(rundir.alive(p) for p in rundir.ranks(run_dir))
         shutil.rmtree(run_dir, ignore_errors=True)
         if not keep:
             log.unlink(missing_ok=True)
-        supervise.release(watchdog)
+        supervise.release(watchdog, done=stopped)  # if a rank survived, the watchdog ends it
     return Trace.load(cfg.out) if cfg.out else None
 
 

@@ -68,12 +68,15 @@ def tell(watchdog: subprocess.Popen[bytes], message: str) -> None:
         watchdog.stdin.flush()
 
 
-def release(watchdog: subprocess.Popen[bytes]) -> None:
-    """Tell the watchdog the run is cleaned up, and let it go."""
-    tell(watchdog, "done")
+def release(watchdog: subprocess.Popen[bytes], done: bool = True) -> None:
+    """Tell the watchdog the run is cleaned up (``done``; else it cleans up itself), and let it go."""
+    if done:
+        tell(watchdog, "done")
     with contextlib.suppress(OSError, ValueError):
         assert watchdog.stdin is not None
         watchdog.stdin.close()
+    if not done:
+        return  # it stops what is left in its own time
     try:
         watchdog.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -97,6 +100,18 @@ def trapped_signals() -> Iterator[None]:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+def _stop(run_dir: Path, torchrun: rundir.ProcRef, proc: subprocess.Popen[str]) -> None:
+    """Stop everything; a second Ctrl-C or SIGTERM meanwhile skips the grace period but never the stopping."""
+    grace = 10.0
+    while True:
+        try:
+            rundir.stop(run_dir, torchrun, grace_s=grace)
+            proc.wait()
+            return
+        except (KeyboardInterrupt, Signalled):
+            grace = 0.0
 
 
 def _pump(stream: IO[str], log: IO[str], tail: deque[str]) -> None:
@@ -129,12 +144,10 @@ def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: Path, log_path: P
             except subprocess.TimeoutExpired:
                 code = None
             except BaseException:
-                rundir.stop(run_dir, torchrun)
-                proc.wait()
+                _stop(run_dir, torchrun, proc)
                 raise
             if code is None:
-                rundir.stop(run_dir, torchrun)
-                proc.wait()
+                _stop(run_dir, torchrun, proc)
             else:
                 rundir.stop(run_dir, None, grace_s=5.0)  # a rank that outlived torchrun (none should)
         reader.join(timeout=10)
