@@ -3,7 +3,8 @@
 Every rank of the job runs this module; torchrun (or ``srun`` with ``MASTER_ADDR``/``MASTER_PORT``
 exported) provides the rank and world size, and without either it trains as a single process.
 ``mindpipe run`` launches it as ``python -m mindpipe.executor --config FILE`` with the validated config.
-Input problems print one line ``executor: error: ...`` and exit with code 2. Started directly, the
+Input problems print one line ``executor: error: ...`` and exit with code 2 (under ``mindpipe run``
+the rank also leaves the error for the launcher, :mod:`mindpipe.executor.rundir`). Started directly, the
 rank runs the launcher's checks except the memory pre-check (the simulator's memory model, which
 the executor does not import), and rank 0 prints the notes.
 """
@@ -24,12 +25,14 @@ from mindpipe.executor.precheck import (
     env_world_size,
     ranks_per_host,
 )
+from mindpipe.executor.rundir import record_error, register_rank
 from mindpipe.traces.errors import ContractError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments and run this rank."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    register_rank()  # under mindpipe run: die with torchrun, and be found by the launcher
     try:
         if argv[:1] == ["--config"] and len(argv) == 2:
             cfg = RunConfig.load(argv[1])
@@ -51,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run(cfg, command=command, pre=pre)
     except ContractError as e:
+        record_error(env_rank(), e)  # before torch: the launcher reports it (a no-op if the rank already did)
         print(f"executor: error: {e}", file=sys.stderr, flush=True)
         return 2
 

@@ -6,17 +6,19 @@ flattened by parameter name (``StateDictOptions(flatten_optimizer_state_dict=Tru
 parts of all pipeline ranks merge into one namespace and DCP can reshard on load (another
 ``dp``/``pp`` split of the same model resumes). Sharded DTensors (FSDP2, TP) are written shard by
 shard. A step's checkpoint lives in ``DIR/step-<N>``; after all ranks finished writing, rank 0
-records it in ``DIR/latest.json`` (the newest step and every complete one), so an interrupted
-save is never picked up. Resume loads the newest, or a chosen complete step.
+writes the step's manifest (size and sha256 of every file) and records the step in
+``DIR/latest.json`` (the newest step, every complete one, the model and TP degree), so an
+interrupted save is never picked up. Resume loads the newest, or a chosen complete step.
 
-``latest.json`` also keeps ``tp``: the fused QKV weight is stored in the head-major order of
-that TP degree (:func:`mindpipe.executor.stages.head_major_qkv`), so resuming with another ``tp`` is
-refused.
+A checkpoint is code (DCP's reader unpickles ``.metadata``), so :func:`load` runs every check of
+:mod:`mindpipe.executor.checkpoint_trust` — ownership, permissions, manifest, model, TP — before
+torch reads a byte of it. ``latest.json`` keeps ``tp`` because the fused QKV weight is stored in the
+head-major order of that TP degree (:func:`mindpipe.executor.stages.head_major_qkv`), so resuming
+with another ``tp`` is refused.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from mindpipe.executor import checkpoint_trust as trust
 from mindpipe.traces.errors import ContractError
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -35,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
-LATEST = "latest.json"
+LATEST = trust.LATEST
 
 
 def _state(parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, Any]:
@@ -48,57 +51,72 @@ def _state(parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimize
 
 
 def save(directory: str | Path, step: int, parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
-         tp: int) -> Path:
-    """Write the checkpoint of global step ``step`` (collective: every rank calls it)."""
+         tp: int, model: dict[str, Any]) -> Path:
+    """Write the checkpoint of global step ``step`` (collective: every rank calls it).
+
+    Args:
+        directory: The checkpoint directory (created private if missing; refused if others may write it).
+        step: The global step just finished.
+        parts, optimizers: This rank's model parts and their optimizers.
+        tp: The plan's TP degree (recorded: resuming needs the same).
+        model: The model as a JSON document (recorded: resuming needs the same).
+    """
     root = Path(directory)
-    path = root / f"step-{step}"
+    path = trust.step_dir(root, step)
+    if dist.get_rank() == 0:
+        trust.prepare_save_dir(root)
+        trust.remove_manifest(path)  # a step written again is unverifiable until its new manifest exists
+    dist.barrier()
     dcp.save(_state(parts, optimizers), checkpoint_id=str(path))
     dist.barrier()
     if dist.get_rank() == 0:
+        trust.write_manifest(path)
         done = sorted(set(_complete(root)) | {step})
-        tmp = root / (LATEST + ".tmp")
-        tmp.write_text(json.dumps({"step": step, "tp": tp, "complete": done}) + "\n", encoding="utf-8")
-        tmp.replace(root / LATEST)
+        trust.write_record(root, trust.CheckpointRecord(step, tp, tuple(done), model))
     dist.barrier()
     return path
 
 
 def _complete(root: Path) -> list[int]:
-    p = root / LATEST
-    return [int(s) for s in json.loads(p.read_text(encoding="utf-8")).get("complete", [])] if p.is_file() else []
+    """Steps recorded complete so far (none if the record is missing or not ours: they are not reused)."""
+    try:
+        return list(trust.read_record(root).complete)
+    except ContractError:
+        return []
 
 
 def latest(directory: str | Path) -> dict[str, Any]:
-    """The record of the newest complete checkpoint.
+    """The record of the newest complete checkpoint (``latest.json``, after the trust checks).
 
     Raises:
-        ContractError: no complete checkpoint in ``directory``.
+        ContractError: no complete checkpoint in ``directory``, or one that may not be trusted.
     """
-    p = Path(directory) / LATEST
-    if not p.is_file():
-        raise ContractError(str(directory), None, "no checkpoint to resume from (latest.json missing)")
-    return dict(json.loads(p.read_text(encoding="utf-8")))
+    return trust.read_record(directory).to_json()
 
 
 def load(directory: str | Path, parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer], tp: int,
-         step: int | None = None) -> int:
+         model: dict[str, Any], step: int | None = None) -> int:
     """Load the newest checkpoint (or that of ``step``) into ``parts`` and ``optimizers``; returns its step.
 
+    Every check of :func:`mindpipe.executor.checkpoint_trust.check_resume` runs first; torch's
+    reader (which unpickles) is reached only for a checkpoint that passed them.
+
     Raises:
-        ContractError: no checkpoint, no complete one for ``step``, or one written with another TP degree.
+        ContractError: no checkpoint, an untrusted or tampered one, one of another model or TP
+            degree, no complete one for ``step``, or one DCP cannot load into this model.
     """
-    info = latest(directory)
-    if int(info["tp"]) != tp:
-        raise ContractError(str(directory), "tp", f"checkpoint was written with tp={info['tp']}, this plan has tp={tp}")
-    step = int(info["step"]) if step is None else step
-    if step not in info.get("complete", []):
-        raise ContractError(str(directory), "step", f"no complete checkpoint of step {step} (complete: {info.get('complete')})")
+    step = trust.check_resume(directory, model, tp, step)
     state = _state(parts, optimizers)
-    dcp.load(state, checkpoint_id=str(Path(directory) / f"step-{step}"))
-    for part, opt in zip(parts, optimizers, strict=True):
-        mine = {k: state["model"][k] for k in get_model_state_dict(part)}
-        set_model_state_dict(part, mine)
-        set_optimizer_state_dict(part, opt, state["optim"], options=_OPTS)
+    try:
+        dcp.load(state, checkpoint_id=str(trust.step_dir(directory, step)))
+        for part, opt in zip(parts, optimizers, strict=True):
+            mine = {k: state["model"][k] for k in get_model_state_dict(part)}
+            set_model_state_dict(part, mine)
+            set_optimizer_state_dict(part, opt, state["optim"], options=_OPTS)
+    except (RuntimeError, ValueError, KeyError, OSError) as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ContractError(str(trust.step_dir(directory, step)), None,
+                            f"cannot load this checkpoint into the run's model: {first[:300]}") from e
     return step
 
 

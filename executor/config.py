@@ -16,7 +16,7 @@ from typing import Any
 from mindpipe.traces.builtin import load_model, load_plan
 from mindpipe.traces.config import Model, Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.schema import from_dict, read_json, to_dict
+from mindpipe.traces.schema import from_dict, read_json, write_json
 
 SCHEDULE_SOURCES = ("auto", "torch", "simulator")
 DEVICES = ("auto", "cpu", "cuda")
@@ -100,9 +100,7 @@ class RunConfig:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write as JSON (how the launcher hands the config to every rank)."""
-        import json
-
-        Path(path).write_text(json.dumps(to_dict(self), indent=1) + "\n", encoding="utf-8")
+        write_json(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RunConfig:

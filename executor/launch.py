@@ -2,15 +2,22 @@
 
 The plan is checked before any process starts (:func:`mindpipe.executor.precheck.check_run`); a plan
 that cannot work is refused with the reason. The memory check is the caller's (``memory_check``:
-the CLI passes the simulator's memory model, which the executor does not import). On one node the launcher picks a free port on
-127.0.0.1 and sets ``GLOO_SOCKET_IFNAME=lo`` (gloo otherwise binds the host name's interface and
-may hang); across nodes it passes torchrun's rendezvous options through unchanged.
+the CLI passes the simulator's memory model, which the executor does not import). A resumed
+checkpoint is verified here too (:func:`mindpipe.executor.checkpoint_trust.check_resume`: owner,
+permissions, manifest, model, TP), before any rank — or torch's unpickling reader — sees it. On one
+node the launcher picks a free port on 127.0.0.1 and sets ``GLOO_SOCKET_IFNAME=lo`` (gloo otherwise
+binds the host name's interface and may hang); across nodes it passes torchrun's rendezvous options
+through unchanged.
 
 Failure handling: torchrun (``--max-restarts 0``) ends every rank as soon as one exits with an
 error; each rank's collectives time out after ``--timeout`` seconds if a peer vanishes; and
-``--run-timeout`` bounds the whole run. The error reported is the first failing rank's own
-exception (ranks write it to a run directory), or torchrun's exit record for a rank that died
-without one.
+``--run-timeout`` bounds the whole run. The error reported is one line: the first failing rank and
+its own exception (ranks leave it in the run directory, :mod:`mindpipe.executor.rundir`), or
+torchrun's exit record for a rank that died without one; exit code 2 when that exception is an
+input error (:class:`ContractError`), 1 otherwise. torchrun's and the ranks' output goes to a log
+file, kept on failure and named in the error line, removed after a successful run. Interrupting or
+killing the launcher stops torchrun and every rank and removes the run's temporary files
+(:mod:`mindpipe.executor.supervise`, :mod:`mindpipe.executor.watchdog`).
 """
 
 from __future__ import annotations
@@ -20,28 +27,42 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
+from mindpipe.executor import rundir, supervise
+from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
 from mindpipe.executor.config import RunConfig, config_from_args, plan_source
 from mindpipe.executor.precheck import MemoryCheck, catalog_device, check_run, detect_device
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import to_dict
 from mindpipe.traces.trace import Trace
 
 EXIT_FAILED = 1
-ERROR_DIR_ENV = "MINDPIPE_ERROR_DIR"  # where ranks leave their exception (read by executor.worker)
+EXIT_INPUT = 2
 
 
 class RunFailed(RuntimeError):
-    """The launched run ended with an error (message names the failing rank)."""
+    """The launched run ended with an error (message names the failing rank; ``exit_code`` 2 or 1)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED, log: str | None = None) -> None:
+        self.exit_code = exit_code
+        self.log = log
+        super().__init__(message + (f" (full log: {log})" if log else ""))
+
+
+class RunStopped(RuntimeError):
+    """The launcher was told to stop (SIGTERM, SIGHUP); the run's processes were stopped."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}: torchrun and every rank were stopped")
 
 
 def free_port() -> int:
@@ -67,7 +88,7 @@ def torchrun_command(args: argparse.Namespace, config_path: str) -> list[str]:
     return [*cmd, "-m", "mindpipe.executor", "--config", config_path]
 
 
-def _environment(args: argparse.Namespace, device_kind: str) -> dict[str, str]:
+def _environment(args: argparse.Namespace, device_kind: str, run_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     single_node = str(args.nnodes) == "1" and not args.rdzv_endpoint
     if single_node:
@@ -75,6 +96,11 @@ def _environment(args: argparse.Namespace, device_kind: str) -> dict[str, str]:
     if device_kind == "cpu":
         # Ranks share the host's cores; give each an equal share unless the user chose.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
+    env[rundir.RUN_DIR_ENV] = str(run_dir)
+    # torchrun's own temporary directories (torchelastic_*) and the ranks' go inside the run
+    # directory, so that they are removed with it however the run ends.
+    (run_dir / "tmp").mkdir(exist_ok=True)
+    env["TMPDIR"] = str(run_dir / "tmp")
     return env
 
 
@@ -86,34 +112,54 @@ def _root_cause(output: Sequence[str]) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def _first_error(error_dir: Path, output: Sequence[str]) -> str:
-    """The failing rank and its error: the root cause torchrun saw, with the rank's own exception.
+def _first_error(records: dict[int, rundir.RankError], output: Sequence[str], code: int = 1) -> tuple[str, int]:
+    """The failing rank and its error in one line, and the exit code (2: an input error in a rank).
 
-    A rank that raised leaves its exception in ``error_dir``; one that died without a Python
+    A rank that raised leaves its exception in the run directory; one that died without a Python
     error (killed, ``os._exit``) leaves none, and then torchrun's record names it.
     """
-    records = {}
-    for f in error_dir.glob("rank*.json"):
-        try:
-            r = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        records[int(r["rank"])] = r
     root = _root_cause(output)
     if root is not None and root[0] not in records:
         rank, code = root
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         msg = f"rank {rank} {how} without a Python error"
         if records:
-            first = min(records.values(), key=lambda r: r["time"])
-            msg += f"; then rank {first['rank']} failed: {first['error']}"
-        return msg
+            first = min(records.values(), key=lambda r: r.time)
+            msg += f"; then rank {first.rank} failed: {first.error}"
+        return msg, EXIT_FAILED
     if records:
-        first = records[root[0]] if root is not None else min(records.values(), key=lambda r: r["time"])
-        others = sorted(r for r in records if r != first["rank"])
+        first = records[root[0]] if root is not None else min(records.values(), key=lambda r: r.time)
+        others = sorted(r for r in records if r != first.rank)
         tail = f" (then ranks {others} failed too)" if others else ""
-        return f"rank {first['rank']} failed: {first['error']}{tail}"
-    return "torchrun failed: " + (output[-1] if output else "no output")
+        return f"rank {first.rank} failed: {first.error}{tail}", EXIT_INPUT if first.kind == "input" else EXIT_FAILED
+    if code < 0:
+        return f"torchrun was killed by {signal.Signals(-code).name}", EXIT_FAILED
+    last = next((ln for ln in reversed(output) if ln.strip()), "no output")
+    return f"torchrun failed: {last.strip()[:300]}", EXIT_FAILED
+
+
+def check_checkpoint(cfg: RunConfig) -> None:
+    """Refuse an untrusted checkpoint directory, and verify a resumed checkpoint, before anything starts.
+
+    Raises:
+        ContractError: see :func:`mindpipe.executor.checkpoint_trust.check_resume`; or the
+            checkpoint is already at ``--steps``.
+    """
+    if not cfg.checkpoint_dir:
+        return
+    if cfg.resume:
+        step = check_resume(cfg.checkpoint_dir, to_dict(cfg.model), cfg.plan.tp, cfg.resume_from)
+        if step >= cfg.steps:
+            raise ContractError("--steps", None, f"the checkpoint is at step {step}; --steps {cfg.steps} leaves nothing to run")
+    elif os.path.lexists(cfg.checkpoint_dir):
+        check_private_dir(cfg.checkpoint_dir)
+
+
+def _keep_log(log: Path, records: dict[int, rundir.RankError]) -> None:
+    """Add the ranks' tracebacks to a failed run's log (it stays; the line names it)."""
+    with open(log, "a", encoding="utf-8") as fh:
+        for r in sorted(records.values(), key=lambda r: r.time):
+            fh.write(f"\n--- rank {r.rank} ({r.kind}) ---\n{r.traceback}")
 
 
 def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None = None,
@@ -125,8 +171,9 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
     the memory check (the launcher prints a note).
 
     Raises:
-        ContractError: the plan is refused before launch.
-        RunFailed: a rank failed, or the run exceeded ``run_timeout``.
+        ContractError: the plan or the checkpoint is refused before launch.
+        RunFailed: a rank failed, or the run exceeded ``run_timeout`` (the log is kept and named).
+        RunStopped: SIGTERM or SIGHUP; KeyboardInterrupt: SIGINT (every process stopped either way).
     """
     kind, gpu = detect_device(cfg.device)
     spec = catalog_device(kind, gpu)
@@ -134,54 +181,40 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
     pre = check_run(cfg.model, cfg.plan, world if world is not None else cfg.plan.world_size, kind, spec,
                     cfg.schedule_source, text_data=cfg.data != "synthetic", source=plan_source(args.plan),
                     ranks_per_device=int(args.nproc) if kind == "cpu" else 1, memory_check=memory_check)
+    check_checkpoint(cfg)
     for note in pre.notes:
         print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="mindpipe-run-") as tmp:
-        config_path = Path(tmp) / "config.json"
+    run_dir = Path(tempfile.mkdtemp(prefix="mindpipe-run-"))
+    fd, log_name = tempfile.mkstemp(prefix=f"{run_dir.name}.", suffix=".log")  # exclusive, mode 0600
+    os.close(fd)
+    log = Path(log_name)
+    watchdog = supervise.start_watchdog(run_dir, log)
+    keep = False
+    try:
+        config_path = run_dir / "config.json"
         cfg.save(config_path)
-        error_dir = Path(tmp) / "errors"
-        env = _environment(args, kind)
-        env[ERROR_DIR_ENV] = str(error_dir)
         cmd = torchrun_command(args, str(config_path))
         print("mindpipe: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
-        tail: deque[str] = deque(maxlen=400)
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-
-        def pump() -> None:
-            for line in proc.stdout or ():
-                tail.append(line.rstrip("\n"))
-                sys.stderr.write(line)
-            sys.stderr.flush()
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
         try:
-            code = proc.wait(timeout=run_timeout)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            raise RunFailed(f"run exceeded --run-timeout {run_timeout:g} s; all ranks were stopped") from None
-        except KeyboardInterrupt:
-            _kill(proc)
-            raise
-        reader.join(timeout=10)
+            code, output = supervise.run_torchrun(cmd, _environment(args, kind, run_dir), run_dir, log, watchdog,
+                                                  run_timeout)
+        except supervise.Signalled as e:
+            raise RunStopped(e.signum) from None
         if code != 0:
-            raise RunFailed(_first_error(error_dir, list(tail)))
+            keep = True
+            records = rundir.read_errors(run_dir)
+            _keep_log(log, records)
+            if code is None:
+                raise RunFailed(f"run exceeded --run-timeout {run_timeout:g} s; all ranks were stopped", log=str(log))
+            msg, exit_code = _first_error(records, output, code)
+            raise RunFailed(msg, exit_code, log=str(log))
+    finally:
+        stopped = not any(rundir.alive(p) for p in rundir.ranks(run_dir))
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if not keep:
+            log.unlink(missing_ok=True)
+        supervise.release(watchdog, done=stopped)  # if a rank survived, the watchdog ends it
     return Trace.load(cfg.out) if cfg.out else None
-
-
-def _kill(proc: subprocess.Popen[str]) -> None:
-    """Stop torchrun and every rank it started (they share its session)."""
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def summary(trace: Trace) -> dict[str, object]:
@@ -209,7 +242,10 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
         trace = launch(cfg, args, run_timeout=args.run_timeout, memory_check=memory_check)
     except RunFailed as e:
         print(f"mindpipe: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
+        return e.exit_code
+    except RunStopped as e:
+        print(f"mindpipe: {e}", file=sys.stderr, flush=True)
+        return 128 + e.signum
     if trace is None:
         return 0
     info = summary(trace)
@@ -226,4 +262,4 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
     return 0
 
 
-__all__ = ["RunFailed", "cmd_run", "free_port", "launch", "summary", "torchrun_command"]
+__all__ = ["RunFailed", "RunStopped", "check_checkpoint", "cmd_run", "free_port", "launch", "summary", "torchrun_command"]

@@ -13,11 +13,8 @@ measured trace and the timeline (:mod:`mindpipe.executor.report`).
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import traceback
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,20 +23,21 @@ from mindpipe.executor.comm_profile import profiled
 from mindpipe.executor.config import RunConfig
 from mindpipe.executor.data import TokenSource
 from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
-from mindpipe.executor.launch import ERROR_DIR_ENV
 from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory
 from mindpipe.executor.parallelize import parallelize_stage
 from mindpipe.executor.payload import Coords, RankPayload
 from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
+from mindpipe.executor.rundir import record_error
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.torch_pipelining import timed_p2p_waits
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import to_dict
 from mindpipe.traces.torch_gpt import build_gpt
 from torch.distributed.pipelining import PipelineStage
 
-# Fault injection for the failure tests: "RANK:STEP[:raise|exit|hang]" makes that rank raise, die
-# without a Python error, or stop responding at that step.
+# Fault injection for the failure tests: "RANK:STEP[:raise|contract|exit|hang]" makes that rank raise
+# (a RuntimeError, or an input error), die without a Python error, or stop responding at that step.
 FAULT_ENV = "MINDPIPE_FAULT"
 
 
@@ -52,6 +50,8 @@ def _fault(rank: int, step: int) -> None:
         mode = parts[2] if len(parts) > 2 else "raise"
         if mode == "exit":
             os._exit(17)  # a hard crash: no Python exception, no cleanup
+        if mode == "contract":
+            raise ContractError(FAULT_ENV, None, f"injected input error on rank {rank} at step {step}")
         if mode == "hang":
             while True:  # peers must time out (init_process_group timeout), not wait forever
                 time.sleep(3600)
@@ -80,27 +80,16 @@ def run(cfg: RunConfig, command: str = "", pre: Precheck | None = None) -> int:
         dist.barrier()
         return 0
     except BaseException as e:
-        _write_error(env.rank, e)
+        record_error(env.rank, e)
         raise
     finally:
         dist.destroy_process_group()
 
 
-def _write_error(rank: int, e: BaseException) -> None:
-    """Leave the failure where the launcher looks for it (the first failing rank's error is reported)."""
-    where = os.environ.get(ERROR_DIR_ENV)
-    if not where:
-        return
-    record = {"rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}",
-              "traceback": traceback.format_exc(limit=20)}
-    Path(where).mkdir(parents=True, exist_ok=True)
-    (Path(where) / f"rank{rank}.json").write_text(json.dumps(record), encoding="utf-8")
-
-
 def _save(cfg: RunConfig, step: int, parts: list[Any], optimizers: list[Any]) -> None:
     from mindpipe.executor import checkpoint as ckpt  # DCP is imported only by runs that checkpoint
 
-    ckpt.save(cfg.checkpoint_dir or ".", step, parts, optimizers, cfg.plan.tp)
+    ckpt.save(cfg.checkpoint_dir or ".", step, parts, optimizers, cfg.plan.tp, to_dict(cfg.model))
 
 
 def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayload] | None:
@@ -122,15 +111,23 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     for st, mod in zip(stages, parts, strict=True):
         recorder.wrap_stage(st, mod.layers())
     schedule, orders = make_schedule(plan, stages, pre.schedule_source)
-    optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
+    try:
+        optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
+    except ValueError as e:  # torch's own check of the hyper-parameters (e.g. a NaN learning rate)
+        raise ContractError("--lr/--weight-decay", None, str(e)) from None
     start = 0
     if cfg.resume and cfg.checkpoint_dir:
         from mindpipe.executor import checkpoint as ckpt
 
-        start = ckpt.load(cfg.checkpoint_dir, parts, optimizers, plan.tp, step=cfg.resume_from)
+        start = ckpt.load(cfg.checkpoint_dir, parts, optimizers, plan.tp, to_dict(cfg.model), step=cfg.resume_from)
     if start >= cfg.steps:
         raise ContractError("--steps", None, f"the checkpoint is at step {start}; --steps {cfg.steps} leaves nothing to run")
-    source = TokenSource(model, plan, cfg.seed, cfg.data)
+    try:
+        source = TokenSource(model, plan, cfg.seed, cfg.data)
+    except ContractError:
+        raise
+    except ValueError as e:  # a --data file too short for one sample
+        raise ContractError("--data", None, str(e)) from None
     has_first, has_last = 0 in modules, plan.num_stages - 1 in modules
     energy = EnergyMeter(device)
     # Aggregates leave out the warm-up steps, unless that would leave nothing.

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from mindpipe.simulator.actions import Action, Schedule
 from mindpipe.simulator.schedules import validate_schedule
+from mindpipe.traces.atomic import open_output
 from mindpipe.traces.errors import ContractError
 
 _OVERLAP = "OVERLAP_F_B"
@@ -32,7 +33,7 @@ def write_csv(schedule: Schedule, path: str | Path) -> None:
             :func:`~mindpipe.simulator.schedules.validate_schedule`); torch would hang on such a table.
     """
     validate_schedule(schedule)
-    with open(path, "w", newline="") as f:
+    with open_output(path, newline="") as f:
         writer = csv.writer(f)
         for order in schedule.orders:
             writer.writerow([str(a) for a in order])

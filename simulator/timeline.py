@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from mindpipe.traces.atomic import save_figure
 from mindpipe.traces.chrome_trace import chrome_trace, write_chrome_trace
 
 COLORS = {
@@ -47,7 +47,8 @@ def write_gantt(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], 
 
 
 def write_gantts(panels: Sequence[tuple[Sequence[dict[str, Any]], str]], path: str | os.PathLike[str]) -> None:
-    """Save Gantt charts stacked on one time axis (e.g. measured above simulated) as a PNG."""
+    """Save Gantt charts stacked on one time axis (e.g. measured above simulated) as a PNG (or the
+    image format the file name ends with), through :func:`mindpipe.traces.atomic.save_figure`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,9 +66,10 @@ def write_gantts(panels: Sequence[tuple[Sequence[dict[str, Any]], str]], path: s
     fig.legend(handles=[Patch(color=COLORS.get(c, "#999999"), label=c) for c in cats], loc="lower center",
                fontsize="small", ncol=len(cats), frameon=False)
     fig.tight_layout(rect=(0.0, legend_in / height, 1.0, 1.0))
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=120)
+    finally:
+        plt.close(fig)
 
 
 __all__ = ["chrome_trace", "draw_gantt", "write_chrome_trace", "write_gantt", "write_gantts"]

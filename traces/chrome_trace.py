@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
+
+from mindpipe.traces.atomic import write_text
 
 THREADS = {"compute": 0, "comm": 1}
 
@@ -41,9 +42,7 @@ def chrome_trace(events: Sequence[dict[str, Any]], label: str = "mindpipe") -> d
 
 def write_chrome_trace(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], label: str = "mindpipe") -> None:
     """Write :func:`chrome_trace` to ``path`` (parent folders are created)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(chrome_trace(events, label)), encoding="utf-8")
+    write_text(path, json.dumps(chrome_trace(events, label)), make_parents=True)
 
 
 __all__ = ["THREADS", "chrome_trace", "write_chrome_trace"]

@@ -21,6 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mindpipe.traces.atomic import write_bytes, write_text
 from mindpipe.traces.errors import ContractError
 
 T = TypeVar("T")
@@ -174,13 +175,15 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 
 
 def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
-    """Write ``obj`` (a contract or plain data) as indented JSON, atomically."""
-    p = Path(path)
-    if p.parent and not p.parent.exists():
-        p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(to_dict(obj), indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
+    """Write ``obj`` (a contract or plain data) as indented JSON (gzip-compressed if the name ends
+    in ``.gz``, as :func:`read_json` reads it), through :func:`mindpipe.traces.atomic.open_output`:
+    atomic for a regular file, in place for a device or FIFO, refused for a directory; missing
+    parent directories are created."""
+    text = json.dumps(to_dict(obj), indent=1) + "\n"
+    if Path(path).suffix == ".gz":
+        write_bytes(path, gzip.compress(text.encode("utf-8"), mtime=0), make_parents=True)
+    else:
+        write_text(path, text, make_parents=True)
 
 
 def check_format_version(version: int, supported: int, kind: str) -> None:

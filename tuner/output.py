@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mindpipe.traces.atomic import open_output, output_dir, save_figure, write_text
 from mindpipe.traces.config import MadeFor, Plan
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.tuner.keys import POINT_KEYS, what_if_used
@@ -68,8 +69,10 @@ def write_tables(table: list[dict[str, Any]], out: Path) -> list[Path]:
     for col in ("value", *METRIC_COLUMNS, "eval_s"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     csv, parquet = out / "evaluations.csv", out / "evaluations.parquet"
-    df.to_csv(csv, index=False)
-    df.to_parquet(parquet, index=False)
+    with open_output(csv, newline="") as fh:
+        df.to_csv(fh, index=False)
+    with open_output(parquet, binary=True) as fh:
+        df.to_parquet(fh, index=False)
     return [csv, parquet]
 
 
@@ -106,8 +109,10 @@ def _plot_convergence(result: SweepResult, objective: Objective, path: Path) -> 
     ax.set_title(f"convergence: {objective.describe()}", fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=100)
+    finally:
+        plt.close(fig)
 
 
 def _plot_pareto(table: list[dict[str, Any]], front: list[dict[str, Any]], path: Path) -> None:
@@ -127,8 +132,10 @@ def _plot_pareto(table: list[dict[str, Any]], front: list[dict[str, Any]], path:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=100)
+    finally:
+        plt.close(fig)
 
 
 def _finite(x: Any) -> Any:
@@ -172,24 +179,29 @@ def summary(result: SweepResult, objective: Objective, space: SearchSpace, out: 
 
 def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace, out: Path,
                   made_for: MadeFor, plots: bool = True) -> dict[str, Any]:
-    """Write every output file and return the summary (``made_for``: what the sweep planned for)."""
+    """Write every output file and return the summary (``made_for``: what the sweep planned for).
+
+    Every file goes through :mod:`mindpipe.traces.atomic` (temporary file, renamed into place).
+    """
+    out = output_dir(out)
     table = rows(result)
     write_tables(table, out)
     front = pareto_rows(table)
     import pandas as pd
 
-    pd.DataFrame(front, columns=list(table[0]) if table else None).to_csv(out / "pareto.csv", index=False)
+    with open_output(out / "pareto.csv", newline="") as fh:
+        pd.DataFrame(front, columns=list(table[0]) if table else None).to_csv(fh, index=False)
     plan = best_plan(result.best, made_for)
     if result.best is not None and plan is not None:
         write_json(plan, out / "best_plan.json")
         best = {"point": result.best.point, "plan": to_dict(plan), "metrics": result.best.metrics.to_json(),
                 "value": result.best.value, "what_if": result.best.what_if}
-        (out / "best.json").write_text(json.dumps(best, indent=1, default=str) + "\n", encoding="utf-8")
+        write_text(out / "best.json", json.dumps(best, indent=1, default=str) + "\n")
     if plots and table:
         _plot_convergence(result, objective, out / "convergence.png")
         _plot_pareto(table, front, out / "pareto.png")
     info = summary(result, objective, space, out, len(front), plan)
-    (out / "summary.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    write_text(out / "summary.json", json.dumps(info, indent=1) + "\n")
     return info
 
 

@@ -3,35 +3,108 @@
 ``DIR/sweep.json`` holds the configuration that defines a sweep (model, cluster, space, objective,
 optimizer, seed); ``DIR/evaluations.jsonl`` gets one line per finished evaluation, flushed and
 fsync'ed before the sweep moves on, so a killed sweep loses at most the evaluations in flight. A
-torn last line (killed mid-write) is ignored on load. Resuming replays the same deterministic
-search and takes every result already on disk instead of evaluating it again.
+torn last line (killed mid-write: no newline after it, not complete JSON) is dropped on load. Resuming replays the
+same deterministic search and takes every result already on disk instead of evaluating it again.
+
+The state is created with the first stored evaluation, not before: a sweep that fails before it
+evaluates anything (an unreachable ``--dask`` scheduler) leaves nothing that would make the same
+command refuse ``--out``. Every file is written through :mod:`mindpipe.traces.atomic`.
 
 The lines are :class:`~mindpipe.tuner.records.EvaluationRecord` objects (state version 2: status
-and reason codes, the plan as a Plan document). A store written by another version is refused
-with one line: its records are another format, and its default space searched what-if knobs.
+and reason codes, the plan as a Plan document). State that is not this format — written by another
+version, truncated, corrupted or from elsewhere — is refused on ``--resume`` with one line naming
+the file (and line) and what is wrong, never read past.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from mindpipe.traces.atomic import open_append, output_dir, write_text
 from mindpipe.traces.errors import ContractError
-from mindpipe.tuner.records import EvaluationRecord
+from mindpipe.traces.schema import read_json
+from mindpipe.tuner.keys import POINT_KEYS, point_key
+from mindpipe.tuner.records import EvaluationRecord, Metrics
 
 CONFIG_NAME = "sweep.json"
 RECORDS_NAME = "evaluations.jsonl"
 # 2: typed records with reason codes; the default space pins the what-if knobs (state 1 did not).
 STATE_VERSION = 2
+RECORD_KEYS = frozenset({"key", "point", "status", "plan", "code", "simulated", "metrics", "message", "eval_s"})
+_METRICS = frozenset(f.name for f in dataclasses.fields(Metrics))
+_START_AGAIN = "start the sweep again in a new --out"
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _record_problem(data: Any) -> str | None:
+    """What makes ``data`` not a record line of this format (None: it is one)."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    if set(data) != RECORD_KEYS:
+        extra, missing = sorted(set(data) - RECORD_KEYS), sorted(RECORD_KEYS - set(data))
+        return "not an evaluation record (" + "; ".join(
+            ([f"unknown keys {', '.join(extra)}"] if extra else []) + ([f"missing {', '.join(missing)}"] if missing else [])) + ")"
+    point, metrics = data["point"], data["metrics"]
+    if not isinstance(point, dict) or not set(POINT_KEYS) <= set(point):
+        return "point: not a plan point (needs " + ", ".join(POINT_KEYS) + ")"
+    if not isinstance(data["key"], str) or data["key"] != point_key(point):
+        return "key: does not match its point"
+    if not isinstance(metrics, dict) or not set(metrics) <= _METRICS or not all(
+            v is None or isinstance(v, bool) or _number(v) for v in metrics.values()):
+        return "metrics: expected an object of known metrics with numbers"
+    if not isinstance(data["simulated"], bool) or not isinstance(data["message"], str) or not _number(data["eval_s"]) \
+            or not math.isfinite(data["eval_s"]):
+        return "simulated, message or eval_s has the wrong type"
+    return None
+
+
+def parse_record(line: str, source: str) -> EvaluationRecord:
+    """One line of ``evaluations.jsonl``.
+
+    Raises:
+        ContractError: naming ``source`` (file and line): malformed JSON, or not a record of this format.
+    """
+    try:
+        data = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ContractError(source, None, f"malformed JSON ({getattr(e, 'msg', 'nested too deeply')}); {_START_AGAIN}") from None
+    problem = _record_problem(data)
+    if problem is None:
+        try:
+            return EvaluationRecord.from_json(data)
+        except ContractError as e:
+            problem = f"plan: {e.rule}"
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            problem = f"not an evaluation record ({type(e).__name__}: {e})"
+    raise ContractError(source, None, f"{problem}; {_START_AGAIN}")
+
+
+def _read_regular(path: Path) -> str:
+    """A state file's text (regular files only: a FIFO or device is never read)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ContractError(str(path), None, "not a regular file")
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ContractError(str(path), None, f"not UTF-8 text (byte {e.start}); {_START_AGAIN}") from None
+    except OSError as e:
+        raise ContractError(str(path), None, f"cannot read ({e.strerror})") from None
 
 
 class SweepStore:
     """Evaluations of one sweep, keyed by point key, persisted as they arrive."""
 
     def __init__(self, out_dir: str | os.PathLike[str], config: dict[str, Any], resume: bool) -> None:
-        """Open (or create) the store in ``out_dir``.
+        """Open the store in ``out_dir`` (its files are created with the first evaluation).
 
         Args:
             out_dir: The sweep's output directory.
@@ -40,57 +113,80 @@ class SweepStore:
             resume: Continue a sweep found in ``out_dir``; without it an existing sweep is an error.
 
         Raises:
-            ContractError: ``out_dir`` holds a different sweep, or a sweep while ``resume`` is off.
+            ContractError: ``out_dir`` is not a directory, holds a different sweep, a sweep while
+                ``resume`` is off, or state that is not a sweep of this version.
         """
         self.dir = Path(out_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(self.dir):
+            output_dir(self.dir)  # refuses a file or a dangling link
         self.config_path = self.dir / CONFIG_NAME
         self.records_path = self.dir / RECORDS_NAME
         self.records: dict[str, EvaluationRecord] = {}
         self.order: list[str] = []
-        stored = {"state_version": STATE_VERSION, **config}
-        if self.config_path.exists():
+        self._stored = {"state_version": STATE_VERSION, **config}
+        self._fh: IO[str] | None = None
+        if os.path.lexists(self.config_path):
             if not resume:
                 raise ContractError(str(self.dir), None, "already holds a sweep: pass --resume to continue it, "
                                     "or choose another --out")
-            try:
-                old = json.loads(self.config_path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise ContractError(str(self.config_path), None, f"malformed JSON: {e.msg}") from None
-            version = old.get("state_version") if isinstance(old, dict) else None
-            if version != STATE_VERSION:
-                raise ContractError(str(self.config_path), "state_version", (
-                    f"state_version={version} was written by another version of mindpipe tune (this one reads "
-                    f"{STATE_VERSION}); start the sweep again in a new --out"))
-            diff = sorted(k for k in set(old) | set(stored) if old.get(k) != stored.get(k))
-            if diff:
-                raise ContractError(str(self.config_path), diff[0],
-                                    f"the stored sweep differs in {', '.join(diff)}; cannot resume it with these arguments")
+            self._check_config()
             self._load()
-        else:
-            tmp = self.config_path.with_name(CONFIG_NAME + ".tmp")
-            tmp.write_text(json.dumps(stored, indent=1) + "\n", encoding="utf-8")
-            os.replace(tmp, self.config_path)
-            self.records_path.write_text("", encoding="utf-8")
-        self._fh = self.records_path.open("a", encoding="utf-8")
+            self._fh = open_append(self.records_path)
+        elif os.path.lexists(self.records_path):
+            raise ContractError(str(self.records_path), None, f"evaluations without {CONFIG_NAME}: not a sweep "
+                                "this version can resume; remove it or choose another --out")
+
+    def _check_config(self) -> None:
+        if not stat.S_ISREG(os.stat(self.config_path).st_mode):
+            raise ContractError(str(self.config_path), None, "not a regular file")
+        old = read_json(self.config_path)
+        if not isinstance(old, dict):
+            raise ContractError(str(self.config_path), None, f"expected a JSON object, got {type(old).__name__}; "
+                                f"{_START_AGAIN}")
+        version = old.get("state_version")
+        if version != STATE_VERSION:
+            raise ContractError(str(self.config_path), "state_version", (
+                f"state_version={version} was written by another version of mindpipe tune (this one reads "
+                f"{STATE_VERSION}); {_START_AGAIN}"))
+        stored = self._stored
+        diff = sorted(k for k in set(old) | set(stored) if old.get(k) != stored.get(k))
+        if diff:
+            raise ContractError(str(self.config_path), diff[0],
+                                f"the stored sweep differs in {', '.join(diff)}; cannot resume it with these arguments")
 
     def _load(self) -> None:
-        if not self.records_path.exists():
+        if not os.path.lexists(self.records_path):
+            write_text(self.records_path, "")
             return
+        text = _read_regular(self.records_path)
+        lines = text.split("\n")
+        last = lines.pop()  # "" after a final newline; else a line a kill may have cut short
+        try:
+            if last.strip():
+                json.loads(last)
+                lines.append(last)  # complete, only its newline is missing: checked like the others
+            torn = False
+        except (json.JSONDecodeError, RecursionError):
+            torn = True  # cut short by a kill: that evaluation runs again
         good: list[str] = []
-        for line in self.records_path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = EvaluationRecord.from_json(json.loads(line))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue  # a line torn by a kill (ContractError is a ValueError); that evaluation runs again
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            rec = parse_record(line, f"{self.records_path}: line {n}")
             if rec.key not in self.records:
                 self.records[rec.key] = rec
                 self.order.append(rec.key)
                 good.append(line)
-        # Rewrite without torn lines so appends start on a clean line.
-        tmp = self.records_path.with_name(RECORDS_NAME + ".tmp")
-        tmp.write_text("".join(g + "\n" for g in good), encoding="utf-8")
-        os.replace(tmp, self.records_path)
+        if torn or (text and not text.endswith("\n")) or len(good) != len(lines):
+            # Rewrite without torn or repeated lines, so appends start on a clean line.
+            write_text(self.records_path, "".join(g + "\n" for g in good))
+
+    def _create(self) -> IO[str]:
+        """The state's files, at the first evaluation (see the module docstring)."""
+        output_dir(self.dir)
+        write_text(self.config_path, json.dumps(self._stored, indent=1) + "\n")
+        write_text(self.records_path, "")
+        return open_append(self.records_path)
 
     def get(self, key: str) -> EvaluationRecord | None:
         """The stored record of a point, if any."""
@@ -101,6 +197,8 @@ class SweepStore:
         key = record.key
         if key in self.records:
             return
+        if self._fh is None:
+            self._fh = self._create()
         self._fh.write(json.dumps(record.to_json(), separators=(",", ":"), allow_nan=True) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
@@ -109,10 +207,12 @@ class SweepStore:
 
     def close(self) -> None:
         """Close the records file."""
-        self._fh.close()
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
 
     def __len__(self) -> int:
         return len(self.records)
 
 
-__all__ = ["CONFIG_NAME", "RECORDS_NAME", "SweepStore"]
+__all__ = ["CONFIG_NAME", "RECORDS_NAME", "RECORD_KEYS", "SweepStore", "parse_record"]

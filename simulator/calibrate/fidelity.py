@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from mindpipe.simulator.api import SimulationOptions, simulate
 from mindpipe.simulator.calibrate.runs import MeasuredRun
+from mindpipe.traces.atomic import output_dir, save_figure, write_text
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Plan
 
@@ -166,9 +167,10 @@ def scatter_png(rows: list[FidelityRow], path: str | Path, title: str = "Predict
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:
+        save_figure(fig, out, dpi=120)
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -226,11 +228,10 @@ def fidelity_report(rows: list[FidelityRow], fitted: list[FidelityRow] | None = 
               file=print_to)
     if report_dir is None:
         return []
-    out = Path(report_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(report_dir)
     md = [f"# {title}", "", *preface] + [line for heading, _, part in sections
                                          for line in ([f"## {heading}", ""] if heading else []) + [table_markdown(part), ""]]
-    (out / "fidelity.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    write_text(out / "fidelity.md", "\n".join(md) + "\n")
     png = scatter_png(rows or fitted or [], out / "calibration_scatter.png", fitted=fitted if rows else None)
     return [out / "fidelity.md", png]
 

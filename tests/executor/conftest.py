@@ -42,7 +42,15 @@ def mindpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 600
 
 def run_plan(tmp: Path, plan: dict[str, Any], nproc: int, *extra: str, steps: int = STEPS,
              model: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``mindpipe run`` of ``plan`` on ``nproc`` local ranks, writing ``tmp/measured.json``."""
+    """``mindpipe run`` of ``plan`` on ``nproc`` local ranks, writing ``tmp/measured.json``.
+
+    The run's temporary files (and the log a failed run keeps) go to ``tmp/tmp`` unless ``env``
+    names a ``TMPDIR``, so failure tests leave nothing in the system's temporary directory.
+    """
+    env = dict(env or run_env())
+    if "TMPDIR" not in env or env["TMPDIR"] == os.environ.get("TMPDIR"):
+        (tmp / "tmp").mkdir(exist_ok=True)
+        env["TMPDIR"] = str(tmp / "tmp")
     return mindpipe("run", json.dumps(plan), "--nproc", str(nproc), "--steps", str(steps),
                     "--model", json.dumps(model or TINY), "--out", str(tmp / "measured.json"),
                     "--run-timeout", "500", "--timeout", "120", *extra, env=env)

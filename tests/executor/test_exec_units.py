@@ -13,6 +13,7 @@ from mindpipe.executor.data import TokenSource
 from mindpipe.executor.distributed import mesh_shape
 from mindpipe.executor.launch import _first_error, torchrun_command
 from mindpipe.executor.precheck import resolve_schedule_source
+from mindpipe.executor.rundir import RankError
 from mindpipe.executor.stages import block_ranges, build_stage_modules, head_major_qkv, permute_qkv_for_tp
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
@@ -137,16 +138,36 @@ def test_torchrun_command_single_node_and_rendezvous():
     assert "--master-addr" not in multi
 
 
-def test_first_error_prefers_the_root_cause(tmp_path):
+def test_first_error_prefers_the_root_cause():
     torchrun_tail = ["Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
                      "  exitcode  : 17 (pid: 99)"]
-    (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0, "time": 2.0, "error": "RuntimeError: peer closed"}))
-    assert _first_error(tmp_path, torchrun_tail) == (
-        "rank 1 exited with code 17 without a Python error; then rank 0 failed: RuntimeError: peer closed")
-    (tmp_path / "rank1.json").write_text(json.dumps({"rank": 1, "time": 1.0, "error": "ValueError: bad"}))
-    assert _first_error(tmp_path, torchrun_tail) == "rank 1 failed: ValueError: bad (then ranks [0] failed too)"
+    records = {0: RankError(0, 2.0, "failure", "RuntimeError: peer closed", "")}
+    assert _first_error(records, torchrun_tail) == (
+        "rank 1 exited with code 17 without a Python error; then rank 0 failed: RuntimeError: peer closed", 1)
+    records[1] = RankError(1, 1.0, "failure", "ValueError: bad", "")
+    assert _first_error(records, torchrun_tail) == ("rank 1 failed: ValueError: bad (then ranks [0] failed too)", 1)
+    records[1] = RankError(1, 1.0, "input", "data.bin: 3 bytes, need at least 18", "")
+    assert _first_error(records, torchrun_tail) == (
+        "rank 1 failed: data.bin: 3 bytes, need at least 18 (then ranks [0] failed too)", 2)  # bad input: exit 2
     killed = ["Root Cause (first observed failure):", "  rank      : 3 (local_rank: 3)", "  exitcode  : -9 (pid: 1)"]
-    assert _first_error(tmp_path / "none", killed) == "rank 3 was killed by SIGKILL without a Python error"
+    assert _first_error({}, killed) == ("rank 3 was killed by SIGKILL without a Python error", 1)
+    assert _first_error({}, ["some output"], -9) == ("torchrun was killed by SIGKILL", 1)
+
+
+def test_rank_errors_round_trip_through_the_run_directory(tmp_path, monkeypatch):
+    from mindpipe.executor.rundir import RUN_DIR_ENV, read_errors, record_error
+
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
+    record_error(1, ContractError("data.bin", None, "3 bytes, need at least 18"))
+    record_error(1, RuntimeError("a later error of the same rank"))  # the first one is the cause: kept
+    try:
+        raise RuntimeError("first line\nsecond line")
+    except RuntimeError as e:
+        record_error(0, e)
+    got = read_errors(tmp_path)
+    assert (got[1].kind, got[1].error) == ("input", "data.bin: 3 bytes, need at least 18")
+    assert (got[0].kind, got[0].error) == ("failure", "RuntimeError: first line")
+    assert "second line" in got[0].traceback and "Traceback" in got[0].traceback
 
 
 def test_collective_axis_inference():

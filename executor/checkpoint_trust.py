@@ -1,0 +1,250 @@
+"""What makes a checkpoint directory one we may load: its record, its manifest, who can write it.
+
+A torch.distributed.checkpoint (DCP) checkpoint is code: DCP's reader unpickles the step's
+``.metadata`` file, and unpickling runs whatever the file says (torch's own documentation:
+only load checkpoints you trust). MindPipe therefore loads only checkpoints that *you* wrote and
+nobody else could have changed since (the trust model, stated in the README):
+
+* every file and directory involved — ``DIR``, ``DIR/latest.json``, ``DIR/step-N`` and every file
+  in it — belongs to the user running MindPipe and is not writable by group or others; links,
+  sub-directories and other kinds of file inside a step are refused;
+* ``DIR/step-N/manifest.json``, written by rank 0 after every rank finished saving, lists every file
+  of the step with its size and sha256; a step without one, with a file it does not list, or with a
+  file whose bytes differ is refused;
+* ``latest.json`` names the model the checkpoint was written for and its TP degree.
+
+All of this is checked before torch reads any byte of the checkpoint, by the launcher (before any
+rank starts) and again by every rank (:func:`mindpipe.executor.checkpoint.load`). The manifest
+catches corruption and tampering by whoever cannot also rewrite it; the ownership and mode checks
+are what keep others from rewriting it. This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mindpipe.traces.atomic import output_dir, write_text
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import read_json
+
+LATEST = "latest.json"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """``latest.json``: the newest complete step, every complete one, and what they were written for."""
+
+    step: int
+    tp: int
+    complete: tuple[int, ...]
+    model: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document."""
+        return {"step": self.step, "tp": self.tp, "complete": list(self.complete), "model": self.model}
+
+
+def step_dir(directory: str | os.PathLike[str], step: int) -> Path:
+    """Where the checkpoint of ``step`` lives."""
+    return Path(directory) / f"step-{step}"
+
+
+def _check_owner(path: Path, st: os.stat_result, what: str) -> None:
+    if st.st_uid != os.geteuid():
+        raise ContractError(str(path), None, f"{what} belongs to another user (uid {st.st_uid}); a checkpoint is "
+                            "code (torch unpickles it): only resume from checkpoints you wrote")
+    if st.st_mode & 0o022:
+        raise ContractError(str(path), None, f"{what} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                            f"a checkpoint is code (torch unpickles it): chmod go-w {path} if you trust it")
+
+
+def check_private_dir(path: str | os.PathLike[str], what: str = "checkpoint directory") -> None:
+    """Refuse a directory that another user owns or that group/others may write.
+
+    Raises:
+        ContractError: not a directory, another owner, or group/world-writable.
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise ContractError(str(p), None, f"cannot read the {what} ({e.strerror})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ContractError(str(p), None, f"the {what} is not a directory")
+    _check_owner(p, st, f"the {what}")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def read_record(directory: str | os.PathLike[str]) -> CheckpointRecord:
+    """``latest.json`` of ``directory``, after the directory's and the file's trust checks.
+
+    Raises:
+        ContractError: no record, an untrusted directory or file, or a record not of this format.
+    """
+    check_private_dir(directory)
+    p = Path(directory) / LATEST
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        raise ContractError(str(directory), None, f"no checkpoint to resume from ({LATEST} missing)") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ContractError(str(p), None, "not a regular file")
+    _check_owner(p, st, LATEST)
+    data = read_json(p)
+    ok = isinstance(data, dict) and set(data) == {"step", "tp", "complete", "model"} and _int(data["step"]) \
+        and _int(data["tp"]) and isinstance(data["complete"], list) and all(_int(s) for s in data["complete"]) \
+        and isinstance(data["model"], dict)
+    if not ok:
+        raise ContractError(str(p), None, "not a checkpoint record of this mindpipe (needs step, tp, complete, model); "
+                            "checkpoints written before manifests cannot be resumed")
+    return CheckpointRecord(data["step"], data["tp"], tuple(data["complete"]), data["model"])
+
+
+def write_record(directory: str | os.PathLike[str], record: CheckpointRecord) -> None:
+    """Write ``latest.json`` (safely; rank 0, after the step's manifest)."""
+    write_text(Path(directory) / LATEST, json.dumps(record.to_json()) + "\n")
+
+
+def _hash_open(path: Path) -> tuple[int, str, os.stat_result]:
+    """(size, sha256, stat) of a file opened without following links (checked on the open file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK)
+    except OSError as e:
+        raise ContractError(str(path), None, f"cannot read this checkpoint file ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ContractError(str(path), None, "not a regular file: refused in a checkpoint")
+        h = hashlib.sha256()
+        size = 0
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest(), st
+
+
+def _entries(step_path: Path) -> list[str]:
+    names = []
+    for e in os.scandir(step_path):
+        if e.name == MANIFEST:
+            continue
+        if not e.is_file(follow_symlinks=False):
+            raise ContractError(str(step_path / e.name), None, "not a regular file: refused in a checkpoint")
+        names.append(e.name)
+    return sorted(names)
+
+
+def write_manifest(step_path: str | os.PathLike[str]) -> None:
+    """Take group/other write permission off the step's files and record their sizes and sha256 (rank 0)."""
+    p = Path(step_path)
+    os.chmod(p, stat.S_IMODE(os.stat(p).st_mode) & ~0o022)
+    files = {}
+    for name in _entries(p):
+        os.chmod(p / name, stat.S_IMODE(os.lstat(p / name).st_mode) & ~0o022)
+        size, digest, _ = _hash_open(p / name)
+        files[name] = {"bytes": size, "sha256": digest}
+    write_text(p / MANIFEST, json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1) + "\n")
+
+
+def remove_manifest(step_path: str | os.PathLike[str]) -> None:
+    """Drop a step's manifest before the step is written again (an interrupted save then has none)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(Path(step_path) / MANIFEST)
+
+
+def verify_step(step_path: str | os.PathLike[str]) -> None:
+    """Check a step's files against its manifest and the trust rules, without reading them as a checkpoint.
+
+    Raises:
+        ContractError: one line naming the file and what is wrong.
+    """
+    p = Path(step_path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        raise ContractError(str(p), None, "checkpoint step directory is missing") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ContractError(str(p), None, "not a directory: refused as a checkpoint step")
+    _check_owner(p, st, "the step directory")
+    mp = p / MANIFEST
+    try:
+        mst = os.lstat(mp)
+    except FileNotFoundError:
+        raise ContractError(str(p), None, f"no {MANIFEST}: the checkpoint cannot be verified, refused") from None
+    if not stat.S_ISREG(mst.st_mode):
+        raise ContractError(str(mp), None, "not a regular file")
+    _check_owner(mp, mst, MANIFEST)
+    doc = read_json(mp)
+    files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == MANIFEST_FORMAT else None
+    if not isinstance(files, dict) or not all(
+            isinstance(v, dict) and _int(v.get("bytes")) and isinstance(v.get("sha256"), str) for v in files.values()):
+        raise ContractError(str(mp), None, f"not a checkpoint manifest of format {MANIFEST_FORMAT}")
+    present = _entries(p)
+    extra, missing = sorted(set(present) - set(files)), sorted(set(files) - set(present))
+    if extra or missing:
+        what = (f"{', '.join(extra)} not in the manifest" if extra else "") + \
+               ("; " if extra and missing else "") + (f"{', '.join(missing)} missing" if missing else "")
+        raise ContractError(str(p), None, f"files do not match {MANIFEST}: {what}")
+    for name in present:
+        size, digest, fst = _hash_open(p / name)
+        _check_owner(p / name, fst, "the file")
+        if size != files[name]["bytes"] or digest != files[name]["sha256"]:
+            raise ContractError(str(p / name), None, f"does not match {MANIFEST} (sha256 {digest[:12]}…, "
+                                f"expected {files[name]['sha256'][:12]}…): corrupted or changed since it was written")
+
+
+def check_resume(directory: str | os.PathLike[str], model: dict[str, Any], tp: int, step: int | None = None) -> int:
+    """Everything a resume needs before torch reads the checkpoint; returns the step to load.
+
+    Args:
+        directory: The checkpoint directory.
+        model: The model being trained, as a JSON document (must equal the checkpoint's).
+        tp: The run's TP degree (the fused QKV layout depends on it).
+        step: A chosen complete step, or None for the newest.
+
+    Raises:
+        ContractError: any trust, manifest or compatibility check fails (one line).
+    """
+    record = read_record(directory)
+    if record.model != model:
+        name = record.model.get("name") or record.model.get("kind")
+        raise ContractError(str(directory), "model", f"the checkpoint was written for another model ({name}, "
+                            f"{json.dumps(record.model, sort_keys=True)[:200]}); this run trains {model.get('name') or model.get('kind')}")
+    if record.tp != tp:
+        raise ContractError(str(directory), "tp", f"checkpoint was written with tp={record.tp}, this plan has tp={tp}")
+    chosen = record.step if step is None else step
+    if chosen not in record.complete:
+        raise ContractError(str(directory), "step", f"no complete checkpoint of step {chosen} "
+                            f"(complete: {list(record.complete)})")
+    verify_step(step_dir(directory, chosen))
+    return chosen
+
+
+def prepare_save_dir(directory: str | os.PathLike[str]) -> None:
+    """Create the checkpoint directory (only its owner may write it), or refuse an existing one others may write.
+
+    Raises:
+        ContractError: the directory is another user's or writable by group/others, or not a directory.
+    """
+    p = Path(directory)
+    if not os.path.lexists(p):
+        output_dir(p)
+        os.chmod(p, stat.S_IMODE(os.stat(p).st_mode) & ~0o022)
+    check_private_dir(p)
+
+
+__all__ = ["LATEST", "MANIFEST", "CheckpointRecord", "check_private_dir", "check_resume", "prepare_save_dir",
+           "read_record", "remove_manifest", "step_dir", "verify_step", "write_manifest", "write_record"]

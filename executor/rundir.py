@@ -1,0 +1,179 @@
+"""The launcher's run directory: what every rank leaves there, and how the run's processes are stopped.
+
+``mindpipe run`` creates a private temporary directory per run and names it to every rank in
+``MINDPIPE_RUN_DIR``. Each rank registers itself there (``pids/<pid>``: its pid and start time)
+and asks the kernel to kill it if torchrun dies (``PR_SET_PDEATHSIG``, Linux); a rank that fails
+leaves its error there (``errors/rank<N>.json``, a :class:`RankError`), which is how the launcher
+reports the failing rank and its cause in one line.
+
+:func:`stop` ends torchrun's process group and every registered rank's (SIGTERM, then SIGKILL
+after a grace period); the launcher calls it when it is interrupted, and the watchdog
+(:mod:`mindpipe.executor.watchdog`) when the launcher itself dies. This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from mindpipe.traces.errors import ContractError
+
+RUN_DIR_ENV = "MINDPIPE_RUN_DIR"
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ProcRef:
+    """A process, by pid and kernel start time (so a reused pid is never signalled)."""
+
+    pid: int
+    start: int | None
+
+
+@dataclass(frozen=True)
+class RankError:
+    """What a failing rank leaves for the launcher.
+
+    Attributes:
+        rank: The global rank.
+        time: When it failed (``time.time()``): the first failure is the cause.
+        kind: ``input`` for a :class:`ContractError` (exit 2), ``failure`` for anything else (exit 1).
+        error: One line: the contract error's text, or ``Type: first line of the message``.
+        traceback: The full traceback (kept in the run's log).
+    """
+
+    rank: int
+    time: float
+    kind: Literal["input", "failure"]
+    error: str
+    traceback: str
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22); None without /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2:].split()[19])
+
+
+def ref(pid: int) -> ProcRef:
+    """A reference to a running process."""
+    return ProcRef(pid, start_time(pid))
+
+
+def alive(p: ProcRef) -> bool:
+    """Whether ``p`` still runs (a zombie or a different process under the same pid counts as gone)."""
+    try:
+        text = Path(f"/proc/{p.pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(p.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0] not in ("Z", "X") and (p.start is None or int(fields[19]) == p.start)
+
+
+def _signal(p: ProcRef, sig: int) -> None:
+    """Signal ``p``'s process group if it leads one (torchrun and every rank start their own), else ``p``."""
+    if not alive(p):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(p.pid) == p.pid:
+            os.killpg(p.pid, sig)
+        else:
+            os.kill(p.pid, sig)
+
+
+def ranks(run_dir: str | os.PathLike[str]) -> list[ProcRef]:
+    """The ranks registered in ``run_dir``."""
+    out = []
+    for f in sorted((Path(run_dir) / "pids").glob("*")):
+        with contextlib.suppress(OSError, ValueError):
+            pid, start = f.read_text().split()
+            out.append(ProcRef(int(pid), None if start == "-" else int(start)))
+    return out
+
+
+def stop(run_dir: str | os.PathLike[str], torchrun: ProcRef | None, grace_s: float = 10.0) -> None:
+    """Stop torchrun and every rank of the run: SIGTERM, then SIGKILL whatever is left after ``grace_s``."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        procs = ([torchrun] if torchrun is not None else []) + ranks(run_dir)
+        for p in procs:
+            _signal(p, sig)
+        deadline = time.monotonic() + wait
+        while any(alive(p) for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not any(alive(p) for p in procs):
+            return
+
+
+def register_rank() -> None:
+    """In a rank started by ``mindpipe run``: die with torchrun, and leave our pid for the launcher."""
+    where = os.environ.get(RUN_DIR_ENV)
+    if not where:
+        return
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() == 1:  # torchrun died before the prctl took effect
+                os._exit(1)
+    pids = Path(where) / "pids"
+    pids.mkdir(exist_ok=True)
+    start = start_time(os.getpid())
+    (pids / str(os.getpid())).write_text(f"{os.getpid()} {'-' if start is None else start}\n", encoding="utf-8")
+
+
+def _one_line(e: BaseException) -> tuple[Literal["input", "failure"], str]:
+    if isinstance(e, ContractError):
+        return "input", next((ln for ln in str(e).splitlines() if ln.strip()), "input error")
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+    return "failure", f"{type(e).__name__}: {first[:500]}" if first else type(e).__name__
+
+
+def record_error(rank: int, e: BaseException) -> None:
+    """Leave ``e`` for the launcher (the first record of a rank wins)."""
+    where = os.environ.get(RUN_DIR_ENV)
+    if not where:
+        return
+    kind, line = _one_line(e)
+    rec = RankError(rank, time.time(), kind, line, "".join(traceback.format_exception(e, limit=30)))
+    d = Path(where) / "errors"
+    d.mkdir(exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(d / f"rank{rank}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(asdict(rec)))
+
+
+def read_errors(run_dir: str | os.PathLike[str]) -> dict[int, RankError]:
+    """The errors ranks left, by rank (unreadable records are skipped: torchrun's exit record remains)."""
+    out: dict[int, RankError] = {}
+    for f in (Path(run_dir) / "errors").glob("rank*.json"):
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            d = json.loads(f.read_text(encoding="utf-8"))
+            rec = RankError(int(d["rank"]), float(d["time"]), "input" if d["kind"] == "input" else "failure",
+                            str(d["error"]), str(d["traceback"]))
+            out[rec.rank] = rec
+    return out
+
+
+__all__ = ["RUN_DIR_ENV", "ProcRef", "RankError", "alive", "ranks", "read_errors", "record_error", "ref",
+           "register_rank", "start_time", "stop"]

@@ -1,0 +1,140 @@
+"""A checkpoint is code (DCP unpickles ``.metadata``): anything tampered with, unlisted, or writable
+by others is refused before torch reads a byte of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from mindpipe.executor import checkpoint as ckpt
+from mindpipe.executor.checkpoint_trust import MANIFEST, check_resume
+from mindpipe.traces.errors import ContractError
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+from .conftest import TINY, run_plan
+
+MODEL = {"kind": "toy", "name": "linear4"}
+
+
+@pytest.fixture()
+def one_rank():
+    """A one-rank gloo process group in this process (DCP's save and load are collectives)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _part(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    m = torch.nn.Linear(4, 4)
+    return m, torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+
+def _saved(root: Path) -> Path:
+    m, opt = _part(0)
+    m(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    ckpt.save(root, 3, [m], [opt], tp=1, model=MODEL)
+    return root
+
+
+class _Spy:
+    """Stands in for torch's checkpoint readers and records whether anything reached them."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        raise AssertionError("torch's checkpoint reader was reached")
+
+
+@pytest.fixture()
+def spied(monkeypatch):
+    spy = _Spy()
+    monkeypatch.setattr(ckpt.dcp, "load", spy)
+    monkeypatch.setattr(FileSystemReader, "read_metadata", spy)
+    return spy
+
+
+def _flip_byte(p: Path, at: int = 10) -> None:
+    data = bytearray(p.read_bytes())
+    data[at] ^= 0x01
+    p.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "a byte of .metadata": (lambda s: _flip_byte(s / ".metadata"), "does not match manifest.json"),
+    "a byte of a shard": (lambda s: _flip_byte(s / "__0_0.distcp", 200), "does not match manifest.json"),
+    "manifest removed": (lambda s: (s / MANIFEST).unlink(), "no manifest.json"),
+    "an unlisted file": (lambda s: (s / "evil.distcp").write_bytes(b"x"), "evil.distcp not in the manifest"),
+    "a shard replaced by a link": (lambda s: ((s / "__0_0.distcp").unlink(), (s / "__0_0.distcp").symlink_to("/etc/hostname")),
+                                   "not a regular file"),
+    "a group-writable shard": (lambda s: (s / "__0_0.distcp").chmod(0o664), "writable by others"),
+    "a world-writable step": (lambda s: s.chmod(0o777), "writable by others"),
+    "a world-writable directory": (lambda s: s.parent.chmod(0o757), "writable by others"),
+    "latest.json truncated": (lambda s: (s.parent / "latest.json").write_text('{"step": 3, "tp'), "malformed JSON"),
+    "latest.json foreign": (lambda s: (s.parent / "latest.json").write_text('{"step": 3, "tp": 1, "complete": [3]}'),
+                            "not a checkpoint record"),
+}
+
+
+def test_an_intact_checkpoint_loads(one_rank, tmp_path):
+    root = _saved(tmp_path / "ck")
+    assert json.loads((root / "step-3" / MANIFEST).read_text())["files"].keys() >= {".metadata", "__0_0.distcp"}
+    m, opt = _part(1)
+    assert ckpt.load(root, [m], [opt], tp=1, model=MODEL) == 3
+    ref, _ = _part(0)
+    assert not torch.equal(m.weight, ref.weight)  # the saved weights took one optimizer step away from seed 0
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_a_damaged_checkpoint_is_refused_before_torch_reads_it(one_rank, tmp_path, spied, case):
+    root = _saved(tmp_path / "ck")
+    damage, needle = DAMAGE[case]
+    damage(root / "step-3")
+    m, opt = _part(1)
+    with pytest.raises(ContractError, match=needle) as e:
+        ckpt.load(root, [m], [opt], tp=1, model=MODEL)
+    assert "\n" not in str(e.value) and spied.calls == 0
+
+
+def test_another_model_or_tp_is_refused_before_torch_reads_it(one_rank, tmp_path, spied):
+    root = _saved(tmp_path / "ck")
+    m, opt = _part(1)
+    with pytest.raises(ContractError, match="written for another model"):
+        ckpt.load(root, [m], [opt], tp=1, model={**MODEL, "name": "other"})
+    with pytest.raises(ContractError, match="tp=1, this plan has tp=2"):
+        ckpt.load(root, [m], [opt], tp=2, model=MODEL)
+    assert spied.calls == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_files_of_another_user_are_refused(one_rank, tmp_path, spied):
+    root = _saved(tmp_path / "ck")
+    os.chown(root / "step-3" / "__0_0.distcp", 12345, -1)
+    with pytest.raises(ContractError, match=r"belongs to another user \(uid 12345\)"):
+        check_resume(root, MODEL, 1)
+    assert spied.calls == 0
+
+
+def test_mindpipe_run_refuses_a_tampered_checkpoint_before_any_rank_starts(tmp_path):
+    plan = {"micro_batch_size": 1, "global_batch_size": 2, "precision": "fp32"}
+    first = run_plan(tmp_path, plan, 1, "--checkpoint-dir", str(tmp_path / "ck"), steps=2)
+    assert first.returncode == 0, first.stderr[-2000:]
+    _flip_byte(tmp_path / "ck" / "step-2" / ".metadata")
+    res = run_plan(tmp_path, plan, 1, "--checkpoint-dir", str(tmp_path / "ck"), "--resume", steps=4)
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "step-2/.metadata: does not match manifest.json" in lines[0], res.stderr
+    assert "torch.distributed.run" not in res.stderr  # refused by the launcher: no rank ever started
+    assert json.loads((tmp_path / "ck" / "latest.json").read_text())["model"]["name"] == TINY["name"]

@@ -1,0 +1,113 @@
+"""``mindpipe run`` owns its processes: stopping the launcher in any way (SIGINT, SIGTERM, SIGKILL)
+stops torchrun and every rank and removes the run's temporary files; an error inside a rank
+reaches the user as one line naming the rank, with exit 2 for bad input, 1 for a failure, and
+the full log kept in the file the line names."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, TINY, run_env, run_plan
+
+PLAN = {"pp": 2, "micro_batch_size": 1, "global_batch_size": 4, "precision": "fp32"}
+MARK = "MINDPIPE_TEST_MARK"
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose environment carries ``mark`` (the launcher passes its environment down)."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdecimal():
+            continue
+        try:
+            env = (d / "environ").read_bytes()  # empty for a zombie: it runs nothing any more
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(d.name))
+    return found
+
+
+def _default_sigint() -> None:
+    # A test runner started in the background inherits SIGINT ignored; a user's terminal does not.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the run's processes through /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_stopping_the_launcher_leaves_no_process_and_no_temporary_directory(tmp_path, sig):
+    tmp = tmp_path / "tmp"  # the launcher's (and everything it starts) temporary directory
+    tmp.mkdir()
+    mark = uuid.uuid4().hex
+    env = run_env(TMPDIR=str(tmp), **{MARK: mark})
+    cmd = [sys.executable, "-m", "mindpipe.cli", "run", json.dumps(PLAN), "--nproc", "2", "--steps", "1000000",
+           "--model", json.dumps(TINY), "--out", str(tmp_path / "measured.json"), "--timeout", "120"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(list(tmp.glob("mindpipe-run-*/pids/*"))) == 2:  # both ranks are up
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(2)  # into training
+        running = _marked(mark)
+        assert proc.pid in running and len(running) >= 5, running  # launcher, watchdog, torchrun, 2 ranks
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 60
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _marked(mark) == []
+    assert sorted(p.name for p in tmp.iterdir()) == []  # run directory, log, torchrun's own temp dirs: all gone
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130}[sig], err[-3000:]
+        assert "Traceback" not in err and err.strip().splitlines()[-1] in (
+            "mindpipe: stopped by SIGTERM: torchrun and every rank were stopped", "mindpipe: interrupted"), err
+
+
+@pytest.mark.parametrize(("fault", "code", "needle"), [
+    ("1:2:contract", 2, "rank 1 failed: MINDPIPE_FAULT: injected input error on rank 1 at step 2"),
+    ("0:2:raise", 1, "rank 0 failed: RuntimeError: injected fault on rank 0 at step 2"),
+])
+def test_an_error_in_a_rank_is_one_line_with_its_log(tmp_path, fault, code, needle):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    res = run_plan(tmp_path, PLAN, 2, "--schedule-source", "torch", steps=20,
+                   env=run_env(MINDPIPE_FAULT=fault, TMPDIR=str(tmp)))
+    assert res.returncode == code, res.stderr[-3000:]
+    errors = [ln for ln in res.stderr.splitlines() if not ln.startswith("mindpipe: /")]  # not the torchrun command echo
+    assert len(errors) == 1 and errors[0].startswith(f"mindpipe: error: {needle}"), res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr
+    log = Path(re.search(r"\(full log: (\S+)\)$", errors[0]).group(1))
+    assert log.parent == tmp and log.is_file()
+    text = log.read_text()
+    assert "Traceback" in text and f"--- rank {fault[0]} ({'input' if code == 2 else 'failure'}) ---" in text
+    assert [p.name for p in tmp.iterdir()] == [log.name]  # the run directory is gone, the log stays
+    assert not (tmp_path / "measured.json").exists()
+
+
+def test_a_successful_run_leaves_no_log(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    res = run_plan(tmp_path, {"micro_batch_size": 1, "global_batch_size": 2, "precision": "fp32"}, 1, steps=2,
+                   env=run_env(TMPDIR=str(tmp)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert list(tmp.iterdir()) == [] and (tmp_path / "measured.json").is_file()

@@ -1,0 +1,76 @@
+"""``--out`` as a careless or hostile user gives it: a device, a FIFO, a directory, a planted link.
+
+Every command writes through :mod:`mindpipe.traces.atomic`; these run one real command
+(``mindpipe import aicb``, a fraction of a second) against each kind of target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+AICB = "traces/aicb_a100/L7B-M1-C04_Llama7B_megatron_tp2_pp1_mbs1_A100.txt"
+
+
+def _import(src: Path, out: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mindpipe.cli", "import", "aicb", str(src), "--out", str(out)],
+                          capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def _one_error_line(res: subprocess.CompletedProcess[str]) -> str:
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("mindpipe: error: "), res.stderr
+    return lines[0]
+
+
+def test_out_dev_null_stays_dev_null(shared_data, tmp_path):
+    before = os.stat("/dev/null")
+    res = _import(shared_data / AICB, "/dev/null", tmp_path)
+    assert res.returncode == 0, res.stderr
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+    assert list(Path("/dev").glob(".null.*.tmp")) == [] and not Path("/dev/null.tmp").exists()
+
+
+def test_out_fifo_is_written_through_and_stays_a_fifo(shared_data, tmp_path):
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    res = _import(shared_data / AICB, fifo, tmp_path)
+    reader.join(timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert not reader.is_alive() and json.loads(got[0])["layers"]  # the trace went through the pipe
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.fifo"]
+
+
+def test_planted_tmp_symlink_target_is_untouched(shared_data, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "trace.json.tmp").symlink_to(victim)
+    res = _import(shared_data / AICB, tmp_path / "trace.json", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert victim.read_text() == "precious\n"
+    assert json.loads((tmp_path / "trace.json").read_text())["layers"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json", "trace.json.tmp", "victim.txt"]
+
+
+@pytest.mark.parametrize("kind", ["directory", "dangling link"])
+def test_out_that_cannot_be_a_file_is_refused_leaving_nothing(shared_data, tmp_path, kind):
+    target = tmp_path / "DIR"
+    if kind == "directory":
+        target.mkdir()
+    else:
+        target.symlink_to(tmp_path / "nowhere")
+    line = _one_error_line(_import(shared_data / AICB, target, tmp_path))
+    assert str(target) in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["DIR"]  # no DIR.tmp, nothing created through the link
