@@ -126,6 +126,11 @@ class Model:
         embed = self.vocab_size * h + self.seq_len * h
         return embed + self.num_layers * self.block_param_count() + 2 * h + self.vocab_size * h
 
+    def describe(self) -> str:
+        """The label and the shape: ``gpt-mini (num_layers=4, hidden_size=256, ...)``."""
+        return (f"{self.label} (num_layers={self.num_layers}, hidden_size={self.hidden_size}, "
+                f"num_heads={self.num_heads}, seq_len={self.seq_len}, vocab_size={self.vocab_size})")
+
     def same_shape(self, other: Model) -> bool:
         """True when both describe the same network (names and format ignored)."""
         keys = ("kind", "num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size", "ffn", "dropout")

@@ -221,14 +221,27 @@ def _locate(doc: Any, path: str = "") -> tuple[str, _Bad] | None:
     return None
 
 
-def parse_json(text: str, source: str) -> Any:
+def parse_json(text: str, source: str, unique_keys: bool = False) -> Any:
     """Parse JSON text with strict numbers (see the module docstring).
 
+    Args:
+        text: The JSON text.
+        source: The file (or label) errors name.
+        unique_keys: Refuse an object that names a key twice (JSON keeps the last silently).
+
     Raises:
-        ContractError: malformed JSON (line and column), too deeply nested, or a refused number
-            (its dotted key).
+        ContractError: malformed JSON (line and column), too deeply nested, a refused number (its
+            dotted key), or with ``unique_keys`` a repeated key.
     """
     bad: list[bool] = []
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ContractError(source, key, f"duplicate key {key!r}")
+            out[key] = value
+        return out
 
     def refuse(token: str) -> _Bad:
         bad.append(True)
@@ -242,7 +255,8 @@ def parse_json(text: str, source: str) -> Any:
         return refuse(token) if len(token) > MAX_INT_DIGITS + (token[0] == "-") else int(token)
 
     try:
-        doc = json.loads(text, parse_float=number, parse_int=integer, parse_constant=refuse)
+        doc = json.loads(text, parse_float=number, parse_int=integer, parse_constant=refuse,
+                         object_pairs_hook=no_duplicates if unique_keys else None)
     except json.JSONDecodeError as e:
         raise ContractError(source, None, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     except RecursionError:
@@ -258,10 +272,11 @@ def parse_json(text: str, source: str) -> Any:
     return doc
 
 
-def read_json(path: str | os.PathLike[str], kind: InputKind, source: str | None = None) -> Any:
-    """A JSON file (plain or gzip) within ``kind``'s limit, with strict numbers."""
+def read_json(path: str | os.PathLike[str], kind: InputKind, source: str | None = None,
+              unique_keys: bool = False) -> Any:
+    """A JSON file (plain or gzip) within ``kind``'s limit, with strict numbers (see :func:`parse_json`)."""
     src = source or os.fspath(path)
-    return parse_json(read_text(path, kind, src), src)
+    return parse_json(read_text(path, kind, src), src, unique_keys)
 
 
 def read_csv(path: str | os.PathLike[str], kind: InputKind, source: str | None = None,

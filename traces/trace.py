@@ -194,7 +194,7 @@ class Trace:
             raise ContractError(
                 source,
                 "model",
-                f"model: trace was taken for {_describe(self.model)}, not for {_describe(model)}",
+                f"model: trace was taken for {self.model.describe()}, not for {model.describe()}",
             )
 
     # -- I/O ------------------------------------------------------------------------------
@@ -212,9 +212,3 @@ class Trace:
         """Write the trace as JSON."""
         write_json(self, path)
 
-
-def _describe(model: Model) -> str:
-    return (
-        f"{model.label} (num_layers={model.num_layers}, hidden_size={model.hidden_size}, "
-        f"num_heads={model.num_heads}, seq_len={model.seq_len}, vocab_size={model.vocab_size})"
-    )

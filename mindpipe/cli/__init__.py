@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from mindpipe import __version__
 from mindpipe.cli import calibrate, demo, import_, inspect, profile, run, simulate, tune, validate
+from mindpipe.cli.args import OneLineParser
 from mindpipe.cli.output import stderr
 from mindpipe.traces.errors import ContractError
 
@@ -31,7 +32,7 @@ SUBCOMMANDS = (profile, import_, inspect, simulate, tune, validate, calibrate, d
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
-    p = argparse.ArgumentParser(prog="mindpipe", description="Plan, simulate and run 4D-parallel training.")
+    p = OneLineParser(prog="mindpipe", description="Plan, simulate and run 4D-parallel training.")
     p.add_argument("--version", action="version", version=f"mindpipe {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:

@@ -14,14 +14,13 @@ stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mindpipe.cli import loaders
-from mindpipe.cli.output import stderr
+from mindpipe.cli.output import print_json, stderr
 from mindpipe.traces.errors import ContractError
 
 
@@ -66,10 +65,10 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         preface=[f"Calibration: `{args.out}`", "", "```", constants, "```", ""],
         print_to=None if args.json else sys.stdout)]
     if args.json:
-        print(json.dumps({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows),
-                          "holdout": summary(held_rows) if held_rows else None,
-                          "rows": {"fitted": [vars(r) for r in fitted_rows], "holdout": [vars(r) for r in held_rows]},
-                          "warnings": notes.warnings, "report": files}))
+        print_json({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows),
+                    "holdout": summary(held_rows) if held_rows else None,
+                    "rows": {"fitted": [vars(r) for r in fitted_rows], "holdout": [vars(r) for r in held_rows]},
+                    "warnings": notes.warnings, "report": files})
     else:
         print(f"\nwrote {args.out}" + "".join(f", {f}" for f in files))
     return 0

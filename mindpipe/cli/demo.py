@@ -7,15 +7,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mindpipe.cli.args import count
+from mindpipe.cli.output import stderr
+
+# The demo trains every plan on this machine's CPU: bounds that keep it a demo.
+MAX_RANKS = 64
+MAX_GLOBAL_BATCH = 4096
+MAX_STEPS = 1000
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``demo`` subcommand to ``sub`` and return its parser."""
     p = sub.add_parser("demo", help="the closed loop on this CPU: profile, tune, run, calibrate, report")
     p.add_argument("--out", default="results", metavar="DIR", help="output directory (default results)")
     p.add_argument("--model", default="gpt-mini", help="built-in model or model file (default gpt-mini)")
-    p.add_argument("--ranks", type=int, default=4, help="CPU ranks (default 4)")
-    p.add_argument("--global-batch", type=int, default=32, help="samples per iteration (default 32)")
-    p.add_argument("--steps", type=int, default=8, help="training steps per run (default 8)")
+    p.add_argument("--ranks", type=count(1, MAX_RANKS), default=4, help=f"CPU ranks, 1 to {MAX_RANKS} (default 4)")
+    p.add_argument("--global-batch", type=count(1, MAX_GLOBAL_BATCH), default=32,
+                   help=f"samples per iteration, 1 to {MAX_GLOBAL_BATCH} (default 32)")
+    p.add_argument("--steps", type=count(1, MAX_STEPS), default=8,
+                   help=f"training steps per run, 1 to {MAX_STEPS} (default 8)")
     p.set_defaults(func=cmd_demo)
     return p
 
@@ -23,11 +33,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the loop and print the measured speedup, the held-out fidelity and where the report is."""
     from mindpipe.loop import LoopConfig, _verdict, closed_loop  # the loop imports torch once it profiles
-    from mindpipe.runs import RunSpec
+    from mindpipe.runs import PlanRunFailed, RunSpec
 
     cfg = LoopConfig(model=args.model, ranks=args.ranks, global_batch=args.global_batch,
                      run=RunSpec(steps=args.steps, warmup_steps=min(2, max(0, args.steps - 3))), out=Path(args.out))
-    res = closed_loop(cfg)
+    try:
+        res = closed_loop(cfg)
+    except PlanRunFailed as e:
+        # One line: the run's own last error line; exit 2 when the run refused its input, else 1.
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        last = lines[-1].removeprefix("mindpipe: error: ") if lines else "no output"
+        stderr(f"mindpipe: error: demo: a training run failed: {last}")
+        return 2 if "(exit 2)" in (lines[0] if lines else "") else 1
     print(f"tuned plan {res.speedup:.2f}x {_verdict(res.speedup)} the default plan (measured {res.tuned_s:.3f} s vs "
           f"{res.default_s:.3f} s per iteration)")
     s = res.holdout
