@@ -135,24 +135,26 @@ class CarbonSeries:
             finish = begin + dt.timedelta(seconds=max(0.0, duration_s))
         except OverflowError:  # a span past year 9999 leaves any series
             finish = dt.datetime.max.replace(tzinfo=dt.UTC)
+        span = stamp(begin) if finish == begin else f"{stamp(begin)} to {stamp(finish)}"
         if begin < self.times[0] or finish > self.end or (duration_s <= 0 and begin >= self.end):
-            raise ContractError(self.source, "start", f"{stamp(begin)} to {stamp(finish)} is outside the series, "
-                                                      f"which covers {stamp(self.times[0])} to {stamp(self.end)}")
+            raise ContractError(self.source, "start", f"{span} is outside the series, which covers "
+                                                      f"{stamp(self.times[0])} to {stamp(self.end)}")
         i = bisect.bisect_right(self.times, begin) - 1
         total, t = 0.0, begin
         while True:
             until = self._until(i)
             if t >= until:
                 raise ContractError(self.source, "start", f"no intensity from {stamp(until)} to "
-                                                          f"{stamp(self.times[i + 1])} (missing hours), which the "
-                                                          f"span {stamp(begin)} to {stamp(finish)} needs")
+                                                          f"{stamp(self.times[i + 1])} (missing hours), which "
+                                                          f"{span} needs")
             seg_end = min(until, finish)
             total += self.values[i] * (seg_end - t).total_seconds()
             if seg_end >= finish:
                 break
-            t, i = seg_end, i + 1
-        span = (finish - begin).total_seconds()
-        return total / span if span > 0 else self.values[i]
+            t = seg_end
+            i = bisect.bisect_right(self.times, t) - 1  # the next point, or this one again if t is in a gap
+        seconds = (finish - begin).total_seconds()
+        return total / seconds if seconds > 0 else self.values[i]
 
 
 Hourly = tuple["CarbonSeries | Sequence[tuple[dt.datetime, float]]", dt.datetime]

@@ -85,7 +85,7 @@ def size_text(n: int) -> str:
     """``1 MiB``, ``64 MiB``, ``512 KiB`` or ``123 bytes``."""
     for unit, size in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
         if n >= size:
-            return f"{n / size:g} {unit}"
+            return f"{n / size:.4g} {unit}"
     return f"{n} bytes"
 
 
@@ -95,7 +95,7 @@ def _not_regular(mode: int) -> str | None:
     if stat.S_ISDIR(mode):
         return "is a directory"
     what = next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
-    return f"is {what}, not a regular file; inputs are read from regular files only"
+    return f"is {what}, not a regular file"
 
 
 def _os_error(source: str, e: OSError) -> ContractError:
@@ -121,9 +121,9 @@ def check_regular_file(path: str | os.PathLike[str], kind: InputKind, source: st
         raise (_os_error(src, e) if isinstance(e, OSError) else ContractError(src, None, "not a valid path")) from None
     why = _not_regular(st.st_mode)
     if why is not None:
-        raise ContractError(src, None, f"{why}, expected a {kind.name} file")
+        raise ContractError(src, None, f"{why}; {kind.name} input is read from regular files only")
     if st.st_size > kind.max_bytes:
-        raise ContractError(src, None, f"file is {size_text(st.st_size)}; a {kind.name} may be at most "
+        raise ContractError(src, None, f"file is {size_text(st.st_size)}; {kind.name} input may be at most "
                                        f"{size_text(kind.max_bytes)} (limit)")
     return st.st_size
 
@@ -144,7 +144,7 @@ def read_bytes(path: str | os.PathLike[str], kind: InputKind, source: str | None
     with os.fdopen(fd, "rb") as fh:
         why = _not_regular(os.fstat(fd).st_mode)  # the path may have been swapped since the stat
         if why is not None:
-            raise ContractError(src, None, f"{why}, expected a {kind.name} file")
+            raise ContractError(src, None, f"{why}; {kind.name} input is read from regular files only")
         try:
             data = fh.read(kind.max_bytes + 1)
         except OSError as e:
@@ -173,8 +173,8 @@ def gunzip(data: bytes, kind: InputKind, source: str) -> bytes:
         except zlib.error as e:
             raise ContractError(source, None, f"corrupt gzip data ({e})") from None
         if len(out) > kind.max_bytes or d.unconsumed_tail:
-            raise ContractError(source, None, f"gzip data decompresses to more than {size_text(kind.max_bytes)}; "
-                                              f"a {kind.name} may be at most that (limit)")
+            raise ContractError(source, None, f"gzip data decompresses to more than {size_text(kind.max_bytes)}, "
+                                              f"the most {kind.name} input may hold (limit)")
         if not d.eof:
             raise ContractError(source, None, "corrupt gzip data: truncated (the compressed stream does not end)")
         rest = d.unused_data

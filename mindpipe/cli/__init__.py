@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mindpipe`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version (0) or a usage error, already printed on one line (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
     func: Callable[[argparse.Namespace, Sequence[str]], int] = args.func
     try:
         return func(args, argv)

@@ -34,6 +34,10 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
 def count(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse ``type``: a whole number in ``[lo, hi]``."""
 
@@ -58,7 +62,7 @@ def real(lo: float, hi: float, lo_open: bool = False) -> Callable[[str], float]:
         ok = math.isfinite(value) and (lo < value if lo_open else lo <= value) and value <= hi
         if not ok:
             bracket = "(" if lo_open else "["
-            raise argparse.ArgumentTypeError(f"{shown(text)} is not a finite number in {bracket}{lo:g}, {hi:g}]")
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not a finite number in {bracket}{_num(lo)}, {_num(hi)}]")
         return value
 
     parse.__name__ = "number"

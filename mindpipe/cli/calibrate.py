@@ -40,7 +40,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Fit, write, and report (see module docstring)."""
     from mindpipe.simulator.calibrate.fidelity import fidelity, fidelity_report, format_calibration, summary
-    from mindpipe.simulator.calibrate.fit import calibrate
+    from mindpipe.simulator.calibrate.fit import calibrate, check_one_model
     from mindpipe.traces.calibration import save_calibration
     from mindpipe.traces.schema import to_dict
 
@@ -49,6 +49,7 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     overlap = {Path(r.source).resolve() for r in runs} & {Path(r.source).resolve() for r in holdout}
     if overlap:
         raise ContractError("--holdout", None, f"{sorted(map(str, overlap))[0]} is both fitted on and held out")
+    check_one_model(runs)  # before the progress line: a refusal is the only line on stderr
     stderr(f"calibrating on {len(runs)} measured run(s)")
     cal, notes = calibrate(runs)
     save_calibration(cal, args.out)
