@@ -285,6 +285,7 @@ class Plan:
             )
         if self.sequence_parallel and self.tp == 1:
             raise ContractError("", "sequence_parallel", "sequence_parallel=true needs tp > 1")
+        within_limit("pp", self.num_stages, "pipeline_stages", "pp×virtual_stages")
         # m >= 1 here: global_batch_size is a positive multiple of micro_batch_size×dp.
         within_limit("global_batch_size", self.num_microbatches, "micro_batches", "m")
         within_limit("global_batch_size", self.num_microbatches * self.num_stages, "microbatch_stages",

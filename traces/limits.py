@@ -51,6 +51,7 @@ LIMITS: dict[str, Limit] = {lim.key: lim for lim in (
     Limit("micro_batch_size", 65_536, "sequences per micro-batch"),
     Limit("global_batch_size", 16_777_216, "sequences per iteration"),
     Limit("virtual_stages", 64, "model chunks per pipeline rank"),
+    Limit("pipeline_stages", 4_096, "pipeline stages (pp × virtual_stages)"),
     Limit("micro_batches", 16_384, "micro-batches per iteration (m = global / (micro × dp))"),
     Limit("microbatch_stages", 131_072, "micro-batch stages per iteration (m × pp × virtual_stages)"),
     Limit("bandwidth", 1e6, "GB/s or Gbit/s of a bandwidth override"),
