@@ -16,6 +16,7 @@ from typing import Any
 from mindpipe.traces.builtin import load_model, load_plan
 from mindpipe.traces.config import Model, Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.reading import CONFIG, TEXT_DATA, check_regular_file
 from mindpipe.traces.schema import from_dict, read_json, write_json
 
 SCHEDULE_SOURCES = ("auto", "torch", "simulator")
@@ -85,8 +86,15 @@ class RunConfig:
             self.resume = True
         if self.resume and not self.checkpoint_dir:
             raise ContractError("", "resume", "--resume needs --checkpoint-dir")
-        if self.data != "synthetic" and not Path(self.data).is_file():
-            raise ContractError("", "data", f"data={self.data!r} is neither 'synthetic' nor a readable file")
+        if self.data != "synthetic":
+            # Checked here, before any rank starts: a regular file within the training-text limit.
+            try:
+                size = check_regular_file(self.data, TEXT_DATA)
+            except ContractError as e:
+                raise ContractError("", "data", f"data={self.data!r}: {e.rule} ('synthetic' or a text file)") from None
+            if size < self.model.seq_len + 2:
+                raise ContractError("", "data", f"data={self.data!r} holds {size} bytes; seq_len={self.model.seq_len} "
+                                                f"needs at least seq_len+2={self.model.seq_len + 2}")
 
     @property
     def timeline_path(self) -> str | None:
@@ -105,7 +113,7 @@ class RunConfig:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RunConfig:
         """Read a config written by :meth:`save`."""
-        return from_dict(cls, read_json(path), str(path))
+        return from_dict(cls, read_json(path, CONFIG), str(path))
 
 
 def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:

@@ -10,11 +10,10 @@ micro-batches of b sequences); the pipeline schedule cuts those into m consecuti
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.reading import TEXT_DATA, read_bytes
 from mindpipe.traces.torch_gpt import synthetic_batch
 
 # Distinct streams per step without collisions for any realistic step count.
@@ -39,7 +38,7 @@ class TokenSource:
         self.data = data
         self._bytes: torch.Tensor | None = None
         if data != "synthetic":
-            raw = np.frombuffer(Path(data).read_bytes(), dtype=np.uint8)
+            raw = np.frombuffer(read_bytes(data, TEXT_DATA), dtype=np.uint8)
             if raw.size < model.seq_len + 2:
                 raise ValueError(f"{data}: {raw.size} bytes, need at least seq_len+2={model.seq_len + 2}")
             self._bytes = torch.from_numpy(raw.astype(np.int64))

@@ -20,7 +20,9 @@ from pathlib import Path
 from mindpipe.simulator.actions import Action, Schedule
 from mindpipe.simulator.schedules import validate_schedule
 from mindpipe.traces.atomic import open_output
+from mindpipe.traces import reading
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import limit
 
 _OVERLAP = "OVERLAP_F_B"
 
@@ -87,8 +89,7 @@ def read_csv(path: str | Path, name: str, num_microbatches: int | None = None,
             naming the rule; also for tables that are incomplete or deadlock.
     """
     src = str(path)
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    rows = reading.read_csv(path, reading.ACTION_TABLE)
     if not rows:
         raise ContractError(src, None, "the action table has no rows (one row per pipeline rank expected)")
     orders: list[list[Action]] = []
@@ -103,6 +104,9 @@ def read_csv(path: str | Path, name: str, num_microbatches: int | None = None,
             except ValueError as e:
                 raise ContractError(src, where, str(e)) from None
             for a in actions:
+                if a.stage >= limit("microbatch_stages") or a.microbatch >= limit("micro_batches"):
+                    raise ContractError(src, where, f"{a} is past the limits of {limit('microbatch_stages'):,} stages "
+                                                    f"and {limit('micro_batches'):,} micro-batches")
                 rule = _cell_rule(a, r, placed, stage_to_rank, num_microbatches)
                 if rule:
                     raise ContractError(src, where, rule)

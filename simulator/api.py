@@ -8,10 +8,10 @@ calls :meth:`~mindpipe.simulator.simulator.Simulator.run` per plan.
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from mindpipe.simulator.carbon import Hourly
 from mindpipe.simulator.costs import CommModel, ComputeModel
 from mindpipe.simulator.perf import default_models
 from mindpipe.simulator.simulator import Simulator
@@ -46,7 +46,7 @@ class SimulationOptions:
     timeline: bool = False
     cores_per_rank_slots: float | None = None
     step_overhead_s: float = 0.0
-    hourly_intensity: tuple[list[tuple[dt.datetime, float]], dt.datetime] | None = None
+    hourly_intensity: Hourly | None = None
     catalog: dict[str, DeviceSpec] | None = None
     calibration: Calibration | None = None
     extra: dict[str, Any] = field(default_factory=dict)

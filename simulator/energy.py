@@ -11,14 +11,15 @@ Electricity Maps CSV.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import functools
 import importlib.resources
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mindpipe.simulator.carbon import CarbonSeries, load_carbon_csv
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.errors import ContractError
 
@@ -78,50 +79,28 @@ def annual_intensity(region: str | None) -> tuple[float, str]:
     return float(entry["value"]), f"{key} annual mean: {entry['source']}"
 
 
-def load_hourly_intensity(path: str | os.PathLike[str]) -> list[tuple[dt.datetime, float]]:
-    """Read an Electricity Maps hourly CSV (``Datetime (UTC)`` and an LCA or direct intensity column).
+def load_hourly_intensity(path: str | os.PathLike[str]) -> CarbonSeries:
+    """Read an Electricity Maps hourly CSV (:func:`mindpipe.simulator.carbon.load_carbon_csv`).
 
     Raises:
-        ContractError: missing file, missing columns or unparsable rows (naming file and row).
+        ContractError: naming the file and the line (see :mod:`mindpipe.simulator.carbon`).
     """
-    name = str(path)
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
-    except FileNotFoundError:
-        raise ContractError(name, None, "file not found") from None
-    if not rows:
-        raise ContractError(name, None, "empty file")
-    header = rows[0]
-    try:
-        t_col = next(i for i, c in enumerate(header) if c.strip().lower().startswith("datetime"))
-    except StopIteration:
-        raise ContractError(name, "Datetime (UTC)", "no datetime column") from None
-    cols = [i for i, c in enumerate(header) if "carbon intensity" in c.lower()]
-    lca = [i for i in cols if "lca" in header[i].lower()]
-    if not cols:
-        raise ContractError(name, "Carbon Intensity", "no carbon intensity column")
-    v_col = (lca or cols)[0]
-    out = []
-    for n, row in enumerate(rows[1:], start=2):
-        try:
-            when = dt.datetime.fromisoformat(row[t_col].strip().replace("Z", "+00:00"))
-            out.append((when.replace(tzinfo=None), float(row[v_col])))
-        except (ValueError, IndexError):
-            raise ContractError(name, f"row {n}", f"cannot parse {row!r}") from None
-    return out
+    return load_carbon_csv(path)
 
 
-def hourly_intensity(series: list[tuple[dt.datetime, float]], when: dt.datetime) -> float:
-    """Intensity of the hour containing ``when`` (nearest earlier hour in the series)."""
-    when = when.replace(tzinfo=None)
-    best = series[0][1]
-    for t, v in series:
-        if t <= when:
-            best = v
-        else:
-            break
-    return best
+def hourly_intensity(series: CarbonSeries | Sequence[tuple[dt.datetime, float]], when: dt.datetime,
+                     duration_s: float = 0.0) -> float:
+    """Mean intensity over ``[when, when + duration_s]`` (the value at ``when`` for 0).
+
+    ``series`` is a :class:`CarbonSeries` or (time, g/kWh) pairs in any order (naive times are
+    UTC, offsets are converted; each value holds until the next point, at most an hour).
+
+    Raises:
+        ContractError: a span the series does not cover (the missing range named), or a series
+            with repeated instants or values that are not finite and >= 0.
+    """
+    s = series if isinstance(series, CarbonSeries) else CarbonSeries.of(series)
+    return s.intensity_over(when, duration_s)
 
 
 def energy_report(device: DeviceSpec, iteration_s: float, compute_s: list[float], devices_per_rank: int, pue: float,
@@ -134,6 +113,7 @@ def energy_report(device: DeviceSpec, iteration_s: float, compute_s: list[float]
 
 
 __all__ = [
+    "CarbonSeries",
     "EnergyReport",
     "annual_intensity",
     "device_energy_j",

@@ -19,13 +19,13 @@ is a thin wrapper for a single plan. Nobody re-derives these pieces.
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
 from mindpipe.simulator.actions import Schedule
 from mindpipe.simulator.build import build_work
 from mindpipe.simulator.calibrate.models import apply_calibration
+from mindpipe.simulator.carbon import Hourly, stamp
 from mindpipe.simulator.costs import DTYPE_BYTES, CommModel, ComputeModel, LayerCost, TraceComputeModel
 from mindpipe.simulator.energy import annual_intensity, energy_report, hourly_intensity
 from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult
@@ -168,7 +168,7 @@ class Simulator:
 
     # -- simulation ----------------------------------------------------------------------------
     def run(self, plan: Plan, *, timeline: bool = False,
-            hourly: tuple[list[tuple[dt.datetime, float]], dt.datetime] | None = None,
+            hourly: Hourly | None = None,
             extra: dict[str, Any] | None = None) -> SimulationResult:
         """Simulate one iteration of ``plan``.
 
@@ -234,7 +234,7 @@ class Simulator:
         return notes
 
     def _result(self, plan: Plan, schedule: Schedule, res: EngineResult, params_by_rank: list[int],
-                hourly: tuple[list[tuple[dt.datetime, float]], dt.datetime] | None) -> SimulationResult:
+                hourly: Hourly | None) -> SimulationResult:
         model, cluster, device = self.model, self.cluster, self.device
         t = res.iteration_time_s
         world = plan.world_size
@@ -245,7 +245,7 @@ class Simulator:
         by_stage = [rm.total_bytes / GIB for rm in mem]
         if hourly is not None:
             series, when = hourly
-            intensity = (hourly_intensity(series, when), f"hourly series at {when.isoformat()}")
+            intensity = (hourly_intensity(series, when, t), f"hourly series, mean over {stamp(when)} + {t:.6g} s")
         else:
             intensity = annual_intensity(cluster.region)
         energy = energy_report(device, t, list(res.compute_s), plan.dp * plan.tp, cluster.pue, intensity)

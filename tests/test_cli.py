@@ -59,7 +59,7 @@ def _model_file(tmp_path, text):
         (lambda t, tr: ["profile", _model_file(t, '{"kind": "gpt"}'), "--out", "x.json"], "model.json: num_layers: missing required key"),
         (lambda t, tr: ["profile", _model_file(t, TINY[:-1] + ',"depth": 3}'), "--out", "x.json"], "model.json: depth: unknown key"),
         (lambda t, tr: ["profile", _model_file(t, TINY.replace('"hidden_size":32', '"hidden_size":-32')), "--out", "x.json"], "model.json: hidden_size=-32 must be > 0"),
-        (lambda t, tr: ["profile", TINY, "--micro-batch-size", "-2", "--out", "x.json"], "profile: micro_batch_size=-2 is too small"),
+        (lambda t, tr: ["profile", TINY, "--micro-batch-size", "-2", "--out", "x.json"], "profile: argument --micro-batch-size: '-2' is not a whole number in [1, 65,536]"),
         (lambda t, tr: ["inspect", str(tr), "--model", "gpt-13b"], "model: trace was taken for tiny"),
         (lambda t, tr: ["inspect", str(t / "missing.json")], "missing.json: file not found"),
         (lambda t, tr: ["import", "aicb", str(t / "missing.txt"), "--out", "x.json"], "missing.txt: file not found"),

@@ -6,7 +6,6 @@ Clusters accept ``DEVICE`` (one node) or ``DEVICE:NODESxPER_NODE``, e.g. ``a100-
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,6 +13,7 @@ from typing import Any, TypeVar
 from mindpipe.traces.catalog import device_names, get_device
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.reading import CONFIG, parse_json, size_text
 from mindpipe.traces.schema import from_dict, read_json
 
 T = TypeVar("T")
@@ -41,7 +41,8 @@ BUILTIN_CLUSTERS: dict[str, dict[str, Any]] = {
 
 # Devices per node when a cluster is named by its device alone.
 _DEFAULT_PER_NODE = {"cpu": 2}
-_CLUSTER_RE = re.compile(r"^(?P<dev>[A-Za-z0-9._-]+?)(?::(?P<nodes>\d+)x(?P<per>\d+))?$")
+# Bounded digit counts: the cluster limits (traces.config.LIMITS) refuse what is too large, with a message.
+_CLUSTER_RE = re.compile(r"^(?P<dev>[A-Za-z0-9._-]{1,64}?)(?::(?P<nodes>\d{1,9})x(?P<per>\d{1,9}))?$")
 
 
 def model_names() -> list[str]:
@@ -53,13 +54,20 @@ def _parse_arg(arg: str, kind: str) -> tuple[Any, str] | None:
     """Return (parsed JSON, source) for a file path or inline JSON, or None for a bare name."""
     text = arg.strip()
     if text.startswith("{"):
-        try:
-            return json.loads(text), f"<inline {kind}>"
-        except json.JSONDecodeError as e:
-            raise ContractError(f"<inline {kind}>", None, f"malformed JSON at column {e.colno}: {e.msg}") from None
-    if text.endswith(".json") or Path(text).exists() or "/" in text:
-        return read_json(text), text
+        source = f"<inline {kind}>"
+        if len(text.encode("utf-8", "surrogatepass")) > CONFIG.max_bytes:
+            raise ContractError(source, None, f"inline JSON is longer than {size_text(CONFIG.max_bytes)} (limit)")
+        return parse_json(text, source), source
+    if text.endswith((".json", ".json.gz")) or "/" in text or _exists(text):
+        return read_json(text, CONFIG), text
     return None
+
+
+def _exists(text: str) -> bool:
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
 
 
 def load_model(arg: str | Model) -> Model:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from mindpipe.traces.config import non_negative, one_of
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.reading import CALIBRATION as CALIBRATION_FILE
 from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
 
 CALIBRATION_FORMAT_VERSION = 1
@@ -180,7 +181,7 @@ class Calibration:
 
 def load_calibration(path: str | os.PathLike[str]) -> Calibration:
     """Read a calibration file (errors name the file and the key)."""
-    return from_dict(Calibration, read_json(path), str(path))
+    return from_dict(Calibration, read_json(path, CALIBRATION_FILE), str(path))
 
 
 def save_calibration(cal: Calibration, path: str | os.PathLike[str]) -> None:

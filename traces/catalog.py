@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.resources
-import json
 import math
 import os
 from typing import Any
 
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.reading import CATALOG, parse_json, read_json
 
 FORMAT_VERSION = 1
 KINDS = ("gpu", "cpu")
@@ -194,34 +194,12 @@ class DeviceSpec:
 
 
 def _read_json(path: str | os.PathLike[str] | None) -> tuple[Any, str]:
-    """Read and parse the catalog text; return (document, source name for errors)."""
-
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise ContractError(source, key, f"duplicate key {key!r}")
-            out[key] = value
-        return out
-
+    """Read and parse the catalog text (duplicate keys refused); return (document, source name for errors)."""
     if path is None:
-        source = _SHIPPED
         resource = importlib.resources.files("mindpipe.traces.hardware").joinpath("catalog.json")
-        text = resource.read_text(encoding="utf-8")
-    else:
-        source = os.fspath(path)
-        try:
-            with open(source, encoding="utf-8") as fh:
-                text = fh.read()
-        except FileNotFoundError:
-            raise ContractError(source, None, "file not found") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ContractError(source, None, f"cannot read file: {exc}") from None
-    try:
-        return json.loads(text, object_pairs_hook=no_duplicates), source
-    except json.JSONDecodeError as exc:
-        rule = f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        raise ContractError(source, None, rule) from None
+        return parse_json(resource.read_text(encoding="utf-8"), _SHIPPED, unique_keys=True), _SHIPPED
+    source = os.fspath(path)
+    return read_json(path, CATALOG, source, unique_keys=True), source
 
 
 def _parse_catalog(doc: Any, source: str) -> dict[str, DeviceSpec]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import integer, number, shown, within_limit
 from mindpipe.traces.schema import check_format_version
 
 MODEL_FORMAT_VERSION = 1
@@ -39,21 +40,22 @@ V_SCHEDULES = ("zbv", "dualpipev")
 
 
 def positive(key: str, value: int | float) -> None:
-    """Raise unless ``value`` > 0."""
+    """Raise unless ``value`` is a finite number > 0."""
+    number(key, value)
     if value <= 0:
         raise ContractError("", key, f"{key}={value} must be > 0")
 
 
 def non_negative(key: str, value: int | float | None) -> None:
-    """Raise unless ``value`` is None or >= 0."""
-    if value is not None and value < 0:
-        raise ContractError("", key, f"{key}={value} must be >= 0")
+    """Raise unless ``value`` is None or a finite number >= 0."""
+    if value is not None:
+        number(key, value, 0)
 
 
 def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
     """Raise unless ``value`` is one of ``allowed``."""
-    if value not in allowed:
-        raise ContractError("", key, f"{key}={value!r} is not one of {', '.join(allowed)}")
+    if not isinstance(value, str) or value not in allowed:
+        raise ContractError("", key, f"{key}={shown(value)} is not one of {', '.join(allowed)}")
 
 
 @dataclass
@@ -87,9 +89,10 @@ class Model:
         check_format_version(self.format_version, MODEL_FORMAT_VERSION, "models")
         one_of("kind", self.kind, MODEL_KINDS)
         for key in ("num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size"):
-            positive(key, getattr(self, key))
+            integer(key, getattr(self, key), 1, key)
         if self.ffn_hidden_size is not None:
-            positive("ffn_hidden_size", self.ffn_hidden_size)
+            integer("ffn_hidden_size", self.ffn_hidden_size, 1, "ffn_hidden_size")
+        number("dropout", self.dropout)
         if self.hidden_size % self.num_heads:
             raise ContractError(
                 "", "num_heads", f"num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}"
@@ -123,6 +126,11 @@ class Model:
         embed = self.vocab_size * h + self.seq_len * h
         return embed + self.num_layers * self.block_param_count() + 2 * h + self.vocab_size * h
 
+    def describe(self) -> str:
+        """The label and the shape: ``gpt-mini (num_layers=4, hidden_size=256, ...)``."""
+        return (f"{self.label} (num_layers={self.num_layers}, hidden_size={self.hidden_size}, "
+                f"num_heads={self.num_heads}, seq_len={self.seq_len}, vocab_size={self.vocab_size})")
+
     def same_shape(self, other: Model) -> bool:
         """True when both describe the same network (names and format ignored)."""
         keys = ("kind", "num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size", "ffn", "dropout")
@@ -155,14 +163,17 @@ class Cluster:
 
     def __post_init__(self) -> None:
         check_format_version(self.format_version, CLUSTER_FORMAT_VERSION, "clusters")
-        positive("num_nodes", self.num_nodes)
-        positive("gpus_per_node", self.gpus_per_node)
+        integer("num_nodes", self.num_nodes, 1, "num_nodes")
+        integer("gpus_per_node", self.gpus_per_node, 1, "gpus_per_node")
+        within_limit("num_nodes", self.world_size, "devices", "num_nodes×gpus_per_node")
         for key in ("intra_node_bandwidth_GBps", "inter_node_bandwidth_Gbps"):
             value = getattr(self, key)
             if value is not None:
                 positive(key, value)
-        if self.pue < 1.0:
-            raise ContractError("", "pue", f"pue={self.pue} must be >= 1.0")
+                within_limit(key, value, "bandwidth")
+        number("pue", self.pue, 1.0, "pue")
+        if not isinstance(self.gpu, str):
+            raise ContractError("", "gpu", f"gpu={shown(self.gpu)} must be a device name")
         from mindpipe.traces.catalog import get_device  # local import: catalog is data, loaded on demand
 
         try:
@@ -242,14 +253,20 @@ class Plan:
 
     def __post_init__(self) -> None:
         check_format_version(self.format_version, PLAN_FORMAT_VERSION, "plans")
-        for key in ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages"):
-            positive(key, getattr(self, key))
+        for key in ("dp", "tp", "pp"):
+            integer(key, getattr(self, key), 1, "devices")
+        for key in ("micro_batch_size", "global_batch_size", "virtual_stages"):
+            integer(key, getattr(self, key), 1, key)
+        within_limit("dp", self.world_size, "devices", "dp×tp×pp")
+        for key in ("sequence_parallel", "overlap_grad_reduce"):
+            if not isinstance(getattr(self, key), bool):
+                raise ContractError("", key, f"{key}={shown(getattr(self, key))} must be true or false")
         one_of("schedule", self.schedule, SCHEDULES)
         one_of("recompute", self.recompute, RECOMPUTE)
         one_of("precision", self.precision, PRECISIONS)
         one_of("comm_priority", self.comm_priority, COMM_PRIORITIES)
         one_of("rank_order", self.rank_order, RANK_ORDERS)
-        if self.zero_stage not in (0, 1, 2, 3):
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
             raise ContractError("", "zero_stage", f"zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
         per_step = self.micro_batch_size * self.dp
         if self.global_batch_size % per_step:
@@ -268,6 +285,14 @@ class Plan:
             )
         if self.sequence_parallel and self.tp == 1:
             raise ContractError("", "sequence_parallel", "sequence_parallel=true needs tp > 1")
+        within_limit("pp", self.num_stages, "pipeline_stages", "pp×virtual_stages")
+        # m >= 1 here: global_batch_size is a positive multiple of micro_batch_size×dp.
+        within_limit("global_batch_size", self.num_microbatches, "micro_batches", "m")
+        within_limit("global_batch_size", self.num_microbatches * self.num_stages, "microbatch_stages",
+                     "m×pp×virtual_stages")
+        for key in ("partition", "layer_memory_policy"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), list):
+                raise ContractError("", key, f"{key}={shown(getattr(self, key))} must be a list")
         if self.partition is not None:
             if len(self.partition) != self.num_stages:
                 raise ContractError(
@@ -276,7 +301,7 @@ class Plan:
                     f"partition has {len(self.partition)} entries, expected pp×virtual_stages={self.num_stages}",
                 )
             for i, n in enumerate(self.partition):
-                positive(f"partition[{i}]", n)
+                integer(f"partition[{i}]", n, 1, "num_layers")
         if self.layer_memory_policy is not None:
             for i, p in enumerate(self.layer_memory_policy):
                 one_of(f"layer_memory_policy[{i}]", p, LAYER_MEMORY_POLICIES)

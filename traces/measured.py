@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from mindpipe.traces.config import Plan, non_negative, one_of
+from mindpipe.traces.config import Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import check_format_version
 
@@ -57,7 +57,8 @@ class StepRecord:
     def __post_init__(self) -> None:
         if self.step < 1:
             raise ContractError("", "step", f"step={self.step} must be >= 1")
-        non_negative("iteration_s", self.iteration_s)
+        # A step that took no time is not a measurement (and would divide by zero downstream).
+        positive("iteration_s", self.iteration_s)
         non_negative("tokens_per_s", self.tokens_per_s)
 
 

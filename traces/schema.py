@@ -22,11 +22,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mindpipe.traces.atomic import write_bytes, write_text
+from mindpipe.traces import reading
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import shown
+from mindpipe.traces.reading import TRACE, InputKind
 
 T = TypeVar("T")
 
 _HINTS: dict[type, dict[str, Any]] = {}
+MAX_INT = 2**53
+"""Largest integer magnitude a contract's integer field takes (a JSON reader keeps at most 2^53 exactly)."""
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -70,23 +75,29 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         return _from_mapping(tp, value, key)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ContractError("", key, f"must be true or false, got {value!r}")
+            raise ContractError("", key, f"must be true or false, got {shown(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
                 return int(value)
-            raise ContractError("", key, f"must be an integer, got {value!r}")
+            raise ContractError("", key, f"must be an integer, got {shown(value)}")
+        if abs(value) > MAX_INT:
+            raise ContractError("", key, f"{shown(value)} is outside ±2^53, the integers JSON carries exactly")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ContractError("", key, f"must be a number, got {value!r}")
-        if not math.isfinite(float(value)):
-            raise ContractError("", key, f"must be a finite number, got {value!r}")
-        return float(value)
+            raise ContractError("", key, f"must be a number, got {shown(value)}")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise ContractError("", key, f"must be a finite number, got {shown(value)}")
+        return number
     if tp is str:
         if not isinstance(value, str):
-            raise ContractError("", key, f"must be a string, got {value!r}")
+            raise ContractError("", key, f"must be a string, got {shown(value)}")
         return value
     raise ContractError("", key, f"unsupported field type {_type_name(tp)}")
 
@@ -101,7 +112,8 @@ def _from_mapping(cls: type[T], data: Any, prefix: str) -> T:
     for k in data:
         if k not in fields:
             known = ", ".join(sorted(fields))
-            raise ContractError("", f"{dotted}{k}", f"{dotted}{k}: unknown key (known keys: {known})")
+            name = f"{dotted}{k}" if len(str(k)) <= 60 else f"{dotted}{str(k)[:40]}..."
+            raise ContractError("", name, f"{name}: unknown key (known keys: {known})")
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
         if name in data:
@@ -149,29 +161,13 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file (gzip-compressed if it ends in ``.gz``), turning every I/O or syntax
-    problem into a one-line ContractError."""
-    p = Path(path)
-    name = str(path)
-    try:
-        if p.suffix == ".gz":
-            with gzip.open(p, "rt", encoding="utf-8") as fh:
-                text = fh.read()
-        else:
-            text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ContractError(name, None, "file not found") from None
-    except IsADirectoryError:
-        raise ContractError(name, None, "is a directory, expected a JSON file") from None
-    except (OSError, UnicodeDecodeError, EOFError) as e:
-        raise ContractError(name, None, f"cannot read file ({e.__class__.__name__}: {e})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ContractError(name, None, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except RecursionError:
-        raise ContractError(name, None, "malformed JSON: nested too deeply") from None
+def read_json(path: str | os.PathLike[str], kind: InputKind = TRACE) -> Any:
+    """Read a JSON file (gzip-compressed or not) through the reading layer (:mod:`mindpipe.traces.reading`).
+
+    The path must be a regular file within ``kind``'s size limit; numbers must be finite and
+    integers at most 18 digits; every problem is a one-line ContractError naming the file.
+    """
+    return reading.read_json(path, kind)
 
 
 def write_json(obj: Any, path: str | os.PathLike[str]) -> None:

@@ -19,7 +19,9 @@ from typing import Any
 
 from mindpipe.traces.config import PRECISIONS, Model, non_negative, one_of
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import integer, within_limit
 from mindpipe.traces.measured import Measurement
+from mindpipe.traces.reading import TRACE as TRACE_FILE
 from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
 
 TRACE_FORMAT_VERSION = 1
@@ -158,10 +160,11 @@ class Trace:
         one_of("backward_split", self.backward_split, BACKWARD_SPLITS)
         if not self.layers:
             raise ContractError("", "layers", "layers must not be empty")
-        for key in ("micro_batch_size", "seq_len", "tp"):
+        within_limit("layers", len(self.layers), "trace_layers", "number of layers")
+        for key, bound in (("micro_batch_size", "micro_batch_size"), ("seq_len", "seq_len"), ("tp", "devices")):
             value = getattr(self, key)
-            if value is not None and value <= 0:
-                raise ContractError("", key, f"{key}={value} must be > 0")
+            if value is not None:
+                integer(key, value, 1, bound)
         if self.model is not None and self.seq_len is not None and self.seq_len > self.model.seq_len:
             raise ContractError(
                 "", "seq_len", f"seq_len={self.seq_len} exceeds the model's seq_len={self.model.seq_len}"
@@ -191,7 +194,7 @@ class Trace:
             raise ContractError(
                 source,
                 "model",
-                f"model: trace was taken for {_describe(self.model)}, not for {_describe(model)}",
+                f"model: trace was taken for {self.model.describe()}, not for {model.describe()}",
             )
 
     # -- I/O ------------------------------------------------------------------------------
@@ -202,16 +205,10 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
-        """Read a trace JSON file."""
-        return from_dict(cls, read_json(path), str(path))
+        """Read a trace JSON file (plain or gzip; within the reading layer's trace size limit)."""
+        return from_dict(cls, read_json(path, TRACE_FILE), str(path))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the trace as JSON."""
         write_json(self, path)
 
-
-def _describe(model: Model) -> str:
-    return (
-        f"{model.label} (num_layers={model.num_layers}, hidden_size={model.hidden_size}, "
-        f"num_heads={model.num_heads}, seq_len={model.seq_len}, vocab_size={model.vocab_size})"
-    )

@@ -17,6 +17,7 @@ that uses one (:func:`what_if_used`).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -31,6 +32,8 @@ from mindpipe.traces.config import (
     what_if_used,
 )
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import integer, limit, shown
+from mindpipe.traces.reading import parse_json
 
 PARTITIONERS = ("balanced", "pipedream", "even", "given")
 # Keys a point (and --fix) may carry; order fixes the column order of the output tables.
@@ -48,6 +51,7 @@ _STR_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 Point = dict[str, Any]
+_INT_RE = re.compile(r"[+-]?[0-9]{1,18}")
 
 
 def plan_of(point: Mapping[str, Any], pinned: Mapping[str, list[Any]] | None = None,
@@ -88,10 +92,9 @@ def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
 def _parse_scalar(key: str, text: str) -> Any:
     text = text.strip()
     if key in _INT_KEYS:
-        try:
-            return int(text)
-        except ValueError:
-            raise ContractError("--fix", key, f"{key}={text!r} must be an integer") from None
+        if not _INT_RE.fullmatch(text):
+            raise ContractError("--fix", key, f"{key}={shown(text)} must be an integer (at most 18 digits)")
+        return int(text)
     if key in _BOOL_KEYS:
         low = text.lower()
         if low not in ("true", "false", "1", "0", "yes", "no"):
@@ -122,13 +125,7 @@ def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
         if key in out:
             raise ContractError("--fix", key, f"{key} is pinned twice")
         if key in LIST_KEYS:
-            try:
-                parsed = json.loads(value)
-            except json.JSONDecodeError:
-                raise ContractError("--fix", key, f"{key} must be a JSON list, e.g. {key}=[4,4]") from None
-            if not isinstance(parsed, list):
-                raise ContractError("--fix", key, f"{key} must be a JSON list, e.g. {key}=[4,4]")
-            out[key] = parsed
+            out[key] = _parse_list(key, value)
         elif key in POINT_KEYS:
             values = [_parse_scalar(key, v) for v in value.split(",")]
             out[key] = values[0] if len(values) == 1 else values
@@ -156,25 +153,55 @@ def check_fixes_what_if(fixes: Mapping[str, Any], what_if: Iterable[str]) -> Non
                 f"add --what-if {key} to search or pin it"))
 
 
-def parse_global_batch(text: str) -> list[int]:
-    """``N``, ``A,B,C`` or ``A:B`` (A, 2A, 4A … up to B) into a sorted list of global batch sizes."""
+def _parse_list(key: str, value: str) -> list[Any]:
+    """``partition=[3,5]`` (positive integers) or ``layer_memory_policy=["keep",...]`` (names)."""
+    example = f"{key}=[4,4]" if key == "partition" else f'{key}=["keep","recompute"]'
     try:
-        if ":" in text:
-            lo_s, hi_s = text.split(":", 1)
-            lo, hi = int(lo_s), int(hi_s)
-            if lo <= 0 or hi < lo:
-                raise ValueError
-            out, g = [], lo
-            while g <= hi:
-                out.append(g)
-                g *= 2
-            return out
-        values = sorted({int(v) for v in text.split(",")})
-    except ValueError:
-        raise ContractError("--global-batch", None, f"{text!r} is not N, A,B,C or A:B with 0 < A <= B") from None
-    if not values or values[0] <= 0:
-        raise ContractError("--global-batch", None, f"{text!r}: global batch sizes must be > 0")
-    return values
+        parsed = parse_json(value, "--fix")
+    except ContractError as e:
+        raise ContractError("--fix", key, f"{key} must be a JSON list, e.g. {example} ({e.rule})") from None
+    if not isinstance(parsed, list) or not 1 <= len(parsed) <= limit("num_layers"):
+        raise ContractError("--fix", key, f"{key} must be a JSON list of 1 to {limit('num_layers'):,} entries, "
+                                          f"e.g. {example}")
+    for i, item in enumerate(parsed):
+        if key == "partition":
+            try:
+                integer(f"{key}[{i}]", item, 1, "num_layers")
+            except ContractError as e:
+                raise ContractError("--fix", e.key, e.rule) from None
+        elif not isinstance(item, str):
+            raise ContractError("--fix", f"{key}[{i}]", f"{key}[{i}]={shown(item)} must be a string")
+    return parsed
+
+
+def parse_global_batch(text: str) -> list[int]:
+    """``N``, ``A,B,C`` or ``A:B`` (A, 2A, 4A … up to B) into a sorted list of global batch sizes.
+
+    Every size must be in 1 .. the ``global_batch_size`` limit, and at most ``global_batch_choices``
+    sizes (:data:`mindpipe.traces.limits.LIMITS`), so the list is small whatever the text.
+
+    Raises:
+        ContractError: ``--global-batch: '1:2^4000' is not N, A,B,C or A:B ...`` and the limits.
+    """
+    top, most = int(limit("global_batch_size")), int(limit("global_batch_choices"))
+    usage = f"{shown(text)} is not N, A,B,C or A:B with 0 < A <= B <= {top:,} (the global_batch_size limit)"
+    parts = text.split(":") if ":" in text else text.split(",")
+    if len(parts) > most or (":" in text and len(parts) != 2):
+        raise ContractError("--global-batch", None, usage if ":" in text else
+                            f"{len(parts)} global batch sizes; at most {most} (limit)")
+    if not all(_INT_RE.fullmatch(p.strip()) and 0 < int(p) <= top for p in parts):
+        raise ContractError("--global-batch", None, usage)
+    values = [int(p) for p in parts]
+    if ":" in text:
+        lo, hi = values
+        if hi < lo:
+            raise ContractError("--global-batch", None, usage)
+        out, g = [], lo
+        while g <= hi:  # at most log2(top) + 1 = 25 sizes
+            out.append(g)
+            g *= 2
+        return out
+    return sorted(set(values))
 
 
 def point_key(point: Mapping[str, Any]) -> str:

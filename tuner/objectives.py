@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.reading import parse_float
 from mindpipe.tuner.records import Metrics
 
 OBJECTIVES = ("throughput", "energy", "carbon", "goodput")
@@ -89,11 +90,7 @@ def parse_constraint(text: str) -> Constraint:
     if name not in CONSTRAINT_METRICS:
         known = ", ".join(sorted({*CONSTRAINT_METRICS, *METRIC_ALIASES}))
         raise ContractError("--constraint", None, f"{m[1]!r} is not a metric (known: {known})")
-    try:
-        bound = float(m[3])
-    except ValueError:
-        raise ContractError("--constraint", None, f"{m[3]!r} is not a number") from None
-    return Constraint(name, m[2], bound)
+    return Constraint(name, m[2], parse_float(m[3], "--constraint", m[1]))
 
 
 @dataclass

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from mindpipe import __version__
 from mindpipe.cli import calibrate, demo, import_, inspect, profile, run, simulate, tune, validate
+from mindpipe.cli.args import OneLineParser
 from mindpipe.cli.output import stderr
 from mindpipe.traces.errors import ContractError
 
@@ -31,7 +32,7 @@ SUBCOMMANDS = (profile, import_, inspect, simulate, tune, validate, calibrate, d
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
-    p = argparse.ArgumentParser(prog="mindpipe", description="Plan, simulate and run 4D-parallel training.")
+    p = OneLineParser(prog="mindpipe", description="Plan, simulate and run 4D-parallel training.")
     p.add_argument("--version", action="version", version=f"mindpipe {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
@@ -42,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mindpipe`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version (0) or a usage error, already printed on one line (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
     func: Callable[[argparse.Namespace, Sequence[str]], int] = args.func
     try:
         return func(args, argv)

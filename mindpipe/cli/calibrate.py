@@ -14,14 +14,13 @@ stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mindpipe.cli import loaders
-from mindpipe.cli.output import stderr
+from mindpipe.cli.output import print_json, stderr
 from mindpipe.traces.errors import ContractError
 
 
@@ -41,7 +40,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Fit, write, and report (see module docstring)."""
     from mindpipe.simulator.calibrate.fidelity import fidelity, fidelity_report, format_calibration, summary
-    from mindpipe.simulator.calibrate.fit import calibrate
+    from mindpipe.simulator.calibrate.fit import calibrate, check_one_model
     from mindpipe.traces.calibration import save_calibration
     from mindpipe.traces.schema import to_dict
 
@@ -50,6 +49,7 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     overlap = {Path(r.source).resolve() for r in runs} & {Path(r.source).resolve() for r in holdout}
     if overlap:
         raise ContractError("--holdout", None, f"{sorted(map(str, overlap))[0]} is both fitted on and held out")
+    check_one_model(runs)  # before the progress line: a refusal is the only line on stderr
     stderr(f"calibrating on {len(runs)} measured run(s)")
     cal, notes = calibrate(runs)
     save_calibration(cal, args.out)
@@ -66,10 +66,10 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         preface=[f"Calibration: `{args.out}`", "", "```", constants, "```", ""],
         print_to=None if args.json else sys.stdout)]
     if args.json:
-        print(json.dumps({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows),
-                          "holdout": summary(held_rows) if held_rows else None,
-                          "rows": {"fitted": [vars(r) for r in fitted_rows], "holdout": [vars(r) for r in held_rows]},
-                          "warnings": notes.warnings, "report": files}))
+        print_json({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows),
+                    "holdout": summary(held_rows) if held_rows else None,
+                    "rows": {"fitted": [vars(r) for r in fitted_rows], "holdout": [vars(r) for r in held_rows]},
+                    "warnings": notes.warnings, "report": files})
     else:
         print(f"\nwrote {args.out}" + "".join(f", {f}" for f in files))
     return 0

@@ -7,7 +7,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mindpipe.traces.errors import ContractError
+from mindpipe.cli.args import count
+from mindpipe.cli.output import stderr
+
+# The demo trains every plan on this machine's CPU: bounds that keep it a demo.
+MAX_RANKS = 64
+MAX_GLOBAL_BATCH = 4096
+MAX_STEPS = 1000
+MAX_ROUNDS = 20
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -15,10 +22,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the closed loop on this CPU: profile, tune, run, calibrate, report")
     p.add_argument("--out", default="results", metavar="DIR", help="output directory (default results)")
     p.add_argument("--model", default="gpt-tiny-32k", help="built-in model or model file (default gpt-tiny-32k)")
-    p.add_argument("--ranks", type=int, default=2, help="CPU ranks, one per core is best (default 2)")
-    p.add_argument("--global-batch", type=int, default=8, help="samples per iteration (default 8)")
-    p.add_argument("--steps", type=int, default=5, help="training steps per run (default 5)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every measured plan (default 3)")
+    p.add_argument("--ranks", type=count(1, MAX_RANKS), default=2,
+                   help=f"CPU ranks, 1 to {MAX_RANKS}; one per core is best (default 2)")
+    p.add_argument("--global-batch", type=count(1, MAX_GLOBAL_BATCH), default=8,
+                   help=f"samples per iteration, 1 to {MAX_GLOBAL_BATCH} (default 8)")
+    p.add_argument("--steps", type=count(2, MAX_STEPS), default=5,
+                   help=f"training steps per run, 2 (one warm-up) to {MAX_STEPS} (default 5)")
+    p.add_argument("--rounds", type=count(1, MAX_ROUNDS), default=3,
+                   help=f"interleaved rounds of every measured plan, 1 to {MAX_ROUNDS} (default 3)")
     p.set_defaults(func=cmd_demo)
     return p
 
@@ -27,13 +38,18 @@ def cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the loop and print the measured speedup, the held-out fidelity and where the report is."""
     from mindpipe.loop import LoopConfig, closed_loop  # the loop imports torch once it profiles
     from mindpipe.loop_report import verdict
-    from mindpipe.runs import RunSpec
+    from mindpipe.runs import PlanRunFailed, RunSpec
 
-    if args.steps < 2:
-        raise ContractError("--steps", None, f"--steps {args.steps}: a run needs at least 2 steps (one warm-up)")
     cfg = LoopConfig(model=args.model, ranks=args.ranks, global_batch=args.global_batch, rounds=args.rounds,
                      run=RunSpec(steps=args.steps, warmup_steps=min(2, max(1, args.steps - 4))), out=Path(args.out))
-    res = closed_loop(cfg)
+    try:
+        res = closed_loop(cfg)
+    except PlanRunFailed as e:
+        # One line: the run's own last error line; exit 2 when the run refused its input, else 1.
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        last = lines[-1].removeprefix("mindpipe: error: ") if lines else "no output"
+        stderr(f"mindpipe: error: demo: a training run failed: {last}")
+        return 2 if "(exit 2)" in (lines[0] if lines else "") else 1
     overlap = "overlap" if res.ranges_overlap else "do not overlap"
     print(f"tuned plan {res.speedup:.2f}x {verdict(res.speedup)} the default plan (measured {res.tuned_s:.3f} s vs "
           f"{res.default_s:.3f} s per iteration; their rounds {overlap}); tuner regret {100 * res.regret:.1f}%")

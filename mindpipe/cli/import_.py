@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from mindpipe.cli import loaders
+from mindpipe.cli.args import count
 from mindpipe.cli.output import command_line, emit_trace
+from mindpipe.traces.limits import limit
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -21,13 +23,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="trace JSON to write")
     p.add_argument("--model", default=None, help="the model the trace describes (file or built-in name)")
     p.add_argument("--device", default=None, help="device label (default: guessed from the file)")
-    p.add_argument("--micro-batch-size", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--micro-batch-size", type=count(1, int(limit("micro_batch_size"))), default=None)
+    p.add_argument("--seq-len", type=count(1, int(limit("seq_len"))), default=None)
     p.add_argument("--dtype", default="unknown", choices=["fp32", "bf16", "fp16", "unknown"])
     p.add_argument("--group", default="auto", choices=["auto", "record_function", "module"],
                    help="torch-profiler: how to find layers")
-    p.add_argument("--pattern", default=None, help="torch-profiler: regex selecting the layer ranges")
-    p.add_argument("--steps", type=int, default=None, help="torch-profiler: profiled steps to divide by")
+    p.add_argument("--pattern", default=None, metavar="GLOB",
+                   help="torch-profiler: globs selecting the layer ranges by name (Block_*, attn*|mlp*)")
+    p.add_argument("--steps", type=count(1, 10**6), default=None, help="torch-profiler: profiled steps to divide by")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(func=cmd_import)
     return p

@@ -25,11 +25,12 @@ from mindpipe.traces.trace import Trace
 
 if TYPE_CHECKING:
     from mindpipe.simulator.calibrate.runs import MeasuredRun
+    from mindpipe.simulator.carbon import CarbonSeries
     from mindpipe.simulator.perf.vtrain import VTrainRow
     from mindpipe.traces.calibration import Calibration
 
-HourlyIntensity = tuple[list[tuple[dt.datetime, float]], dt.datetime]
-"""An hourly grid-intensity series (UTC hour, g/kWh) and the UTC start of the iteration."""
+HourlyIntensity = tuple["CarbonSeries", dt.datetime]
+"""An hourly grid-intensity series and the (aware, UTC) start of the iteration."""
 
 VTrainDataset = Literal["vtrain-single", "vtrain-multi"]
 
@@ -83,21 +84,22 @@ def measured_runs(paths: Sequence[str]) -> list[MeasuredRun]:
 def carbon(csv: str | None, start: str | None) -> HourlyIntensity | None:
     """An Electricity Maps hourly CSV and the UTC start time it is read at (None without a CSV).
 
+    ``--start`` is an ISO date and time, UTC unless it carries an offset (``+05:00`` is converted).
+
     Raises:
-        ContractError: a CSV without ``--start``, a ``--start`` that is not an ISO date and time,
-            or a CSV the library refuses.
+        ContractError: a CSV without ``--start``, a ``--start`` that is not an ISO date and time or
+            lies outside the series, or a CSV the library refuses (:mod:`mindpipe.simulator.carbon`).
     """
     if csv is None:
         return None
     if not start:
         raise ContractError("--start", None, "--carbon-csv needs --start YYYY-MM-DDTHH:MM (UTC) of the iteration")
-    try:
-        when = dt.datetime.fromisoformat(start)
-    except ValueError:
-        raise ContractError("--start", None, f"{start!r} is not an ISO date and time (YYYY-MM-DDTHH:MM, UTC)") from None
-    from mindpipe.simulator.energy import load_hourly_intensity
+    from mindpipe.simulator.carbon import load_carbon_csv, parse_time
 
-    return load_hourly_intensity(csv), when
+    when = parse_time(start, "--start", "")
+    series = load_carbon_csv(csv)
+    series.check_covers(when)  # before any work; the whole iteration's span is checked once it is known
+    return series, when
 
 
 def vtrain_rows(path: str, dataset: VTrainDataset) -> list[VTrainRow]:

@@ -1,13 +1,17 @@
 """What the subcommands share on the way out: progress on stderr, the command line, a trace's summary.
 
-``--json`` prints exactly one JSON object on stdout and nothing else there; progress and the
-names of written files go to stderr.
+``--json`` prints exactly one JSON object on stdout and nothing else there (:func:`print_json`);
+progress and the names of written files go to stderr. The object is strict JSON: a value that is
+not a finite number (an infinite improvement factor when a calibrated error is 0, say) is written
+as ``null`` and listed under the top-level key ``non_finite``, which maps its dotted path to what
+it was (``"inf"``, ``"-inf"`` or ``"nan"``). ``NaN``/``Infinity`` never appear.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -27,6 +31,32 @@ def command_line(argv: Sequence[str]) -> str:
     return "mindpipe " + " ".join(shlex.quote(a) for a in argv)
 
 
+def _finite(value: Any, path: str, found: dict[str, str]) -> Any:
+    """``value`` with every non-finite float replaced by None (recorded in ``found`` by path)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        found[path or "."] = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{path}.{k}" if path else str(k), found) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v, f"{path}[{i}]", found) for i, v in enumerate(value)]
+    return value
+
+
+def json_text(payload: dict[str, Any]) -> str:
+    """``payload`` as one line of strict JSON (non-finite numbers → null, listed under ``non_finite``)."""
+    found: dict[str, str] = {}
+    clean = _finite(payload, "", found)
+    if found:
+        clean["non_finite"] = found
+    return json.dumps(clean, allow_nan=False, default=str)
+
+
+def print_json(payload: dict[str, Any]) -> None:
+    """Print ``payload`` as the one JSON object of ``--json`` on stdout (see the module docstring)."""
+    print(json_text(payload), flush=True)
+
+
 def emit_trace(args: argparse.Namespace, trace: Trace, out: str | None) -> None:
     """Save ``trace`` to ``out`` (if given) and print its summary: a table, or one JSON object with ``--json``."""
     if out:
@@ -35,9 +65,9 @@ def emit_trace(args: argparse.Namespace, trace: Trace, out: str | None) -> None:
     if getattr(args, "json", False):
         payload: dict[str, Any] = summarize(trace)
         payload["out"] = out
-        print(json.dumps(payload))
+        print_json(payload)
     else:
         print(format_summary(trace))
 
 
-__all__ = ["command_line", "emit_trace", "stderr"]
+__all__ = ["command_line", "emit_trace", "json_text", "print_json", "stderr"]

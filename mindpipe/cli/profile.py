@@ -7,8 +7,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from mindpipe.cli import loaders
+from mindpipe.cli.args import count, seed
 from mindpipe.cli.output import command_line, emit_trace, stderr
 from mindpipe.traces.builtin import model_names
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import limit
+
+MAX_REPEATS = 10_000  # timed or untimed runs per layer
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -16,13 +22,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="profile a model layer by layer on this machine's CPU or GPU")
     p.add_argument("model", metavar="MODEL", help=f"JSON file, inline JSON or built-in ({', '.join(model_names())})")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--micro-batch-size", type=int, default=1, help="sequences per micro-batch (default 1)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
+    p.add_argument("--micro-batch-size", type=count(1, int(limit("micro_batch_size"))), default=1,
+                   help="sequences per micro-batch (default 1)")
+    p.add_argument("--seq-len", type=count(1, int(limit("seq_len"))), default=None,
+                   help="tokens per sequence (default: the model's)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="parameter/activation dtype")
     p.add_argument("--granularity", default="layer", choices=["layer", "op"], help="layers, or operators inside blocks")
-    p.add_argument("--warmup", type=int, default=3, help="untimed runs per layer (default 3)")
-    p.add_argument("--repeats", type=int, default=10, help="timed runs per layer; the median is kept (default 10)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=count(0, MAX_REPEATS), default=3, help="untimed runs per layer (default 3)")
+    p.add_argument("--repeats", type=count(1, MAX_REPEATS), default=10,
+                   help="timed runs per layer; the median is kept (default 10)")
+    p.add_argument("--seed", type=seed(), default=0)
     p.add_argument("--out", required=True, help="trace JSON to write")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -30,11 +39,59 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def profile_bytes(model: Model, micro_batch_size: int, seq_len: int | None, dtype: str) -> float:
+    """Memory a profile of ``model`` needs at least: weights and gradients of every parameter, and
+    the activations one micro-batch keeps through a whole forward+backward step (the profiler
+    times such a step), by the simulator's memory model (Korthikanti et al. 2022)."""
+    from mindpipe.simulator.costs import DTYPE_BYTES
+    from mindpipe.simulator.memory import (
+        activation_bytes_per_layer,
+        embedding_activation_bytes,
+        head_activation_bytes,
+    )
+
+    plan = Plan(micro_batch_size=micro_batch_size, global_batch_size=micro_batch_size, precision=dtype)
+    activations = (model.num_layers * activation_bytes_per_layer(model, plan, seq_len=seq_len)
+                   + embedding_activation_bytes(model, plan, seq_len=seq_len)
+                   + head_activation_bytes(model, plan, seq_len=seq_len))
+    return 2.0 * DTYPE_BYTES[dtype] * model.param_count() + activations
+
+
+def available_bytes(device: str) -> tuple[float, str]:
+    """Free memory of ``device`` (``cpu``: the OS's available RAM; ``cuda[:N]``: the GPU's free memory)."""
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            return float(free), f"{device} has"
+    import psutil
+
+    return float(psutil.virtual_memory().available), "this machine has"
+
+
+def check_memory(model: Model, args: argparse.Namespace) -> None:
+    """Refuse a profile that cannot fit in memory, before the model is built.
+
+    Raises:
+        ContractError: ``gpt3-175b: needs about 1594 GiB to profile ..., this machine has 3.2 GiB available``.
+    """
+    need = profile_bytes(model, args.micro_batch_size, args.seq_len, args.dtype)
+    have, where = available_bytes(args.device)
+    if need > have:
+        gib = 2**30
+        raise ContractError(args.model, None, (
+            f"needs about {need / gib:,.1f} GiB to profile ({model.param_count():,} parameters × "
+            f"{args.dtype} weights and gradients, plus one micro-batch's activations); {where} "
+            f"{have / gib:,.1f} GiB available"))
+
+
 def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Build the model, time every layer, write the trace and print its summary."""
+    model = loaders.model(args.model)
+    check_memory(model, args)
     from mindpipe.traces.profiler import ProfileOptions, profile_model  # imports torch
 
-    model = loaders.model(args.model)
     opts = ProfileOptions(
         micro_batch_size=args.micro_batch_size,
         seq_len=args.seq_len,
@@ -50,4 +107,4 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-__all__ = ["add_parser", "cmd_profile"]
+__all__ = ["add_parser", "available_bytes", "check_memory", "cmd_profile", "profile_bytes"]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mindpipe.cli import loaders
-from mindpipe.cli.output import stderr
+from mindpipe.cli.output import print_json, stderr
 from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
 from mindpipe.traces.result import SimulationResult
+
+GANTT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -23,7 +26,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="constants fitted from measured runs (mindpipe calibrate)")
     p.add_argument("--timeline", default=None, metavar="FILE", help="write a Chrome trace (Perfetto) of the iteration")
-    p.add_argument("--gantt", default=None, metavar="FILE.png", help="write a Gantt chart of the iteration")
+    p.add_argument("--gantt", default=None, metavar="FILE.png",
+                   help=f"write a Gantt chart of the iteration ({', '.join(GANTT_SUFFIXES)})")
     p.add_argument("--action-table", default=None, metavar="FILE.csv",
                    help="write the schedule's per-rank action order as torch.distributed.pipelining CSV")
     p.add_argument("--carbon-csv", default=None, metavar="CSV", help="hourly grid intensity (Electricity Maps CSV)")
@@ -59,11 +63,27 @@ def format_result(result: SimulationResult) -> str:
     return "\n".join(lines)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse argument combinations that cannot work, before any input is read.
+
+    Raises:
+        ContractError: a ``--gantt`` file type matplotlib is not asked to write here, or ``--start``
+            without ``--carbon-csv`` (it would be ignored).
+    """
+    if args.gantt is not None and Path(args.gantt).suffix.lower() not in GANTT_SUFFIXES:
+        raise ContractError("--gantt", None, f"{args.gantt!r}: a Gantt chart is written as "
+                                             f"{', '.join(GANTT_SUFFIXES)} (by the file's suffix)")
+    if args.start is not None and args.carbon_csv is None:
+        raise ContractError("--start", None, "--start is the iteration's start in --carbon-csv's series; "
+                                             "give --carbon-csv too")
+
+
 def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Simulate the plan; write the files asked for; print the result (one JSON object with ``--json``)."""
     from mindpipe.simulator.api import SimulationOptions, simulate
     from mindpipe.traces.schema import to_dict
 
+    check_arguments(args)
     model = loaders.model(args.model)
     cluster = loaders.cluster(args.cluster)
     plan = loaders.plan(args.plan)
@@ -77,7 +97,7 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.json:
         payload = to_dict(result)
         payload.pop("timeline", None)
-        print(json.dumps(payload))
+        print_json(payload)
     else:
         print(format_result(result))
     return 0
@@ -101,4 +121,4 @@ def _write_files(args: argparse.Namespace, model: Model, plan: Plan, result: Sim
         stderr(f"wrote {args.gantt}")
 
 
-__all__ = ["add_parser", "cmd_simulate", "format_result"]
+__all__ = ["GANTT_SUFFIXES", "add_parser", "check_arguments", "cmd_simulate", "format_result"]

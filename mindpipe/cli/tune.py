@@ -11,9 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.cli import loaders
+from mindpipe.cli.args import count, real, seed
+from mindpipe.cli.output import print_json
 from mindpipe.traces.config import WHAT_IF_KEYS
+from mindpipe.traces.limits import limit
 from mindpipe.tuner.objectives import OBJECTIVES
 from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
+
+MAX_WORKERS = 256  # local evaluation processes, and proposals per round
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -26,7 +31,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="constants fitted from measured runs (mindpipe calibrate)")
     p.add_argument("--objective", default="throughput", choices=OBJECTIVES,
                    help="throughput (samples/s), energy or carbon per sample, or goodput (default throughput)")
-    p.add_argument("--critical-batch", type=float, default=None, metavar="B",
+    p.add_argument("--critical-batch", type=real(0.0, float(limit("global_batch_size")), lo_open=True), default=None,
+                   metavar="B",
                    help="critical batch size (gradient noise scale, McCandlish et al. 2018) for goodput")
     p.add_argument("--constraint", action="append", default=[], metavar="METRIC<=X",
                    help="e.g. carbon_per_sample<=0.05 or throughput>=100 (repeatable)")
@@ -42,11 +48,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="balanced, pipedream, even, or a comma list searched as a dimension (default balanced)")
     p.add_argument("--optimizer", default="bo", choices=OPTIMIZERS, help="bo, random or grid (default bo)")
     p.add_argument("--surrogate", default="gp", choices=SURROGATES, help="bo surrogate: gp, rf or et (default gp)")
-    p.add_argument("--initial-points", type=int, default=10, help="bo: random points before the surrogate (default 10)")
-    p.add_argument("--budget", type=int, default=60, help="most simulations to run (default 60)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2, help="parallel local evaluation processes (default 2)")
-    p.add_argument("--batch-size", type=int, default=None, help="proposals per round (default: --workers)")
+    p.add_argument("--initial-points", type=count(1, int(limit("tune_budget"))), default=10,
+                   help="bo: random points before the surrogate (default 10)")
+    p.add_argument("--budget", type=count(1, int(limit("tune_budget"))), default=60,
+                   help="most simulations to run (default 60)")
+    p.add_argument("--seed", type=seed(), default=0)
+    p.add_argument("--workers", type=count(1, MAX_WORKERS), default=2,
+                   help="parallel local evaluation processes (default 2)")
+    p.add_argument("--batch-size", type=count(1, MAX_WORKERS), default=None,
+                   help="proposals per round (default: --workers)")
     p.add_argument("--dask", default=None, metavar="ADDRESS", help="evaluate on a Dask cluster (scheduler address)")
     p.add_argument("--out", required=True, metavar="DIR", help="output and state directory")
     p.add_argument("--resume", action="store_true",
@@ -111,7 +121,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if bar is not None:
             bar.close()
     if args.json:
-        print(json.dumps(outcome.summary))
+        print_json(outcome.summary)
     else:
         print(_format(outcome.summary))
     sys.stdout.flush()

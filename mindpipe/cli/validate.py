@@ -19,13 +19,15 @@ results, error by model size, the fit/hold-out halves); progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mindpipe.cli import loaders
+from mindpipe.cli.args import count, seed
+from mindpipe.cli.output import print_json
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import limit
 
 if TYPE_CHECKING:
     from mindpipe.traces.calibration import Calibration
@@ -42,8 +44,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--calibration", default=None, metavar="FILE", help="simulate with this calibration (mindpipe calibrate)")
     p.add_argument("--report", default=None, metavar="DIR", help="measured: write fidelity.md and calibration_scatter.png")
     p.add_argument("--gpu", default="a100-sxm4-80gb", help="catalog GPU to simulate the runs on (default a100-sxm4-80gb)")
-    p.add_argument("--sample", type=int, default=None, metavar="N", help="validate N rows drawn with --seed (default all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of --sample and of the fit/hold-out split (default 0)")
+    p.add_argument("--sample", type=count(1, int(limit("vtrain_rows"))), default=None, metavar="N",
+                   help="validate N rows drawn with --seed (default all)")
+    p.add_argument("--seed", type=seed(), default=0, help="seed of --sample and of the fit/hold-out split (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_validate)
@@ -95,7 +98,7 @@ def _validate_vtrain(args: argparse.Namespace, calibration: Calibration | None) 
                "rows": [{"source": r.source, "size": r.size, "gpus": r.gpus, "tp": r.tp, "pp": r.pp, "dp": r.dp,
                          "micro_batch": r.micro_batch, "global_batch": r.global_batch, "measured_s": r.measured_s,
                          "predicted_s": r.predicted_s, "pct_error": 100 * r.error} for r in results]}
-        print(json.dumps(out))
+        print_json(out)
     else:
         label = args.dataset if device.name.startswith("a100") else f"{args.dataset} on {device.name}"
         print(format_report(label, results, summary))
@@ -111,8 +114,8 @@ def _validate_measured(args: argparse.Namespace, calibration: Calibration | None
     files = [str(f) for f in fidelity_report(rows, report_dir=args.report, title=f"Predicted vs measured ({source})",
                                              print_to=None if args.json else sys.stdout)]
     if args.json:
-        print(json.dumps({"dataset": "measured", "data": list(args.data), "calibration": args.calibration,
-                          **summary(rows), "rows": [vars(r) for r in rows], "report": files}))
+        print_json({"dataset": "measured", "data": list(args.data), "calibration": args.calibration,
+                    **summary(rows), "rows": [vars(r) for r in rows], "report": files})
     elif files:
         print("wrote " + ", ".join(files))
     return 0

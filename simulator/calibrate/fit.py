@@ -149,8 +149,8 @@ def fit_comm(runs: list[MeasuredRun]) -> tuple[dict[str, dict[str, LinkCalibrati
         meas, plan = run.measurement, run.plan
         sizes = {"dp": plan.dp, "tp": plan.tp, "pp": 2}
         for c in meas.comms:
-            if c.kind != "collective" or not c.size_bytes or c.op != "allreduce":
-                continue
+            if c.kind != "collective" or not c.size_bytes or c.op != "allreduce" or not c.duration_s > 0:
+                continue  # a 0 s collective was not timed; it cannot weigh a relative fit
             k = c.group_size or sizes.get(c.axis)
             if not k or k < 2:
                 continue
@@ -314,14 +314,34 @@ def fit_host(runs: list[MeasuredRun], cal: Calibration, warnings: list[str]) -> 
             link.cpu_s_per_step, link.cpu_s_per_byte = float(x[2]), float(x[3])
 
 
+def check_one_model(runs: list[MeasuredRun]) -> None:
+    """Refuse runs of different models in one fit.
+
+    The fitted constants (operator scales, per-operator and per-iteration overheads) describe one
+    model's operators on one machine; runs of two models mixed in one fit blend their residuals
+    and the result is right for neither, with nothing in the file to say so.
+
+    Raises:
+        ContractError: naming a run of each model.
+    """
+    first = runs[0] if runs else None
+    for run in runs[1:]:
+        if first is not None and not run.model.same_shape(first.model):
+            raise ContractError(run.source, "model", (
+                f"model: {run.source} ran {run.model.describe()}, but {first.source} ran "
+                f"{first.model.describe()}; calibrate runs of one model at a time"))
+
+
 def calibrate(runs: list[MeasuredRun], host_cpu: bool = True) -> tuple[Calibration, FitNotes]:
     """Fit communication, compute and step overhead from ``runs`` (module docstring).
 
     ``host_cpu=False`` skips step 3 (for ablations: what the host CPU model adds).
 
     Raises:
-        ContractError: nothing could be fitted (no actions, a single message size …).
+        ContractError: runs of two models, or nothing could be fitted (no actions, a single
+            message size …).
     """
+    check_one_model(runs)
     warnings: list[str] = []
     for run in runs:
         if run.measurement.nodes > 1:

@@ -26,6 +26,7 @@ from typing import Any
 from mindpipe.simulator.perf.kernels import Tile
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.reading import CONSTANTS, parse_json, read_json
 
 FORMAT_VERSION = 1
 METHODS = ("spec", "prior", "derived", "fit")
@@ -117,22 +118,16 @@ def read_constants(path: str | Path | None = None, shipped: str | None = None) -
     """Read a constants file from ``path``, or the shipped ``data/<shipped>``."""
     if path is not None:
         source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ContractError(source, None, "file not found") from None
+        doc = read_json(path, CONSTANTS)
     elif shipped:
         source = f"simulator/perf/data/{shipped}"
         try:
             text = data_text(shipped)
         except FileNotFoundError:
             raise ContractError(source, None, "no such shipped constants file") from None
+        doc = parse_json(text, source)
     else:
         raise ContractError("", None, "read_constants needs a path or a shipped file name")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ContractError(source, None, f"malformed JSON at line {e.lineno}: {e.msg}") from None
     return parse_constants(doc, source)
 
 

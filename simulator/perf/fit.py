@@ -18,7 +18,6 @@ With ``--write`` the files ``simulator/perf/data/a100.json`` and ``nccl_a100.jso
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import math
@@ -33,6 +32,7 @@ from mindpipe.simulator.perf.nccl import LinkCurve, wire_bytes
 from mindpipe.simulator.perf.priors import COMPUTE_PRIORS, NCCL_PRIORS, nvlink_record_template
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.reading import VTRAIN_CSV, parse_float, read_csv
 
 LUT_DIR = "traces/nccl_allreduce_a100"
 LUT_NAME = "AR_GPU{k}_1M_1024M_LUT"
@@ -63,18 +63,14 @@ class Lut:
 def read_lut(path: str | Path, k: int) -> Lut:
     """Read an ``AR_GPU<k>`` LUT (header checked; errors name the file and line)."""
     src = str(path)
-    try:
-        rows = list(csv.reader(Path(path).read_text(encoding="utf-8").splitlines()))
-    except FileNotFoundError:
-        raise ContractError(src, None, "file not found") from None
+    rows = read_csv(path, VTRAIN_CSV)
     if not rows or [c.strip() for c in rows[0]] != LUT_HEADER:
         raise ContractError(src, "line 1", f"expected header {','.join(LUT_HEADER)}")
     sizes, times = [], []
     for i, r in enumerate(rows[1:], start=2):
-        try:
-            n, t = float(r[0]), float(r[5]) * 1e-9
-        except (ValueError, IndexError):
-            raise ContractError(src, f"line {i}", f"line {i}: size and in-place time must be numbers") from None
+        if len(r) < 6:
+            raise ContractError(src, f"line {i}", f"line {i}: size and in-place time must be numbers")
+        n, t = parse_float(r[0], src, f"line {i}"), parse_float(r[5], src, f"line {i}") * 1e-9
         if n <= 0 or t <= 0:
             raise ContractError(src, f"line {i}", f"line {i}: size and time must be > 0")
         sizes.append(n)

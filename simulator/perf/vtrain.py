@@ -23,7 +23,6 @@ Which A100: the configs say only ``"gpu_name": "A100"``. The default cluster use
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import random
 from collections.abc import Sequence
@@ -34,6 +33,8 @@ from typing import TypeVar
 from mindpipe.traces.builtin import BUILTIN_CLUSTERS, load_cluster
 from mindpipe.traces.config import Cluster, Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import limit
+from mindpipe.traces.reading import VTRAIN_CSV, parse_float, parse_int, read_csv
 
 T = TypeVar("T")
 
@@ -74,22 +75,23 @@ def padded_vocab(vocab: int, tp: int, multiple: int = VOCAB_MULTIPLE) -> int:
     return -(-vocab // step) * step
 
 
+# Largest value each column may hold: the contract limits where one applies (traces.limits.LIMITS).
+_COLUMN_LIMITS = {
+    "# GPUs": "devices", "global batch": "global_batch_size", "micro batch": "micro_batch_size",
+    "hidden size": "hidden_size", "attention heads": "num_heads", "# layers": "num_layers",
+    "sequence length": "seq_len", "tensor parallelism": "devices", "data parallelism": "devices",
+    "pipeline parallelism": "devices",
+}
+MAX_ITERATION_MS = 1e9  # 11.6 days per iteration: past any measurement
+
+
 def _int(text: str, where: str, column: str) -> int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ContractError(where, column, f"{column}={text!r} is not a number") from None
-    if value != int(value) or value <= 0:
-        raise ContractError(where, column, f"{column}={text!r} must be a positive whole number")
-    return int(value)
+    return parse_int(text, where, column, 1, int(limit(_COLUMN_LIMITS[column])))
 
 
 def _row(cells: dict[str, str], where: str, gpu: str) -> VTrainRow:
     v = {c: _int(cells[c], where, c) for c in COLUMNS[:-1]}
-    try:
-        ms = float(cells["iteration time (ms)"])
-    except ValueError:
-        raise ContractError(where, "iteration time (ms)", f"iteration time {cells['iteration time (ms)']!r} is not a number") from None
+    ms = parse_float(cells["iteration time (ms)"], where, "iteration time (ms)", 0.0, MAX_ITERATION_MS)
     if not ms > 0:
         raise ContractError(where, "iteration time (ms)", f"iteration time {ms} must be > 0")
     tp, dp, pp, gpus = v["tensor parallelism"], v["data parallelism"], v["pipeline parallelism"], v["# GPUs"]
@@ -116,7 +118,7 @@ def _row(cells: dict[str, str], where: str, gpu: str) -> VTrainRow:
         check_plan(plan, model, cluster, source=where)
     except ContractError as e:
         raise ContractError(where, e.key, e.rule) from None
-    stated = float(cells[MULTI_PREFIX]) if MULTI_PREFIX in cells else None
+    stated = parse_float(cells[MULTI_PREFIX], where, MULTI_PREFIX, 0.0, 1e6) if MULTI_PREFIX in cells else None
     return VTrainRow(model, cluster, plan, ms / 1e3, where, stated)
 
 
@@ -127,11 +129,7 @@ def load_vtrain(path: str | Path, gpu: str = DEFAULT_GPU) -> list[VTrainRow]:
         ContractError: naming ``<file>:<line>`` and the column for a bad header or row.
     """
     src = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ContractError(src, None, "file not found") from None
-    rows = list(csv.reader(text.splitlines()))
+    rows = read_csv(path, VTRAIN_CSV, max_rows=int(limit("vtrain_rows")))
     if not rows:
         raise ContractError(src, "line 1", "empty file")
     header = [c.strip() for c in rows[0]]

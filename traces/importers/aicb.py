@@ -23,6 +23,9 @@ from pathlib import Path
 
 from mindpipe.traces.config import Model
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import limit
+from mindpipe.traces.reading import AICB as AICB_FILE
+from mindpipe.traces.reading import parse_int, read_text
 from mindpipe.traces.trace import CommRecord, LayerRecord, Provenance, Trace
 
 COLUMNS = (
@@ -34,18 +37,14 @@ COMM_TYPES = {
     "ALLTOALL": "alltoall", "BROADCAST": "broadcast",
 }
 _PHASES = (("forward", 3), ("backward_input", 6), ("backward_weight", 9))
-_TP_RE = re.compile(r"model_parallel_NPU_group:\s*(\d+)")
+_TP_RE = re.compile(r"model_parallel_NPU_group:\s*(\d{1,9})(?!\d)")
+
+
+MAX_FIELD = 10**15  # ns (11.6 days) or bytes (1 PB): past any layer of any workload
 
 
 def _int_field(fields: list[str], idx: int, source: str, lineno: int) -> int:
-    text = fields[idx]
-    try:
-        value = int(text)
-    except ValueError:
-        raise ContractError(source, f"line {lineno}", f"line {lineno}: {COLUMNS[idx]}={text!r} is not an integer") from None
-    if value < 0:
-        raise ContractError(source, f"line {lineno}", f"line {lineno}: {COLUMNS[idx]}={value} must be >= 0")
-    return value
+    return parse_int(fields[idx], source, f"line {lineno}: {COLUMNS[idx]}", 0, MAX_FIELD)
 
 
 def _parse_row(fields: list[str], source: str, lineno: int) -> LayerRecord:
@@ -105,22 +104,21 @@ def import_aicb(
             malformed row.
     """
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ContractError(source, None, "file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ContractError(source, None, f"cannot read file ({e.__class__.__name__})") from None
-    lines = text.splitlines()
+    lines = read_text(path, AICB_FILE).splitlines()
     if not lines or "model_parallel_NPU_group" not in lines[0]:
         raise ContractError(source, "line 1", "line 1: not an AICB workload header (expected 'model_parallel_NPU_group: N')")
     tp_match = _TP_RE.search(lines[0])
-    if tp_match is None or int(tp_match[1]) < 1:
-        raise ContractError(source, "line 1", "line 1: model_parallel_NPU_group must be a positive integer")
-    if len(lines) < 2 or re.fullmatch(r"[0-9]+", lines[1].strip()) is None:
+    max_tp = int(limit("devices"))
+    if tp_match is None or not 1 <= int(tp_match[1]) <= max_tp:
+        raise ContractError(source, "line 1", f"line 1: model_parallel_NPU_group must be an integer in [1, {max_tp}]")
+    if len(lines) < 2 or re.fullmatch(r"[0-9]{1,9}", lines[1].strip()) is None:
         raise ContractError(source, "line 2", "line 2: expected the number of entries")
     declared = int(lines[1].strip())
-    records = [_parse_row(line.split(), source, n) for n, line in enumerate(lines[2:], start=3) if line.strip()]
+    rows = [(n, line) for n, line in enumerate(lines[2:], start=3) if line.strip()]
+    if len(rows) > limit("aicb_rows"):
+        raise ContractError(source, "layers", f"{len(rows)} layer rows; an AICB workload may have at most "
+                                              f"{limit('aicb_rows'):,} (limit)")
+    records = [_parse_row(line.split(), source, n) for n, line in rows]
     if not records:
         raise ContractError(source, "layers", "no layer rows after the header")
     stem = Path(path).stem
@@ -128,7 +126,7 @@ def import_aicb(
         dev = re.search(r"_(A100|H100|H800|H20|H200|V100)\b", stem, re.IGNORECASE)
         device = dev[1].lower() if dev else "unknown"
     if micro_batch_size is None:
-        mbs = re.search(r"mbs(\d+)", stem)
+        mbs = re.search(r"mbs(\d{1,6})(?!\d)", stem)
         micro_batch_size = int(mbs[1]) if mbs and int(mbs[1]) > 0 else None
     try:
         return Trace(

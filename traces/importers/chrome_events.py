@@ -14,18 +14,15 @@ be charged to the CPU range that was open when it was launched.
 from __future__ import annotations
 
 import bisect
-import gzip
-import json
 import math
 import os
-import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.reading import CHROME_TRACE, read_json
 
 Thread = tuple[Any, Any]
 """``(pid, tid)``; Kineto uses integers for CPU threads and strings for some synthetic rows."""
@@ -56,31 +53,14 @@ class Span:
 def load_events(path: str | os.PathLike[str]) -> list[Any]:
     """Read a Chrome trace (plain or gzip'ed JSON) and return its list of events.
 
+    The file goes through the reading layer (:mod:`mindpipe.traces.reading`): a regular file of
+    at most the Chrome-trace size limit, gzip recognised by its magic bytes, strict numbers.
+
     Raises:
         ContractError: naming the file when it is missing, unreadable, not JSON or not a trace.
     """
     source = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ContractError(source, None, "file not found") from None
-    except IsADirectoryError:
-        raise ContractError(source, None, "is a directory, expected a Chrome trace JSON file") from None
-    except OSError as e:
-        raise ContractError(source, None, f"cannot read file ({e.__class__.__name__}: {e})") from None
-    if raw[:2] == b"\x1f\x8b":  # gzip magic, whatever the file is called
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise ContractError(source, None, f"corrupt gzip data ({e})") from None
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ContractError(source, None, "malformed JSON: not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise ContractError(source, None, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except RecursionError:
-        raise ContractError(source, None, "malformed JSON: nested too deeply") from None
+    doc = read_json(path, CHROME_TRACE)
     if isinstance(doc, list):
         return doc
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):

@@ -11,7 +11,7 @@ Layers are ranges on a CPU thread, found one of two ways (``group``):
 * ``module``: ``python_function`` events named ``nn.Module: <Class>_<k>``. torch 2.13 writes them
   only with ``profile(with_stack=True)``; ``with_modules=True`` alone writes none. By default the
   direct children of the outermost module (for our GPT: ``Embedding_0``, ``Block_0`` …,
-  ``LayerNorm_4``, ``LMHead_0``); ``pattern`` matches the ``<Class>_<k>`` names. ``<k>`` counts
+  ``LayerNorm_4``, ``LMHead_0``); ``pattern`` (globs, :class:`NamePattern`) matches the ``<Class>_<k>`` names. ``<k>`` counts
   per class object, so two classes with the same ``__name__`` (our ``Embedding`` and
   ``nn.Embedding``) both yield ``Embedding_0``; ranges with one name merge into one layer.
 * ``auto``: ``record_function`` if the trace has such ranges besides torch's own, else ``module``.
@@ -38,11 +38,12 @@ from __future__ import annotations
 import bisect
 import contextlib
 import datetime as _dt
+import fnmatch
 import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mindpipe.traces.config import Model
@@ -62,14 +63,15 @@ from mindpipe.traces.importers.chrome_events import (
 from mindpipe.traces.trace import LayerRecord, Provenance, Trace
 
 GROUPS = ("auto", "record_function", "module")
+MAX_PATTERN_CHARS = 1000
 _STEP_RE = re.compile(r"ProfilerStep#\d+$")
 _TORCH_OWN_RE = re.compile(r"ProfilerStep#\d+$|Optimizer\.|enumerate\(DataLoader\)#")
 _EVALUATE = "autograd::engine::evaluate_function"
 _HINTS = {
     "record_function": "wrap each layer in torch.profiler.record_function(name) (record_layers(net) does it for "
-    "our GPT), or pass --pattern REGEX to pick ranges by name",
+    "our GPT), or pass --pattern GLOB to pick ranges by name",
     "module": "torch writes 'nn.Module: ...' events only with torch.profiler.profile(with_stack=True); "
-    "--pattern REGEX picks module names such as 'Block'",
+    "--pattern GLOB picks module names such as 'Block_*'",
 }
 
 
@@ -106,13 +108,40 @@ def record_layers(net: Any) -> Iterator[None]:
             h.remove()
 
 
-def _select(spans: list[Span], group: str, regex: re.Pattern[str] | None, source: str) -> tuple[list[Span], str]:
+@dataclass(frozen=True)
+class NamePattern:
+    """``--pattern``: shell-style globs (``*``, ``?``, ``[...]``), alternatives separated by ``|``.
+
+    A name matches when it matches one glob as a whole (``fnmatch.fnmatchcase``). Globs replace the
+    regular expressions of earlier versions: Python's ``re`` backtracks exponentially on patterns
+    such as ``^(a+)+$``, while ``fnmatch`` translates ``*`` without nested quantifiers, so a match
+    costs at most about len(name) × len(pattern) steps.
+    """
+
+    pattern: str
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> NamePattern:
+        """Check the pattern's length and alternatives (errors name ``source``)."""
+        if not text or len(text) > MAX_PATTERN_CHARS:
+            raise ContractError(source, "pattern", f"pattern must be 1 to {MAX_PATTERN_CHARS} characters, got "
+                                                   f"{len(text)}")
+        if any(not alt for alt in text.split("|")):
+            raise ContractError(source, "pattern", f"pattern {text!r} has an empty alternative (between '|')")
+        return cls(text)
+
+    def matches(self, name: str) -> bool:
+        """True when ``name`` matches one of the alternatives."""
+        return any(fnmatch.fnmatchcase(name, alt) for alt in self.pattern.split("|"))
+
+
+def _select(spans: list[Span], group: str, names: NamePattern | None, source: str) -> tuple[list[Span], str]:
     """The layer ranges and a description of how they were chosen."""
     notes = [s for s in spans if s.cat == "user_annotation" and s.name and not _STEP_RE.match(s.name)]
     if group == "auto":
         group = "record_function" if any(not _TORCH_OWN_RE.match(s.name) for s in notes) else "module"
-    if group == "record_function" and regex is not None:
-        chosen, how = outermost(s for s in notes if regex.search(s.name)), "record_function ranges matching the pattern"
+    if group == "record_function" and names is not None:
+        chosen, how = outermost(s for s in notes if names.matches(s.name)), "record_function ranges matching the pattern"
     elif group == "record_function":
         chosen = leaves(s for s in notes if not _TORCH_OWN_RE.match(s.name))
         index = Ranges(chosen)  # leaves are disjoint per thread
@@ -123,16 +152,16 @@ def _select(spans: list[Span], group: str, regex: re.Pattern[str] | None, source
     else:
         modules = [replace(s, name=s.name[len(MODULE_PREFIX) :]) for s in spans if s.cat == "python_function"]
         modules = [m for m in modules if m.name]
-        if regex is not None:
-            chosen, how = outermost(m for m in modules if regex.search(m.name)), "nn.Module ranges matching the pattern"
+        if names is not None:
+            chosen, how = outermost(m for m in modules if names.matches(m.name)), "nn.Module ranges matching the pattern"
         else:
             roots = {s.index for s in outermost(modules)}
             chosen = outermost(m for m in modules if m.index not in roots) or [m for m in modules if m.index in roots]
             how = "nn.Module ranges of the top module's children"
     if not chosen:
-        which = f"{group} grouping" + (f" with pattern {regex.pattern!r}" if regex is not None else "")
+        which = f"{group} grouping" + (f" with pattern {names.pattern!r}" if names is not None else "")
         raise ContractError(source, "traceEvents", f"no layer ranges found with {which}: {_HINTS[group]}")
-    return chosen, how + (f" {regex.pattern!r}" if regex is not None else "")
+    return chosen, how + (f" {names.pattern!r}" if names is not None else "")
 
 
 def _attribute_backward(
@@ -214,7 +243,8 @@ def import_torch_profiler(
     Args:
         path: The trace file, as written by ``profile.export_chrome_trace``.
         group: ``record_function``, ``module`` or ``auto`` (see the module docstring).
-        pattern: Regular expression (``re.search``) selecting the layer ranges by name.
+        pattern: Globs selecting the layer ranges by name (:class:`NamePattern`: ``Block_*``,
+            ``attn*|mlp*``), matched against the whole name.
         steps: Number of profiled steps to divide by (default: ``ProfilerStep#N`` ranges, else
             the number of times the first layer occurs).
         device: Device label; default ``cuda`` if the trace has GPU kernels, else ``cpu``.
@@ -233,13 +263,10 @@ def import_torch_profiler(
         raise ContractError(source, "group", f"group={group!r} is not one of {', '.join(GROUPS)}")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
         raise ContractError(source, "steps", f"steps={steps!r} must be a positive integer")
-    try:
-        regex = re.compile(pattern) if pattern is not None else None
-    except re.error as e:
-        raise ContractError(source, "pattern", f"pattern {pattern!r} is not a valid regular expression ({e})") from None
+    names = NamePattern.parse(pattern, source) if pattern is not None else None
     events = load_events(path)
     spans = read_spans(events, source)
-    ranges, how = _select(spans, group, regex, source)
+    ranges, how = _select(spans, group, names, source)
     kernels = KernelLaunches(spans, events, source) if any(s.cat == "kernel" for s in spans) else None
     cost: Callable[[Span], int] = kernels.gpu_ns if kernels is not None else (lambda s: s.dur)
     forward: dict[str, int] = {}
