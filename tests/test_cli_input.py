@@ -32,7 +32,7 @@ def _one_line(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str, 
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
-    (["demo", "--ranks", "2", "--steps", "0"], "demo: argument --steps: '0' is not a whole number in [1, 1,000]"),
+    (["demo", "--ranks", "2", "--steps", "0"], "demo: argument --steps: '0' is not a whole number in [2, 1,000]"),
     (["demo", "--ranks", "0"], "argument --ranks: '0' is not a whole number"),
     (["tune", "--model", "gpt-mini", "--cluster", "cpu:1x2", "--out", "x", "--budget", "10" * 20],
      "argument --budget"),
