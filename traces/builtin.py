@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 from mindpipe.traces.catalog import device_names, get_device
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.reading import CONFIG, parse_json, size_text
-from mindpipe.traces.schema import from_dict, read_json
+from mindpipe.traces.reading import CONFIG, parse_json, read_json, size_text
+from mindpipe.traces.schema import from_dict
 
 T = TypeVar("T")
 
@@ -50,16 +50,25 @@ def model_names() -> list[str]:
     return sorted(BUILTIN_MODELS)
 
 
-def _parse_arg(arg: str, kind: str) -> tuple[Any, str] | None:
-    """Return (parsed JSON, source) for a file path or inline JSON, or None for a bare name."""
+def config_source(arg: str, kind: str) -> str:
+    """How errors name a model, cluster or plan argument: ``<inline plan>`` for inline JSON, else the argument."""
     text = arg.strip()
+    return f"<inline {kind}>" if text.startswith("{") else text
+
+
+def _parse_arg(arg: str, kind: str) -> tuple[Any, str] | None:
+    """Return (parsed JSON, source) for a file path or inline JSON, or None for a bare name.
+
+    A key given twice is refused (JSON would keep the last one silently): these files are written by hand.
+    """
+    text = arg.strip()
+    source = config_source(arg, kind)
     if text.startswith("{"):
-        source = f"<inline {kind}>"
         if len(text.encode("utf-8", "surrogatepass")) > CONFIG.max_bytes:
             raise ContractError(source, None, f"inline JSON is longer than {size_text(CONFIG.max_bytes)} (limit)")
-        return parse_json(text, source), source
+        return parse_json(text, source, unique_keys=True), source
     if text.endswith((".json", ".json.gz")) or "/" in text or _exists(text):
-        return read_json(text, CONFIG), text
+        return read_json(text, CONFIG, unique_keys=True), source
     return None
 
 

@@ -80,7 +80,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Simulate the plan; write the files asked for; print the result (one JSON object with ``--json``)."""
-    from mindpipe.simulator.api import SimulationOptions, simulate
+    from mindpipe.simulator.api import SimulationOptions
+    from mindpipe.traces.builtin import config_source
     from mindpipe.traces.schema import to_dict
 
     check_arguments(args)
@@ -92,7 +93,9 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         opts.trace = loaders.trace(args.trace, model)
     opts.calibration = loaders.calibration(args.calibration)
     opts.hourly_intensity = loaders.carbon(args.carbon_csv, args.start)
-    result = simulate(model, cluster, plan, opts)
+    sim = opts.simulator(model, cluster)
+    sim.check(plan, source=config_source(args.plan, "plan"))  # a rule tying the plan to the model names the plan
+    result = sim.run(plan, timeline=opts.timeline, hourly=opts.hourly_intensity)
     _write_files(args, model, plan, result)
     if args.json:
         payload = to_dict(result)
