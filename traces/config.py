@@ -218,6 +218,37 @@ class MadeFor:
         return f"{self.model.label} on {where} ({c.world_size} device{'s' if c.world_size != 1 else ''})"
 
 
+_PLAN_INTEGER_LIMITS = {"dp": "devices", "tp": "devices", "pp": "devices", "micro_batch_size": "micro_batch_size",
+                        "global_batch_size": "global_batch_size", "virtual_stages": "virtual_stages"}
+_PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRECISIONS,
+                 "comm_priority": COMM_PRIORITIES, "rank_order": RANK_ORDERS}
+PLAN_SCALAR_KEYS = (*_PLAN_INTEGER_LIMITS, "sequence_parallel", "overlap_grad_reduce", *_PLAN_CHOICES, "zero_stage")
+"""The plan keys whose rule holds on their own (:func:`check_plan_key`); the rules between keys are :class:`Plan`'s."""
+
+
+def check_plan_key(key: str, value: Any) -> None:
+    """The rule of one scalar plan key on its own: its type, range and limit, or its choices.
+
+    :class:`Plan` checks every key with it; ``tune --fix KEY=VALUE`` checks a pinned value with it
+    before the search space is built.
+
+    Raises:
+        ContractError: e.g. ``tp=0 must be > 0`` or ``zero_stage=7 must be 0, 1, 2 or 3`` (source empty).
+    """
+    if key in _PLAN_INTEGER_LIMITS:
+        integer(key, value, 1, _PLAN_INTEGER_LIMITS[key])
+    elif key in ("sequence_parallel", "overlap_grad_reduce"):
+        if not isinstance(value, bool):
+            raise ContractError("", key, f"{key}={shown(value)} must be true or false")
+    elif key in _PLAN_CHOICES:
+        one_of(key, value, _PLAN_CHOICES[key])
+    elif key == "zero_stage":
+        if isinstance(value, bool) or value not in (0, 1, 2, 3):
+            raise ContractError("", "zero_stage", f"zero_stage={shown(value)} must be 0, 1, 2 or 3")
+    else:
+        raise KeyError(key)
+
+
 @dataclass
 class Plan:
     """How to parallelise one training iteration.
@@ -253,21 +284,9 @@ class Plan:
 
     def __post_init__(self) -> None:
         check_format_version(self.format_version, PLAN_FORMAT_VERSION, "plans")
-        for key in ("dp", "tp", "pp"):
-            integer(key, getattr(self, key), 1, "devices")
-        for key in ("micro_batch_size", "global_batch_size", "virtual_stages"):
-            integer(key, getattr(self, key), 1, key)
+        for key in PLAN_SCALAR_KEYS:
+            check_plan_key(key, getattr(self, key))
         within_limit("dp", self.world_size, "devices", "dp×tp×pp")
-        for key in ("sequence_parallel", "overlap_grad_reduce"):
-            if not isinstance(getattr(self, key), bool):
-                raise ContractError("", key, f"{key}={shown(getattr(self, key))} must be true or false")
-        one_of("schedule", self.schedule, SCHEDULES)
-        one_of("recompute", self.recompute, RECOMPUTE)
-        one_of("precision", self.precision, PRECISIONS)
-        one_of("comm_priority", self.comm_priority, COMM_PRIORITIES)
-        one_of("rank_order", self.rank_order, RANK_ORDERS)
-        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
-            raise ContractError("", "zero_stage", f"zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
         per_step = self.micro_batch_size * self.dp
         if self.global_batch_size % per_step:
             raise ContractError(
@@ -389,6 +408,7 @@ def stage_layers(plan: Plan, model: Model) -> list[int]:
 
 __all__ = [
     "COMM_PRIORITIES",
+    "PLAN_SCALAR_KEYS",
     "PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
@@ -398,6 +418,7 @@ __all__ = [
     "Model",
     "Plan",
     "check_plan",
+    "check_plan_key",
     "even_partition",
     "plan_value",
     "stage_layers",

@@ -71,8 +71,10 @@ CATALOG = InputKind("hardware catalog", 4 * MIB)
 CONSTANTS = InputKind("constants file", 4 * MIB)
 ACTION_TABLE = InputKind("action table CSV", 16 * MIB)
 TEXT_DATA = InputKind("training text", 64 * MIB)
+SWEEP_STATE = InputKind("sweep state", 256 * MIB)
+"""``tune``'s ``sweep.json`` and ``evaluations.jsonl`` (about 1.2 KB a line: the 100,000-simulation budget fits)."""
 KINDS = (CONFIG, CALIBRATION, TRACE, CHROME_TRACE, AICB, CARBON_CSV, VTRAIN_CSV, CATALOG, CONSTANTS, ACTION_TABLE,
-         TEXT_DATA)
+         TEXT_DATA, SWEEP_STATE)
 """Every kind, for the README's table and its test."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -221,13 +223,15 @@ def _locate(doc: Any, path: str = "") -> tuple[str, _Bad] | None:
     return None
 
 
-def parse_json(text: str, source: str, unique_keys: bool = False) -> Any:
+def parse_json(text: str, source: str, unique_keys: bool = False, non_finite: bool = False) -> Any:
     """Parse JSON text with strict numbers (see the module docstring).
 
     Args:
         text: The JSON text.
         source: The file (or label) errors name.
         unique_keys: Refuse an object that names a key twice (JSON keeps the last silently).
+        non_finite: Accept the tokens ``NaN``, ``Infinity`` and ``-Infinity`` (state MindPipe wrote
+            itself with ``allow_nan``); overflowing literals and over-long integers are still refused.
 
     Raises:
         ContractError: malformed JSON (line and column), too deeply nested, a refused number (its
@@ -255,7 +259,7 @@ def parse_json(text: str, source: str, unique_keys: bool = False) -> Any:
         return refuse(token) if len(token) > MAX_INT_DIGITS + (token[0] == "-") else int(token)
 
     try:
-        doc = json.loads(text, parse_float=number, parse_int=integer, parse_constant=refuse,
+        doc = json.loads(text, parse_float=number, parse_int=integer, parse_constant=float if non_finite else refuse,
                          object_pairs_hook=no_duplicates if unique_keys else None)
     except json.JSONDecodeError as e:
         raise ContractError(source, None, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
@@ -348,6 +352,7 @@ __all__ = [
     "CONSTANTS",
     "KINDS",
     "MAX_INT_DIGITS",
+    "SWEEP_STATE",
     "TEXT_DATA",
     "TRACE",
     "VTRAIN_CSV",

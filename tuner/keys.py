@@ -23,12 +23,14 @@ from typing import Any
 
 from mindpipe.traces.config import (
     COMM_PRIORITIES,
+    PLAN_SCALAR_KEYS,
     PRECISIONS,
     RANK_ORDERS,
     RECOMPUTE,
     SCHEDULES,
     WHAT_IF_KEYS,
     Plan,
+    check_plan_key,
     what_if_used,
 )
 from mindpipe.traces.errors import ContractError
@@ -90,20 +92,28 @@ def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
 
 
 def _parse_scalar(key: str, text: str) -> Any:
+    """One ``--fix`` value, checked by the plan key's own rule (:func:`~mindpipe.traces.config.check_plan_key`)."""
     text = text.strip()
     if key in _INT_KEYS:
         if not _INT_RE.fullmatch(text):
             raise ContractError("--fix", key, f"{key}={shown(text)} must be an integer (at most 18 digits)")
-        return int(text)
-    if key in _BOOL_KEYS:
+        value: Any = int(text)
+    elif key in _BOOL_KEYS:
         low = text.lower()
         if low not in ("true", "false", "1", "0", "yes", "no"):
             raise ContractError("--fix", key, f"{key}={text!r} must be true or false")
-        return low in ("true", "1", "yes")
-    allowed = _STR_CHOICES[key]
-    if text not in allowed:
-        raise ContractError("--fix", key, f"{key}={text!r} is not one of {', '.join(allowed)}")
-    return text
+        value = low in ("true", "1", "yes")
+    else:
+        allowed = _STR_CHOICES[key]
+        if text not in allowed:
+            raise ContractError("--fix", key, f"{key}={text!r} is not one of {', '.join(allowed)}")
+        value = text
+    if key in PLAN_SCALAR_KEYS:
+        try:
+            check_plan_key(key, value)  # tp=0 would otherwise reach the search space's arithmetic
+        except ContractError as e:
+            raise ContractError("--fix", e.key, e.rule) from None
+    return value
 
 
 def parse_fixes(items: Iterable[str]) -> dict[str, Any]:

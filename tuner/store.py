@@ -22,13 +22,12 @@ import dataclasses
 import json
 import math
 import os
-import stat
 from pathlib import Path
 from typing import IO, Any
 
 from mindpipe.traces.atomic import open_append, output_dir, write_text
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.schema import read_json
+from mindpipe.traces.reading import SWEEP_STATE, parse_json, read_text
 from mindpipe.tuner.keys import POINT_KEYS, point_key
 from mindpipe.tuner.records import EvaluationRecord, Metrics
 
@@ -68,15 +67,16 @@ def _record_problem(data: Any) -> str | None:
 
 
 def parse_record(line: str, source: str) -> EvaluationRecord:
-    """One line of ``evaluations.jsonl``.
+    """One line of ``evaluations.jsonl`` (strict numbers, as the reading layer parses them).
 
     Raises:
-        ContractError: naming ``source`` (file and line): malformed JSON, or not a record of this format.
+        ContractError: naming ``source`` (file and line): malformed JSON, a number JSON cannot hold
+            (a 5,000-digit integer), or not a record of this format.
     """
     try:
-        data = json.loads(line)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise ContractError(source, None, f"malformed JSON ({getattr(e, 'msg', 'nested too deeply')}); {_START_AGAIN}") from None
+        data = parse_json(line, source, non_finite=True)  # metrics may hold the NaN/Infinity add() wrote
+    except ContractError as e:
+        raise ContractError(source, e.key, f"{e.rule}; {_START_AGAIN}") from None
     problem = _record_problem(data)
     if problem is None:
         try:
@@ -89,15 +89,11 @@ def parse_record(line: str, source: str) -> EvaluationRecord:
 
 
 def _read_regular(path: Path) -> str:
-    """A state file's text (regular files only: a FIFO or device is never read)."""
+    """A state file's text through the reading layer: a regular file within the sweep-state limit, UTF-8."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ContractError(str(path), None, "not a regular file")
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ContractError(str(path), None, f"not UTF-8 text (byte {e.start}); {_START_AGAIN}") from None
-    except OSError as e:
-        raise ContractError(str(path), None, f"cannot read ({e.strerror})") from None
+        return read_text(path, SWEEP_STATE)
+    except ContractError as e:
+        raise ContractError(e.source, e.key, f"{e.rule}; {_START_AGAIN}") from None
 
 
 class SweepStore:
@@ -137,9 +133,7 @@ class SweepStore:
                                 "this version can resume; remove it or choose another --out")
 
     def _check_config(self) -> None:
-        if not stat.S_ISREG(os.stat(self.config_path).st_mode):
-            raise ContractError(str(self.config_path), None, "not a regular file")
-        old = read_json(self.config_path)
+        old = parse_json(_read_regular(self.config_path), str(self.config_path))
         if not isinstance(old, dict):
             raise ContractError(str(self.config_path), None, f"expected a JSON object, got {type(old).__name__}; "
                                 f"{_START_AGAIN}")
@@ -168,6 +162,9 @@ class SweepStore:
             torn = False
         except (json.JSONDecodeError, RecursionError):
             torn = True  # cut short by a kill: that evaluation runs again
+        except ValueError:  # complete, with a number json cannot hold: refused below, naming its line
+            lines.append(last)
+            torn = False
         good: list[str] = []
         for n, line in enumerate(lines, 1):
             if not line.strip():

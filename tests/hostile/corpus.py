@@ -36,8 +36,8 @@ TABLE = HERE / "cases.toml"
 
 CaseClass = Literal["traceback", "silently-wrong", "unbounded", "files", "trust-process"]
 FileKind = Literal["absent", "file", "dir", "fifo", "char", "link"]
-Op = Literal["mkdir", "fifo", "symlink", "write", "copy", "sparse", "repeat", "gzip_bomb", "chmod", "chown",
-             "mindpipe", "truncate"]
+Op = Literal["mkdir", "fifo", "symlink", "write", "append", "copy", "remove", "sparse", "repeat", "gzip_bomb", "chmod",
+             "chown", "mindpipe", "truncate"]
 ERROR_PREFIX = "mindpipe: error: "
 DEFAULT_TIMEOUT_S = 60
 _LEFTOVER = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # mindpipe.traces.atomic's temporary names
@@ -213,6 +213,11 @@ def prepare(case: Case, ws: Workspace, run_mindpipe: Callable[[list[str], Path],
         elif op == "write":
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(ws.sub(step["text"]).encode())
+        elif op == "append":
+            with open(path, "ab") as fh:
+                fh.write(ws.sub(step["text"]).encode())
+        elif op == "remove":
+            path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
         elif op == "copy":
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(Path(ws.sub(step["src"])).read_bytes())

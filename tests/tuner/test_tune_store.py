@@ -87,7 +87,7 @@ def test_bad_utf8_records_are_one_line(finished, tmp_path):
     out = _copy(finished, tmp_path / "sweep")
     (out / RECORDS_NAME).write_bytes(b"\xff\xfe\n" + (finished / RECORDS_NAME).read_bytes())
     code, _, err = _cli("tune", *ARGS, "--out", str(out), "--resume")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "evaluations.jsonl: not UTF-8 text" in err, err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "evaluations.jsonl: line 1: not UTF-8 text" in err, err
 
 
 def test_a_torn_last_line_is_dropped_and_a_complete_one_kept(finished, tmp_path):
