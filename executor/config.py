@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from mindpipe.traces.builtin import load_model, load_plan
 from mindpipe.traces.config import Model, Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import integer, shown, within_limit
 from mindpipe.traces.reading import CONFIG, TEXT_DATA, check_regular_file
 from mindpipe.traces.schema import from_dict, read_json, write_json
 
@@ -72,17 +74,18 @@ class RunConfig:
     format_version: int = RUN_CONFIG_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        positive("steps", self.steps)
+        integer("steps", self.steps, 1, "train_steps")
+        integer("seed", self.seed, 0, "seed")
         positive("lr", self.lr)
         positive("timeout_s", self.timeout_s)
+        within_limit("timeout_s", self.timeout_s)
         non_negative("weight_decay", self.weight_decay)
-        non_negative("checkpoint_every", self.checkpoint_every)
-        non_negative("warmup_steps", self.warmup_steps)
-        non_negative("profile_step", self.profile_step)
+        for key in ("checkpoint_every", "warmup_steps", "profile_step"):
+            integer(key, getattr(self, key), 0, "train_steps")
         one_of("schedule_source", self.schedule_source, SCHEDULE_SOURCES)
         one_of("device", self.device, DEVICES)
         if self.resume_from is not None:
-            positive("resume_from", self.resume_from)
+            integer("resume_from", self.resume_from, 1, "train_steps")
             self.resume = True
         if self.resume and not self.checkpoint_dir:
             raise ContractError("", "resume", "--resume needs --checkpoint-dir")
@@ -153,6 +156,46 @@ def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary of the run on stdout")
 
 
+_NNODES_RE = re.compile(r"([0-9]{1,9})(?::([0-9]{1,9}))?")
+MAX_PORT = 65535
+
+
+def check_launch_arguments(args: argparse.Namespace) -> None:
+    """Refuse launcher arguments torchrun would choke on (or run forever with), before anything starts.
+
+    ``--nproc`` is 1 to the ``gpus_per_node`` limit, ``--nnodes`` N or MIN:MAX within the
+    ``num_nodes`` limit, ``--node-rank`` below the nodes, ``--master-port`` 1 to 65535,
+    ``--run-timeout`` a number of seconds within the ``timeout_s`` limit.
+
+    Raises:
+        ContractError: ``command line: nnodes='many' is not N or MIN:MAX ...``.
+    """
+
+    def fail(key: str, rule: str) -> None:
+        raise ContractError("command line", key, rule)
+
+    try:
+        integer("nproc", args.nproc, 1, "gpus_per_node")
+        m = _NNODES_RE.fullmatch(str(args.nnodes).strip())
+        lo, hi = (int(m[1]), int(m[2] or m[1])) if m else (0, 0)
+        if not 1 <= lo <= hi:
+            fail("nnodes", f"nnodes={shown(args.nnodes)} is not N or MIN:MAX with 1 <= MIN <= MAX")
+        within_limit("nnodes", hi, "num_nodes")
+        if args.node_rank is not None:
+            integer("node_rank", args.node_rank, 0)
+            if args.node_rank >= hi:
+                fail("node_rank", f"node_rank={args.node_rank} must be below nnodes={hi}")
+        if args.master_port is not None:
+            integer("master_port", args.master_port, 1)
+            if args.master_port > MAX_PORT:
+                fail("master_port", f"master_port={args.master_port} must be at most {MAX_PORT}")
+        if args.run_timeout is not None:
+            positive("run_timeout", args.run_timeout)
+            within_limit("run_timeout", args.run_timeout, "timeout_s")
+    except ContractError as e:
+        raise ContractError("command line", e.key, e.rule) from None
+
+
 def plan_source(arg: str) -> str:
     """How errors name the plan: its file, or ``plan`` for inline JSON."""
     return "plan" if arg.strip().startswith("{") else arg
@@ -200,4 +243,4 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise ContractError("command line", e.key, e.rule) from None
 
 
-__all__ = ["DEFAULT_MODEL", "RunConfig", "add_run_arguments", "config_from_args", "plan_source", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "MAX_PORT", "RunConfig", "add_run_arguments", "check_launch_arguments", "config_from_args", "plan_source", "resolve_model"]

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from mindpipe.executor import rundir, supervise
 from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
-from mindpipe.executor.config import RunConfig, config_from_args, plan_source
+from mindpipe.executor.config import RunConfig, check_launch_arguments, config_from_args, plan_source
 from mindpipe.executor.precheck import MemoryCheck, catalog_device, check_run, detect_device
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import to_dict
@@ -236,6 +236,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
 
     ``memory_check``: see :func:`launch` (the CLI builds it on ``Simulator.refuse_unless_fits``).
     """
+    check_launch_arguments(args)
     cfg = config_from_args(args)
     started = time.perf_counter()
     try:

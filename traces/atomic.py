@@ -215,6 +215,36 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 100, make_
         fig.savefig(fh, format=fmt, dpi=dpi)
 
 
+def check_output(path: str | os.PathLike[str], *, directory: bool = False) -> bool:
+    """Refuse an output that :func:`open_output` (``directory``: :func:`output_dir`) would refuse, writing nothing.
+
+    Commands call it for every output they were given before their work starts, so a bad ``--out``
+    costs nothing (a profile or a fit is not run only to be thrown away).
+
+    Returns:
+        Whether something is there already.
+
+    Raises:
+        ContractError: as the writer would (a directory where a file is meant, a dangling link, a
+            file where a directory is meant, a parent that is not a directory).
+    """
+    if not directory:
+        kind, _ = classify(path)
+        return kind != "new"
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        if os.path.islink(p):
+            raise ContractError(str(p), None, "is a symbolic link to nothing, expected a directory") from None
+        return False
+    except NotADirectoryError:
+        raise ContractError(str(p), None, "a parent of this path is not a directory") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ContractError(str(p), None, f"is {_what(st.st_mode)}, expected a directory")
+    return True
+
+
 def output_dir(path: str | os.PathLike[str]) -> Path:
     """An output directory: created if missing (with its parents), refused if something else is there.
 
@@ -222,20 +252,11 @@ def output_dir(path: str | os.PathLike[str]) -> Path:
         ContractError: ``path`` exists and is not a directory (or a link to one).
     """
     p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        if os.path.islink(p):
-            raise ContractError(str(p), None, "is a symbolic link to nothing, expected a directory") from None
+    if not check_output(p, directory=True):
         try:
             p.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise ContractError(str(p), None, "a parent of this path is not a directory") from None
-        return p
-    except NotADirectoryError:
-        raise ContractError(str(p), None, "a parent of this path is not a directory") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise ContractError(str(p), None, f"is {_what(st.st_mode)}, expected a directory")
     return p
 
 
@@ -264,5 +285,5 @@ def open_append(path: str | os.PathLike[str]) -> IO[str]:
     return open(fd, "a", encoding="utf-8", closefd=True)
 
 
-__all__ = ["FIFO_WAIT_S", "classify", "open_append", "open_output", "output_dir", "save_figure", "write_bytes",
+__all__ = ["FIFO_WAIT_S", "check_output", "classify", "open_append", "open_output", "output_dir", "save_figure", "write_bytes",
            "write_text"]

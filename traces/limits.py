@@ -63,6 +63,9 @@ LIMITS: dict[str, Limit] = {lim.key: lim for lim in (
     Limit("aicb_rows", 65_536, "rows of an AICB workload"),
     Limit("carbon_rows", 262_144, "rows of a carbon-intensity CSV (30 years of hours)"),
     Limit("vtrain_rows", 4_096, "rows of a vTrain CSV (each is simulated)"),
+    Limit("train_steps", 10_000_000, "training steps of one `mindpipe run` (and its warm-up, checkpoint, profile steps)"),
+    Limit("timeout_s", 10_000_000, "seconds of a `mindpipe run` timeout (--timeout, --run-timeout)"),
+    Limit("seed", 2**32 - 1, "for a seed (numpy's RandomState takes seeds below 2^32)"),
 )}
 """Every limit, by key (the README's "Limits" table lists them)."""
 

@@ -16,9 +16,9 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from mindpipe.traces.limits import shown
+from mindpipe.traces.limits import limit, shown
 
-MAX_SEED = 2**32 - 1  # numpy's RandomState (the tuner's BO) takes seeds below 2^32
+MAX_SEED = int(limit("seed"))  # numpy's RandomState (the tuner's BO) takes seeds below 2^32
 _INT_RE = re.compile(r"[+-]?[0-9]{1,18}")
 _FLOAT_CHARS = 40
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.cli import loaders
-from mindpipe.cli.output import print_json, stderr
+from mindpipe.cli.output import check_outputs, print_json, stderr
 from mindpipe.traces.errors import ContractError
 
 
@@ -44,6 +44,7 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from mindpipe.traces.calibration import save_calibration
     from mindpipe.traces.schema import to_dict
 
+    check_outputs([args.out], [args.report])
     runs = loaders.measured_runs(args.measured)
     holdout = loaders.measured_runs(args.holdout) if args.holdout else []
     overlap = {Path(r.source).resolve() for r in runs} & {Path(r.source).resolve() for r in holdout}

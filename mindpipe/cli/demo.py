@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mindpipe.cli import loaders
 from mindpipe.cli.args import count
-from mindpipe.cli.output import stderr
+from mindpipe.cli.output import check_outputs, stderr
+from mindpipe.cli.profile import check_memory
 
 # The demo trains every plan on this machine's CPU: bounds that keep it a demo.
 MAX_RANKS = 64
@@ -42,6 +44,10 @@ def cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     cfg = LoopConfig(model=args.model, ranks=args.ranks, global_batch=args.global_batch, rounds=args.rounds,
                      run=RunSpec(steps=args.steps, warmup_steps=min(2, max(1, args.steps - 4))), out=Path(args.out))
+    # Refused before the loop starts: an --out that cannot be a directory, a model that cannot be read
+    # or profiled in this machine's memory (the loop's first step profiles it at its micro-batch).
+    check_outputs(dirs=[args.out])
+    check_memory(loaders.model(args.model), args.model, cfg.profile_micro_batch)
     try:
         res = closed_loop(cfg)
     except PlanRunFailed as e:

@@ -11,7 +11,7 @@ from typing import Any
 
 from mindpipe.cli import loaders
 from mindpipe.cli.args import count
-from mindpipe.cli.output import command_line, emit_trace
+from mindpipe.cli.output import check_outputs, command_line, emit_trace
 from mindpipe.traces.limits import limit
 
 
@@ -38,6 +38,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def cmd_import(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Convert ``FILE`` with the importer of its format, write the trace and print its summary."""
+    check_outputs([args.out])
     common = {
         "device": args.device,
         "model": loaders.model(args.model) if args.model else None,

@@ -14,9 +14,10 @@ import json
 import math
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from mindpipe.traces.atomic import check_output
 from mindpipe.traces.summary import format_summary, summarize
 from mindpipe.traces.trace import Trace
 
@@ -24,6 +25,20 @@ from mindpipe.traces.trace import Trace
 def stderr(msg: str) -> None:
     """One line of progress on stderr (flushed: the user sees it while the command runs)."""
     print(msg, file=sys.stderr, flush=True)
+
+
+def check_outputs(files: Iterable[str | None] = (), dirs: Iterable[str | None] = ()) -> None:
+    """Refuse, before any work starts, the output files and directories the command would refuse to write.
+
+    Raises:
+        ContractError: see :func:`mindpipe.traces.atomic.check_output` (None entries are skipped).
+    """
+    for path in files:
+        if path is not None:
+            check_output(path)
+    for path in dirs:
+        if path is not None:
+            check_output(path, directory=True)
 
 
 def command_line(argv: Sequence[str]) -> str:
@@ -70,4 +85,4 @@ def emit_trace(args: argparse.Namespace, trace: Trace, out: str | None) -> None:
         print(format_summary(trace))
 
 
-__all__ = ["command_line", "emit_trace", "json_text", "print_json", "stderr"]
+__all__ = ["check_outputs", "command_line", "emit_trace", "json_text", "print_json", "stderr"]

@@ -8,7 +8,7 @@ from typing import Any
 
 from mindpipe.cli import loaders
 from mindpipe.cli.args import count, seed
-from mindpipe.cli.output import command_line, emit_trace, stderr
+from mindpipe.cli.output import check_outputs, command_line, emit_trace, stderr
 from mindpipe.traces.builtin import model_names
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
@@ -70,26 +70,28 @@ def available_bytes(device: str) -> tuple[float, str]:
     return float(psutil.virtual_memory().available), "this machine has"
 
 
-def check_memory(model: Model, args: argparse.Namespace) -> None:
-    """Refuse a profile that cannot fit in memory, before the model is built.
+def check_memory(model: Model, source: str, micro_batch_size: int, seq_len: int | None = None, dtype: str = "fp32",
+                 device: str = "cpu") -> None:
+    """Refuse a profile that cannot fit in memory, before the model is built (``profile``, and ``demo``'s first step).
 
     Raises:
         ContractError: ``gpt3-175b: needs about 1594 GiB to profile ..., this machine has 3.2 GiB available``.
     """
-    need = profile_bytes(model, args.micro_batch_size, args.seq_len, args.dtype)
-    have, where = available_bytes(args.device)
+    need = profile_bytes(model, micro_batch_size, seq_len, dtype)
+    have, where = available_bytes(device)
     if need > have:
         gib = 2**30
-        raise ContractError(args.model, None, (
+        raise ContractError(source, None, (
             f"needs about {need / gib:,.1f} GiB to profile ({model.param_count():,} parameters × "
-            f"{args.dtype} weights and gradients, plus one micro-batch's activations); {where} "
+            f"{dtype} weights and gradients, plus one micro-batch's activations); {where} "
             f"{have / gib:,.1f} GiB available"))
 
 
 def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Build the model, time every layer, write the trace and print its summary."""
+    check_outputs([args.out])
     model = loaders.model(args.model)
-    check_memory(model, args)
+    check_memory(model, args.model, args.micro_batch_size, args.seq_len, args.dtype, args.device)
     from mindpipe.traces.profiler import ProfileOptions, profile_model  # imports torch
 
     opts = ProfileOptions(

@@ -13,6 +13,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from mindpipe.cli.output import check_outputs
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
 
@@ -31,6 +32,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Validate the plan, launch torchrun and wait (the executor's :func:`~mindpipe.executor.launch.cmd_run`)."""
     from mindpipe.executor.launch import cmd_run as run_plan
 
+    check_outputs([args.out, args.timeline])  # rank 0 writes them at the end: refused now, not after training
     return run_plan(args, argv, memory_check=memory_check)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.cli import loaders
-from mindpipe.cli.output import print_json, stderr
+from mindpipe.cli.output import check_outputs, print_json, stderr
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.result import SimulationResult
@@ -76,6 +76,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.start is not None and args.carbon_csv is None:
         raise ContractError("--start", None, "--start is the iteration's start in --carbon-csv's series; "
                                              "give --carbon-csv too")
+    check_outputs([args.timeline, args.gantt, args.action_table])
 
 
 def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from mindpipe.cli import loaders
 from mindpipe.cli.args import count, seed
-from mindpipe.cli.output import print_json
+from mindpipe.cli.output import check_outputs, print_json
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 
@@ -55,6 +55,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def cmd_validate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Simulate every (or a sample of the) row(s) and print predicted vs measured."""
+    check_outputs(dirs=[args.report])
     calibration = loaders.calibration(args.calibration)
     if args.dataset == "measured":
         return _validate_measured(args, calibration)
@@ -72,7 +73,10 @@ def _validate_vtrain(args: argparse.Namespace, calibration: Calibration | None) 
     if len(args.data) != 1:
         raise ContractError("--data", None, f"{args.dataset} takes one CSV file, got {len(args.data)}")
     data = args.data[0]
-    device = get_device(args.gpu)
+    try:
+        device = get_device(args.gpu)
+    except ContractError as e:
+        raise ContractError("--gpu", None, e.rule) from None
     if device.kind != "gpu":
         raise ContractError("--gpu", "gpu", f"{args.gpu} is not a GPU; validate compares GPU runs")
     rows = loaders.vtrain_rows(data, args.dataset)
