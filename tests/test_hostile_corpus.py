@@ -93,6 +93,7 @@ def test_corpus_covers_every_class_and_command():
     assert len(CASES) >= 150
     assert set(by_class) == {"traceback", "silently-wrong", "unbounded", "files", "trust-process"}
     commands = {m.__name__.rsplit(".", 1)[-1].rstrip("_") for m in SUBCOMMANDS}
+    assert commands == set(corpus.SUBCOMMANDS)
     assert commands <= set(by_command), commands - set(by_command)
     assert all(by_command[c] >= 10 for c in commands), by_command
     assert all(c.exit in (0, 2) for c in CASES)

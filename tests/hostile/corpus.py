@@ -38,6 +38,8 @@ CaseClass = Literal["traceback", "silently-wrong", "unbounded", "files", "trust-
 FileKind = Literal["absent", "file", "dir", "fifo", "char", "link"]
 Op = Literal["mkdir", "fifo", "symlink", "write", "append", "copy", "remove", "sparse", "repeat", "gzip_bomb", "chmod",
              "chown", "mindpipe", "truncate"]
+SUBCOMMANDS = ("profile", "import", "inspect", "simulate", "tune", "validate", "calibrate", "demo", "run")
+"""``mindpipe --help``'s commands (the test holds this to :data:`mindpipe.cli.SUBCOMMANDS`)."""
 ERROR_PREFIX = "mindpipe: error: "
 DEFAULT_TIMEOUT_S = 60
 _LEFTOVER = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # mindpipe.traces.atomic's temporary names
@@ -69,8 +71,8 @@ class Case:
 
     @property
     def command(self) -> str:
-        """The subcommand (the first argument), or ``(none)``."""
-        return self.argv[0] if self.argv and not self.argv[0].startswith("-") else "(none)"
+        """The subcommand (the first argument), or ``(none)`` (no subcommand, or not one)."""
+        return self.argv[0] if self.argv and self.argv[0] in SUBCOMMANDS else "(none)"
 
     @property
     def wants_json(self) -> bool:
@@ -339,5 +341,5 @@ def snapshot() -> dict[str, tuple[int, int]]:
     return snap
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ERROR_PREFIX", "INPUTS", "REPO", "After", "Case", "CaseClass", "Outcome", "Workspace",
+__all__ = ["DEFAULT_TIMEOUT_S", "ERROR_PREFIX", "INPUTS", "REPO", "SUBCOMMANDS", "After", "Case", "CaseClass", "Outcome", "Workspace",
            "load_cases", "prepare", "problems", "snapshot"]
