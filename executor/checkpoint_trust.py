@@ -84,6 +84,17 @@ def check_private_dir(path: str | os.PathLike[str], what: str = "checkpoint dire
     _check_owner(p, st, f"the {what}")
 
 
+def _trusted_file(path: Path, what: str, missing: ContractError) -> None:
+    """Raise ``missing`` if ``path`` does not exist; refuse it unless a regular file of ours (no link)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise missing from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ContractError(str(path), None, "not a regular file")
+    _check_owner(path, st, what)
+
+
 def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
@@ -96,13 +107,7 @@ def read_record(directory: str | os.PathLike[str]) -> CheckpointRecord:
     """
     check_private_dir(directory)
     p = Path(directory) / LATEST
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        raise ContractError(str(directory), None, f"no checkpoint to resume from ({LATEST} missing)") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ContractError(str(p), None, "not a regular file")
-    _check_owner(p, st, LATEST)
+    _trusted_file(p, LATEST, ContractError(str(directory), None, f"no checkpoint to resume from ({LATEST} missing)"))
     data = read_json(p)
     ok = isinstance(data, dict) and set(data) == {"step", "tp", "complete", "model"} and _int(data["step"]) \
         and _int(data["tp"]) and isinstance(data["complete"], list) and all(_int(s) for s in data["complete"]) \
@@ -180,13 +185,7 @@ def verify_step(step_path: str | os.PathLike[str]) -> None:
         raise ContractError(str(p), None, "not a directory: refused as a checkpoint step")
     _check_owner(p, st, "the step directory")
     mp = p / MANIFEST
-    try:
-        mst = os.lstat(mp)
-    except FileNotFoundError:
-        raise ContractError(str(p), None, f"no {MANIFEST}: the checkpoint cannot be verified, refused") from None
-    if not stat.S_ISREG(mst.st_mode):
-        raise ContractError(str(mp), None, "not a regular file")
-    _check_owner(mp, mst, MANIFEST)
+    _trusted_file(mp, MANIFEST, ContractError(str(p), None, f"no {MANIFEST}: the checkpoint cannot be verified, refused"))
     doc = read_json(mp)
     files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == MANIFEST_FORMAT else None
     if not isinstance(files, dict) or not all(

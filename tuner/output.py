@@ -82,6 +82,15 @@ def pareto_rows(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [feasible[i] for i in pareto_front(feasible)]
 
 
+def _save(fig: Any, plt: Any, path: Path) -> None:
+    """Lay out, write (safely) and close one figure."""
+    fig.tight_layout()
+    try:
+        save_figure(fig, path, dpi=100)
+    finally:
+        plt.close(fig)
+
+
 def _plot_convergence(result: SweepResult, objective: Objective, path: Path) -> None:
     import matplotlib
 
@@ -108,11 +117,7 @@ def _plot_convergence(result: SweepResult, objective: Objective, path: Path) -> 
     ax.set_ylabel(f"{objective.name} ({objective.unit})")
     ax.set_title(f"convergence: {objective.describe()}", fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    try:
-        save_figure(fig, path, dpi=100)
-    finally:
-        plt.close(fig)
+    _save(fig, plt, path)
 
 
 def _plot_pareto(table: list[dict[str, Any]], front: list[dict[str, Any]], path: Path) -> None:
@@ -131,11 +136,7 @@ def _plot_pareto(table: list[dict[str, Any]], front: list[dict[str, Any]], path:
     ax.set_ylabel("throughput (samples/s)")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    try:
-        save_figure(fig, path, dpi=100)
-    finally:
-        plt.close(fig)
+    _save(fig, plt, path)
 
 
 def _finite(x: Any) -> Any:

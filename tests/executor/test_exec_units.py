@@ -123,7 +123,7 @@ def test_run_config_roundtrip_and_rules(tmp_path):
     assert cfg.timeline_path == "measured.timeline.json"
     with pytest.raises(ContractError, match="--resume needs --checkpoint-dir"):
         config_from_args(_args("{}", "--nproc", "1", "--steps", "1", "--resume"))
-    with pytest.raises(ContractError, match="neither 'synthetic' nor a readable file"):
+    with pytest.raises(ContractError, match=r"file not found \('synthetic' or a text file\)"):
         config_from_args(_args("{}", "--nproc", "1", "--steps", "1", "--data", str(tmp_path / "missing.txt")))
 
 
