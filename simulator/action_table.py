@@ -19,8 +19,8 @@ from pathlib import Path
 
 from mindpipe.simulator.actions import Action, Schedule
 from mindpipe.simulator.schedules import validate_schedule
-from mindpipe.traces.atomic import open_output
 from mindpipe.traces import reading
+from mindpipe.traces.atomic import open_output
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 

@@ -21,8 +21,8 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mindpipe.traces.atomic import write_bytes, write_text
 from mindpipe.traces import reading
+from mindpipe.traces.atomic import write_bytes, write_text
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import shown
 from mindpipe.traces.reading import TRACE, InputKind
