@@ -1,7 +1,7 @@
 """The closed loop on this machine's CPU: profile → tune → run → calibrate → re-tune → run → report.
 
-``mindpipe demo`` (and ``make demo``) runs it for ``gpt-tiny-32k`` on 2 CPU ranks, one per core of
-the CI machine. The model's 32k-token embedding and LM head outweigh its eight blocks, so the
+``mindpipe demo`` (and ``make demo``) runs it for ``gpt-tiny-8k`` on 2 CPU ranks, one per core of
+the CI machine. The model's 8k-entry LM head outweighs its four blocks, so the
 default plan — torchtitan's defaults: a pipeline over every rank, an even split of the blocks,
 ``1f1b``, micro-batch 1 — leaves the rank with the LM head doing most of the work, while the
 plans a tuner weighs differ by more than this machine's run-to-run drift.
@@ -69,13 +69,13 @@ class LoopConfig:
         out: Output directory; nothing is written outside it.
     """
 
-    model: str = "gpt-tiny-32k"
+    model: str = "gpt-tiny-8k"
     ranks: int = 2
-    global_batch: int = 8
+    global_batch: int = 16
     micro_batch: int = 1
     profile_micro_batch: int = 4
     rounds: int = 3
-    run: RunSpec = field(default_factory=lambda: RunSpec(steps=5, warmup_steps=1))
+    run: RunSpec = field(default_factory=lambda: RunSpec(steps=8, warmup_steps=2))
     probes: list[Plan] = field(default_factory=lambda: [demo_plan(dp=2, micro_batch_size=2),
                                                         demo_plan(dp=2, micro_batch_size=4, zero_stage=1),
                                                         demo_plan(tp=2, micro_batch_size=4)])

@@ -1,6 +1,6 @@
 """The closed loop (``mindpipe demo``) end to end on 2 CPU ranks with a tiny model.
 
-The demo itself runs ``gpt-tiny-32k`` on 2 ranks in 3 rounds (minutes); this is the same code at a
+The demo itself runs ``gpt-tiny-8k`` on 2 ranks in 3 rounds (minutes); this is the same code at a
 size CI can afford (one round, a tinier model): every stage runs for real (profile, tune, executor
 runs, calibration, re-tune, report).
 """

@@ -23,13 +23,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``demo`` subcommand to ``sub`` and return its parser."""
     p = sub.add_parser("demo", help="the closed loop on this CPU: profile, tune, run, calibrate, report")
     p.add_argument("--out", default="results", metavar="DIR", help="output directory (default results)")
-    p.add_argument("--model", default="gpt-tiny-32k", help="built-in model or model file (default gpt-tiny-32k)")
+    p.add_argument("--model", default="gpt-tiny-8k", help="built-in model or model file (default gpt-tiny-8k)")
     p.add_argument("--ranks", type=count(1, MAX_RANKS), default=2,
                    help=f"CPU ranks, 1 to {MAX_RANKS}; one per core is best (default 2)")
-    p.add_argument("--global-batch", type=count(1, MAX_GLOBAL_BATCH), default=8,
-                   help=f"samples per iteration, 1 to {MAX_GLOBAL_BATCH} (default 8)")
-    p.add_argument("--steps", type=count(2, MAX_STEPS), default=5,
-                   help=f"training steps per run, 2 (one warm-up) to {MAX_STEPS} (default 5)")
+    p.add_argument("--global-batch", type=count(1, MAX_GLOBAL_BATCH), default=16,
+                   help=f"samples per iteration, 1 to {MAX_GLOBAL_BATCH} (default 16)")
+    p.add_argument("--steps", type=count(2, MAX_STEPS), default=8,
+                   help=f"training steps per run, 2 (one warm-up) to {MAX_STEPS} (default 8)")
     p.add_argument("--rounds", type=count(1, MAX_ROUNDS), default=3,
                    help=f"interleaved rounds of every measured plan, 1 to {MAX_ROUNDS} (default 3)")
     p.set_defaults(func=cmd_demo)
