@@ -63,9 +63,9 @@ def start_watchdog(run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
 def tell(watchdog: subprocess.Popen[bytes], message: str) -> None:
     """Send one line to the watchdog (ignored if it is gone)."""
     with contextlib.suppress(OSError, ValueError):
-        assert watchdog.stdin is not None
-        watchdog.stdin.write(message.encode() + b"\n")
-        watchdog.stdin.flush()
+        if watchdog.stdin is not None:  # always: it is started with stdin=PIPE
+            watchdog.stdin.write(message.encode() + b"\n")
+            watchdog.stdin.flush()
 
 
 def release(watchdog: subprocess.Popen[bytes], done: bool = True) -> None:
@@ -73,8 +73,8 @@ def release(watchdog: subprocess.Popen[bytes], done: bool = True) -> None:
     if done:
         tell(watchdog, "done")
     with contextlib.suppress(OSError, ValueError):
-        assert watchdog.stdin is not None
-        watchdog.stdin.close()
+        if watchdog.stdin is not None:
+            watchdog.stdin.close()
     if not done:
         return  # it stops what is left in its own time
     try:
@@ -98,8 +98,8 @@ def trapped_signals() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
 
 
 def _stop(run_dir: Path, torchrun: rundir.ProcRef, proc: subprocess.Popen[str]) -> None:
@@ -136,7 +136,8 @@ def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: Path, log_path: P
                                     errors="replace", start_new_session=True, preexec_fn=_pdeathsig(signal.SIGTERM))
             torchrun = rundir.ref(proc.pid)
             tell(watchdog, f"torchrun {proc.pid} {'-' if torchrun.start is None else torchrun.start}")
-            assert proc.stdout is not None
+            if proc.stdout is None:  # never: started with stdout=PIPE
+                raise RuntimeError("torchrun was started without a pipe for its output")
             reader = threading.Thread(target=_pump, args=(proc.stdout, log, tail), daemon=True)
             reader.start()
             try:
