@@ -51,6 +51,23 @@ def _what(mode: int) -> str:
     return "not a regular file"
 
 
+def _stat_target(p: Path, dangling: str, sep: str) -> os.stat_result | None:
+    """``os.stat`` of an output path (following links); None if nothing is there.
+
+    Raises:
+        ContractError: a dangling link (``is a symbolic link to nothing{sep}{dangling}``) or a parent
+            that is not a directory.
+    """
+    try:
+        return os.stat(p)
+    except FileNotFoundError:
+        if os.path.islink(p):
+            raise ContractError(str(p), None, f"is a symbolic link to nothing{sep}{dangling}") from None
+        return None
+    except NotADirectoryError:
+        raise ContractError(str(p), None, "a parent of this path is not a directory") from None
+
+
 def classify(path: str | os.PathLike[str]) -> tuple[Kind, Path]:
     """What writing ``path`` means: ``(kind, where)``; ``where`` is the file to replace.
 
@@ -59,14 +76,9 @@ def classify(path: str | os.PathLike[str]) -> tuple[Kind, Path]:
             parent of it is not a directory.
     """
     p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        if os.path.islink(p):
-            raise ContractError(str(p), None, "is a symbolic link to nothing: refusing to write through it") from None
+    st = _stat_target(p, "refusing to write through it", ": ")
+    if st is None:
         return "new", p
-    except NotADirectoryError:
-        raise ContractError(str(p), None, "a parent of this path is not a directory") from None
     if stat.S_ISREG(st.st_mode):
         if not os.path.islink(p):
             return "regular", p
@@ -232,14 +244,9 @@ def check_output(path: str | os.PathLike[str], *, directory: bool = False) -> bo
         kind, _ = classify(path)
         return kind != "new"
     p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        if os.path.islink(p):
-            raise ContractError(str(p), None, "is a symbolic link to nothing, expected a directory") from None
+    st = _stat_target(p, "expected a directory", ", ")
+    if st is None:
         return False
-    except NotADirectoryError:
-        raise ContractError(str(p), None, "a parent of this path is not a directory") from None
     if not stat.S_ISDIR(st.st_mode):
         raise ContractError(str(p), None, f"is {_what(st.st_mode)}, expected a directory")
     return True
