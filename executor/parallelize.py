@@ -14,7 +14,9 @@ Recompute wraps a block's ``forward`` (instance attribute, so parameter names st
 ``full`` checkpoints the whole block; ``selective`` checkpoints only the attention core (Q·Kᵀ,
 mask, softmax, dropout, ·V: ``Attention.core``), as Korthikanti et al. (2022, §5) define it and
 Megatron implements it — the simulator's compute and memory models price exactly that; ``swap``
-(per-layer policy) offloads the saved activations to host memory.
+(per-layer policy) sends the block's saved activations to a host pool
+(:mod:`mindpipe.executor.offload`: pinned memory and a side stream on CUDA, a separately counted
+pool on CPU).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from mindpipe.executor.memory_account import MemoryAccount
+from mindpipe.executor.offload import HostPool, swapping
 from mindpipe.executor.stages import StageModule
 from mindpipe.traces.config import Plan
 from mindpipe.traces.layout import BlockPolicy, block_policies, data_parallel_units, reshards_after_forward
@@ -39,7 +43,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 
 def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -72,32 +76,44 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
             "out": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(), use_local_output=True)})
 
 
-def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
+def _checkpointed(forward: Callable[..., Any], memory: MemoryAccount | None) -> Callable[..., Any]:
+    contexts = memory.recompute_contexts if memory is not None else noop_context_fn
+
     def run(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts, **kwargs)
 
     return run
 
 
-def _swapped(forward: Callable[..., Any]) -> Callable[..., Any]:
+def _swapped(forward: Callable[..., Any], pool: HostPool, memory: MemoryAccount | None) -> Callable[..., Any]:
+    on_unpack = memory.transient if memory is not None else None
+
     def run(*args: Any, **kwargs: Any) -> Any:
-        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+        with swapping(pool, on_unpack):
             return forward(*args, **kwargs)
 
     return run
 
 
-def apply_recompute(stage: StageModule, policies: list[BlockPolicy]) -> None:
-    """Wrap each block's forward per its policy (indices are global block numbers)."""
+def apply_recompute(stage: StageModule, policies: list[BlockPolicy], pool: HostPool | None = None,
+                    memory: MemoryAccount | None = None) -> None:
+    """Wrap each block's forward per its policy (indices are global block numbers).
+
+    ``pool`` receives the saved activations of ``swap`` blocks (a new one on the stage's device
+    when None); ``memory``, the rank's accounting, counts recomputed outputs and swapped-in copies
+    as transient.
+    """
     for key, block in stage.blocks.items():
         policy = policies[int(key)]
         if policy == "full":
-            block.forward = _checkpointed(block.forward)  # type: ignore[method-assign]
+            block.forward = _checkpointed(block.forward, memory)  # type: ignore[method-assign]
         elif policy == "selective":
             attn: Any = block.attn
-            attn.core = _checkpointed(attn.core)
+            attn.core = _checkpointed(attn.core, memory)
         elif policy == "swap":
-            block.forward = _swapped(block.forward)  # type: ignore[method-assign]
+            if pool is None:
+                pool = HostPool(next(block.parameters()).device)
+            block.forward = _swapped(block.forward, pool, memory)  # type: ignore[method-assign]
 
 
 def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, plan: Plan) -> nn.Module:
@@ -123,11 +139,15 @@ def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, plan: Plan) -> 
     return stage
 
 
-def parallelize_stage(stage: StageModule, mesh: DeviceMesh, plan: Plan, num_layers: int) -> nn.Module:
-    """TP → recompute → DP on one stage module (in place); returns the module to run."""
+def parallelize_stage(stage: StageModule, mesh: DeviceMesh, plan: Plan, num_layers: int, pool: HostPool | None = None,
+                      memory: MemoryAccount | None = None) -> nn.Module:
+    """TP → recompute → DP on one stage module (in place); returns the module to run.
+
+    ``pool`` and ``memory``: see :func:`apply_recompute`.
+    """
     if plan.tp > 1:
         apply_tensor_parallel(stage, mesh["tp"], plan.sequence_parallel)
-    apply_recompute(stage, block_policies(plan, num_layers))
+    apply_recompute(stage, block_policies(plan, num_layers), pool, memory)
     return apply_data_parallel(stage, mesh["dp"], plan)
 
 

@@ -1,0 +1,234 @@
+"""Live-tensor accounting of one rank's device memory, and the emulated device capacity.
+
+What is counted — the same terms the simulator's memory model prices per pipeline rank
+(:func:`mindpipe.simulator.memory.stage_memory`), so the two compare term by term:
+
+* **weights**: the local storage of every parameter of the rank's stage modules (the local shard
+  under TP or ZeRO-3), counted once after the model is built;
+* **gradients**: the local ``.grad`` of every parameter, re-read after each backward action (0
+  after ``zero_grad(set_to_none=True)`` at the start of a step, as in torch);
+* **optimizer**: every tensor in the optimizers' state (AdamW ``exp_avg``, ``exp_avg_sq``,
+  ``step``), re-read after each optimizer step;
+* **activations**: every tensor autograd saves for backward during the pipeline schedule's step
+  (the stage forwards and the loss), through ``torch.autograd.graph.saved_tensors_hooks``,
+  counted once per storage (Q, K and V, views of one QKV output, count once) from the moment it
+  is saved until autograd releases it. Parameters saved by their layers are weights, not
+  activations. A fully recomputed block saves only its input (the checkpoint's saved inputs); a
+  swapped block saves nothing on the device (:mod:`mindpipe.executor.offload`);
+* **transient**: tensors that exist only for a block's backward: what a recomputed forward saves
+  for the backward (a ``TorchDispatchMode`` in the checkpoint's recompute context sees the
+  checkpoint keep them) and the copies a swapped block brings back, each until it is freed.
+
+Not counted: the pipeline's send/receive buffers and stage outputs, the causal-mask buffers,
+temporaries of the forward and backward that autograd does not keep, communication buffers and
+allocator slack. On CUDA the measured peak is the allocator's (``torch.cuda.max_memory_allocated``),
+which includes them; the accounting is recorded beside it.
+
+The peak of the sum is tracked at every change. With a capacity (``--memory-budget-gib``) a
+change that takes the sum above it raises a :class:`~mindpipe.traces.errors.ContractError` naming
+the rank, its stages and the terms; the rank stops before the step completes, so no checkpoint is
+written for that step (earlier checkpoints stay as they are).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from mindpipe.executor.offload import is_weight
+from mindpipe.traces.errors import ContractError
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryTerms:
+    """Accounted bytes of one rank at one instant (see module docstring)."""
+
+    weights: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    transient: int = 0
+
+    @property
+    def total(self) -> int:
+        """Sum of the terms."""
+        return self.weights + self.gradients + self.optimizer + self.activations + self.transient
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local tensor of a DTensor (its storage is what this rank holds)."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int] | None:
+    """(key, bytes) of ``t``'s storage; None for tensors without one of their own (empty, meta)."""
+    t = _local(t)
+    try:
+        st = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return (st.data_ptr(), st.nbytes()) if st.nbytes() else None
+
+
+class _Held:
+    """A saved activation counted in ``account``; autograd releasing it uncounts it."""
+
+    __slots__ = ("account", "key", "tensor")
+
+    def __init__(self, account: MemoryAccount, tensor: torch.Tensor, key: int) -> None:
+        self.account, self.tensor, self.key = account, tensor, key
+
+    def __del__(self) -> None:
+        self.account._release("activations", self.key)
+
+
+class _RecomputeOutputs(TorchDispatchMode):
+    """Counts what a recomputed forward saves for the backward as transient, until it is freed.
+
+    torch's checkpoint keeps each recomputed tensor that requires grad as ``x.detach()``: the
+    outputs of ``aten.detach`` in the recompute are those tensors (saved tensors that need no
+    grad, such as LayerNorm statistics, 1/h of the rest, are missed).
+    """
+
+    def __init__(self, account: MemoryAccount) -> None:
+        super().__init__()
+        self.account = account
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.detach.default and isinstance(out, torch.Tensor):
+            self.account.transient(out)
+        return out
+
+
+class MemoryAccount:
+    """The accounted device memory of one rank (module docstring).
+
+    Args:
+        modules: The rank's stage modules (after parallelisation).
+        device: The rank's device; only tensors on its device type are counted.
+        where: How the budget error names the rank (e.g. ``pipeline rank 1 (stage 1)``).
+        budget_bytes: The emulated device capacity, or None.
+    """
+
+    def __init__(self, modules: list[nn.Module], device: torch.device, where: str, budget_bytes: int | None = None) -> None:
+        self.modules, self.device_type, self.where, self.budget = modules, device.type, where, budget_bytes
+        self.step = 0
+        self._counts: dict[str, dict[int, int]] = {"activations": {}, "transient": {}}
+        self._bytes: dict[str, dict[int, int]] = {"activations": {}, "transient": {}}
+        self.terms = self.peak = MemoryTerms()
+        self._weights: set[int] = set()
+        self.exceeded: ContractError | None = None
+
+    # -- terms -------------------------------------------------------------------------------
+    def _params(self) -> Iterator[nn.Parameter]:
+        for m in self.modules:
+            yield from m.parameters()
+
+    def _param_bytes(self) -> int:
+        return sum(s[1] for p in self._params() if (s := _storage(p)) is not None)
+
+    def _set(self, **terms: int) -> None:
+        t = self.terms
+        self.terms = MemoryTerms(**{k: terms.get(k, getattr(t, k)) for k in MemoryTerms.__dataclass_fields__})
+        total = self.terms.total
+        if total > self.peak.total:
+            self.peak = self.terms
+        if self.budget is not None and total > self.budget:
+            self._over(total)
+
+    def _over(self, total: int) -> None:
+        if self.exceeded is not None:
+            return
+        t = self.terms
+        self.exceeded = ContractError("--memory-budget-gib", None, (
+            f"{self.where} needs {total / GIB:.4f} GiB at step {self.step} (weights {t.weights / GIB:.4f}, gradients "
+            f"{t.gradients / GIB:.4f}, optimizer {t.optimizer / GIB:.4f}, activations {t.activations / GIB:.4f}, "
+            f"transient {t.transient / GIB:.4f}), over the budget of {self.budget / GIB:.4f} GiB"))  # type: ignore[operator]
+        raise self.exceeded
+
+    def count_weights(self) -> None:
+        """Count the parameters' local storage (once the modules are parallelised)."""
+        self._weights = {s[0] for p in self._params() if (s := _storage(p)) is not None}
+        self._set(weights=self._param_bytes())
+
+    def refresh_gradients(self) -> None:
+        """Re-read the gradients' bytes (after a backward action, and after ``zero_grad``)."""
+        self._set(gradients=sum(s[1] for p in self._params() if p.grad is not None and (s := _storage(p.grad))))
+
+    def refresh_optimizer(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Re-read the optimizers' state bytes (after their step)."""
+        total = 0
+        for opt in optimizers:
+            for state in opt.state.values():
+                total += sum(s[1] for v in state.values() if isinstance(v, torch.Tensor) and (s := _storage(v)))
+        self._set(optimizer=total)
+
+    # -- activations and transients ------------------------------------------------------------
+    def _hold(self, term: str, key: int, nbytes: int) -> None:
+        counts = self._counts[term]
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] == 1:
+            self._bytes[term][key] = nbytes
+            self._set(**{term: getattr(self.terms, term) + nbytes})
+
+    def _release(self, term: str, key: int) -> None:
+        counts = self._counts[term]
+        counts[key] -= 1
+        if counts[key] == 0:
+            del counts[key]
+            nbytes = self._bytes[term].pop(key)
+            t = self.terms
+            self.terms = MemoryTerms(**{**{k: getattr(t, k) for k in MemoryTerms.__dataclass_fields__},
+                                        term: getattr(t, term) - nbytes})
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        local = _local(t)
+        if is_weight(t) or local.device.type != self.device_type:
+            return t
+        s = _storage(local)
+        if s is None or s[0] in self._weights:
+            return t
+        self._hold("activations", *s)
+        return _Held(self, t, s[0])
+
+    @staticmethod
+    def _unpack(p: Any) -> torch.Tensor:
+        return p.tensor if isinstance(p, _Held) else p
+
+    @contextlib.contextmanager
+    def saving(self, step: int) -> Iterator[None]:
+        """Count the tensors saved for backward while the schedule's step ``step`` runs."""
+        self.step = step
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield
+        except Exception:
+            if self.exceeded is not None:  # torch's pipelining wraps it in a RuntimeError
+                raise self.exceeded from None
+            raise
+
+    def transient(self, t: torch.Tensor) -> None:
+        """Count ``t`` as transient until it is freed (a recomputed output, a swapped-in copy)."""
+        local = _local(t)
+        s = _storage(local) if local.device.type == self.device_type else None
+        if s is None or s[0] in self._weights:
+            return
+        self._hold("transient", *s)
+        weakref.finalize(local, self._release, "transient", s[0])
+
+    def recompute_contexts(self) -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
+        """``context_fn`` for ``torch.utils.checkpoint``: nothing in the forward, counting in the recompute."""
+        return contextlib.nullcontext(), _RecomputeOutputs(self)
+
+
+__all__ = ["GIB", "MemoryAccount", "MemoryTerms"]

@@ -1,0 +1,133 @@
+"""Swap: a block's saved activations leave the device after its forward and come back for its backward.
+
+vPipe's third per-layer choice (Zhao et al., TPDS'21; BACKGROUND.md §4.2), the ``swap`` block
+policy of :func:`mindpipe.traces.layout.block_policies`. While a swapped block runs its forward,
+:func:`swapping` installs ``torch.autograd.graph.saved_tensors_hooks`` whose pack hook copies
+every tensor autograd saves into a :class:`HostPool` and whose unpack hook copies it back when the
+backward needs it. The device keeps nothing of the block between its forward and its backward;
+the copies brought back live only until the backward that asked for them is done.
+
+* **CUDA**: the pool is pinned host memory; the device→host copy runs on a side stream, after
+  the producing kernels (the side stream waits on the compute stream), and the source's memory
+  is held for that stream (``record_stream``) so the allocator does not reuse it before the copy
+  ends. The host→device copy waits for that copy's event and runs on the compute stream
+  (``non_blocking``: pinned memory makes it asynchronous). This is
+  ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` with the copy out moved off the
+  compute stream.
+* **CPU**: "device" and host are the same RAM, so the pool is a separate set of copies that the
+  rank's device accounting (:mod:`mindpipe.executor.memory_account`) does not count: the saved
+  tensor's own storage is no longer held by autograd, exactly as on a GPU. The pool's bytes are
+  reported on their own (``host_pool_peak_bytes``).
+
+Values are copied bit for bit both ways, so a swapped run trains to the same losses as a kept one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+
+def is_weight(t: torch.Tensor) -> bool:
+    """A parameter, or a view of one (a layer saves its weight for backward): not an activation."""
+    return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
+
+
+class _Swapped:
+    """One saved tensor in the pool; its bytes leave the pool when autograd releases it."""
+
+    __slots__ = ("done", "host", "pool")
+
+    def __init__(self, pool: HostPool, host: torch.Tensor, done: Any) -> None:
+        self.pool, self.host, self.done = pool, host, done
+        pool.add(host.numel() * host.element_size())
+
+    def __del__(self) -> None:
+        self.pool.add(-(self.host.numel() * self.host.element_size()))
+
+
+class HostPool:
+    """Host memory holding swapped activations, counted apart from the device's memory.
+
+    Attributes:
+        live_bytes: Bytes in the pool now.
+        peak_bytes: Most bytes the pool held at once.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        # Tensors packed in the running block forward: (storage, offset, shape, stride, dtype) ->
+        # (the tensor, its copy); a tensor saved by several ops is copied once.
+        self.packed: dict[tuple[Any, ...], tuple[weakref.ref[torch.Tensor], _Swapped]] = {}
+        self.cuda = device.type == "cuda"
+        self.stream: Any = torch.cuda.Stream(device) if self.cuda else None
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    def add(self, nbytes: int) -> None:
+        """Account ``nbytes`` entering (or, negative, leaving) the pool."""
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def pack(self, t: torch.Tensor) -> _Swapped | torch.Tensor:
+        """Copy ``t`` into the pool (module docstring: side stream and pinned memory on CUDA).
+
+        Weights stay where they are (they are on the device anyway).
+        """
+        if is_weight(t):
+            return t
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
+        seen = self.packed.get(key)
+        if seen is not None and seen[0]() is not None:  # alive: the same memory, not a reuse of it
+            return seen[1]
+        s = self._copy(t)
+        self.packed[key] = (weakref.ref(t), s)
+        return s
+
+    def _copy(self, t: torch.Tensor) -> _Swapped:
+        if not self.cuda or t.device.type != "cuda":
+            return _Swapped(self, t.detach().clone(), None)
+        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=True)
+        compute = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(compute)
+        with torch.cuda.stream(self.stream):
+            host.copy_(t, non_blocking=True)
+        t.record_stream(self.stream)
+        return _Swapped(self, host, self.stream.record_event())
+
+    def unpack(self, s: _Swapped | torch.Tensor) -> torch.Tensor:
+        """The tensor back on the device (a fresh copy; the pool keeps its own until released)."""
+        if isinstance(s, torch.Tensor):
+            return s
+        if s.done is None:
+            return s.host.clone()
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_event(s.done)
+        return s.host.to(self.device, non_blocking=True)
+
+
+@contextlib.contextmanager
+def swapping(pool: HostPool, on_unpack: Callable[[torch.Tensor], None] | None = None) -> Iterator[None]:
+    """Send every tensor saved for backward inside the block to ``pool``.
+
+    ``on_unpack`` sees each tensor brought back (the device accounting counts it as transient).
+    """
+
+    def unpack(s: _Swapped | torch.Tensor) -> torch.Tensor:
+        t = pool.unpack(s)
+        if on_unpack is not None and isinstance(s, _Swapped):
+            on_unpack(t)
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pool.pack, unpack):
+            yield
+    finally:
+        pool.packed.clear()
+
+
+__all__ = ["HostPool", "is_weight", "swapping"]
