@@ -51,6 +51,9 @@ class RunConfig:
         timeout_s: Collective timeout of every process group (a dead peer ends the run).
         warmup_steps: Leading steps left out of the aggregates.
         profile_step: Step whose collectives are recorded with torch.profiler (0: none).
+        memory_budget_gib: Emulated device capacity per rank: a plan the simulator predicts
+            over it is refused before launch, and a rank whose accounted memory
+            (:mod:`mindpipe.executor.memory_account`) exceeds it stops the run. None: the device's own.
     """
 
     model: Model
@@ -71,6 +74,7 @@ class RunConfig:
     timeout_s: float = 300.0
     warmup_steps: int = 1
     profile_step: int = 0
+    memory_budget_gib: float | None = None
     format_version: int = RUN_CONFIG_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -83,6 +87,8 @@ class RunConfig:
         for key in ("checkpoint_every", "warmup_steps", "profile_step"):
             integer(key, getattr(self, key), 0, "train_steps")
         one_of("schedule_source", self.schedule_source, SCHEDULE_SOURCES)
+        if self.memory_budget_gib is not None:
+            positive("memory_budget_gib", self.memory_budget_gib)
         one_of("device", self.device, DEVICES)
         if self.resume_from is not None:
             integer("resume_from", self.resume_from, 1, "train_steps")
@@ -153,6 +159,9 @@ def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="collective timeout in seconds (default 300)")
     p.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the aggregates (default 1)")
     p.add_argument("--profile-step", type=int, default=0, help="record the collectives of this step (default: none)")
+    p.add_argument("--memory-budget-gib", type=float, default=None, metavar="GIB",
+                   help="emulate a device of GIB GiB per rank: refuse a plan the simulator says does not fit, "
+                        "stop a rank whose accounted memory exceeds it")
     p.add_argument("--json", action="store_true", help="print a JSON summary of the run on stdout")
 
 
@@ -236,6 +245,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "resume_from": args.resume_from,
         "schedule_source": args.schedule_source, "device": args.device, "timeout_s": args.timeout,
         "warmup_steps": args.warmup_steps, "profile_step": args.profile_step,
+        "memory_budget_gib": args.memory_budget_gib,
     }
     try:
         return RunConfig(**fields)

@@ -180,7 +180,8 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
     world = None if ":" in str(args.nnodes) else int(args.nproc) * int(args.nnodes)
     pre = check_run(cfg.model, cfg.plan, world if world is not None else cfg.plan.world_size, kind, spec,
                     cfg.schedule_source, text_data=cfg.data != "synthetic", source=plan_source(args.plan),
-                    ranks_per_device=int(args.nproc) if kind == "cpu" else 1, memory_check=memory_check)
+                    ranks_per_device=int(args.nproc) if kind == "cpu" else 1, memory_check=memory_check,
+                    memory_budget_gib=cfg.memory_budget_gib)
     check_checkpoint(cfg)
     for note in pre.notes:
         print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)

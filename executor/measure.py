@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 from mindpipe.executor.layer_timing import LayerTimer, Segment
+from mindpipe.executor.memory_account import MemoryAccount
+from mindpipe.executor.offload import HostPool
 from mindpipe.executor.payload import (
     ActionKind,
     ActionSpan,
@@ -37,6 +39,7 @@ from mindpipe.executor.payload import (
     StepSpan,
 )
 from mindpipe.executor.torch_pipelining import weight_pass_runs_whole_backward
+from mindpipe.traces.measured import StageMemory
 from torch import nn
 
 Mark = Any  # float seconds (CPU) or torch.cuda.Event
@@ -187,6 +190,18 @@ def peak_memory(device: torch.device) -> tuple[int, MemorySource]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "process_rss"  # Linux: KiB
 
 
+def stage_memory(device: torch.device, account: MemoryAccount, pool: HostPool) -> StageMemory:
+    """The rank's :class:`~mindpipe.traces.measured.StageMemory`: CUDA's allocator peak, or the accounted one."""
+    t = account.peak
+    cuda = device.type == "cuda"
+    return StageMemory(
+        peak_bytes=int(torch.cuda.max_memory_allocated(device)) if cuda else t.total,
+        source="cuda_allocator" if cuda else "tensor_accounting", accounted_peak_bytes=t.total,
+        weights_bytes=t.weights, gradients_bytes=t.gradients, optimizer_bytes=t.optimizer,
+        activations_bytes=t.activations, transient_bytes=t.transient, host_pool_peak_bytes=pool.peak_bytes,
+        budget_bytes=account.budget)
+
+
 def cpu_seconds() -> float:
     """CPU time (user + system) this process has used."""
     import psutil
@@ -225,4 +240,4 @@ class EnergyMeter:
         return float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) / 1e3
 
 
-__all__ = ["EnergyMeter", "Recorder", "cpu_seconds", "peak_memory"]
+__all__ = ["EnergyMeter", "Recorder", "cpu_seconds", "peak_memory", "stage_memory"]

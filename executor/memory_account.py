@@ -226,6 +226,23 @@ class MemoryAccount:
         self._hold("transient", *s)
         weakref.finalize(local, self._release, "transient", s[0])
 
+    def wrap_stage(self, stage: Any) -> None:
+        """Re-read the gradients after each of the pipeline stage's backward actions (B, I, W)."""
+        bwd, bww = stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+        def backward_one_chunk(*args: Any, **kwargs: Any) -> Any:
+            out = bwd(*args, **kwargs)
+            self.refresh_gradients()
+            return out
+
+        def backward_weight_one_chunk(*args: Any, **kwargs: Any) -> Any:
+            out = bww(*args, **kwargs)
+            self.refresh_gradients()
+            return out
+
+        stage.backward_one_chunk = backward_one_chunk
+        stage.backward_weight_one_chunk = backward_weight_one_chunk
+
     def recompute_contexts(self) -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
         """``context_fn`` for ``torch.utils.checkpoint``: nothing in the forward, counting in the recompute."""
         return contextlib.nullcontext(), _RecomputeOutputs(self)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mindpipe.traces.measured import StageMemory
+
 ActionKind = Literal["F", "B", "I", "W"]
 CommKind = Literal["p2p_wait", "dp_sync", "collective"]
 Axis = Literal["pp", "dp", "tp", "world", "unknown"]
@@ -140,6 +142,7 @@ class RankPayload:
         cpu_s, cpu_steps: Process CPU seconds over ``cpu_steps`` measured steps.
         energy_j: NVML energy over the measured steps (None without counters).
         peak_memory_bytes, memory_source: Peak allocator memory (CUDA) or peak RSS (CPU).
+        memory: Peak device memory of the rank's stages, with the accounting's terms.
         orders: The compute actions per pipeline rank the schedule followed (``2F0`` ...).
     """
 
@@ -160,6 +163,7 @@ class RankPayload:
     peak_memory_bytes: int
     memory_source: MemorySource
     orders: dict[int, list[str]] = field(default_factory=dict)
+    memory: StageMemory | None = None
 
     @property
     def cpu_per_step(self) -> float:

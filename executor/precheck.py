@@ -16,6 +16,7 @@ note says so).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, check_plan, plan_value, what_if_used
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import block_policies
 
 GIB = 2**30
 # torch.distributed.pipelining class per schedule name of the plan (torch 2.13 names).
@@ -103,13 +103,16 @@ def what_if_notes(plan: Plan) -> list[str]:
 
 def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, device: DeviceSpec | None,
               schedule_source: str = "auto", text_data: bool = False, source: str = "plan",
-              ranks_per_device: int = 1, memory_check: MemoryCheck | None = None) -> Precheck:
+              ranks_per_device: int = 1, memory_check: MemoryCheck | None = None,
+              memory_budget_gib: float | None = None) -> Precheck:
     """Validate a run of ``plan`` on ``world_size`` ranks of a ``device_kind`` (``cpu``/``cuda``) device.
 
     ``device`` is its catalog entry (None for a GPU the catalog does not list: no memory check).
     ``ranks_per_device`` ranks share one device's memory (CPU ranks on one host share its RAM).
     ``memory_check`` estimates each pipeline rank's peak memory and refuses a plan that does not
     fit (``mindpipe run`` passes the simulator's); None runs no memory check (the notes say so).
+    ``memory_budget_gib`` replaces the device's capacity with that of an emulated device of its
+    own per rank (``--memory-budget-gib``): the memory check refuses a plan over it.
 
     Raises:
         ContractError: the plan is malformed for this model, was tuned for another device kind
@@ -130,8 +133,6 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
         fail("tp", f"tp={plan.tp} does not divide vocab_size={model.vocab_size} (vocabulary-parallel LM head)")
     if text_data and model.vocab_size < 256:
         fail("vocab_size", f"byte-level text needs vocab_size >= 256, the model has {model.vocab_size}")
-    if "swap" in block_policies(plan, model.num_layers) and device_kind != "cuda":
-        fail("layer_memory_policy", "'swap' offloads activations to host memory and needs a GPU")
     src = resolve_schedule_source(schedule_source, plan)
     m = plan.num_microbatches
     if plan.pp > 1 and plan.schedule in ("interleaved_1f1b", "zb_h1") and m % max(1, m // plan.pp):
@@ -143,6 +144,9 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
     if plan.zero_stage in (1, 2):
         notes.append(f"zero_stage={plan.zero_stage} runs as FSDP2 without resharding after forward (ZeRO-2 semantics)")
     notes += what_if_notes(plan)
+    if device is not None and memory_budget_gib is not None:
+        device = dataclasses.replace(device, memory_capacity_bytes=int(memory_budget_gib * GIB))
+        ranks_per_device = 1  # each rank emulates a device of its own
     if device is None:
         notes.append("memory pre-check skipped: this GPU is not in the hardware catalog")
         return Precheck(src, None, 0.0, notes)

@@ -99,7 +99,7 @@ def _rank_record(p: RankPayload, n_steps: int) -> RankRecord:
         compute_s=per_step(p.spans.actions), p2p_wait_s=per_step(p.spans.comms, "p2p_wait"),
         dp_sync_s=per_step(p.spans.comms, "dp_sync"), optimizer_s=per_step(p.spans.optimizer),
         peak_memory_bytes=p.peak_memory_bytes, memory_source=p.memory_source, cpu_time_s=p.cpu_per_step,
-        energy_j=None if p.energy_j is None else p.energy_j / n_steps,
+        energy_j=None if p.energy_j is None else p.energy_j / n_steps, memory=p.memory,
     )
 
 

@@ -23,7 +23,9 @@ from mindpipe.executor.comm_profile import profiled
 from mindpipe.executor.config import RunConfig
 from mindpipe.executor.data import TokenSource
 from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
-from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory
+from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory, stage_memory
+from mindpipe.executor.memory_account import GIB, MemoryAccount
+from mindpipe.executor.offload import HostPool
 from mindpipe.executor.parallelize import parallelize_stage
 from mindpipe.executor.payload import Coords, RankPayload
 from mindpipe.executor.pipeline import make_schedule
@@ -100,16 +102,20 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     permute_qkv_for_tp(gpt, plan.tp)
     modules = build_stage_modules(gpt, plan, coords["pp"])
     del gpt  # blocks of other pipeline ranks are freed here
-    parts = []
+    parts = [mod for _, mod in sorted(modules.items())]
+    budget = None if cfg.memory_budget_gib is None else int(cfg.memory_budget_gib * GIB)
+    memory = MemoryAccount(parts, device, f"pipeline rank {coords['pp']} (stages {sorted(modules)})", budget)
+    pool = HostPool(device)
     stages = []
     for s, mod in sorted(modules.items()):
         mod.to(device)
-        parallelize_stage(mod, mesh, plan, model.num_layers)
-        parts.append(mod)
+        parallelize_stage(mod, mesh, plan, model.num_layers, pool, memory)
         stages.append(PipelineStage(mod, s, plan.num_stages, device, group=mesh.get_group("pp")))
+    memory.count_weights()
     recorder = Recorder(device, origin=0.0)
     for st, mod in zip(stages, parts, strict=True):
         recorder.wrap_stage(st, mod.layers())
+        memory.wrap_stage(st)
     schedule, orders = make_schedule(plan, stages, pre.schedule_source)
     try:
         optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
@@ -148,16 +154,19 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         x, y = (t.to(device) for t in source.local_batch_at(step, coords["dp"]))
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
+        memory.refresh_gradients()
         mb_losses: list[torch.Tensor] = []
         args = (x,) if has_first else ()
         kwargs: dict[str, Any] = {"target": y, "losses": mb_losses} if has_last else {}
         recorder.begin_step(step)
         cpu0 = cpu_seconds() if skip_profiled_cpu and step == cfg.profile_step else None
         with profiled(step == cfg.profile_step, recorder, mesh), timed_p2p_waits(recorder.p2p_wait):
-            schedule.step(*args, return_outputs=False, **kwargs)
+            with memory.saving(step):
+                schedule.step(*args, return_outputs=False, **kwargs)
             with recorder.optimizer_span():
                 for opt in optimizers:
                     opt.step()
+            memory.refresh_optimizer(optimizers)
         recorder.end_step()
         if cpu0 is not None:
             profiled_cpu = cpu_seconds() - cpu0
@@ -177,7 +186,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         losses=[None if v is None else float(v) for v in losses], first_step=start + 1, first_measured=first_measured,
         cpu_s=cpu_s, cpu_steps=cpu_steps,
         energy_j=(e1 - marks["energy"]) if e1 is not None and marks["energy"] is not None else None,
-        peak_memory_bytes=mem, memory_source=mem_source, orders=orders,
+        peak_memory_bytes=mem, memory_source=mem_source, orders=orders, memory=stage_memory(device, memory, pool),
     )
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(payload, gathered, dst=0)

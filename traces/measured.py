@@ -35,6 +35,9 @@ AXES = ("pp", "dp", "tp", "world", "unknown")
 BACKENDS = ("gloo", "nccl")
 DEVICE_KINDS = ("cpu", "cuda")
 MEMORY_SOURCES = ("cuda_allocator", "process_rss")
+# Where a rank's peak device memory comes from: CUDA's allocator, or the executor's accounting of
+# live tensors (CPU ranks; mindpipe.executor.memory_account says what it counts).
+DEVICE_MEMORY_SOURCES = ("cuda_allocator", "tensor_accounting")
 ENERGY_SOURCES = ("nvml", "estimated")
 
 
@@ -124,6 +127,50 @@ class CommEvent:
 
 
 @dataclass
+class StageMemory:
+    """Peak device memory of one rank's pipeline stages (all the virtual stages it runs).
+
+    Comparable per pipeline rank with the simulator's memory model
+    (``Simulator.memory(plan)``: weights, gradients, optimizer state, held activations, the
+    transient of a recomputed or swapped-in block).
+
+    Attributes:
+        peak_bytes: The device's peak: CUDA's allocator peak, or the accounted peak on a CPU.
+        source: ``cuda_allocator`` or ``tensor_accounting`` (see ``DEVICE_MEMORY_SOURCES``).
+        accounted_peak_bytes: The peak of the live-tensor accounting (both devices): the sum of
+            the five terms below, at the instant it was largest.
+        weights_bytes, gradients_bytes, optimizer_bytes, activations_bytes, transient_bytes:
+            The accounting's terms at that instant (activations: tensors saved for backward;
+            transient: a recomputed block's saved tensors and swapped-in copies).
+        host_pool_peak_bytes: Most bytes swapped blocks held in host memory at once (not device).
+        budget_bytes: The emulated device capacity (``--memory-budget-gib``), None without one.
+    """
+
+    peak_bytes: int
+    source: str
+    accounted_peak_bytes: int
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    transient_bytes: int
+    host_pool_peak_bytes: int = 0
+    budget_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        one_of("source", self.source, DEVICE_MEMORY_SOURCES)
+        terms = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "transient_bytes")
+        for key in ("peak_bytes", "accounted_peak_bytes", "host_pool_peak_bytes", *terms):
+            non_negative(key, getattr(self, key))
+        if self.budget_bytes is not None:
+            positive("budget_bytes", self.budget_bytes)
+        total = sum(getattr(self, k) for k in terms)
+        if total != self.accounted_peak_bytes:
+            raise ContractError("", "accounted_peak_bytes", f"accounted_peak_bytes={self.accounted_peak_bytes} is not "
+                                                            f"the sum of its terms ({total})")
+
+
+@dataclass
 class RankRecord:
     """Per-rank totals over the measured steps (warm-up excluded), as means per step.
 
@@ -140,6 +187,8 @@ class RankRecord:
         cpu_time_s: Process CPU time (user + system) per step, from the OS, over the measured
             steps less the profiled one (torch.profiler's own work would inflate it).
         energy_j: Device energy per step from NVML counters; None on CPU.
+        memory: Peak device memory of the rank's stages (:class:`StageMemory`); None in runs
+            recorded before it existed.
     """
 
     rank: int
@@ -156,6 +205,7 @@ class RankRecord:
     memory_source: str
     cpu_time_s: float | None = None
     energy_j: float | None = None
+    memory: StageMemory | None = None
 
     def __post_init__(self) -> None:
         one_of("memory_source", self.memory_source, MEMORY_SOURCES)
@@ -273,9 +323,11 @@ __all__ = [
     "ACTION_KINDS",
     "AXES",
     "COMM_KINDS",
+    "DEVICE_MEMORY_SOURCES",
     "ActionRecord",
     "CommEvent",
     "Measurement",
     "RankRecord",
+    "StageMemory",
     "StepRecord",
 ]

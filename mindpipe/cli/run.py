@@ -37,11 +37,14 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def memory_check(model: Model, plan: Plan, device: DeviceSpec, ranks_per_device: int) -> list[float]:
-    """Per-rank GiB of ``plan`` on ``device``; raises ContractError when a rank does not fit."""
+    """Per-rank GiB of ``plan`` on ``device``; raises ContractError when a rank does not fit.
+
+    ``device`` is looked up as given, so an emulated capacity (``--memory-budget-gib``) counts.
+    """
     from mindpipe.simulator.simulator import Simulator
 
     cluster = Cluster(gpu=device.name, num_nodes=1, gpus_per_node=plan.world_size)
-    return Simulator(model, cluster).refuse_unless_fits(plan, ranks_per_device)
+    return Simulator(model, cluster, catalog={device.name.lower(): device}).refuse_unless_fits(plan, ranks_per_device)
 
 
 __all__ = ["add_parser", "cmd_run", "memory_check"]
