@@ -19,7 +19,9 @@ What is counted — the same terms the simulator's memory model prices per pipel
   for the backward (a ``TorchDispatchMode`` in the checkpoint's recompute context sees the
   checkpoint keep them) and the copies a swapped block brings back, each until it is freed.
 
-Not counted: the pipeline's send/receive buffers and stage outputs, the causal-mask buffers,
+Not counted: the forward torch's pipelining runs once, on the first step, to infer the shapes a
+stage sends (:func:`mindpipe.executor.torch_pipelining.around_metadata_inference`; it is not
+training and it is released by the first backward), the pipeline's send/receive buffers and stage outputs, the causal-mask buffers,
 temporaries of the forward and backward that autograd does not keep, communication buffers and
 allocator slack. On CUDA the measured peak is the allocator's (``torch.cuda.max_memory_allocated``),
 which includes them; the accounting is recorded beside it.
@@ -40,6 +42,7 @@ from typing import Any
 
 import torch
 from mindpipe.executor.offload import is_weight
+from mindpipe.executor.torch_pipelining import around_metadata_inference
 from mindpipe.traces.errors import ContractError
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -127,6 +130,7 @@ class MemoryAccount:
         self._bytes: dict[str, dict[int, int]] = {"activations": {}, "transient": {}}
         self.terms = self.peak = MemoryTerms()
         self._weights: set[int] = set()
+        self._paused = 0
         self.exceeded: ContractError | None = None
 
     # -- terms -------------------------------------------------------------------------------
@@ -193,7 +197,7 @@ class MemoryAccount:
 
     def _pack(self, t: torch.Tensor) -> Any:
         local = _local(t)
-        if is_weight(t) or local.device.type != self.device_type:
+        if self._paused or is_weight(t) or local.device.type != self.device_type:
             return t
         s = _storage(local)
         if s is None or s[0] in self._weights:
@@ -242,6 +246,16 @@ class MemoryAccount:
 
         stage.backward_one_chunk = backward_one_chunk
         stage.backward_weight_one_chunk = backward_weight_one_chunk
+        around_metadata_inference(stage, self.paused)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Count nothing saved meanwhile (torch's one-time metadata inference of the first step)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     def recompute_contexts(self) -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
         """``context_fn`` for ``torch.utils.checkpoint``: nothing in the forward, counting in the recompute."""

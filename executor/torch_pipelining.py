@@ -13,6 +13,11 @@ Two private pieces are used, both checked against the torch versions this code w
   the duration of a ``with`` block, which is how the time a rank spends blocked on pipeline
   communication is measured without changing torch.
 
+* ``PipelineStage._forward_metadata_inference`` and ``_backward_metadata_inference``: on its first
+  step a stage runs a real forward (with grad) to infer the shapes it sends, and keeps that graph
+  until the backward's metadata inference. :func:`around_metadata_inference` runs a context
+  around both, so memory accounting can leave this one-time work out (it is not training).
+
 One behaviour of the public ``PipelineStage`` is relied on as well, for per-layer timing: under a
 split backward, a first stage's I does nothing and its W runs the whole backward
 (:func:`weight_pass_runs_whole_backward`).
@@ -82,6 +87,23 @@ def schedule_orders(schedule: Any) -> dict[int, list[str]]:
     """The compute actions per pipeline rank that ``schedule`` holds, as strings like ``2F0``."""
     order = getattr(schedule, "pipeline_order", None) or {}
     return {r: [str(a) for a in acts if a is not None] for r, acts in order.items()}
+
+
+METADATA_INFERENCE = ("_forward_metadata_inference", "_backward_metadata_inference")
+
+
+def around_metadata_inference(stage: PipelineStage, context: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
+    """Run ``context()`` around the stage's metadata inference (module docstring), where torch has it."""
+    for name in METADATA_INFERENCE:
+        method = getattr(stage, name, None)
+        if method is None:
+            continue
+
+        def wrapped(*args: Any, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
+            with context():
+                return _method(*args, **kwargs)
+
+        setattr(stage, name, wrapped)
 
 
 def weight_pass_runs_whole_backward(stage: PipelineStage) -> bool:

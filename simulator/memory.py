@@ -163,7 +163,8 @@ class RankMemory:
         activations_bytes: Peak over the schedule of the activations held for backward (blocks,
             embedding and head extras), weighted per stage.
         other_bytes: Transients and overhead: one block's full activations while it is
-            recomputed or swapped back, ZeRO-3's gathered weights, and the reserved bytes.
+            recomputed or swapped back (less what the backward freed before it,
+            ``_StageMemoryModel.redone_bytes``), ZeRO-3's gathered weights, and the reserved bytes.
         total_bytes: Sum of the above.
         capacity_bytes: The device's memory.
         fits: ``total_bytes <= capacity_bytes``.
@@ -237,14 +238,31 @@ class _StageMemoryModel:
         model, plan, params = self.model, self.plan, self.params
         acts = sum(self.block(p) for p in policies)
         layers = [params["block"]] * len(policies)
+        head = head_activation_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
         if has_embedding:
             acts += embedding_activation_bytes(model, plan, seq_len=self.seq_len, mask_bytes=self.mask)
             layers.append(params["embedding"])
         if has_head:
-            acts += head_activation_bytes(model, plan, seq_len=self.seq_len)
+            acts += head
             layers += [params["final_norm"], params["lm_head"]]
-        redone = any(p in ("full", "swap") for p in policies)
-        return _StageTerms(acts, sum(layers), max(layers, default=0), self.block("none") if redone else 0.0)
+        return _StageTerms(acts, sum(layers), max(layers, default=0), self.redone_bytes(policies, head))
+
+    def redone_bytes(self, policies: list[BlockPolicy], head_bytes: float) -> float:
+        """What a recomputed or swapped-in block adds on top of the stage's held activations.
+
+        The backward runs the stage's layers last to first and frees each one's activations as
+        it goes, so when block j comes back whole (``block("none")``) the micro-batch has already
+        released the head's extras and every block after j: block j adds
+        ``max(0, none − Σ after j)``; the stage's transient is the largest over its redone blocks
+        (measured on CPU with the executor's live-tensor accounting: a swapped block followed by a
+        kept block and the head adds nothing to the peak).
+        """
+        out, after = 0.0, head_bytes
+        for p in reversed(policies):
+            if p in ("full", "swap"):
+                out = max(out, self.block("none") - after)
+            after += self.block(p)
+        return out
 
     def rank(self, rank: int, terms: dict[int, _StageTerms], in_flight: list[dict[int, int]]) -> RankMemory:
         """Peak memory of a pipeline rank holding the stages of ``terms`` (virtual stage → terms).
