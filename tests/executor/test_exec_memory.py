@@ -1,0 +1,154 @@
+"""Swap to a host pool and live-tensor memory accounting, in one process (no launch).
+
+The accounting must count what the simulator's memory model prices: per block and micro-batch,
+``activation_bytes_per_layer`` under the block's policy (CPU masks), the embedding and head
+extras, and one whole block while a recomputed or swapped block is back for its backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from mindpipe.executor.memory_account import MemoryAccount
+from mindpipe.executor.offload import HostPool
+from mindpipe.executor.parallelize import apply_recompute
+from mindpipe.executor.stages import build_stage_modules
+from mindpipe.simulator.memory import activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import block_policies
+from mindpipe.traces.torch_gpt import build_gpt, lm_loss
+
+MODEL = Model(kind="gpt", num_layers=4, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+CPU = torch.device("cpu")
+
+
+def _stage(policies: list[str], budget: int | None = None) -> tuple[torch.nn.Module, MemoryAccount, HostPool, Plan]:
+    plan = Plan(micro_batch_size=2, global_batch_size=2, precision="fp32", layer_memory_policy=policies)
+    mod = build_stage_modules(build_gpt(MODEL, seed=0), plan, 0)[0]
+    memory, pool = MemoryAccount([mod], CPU, "pipeline rank 0 (stages [0])", budget), HostPool(CPU)
+    apply_recompute(mod, block_policies(plan, MODEL.num_layers), pool, memory)
+    memory.count_weights()
+    return mod, memory, pool, plan
+
+
+def _batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, MODEL.vocab_size, (2, MODEL.seq_len), generator=g),
+            torch.randint(0, MODEL.vocab_size, (2, MODEL.seq_len), generator=g))
+
+
+def _simulated_activations(plan: Plan) -> float:
+    per_block = sum(activation_bytes_per_layer(MODEL, plan, policy=p, mask_bytes=4)
+                    for p in block_policies(plan, MODEL.num_layers))
+    return per_block + embedding_activation_bytes(MODEL, plan, mask_bytes=4) + head_activation_bytes(MODEL, plan)
+
+
+@pytest.mark.parametrize("policies", [["keep"] * 4, ["recompute"] * 4, ["swap"] * 4,
+                                      ["keep", "recompute", "swap", "keep"]])
+def test_saved_activations_match_the_simulator(policies):
+    mod, memory, pool, plan = _stage(policies)
+    x, y = _batch()
+    with memory.saving(1):
+        loss = lm_loss(mod(x), y)
+        held = memory.terms.activations
+        loss.backward()
+    sim = _simulated_activations(plan)
+    # Per-token LayerNorm statistics (1/h of the rest) are the only bytes the model leaves out.
+    assert sim <= held <= 1.02 * sim, (held, sim)
+    assert memory.terms.activations == 0 and memory.terms.transient == 0  # all released by the backward
+    weights = sum(p.numel() * 4 for p in mod.parameters())
+    assert memory.terms.weights == weights
+    memory.refresh_gradients()
+    assert memory.terms.gradients == weights
+    if "swap" in policies:
+        swapped = policies.count("swap") * activation_bytes_per_layer(MODEL, plan, policy="none", mask_bytes=4)
+        assert pool.peak_bytes >= swapped and pool.live_bytes == 0
+    else:
+        assert pool.peak_bytes == 0
+
+
+@pytest.mark.parametrize("policy", ["recompute", "swap"])
+def test_a_redone_block_is_transient_while_it_is_back(policy):
+    _, _, _, plan = _stage([policy] * 4)
+    mod, memory, _, _ = _stage(["keep", "keep", "keep", policy])
+    x, y = _batch()
+    with memory.saving(1):
+        lm_loss(mod(x), y).backward()
+    whole = activation_bytes_per_layer(MODEL, plan, policy="none", mask_bytes=4)
+    # At the peak the block is back whole (its backward runs before the kept blocks' and after the head's).
+    assert whole <= memory.peak.transient <= 1.25 * whole, (memory.peak.transient, whole)
+    assert memory.terms.transient == 0
+
+
+def test_swap_and_recompute_give_the_kept_gradients():
+    grads = []
+    for policies in (["keep"] * 4, ["swap"] * 4, ["keep", "recompute", "swap", "keep"]):
+        mod, memory, _, _ = _stage(policies)
+        x, y = _batch()
+        with memory.saving(1):
+            lm_loss(mod(x), y).backward()
+        grads.append([p.grad.clone() for p in mod.parameters()])
+    for other in grads[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(grads[0], other, strict=True))
+
+
+def test_budget_stops_the_step_with_the_terms():
+    mod, memory, _, _ = _stage(["keep"] * 4)
+    memory.budget = memory.terms.weights + 1000  # room for the weights, not for a forward
+    x, y = _batch()
+    with pytest.raises(ContractError, match=r"--memory-budget-gib: pipeline rank 0 \(stages \[0\]\) needs .* GiB at "
+                                            r"step 3 \(weights .*activations .*\), over the budget of"):
+        with memory.saving(3):
+            lm_loss(mod(x), y).backward()
+
+
+def test_optimizer_state_is_counted():
+    mod, memory, _, _ = _stage(["keep"] * 4)
+    opt = torch.optim.AdamW(mod.parameters())
+    x, y = _batch()
+    with memory.saving(1):
+        lm_loss(mod(x), y).backward()
+    opt.step()
+    memory.refresh_optimizer([opt])
+    weights = memory.terms.weights
+    n_params = len(list(mod.parameters()))
+    assert memory.terms.optimizer == 2 * weights + 4 * n_params  # exp_avg, exp_avg_sq, one fp32 step each
+
+
+def test_stage_memory_record_is_validated():
+    from mindpipe.traces.measured import StageMemory
+
+    rec = StageMemory(peak_bytes=10, source="tensor_accounting", accounted_peak_bytes=10, weights_bytes=4,
+                      gradients_bytes=2, optimizer_bytes=2, activations_bytes=1, transient_bytes=1)
+    with pytest.raises(ContractError, match="source"):
+        dataclasses.replace(rec, source="rss")
+    with pytest.raises(ContractError, match="sum of its terms"):
+        dataclasses.replace(rec, accounted_peak_bytes=11)
+    with pytest.raises(ContractError, match="budget_bytes"):
+        dataclasses.replace(rec, budget_bytes=0)
+
+
+@pytest.mark.gpu
+def test_cuda_swap_uses_pinned_memory_and_matches_kept():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    dev = torch.device("cuda")
+    grads, pools = [], []
+    for policy in ("keep", "swap"):
+        plan = Plan(micro_batch_size=2, global_batch_size=2, precision="fp32", layer_memory_policy=[policy] * 4)
+        mod = build_stage_modules(build_gpt(MODEL, seed=0), plan, 0)[0].to(dev)
+        memory, pool = MemoryAccount([mod], dev, "rank 0"), HostPool(dev)
+        apply_recompute(mod, block_policies(plan, MODEL.num_layers), pool, memory)
+        memory.count_weights()
+        x, y = (t.to(dev) for t in _batch())
+        with memory.saving(1):
+            lm_loss(mod(x), y).backward()
+        torch.cuda.synchronize()
+        grads.append([p.grad.cpu() for p in mod.parameters()])
+        pools.append(pool)
+    assert pools[1].peak_bytes > 0 and pools[1].stream is not None
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
