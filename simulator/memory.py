@@ -247,20 +247,28 @@ class _StageMemoryModel:
             layers += [params["final_norm"], params["lm_head"]]
         return _StageTerms(acts, sum(layers), max(layers, default=0), self.redone_bytes(policies, head))
 
+    def largest_saved_bytes(self) -> float:
+        """The largest single tensor a block saves, one micro-batch: the softmax output or the GeLU input."""
+        model, plan = self.model, self.plan
+        s, b, t, d = self.seq_len or model.seq_len, plan.micro_batch_size, plan.tp, DTYPE_BYTES[plan.precision]
+        return d * b * max(model.num_heads * s * s, s * model.ffn) / t
+
     def redone_bytes(self, policies: list[BlockPolicy], head_bytes: float) -> float:
         """What a recomputed or swapped-in block adds on top of the stage's held activations.
 
-        The backward runs the stage's layers last to first and frees each one's activations as
-        it goes, so when block j comes back whole (``block("none")``) the micro-batch has already
-        released the head's extras and every block after j: block j adds
-        ``max(0, none − Σ after j)``; the stage's transient is the largest over its redone blocks
-        (measured on CPU with the executor's live-tensor accounting: a swapped block followed by a
-        kept block and the head adds nothing to the peak).
+        A recomputed block comes back whole (``block("none")``: the recompute re-saves it all
+        before its backward starts); a swapped one tensor by tensor, as its backward asks for them
+        (the executor's unpack hook), so at most its largest saved tensor is back at once. The
+        backward runs the stage's layers last to first and frees each one's activations as it
+        goes, so when block j is back the micro-batch has already released the head's extras and
+        every block after j: block j adds ``max(0, back − Σ after j)``; the stage's transient is the
+        largest over its redone blocks (measured on CPU with the executor's live-tensor accounting).
         """
         out, after = 0.0, head_bytes
         for p in reversed(policies):
             if p in ("full", "swap"):
-                out = max(out, self.block("none") - after)
+                back = self.block("none") if p == "full" else self.largest_saved_bytes()
+                out = max(out, back - after)
             after += self.block(p)
         return out
 

@@ -231,13 +231,16 @@ def test_layer_memory_policy_and_transients():
     emb, head = embedding_activation_bytes(model, base), head_activation_bytes(model, base)
     mem = stage_memory(model, plan, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
     assert [rm.activations_bytes for rm in mem] == [2 * (none + full + emb), none + head]
-    # Recomputed and swapped blocks come back whole, one at a time: one block's kept bytes, less
-    # what the backward already freed: on stage 1 the swapped block 2 comes back after block 3
-    # (kept, ``none``) and the head released theirs, so it adds nothing to the peak.
+    # A recomputed block comes back whole, a swapped one tensor by tensor (its largest: here the
+    # GeLU input, 2·s·b·4h), less what the backward already freed: on stage 1 the swapped block 2
+    # comes back after block 3 (kept, ``none``) and the head released theirs, so it adds nothing.
     assert [rm.other_bytes for rm in mem] == [none, 0.0]
-    late = dataclasses.replace(base, layer_memory_policy=["keep", "keep", "keep", "swap"])
+    late = dataclasses.replace(base, layer_memory_policy=["keep", "recompute", "keep", "keep"])
     mem = stage_memory(model, late, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
-    assert [rm.other_bytes for rm in mem] == [0.0, max(0.0, none - head)]
+    assert [rm.other_bytes for rm in mem] == [none, 0.0]
+    swap_last = dataclasses.replace(base, layer_memory_policy=["keep", "swap", "keep", "keep"])
+    mem = stage_memory(model, swap_last, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
+    assert [rm.other_bytes for rm in mem] == [2 * 32 * 1 * 4 * 64, 0.0]
     kept = stage_memory(model, base, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
     assert [rm.other_bytes for rm in kept] == [0.0, 0.0]
     with pytest.raises(ContractError, match="layer_memory_policy"):
