@@ -108,7 +108,8 @@ class _RecomputeOutputs(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten.detach.default and isinstance(out, torch.Tensor):
+        # Data parallelism's hooks also detach the gathered weights in the recompute: not activations.
+        if func is torch.ops.aten.detach.default and isinstance(out, torch.Tensor) and not is_weight(args[0]):
             self.account.transient(out)
         return out
 

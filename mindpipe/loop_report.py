@@ -30,6 +30,7 @@ from mindpipe.simulator.calibrate.fidelity import (
     summary,
     table_markdown,
 )
+from mindpipe.simulator.calibrate.memory_fidelity import MemoryRow, memory_rows, memory_table_markdown
 from mindpipe.simulator.calibrate.runs import MeasuredRun, measured_events
 from mindpipe.simulator.timeline import write_gantts
 from mindpipe.traces.calibration import Calibration
@@ -74,6 +75,17 @@ def _fmt(times: list[float]) -> str:
     return ", ".join(f"{t:.3f}" for t in times)
 
 
+def _memory(runs: Measured, keys: list[str]) -> dict[str, list[MemoryRow]]:
+    """Per plan (its last run), the simulator's peak memory per rank against the measured one."""
+    out = {}
+    for k in keys:
+        last = runs.runs[k][-1]
+        rows = memory_rows(last.measurement, last.model, last.cluster)
+        if rows:
+            out[k] = rows
+    return out
+
+
 def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
     """Write ``report.md``, ``report.json`` and the figures under ``f.cfg.out``; the headline figures."""
     cfg, out = f.cfg, Path(f.cfg.out)
@@ -100,6 +112,7 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
             shutil.copyfile(src, figs / f"tune_calibrated_{name}")
     s = summary(held_rows)
     pred = {row.plan: row for row in fit_rows + held_rows}
+    memory = _memory(runs, sorted(medians, key=medians.__getitem__))
 
     def role(k: str) -> str:
         roles = [name for name, plan in (("default", f.default), ("tuned, uncalibrated", f.tuned1),
@@ -171,6 +184,13 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
         "",
         table_markdown(fit_rows),
         "",
+        "## Memory per pipeline rank: predicted vs measured",
+        "",
+        "The simulator's peak per pipeline rank (`Simulator.memory`) against each run's measured peak "
+        "(`ranks[].memory`: the executor's live-tensor accounting on a CPU; the largest replica shown).",
+        "",
+        memory_table_markdown(memory) if memory else "(no run recorded its memory)",
+        "",
         "## Measured vs simulated timelines",
         "",
         "Tuned plan (top: one measured step of the executor; bottom: the calibrated simulation):",
@@ -196,6 +216,7 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
         "measured_tuned_s": t_s, "speedup": speedup, "round_ranges_overlap": overlap, "regret": regret,
         "fastest_plan": fastest, "median_s_by_plan": medians, "holdout": s,
         "holdout_rows": [vars(r) for r in held_rows], "fitted_rows": [vars(r) for r in fit_rows],
+        "memory_by_plan": {k: [{**vars(r), "rel_error": r.rel_error} for r in rows] for k, rows in memory.items()},
     }, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return LoopResult(report, d_s, t_s, speedup, overlap, regret, s, f.calibration)
 

@@ -55,6 +55,11 @@ def test_closed_loop_on_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     cal = load_calibration(tmp_path / "out" / "calibration.json")
     assert cal.devices["cpu"].compute["fp32"].samples > 0
     assert res.holdout["n"] >= 1 and res.holdout["mape_calibrated_pct"] >= 0
+    # Memory per pipeline rank, predicted vs measured, for every plan measured.
+    assert "## Memory per pipeline rank: predicted vs measured" in text
+    assert sorted(summary["memory_by_plan"]) == sorted(summary["median_s_by_plan"])
+    assert all(r["measured_bytes"] > 0 and r["predicted_bytes"] > 0 for rows in summary["memory_by_plan"].values()
+               for r in rows)
     for fig in ("calibration_scatter.png", "gantt_tuned.png", "gantt_default.png", "tune_calibrated_pareto.png"):
         png = tmp_path / "out" / "figures" / fig
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"figures/{fig}" in text

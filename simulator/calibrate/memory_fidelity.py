@@ -1,0 +1,73 @@
+"""Memory fidelity: the simulator's peak memory per pipeline rank against a measured run's.
+
+A measured run records, per rank, its peak device memory (``ranks[].memory``:
+:class:`~mindpipe.traces.measured.StageMemory`, the executor's live-tensor accounting on a CPU,
+the allocator's peak on CUDA). The simulator's memory model answers the same question per
+pipeline rank (``Simulator.memory(plan)``); every data- and tensor-parallel replica of a
+pipeline rank is compared with it. Relative error is (predicted − measured) / measured, so a
+positive error over-predicts (a plan refused that would have fitted) and a negative one
+under-predicts (a plan admitted that may not fit). Used by ``benchmarks/memory_fidelity.py`` and
+the demo's report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindpipe.simulator.simulator import Simulator
+from mindpipe.traces.config import Cluster, Model
+from mindpipe.traces.measured import Measurement
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """One rank of a measured run: predicted and measured peak bytes.
+
+    Attributes:
+        rank, pp_rank: Global rank and its pipeline rank.
+        stages: Virtual stages it ran.
+        predicted_bytes: The simulator's peak for that pipeline rank.
+        measured_bytes: The run's peak (``StageMemory.peak_bytes``).
+        source: ``tensor_accounting`` or ``cuda_allocator``.
+    """
+
+    rank: int
+    pp_rank: int
+    stages: list[int]
+    predicted_bytes: float
+    measured_bytes: int
+    source: str
+
+    @property
+    def rel_error(self) -> float:
+        """(predicted − measured) / measured."""
+        return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+
+def memory_rows(measurement: Measurement, model: Model, cluster: Cluster | None = None) -> list[MemoryRow]:
+    """Per rank of ``measurement`` (those that recorded memory), predicted vs measured peak bytes.
+
+    ``cluster`` defaults to one node holding every rank on the measurement's catalog device.
+    """
+    plan = measurement.plan
+    if cluster is None:
+        cluster = Cluster(gpu=measurement.device_name, num_nodes=1, gpus_per_node=measurement.world_size)
+    predicted = [r.total_bytes for r in Simulator(model, cluster).memory(plan)]
+    return [MemoryRow(r.rank, r.pp_rank, list(r.stages), predicted[r.pp_rank], r.memory.peak_bytes, r.memory.source)
+            for r in sorted(measurement.ranks, key=lambda r: r.rank) if r.memory is not None]
+
+
+def memory_table_markdown(rows_by_plan: dict[str, list[MemoryRow]]) -> str:
+    """A Markdown table: per plan and pipeline rank, predicted vs measured MiB (largest replica)."""
+    lines = ["| plan | pipeline rank | predicted MiB | measured MiB | error |", "|---|---:|---:|---:|---:|"]
+    for plan, rows in rows_by_plan.items():
+        for pp in sorted({r.pp_rank for r in rows}):
+            worst = max((r for r in rows if r.pp_rank == pp), key=lambda r: r.measured_bytes)
+            lines.append(f"| {plan} | {pp} | {worst.predicted_bytes / MIB:.1f} | {worst.measured_bytes / MIB:.1f} | "
+                         f"{100 * worst.rel_error:+.1f} % |")
+    return "\n".join(lines)
+
+
+__all__ = ["MemoryRow", "memory_rows", "memory_table_markdown"]
