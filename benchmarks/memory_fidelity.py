@@ -172,7 +172,8 @@ def budget_cases(steps: int, tmp: Path) -> list[dict[str, Any]]:
         raw_code, raw_line = run_unchecked(name, nproc, up, steps, tmp, budget)
         case = {
             "model": name, "ranks": nproc, "budget_gib": budget, "largest_fitting_plan": best,
-            "largest_global_batch": best["global_batch_size"], "fit_run_exit": code, "fit_run_within_budget": within,
+            "largest_global_batch": best["global_batch_size"], "fit_run_exit": code, "fit_run_message": last,
+            "fit_run_within_budget": within,
             "fit_run_per_rank": rows, "next_plan": up, "next_simulated_gib": [b / GIB for b in simulated(model, Plan(**up))],
             "next_refused_exit": up_code, "next_refused_message": up_line, "next_unchecked_exit": raw_code,
             "next_unchecked_message": raw_line,
