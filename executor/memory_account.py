@@ -229,7 +229,7 @@ class MemoryAccount:
         if s is None or s[0] in self._weights:
             return
         self._hold("transient", *s)
-        weakref.finalize(local, self._release, "transient", s[0])
+        weakref.finalize(local, self._release, "transient", s[0]).atexit = False  # nothing to do at exit
 
     def wrap_stage(self, stage: Any) -> None:
         """Re-read the gradients after each of the pipeline stage's backward actions (B, I, W)."""
