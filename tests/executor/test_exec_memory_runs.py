@@ -70,6 +70,7 @@ def test_budget_exceeded_mid_run_stops_and_keeps_the_last_checkpoint(tmp_path):
     Started under torchrun directly (no simulator pre-check there), as a cluster job would be.
     """
     from mindpipe.executor.checkpoint_trust import check_resume
+    from mindpipe.executor.launch import free_port
     from mindpipe.traces.schema import to_dict
 
     (tmp_path / "a").mkdir()
@@ -81,7 +82,7 @@ def test_budget_exceeded_mid_run_stops_and_keeps_the_last_checkpoint(tmp_path):
     assert all(p.peak_bytes - p.optimizer_bytes < budget < p.peak_bytes for p in peaks)
     ckpt = tmp_path / "ckpt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", "29517", "-m", "mindpipe.executor", json.dumps(MIXED_PP2), "--steps", "4",
+           "--master-port", str(free_port()), "-m", "mindpipe.executor", json.dumps(MIXED_PP2), "--steps", "4",
            "--model", json.dumps(TINY), "--out", str(tmp_path / "m.json"), "--checkpoint-dir", str(ckpt),
            "--checkpoint-every", "1", "--memory-budget-gib", repr(budget / 2**30)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=run_env(TMPDIR=str(tmp_path)), timeout=300)
