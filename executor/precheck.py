@@ -160,7 +160,8 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
     try:
         gib = memory_check(model, plan, device, max(1, min(ranks_per_device, world_size)))
     except ContractError as e:
-        raise ContractError(source, e.key, e.rule) from None
+        emulated = f" (emulated by --memory-budget-gib {memory_budget_gib:g})" if memory_budget_gib is not None else ""
+        raise ContractError(source, e.key, e.rule + emulated) from None
     return Precheck(src, gib, capacity, notes)
 
 

@@ -59,6 +59,7 @@ def test_budget_refused_before_launch_when_the_simulator_says_it_does_not_fit(tm
     assert res.returncode == 2, res.stderr[-2000:]
     err = res.stderr.strip().splitlines()[-1]
     assert "pipeline rank 0 needs an estimated" in err and "has 0.00 GiB" in err, err
+    assert err.endswith("(emulated by --memory-budget-gib 0.0001)"), err
     assert not (tmp_path / "measured.json").exists()
 
 
