@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 from mindpipe.executor.offload import is_weight
+from mindpipe.executor.offload import local_tensor as _local
 from mindpipe.executor.torch_pipelining import around_metadata_inference
 from mindpipe.traces.errors import ContractError
 from torch import nn
@@ -64,12 +65,6 @@ class MemoryTerms:
     def total(self) -> int:
         """Sum of the terms."""
         return self.weights + self.gradients + self.optimizer + self.activations + self.transient
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The local tensor of a DTensor (its storage is what this rank holds)."""
-    local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int] | None:

@@ -32,6 +32,12 @@ from typing import Any
 import torch
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (tensor parallelism saves DTensors), else ``t`` itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
 def is_weight(t: torch.Tensor) -> bool:
     """A parameter, or a view of one (a layer saves its weight for backward): not an activation."""
     return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
@@ -40,10 +46,10 @@ def is_weight(t: torch.Tensor) -> bool:
 class _Swapped:
     """One saved tensor in the pool; its bytes leave the pool when autograd releases it."""
 
-    __slots__ = ("done", "host", "pool")
+    __slots__ = ("done", "host", "pool", "spec")
 
-    def __init__(self, pool: HostPool, host: torch.Tensor, done: Any) -> None:
-        self.pool, self.host, self.done = pool, host, done
+    def __init__(self, pool: HostPool, host: torch.Tensor, done: Any, spec: tuple[Any, ...] | None = None) -> None:
+        self.pool, self.host, self.done, self.spec = pool, host, done, spec
         pool.add(host.numel() * host.element_size())
 
     def __del__(self) -> None:
@@ -80,7 +86,9 @@ class HostPool:
         """
         if is_weight(t):
             return t
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
+        local = local_tensor(t)
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(t.shape), t.stride(), local.stride(),
+               t.dtype, local.device)
         seen = self.packed.get(key)
         if seen is not None and seen[0]() is not None:  # alive: the same memory, not a reuse of it
             return seen[1]
@@ -91,13 +99,15 @@ class HostPool:
     def _copy(self, t: torch.Tensor) -> _Swapped:
         if not self.cuda or t.device.type != "cuda":
             return _Swapped(self, t.detach().clone(), None)
-        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=True)
+        local = local_tensor(t)  # a DTensor's shard goes to the host; unpack rebuilds the DTensor around it
+        spec = None if local is t else (t.device_mesh, t.placements, t.shape, t.stride())  # type: ignore[attr-defined]
+        host = torch.empty(local.size(), dtype=local.dtype, layout=local.layout, pin_memory=True)
         compute = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(compute)
         with torch.cuda.stream(self.stream):
-            host.copy_(t, non_blocking=True)
-        t.record_stream(self.stream)
-        return _Swapped(self, host, self.stream.record_event())
+            host.copy_(local, non_blocking=True)
+        local.record_stream(self.stream)
+        return _Swapped(self, host, self.stream.record_event(), spec)
 
     def unpack(self, s: _Swapped | torch.Tensor) -> torch.Tensor:
         """The tensor back on the device (a fresh copy; the pool keeps its own until released)."""
@@ -107,7 +117,13 @@ class HostPool:
             return s.host.clone()
         compute = torch.cuda.current_stream(self.device)
         compute.wait_event(s.done)
-        return s.host.to(self.device, non_blocking=True)
+        back = s.host.to(self.device, non_blocking=True)
+        if s.spec is None:
+            return back
+        from torch.distributed.tensor import DTensor
+
+        mesh, placements, shape, stride = s.spec
+        return DTensor.from_local(back, mesh, placements, run_check=False, shape=shape, stride=stride)
 
 
 @contextlib.contextmanager
@@ -130,4 +146,4 @@ def swapping(pool: HostPool, on_unpack: Callable[[torch.Tensor], None] | None = 
         pool.packed.clear()
 
 
-__all__ = ["HostPool", "is_weight", "swapping"]
+__all__ = ["HostPool", "is_weight", "local_tensor", "swapping"]

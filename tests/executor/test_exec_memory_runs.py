@@ -54,6 +54,15 @@ def test_per_layer_recompute_and_swap_dp2_parity_and_memory(tmp_path):
     assert_memory_matches_simulator(trace, TINY)
 
 
+def test_tensor_parallel_swap_parity(tmp_path):
+    # Tensor parallelism saves DTensors: the pool keeps their shards and gives DTensors back.
+    plan = {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "precision": "fp32",
+            "layer_memory_policy": ["swap", "keep", "recompute", "swap"]}
+    trace = launched(tmp_path, plan, 2)
+    assert_parity(trace.measurement.losses, reference(plan))
+    assert all(r.memory.host_pool_peak_bytes > 0 for r in trace.measurement.ranks)
+
+
 def test_budget_refused_before_launch_when_the_simulator_says_it_does_not_fit(tmp_path):
     res = run_plan(tmp_path, MIXED_PP2, 2, "--memory-budget-gib", "0.0001")
     assert res.returncode == 2, res.stderr[-2000:]
