@@ -113,7 +113,8 @@ class MemoryAccount:
     """The accounted device memory of one rank (module docstring).
 
     Args:
-        modules: The rank's stage modules (after parallelisation).
+        modules: The rank's stage modules (their weights are counted by :meth:`count_weights`, once
+            they are parallelised).
         device: The rank's device; only tensors on its device type are counted.
         where: How the budget error names the rank (e.g. ``pipeline rank 1 (stage 1)``).
         budget_bytes: The emulated device capacity, or None.
