@@ -1,0 +1,52 @@
+"""A pipeline whose stage boundary falls inside a block (``stage_cuts``): built, refused, and trained
+to the single-process losses (issue 16 acceptance, "an intra-block cut")."""
+
+from __future__ import annotations
+
+import pytest
+from mindpipe.executor.precheck import check_run
+from mindpipe.executor.stages import PartialBlock, build_stage_modules
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.torch_gpt import build_gpt, synthetic_batch
+
+from .conftest import TINY
+from .test_exec_parity import assert_parity, launched, reference
+
+# Block 1 is cut after its attention (even partition [2, 2]) and fully recomputed on both sides.
+CUT = {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b", "precision": "fp32",
+       "stage_cuts": ["after_attention"], "layer_memory_policy": ["keep", "recompute", "keep", "keep"]}
+
+
+def test_stages_split_the_block_and_compose_to_the_model() -> None:
+    model, plan = Model(**TINY), Plan(**CUT)
+    gpt = build_gpt(model, seed=3)
+    first, second = build_stage_modules(gpt, plan, 0)[0], build_stage_modules(gpt, plan, 1)[1]
+    assert isinstance(first.blocks["1"], PartialBlock) and isinstance(second.blocks["1"], PartialBlock)
+    assert [n for n, _, _ in first.layers()] == ["embedding", "block.0", "block.1.attention"]
+    assert [k for n, k, _ in second.layers()][:2] == ["block_mlp", "block"]
+    # Every parameter lives on exactly one stage, under the unsplit model's name.
+    names = [set(dict(m.named_parameters())) for m in (first, second)]
+    assert not names[0] & names[1] and names[0] | names[1] == set(dict(gpt.named_parameters()))
+    assert "blocks.1.attn.qkv.weight" in names[0] and "blocks.1.mlp.fc1.weight" in names[1]
+    tokens, _ = synthetic_batch(model, 2, seed=1)
+    assert second(first(tokens)).equal(gpt(tokens))
+
+
+@pytest.mark.parametrize(
+    ("extra", "rule"),
+    [({"tp": 2, "pp": 2, "dp": 1}, "tp=1 only"),
+     ({"layer_memory_policy": None, "recompute": "selective"}, "not selective")],
+)
+def test_what_the_executor_does_not_run_is_refused(extra: dict, rule: str) -> None:
+    plan = Plan(**{**CUT, **extra})
+    with pytest.raises(ContractError) as e:
+        check_run(Model(**TINY), plan, plan.world_size, "cpu", None, source="plan.json")
+    assert e.value.key == "stage_cuts" and rule in e.value.rule
+
+
+def test_pp2_cut_inside_a_block_parity(tmp_path):
+    trace = launched(tmp_path, CUT, 2, "--schedule-source", "torch")
+    assert_parity(trace.measurement.losses, reference(CUT))
+    names = [r.name for r in trace.layers]
+    assert "block.1.attention" in names and "block.1.mlp" in names and "block.1" not in names
