@@ -22,7 +22,7 @@ from mindpipe.traces.config import Plan
 
 
 def plan_label(plan: Plan) -> str:
-    """A short human label of a plan: ``dp2·tp1·pp2 1f1b mb4``."""
+    """A short human label of a plan: ``dp2·tp1·pp2 1f1b mb4`` (``cuts a|a`` for boundaries inside blocks)."""
     label = f"dp{plan.dp}·tp{plan.tp}·pp{plan.pp} {plan.schedule}"
     if plan.virtual_stages > 1:
         label += f" v{plan.virtual_stages}"
@@ -32,6 +32,9 @@ def plan_label(plan: Plan) -> str:
     label += "".join(f" {name}" for name, on in extras if on)
     if plan.partition and plan.num_stages > 1:
         label += " [" + ",".join(str(n) for n in plan.partition) + "]"
+    if plan.cuts_inside_blocks and plan.stage_cuts is not None:
+        # Where each boundary falls: "|" between blocks, "a" after a block's attention.
+        label += " cuts " + "".join("a" if c == "after_attention" else "|" for c in plan.stage_cuts)
     return label
 
 
