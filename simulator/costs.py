@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from mindpipe.simulator.block_parts import OpBlock, op_blocks, part_params, split_halves, split_ops
+from mindpipe.simulator.block_parts import OpBlock, UnitSums, op_blocks, part_params, split_halves, split_ops
 from mindpipe.simulator.collectives import ring_steps
 from mindpipe.simulator.ops import Op, block_ops, embedding_ops, final_norm_ops, lm_head_ops
 from mindpipe.traces.catalog import DeviceSpec
@@ -253,7 +253,9 @@ class TraceComputeModel:
     units (:func:`mindpipe.simulator.block_parts.op_blocks`): a block costs the sum of its units,
     its attention and MLP parts the sums of theirs, and a boundary after the attention part sends
     the cut unit's ``output_bytes`` (scaled to the plan's micro-batch and precision). A layer trace
-    splits a block's times between the parts in the ratio of the hardware model's operators.
+    splits a block's times between the parts in the ratio of the hardware model's operators, except
+    where a measured run that cut the block timed its parts (``block_attention``/``block_mlp``
+    records, :mod:`mindpipe.executor.stages`).
     """
 
     trace: Trace
@@ -327,11 +329,20 @@ class TraceComputeModel:
                 out.append(whole)
             return out
         shares = _attention_part_shares(model, plan)
+        timed = {r.name: r for r in self.trace.layers if r.kind in ("block_attention", "block_mlp")}
+        n = 0  # whole-block records are used in order, cyclically
         for j in range(model.num_layers):
-            whole = from_record(f"block.{j}", "block", records[j % len(records)], True)
-            phases = (whole.forward_s, whole.backward_input_s, whole.backward_weight_s)
-            times = [[t * share for t, share in zip(phases, shares, strict=True)],
-                     [t * (1.0 - share) for t, share in zip(phases, shares, strict=True)]]
+            pair = timed.get(f"block.{j}.attention"), timed.get(f"block.{j}.mlp")
+            if pair[0] is not None and pair[1] is not None:
+                # A measured run that cut this block timed its two parts (executor/stages.py).
+                whole = from_record(f"block.{j}", "block", UnitSums.of(pair), True)  # type: ignore[arg-type]
+                times = [(r.forward_s * k, r.backward_input_s * k, r.backward_weight_s * k) for r in pair]  # type: ignore[union-attr]
+            else:
+                whole = from_record(f"block.{j}", "block", records[n % len(records)], True)
+                n += 1
+                phases = (whole.forward_s, whole.backward_input_s, whole.backward_weight_s)
+                times = [[t * share for t, share in zip(phases, shares, strict=True)],
+                         [t * (1.0 - share) for t, share in zip(phases, shares, strict=True)]]
             whole.parts = block_parts(model, plan, whole, times, whole.recompute_selective_s, whole.output_bytes)
             out.append(whole)
         return out

@@ -331,10 +331,10 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     With one stage per rank and one policy for every block, a rank's total in :func:`stage_memory`
     is affine in its block count n ≥ 1 (model states and held activations grow by one block's
     worth per block), so the cap is read off the same arithmetic at n = 1 and n = 2. Several chunks
-    per rank couple their stages, and per-block policies depend on where the cut falls: None there
-    (the memory check after partitioning still decides).
+    per rank couple their stages, and per-block policies (or a boundary inside a block) depend on
+    where the cut falls: None there (the memory check after partitioning still decides).
     """
-    if plan.virtual_stages != 1 or plan.layer_memory_policy is not None:
+    if plan.virtual_stages != 1 or plan.layer_memory_policy is not None or plan.cuts_inside_blocks:
         return None
     mm = _StageMemoryModel(model, plan, device, reserved_bytes, None)
     policy = block_policies(plan, 1)[0]

@@ -50,3 +50,13 @@ def test_pp2_cut_inside_a_block_parity(tmp_path):
     assert_parity(trace.measurement.losses, reference(CUT))
     names = [r.name for r in trace.layers]
     assert "block.1.attention" in names and "block.1.mlp" in names and "block.1" not in names
+    # The measured trace prices the cut plan with its own timed parts, and the other blocks by name.
+    from mindpipe.simulator.build import assign_layers
+    from mindpipe.simulator.costs import TraceComputeModel
+
+    rec = {r.name: r for r in trace.layers}
+    plan = Plan(**CUT)
+    first, second = assign_layers(TraceComputeModel(trace).layer_costs(trace.model, plan), trace.model, plan)
+    assert [c.name for c in first] == ["embedding", "block.0", "block.1.attention"]
+    assert first[-1].forward_s == rec["block.1.attention"].forward_s
+    assert second[0].forward_s == rec["block.1.mlp"].forward_s and second[1].forward_s == rec["block.2"].forward_s
