@@ -105,9 +105,6 @@ def _check_cuts(model: Model, plan: Plan, fail: Callable[[str, str], None]) -> N
     """What the executor does not do with a stage boundary inside a block (``stage_cuts``)."""
     if not plan.cuts_inside_blocks:
         return
-    if plan.tp > 1:
-        fail("stage_cuts", "a stage boundary inside a block runs with tp=1 only (the block's parts are not "
-             "tensor-parallelised)")
     policies = block_policies(plan, model.num_layers)
     for span in stage_layout(plan, model):
         if span.last_part != "whole" and policies[span.blocks[-1]] == "selective":

@@ -33,16 +33,11 @@ def test_stages_split_the_block_and_compose_to_the_model() -> None:
     assert second(first(tokens)).equal(gpt(tokens))
 
 
-@pytest.mark.parametrize(
-    ("extra", "rule"),
-    [({"tp": 2, "pp": 2, "dp": 1}, "tp=1 only"),
-     ({"layer_memory_policy": None, "recompute": "selective"}, "not selective")],
-)
-def test_what_the_executor_does_not_run_is_refused(extra: dict, rule: str) -> None:
-    plan = Plan(**{**CUT, **extra})
+def test_selective_recompute_of_a_cut_block_is_refused() -> None:
+    plan = Plan(**{**CUT, "layer_memory_policy": None, "recompute": "selective"})
     with pytest.raises(ContractError) as e:
         check_run(Model(**TINY), plan, plan.world_size, "cpu", None, source="plan.json")
-    assert e.value.key == "stage_cuts" and rule in e.value.rule
+    assert e.value.source == "plan.json" and e.value.key == "stage_cuts" and "not selective" in e.value.rule
 
 
 def test_pp2_cut_inside_a_block_parity(tmp_path):
@@ -60,3 +55,10 @@ def test_pp2_cut_inside_a_block_parity(tmp_path):
     assert [c.name for c in first] == ["embedding", "block.0", "block.1.attention"]
     assert first[-1].forward_s == rec["block.1.attention"].forward_s
     assert second[0].forward_s == rec["block.1.mlp"].forward_s and second[1].forward_s == rec["block.2"].forward_s
+
+
+def test_tp2_sequence_parallel_pp2_cut_inside_a_block_parity(tmp_path):
+    """The parts are tensor-parallelised like whole blocks (each takes its half of the block's layout)."""
+    plan = {**CUT, "tp": 2, "sequence_parallel": True, "layer_memory_policy": None}
+    trace = launched(tmp_path, plan, 4)
+    assert_parity(trace.measurement.losses, reference(plan))
