@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.config import STAGE_CUTS, Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import CUT_UNITS, block_layer_name, stage_layout
 from mindpipe.traces.schema import from_dict, to_dict
@@ -60,4 +60,5 @@ def test_no_cuts_keeps_the_layout_of_whole_blocks() -> None:
     assert stage_layout(plan, MODEL) == stage_layout(Plan(pp=2, global_batch_size=4, stage_cuts=["between_blocks"]), MODEL)
     assert all(s.first_part == s.last_part == "whole" for s in stage_layout(plan, MODEL))
     assert block_layer_name(3) == "block.3" and block_layer_name(3, "mlp") == "block.3.mlp"
-    assert CUT_UNITS == {"after_attention": "add_1"}
+    # Every cut inside a block names the operator-graph unit it follows.
+    assert set(CUT_UNITS) == set(STAGE_CUTS) - {"between_blocks"} and CUT_UNITS["after_attention"] == "add_1"
