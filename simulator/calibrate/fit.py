@@ -128,6 +128,9 @@ def _fit_compute_constants(rows: list[list[float]], targets: list[float]) -> tup
     for k in range(nk):
         if k not in used:
             x[k] = common
+    for k in range(nk, a.shape[1]):
+        if not np.any(a[:, k] > 0):
+            x[k] = 0.0  # no run had this feature (e.g. no fresh allocation): the data say nothing of it
     mape = float(np.mean(np.abs(a @ x - y) / y))
     return x, mape
 

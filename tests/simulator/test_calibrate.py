@@ -413,3 +413,9 @@ def test_fresh_bytes_are_cpu_results_at_or_above_the_mmap_threshold():
     assert {o.name for o in large} >= {"lm_head", "ce_exp", "ce_softmax_bwd"}
     assert all(cpu.fresh_bytes(o) == logits(8) for o in large)
     assert sum(gpu.fresh_bytes(o) for o in lm_head_ops(tiny, 8, tiny.seq_len, 1, 4)) == 0
+
+
+def test_a_feature_no_run_has_is_fitted_to_zero():
+    # Without the micro-batch-64 plan no result is a fresh allocation: the fit must not invent a cost.
+    cal, _ = calibrate([_synthetic_run(p) for p in FIT_PLANS if p.micro_batch_size < 64])
+    assert cal.devices["cpu"].compute["fp32"].fresh_s_per_byte == 0.0
