@@ -45,7 +45,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         f"{', '.join(f'{k}={json.dumps(v)}' for k, v in WHAT_IF_KEYS.items())}): all of them, or "
                         "the ones named; plans that use one are marked in every output")
     p.add_argument("--partitioner", default="balanced",
-                   help="balanced, pipedream, even, or a comma list searched as a dimension (default balanced)")
+                   help="balanced, pipedream, even, vpipe or dawnpiper (the last two choose per-block keep/recompute/swap "
+                        "with the partition), or a comma list searched as a dimension (default balanced)")
     p.add_argument("--optimizer", default="bo", choices=OPTIMIZERS, help="bo, random or grid (default bo)")
     p.add_argument("--surrogate", default="gp", choices=SURROGATES, help="bo surrogate: gp, rf or et (default gp)")
     p.add_argument("--initial-points", type=count(1, int(limit("tune_budget"))), default=10,
