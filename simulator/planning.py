@@ -19,14 +19,14 @@ engine's swap cost without building a plan for each try. Both rules stay with th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mindpipe.simulator.actions import Schedule
 from mindpipe.simulator.memory import RankMemory, _StageMemoryModel, activation_bytes_per_layer
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import BlockPolicy
+from mindpipe.traces.layout import BLOCK_POLICIES, BlockPolicy
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class StageBudget:
     has_embedding: bool
     has_head: bool
     _mm: _StageMemoryModel
+    _totals: dict[tuple[int, ...], float] = field(default_factory=dict, compare=False, repr=False)
 
     def block_bytes(self, policy: BlockPolicy) -> float:
         """Bytes one block keeps per micro-batch under ``policy`` (0 for ``swap``)."""
@@ -57,8 +58,12 @@ class StageBudget:
         return self._mm.rank(self.stage, {self.stage: terms}, [{self.stage: self.in_flight}])
 
     def total_bytes(self, policies: Sequence[BlockPolicy]) -> float:
-        """Total bytes of :meth:`memory`."""
-        return self.memory(policies).total_bytes
+        """Total bytes of :meth:`memory` (memoised: it depends only on how many blocks have each policy)."""
+        key = tuple(policies.count(p) for p in BLOCK_POLICIES)
+        total = self._totals.get(key)
+        if total is None:
+            total = self._totals[key] = self.memory(policies).total_bytes
+        return total
 
     def fits(self, policies: Sequence[BlockPolicy]) -> bool:
         """True when the stage fits in the device's memory."""

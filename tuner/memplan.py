@@ -131,40 +131,49 @@ class StageModel:
         return self._memo[key]
 
     def _plan(self, stage: int, lo: int, hi: int, rule: MemoryRule) -> StagePlan:
-        pol: list[LayerPolicy] = ["keep"] * (hi - lo)
+        n = hi - lo
         budget = self.budgets[stage]
+        floor: LayerPolicy = "swap" if self.swap_bytes > 0 else "recompute"
+        if not self.fits(stage, [floor] * n):  # the least memory any plan of the stage can use
+            return StagePlan((floor,) * n, math.inf, False)
+        pol: list[LayerPolicy] = ["keep"] * n
         keep = budget.block_bytes(LAYER_POLICY["keep"])
         saved = {"recompute": keep - budget.block_bytes(LAYER_POLICY["recompute"]), "swap": keep}
+        ef, et = self.extra.get(stage, (0.0, 0.0))
+        nodes = self.nodes[lo:hi]
+        fwd, base = ef + sum(x.forward_s for x in nodes), et + sum(x.time_s for x in nodes)
+        redo, swapped = 0.0, 0
+
+        def time(r: float, k: int) -> float:
+            return base + r + (self._exposed(k, fwd, base + r) if k else 0.0)
+
         while not self.fits(stage, pol):
-            now = self.time_of(stage, lo, hi, pol)
+            now = time(redo, swapped)
             best: tuple[float, int, LayerPolicy] | None = None
-            for i in range(len(pol) - 1, -1, -1):  # from the back: ties go to the last nodes
+            for i in range(n - 1, -1, -1):  # from the back: ties go to the last nodes
                 if pol[i] != "keep":
                     continue
-                per_byte, p = self._choice(stage, lo, hi, pol, i, now, rule, saved)
+                per_byte, p = self._choice(rule, saved, max(0.0, time(redo, swapped + 1) - now),
+                                           max(0.0, time(redo + nodes[i].recompute_s, swapped) - now))
                 if best is None or per_byte < best[0]:
                     best = (per_byte, i, p)
             if best is None or not math.isfinite(best[0]):
                 return StagePlan(tuple(pol), math.inf, False)
             pol[best[1]] = best[2]
-        return StagePlan(tuple(pol), self.time_of(stage, lo, hi, pol), True)
+            if best[2] == "swap":
+                swapped += 1
+            else:
+                redo += nodes[best[1]].recompute_s
+        return StagePlan(tuple(pol), time(redo, swapped), True)
 
-    def _choice(self, stage: int, lo: int, hi: int, pol: list[LayerPolicy], i: int, now: float,
-                rule: MemoryRule, saved: dict[str, float]) -> tuple[float, LayerPolicy]:
-        """(overhead seconds per byte saved, policy) for changing node ``i`` from keep under ``rule``."""
-
-        def per_byte(p: LayerPolicy) -> float:
-            if saved[p] <= 0:
-                return math.inf
-            pol[i] = p
-            t = self.time_of(stage, lo, hi, pol) - now
-            pol[i] = "keep"
-            return max(0.0, t) / saved[p]
-
-        swap = per_byte("swap") if self.swap_bytes > 0 else math.inf
+    def _choice(self, rule: MemoryRule, saved: dict[str, float], swap_s: float,
+                redo_s: float) -> tuple[float, LayerPolicy]:
+        """(overhead seconds per byte saved, policy) for a kept node under ``rule``, given the
+        stage's extra time if it were swapped (``swap_s``) or recomputed (``redo_s``)."""
+        swap = swap_s / saved["swap"] if self.swap_bytes > 0 and saved["swap"] > 0 else math.inf
         if swap <= 1e-18:
             return 0.0, "swap"  # the copy hides: free for both rules
-        redo = per_byte("recompute")
+        redo = redo_s / saved["recompute"] if saved["recompute"] > 0 else math.inf
         if rule == "vpipe":
             return redo, "recompute"
         return (redo, "recompute") if redo <= swap else (swap, "swap")
