@@ -16,16 +16,24 @@ memory-blind baselines (``even``, ``pipedream``, ``balanced``) keep every activa
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from mindpipe.traces.config import Plan
+from mindpipe.traces.atomic import output_dir, write_text
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.calibration import Calibration
+from mindpipe.traces.config import Cluster, MadeFor, Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
-from mindpipe.tuner.keys import Point
+from mindpipe.traces.schema import to_dict, write_json
+from mindpipe.traces.trace import Trace
+from mindpipe.tuner.keys import PARTITIONERS, Point, parse_fixes
 from mindpipe.tuner.materialize import Materialized, Problem, materialize
 
 
@@ -178,5 +186,56 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return math.inf if b == 0 and a > 0 else (a / b if b else None)
 
 
-__all__ = ["MaxBatch", "base_point", "largest_fit", "max_batch", "meshes", "point_at", "ratio", "search",
-           "throughput_at"]
+
+
+def row(r: MaxBatch) -> dict[str, Any]:
+    """One result as a JSON row (the plan's partition and policy counts included)."""
+    plan = r.plan
+    policy = plan.layer_memory_policy if plan is not None else None
+    return {"partitioner": r.partitioner, "dp": r.dp, "tp": r.tp, "pp": r.pp, "num_microbatches": r.num_microbatches,
+            "micro_batch_size": r.micro_batch_size, "global_batch_size": r.global_batch_size,
+            "throughput_samples_per_s": r.throughput_samples_per_s, "peak_memory_gib": r.peak_memory_gib,
+            "partition": plan.partition if plan is not None else None,
+            "policy_counts": {p: policy.count(p) for p in ("keep", "recompute", "swap")} if policy else None}
+
+
+def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Path, partitioners: Sequence[str],
+                   fixes: dict[str, Any] | Sequence[str] | None = None, num_microbatches: int | None = None,
+                   trace: Trace | None = None, calibration: Calibration | None = None) -> dict[str, Any]:
+    """The largest trainable global batch over the allowed meshes and ``partitioners``; writes outputs.
+
+    Writes ``best_plan.json`` (with ``made_for``) and ``max_batch.json`` (every mesh and partitioner)
+    to ``out`` and returns the summary: ``best_value`` (the global batch), ``best_plan`` and the
+    throughput there.
+
+    Raises:
+        ContractError: an unknown partitioner, or no plan fits even one sample per micro-batch.
+    """
+    from mindpipe.tuner.api import fingerprint
+
+    model, cluster = load_model(model), load_cluster(cluster)
+    fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
+    for name in partitioners:
+        if name not in PARTITIONERS or name == "given":
+            raise ContractError("--partitioner", None, f"{name!r} is not one of {', '.join(PARTITIONERS[:-1])}")
+    problem = Problem(model, cluster, trace, fingerprint=fingerprint(model, cluster, trace, calibration),
+                      calibration=calibration)
+    results = [r for name in partitioners for r in search(problem, fixed, name, num_microbatches)]
+    results.sort(key=lambda r: (-r.global_batch_size, -(r.throughput_samples_per_s or 0.0)))
+    out_dir = output_dir(Path(out))
+    table = [row(r) for r in results]
+    write_text(out_dir / "max_batch.json", json.dumps(table, indent=1) + "\n")
+    best = results[0] if results and results[0].plan is not None else None
+    if best is None:
+        raise ContractError("tune", None, f"no plan of {model.label} fits one sample per micro-batch on "
+                            f"{cluster.world_size} × {cluster.gpu} (see {out_dir / 'max_batch.json'})")
+    plan = dataclasses.replace(best.plan, made_for=MadeFor(model, cluster, tool="mindpipe tune --objective max_batch"))
+    write_json(plan, out_dir / "best_plan.json")
+    return {"objective": "max_batch", "best_value": best.global_batch_size, "best_plan": to_dict(plan),
+            "partitioner": best.partitioner, "micro_batch_size": best.micro_batch_size,
+            "num_microbatches": best.num_microbatches, "throughput_samples_per_s": best.throughput_samples_per_s,
+            "peak_memory_gib": best.peak_memory_gib, "results": table, "out": str(out_dir)}
+
+
+__all__ = ["MaxBatch", "base_point", "largest_fit", "max_batch", "meshes", "point_at", "ratio", "row", "search",
+           "throughput_at", "tune_max_batch"]
