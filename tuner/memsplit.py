@@ -123,6 +123,16 @@ class _DawnPiper:
         for n in sm.nodes:
             self.prefix.append(self.prefix[-1] + n.time_s)
         self.memo: dict[tuple[int, int, int, int], tuple[float, list[int]]] = {}
+        # Most nodes each stage can hold at all (every node at its least-memory policy): a range
+        # that exceeds its stages' sum cannot fit, whatever the cuts, so it is not searched.
+        self.room = [self._room(s) for s in range(sm.num_stages)]
+
+    def _room(self, stage: int) -> int:
+        floor = "swap" if self.sm.swap_bytes > 0 else "recompute"
+        n = 0
+        while n < len(self.sm.nodes) and self.sm.fits(stage, [floor] * (n + 1)):
+            n += 1
+        return n
 
     def _time(self, lo: int, hi: int, a: int, b: int) -> float:
         """Every-node-kept time of nodes lo..hi on stages a..b-1, the embedding and head included."""
@@ -152,7 +162,9 @@ class _DawnPiper:
         key = (lo, hi, a, b)
         if key in self.memo:
             return self.memo[key]
-        if b - a == 1:
+        if hi - lo > sum(self.room[a:b]):
+            out = (math.inf, [])
+        elif b - a == 1:
             out = (self.sm.plan(a, lo, hi, "dawnpiper").time_s, [hi - lo])
         else:
             mid = a + (b - a) // 2
@@ -166,8 +178,13 @@ class _DawnPiper:
 
     def _best(self, lo: int, hi: int, a: int, mid: int, b: int, cuts: range) -> tuple[float, list[int]]:
         best: tuple[float, list[int]] = (math.inf, [])
+        left_room, right_room = sum(self.room[a:mid]), sum(self.room[mid:b])
         for c in cuts:
+            if c - lo > left_room or hi - c > right_room:
+                continue
             left, right = self.solve(lo, c, a, mid), self.solve(c, hi, mid, b)
+            if not left[1] or not right[1]:
+                continue
             t = max(left[0], right[0])
             if not best[1] or t < best[0]:
                 best = (t, left[1] + right[1])
@@ -178,6 +195,8 @@ def dawnpiper_partition(sm: StageModel) -> MemoryPlan:
     """DawnPiper's binary, memory-aware partition (module docstring)."""
     n, p = len(sm.nodes), sm.num_stages
     _, part = _DawnPiper(sm).solve(0, n, 0, p)
+    if not part:  # nothing fits anywhere: report the compute-balanced split, its stages marked unfit
+        part = [n // p + (1 if s < n % p else 0) for s in range(p)]
     return _assemble(sm, part, "dawnpiper")
 
 
