@@ -105,15 +105,21 @@ class StageModel:
             self._copy[swapped] = self.copy_s(swapped * self.swap_bytes)
         return exposed_swap_s(self._copy[swapped], fwd, cycle)
 
-    def time_of(self, stage: int, lo: int, hi: int, policies: Sequence[LayerPolicy]) -> float:
-        """Seconds per micro-batch of stage ``stage`` holding nodes ``lo..hi-1`` under ``policies``."""
+    def _totals(self, stage: int, lo: int, hi: int) -> tuple[float, float]:
+        """(forward, forward + backward) seconds of the stage with every node kept."""
         ef, et = self.extra.get(stage, (0.0, 0.0))
         nodes = self.nodes[lo:hi]
-        fwd = ef + sum(n.forward_s for n in nodes)
-        base = et + sum(n.time_s for n in nodes)
-        redo = sum(n.recompute_s for n, p in zip(nodes, policies, strict=True) if p == "recompute")
-        swapped = sum(1 for p in policies if p == "swap")
+        return ef + sum(n.forward_s for n in nodes), et + sum(n.time_s for n in nodes)
+
+    def _time(self, fwd: float, base: float, redo: float, swapped: int) -> float:
+        """Stage time: kept time, re-run forwards, and the swap copy that does not hide."""
         return base + redo + (self._exposed(swapped, fwd, base + redo) if swapped else 0.0)
+
+    def time_of(self, stage: int, lo: int, hi: int, policies: Sequence[LayerPolicy]) -> float:
+        """Seconds per micro-batch of stage ``stage`` holding nodes ``lo..hi-1`` under ``policies``."""
+        fwd, base = self._totals(stage, lo, hi)
+        redo = sum(n.recompute_s for n, p in zip(self.nodes[lo:hi], policies, strict=True) if p == "recompute")
+        return self._time(fwd, base, redo, sum(1 for p in policies if p == "swap"))
 
     def fits(self, stage: int, policies: Sequence[LayerPolicy]) -> bool:
         """True when the stage fits under ``policies`` (the simulator's memory model)."""
@@ -139,13 +145,12 @@ class StageModel:
         pol: list[LayerPolicy] = ["keep"] * n
         keep = budget.block_bytes(LAYER_POLICY["keep"])
         saved = {"recompute": keep - budget.block_bytes(LAYER_POLICY["recompute"]), "swap": keep}
-        ef, et = self.extra.get(stage, (0.0, 0.0))
         nodes = self.nodes[lo:hi]
-        fwd, base = ef + sum(x.forward_s for x in nodes), et + sum(x.time_s for x in nodes)
+        fwd, base = self._totals(stage, lo, hi)
         redo, swapped = 0.0, 0
 
         def time(r: float, k: int) -> float:
-            return base + r + (self._exposed(k, fwd, base + r) if k else 0.0)
+            return self._time(fwd, base, r, k)
 
         while not self.fits(stage, pol):
             now = time(redo, swapped)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mindpipe.simulator.simulator import Simulator
@@ -98,3 +99,18 @@ def test_cli_max_batch_json(tmp_path):
     assert info["best_value"] == plan["global_batch_size"] == plan["dp"] * plan["micro_batch_size"] * 4
     assert plan["layer_memory_policy"] and plan["partition"] and info["throughput_samples_per_s"] > 0
     assert json.loads((tmp_path / "best_plan.json").read_text())["made_for"]["tool"].endswith("max_batch")
+
+
+def test_stage_times_are_the_plans_own():
+    """The planner's stage time is time_of of its policies; a stage that fits kept is all keep."""
+    from mindpipe.tuner.memsplit import stage_model
+
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=24, global_batch_size=96)
+    sm = stage_model(SIM, plan)
+    mp = memory_partition("dawnpiper", SIM, plan)
+    lo = 0
+    for s, n in enumerate(mp.partition):
+        sp = sm.plan(s, lo, lo + n, "dawnpiper")
+        assert sp.time_s == pytest.approx(sm.time_of(s, lo, lo + n, sp.policies))
+        assert list(sp.policies) == mp.policy[lo:lo + n]
+        lo += n
