@@ -141,7 +141,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     axes[1].set_ylabel("simulated samples/s at the max batch")
     for ax in axes:
         ax.set_xticks(range(len(setups)))
-        ax.set_xticklabels([s.split(",")[0] for s in setups], fontsize=8)
+        ax.set_xticklabels([s.split(",")[0].replace(" on ", "\n") for s in setups], fontsize=8)
         ax.legend(fontsize=8)
     fig.suptitle("Maximum trainable batch per planner (simulated)")
     fig.tight_layout()
