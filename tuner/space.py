@@ -12,7 +12,9 @@ can say how many were filtered and why.
 Dimensions that cannot change the result are not multiplied out (the first allowed value is
 kept): the schedule, virtual stages, partitioner (but for the memory-aware ones, which choose
 per-block policies) and ``comm_priority`` when there is one pipeline stage, the recompute level
-for the memory-aware partitioners (their per-block policy overrides it), the ZeRO stage and ``overlap_grad_reduce`` when dp = 1, sequence parallelism when tp = 1.
+for the memory-aware partitioners (their per-block policy overrides it), the ZeRO stage and
+``overlap_grad_reduce`` when dp = 1, sequence parallelism when tp = 1. The memory-aware
+partitioners plan one stage per rank, so they are left out of interleaved and V schedules.
 What-if knobs (:data:`~mindpipe.tuner.keys.WHAT_IF_KEYS`) keep the value the executor runs unless
 ``what_if`` names them. ``--fix KEY=VALUE`` pins a key (``KEY=A,B`` restricts it to a set); pinned
 keys are never dropped by the rules above, only restricted.
