@@ -64,7 +64,9 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
                 "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
                 "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             })
-        parallelize_module(block, tp_mesh, layout)
+        # A block cut by a stage boundary holds only its attention or its MLP half (executor/stages.py).
+        held = {name for name, _ in block.named_modules()}
+        parallelize_module(block, tp_mesh, {k: v for k, v in layout.items() if k in held})
     if stage.embedding is not None and sp:
         # The embedding stays replicated; its output is cut along the sequence (no communication).
         parallelize_module(stage.embedding, tp_mesh, PrepareModuleOutput(

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, check_plan, plan_value, what_if_used
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import block_policies, stage_layout
 
 GIB = 2**30
 # torch.distributed.pipelining class per schedule name of the plan (torch 2.13 names).
@@ -101,6 +102,17 @@ def what_if_notes(plan: Plan) -> list[str]:
     return ["what-if knobs the simulator models but the executor does not carry out: " + "; ".join(knobs.values())]
 
 
+def _check_cuts(model: Model, plan: Plan, fail: Callable[[str, str], None]) -> None:
+    """What the executor does not do with a stage boundary inside a block (``stage_cuts``)."""
+    if not plan.cuts_inside_blocks:
+        return
+    policies = block_policies(plan, model.num_layers)
+    for span in stage_layout(plan, model):
+        if span.last_part != "whole" and policies[span.blocks[-1]] == "selective":
+            fail("stage_cuts", f"block {span.blocks[-1]} is cut by a stage boundary: give it recompute none, full "
+                 "or swap, not selective")
+
+
 def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, device: DeviceSpec | None,
               schedule_source: str = "auto", text_data: bool = False, source: str = "plan",
               ranks_per_device: int = 1, memory_check: MemoryCheck | None = None,
@@ -133,6 +145,7 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
         fail("tp", f"tp={plan.tp} does not divide vocab_size={model.vocab_size} (vocabulary-parallel LM head)")
     if text_data and model.vocab_size < 256:
         fail("vocab_size", f"byte-level text needs vocab_size >= 256, the model has {model.vocab_size}")
+    _check_cuts(model, plan, fail)
     src = resolve_schedule_source(schedule_source, plan)
     m = plan.num_microbatches
     if plan.pp > 1 and plan.schedule in ("interleaved_1f1b", "zb_h1") and m % max(1, m // plan.pp):

@@ -9,25 +9,55 @@ schedule on the last stage. :meth:`StageModule.layers` lists the stage's pipelin
 forward order, the units the executor times (:mod:`mindpipe.executor.layer_timing`).
 
 Which blocks a stage holds and which rank runs it are the plan rules of
-:mod:`mindpipe.traces.layout`.
+:mod:`mindpipe.traces.layout`. A block that a stage boundary cuts (``Plan.stage_cuts``) becomes
+a :class:`BlockPart` on each side: the earlier stage holds its ``ln1`` and ``attn`` and runs
+:meth:`~mindpipe.traces.torch_gpt.Block.attention_part`, the later one its ``ln2`` and ``mlp`` and
+runs :meth:`~mindpipe.traces.torch_gpt.Block.mlp_part`. The parts keep the block's attribute names,
+so parameter names (``blocks.5.mlp.fc1.weight``) are the unsplit model's and each parameter lives
+on exactly one stage; only the residual stream crosses the cut, one tensor as between blocks.
 """
 
 from __future__ import annotations
 
 import torch
 from mindpipe.traces.config import Model, Plan
-from mindpipe.traces.layout import rank_stages, stage_layout
-from mindpipe.traces.torch_gpt import GPT
+from mindpipe.traces.layout import BlockPart, block_layer_name, rank_stages, stage_layout
+from mindpipe.traces.torch_gpt import GPT, Block
 from torch import nn
 
 
-class StageModule(nn.Module):
-    """Blocks ``first .. first+count-1`` of a GPT, plus the embedding and/or head at the ends."""
+class PartialBlock(nn.Module):
+    """The ``attention`` or ``mlp`` part of a block cut by a stage boundary (module docstring).
 
-    def __init__(self, gpt: GPT, first: int, count: int, is_first: bool, is_last: bool) -> None:
+    It holds the block's own submodules for that part and runs the block's own method for it
+    (:meth:`Block.attention_part` / :meth:`Block.mlp_part` read only those submodules).
+    """
+
+    def __init__(self, block: Block, part: BlockPart) -> None:
+        super().__init__()
+        self.part = part
+        for name in ("ln1", "attn") if part == "attention" else ("ln2", "mlp"):
+            self.add_module(name, getattr(block, name))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        run = Block.attention_part if self.part == "attention" else Block.mlp_part
+        return run(self, x)  # type: ignore[arg-type]
+
+
+class StageModule(nn.Module):
+    """Blocks ``first .. first+count-1`` of a GPT, plus the embedding and/or head at the ends;
+    ``first_part`` / ``last_part`` say what it runs of its first and last block (``whole`` by default)."""
+
+    def __init__(self, gpt: GPT, first: int, count: int, is_first: bool, is_last: bool,
+                 first_part: BlockPart = "whole", last_part: BlockPart = "whole") -> None:
         super().__init__()
         self.embedding = gpt.embedding if is_first else None
-        self.blocks = nn.ModuleDict({str(i): gpt.blocks[str(i)] for i in range(first, first + count)})
+        parts = {first: first_part, first + count - 1: last_part}
+        self.blocks = nn.ModuleDict({
+            str(i): gpt.blocks[str(i)] if parts.get(i, "whole") == "whole"
+            else PartialBlock(gpt.blocks[str(i)], parts[i])  # type: ignore[arg-type]
+            for i in range(first, first + count)
+        })
         self.final_norm = gpt.final_norm if is_last else None
         self.lm_head = gpt.lm_head if is_last else None
 
@@ -43,7 +73,10 @@ class StageModule(nn.Module):
     def layers(self) -> list[tuple[str, str, nn.Module]]:
         """The stage's pipeline layers as ``(name, kind, module)`` in forward order (as ``GPT.layers``)."""
         out: list[tuple[str, str, nn.Module]] = [("embedding", "embedding", self.embedding)] if self.embedding is not None else []
-        out += [(f"block.{i}", "block", blk) for i, blk in self.blocks.items()]
+        for i, blk in self.blocks.items():
+            part = blk.part if isinstance(blk, PartialBlock) else "whole"
+            # A part is not a whole block: its own kind keeps it out of per-block figures.
+            out.append((block_layer_name(int(i), part), "block" if part == "whole" else f"block_{part}", blk))
         if self.final_norm is not None and self.lm_head is not None:
             out += [("final_norm", "final_norm", self.final_norm), ("lm_head", "lm_head", self.lm_head)]
         return out
@@ -58,7 +91,8 @@ def build_stage_modules(gpt: GPT, plan: Plan, pp_rank: int) -> dict[int, StageMo
     """The stage modules of ``pp_rank``, keyed by virtual stage index."""
     layout = stage_layout(plan, gpt.config)
     return {
-        s: StageModule(gpt, layout[s].first_block, layout[s].num_blocks, layout[s].has_embedding, layout[s].has_head)
+        s: StageModule(gpt, layout[s].first_block, layout[s].num_blocks, layout[s].has_embedding, layout[s].has_head,
+                       layout[s].first_part, layout[s].last_part)
         for s in rank_stages(plan, pp_rank)
     }
 
@@ -89,6 +123,7 @@ def permute_qkv_for_tp(gpt: GPT, tp: int) -> None:
 
 
 __all__ = [
+    "PartialBlock",
     "StageModule",
     "block_ranges",
     "build_stage_modules",

@@ -9,8 +9,10 @@ plans a tuner weighs differ by more than this machine's run-to-run drift.
 1. **profile** the model layer by layer (:mod:`mindpipe.traces.profiler`);
 2. **tune** every plan for the ranks with the simulator on the profiled trace (uncalibrated);
 3. **run** the default plan and calibration probes (data parallelism replicated and sharded, tensor
-   parallelism: what the executor's costs on this CPU depend on) with the executor, in ``rounds``
-   interleaved rounds;
+   parallelism, and the smallest and largest micro-batches data parallelism can use: what the
+   executor's costs on this CPU depend on — at micro-batch 8 the LM head's logits are 32 MiB, which
+   the CPU allocator maps fresh each time, :mod:`mindpipe.simulator.calibrate.models`) with the
+   executor, in ``rounds`` interleaved rounds;
 4. **calibrate** the simulator on every round of those runs (:mod:`mindpipe.simulator.calibrate`);
 5. **re-tune** with the calibrated simulator, then run its choice, plans held out of the fit, and
    the default again, in ``rounds`` interleaved rounds (the speedup compares plans measured side by
@@ -77,6 +79,7 @@ class LoopConfig:
     rounds: int = 3
     run: RunSpec = field(default_factory=lambda: RunSpec(steps=8, warmup_steps=2))
     probes: list[Plan] = field(default_factory=lambda: [demo_plan(dp=2, micro_batch_size=2),
+                                                        demo_plan(dp=2, micro_batch_size=8),
                                                         demo_plan(dp=2, micro_batch_size=4, zero_stage=1),
                                                         demo_plan(tp=2, micro_batch_size=4)])
     holdout: list[Plan] = field(default_factory=lambda: [demo_plan(pp=2, micro_batch_size=2, schedule="zb_h1")])

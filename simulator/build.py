@@ -41,6 +41,9 @@ def bucket_params(plan: Plan) -> int:
 def assign_layers(costs: list[LayerCost], model: Model, plan: Plan) -> list[list[LayerCost]]:
     """Split the pipeline-ordered layer costs into virtual stages (:func:`~mindpipe.traces.layout.stage_layout`)."""
     by_name = {c.name: c for c in costs}
+    for c in costs:  # a block cut by a stage boundary runs as its parts (traces/layout.py)
+        if c.parts is not None:
+            by_name.update((p.name, p) for p in c.parts)
     return [[by_name[n] for n in span.layer_names()] for span in stage_layout(plan, model)]
 
 

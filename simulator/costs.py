@@ -15,12 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from mindpipe.simulator.block_parts import OpBlock, UnitSums, op_blocks, part_params, split_halves, split_ops
 from mindpipe.simulator.collectives import ring_steps
 from mindpipe.simulator.ops import Op, block_ops, embedding_ops, final_norm_ops, lm_head_ops
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.trace import Trace
+from mindpipe.traces.trace import LayerRecord, Trace
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -48,6 +49,9 @@ class LayerCost:
         backward_comm: TP collectives of the input-gradient pass.
         output_bytes: Bytes that cross a pipeline boundary placed after this layer (per rank).
         param_count: Parameters this rank holds for the layer (after TP sharding).
+        parts: A block's attention and MLP parts, priced on their own for a stage boundary inside
+            the block (:mod:`mindpipe.simulator.block_parts`); the attention part's
+            ``output_bytes`` is what that boundary sends.
     """
 
     name: str
@@ -60,6 +64,7 @@ class LayerCost:
     backward_comm: list[Collective] = field(default_factory=list)
     output_bytes: int = 0
     param_count: int = 0
+    parts: tuple[LayerCost, LayerCost] | None = None
 
 
 class ComputeModel(Protocol):
@@ -116,8 +121,7 @@ def layer_params(model: Model, tp: int) -> list[tuple[str, str, int]]:
     h, v = model.hidden_size, model.vocab_size
     out = [("embedding", "embedding", -(-v // tp) * h + model.seq_len * h)]
     # Column/row-parallel weights shard over t; row-parallel biases and LayerNorms are replicated.
-    f = model.ffn
-    block = (3 * h * h + 3 * h) // tp + (h * h) // tp + h + (h * f + f) // tp + (f * h) // tp + h + 4 * h
+    block = sum(part_params(model, tp).values())
     out += [(f"block.{i}", "block", block) for i in range(model.num_layers)]
     out += [("final_norm", "final_norm", 2 * h), ("lm_head", "lm_head", -(-v // tp) * h)]
     return out
@@ -149,15 +153,36 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     params = {name: n for name, _, n in layer_params(model, t)}
     f, i, w, _ = price(embedding_ops(model, b, s, t, d))
     layers = [LayerCost("embedding", "embedding", f, i, w, output_bytes=out_bytes, param_count=params["embedding"])]
-    f, i, w, core = price(block_ops(model, b, s, t, sp, d, flash_attention=flash_attention))
+    ops = block_ops(model, b, s, t, sp, d, flash_attention=flash_attention)
+    f, i, w, core = price(ops)
+    split = [price(part) for part in split_ops(ops)]
     for k in range(model.num_layers):
         name = f"block.{k}"
-        layers.append(LayerCost(name, "block", f, i, w, core, list(fwd_comm), list(bwd_comm), out_bytes, params[name]))
+        whole = LayerCost(name, "block", f, i, w, core, list(fwd_comm), list(bwd_comm), out_bytes, params[name])
+        whole.parts = block_parts(model, plan, whole, [x[:3] for x in split], split[0][3], out_bytes)
+        layers.append(whole)
     f, i, w, _ = price(final_norm_ops(model, b, s, t, sp, d))
     layers.append(LayerCost("final_norm", "final_norm", f, i, w, output_bytes=out_bytes, param_count=params["final_norm"]))
     f, i, w, _ = price(lm_head_ops(model, b, s, t, d))
     layers.append(LayerCost("lm_head", "lm_head", f, i, w, output_bytes=0, param_count=params["lm_head"]))
     return layers
+
+
+def block_parts(model: Model, plan: Plan, whole: LayerCost, times: Sequence[Sequence[float]], core_s: float,
+                cut_bytes: int) -> tuple[LayerCost, LayerCost]:
+    """The (attention, mlp) parts of the block ``whole`` (:mod:`mindpipe.simulator.block_parts`).
+
+    ``times`` are each part's (forward, input-gradient, weight-gradient) seconds, ``core_s`` the
+    attention core's forward (selective recompute re-runs it, all in the attention part) and
+    ``cut_bytes`` what a boundary after the attention part sends.
+    """
+    fwd, bwd = split_halves(whole.forward_comm), split_halves(whole.backward_comm)
+    params = part_params(model, plan.tp)
+    (fa, ia, wa), (fm, im, wm) = times
+    attention = LayerCost(f"{whole.name}.attention", "block", fa, ia, wa, core_s, fwd[0], bwd[0], cut_bytes,
+                          params["attention"])
+    mlp = LayerCost(f"{whole.name}.mlp", "block", fm, im, wm, 0.0, fwd[1], bwd[1], whole.output_bytes, params["mlp"])
+    return attention, mlp
 
 
 # -- roofline compute model ---------------------------------------------------------------------
@@ -223,17 +248,25 @@ class TraceComputeModel:
     record per block, or fewer to be repeated cyclically), ``final_norm`` (optional) and
     ``lm_head``. Backward traces that could not be split (``backward_split="combined"``) put the
     whole backward in I and none in W.
+
+    An operator-granularity trace (``mindpipe profile --granularity op``) gives each block as its
+    units (:func:`mindpipe.simulator.block_parts.op_blocks`): a block costs the sum of its units,
+    its attention and MLP parts the sums of theirs, and a boundary after the attention part sends
+    the cut unit's ``output_bytes`` (scaled to the plan's micro-batch and precision). A layer trace
+    splits a block's times between the parts in the ratio of the hardware model's operators, except
+    where a measured run that cut the block timed its parts (``block_attention``/``block_mlp``
+    records, :mod:`mindpipe.executor.stages`).
     """
 
     trace: Trace
     fallback: ComputeModel | None = None
     source: str = "trace"
+    _op_blocks: list[OpBlock] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.trace.granularity != "layer":
-            raise ContractError(self.source, "granularity", "the simulator needs a layer-granularity trace")
-        kinds = [r.kind for r in self.trace.layers]
-        if "block" not in kinds:
+        if self.trace.granularity == "op":
+            self._op_blocks = op_blocks(self.trace, self.source)
+        elif "block" not in [r.kind for r in self.trace.layers]:
             raise ContractError(self.source, "layers", "the trace has no block records")
 
     def _scale(self, plan: Plan) -> float:
@@ -250,7 +283,6 @@ class TraceComputeModel:
         by_kind: dict[str, list] = {}
         for r in self.trace.layers:
             by_kind.setdefault(r.kind, []).append(r)
-        blocks = by_kind["block"]
         fwd_comm, bwd_comm = tp_collectives(model, plan)
         out_bytes = boundary_bytes(model, plan)
         params = {name: n for name, _, n in layer_params(model, plan.tp)}
@@ -272,11 +304,48 @@ class TraceComputeModel:
             )
 
         layers.append(from_record("embedding", "embedding", (by_kind.get("embedding") or [None])[0], False))
-        for j in range(model.num_layers):
-            layers.append(from_record(f"block.{j}", "block", blocks[j % len(blocks)], True))
+        layers += self._block_costs(model, plan, from_record, by_kind.get("block", []))
         layers.append(from_record("final_norm", "final_norm", (by_kind.get("final_norm") or [None])[0], False))
         layers.append(from_record("lm_head", "lm_head", (by_kind.get("lm_head") or [None])[0], False))
         return layers
+
+    def _block_costs(self, model: Model, plan: Plan, from_record: Callable[..., LayerCost],
+                     records: list[LayerRecord]) -> list[LayerCost]:
+        """Every block's cost with its parts, from block records or from operator units (class docstring)."""
+        k = self._scale(plan)
+        out: list[LayerCost] = []
+        if self.trace.granularity == "op":
+            blocks = self._op_blocks
+            mbs = self.trace.micro_batch_size or plan.micro_batch_size
+            d_trace = DTYPE_BYTES.get(self.trace.dtype, DTYPE_BYTES[plan.precision])
+            byte_scale = plan.micro_batch_size / mbs * DTYPE_BYTES[plan.precision] / d_trace
+            for j in range(model.num_layers):
+                ob = blocks[j % len(blocks)]
+                whole = from_record(f"block.{j}", "block", ob.whole, True)
+                whole.recompute_selective_s = ob.core_forward_s * k
+                times = [(p.forward_s * k, p.backward_input_s * k, p.backward_weight_s * k) for p in (ob.attention, ob.mlp)]
+                whole.parts = block_parts(model, plan, whole, times, whole.recompute_selective_s,
+                                          round(ob.cut_bytes * byte_scale))
+                out.append(whole)
+            return out
+        shares = _attention_part_shares(model, plan)
+        timed = {r.name: r for r in self.trace.layers if r.kind in ("block_attention", "block_mlp")}
+        n = 0  # whole-block records are used in order, cyclically
+        for j in range(model.num_layers):
+            pair = timed.get(f"block.{j}.attention"), timed.get(f"block.{j}.mlp")
+            if pair[0] is not None and pair[1] is not None:
+                # A measured run that cut this block timed its two parts (executor/stages.py).
+                whole = from_record(f"block.{j}", "block", UnitSums.of(pair), True)  # type: ignore[arg-type]
+                times = [(r.forward_s * k, r.backward_input_s * k, r.backward_weight_s * k) for r in pair]  # type: ignore[union-attr]
+            else:
+                whole = from_record(f"block.{j}", "block", records[n % len(records)], True)
+                n += 1
+                phases = (whole.forward_s, whole.backward_input_s, whole.backward_weight_s)
+                times = [[t * share for t, share in zip(phases, shares, strict=True)],
+                         [t * (1.0 - share) for t, share in zip(phases, shares, strict=True)]]
+            whole.parts = block_parts(model, plan, whole, times, whole.recompute_selective_s, whole.output_bytes)
+            out.append(whole)
+        return out
 
     def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
         """From the trace's update times if it has them, else the fallback model, else 0."""
@@ -287,6 +356,20 @@ class TraceComputeModel:
         if self.fallback is not None:
             return self.fallback.optimizer_step_s(params_per_device, plan)
         return 0.0
+
+
+def _attention_part_shares(model: Model, plan: Plan) -> tuple[float, float, float]:
+    """Share of a block's forward, input-gradient and weight-gradient work in its attention part,
+    by the operators' FLOPs and bytes weighed as in :func:`_attention_core_share`."""
+    ops = block_ops(model, plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel,
+                    DTYPE_BYTES[plan.precision])
+    attention, _ = split_ops(ops)
+    shares = []
+    for phase in ("forward", "backward_input", "backward_weight"):
+        total = sum(o.flops + 150.0 * o.bytes for o in ops if o.phase == phase)
+        part = sum(o.flops + 150.0 * o.bytes for o in attention if o.phase == phase)
+        shares.append(part / total if total else 0.5)
+    return shares[0], shares[1], shares[2]
 
 
 def _attention_core_share(model: Model, plan: Plan) -> float:
@@ -337,6 +420,7 @@ __all__ = [
     "LayerCost",
     "RooflineComputeModel",
     "TraceComputeModel",
+    "block_parts",
     "boundary_bytes",
     "layer_params",
     "op_layer_costs",

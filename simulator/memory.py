@@ -26,15 +26,23 @@ Decisions:
 * Masks are 1 byte on GPUs (CUDA ``native_dropout`` keeps a bool mask) and ``d`` bytes on CPUs
   (torch's CPU path keeps the scaled noise, :func:`mindpipe.traces.torch_gpt.dropout_mask_bytes`).
 * fp32 is the same accounting with d = 4 (masks stay 1 byte on GPUs).
+* A block cut by a stage boundary (``Plan.stage_cuts``, :mod:`mindpipe.traces.layout`) keeps,
+  per part, what its operators save: the attention part LN1 input, QKV input, Q, K, V, the
+  projection input, its residual-dropout mask and the a·s²·b term; the MLP part LN2 input, fc1
+  input, GeLU and fc2 inputs and its residual-dropout mask (the two sum to the whole block). Under
+  full recompute each part keeps its own input, d·s·b·h; its parameters are
+  :func:`mindpipe.simulator.block_parts.part_params`.
 * Per-token LayerNorm statistics (mean, rstd: 4·d·s·b per block) are left out, as the paper
   does; they are 1/h of the rest. ``traces.torch_gpt.block_activation_bytes`` counts them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
 from mindpipe.simulator.actions import Schedule
+from mindpipe.simulator.block_parts import part_params
 from mindpipe.simulator.build import GRAD_BYTES
 from mindpipe.simulator.costs import DTYPE_BYTES, layer_params
 from mindpipe.simulator.schedules import build_schedule
@@ -42,7 +50,7 @@ from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.config import stage_layers as plan_stage_layers
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import BLOCK_POLICIES, BlockPolicy, block_policies
+from mindpipe.traces.layout import BLOCK_POLICIES, BlockPart, BlockPolicy, block_policies, stage_layout
 
 GIB = 2**30
 # Bool dropout mask of CUDA's fused dropout (Korthikanti et al. §4.1 count 1 byte per element).
@@ -84,8 +92,9 @@ def activation_bytes_per_layer(
     policy: BlockPolicy | None = None,
     seq_len: int | None = None,
     mask_bytes: int | None = None,
+    part: BlockPart = "whole",
 ) -> float:
-    """Bytes one transformer block keeps for backward, one micro-batch, one TP rank.
+    """Bytes one transformer block (or one part of it) keeps for backward, one micro-batch, one TP rank.
 
     Args:
         model: The model (h, a, f, dropout).
@@ -95,6 +104,8 @@ def activation_bytes_per_layer(
             means the plan's recompute level.
         seq_len: Sequence length if not the model's.
         mask_bytes: Bytes per dropout-mask element (default 1, a GPU's bool mask).
+        part: ``whole``, or the ``attention`` or ``mlp`` part of a block cut by a stage boundary
+            (module docstring).
 
     Returns:
         Bytes (a float: shards of odd sizes are averaged over ranks).
@@ -108,10 +119,11 @@ def activation_bytes_per_layer(
     sbh = s * b * h
     if level == "full":
         return d * sbh / seq_shard
-    replicated = (4 * d + 2 * k) * sbh
-    split = (4 * d + 2 * d * model.ffn / h) * sbh
+    attention, mlp = part != "mlp", part != "attention"
+    replicated = (2 * d + k) * sbh * (attention + mlp)
+    split = (4 * d * attention + 2 * d * model.ffn / h * mlp) * sbh
     # Softmax output, dropout mask and dropout output; without dropout only the softmax output.
-    scores = (2 * d + k if model.dropout else d) * a * s * s * b
+    scores = (2 * d + k if model.dropout else d) * a * s * s * b * attention
     out = replicated / seq_shard + split / t
     return out if level == "selective" else out + scores / t
 
@@ -224,20 +236,24 @@ class _StageMemoryModel:
         self.mask = DTYPE_BYTES[plan.precision] if cpu else GPU_MASK_BYTES
         self.reserve = (0.0 if cpu else GPU_RESERVED_BYTES) if reserved_bytes is None else reserved_bytes
         self.params = {kind: n for _, kind, n in layer_params(model, plan.tp)}
-        self._block: dict[BlockPolicy, float] = {}
+        self.part_params: dict[BlockPart, int] = {"whole": self.params["block"], **part_params(model, plan.tp)}
+        self._block: dict[tuple[BlockPolicy, BlockPart], float] = {}
 
-    def block(self, policy: BlockPolicy) -> float:
-        """Bytes one block keeps per micro-batch under ``policy``."""
-        if policy not in self._block:
-            self._block[policy] = activation_bytes_per_layer(self.model, self.plan, policy=policy,
-                                                             seq_len=self.seq_len, mask_bytes=self.mask)
-        return self._block[policy]
+    def block(self, policy: BlockPolicy, part: BlockPart = "whole") -> float:
+        """Bytes one block (or part of one) keeps per micro-batch under ``policy``."""
+        if (policy, part) not in self._block:
+            self._block[policy, part] = activation_bytes_per_layer(
+                self.model, self.plan, policy=policy, seq_len=self.seq_len, mask_bytes=self.mask, part=part)
+        return self._block[policy, part]
 
-    def stage(self, policies: list[BlockPolicy], has_embedding: bool, has_head: bool) -> _StageTerms:
-        """Terms of a stage holding blocks with ``policies`` (and the embedding and/or head)."""
+    def stage(self, policies: list[BlockPolicy], has_embedding: bool, has_head: bool,
+              parts: list[BlockPart] | None = None) -> _StageTerms:
+        """Terms of a stage holding blocks with ``policies`` (and the embedding and/or head);
+        ``parts`` says what it holds of each block (all ``whole`` by default)."""
         model, plan, params = self.model, self.plan, self.params
-        acts = sum(self.block(p) for p in policies)
-        layers = [params["block"]] * len(policies)
+        parts = parts or ["whole"] * len(policies)
+        acts = sum(self.block(p, part) for p, part in zip(policies, parts, strict=True))
+        layers = [self.part_params[part] for part in parts]
         head = head_activation_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
         if has_embedding:
             acts += embedding_activation_bytes(model, plan, seq_len=self.seq_len, mask_bytes=self.mask)
@@ -245,7 +261,7 @@ class _StageMemoryModel:
         if has_head:
             acts += head
             layers += [params["final_norm"], params["lm_head"]]
-        return _StageTerms(acts, sum(layers), max(layers, default=0), self.redone_bytes(policies, head))
+        return _StageTerms(acts, sum(layers), max(layers, default=0), self.redone_bytes(policies, parts, head))
 
     def largest_saved_bytes(self) -> float:
         """The largest single tensor a block saves, one micro-batch: the softmax output or the GeLU input."""
@@ -253,7 +269,7 @@ class _StageMemoryModel:
         s, b, t, d = self.seq_len or model.seq_len, plan.micro_batch_size, plan.tp, DTYPE_BYTES[plan.precision]
         return d * b * max(model.num_heads * s * s, s * model.ffn) / t
 
-    def redone_bytes(self, policies: list[BlockPolicy], head_bytes: float) -> float:
+    def redone_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart], head_bytes: float) -> float:
         """What a recomputed or swapped-in block adds on top of the stage's held activations.
 
         A recomputed block comes back whole (``block("none")``: the recompute re-saves it all
@@ -263,13 +279,14 @@ class _StageMemoryModel:
         goes, so when block j is back the micro-batch has already released the head's extras and
         every block after j: block j adds ``max(0, back − Σ after j)``; the stage's transient is the
         largest over its redone blocks (measured on CPU with the executor's live-tensor accounting).
+        A block cut by a stage boundary counts the part the stage holds.
         """
         out, after = 0.0, head_bytes
-        for p in reversed(policies):
+        for p, part in zip(reversed(policies), reversed(parts), strict=True):
             if p in ("full", "swap"):
-                back = self.block("none") if p == "full" else self.largest_saved_bytes()
+                back = self.block("none", part) if p == "full" else self.largest_saved_bytes()
                 out = max(out, back - after)
-            after += self.block(p)
+            after += self.block(p, part)
         return out
 
     def rank(self, rank: int, terms: dict[int, _StageTerms], in_flight: list[dict[int, int]]) -> RankMemory:
@@ -326,12 +343,10 @@ def stage_memory(
     _check(model, plan, schedule, stage_layers)
     mm = _StageMemoryModel(model, plan, device, reserved_bytes, seq_len)
     policies = block_policies(plan, model.num_layers)
-    last = schedule.num_stages - 1
-    terms: list[_StageTerms] = []
-    first = 0
-    for s, n in enumerate(stage_layers):
-        terms.append(mm.stage(policies[first:first + n], s == 0, s == last))
-        first += n
+    # Which blocks (and parts of blocks) each stage holds is the layout's rule, on these stage layers.
+    spans = stage_layout(dataclasses.replace(plan, partition=list(stage_layers)), model)
+    terms = [mm.stage([policies[b] for b in span.blocks], span.has_embedding, span.has_head,
+                      [span.part(b) for b in span.blocks]) for span in spans]
     return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.in_flight_timeline(r))
             for r in range(schedule.pp)]
 
@@ -343,10 +358,10 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     With one stage per rank and one policy for every block, a rank's total in :func:`stage_memory`
     is affine in its block count n ≥ 1 (model states and held activations grow by one block's
     worth per block), so the cap is read off the same arithmetic at n = 1 and n = 2. Several chunks
-    per rank couple their stages, and per-block policies depend on where the cut falls: None there
-    (the memory check after partitioning still decides).
+    per rank couple their stages, and per-block policies (or a boundary inside a block) depend on
+    where the cut falls: None there (the memory check after partitioning still decides).
     """
-    if plan.virtual_stages != 1 or plan.layer_memory_policy is not None:
+    if plan.virtual_stages != 1 or plan.layer_memory_policy is not None or plan.cuts_inside_blocks:
         return None
     mm = _StageMemoryModel(model, plan, device, reserved_bytes, None)
     policy = block_policies(plan, 1)[0]

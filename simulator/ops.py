@@ -44,6 +44,9 @@ class Op:
         batch: Batch count of a batched GEMM (1 otherwise).
         attention_core: True for the ops selective recompute re-runs (Q·Kᵀ, softmax, dropout, ·V;
             Korthikanti et al. §5).
+        out_bytes: Bytes of the result tensor the operator allocates (part of ``bytes``). On CPUs a
+            large result is fresh memory from the kernel, paid per byte on first touch
+            (:mod:`mindpipe.simulator.calibrate.models`).
     """
 
     name: str
@@ -54,6 +57,7 @@ class Op:
     gemm_mnk: tuple[int, int, int] | None = None
     batch: int = 1
     attention_core: bool = False
+    out_bytes: float = 0.0
 
 
 def _gemm(name: str, m: int, n: int, k: int, dtype_bytes: int, batch: int = 1, core: bool = False) -> list[Op]:
@@ -65,12 +69,13 @@ def _gemm(name: str, m: int, n: int, k: int, dtype_bytes: int, batch: int = 1, c
     kind = "bmm" if batch > 1 or core else "gemm"
     f = 2.0 * m * n * k * batch
     d = dtype_bytes
-    fwd = Op(name, "forward", kind, f, d * batch * (m * k + k * n + m * n), (m, n, k), batch, core)
+    fwd = Op(name, "forward", kind, f, d * batch * (m * k + k * n + m * n), (m, n, k), batch, core, d * batch * m * n)
     # dX[m,k] = dY[m,n] · Wᵀ[n,k]
-    dx = Op(name, "backward_input", kind, f, d * batch * (m * n + n * k + m * k), (m, k, n), batch, core)
+    dx = Op(name, "backward_input", kind, f, d * batch * (m * n + n * k + m * k), (m, k, n), batch, core, d * batch * m * k)
     # dW[k,n] = Xᵀ[k,m] · dY[m,n]
     dw_phase = "backward_input" if kind == "bmm" else "backward_weight"
-    dw = Op(name + ("_dw" if kind == "gemm" else "_d2"), dw_phase, kind, f, d * batch * (k * m + m * n + k * n), (k, n, m), batch, core)
+    dw = Op(name + ("_dw" if kind == "gemm" else "_d2"), dw_phase, kind, f, d * batch * (k * m + m * n + k * n), (k, n, m), batch, core,
+            d * batch * k * n)
     return [fwd, dx, dw]
 
 
@@ -78,9 +83,10 @@ def _mem(name: str, elems: float, reads: float, writes: float, dtype_bytes: int,
          bwd_factor: float = 2.0) -> list[Op]:
     """A memory-bound op touching ``elems`` elements (reads/writes per element); backward ~2×."""
     fwd_bytes = elems * (reads + writes) * dtype_bytes
+    out = elems * writes * dtype_bytes
     return [
-        Op(name, "forward", "memory", 0.0, fwd_bytes, attention_core=core),
-        Op(name, "backward_input", "memory", 0.0, bwd_factor * fwd_bytes, attention_core=core),
+        Op(name, "forward", "memory", 0.0, fwd_bytes, attention_core=core, out_bytes=out),
+        Op(name, "backward_input", "memory", 0.0, bwd_factor * fwd_bytes, attention_core=core, out_bytes=out),
     ]
 
 
@@ -128,12 +134,12 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
         ops += _gemm("attn_scores", s, s, hd, d, batch=b * heads, core=True)
         # Fused scale + causal mask + softmax: read scores, write probabilities; backward reads
         # the probabilities and their gradient and writes the scores' gradient.
-        ops += [Op("softmax", "forward", "memory", 0.0, scores * 2 * d, attention_core=True),
-                Op("softmax", "backward_input", "memory", 0.0, scores * 3 * d, attention_core=True)]
+        ops += [Op("softmax", "forward", "memory", 0.0, scores * 2 * d, attention_core=True, out_bytes=scores * d),
+                Op("softmax", "backward_input", "memory", 0.0, scores * 3 * d, attention_core=True, out_bytes=scores * d)]
         if model.dropout:
             # native_dropout: read x, write y and a 1-byte mask; backward: read grad and mask, write.
-            ops += [Op("attn_dropout", "forward", "memory", 0.0, scores * (2 * d + 1), attention_core=True),
-                    Op("attn_dropout", "backward_input", "memory", 0.0, scores * (2 * d + 1), attention_core=True)]
+            ops += [Op("attn_dropout", "forward", "memory", 0.0, scores * (2 * d + 1), attention_core=True, out_bytes=scores * (d + 1)),
+                    Op("attn_dropout", "backward_input", "memory", 0.0, scores * (2 * d + 1), attention_core=True, out_bytes=scores * d)]
         ops += _gemm("attn_context", s, hd, s, d, batch=b * heads, core=True)
     ops += _gemm("proj", tokens, h, h // t, d)
     ops += _mem("residual1", local_tokens * h, 2 + (1 if model.dropout else 0), 1, d, bwd_factor=1.0)
@@ -157,8 +163,8 @@ def embedding_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1
     h, d = model.hidden_size, dtype_bytes
     table = -(-model.vocab_size // tp) * h * d
     return [
-        Op("embedding", "forward", "memory", 0.0, 3.0 * tokens * h * d),
-        Op("embedding_dw_zero", "backward_weight", "memory", 0.0, float(table)),
+        Op("embedding", "forward", "memory", 0.0, 3.0 * tokens * h * d, out_bytes=tokens * h * d),
+        Op("embedding_dw_zero", "backward_weight", "memory", 0.0, float(table), out_bytes=float(table)),
         Op("embedding_dw", "backward_weight", "memory", 0.0, 3.0 * tokens * h * d),
         Op("embedding_dw_accum", "backward_weight", "memory", 0.0, 3.0 * table),
     ]
@@ -188,13 +194,15 @@ def cross_entropy_ops(tokens: int, v_local: int, dtype_bytes: int = 2) -> list[O
     ``core/tensor_parallel/cross_entropy.py``): forward = cast to fp32, row max, subtract, exp,
     row sum (the all-reduces of max and sum are tiny); backward = divide by the sum (softmax),
     scale by the incoming gradient (the one-hot subtraction touches one element per row), cast
-    back. Bytes per logit: forward 2+4, 4, 4+4, 4+4, 4; backward 4+4, 4+4, 4+dtype.
+    back. Bytes per logit: forward 2+4, 4, 4+4, 4+4, 4; backward 4+4, 4+4, 4+dtype; of those, the
+    kernels that write a whole logits-sized result (cast, subtract, exp; softmax, scale, cast
+    back) allocate it.
     """
     e = float(tokens) * v_local
-    fwd = [("ce_cast", dtype_bytes + 4), ("ce_max", 4), ("ce_sub", 8), ("ce_exp", 8), ("ce_sum", 4)]
-    bwd = [("ce_softmax", 8), ("ce_grad", 8), ("ce_cast", 4 + dtype_bytes)]
-    return [Op(n, "forward", "memory", 0.0, e * per) for n, per in fwd] + [
-        Op(n + "_bwd", "backward_input", "memory", 0.0, e * per) for n, per in bwd
+    fwd = [("ce_cast", dtype_bytes + 4, 4), ("ce_max", 4, 0), ("ce_sub", 8, 4), ("ce_exp", 8, 4), ("ce_sum", 4, 0)]
+    bwd = [("ce_softmax", 8, 4), ("ce_grad", 8, 4), ("ce_cast", 4 + dtype_bytes, dtype_bytes)]
+    return [Op(n, "forward", "memory", 0.0, e * per, out_bytes=e * out) for n, per, out in fwd] + [
+        Op(n + "_bwd", "backward_input", "memory", 0.0, e * per, out_bytes=e * out) for n, per, out in bwd
     ]
 
 

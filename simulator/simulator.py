@@ -29,10 +29,11 @@ from mindpipe.simulator.carbon import Hourly, stamp
 from mindpipe.simulator.costs import DTYPE_BYTES, CommModel, ComputeModel, LayerCost, TraceComputeModel
 from mindpipe.simulator.energy import annual_intensity, energy_report, hourly_intensity
 from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult
-from mindpipe.simulator.memory import RankMemory, activation_bytes_per_layer, block_caps, stage_memory
+from mindpipe.simulator.memory import RankMemory, block_caps, stage_memory
 from mindpipe.simulator.network import FluidNetwork, Transfers
 from mindpipe.simulator.ops import model_flops_per_iteration
 from mindpipe.simulator.perf import default_models
+from mindpipe.simulator.planning import StageBudget, stage_budgets, swap_bytes_per_block
 from mindpipe.simulator.schedules import build_schedule
 from mindpipe.simulator.topology import Topology
 from mindpipe.traces.calibration import Calibration
@@ -151,6 +152,22 @@ class Simulator:
         """Most blocks each stage can hold (:func:`mindpipe.simulator.memory.block_caps`)."""
         return block_caps(self.model, plan, self.device, self.schedule(plan))
 
+    def stage_budgets(self, plan: Plan) -> list[StageBudget]:
+        """Per-stage memory as a function of block policies (:func:`mindpipe.simulator.planning.stage_budgets`)."""
+        return stage_budgets(self.model, plan, self.device, self.schedule(plan))
+
+    def swap_bytes_per_block(self, plan: Plan) -> float:
+        """Bytes a swapped block copies each way per micro-batch (what :meth:`run` copies)."""
+        return swap_bytes_per_block(self.model, plan)
+
+    def swap_copy_s(self, plan: Plan, nbytes: float) -> float:
+        """Time of a host copy of ``nbytes`` alone on pipeline rank 0's host link, as the engine prices it."""
+        if nbytes <= 0:
+            return 0.0
+        topo = self.topology(plan)
+        # Only the topology and the comm model price a phase alone; no event loop is needed.
+        return Transfers(None, None, topo, self.comm).time_alone(topo.swap(0, nbytes))  # type: ignore[arg-type]
+
     def topology(self, plan: Plan) -> Topology:
         """Placement of the plan's ranks on the cluster, and its links."""
         return Topology(plan, self.cluster, self.device, rank_order=plan.rank_order)
@@ -186,7 +203,7 @@ class Simulator:
         schedule = self.schedule(plan)
         topo = self.topology(plan)
         costs = self.layer_costs(plan)
-        swap = activation_bytes_per_layer(self.model, plan, policy="none")
+        swap = swap_bytes_per_block(self.model, plan)
         stages, ranks, params_by_rank = build_work(self.model, plan, costs, self.compute, topo, schedule.stage_to_rank,
                                                    swap_bytes_per_block=swap, dp_unit_s=self._dp_unit_s(plan))
         host = self.host

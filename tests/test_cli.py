@@ -79,3 +79,27 @@ def test_bad_input_is_one_line_exit_2(tmp_path, tiny_trace, make_args, needle):
 def test_usage_errors_exit_2():
     res = run("profile")
     assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_profile_at_op_granularity_then_simulate_a_cut_inside_a_block(tmp_path):
+    """``profile --granularity op`` → ``simulate --trace`` with a plan cut after a block's attention."""
+    trace = tmp_path / "op.json"
+    res = run("profile", TINY, "--granularity", "op", "--micro-batch-size", "2", "--warmup", "0", "--repeats", "1",
+              "--out", str(trace), "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["granularity"] == "op"
+    results = {}
+    for cuts in (["between_blocks"], ["after_attention"]):
+        plan = json.dumps({"pp": 2, "micro_batch_size": 2, "global_batch_size": 4, "precision": "fp32",
+                           "stage_cuts": cuts})
+        res = run("simulate", "--model", TINY, "--cluster", "cpu:1x2", "--plan", plan, "--trace", str(trace), "--json")
+        assert res.returncode == 0, res.stderr
+        results[cuts[0]] = json.loads(res.stdout)
+    whole, cut = results["between_blocks"], results["after_attention"]
+    assert whole["extra"]["compute_model"] == cut["extra"]["compute_model"] == "TraceComputeModel"
+    # The first stage gives block 1's MLP (activations and parameters) to the second.
+    assert cut["memory_by_stage_gib"][0] < whole["memory_by_stage_gib"][0]
+    assert cut["extra"]["params_per_device_by_rank"][0] < whole["extra"]["params_per_device_by_rank"][0]
+    bad = run("simulate", "--model", TINY, "--cluster", "cpu:1x2", "--trace", str(trace),
+              "--plan", '{"pp": 2, "global_batch_size": 4, "stage_cuts": ["after_mlp"]}')
+    assert bad.returncode == 2 and "stage_cuts[0]='after_mlp' is not one of" in bad.stderr

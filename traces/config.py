@@ -28,6 +28,9 @@ RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMM_PRIORITIES = ("fair", "pp_first")
 LAYER_MEMORY_POLICIES = ("keep", "recompute", "swap")
+# Where a stage boundary falls (``Plan.stage_cuts``; the rule is :mod:`mindpipe.traces.layout`'s):
+# between two blocks, or inside the stage's last block after its attention sub-layer's residual add.
+STAGE_CUTS = ("between_blocks", "after_attention")
 # How global ranks are laid out over (tp, dp, pp), innermost first; Megatron's default is tp-dp-pp.
 RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 # What-if knobs (DESIGN.md "searched means runnable"): plan keys only the simulator models, each
@@ -261,6 +264,10 @@ class Plan:
     defaults are what the executor runs. ``rank_order`` lays global ranks out over the mesh axes,
     innermost first (Megatron: ``tp-dp-pp``, so TP stays inside a node). ``made_for`` names the
     model and cluster a tuned plan was made for (:class:`MadeFor`); hand-written plans leave it out.
+    ``stage_cuts`` says, per boundary between consecutive (virtual) stages, whether it falls
+    ``between_blocks`` (the default) or ``after_attention`` inside the earlier stage's last block
+    (:mod:`mindpipe.traces.layout` owns what a stage then holds); ``None`` means every boundary
+    falls between blocks.
     """
 
     dp: int = 1
@@ -279,6 +286,7 @@ class Plan:
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
+    stage_cuts: list[str] | None = None
     made_for: MadeFor | None = None
     format_version: int = PLAN_FORMAT_VERSION
 
@@ -309,7 +317,7 @@ class Plan:
         within_limit("global_batch_size", self.num_microbatches, "micro_batches", "m")
         within_limit("global_batch_size", self.num_microbatches * self.num_stages, "microbatch_stages",
                      "m×pp×virtual_stages")
-        for key in ("partition", "layer_memory_policy"):
+        for key in ("partition", "layer_memory_policy", "stage_cuts"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), list):
                 raise ContractError("", key, f"{key}={shown(getattr(self, key))} must be a list")
         if self.partition is not None:
@@ -324,6 +332,20 @@ class Plan:
         if self.layer_memory_policy is not None:
             for i, p in enumerate(self.layer_memory_policy):
                 one_of(f"layer_memory_policy[{i}]", p, LAYER_MEMORY_POLICIES)
+        if self.stage_cuts is not None:
+            if len(self.stage_cuts) != self.num_stages - 1:
+                raise ContractError(
+                    "", "stage_cuts",
+                    f"stage_cuts has {len(self.stage_cuts)} entries, expected one per stage boundary "
+                    f"pp×virtual_stages−1={self.num_stages - 1}",
+                )
+            for i, c in enumerate(self.stage_cuts):
+                one_of(f"stage_cuts[{i}]", c, STAGE_CUTS)
+
+    @property
+    def cuts_inside_blocks(self) -> bool:
+        """True when some stage boundary falls inside a block (``stage_cuts``)."""
+        return self.stage_cuts is not None and any(c != "between_blocks" for c in self.stage_cuts)
 
     def as_executed(self) -> Plan:
         """The plan as the executor runs it: every what-if knob at the executor's value."""
@@ -412,6 +434,7 @@ __all__ = [
     "PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
+    "STAGE_CUTS",
     "WHAT_IF_KEYS",
     "Cluster",
     "MadeFor",

@@ -14,6 +14,18 @@ stage and the final norm and LM head the last. Virtual stage ``s`` runs on pipel
 ``dualpipev`` (rank ``r`` holds stages ``r`` and ``2·pp−1−r``; Qi et al. ICLR'24, torch's
 ``generate_stage_to_rank_mapping(style="v")``).
 
+**Cuts inside a block.** ``plan.stage_cuts`` may place the boundary after stage ``k``
+``after_attention``: stage ``k``'s last block is split after its attention sub-layer's residual
+add (``x + attn(ln1(x))``), stage ``k`` runs that block's ``attention`` part (ln1, attention,
+residual add) and stage ``k + 1`` begins with its ``mlp`` part (ln2, MLP, residual add). Only the
+residual stream crosses there, one ``[b, s, h]`` tensor as between blocks, so the executor splits
+the block into two modules without changing what it computes. The partition still counts the
+blocks each stage *starts*; a stage that begins with an ``mlp`` part holds one block more than it
+starts. In the block's operator graph (:mod:`mindpipe.traces.op_graph`) the cut falls after the
+unit :data:`CUT_UNITS` names, and a block's units up to and including it are its ``attention``
+part. This is the one boundary inside a block that runs: a cut after any other unit would send
+more than one tensor (the residual and a branch value) between stages.
+
 **Activation policy per block.** What a block stores for its backward:
 
 * ``none`` — everything (no recompute);
@@ -40,6 +52,11 @@ BlockPolicy = Literal["none", "selective", "full", "swap"]
 BLOCK_POLICIES: tuple[BlockPolicy, ...] = ("none", "selective", "full", "swap")
 # vPipe's per-layer choices (``Plan.layer_memory_policy``) as block policies.
 LAYER_POLICY: dict[str, BlockPolicy] = {"keep": "none", "recompute": "full", "swap": "swap"}
+
+BlockPart = Literal["whole", "attention", "mlp"]
+# The operator-graph unit of a block (the torch.fx node of ``Block.forward``) after which each cut
+# inside a block falls: ``add_1`` is the first residual add (``add`` is the attention mask's).
+CUT_UNITS: dict[str, str] = {"after_attention": "add_1"}
 
 
 def block_policies(plan: Plan, num_layers: int) -> list[BlockPolicy]:
@@ -109,6 +126,10 @@ class StageSpan:
         num_blocks: Transformer blocks it holds (consecutive).
         has_embedding: It holds the token and position embeddings (the first stage).
         has_head: It holds the final norm and the LM head with the loss (the last stage).
+        first_part: What it runs of its first block: ``whole``, or ``mlp`` when the boundary
+            before it is cut inside that block (module docstring).
+        last_part: What it runs of its last block: ``whole``, or ``attention`` when the boundary
+            after it is cut inside that block.
     """
 
     stage: int
@@ -117,17 +138,37 @@ class StageSpan:
     num_blocks: int
     has_embedding: bool
     has_head: bool
+    first_part: BlockPart = "whole"
+    last_part: BlockPart = "whole"
 
     @property
     def blocks(self) -> range:
-        """Global indices of its blocks."""
+        """Global indices of its blocks, a partly held one included."""
         return range(self.first_block, self.first_block + self.num_blocks)
 
+    def part(self, block: int) -> BlockPart:
+        """What it runs of block ``block`` (one of :attr:`blocks`)."""
+        if block == self.first_block and self.first_part != "whole":
+            return self.first_part
+        if block == self.first_block + self.num_blocks - 1 and self.last_part != "whole":
+            return self.last_part
+        return "whole"
+
+    def parts(self) -> list[tuple[int, BlockPart]]:
+        """(global block index, part it runs) of its blocks, in order."""
+        return [(b, self.part(b)) for b in self.blocks]
+
     def layer_names(self) -> list[str]:
-        """Pipeline layers it runs, in order (``embedding``, ``block.i`` …, ``final_norm``, ``lm_head``)."""
+        """Pipeline layers it runs, in order (``embedding``, ``block.i`` …, ``final_norm``, ``lm_head``);
+        a partly held block is ``block.i.attention`` or ``block.i.mlp`` (:func:`block_layer_name`)."""
         names = ["embedding"] if self.has_embedding else []
-        names += [f"block.{i}" for i in self.blocks]
+        names += [block_layer_name(b, p) for b, p in self.parts()]
         return names + (["final_norm", "lm_head"] if self.has_head else [])
+
+
+def block_layer_name(block: int, part: BlockPart = "whole") -> str:
+    """``block.i`` for a whole block, ``block.i.attention`` / ``block.i.mlp`` for a part of one."""
+    return f"block.{block}" if part == "whole" else f"block.{block}.{part}"
 
 
 def stage_layout(plan: Plan, model: Model) -> list[StageSpan]:
@@ -135,10 +176,14 @@ def stage_layout(plan: Plan, model: Model) -> list[StageSpan]:
     counts = stage_layers(plan, model)
     ranks = stage_to_rank(plan)
     last = len(counts) - 1
+    inside = [c != "between_blocks" for c in plan.stage_cuts or ["between_blocks"] * last]
     out: list[StageSpan] = []
     first = 0
     for s, n in enumerate(counts):
-        out.append(StageSpan(s, ranks[s], first, n, s == 0, s == last))
+        cut_in = s > 0 and inside[s - 1]
+        cut_out = s < last and inside[s]
+        out.append(StageSpan(s, ranks[s], first - cut_in, n + cut_in, s == 0, s == last,
+                             "mlp" if cut_in else "whole", "attention" if cut_out else "whole"))
         first += n
     return out
 
@@ -150,9 +195,12 @@ def rank_stages(plan: Plan, pp_rank: int) -> list[int]:
 
 __all__ = [
     "BLOCK_POLICIES",
+    "CUT_UNITS",
     "LAYER_POLICY",
+    "BlockPart",
     "BlockPolicy",
     "StageSpan",
+    "block_layer_name",
     "block_policies",
     "data_parallel_units",
     "loop_stage_to_rank",

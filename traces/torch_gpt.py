@@ -94,7 +94,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block."""
+    """Pre-LN transformer block: its attention sub-layer, then its MLP sub-layer.
+
+    The two sub-layers are methods of their own so that a pipeline stage boundary inside the
+    block (``Plan.stage_cuts``, :mod:`mindpipe.traces.layout`) runs exactly this code on either
+    side (:mod:`mindpipe.executor.stages`); ``torch.fx`` traces through them, so the operator
+    graph (and its unit names) is the same as one forward's.
+    """
 
     def __init__(self, model: Model) -> None:
         super().__init__()
@@ -103,9 +109,16 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(model.hidden_size)
         self.mlp = MLP(model)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def attention_part(self, x: torch.Tensor) -> torch.Tensor:
+        """LayerNorm → attention → residual add (ends at the ``after_attention`` cut)."""
+        return x + self.attn(self.ln1(x))
+
+    def mlp_part(self, x: torch.Tensor) -> torch.Tensor:
+        """LayerNorm → MLP → residual add."""
         return x + self.mlp(self.ln2(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp_part(self.attention_part(x))
 
 
 class LMHead(nn.Module):

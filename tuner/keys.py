@@ -37,7 +37,7 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, limit, shown
 from mindpipe.traces.reading import parse_json
 
-PARTITIONERS = ("balanced", "pipedream", "even", "given")
+PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
 # Keys a point (and --fix) may carry; order fixes the column order of the output tables.
 POINT_KEYS = (
     "dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",

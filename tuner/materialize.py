@@ -10,6 +10,7 @@ so plans that cannot fit are filtered without simulating.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +19,11 @@ from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import block_policies
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.keys import Point, plan_of
-from mindpipe.tuner.partition import make_partition
+from mindpipe.tuner.memsplit import MEMORY_PARTITIONERS, memory_partition
+from mindpipe.tuner.partition import StageFits, make_partition
 
 # One Simulator per problem per process: a sweep's workers build theirs on their first point.
 _SIMULATORS: dict[str, Simulator] = {}
@@ -35,7 +38,8 @@ class Problem:
         model, cluster: What is planned.
         trace: Per-layer trace for the compute model (None: the hardware model).
         pinned: Plan list keys pinned by ``--fix`` (``partition``, ``layer_memory_policy``).
-        memory_caps: Let the ``balanced`` partitioner cap blocks per stage by memory.
+        memory_caps: Let the ``balanced`` partitioner cap blocks per stage by memory (block counts
+            with one policy for every block, a per-stage memory check with per-block policies).
         fingerprint: Identity of (model, cluster, trace, calibration) for the workers' Simulator cache.
         calibration: Constants fitted from measured runs (``mindpipe calibrate``), or None.
     """
@@ -79,8 +83,20 @@ class Materialized:
         return max(rm.total_bytes for rm in self.memory) / 2**30
 
 
+def _policy_fits(sim: Simulator, plan: Plan) -> StageFits | None:
+    """A per-stage memory check for ``balanced`` when blocks carry their own policies (no count caps then)."""
+    if plan.layer_memory_policy is None or plan.virtual_stages != 1:
+        return None
+    budgets = sim.stage_budgets(plan)
+    policies = block_policies(plan, sim.model.num_layers)
+    return lambda s, lo, hi: budgets[s].fits(policies[lo:hi])
+
+
 def materialize(problem: Problem, point: Point, sim: Simulator | None = None) -> Materialized:
     """Partition the point's plan by its partitioner and check its memory.
+
+    The memory-aware partitioners (``vpipe``, ``dawnpiper``) write their per-block policy into the
+    plan's ``layer_memory_policy`` as well.
 
     Raises:
         ContractError: the point breaks a plan rule (should not happen for points of a space).
@@ -89,17 +105,24 @@ def materialize(problem: Problem, point: Point, sim: Simulator | None = None) ->
     model = problem.model
     plan = plan_of(point, problem.pinned)
     name = point["partitioner"]
+    if name in MEMORY_PARTITIONERS:
+        mp = memory_partition(name, sim, plan)
+        plan = dataclasses.replace(plan_of(point, problem.pinned, mp.partition), layer_memory_policy=list(mp.policy))
+        return Materialized(plan, sim.memory(plan))
     if plan.num_stages == 1:
         partition = [model.num_layers]
     else:
         costs = sim.layer_costs(plan) if name in ("balanced", "pipedream") else []
         stage_to_rank = sim.schedule(plan).stage_to_rank
-        caps = sim.block_caps(plan) if name == "balanced" and problem.memory_caps else None
+        caps = fits = None
+        if name == "balanced" and problem.memory_caps:
+            caps = sim.block_caps(plan)
+            fits = _policy_fits(sim, plan) if caps is None else None
         try:
             partition = make_partition(name, costs, plan, num_layers=model.num_layers, stage_to_rank=stage_to_rank,
-                                       bandwidths=sim.link_bandwidths(plan), caps=caps)
+                                       bandwidths=sim.link_bandwidths(plan), caps=caps, fits=fits)
         except ContractError:
-            if caps is None:
+            if caps is None and fits is None:
                 raise
             # No split fits under the caps: balance time alone; the memory check reports the overflow.
             partition = make_partition(name, costs, plan, num_layers=model.num_layers, stage_to_rank=stage_to_rank)

@@ -24,7 +24,7 @@ norm and LM head the last (:func:`mindpipe.simulator.build.assign_layers`):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from mindpipe.simulator.build import stage_recompute
@@ -32,6 +32,9 @@ from mindpipe.simulator.costs import LayerCost
 from mindpipe.traces.config import Plan, even_partition
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import BlockPolicy, block_policies
+
+# fits(stage, lo, hi): blocks lo..hi-1 fit in the memory of ``stage``.
+StageFits = Callable[[int, int, int], bool]
 
 
 def _split(costs: Sequence[LayerCost]) -> tuple[list[LayerCost], list[LayerCost], list[LayerCost]]:
@@ -59,8 +62,9 @@ def _check_stages(num_blocks: int, num_stages: int) -> None:
 # -- balanced min-max ---------------------------------------------------------------------------
 
 
-def _greedy(loads: Sequence[float], first: float, last: float, caps: Sequence[int], limit: float) -> list[int] | None:
-    """Fill stages from the last backwards with as many blocks as fit under ``limit`` and the caps.
+def _greedy(loads: Sequence[float], first: float, last: float, caps: Sequence[int], limit: float,
+            fits: StageFits | None = None) -> list[int] | None:
+    """Fill stages from the last backwards with as many blocks as fit under ``limit``, the caps and ``fits``.
 
     Taking the most blocks at every stage leaves the smallest prefix for the stages before it,
     and a prefix is never harder to place than a longer one, so this succeeds whenever any
@@ -72,7 +76,8 @@ def _greedy(loads: Sequence[float], first: float, last: float, caps: Sequence[in
     for s in range(num_stages - 1, 0, -1):
         load = last if s == num_stages - 1 else 0.0
         count = 0
-        while end - count > s and count < caps[s] and load + loads[end - count - 1] <= limit:
+        while (end - count > s and count < caps[s] and load + loads[end - count - 1] <= limit
+               and (fits is None or fits(s, end - count - 1, end))):
             load += loads[end - count - 1]
             count += 1
         if count == 0:
@@ -80,14 +85,14 @@ def _greedy(loads: Sequence[float], first: float, last: float, caps: Sequence[in
         out[s] = count
         end -= count
     rest = first + sum(loads[:end]) + (last if num_stages == 1 else 0.0)
-    if end < 1 or end > caps[0] or rest > limit:
+    if end < 1 or end > caps[0] or rest > limit or (fits is not None and not fits(0, 0, end)):
         return None
     out[0] = end
     return out
 
 
 def minmax_partition(loads: Sequence[float], num_stages: int, first: float = 0.0, last: float = 0.0,
-                     caps: Sequence[int] | None = None) -> list[int]:
+                     caps: Sequence[int] | None = None, fits: StageFits | None = None) -> list[int]:
     """Blocks per stage minimising the largest stage load (first/last stages carry fixed extras).
 
     Args:
@@ -95,6 +100,8 @@ def minmax_partition(loads: Sequence[float], num_stages: int, first: float = 0.0
         num_stages: Stages (each gets at least one block).
         first, last: Extra load on the first and the last stage (embedding; norm + LM head).
         caps: Most blocks each stage may hold (e.g. from memory); None for no cap.
+        fits: ``fits(stage, lo, hi)``: blocks lo..hi-1 fit on ``stage`` (memory with per-block
+            policies, where a count cap cannot say it); None for no check.
 
     Raises:
         ContractError: more stages than blocks, or no partition respects the caps.
@@ -104,17 +111,17 @@ def minmax_partition(loads: Sequence[float], num_stages: int, first: float = 0.0
     caps = list(caps) if caps is not None else [n] * num_stages
     total = first + last + sum(loads)
     hi = total * (1 + 1e-9) + 1e-30
-    if _greedy(loads, first, last, caps, hi) is None:
+    if _greedy(loads, first, last, caps, hi, fits) is None:
         raise ContractError("partition", "partition", f"no split of {n} blocks into {num_stages} stages fits the memory caps {caps}")
     lo = 0.0
     # Bisection on the bottleneck; 60 halvings reach float resolution of the total.
     for _ in range(60):
         mid = (lo + hi) / 2
-        if _greedy(loads, first, last, caps, mid) is None:
+        if _greedy(loads, first, last, caps, mid, fits) is None:
             lo = mid
         else:
             hi = mid
-    out = _greedy(loads, first, last, caps, hi)
+    out = _greedy(loads, first, last, caps, hi, fits)
     if out is None:  # pragma: no cover - hi is feasible by construction
         raise RuntimeError("bisection lost feasibility")
     return out
@@ -202,13 +209,14 @@ def refine_for_ranks(partition: list[int], loads: Sequence[float], first: float,
 
 
 def balanced_partition(costs: Sequence[LayerCost], num_stages: int, policies: Sequence[BlockPolicy],
-                       stage_to_rank: Sequence[int] | None = None, caps: Sequence[int] | None = None) -> list[int]:
+                       stage_to_rank: Sequence[int] | None = None, caps: Sequence[int] | None = None,
+                       fits: StageFits | None = None) -> list[int]:
     """The ``balanced`` rule (module docstring) over a model's per-layer costs and block policies."""
     head, blocks, tail = _split(costs)
     loads = [schedule_load(c, p) for c, p in zip(blocks, policies, strict=True)]
     first = sum(schedule_load(c) for c in head)
     last = sum(schedule_load(c) for c in tail)
-    part = minmax_partition(loads, num_stages, first, last, caps)
+    part = minmax_partition(loads, num_stages, first, last, caps, fits)
     if stage_to_rank is not None and len(set(stage_to_rank)) < num_stages:
         part = refine_for_ranks(part, loads, first, last, stage_to_rank, caps)
     return part
@@ -272,7 +280,7 @@ def pipedream_partition(costs: Sequence[LayerCost], num_stages: int, *, num_micr
 
 def make_partition(name: str, costs: Sequence[LayerCost], plan: Plan, *, num_layers: int,
                    stage_to_rank: Sequence[int] | None = None, bandwidths: tuple[float, float] = (0.0, 0.0),
-                   caps: Sequence[int] | None = None) -> list[int]:
+                   caps: Sequence[int] | None = None, fits: StageFits | None = None) -> list[int]:
     """Blocks per virtual stage for ``plan`` by the named partitioner.
 
     Args:
@@ -283,6 +291,10 @@ def make_partition(name: str, costs: Sequence[LayerCost], plan: Plan, *, num_lay
         stage_to_rank: The schedule's placement (for ``balanced`` with several chunks per rank).
         bandwidths: (pipeline p2p, data-parallel) bytes/s for ``pipedream``.
         caps: Per-stage block caps for ``balanced`` (memory).
+        fits: Per-stage memory check for ``balanced`` when blocks have their own policies.
+
+    The memory-aware ``vpipe`` and ``dawnpiper`` choose the policies too:
+    :func:`mindpipe.tuner.memsplit.memory_partition`.
     """
     stages = plan.num_stages
     if name == "given":
@@ -296,11 +308,13 @@ def make_partition(name: str, costs: Sequence[LayerCost], plan: Plan, *, num_lay
                                    p2p_Bps=bandwidths[0], dp_Bps=bandwidths[1],
                                    grad_bytes_per_param=2 if plan.precision == "fp16" else 4)
     if name == "balanced":
-        return balanced_partition(costs, stages, block_policies(plan, num_layers), stage_to_rank, caps)
-    raise ContractError("partition", "partitioner", f"partitioner={name!r} is not one of balanced, pipedream, even")
+        return balanced_partition(costs, stages, block_policies(plan, num_layers), stage_to_rank, caps, fits)
+    raise ContractError("partition", "partitioner", f"partitioner={name!r} is not one of balanced, pipedream, even "
+                        "(vpipe and dawnpiper: mindpipe.tuner.memsplit.memory_partition)")
 
 
 __all__ = [
+    "StageFits",
     "balanced_partition",
     "make_partition",
     "minmax_partition",

@@ -10,8 +10,11 @@ Combinations that break a rule are counted per :class:`~mindpipe.tuner.rules.Rul
 can say how many were filtered and why.
 
 Dimensions that cannot change the result are not multiplied out (the first allowed value is
-kept): the schedule, virtual stages, partitioner and ``comm_priority`` when there is one pipeline
-stage, the ZeRO stage and ``overlap_grad_reduce`` when dp = 1, sequence parallelism when tp = 1.
+kept): the schedule, virtual stages, partitioner (but for the memory-aware ones, which choose
+per-block policies) and ``comm_priority`` when there is one pipeline stage, the recompute level
+for the memory-aware partitioners (their per-block policy overrides it), the ZeRO stage and
+``overlap_grad_reduce`` when dp = 1, sequence parallelism when tp = 1. The memory-aware
+partitioners plan one stage per rank, so they are left out of interleaved and V schedules.
 What-if knobs (:data:`~mindpipe.tuner.keys.WHAT_IF_KEYS`) keep the value the executor runs unless
 ``what_if`` names them. ``--fix KEY=VALUE`` pins a key (``KEY=A,B`` restricts it to a set); pinned
 keys are never dropped by the rules above, only restricted.
@@ -37,6 +40,7 @@ from mindpipe.tuner.keys import (
     check_fixes_what_if,
     plan_of,
 )
+from mindpipe.tuner.memsplit import MEMORY_PARTITIONERS
 from mindpipe.tuner.rules import Rule, rule_of
 
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
@@ -82,7 +86,9 @@ class SearchSpace:
             self.partitioners = ("given",)
         for p in self.partitioners:
             if p not in PARTITIONERS or (p == "given" and "partition" not in self.fixes):
-                raise ContractError("--partitioner", None, f"{p!r} is not one of balanced, pipedream, even")
+                raise ContractError("--partitioner", None, f"{p!r} is not one of {', '.join(PARTITIONERS[:-1])}")
+            if p in MEMORY_PARTITIONERS and "layer_memory_policy" in self.fixes:
+                raise ContractError("--partitioner", None, f"{p} chooses the layer_memory_policy itself; do not pin it")
         unknown = [k for k in self.what_if if k not in WHAT_IF_KEYS]
         if unknown:
             raise ContractError("--what-if", unknown[0], f"{unknown[0]} is not a what-if knob")
@@ -197,12 +203,20 @@ class SearchSpace:
             comm_choices = comm_choices[:1]
         part_choices = list(self.partitioners)
         if pp * v == 1:
-            part_choices = part_choices[:1]
+            # One stage: only the memory-aware partitioners differ (they choose per-block policies).
+            part_choices = list(dict.fromkeys(part_choices[:1] + [p for p in part_choices if p in MEMORY_PARTITIONERS]))
+        if v > 1:  # the memory-aware partitioners plan one stage per rank
+            memory = [p for p in part_choices if p in MEMORY_PARTITIONERS]
+            self.rejected[Rule.VIRTUAL_STAGES] += len(memory)
+            part_choices = [p for p in part_choices if p not in MEMORY_PARTITIONERS]
+        recompute = self.choices("recompute", RECOMPUTE)
         product = itertools.product(
-            self.choices("recompute", RECOMPUTE), zero_choices, comm_choices, self.choices("precision", ["bf16"]),
+            recompute, zero_choices, comm_choices, self.choices("precision", ["bf16"]),
             ogr_choices, self.choices("rank_order", ["tp-dp-pp"]), part_choices,
         )
         for rc, zero, comm, prec, ogr, order, part in product:
+            if part in MEMORY_PARTITIONERS and rc != recompute[0]:
+                continue  # their per-block policy overrides the recompute level: one point, not one per level
             point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,
                          overlap_grad_reduce=ogr, rank_order=order, partitioner=part)
             yield {k: point[k] for k in POINT_KEYS}

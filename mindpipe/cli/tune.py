@@ -29,8 +29,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--trace", default=None, help="per-layer trace for the compute model (file or shipped name)")
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="constants fitted from measured runs (mindpipe calibrate)")
-    p.add_argument("--objective", default="throughput", choices=OBJECTIVES,
-                   help="throughput (samples/s), energy or carbon per sample, or goodput (default throughput)")
+    p.add_argument("--objective", default="throughput", choices=(*OBJECTIVES, "max_batch"),
+                   help="throughput (samples/s), energy or carbon per sample, goodput, or max_batch: the largest "
+                        "global batch that fits, with the partition and memory policy chosen together "
+                        "(default throughput)")
+    p.add_argument("--microbatches", type=count(1, int(limit("global_batch_size"))), default=None, metavar="M",
+                   help="max_batch: micro-batches per iteration (default: pp, the fewest that fill the pipeline)")
     p.add_argument("--critical-batch", type=real(0.0, float(limit("global_batch_size")), lo_open=True), default=None,
                    metavar="B",
                    help="critical batch size (gradient noise scale, McCandlish et al. 2018) for goodput")
@@ -45,7 +49,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         f"{', '.join(f'{k}={json.dumps(v)}' for k, v in WHAT_IF_KEYS.items())}): all of them, or "
                         "the ones named; plans that use one are marked in every output")
     p.add_argument("--partitioner", default="balanced",
-                   help="balanced, pipedream, even, or a comma list searched as a dimension (default balanced)")
+                   help="balanced, pipedream, even, vpipe or dawnpiper (the last two choose per-block keep/recompute/swap "
+                        "with the partition), or a comma list searched as a dimension (default balanced)")
     p.add_argument("--optimizer", default="bo", choices=OPTIMIZERS, help="bo, random or grid (default bo)")
     p.add_argument("--surrogate", default="gp", choices=SURROGATES, help="bo surrogate: gp, rf or et (default gp)")
     p.add_argument("--initial-points", type=count(1, int(limit("tune_budget"))), default=10,
@@ -105,6 +110,9 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     trace = loaders.trace(args.trace) if args.trace else None
     calibration = loaders.calibration(args.calibration)
+    partitioners = [p.strip() for p in args.partitioner.split(",") if p.strip()]
+    if args.objective == "max_batch":
+        return _max_batch(args, partitioners, trace, calibration)
     trace_source = Path(args.trace).name if args.trace else "trace"
     calibration_source = os.path.basename(args.calibration) if args.calibration else "calibration"
     objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint])
@@ -113,7 +121,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
     try:
         outcome = tune(args.model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
-                       fixes=args.fix, partitioners=[p.strip() for p in args.partitioner.split(",") if p.strip()],
+                       fixes=args.fix, partitioners=partitioners,
                        what_if=args.what_if, trace=trace, calibration=calibration, trace_source=trace_source,
                        calibration_source=calibration_source, config=cfg, resume=args.resume, progress=bar,
                        plots=not args.no_plots)
@@ -124,6 +132,30 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print_json(outcome.summary)
     else:
         print(_format(outcome.summary))
+    sys.stdout.flush()
+    return 0
+
+
+def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, calibration: Any) -> int:
+    """``--objective max_batch`` (:func:`mindpipe.tuner.maxbatch.tune_max_batch`)."""
+    from mindpipe.tuner.maxbatch import tune_max_batch
+
+    info = tune_max_batch(args.model, args.cluster, out=args.out, partitioners=partitioners, fixes=args.fix,
+                          num_microbatches=args.microbatches, trace=trace, calibration=calibration)
+    if args.json:
+        print_json(info)
+    else:
+        plan = info["best_plan"]
+        thr = info["throughput_samples_per_s"]
+        print("\n".join([
+            "objective        max_batch (largest global batch that fits)",
+            f"best value       {info['best_value']} (micro_batch_size {info['micro_batch_size']} x "
+            f"{info['num_microbatches']} micro-batches x dp {plan['dp']})",
+            f"best plan        partitioner={info['partitioner']}, dp={plan['dp']}, tp={plan['tp']}, pp={plan['pp']}, "
+            f"partition={plan.get('partition')}",
+            f"throughput       {thr:.6g} samples/s at that batch; peak memory {info['peak_memory_gib']:.2f} GiB",
+            f"outputs          {info['out']}/best_plan.json, max_batch.json",
+        ]))
     sys.stdout.flush()
     return 0
 

@@ -38,16 +38,23 @@ from mindpipe.simulator.calibrate.models import ReferenceOpTime, backend_of, hos
 from mindpipe.simulator.costs import Collective, LayerCost, op_layer_costs
 from mindpipe.simulator.ops import Op
 from mindpipe.simulator.topology import Phase, Topology
-from mindpipe.traces.calibration import OP_KINDS
+from mindpipe.traces.calibration import OP_KINDS, ComputeCalibration
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.layout import BlockPolicy, block_policies, data_parallel_units, stage_layout, stage_to_rank
 from mindpipe.traces.measured import ActionRecord
 
 # Per-operator features (summed over a stage's operators), then per-action ones.
-OP_FEATURES = (*OP_KINDS, "ops", "tp_ops")
+OP_FEATURES = (*OP_KINDS, "ops", "tp_ops", "fresh_bytes")
 FEATURES = (*OP_FEATURES, "tp_bytes", "dp_units")
 HOST_FEATURES = ("step", "ops", "comm_steps", "comm_bytes")
+
+
+def constants(cal: ComputeCalibration) -> list[float]:
+    """``cal``'s constants in ``FEATURES`` order: the action time is ``features · constants``."""
+    named = {"ops": cal.op_overhead_s, "tp_ops": cal.tp_op_overhead_s, "fresh_bytes": cal.fresh_s_per_byte,
+             "tp_bytes": cal.tp_comm_cpu_s_per_byte, "dp_units": cal.dp_unit_overhead_s}
+    return [cal.scale.get(f, 1.0) if f in OP_KINDS else named[f] for f in FEATURES]
 
 
 def _stage_sums(layers: list[LayerCost], policies: list[BlockPolicy]) -> dict[str, float]:
@@ -83,6 +90,8 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
                     v = 1.0
                 elif feature == "tp_ops":
                     v = 1.0 if plan.tp > 1 else 0.0
+                elif feature == "fresh_bytes":
+                    v = ref.fresh_bytes(op)
                 else:
                     v = ref(op, plan.precision) if op.kind == feature else 0.0
                 out[op.phase] += v
@@ -232,6 +241,7 @@ __all__ = [
     "OP_FEATURES",
     "action_collectives",
     "action_features",
+    "constants",
     "rank_host_features",
     "shared_core_rates",
     "stage_structure",

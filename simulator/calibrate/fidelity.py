@@ -22,7 +22,7 @@ from mindpipe.traces.config import Plan
 
 
 def plan_label(plan: Plan) -> str:
-    """A short human label of a plan: ``dp2·tp1·pp2 1f1b mb4``."""
+    """A short human label of a plan: ``dp2·tp1·pp2 1f1b mb4`` (``cuts a|a`` for boundaries inside blocks)."""
     label = f"dp{plan.dp}·tp{plan.tp}·pp{plan.pp} {plan.schedule}"
     if plan.virtual_stages > 1:
         label += f" v{plan.virtual_stages}"
@@ -32,6 +32,9 @@ def plan_label(plan: Plan) -> str:
     label += "".join(f" {name}" for name, on in extras if on)
     if plan.partition and plan.num_stages > 1:
         label += " [" + ",".join(str(n) for n in plan.partition) + "]"
+    if plan.cuts_inside_blocks and plan.stage_cuts is not None:
+        # Where each boundary falls: "|" between blocks, "a" after a block's attention.
+        label += " cuts " + "".join("a" if c == "after_attention" else "|" for c in plan.stage_cuts)
     return label
 
 
@@ -183,7 +186,8 @@ def format_calibration(cal: Calibration) -> str:
             lines.append(f"compute {name} {precision} ({c.threads_per_rank} thread(s)/rank): {scales}; "
                          f"{1e6 * c.op_overhead_s:.0f} µs per op (+{1e6 * c.tp_op_overhead_s:.0f} µs tensor-parallel, "
                          f"+{1e9 * c.tp_comm_cpu_s_per_byte:.2f} ns CPU per TP byte sent); "
-                         f"optimizer {1e3 * c.optimizer_overhead_s:.2f} ms + {1e9 * c.optimizer_s_per_param:.2f} ns/param; "
+                         + (f"{1e9 * c.fresh_s_per_byte:.2f} ns per byte of fresh large results; " if c.fresh_s_per_byte else "")
+                         + f"optimizer {1e3 * c.optimizer_overhead_s:.2f} ms + {1e9 * c.optimizer_s_per_param:.2f} ns/param; "
                          f"fit on {c.samples} action groups, MAPE {100 * c.fit_mape:.1f}%")
         shared = f"; {dev.cpus_per_node} CPUs per host shared by its ranks" if dev.cpus_per_node else ""
         if dev.host_samples:

@@ -128,6 +128,9 @@ def _fit_compute_constants(rows: list[list[float]], targets: list[float]) -> tup
     for k in range(nk):
         if k not in used:
             x[k] = common
+    for k in range(nk, a.shape[1]):
+        if not np.any(a[:, k] > 0):
+            x[k] = 0.0  # no run had this feature (e.g. no fresh allocation): the data say nothing of it
     mape = float(np.mean(np.abs(a @ x - y) / y))
     return x, mape
 
@@ -258,8 +261,9 @@ def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibrati
             warnings.append(f"{device} {precision}: runs used different threads per rank {sorted(threads[key])}; "
                             f"the fit is labelled {t} thread(s)")
         out.setdefault(device, {})[precision] = ComputeCalibration(
-            scale=scale, op_overhead_s=float(x[len(OP_KINDS)]), tp_op_overhead_s=float(x[len(OP_KINDS) + 1]),
-            tp_comm_cpu_s_per_byte=float(x[len(OP_KINDS) + 2]), dp_unit_overhead_s=float(x[len(OP_KINDS) + 3]),
+            scale=scale, op_overhead_s=float(x[FEATURES.index("ops")]), tp_op_overhead_s=float(x[FEATURES.index("tp_ops")]),
+            tp_comm_cpu_s_per_byte=float(x[FEATURES.index("tp_bytes")]), dp_unit_overhead_s=float(x[FEATURES.index("dp_units")]),
+            fresh_s_per_byte=float(x[FEATURES.index("fresh_bytes")]),
             optimizer_overhead_s=float(opt_x[0]),
             optimizer_s_per_param=float(opt_x[1]), threads_per_rank=t, samples=len(design), fit_mape=mape)
     return out

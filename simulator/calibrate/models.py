@@ -1,11 +1,21 @@
 """Calibrated compute and communication models, and how a calibration file enters a simulation.
 
-Compute: every operator of :mod:`mindpipe.simulator.ops` costs ``scale[kind] × t_ref(op) + op_overhead``,
+Compute: every operator of :mod:`mindpipe.simulator.ops` costs
+``scale[kind] × t_ref(op) + op_overhead + fresh_s_per_byte × fresh(op)``,
 where ``t_ref`` is the uncalibrated time of that operator — on CPUs its FLOPs over the catalog's
 peak (GEMMs) or its bytes over the catalog's bandwidth (memory-bound operators), on GPUs the
 shape-aware kernel model of :mod:`mindpipe.simulator.perf`. The scales absorb what the reference misses
 (BLAS efficiency at these shapes, cache effects) and the overhead absorbs the host's work per
 operator (eager PyTorch dispatch, autograd bookkeeping), which dominates small models on CPUs.
+
+``fresh(op)`` is the size of the operator's result when the CPU allocator takes it fresh from the
+kernel (:func:`fresh_bytes`). PyTorch's CPU allocator is glibc's ``malloc``, which serves a request
+at or above its mmap threshold with a new ``mmap`` and returns it with ``munmap`` on free; the
+threshold adapts upwards to the largest block freed but never beyond ``DEFAULT_MMAP_THRESHOLD_MAX``
+(4 MiB × sizeof(long) = 32 MiB on 64-bit; mallopt(3), M_MMAP_THRESHOLD). Every such result is
+page-faulted and zeroed by the kernel on first touch, each micro-batch again. Measured here
+(``benchmarks/fresh_alloc.py``): the LM-head GEMM of gpt-tiny-8k costs the same per sample for
+8 and 16 MiB logits and ~50 % more for 32 MiB ones. GPUs use PyTorch's caching allocator: no term.
 
 Communication: the α-β model per link type, with the fitted step latency and achieved bandwidth
 (links without a fitted entry keep the uncalibrated model). Where the backend copies with the
@@ -34,6 +44,9 @@ from mindpipe.traces.config import Cluster, Model, Plan
 
 # Which reference a kind is priced against on CPUs: FLOPs over peak, or bytes over bandwidth.
 _FLOP_KINDS = ("gemm", "bmm", "flash")
+
+# glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts (module docstring): results this large are mmapped.
+CPU_FRESH_ALLOC_BYTES = 32 * 2**20
 
 
 # Collectives a backend does not implement natively, and what runs instead. gloo has no
@@ -83,6 +96,10 @@ class ReferenceOpTime:
     def __post_init__(self) -> None:
         self._gpu = GpuComputeModel(self.device, host_bound=False) if self.device.kind == "gpu" else None
 
+    def fresh_bytes(self, op: Op) -> float:
+        """Bytes of ``op``'s result the allocator takes fresh from the kernel (module docstring)."""
+        return op.out_bytes if self._gpu is None and op.out_bytes >= CPU_FRESH_ALLOC_BYTES else 0.0
+
     def __call__(self, op: Op, precision: str) -> float:
         """Seconds of ``op`` at ``precision`` on the device, before calibration."""
         if self._gpu is not None:
@@ -119,7 +136,9 @@ class CalibratedComputeModel:
     def op_s(self, op: Op, cal: ComputeCalibration, precision: str, tp: int = 1) -> float:
         """Calibrated seconds of one operator (of a layer sharded over ``tp`` ranks)."""
         host = cal.op_overhead_s + self.host_op_s + (cal.tp_op_overhead_s if tp > 1 else 0.0)
-        return cal.scale.get(op.kind, 1.0) * self._ref(op, precision) * self.thread_ratio + host
+        # Page faults of a fresh result are the kernel's work on the rank's own thread: not scaled by threads.
+        fresh = cal.fresh_s_per_byte * self._ref.fresh_bytes(op) if cal.fresh_s_per_byte else 0.0
+        return cal.scale.get(op.kind, 1.0) * self._ref(op, precision) * self.thread_ratio + host + fresh
 
     def phase_times(self, ops: Sequence[Op], cal: ComputeCalibration, precision: str,
                     tp: int = 1) -> tuple[float, float, float, float]:

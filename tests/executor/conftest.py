@@ -81,9 +81,7 @@ def assert_layer_times(trace: Any) -> None:
     layers = {r.name: r for r in trace.layers}
     assert all(r.forward_s > 0 and r.backward_input_s > 0 for r in trace.layers), trace.layers
     for span in stage_layout(m.plan, trace.model):
-        names = (["embedding"] if span.has_embedding else []) + \
-                [f"block.{i}" for i in range(span.first_block, span.first_block + span.num_blocks)] + \
-                (["final_norm", "lm_head"] if span.has_head else [])
+        names = span.layer_names()
         assert all(layers[n].stats and layers[n].stats["forward_samples"] > 0 for n in names)
         if trace.backward_split == "measured":
             assert all((layers[n].backward_weight_s > 0) == (span.stage != 0) for n in names), (span, notes)

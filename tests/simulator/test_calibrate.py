@@ -18,6 +18,7 @@ from mindpipe.simulator.calibrate.features import (
     FEATURES,
     HOST_FEATURES,
     action_features,
+    constants,
     rank_host_features,
     shared_core_rates,
 )
@@ -49,7 +50,7 @@ TRUTH = Calibration(
         kind="cpu", cpus_per_node=2, step_overhead_s=0.05,
         compute={"fp32": ComputeCalibration(scale={"gemm": 3.0, "bmm": 3.0, "memory": 3.0}, op_overhead_s=3e-4,
                                             tp_op_overhead_s=8e-4, tp_comm_cpu_s_per_byte=5e-9,
-                                            dp_unit_overhead_s=1.5e-3, optimizer_s_per_param=4e-9,
+                                            dp_unit_overhead_s=1.5e-3, fresh_s_per_byte=4e-10, optimizer_s_per_param=4e-9,
                                             optimizer_overhead_s=2e-3)})},
     comm={"gloo": {"local": LinkCalibration(step_latency_s=1.2e-4, bandwidth_Bps=1.5e9)}},
 )
@@ -85,8 +86,7 @@ def _synthetic_run(plan: Plan, truth: Calibration = TRUTH, with_cpu: bool = Fals
     res = simulate(MODEL, cluster, plan, SimulationOptions(calibration=truth, timeline=True))
     cal = truth.devices["cpu"].compute["fp32"]
     feats = action_features(MODEL, plan, ReferenceOpTime(CPU))
-    x = [*(cal.scale.get(k, 0.0) for k in ("gemm", "bmm", "flash", "memory")),
-         cal.op_overhead_s, cal.tp_op_overhead_s, cal.tp_comm_cpu_s_per_byte, cal.dp_unit_overhead_s]
+    x = constants(cal)
     topo = Topology(plan, cluster, CPU)
     actions, steps, comms = [], [], []
     for step in (1, 2, 3):
@@ -126,9 +126,13 @@ def _synthetic_run(plan: Plan, truth: Calibration = TRUTH, with_cpu: bool = Fals
 
 
 FIT_PLANS = [_plan(dp=2, pp=2), _plan(tp=2, pp=2, schedule="gpipe"), _plan(dp=4, micro_batch_size=2),
-             _plan(tp=2, micro_batch_size=8), _plan(pp=2, micro_batch_size=2), _plan(dp=2, micro_batch_size=4, zero_stage=1)]
+             _plan(tp=2, micro_batch_size=8), _plan(pp=2, micro_batch_size=2), _plan(dp=2, micro_batch_size=4, zero_stage=1),
+             _plan(pp=2, micro_batch_size=2, stage_cuts=["after_attention"]),
+             # micro-batch 64: the MLP's 32 MiB results are fresh allocations (fresh_s_per_byte).
+             _plan(dp=2, micro_batch_size=64, global_batch_size=128)]
 HELD_OUT = [_plan(pp=4, micro_batch_size=2), _plan(dp=2, tp=2), _plan(pp=2, schedule="interleaved_1f1b", virtual_stages=2),
-            _plan(tp=4, micro_batch_size=8), _plan(pp=2, schedule="zb_h1"), _plan(dp=4, micro_batch_size=2, zero_stage=2)]
+            _plan(tp=4, micro_batch_size=8), _plan(pp=2, schedule="zb_h1"), _plan(dp=4, micro_batch_size=2, zero_stage=2),
+            _plan(pp=4, micro_batch_size=2, stage_cuts=["after_attention", "between_blocks", "after_attention"])]
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +236,7 @@ def test_fit_recovers_the_compute_constants(fitted):
     assert got.tp_op_overhead_s == pytest.approx(want.tp_op_overhead_s, rel=0.02)
     assert got.tp_comm_cpu_s_per_byte == pytest.approx(want.tp_comm_cpu_s_per_byte, rel=0.02)
     assert got.dp_unit_overhead_s == pytest.approx(want.dp_unit_overhead_s, rel=0.02)
+    assert got.fresh_s_per_byte == pytest.approx(want.fresh_s_per_byte, rel=0.02)
     assert got.optimizer_s_per_param == pytest.approx(want.optimizer_s_per_param, rel=0.02)
     assert got.optimizer_overhead_s == pytest.approx(want.optimizer_overhead_s, rel=0.05)
     assert got.fit_mape < 1e-3 and got.samples > len(FEATURES)
@@ -251,7 +256,8 @@ def test_step_overhead_and_held_out_predictions(fitted):
     held = [_synthetic_run(p) for p in HELD_OUT]
     rows = fidelity(held, cal)
     s = summary(rows)
-    assert s["n"] == 6 and s["mape_calibrated_pct"] < 3.0
+    assert s["n"] == len(HELD_OUT) and s["mape_calibrated_pct"] < 3.0
+    assert "dp1·tp1·pp4 1f1b mb2 cuts a|a" in {r.plan for r in rows}  # a cut plan, predicted as well
     # The catalog roofline with dedicated devices is far off these (synthetic) CPU runs.
     assert s["mape_uncalibrated_pct"] > 5 * s["mape_calibrated_pct"]
     assert set(notes.step_residuals_s) == {f"{plan_label(p)}.json" for p in FIT_PLANS}
@@ -283,7 +289,7 @@ def test_calibrated_compute_model_prices_ops_linearly():
     costs = model.layer_costs(MODEL, _plan(tp=2))
     block_f = next(c.forward_s for c in costs if c.kind == "block")
     # Stage 0 of a pp=1 plan holds every layer; its F feature · constants = the summed layer forwards.
-    x = [3.0, 3.0, 0.0, 3.0, cal.op_overhead_s, cal.tp_op_overhead_s, cal.tp_comm_cpu_s_per_byte, cal.dp_unit_overhead_s]
+    x = constants(cal)
     assert float(np.dot(feats[(0, "F")], x)) == pytest.approx(sum(c.forward_s for c in costs), rel=1e-9)
     assert block_f > 0
 
@@ -392,3 +398,27 @@ def test_calibrate_and_validate_commands(tmp_path, capsys):
     plain.write_text(json.dumps(data))
     assert main(["calibrate", str(plain), "--out", str(cal_path)]) == 2
     assert "not a measured run" in capsys.readouterr().err
+
+
+def test_fresh_bytes_are_cpu_results_at_or_above_the_mmap_threshold():
+    from mindpipe.simulator.calibrate.models import CPU_FRESH_ALLOC_BYTES
+    from mindpipe.simulator.ops import lm_head_ops
+
+    tiny = load_model("gpt-tiny-8k")
+    cpu, gpu = ReferenceOpTime(CPU), ReferenceOpTime(get_device("a100-sxm4-80gb"))
+    logits = lambda mb: mb * tiny.seq_len * tiny.vocab_size * 4  # noqa: E731
+    # micro-batch 4: 16 MiB logits stay in malloc's heap; micro-batch 8: 32 MiB are mmapped fresh.
+    assert logits(4) < CPU_FRESH_ALLOC_BYTES <= logits(8)
+    small = sum(cpu.fresh_bytes(o) for o in lm_head_ops(tiny, 4, tiny.seq_len, 1, 4))
+    large = [o for o in lm_head_ops(tiny, 8, tiny.seq_len, 1, 4) if cpu.fresh_bytes(o) > 0]
+    assert small == 0
+    # The GEMM's logits, the fp32 cross-entropy's cast/subtract/exp and its three backward results.
+    assert {o.name for o in large} >= {"lm_head", "ce_exp", "ce_softmax_bwd"}
+    assert all(cpu.fresh_bytes(o) == logits(8) for o in large)
+    assert sum(gpu.fresh_bytes(o) for o in lm_head_ops(tiny, 8, tiny.seq_len, 1, 4)) == 0
+
+
+def test_a_feature_no_run_has_is_fitted_to_zero():
+    # Without the micro-batch-64 plan no result is a fresh allocation: the fit must not invent a cost.
+    cal, _ = calibrate([_synthetic_run(p) for p in FIT_PLANS if p.micro_batch_size < 64])
+    assert cal.devices["cpu"].compute["fp32"].fresh_s_per_byte == 0.0

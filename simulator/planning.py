@@ -1,0 +1,111 @@
+"""What a memory planner asks of the simulator: per-stage memory budgets and the price of a swap.
+
+vPipe (Zhao et al., TPDS'21) and DawnPiper (Peng et al., 2025) choose, together with the partition,
+which blocks keep their activations, recompute them or swap them to the host. They try many
+(stage, blocks, policies) combinations, so they need the simulator's memory model per stage and the
+engine's swap cost without building a plan for each try. Both rules stay with their owners:
+
+* memory: :class:`StageBudget` is :mod:`mindpipe.simulator.memory`'s per-stage arithmetic (the same
+  ``_StageMemoryModel`` that :func:`~mindpipe.simulator.memory.stage_memory` uses) with the
+  schedule's peak in-flight count of the stage read once, so ``total_bytes`` equals
+  ``stage_memory``'s rank total for a plan with one stage per rank (a test holds them equal);
+* swap: :func:`exposed_swap_s` is the engine's behaviour (:mod:`mindpipe.simulator.engine`): a
+  swapped stage copies its blocks' activations to the host after each forward and starts copying
+  them back when the action before the backward starts (``Engine._prefetch``); the backward waits
+  for the copy. In 1F1B's steady state that action is a forward of the same stage, and each
+  forward–backward pair moves the bytes out and in over the one host link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mindpipe.simulator.actions import Schedule
+from mindpipe.simulator.memory import RankMemory, _StageMemoryModel, activation_bytes_per_layer
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import BLOCK_POLICIES, BlockPolicy
+
+
+@dataclass(frozen=True)
+class StageBudget:
+    """Device memory of one pipeline stage (one stage per rank) as a function of its blocks' policies.
+
+    Attributes:
+        stage: Virtual stage (= pipeline rank: one stage per rank).
+        in_flight: Peak micro-batches the stage holds under the schedule (1F1B: min(p − s, m)).
+        capacity_bytes: The device's memory.
+        has_embedding, has_head: The stage holds the embedding (first) or the head (last).
+    """
+
+    stage: int
+    in_flight: int
+    capacity_bytes: float
+    has_embedding: bool
+    has_head: bool
+    _mm: _StageMemoryModel
+    _totals: dict[tuple[int, ...], float] = field(default_factory=dict, compare=False, repr=False)
+
+    def block_bytes(self, policy: BlockPolicy) -> float:
+        """Bytes one block keeps per micro-batch under ``policy`` (0 for ``swap``)."""
+        return self._mm.block(policy)
+
+    def memory(self, policies: Sequence[BlockPolicy]) -> RankMemory:
+        """The rank's peak memory when the stage holds blocks with ``policies``, in order."""
+        terms = self._mm.stage(list(policies), self.has_embedding, self.has_head)
+        return self._mm.rank(self.stage, {self.stage: terms}, [{self.stage: self.in_flight}])
+
+    def total_bytes(self, policies: Sequence[BlockPolicy]) -> float:
+        """Total bytes of :meth:`memory` (memoised: it depends only on how many blocks have each policy)."""
+        key = tuple(policies.count(p) for p in BLOCK_POLICIES)
+        total = self._totals.get(key)
+        if total is None:
+            total = self._totals[key] = self.memory(policies).total_bytes
+        return total
+
+    def fits(self, policies: Sequence[BlockPolicy]) -> bool:
+        """True when the stage fits in the device's memory."""
+        return self.total_bytes(policies) <= self.capacity_bytes
+
+
+def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule) -> list[StageBudget]:
+    """A :class:`StageBudget` per stage of a plan with one stage per pipeline rank.
+
+    Raises:
+        ContractError: the plan interleaves several stages on a rank (their memory is coupled).
+    """
+    if schedule.num_stages != schedule.pp:
+        raise ContractError("plan", "virtual_stages", "memory planning needs one stage per pipeline rank "
+                            f"(virtual_stages=1), got {schedule.num_stages} stages on {schedule.pp} ranks")
+    mm = _StageMemoryModel(model, plan, device, None, None)
+    last = schedule.num_stages - 1
+    out = []
+    for s in range(schedule.num_stages):
+        held = max((t.get(s, 0) for t in schedule.in_flight_timeline(s)), default=0)
+        out.append(StageBudget(s, held, float(device.memory_capacity_bytes), s == 0, s == last, mm))
+    return out
+
+
+def swap_bytes_per_block(model: Model, plan: Plan) -> float:
+    """Bytes one swapped block copies to the host and back per micro-batch: its activations kept whole."""
+    return activation_bytes_per_layer(model, plan, policy="none")
+
+
+def exposed_swap_s(copy_s: float, forward_s: float, cycle_s: float) -> float:
+    """Seconds per micro-batch a stage's backward waits for its swapped activations (module docstring).
+
+    Args:
+        copy_s: Time to copy the stage's swapped bytes of one micro-batch one way, alone on the link.
+        forward_s: The stage's forward per micro-batch: the window the copy back hides in.
+        cycle_s: The stage's forward + backward per micro-batch: the link moves the bytes out and
+            back once per cycle, so 2·copy_s beyond it cannot hide either.
+
+    Returns:
+        max(0, copy_s − forward_s, 2·copy_s − cycle_s).
+    """
+    return max(0.0, copy_s - forward_s, 2.0 * copy_s - cycle_s)
+
+
+__all__ = ["StageBudget", "exposed_swap_s", "stage_budgets", "swap_bytes_per_block"]

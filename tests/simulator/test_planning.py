@@ -1,0 +1,77 @@
+"""The planners' view of the simulator: stage budgets equal the memory model, swap is priced by the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from mindpipe.simulator.planning import exposed_swap_s
+from mindpipe.simulator.simulator import Simulator
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.config import Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import block_policies, stage_layout
+
+
+@pytest.fixture(scope="module")
+def sim() -> Simulator:
+    return Simulator(load_model("gpt-1.3b"), load_cluster("a100-sxm4-40gb:1x4"))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("policy", [
+    ["keep"] * 24,
+    ["recompute"] * 24,
+    ["keep"] * 10 + ["swap"] * 4 + ["recompute"] * 10,
+    ["swap", "keep"] * 12,
+])
+def test_stage_budget_equals_stage_memory(sim, schedule, policy):
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=3, global_batch_size=24, schedule=schedule,
+                partition=[5, 7, 8, 4], layer_memory_policy=policy)
+    budgets = sim.stage_budgets(plan)
+    pols = block_policies(plan, 24)
+    for span, budget, rm in zip(stage_layout(plan, sim.model), budgets, sim.memory(plan), strict=True):
+        mine = budget.memory(pols[span.first_block:span.first_block + span.num_blocks])
+        assert mine == rm
+        assert budget.total_bytes(pols[span.first_block:span.first_block + span.num_blocks]) == rm.total_bytes
+    assert [b.in_flight for b in budgets] == ([4, 3, 2, 1] if schedule == "1f1b" else [8] * 4)
+
+
+def test_stage_budgets_refuse_interleaving(sim):
+    plan = Plan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4, schedule="interleaved_1f1b",
+                virtual_stages=2)
+    with pytest.raises(ContractError, match="one stage per pipeline rank"):
+        sim.stage_budgets(plan)
+
+
+def test_exposed_swap_closed_form():
+    assert exposed_swap_s(1.0, 2.0, 5.0) == 0.0  # hides in the forward, the link keeps up
+    assert exposed_swap_s(3.0, 2.0, 10.0) == pytest.approx(1.0)  # longer than the forward window
+    assert exposed_swap_s(2.0, 2.0, 3.0) == pytest.approx(1.0)  # out + in exceed the cycle
+
+
+def test_swap_copy_is_the_host_link(sim):
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=1, global_batch_size=4)
+    n = sim.swap_bytes_per_block(plan)
+    t = sim.swap_copy_s(plan, n)
+    assert t > n / (sim.device.pcie_bandwidth_GBps * 1e9) * 0.99
+    assert sim.swap_copy_s(plan, 0.0) == 0.0
+
+
+def test_engine_hides_a_swap_that_fits_its_window():
+    """One swapped block per stage copies within the stage's forward: no slower than keeping it;
+    swapping every block does not hide (exposed_swap_s > 0), and the engine's iteration grows."""
+    sim = Simulator(load_model("gpt-13b"), load_cluster("a100-sxm4-40gb:1x4"))
+    base = Plan(dp=1, tp=1, pp=4, micro_batch_size=1, global_batch_size=16, partition=[10, 10, 10, 10])
+    keep = sim.run(dataclasses.replace(base, layer_memory_policy=["keep"] * 40)).iteration_time_s
+    one = (["keep"] * 9 + ["swap"]) * 4
+    blocks = [c for c in sim.layer_costs(base) if c.kind == "block"][:10]
+    fwd = sum(c.forward_s for c in blocks)
+    cycle = sum(c.forward_s + c.backward_input_s + c.backward_weight_s for c in blocks)
+    copy1 = sim.swap_copy_s(base, sim.swap_bytes_per_block(base))
+    assert exposed_swap_s(copy1, fwd, cycle) == 0.0
+    assert sim.run(dataclasses.replace(base, layer_memory_policy=one)).iteration_time_s == pytest.approx(keep, rel=1e-6)
+    copy10 = sim.swap_copy_s(base, 10 * sim.swap_bytes_per_block(base))
+    assert exposed_swap_s(copy10, fwd, cycle) > 0.0
+    every = sim.run(dataclasses.replace(base, layer_memory_policy=["swap"] * 40)).iteration_time_s
+    assert every > keep * 1.05

@@ -1,0 +1,116 @@
+"""Memory-aware partitioners (vpipe, dawnpiper) and the maximum-batch search."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mindpipe.simulator.simulator import Simulator
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.config import LAYER_MEMORY_POLICIES, Plan
+from mindpipe.tuner.materialize import Problem, materialize
+from mindpipe.tuner.maxbatch import base_point, search, throughput_at
+from mindpipe.tuner.memsplit import MEMORY_PARTITIONERS, memory_partition
+from mindpipe.tuner.space import SearchSpace
+
+MODEL = load_model("gpt-1.3b")
+CLUSTER = load_cluster("a100-sxm4-40gb:1x4")
+SIM = Simulator(MODEL, CLUSTER)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(MEMORY_PARTITIONERS), pp=st.sampled_from([1, 2, 4]), mbs=st.integers(1, 48),
+       m_per_stage=st.sampled_from([1, 2]), schedule=st.sampled_from(["1f1b", "gpipe"]))
+def test_every_plan_fits_and_has_a_valid_policy(name, pp, mbs, m_per_stage, schedule):
+    m = pp * m_per_stage
+    plan = Plan(dp=4 // pp, tp=1, pp=pp, micro_batch_size=mbs, global_batch_size=(4 // pp) * mbs * m,
+                schedule=schedule)
+    mp = memory_partition(name, SIM, plan)
+    assert len(mp.partition) == pp and min(mp.partition) >= 1 and sum(mp.partition) == MODEL.num_layers
+    assert len(mp.policy) == MODEL.num_layers and set(mp.policy) <= set(LAYER_MEMORY_POLICIES)
+    done = dataclasses.replace(plan, partition=mp.partition, layer_memory_policy=list(mp.policy))
+    memory = SIM.memory(done)
+    assert mp.fits == all(rm.fits for rm in memory)  # the planner's verdict is the simulator's
+    if mp.fits:
+        assert SIM.run(done).fits_in_memory
+
+
+def test_keep_everything_when_it_fits():
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=1, global_batch_size=4)
+    for name in MEMORY_PARTITIONERS:
+        assert memory_partition(name, SIM, plan).policy == ["keep"] * MODEL.num_layers
+
+
+def test_planners_beat_pipedream_max_batch():
+    problem = Problem(MODEL, CLUSTER)
+    fixes = {"dp": 1, "tp": 1, "pp": 4}
+    got = {name: search(problem, fixes, name)[0] for name in ("pipedream", "vpipe", "dawnpiper")}
+    base = got["pipedream"].global_batch_size
+    assert base > 0
+    for name in MEMORY_PARTITIONERS:
+        r = got[name]
+        assert r.global_batch_size >= 2 * base, (name, r.global_batch_size, base)
+        assert r.plan is not None and all(rm.fits for rm in SIM.memory(r.plan))
+        # One more sample per micro-batch no longer fits (the search's upper edge is tight).
+        assert throughput_at(problem, base_point(1, 1, 4, name, {}), r.micro_batch_size + 1, 4) is None
+    assert throughput_at(problem, base_point(1, 1, 4, "pipedream", {}), got["pipedream"].micro_batch_size + 1, 4) is None
+
+
+def test_materialize_writes_the_policy():
+    point = dict(dp=1, tp=1, pp=4, micro_batch_size=16, global_batch_size=64, schedule="1f1b", recompute="none",
+                 partitioner="dawnpiper")
+    mat = materialize(Problem(MODEL, CLUSTER), point)
+    assert mat.fits and mat.plan.partition is not None and mat.plan.layer_memory_policy is not None
+    assert "recompute" in mat.plan.layer_memory_policy or "swap" in mat.plan.layer_memory_policy
+
+
+def test_balanced_keeps_memory_caps_with_a_pinned_policy():
+    """Was: caps off as soon as a layer_memory_policy was set, so the time-balanced split overflowed."""
+    point = dict(dp=1, tp=1, pp=4, micro_batch_size=8, global_batch_size=32, schedule="1f1b", recompute="none",
+                 partitioner="balanced")
+    pinned = {"layer_memory_policy": ["keep"] * 24}
+    capped = materialize(Problem(MODEL, CLUSTER, pinned=pinned), point)
+    blind = materialize(Problem(MODEL, CLUSTER, pinned=pinned, memory_caps=False), point)
+    assert capped.fits and not blind.fits
+
+
+def test_space_searches_memory_partitioners_once_per_recompute_level():
+    space = SearchSpace(MODEL, CLUSTER, [16], {"pp": 4, "tp": 1, "micro_batch_size": 1},
+                        ("balanced", "vpipe", "dawnpiper"))
+    parts = [p for p in space.points if p["partitioner"] in MEMORY_PARTITIONERS]
+    assert parts and all(p["virtual_stages"] == 1 for p in parts)
+    assert len({p["recompute"] for p in parts}) == 1
+    assert any(p["virtual_stages"] > 1 for p in space.points)  # interleaving stays for balanced
+
+
+def test_cli_max_batch_json(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "mindpipe.cli", "tune", "--model", "gpt-1.3b", "--cluster",
+                          "a100-sxm4-40gb:1x4", "--objective", "max_batch", "--partitioner", "vpipe",
+                          "--fix", "pp=4", "--fix", "tp=1", "--out", str(tmp_path), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    plan = info["best_plan"]
+    assert info["best_value"] == plan["global_batch_size"] == plan["dp"] * plan["micro_batch_size"] * 4
+    assert plan["layer_memory_policy"] and plan["partition"] and info["throughput_samples_per_s"] > 0
+    assert json.loads((tmp_path / "best_plan.json").read_text())["made_for"]["tool"].endswith("max_batch")
+
+
+def test_stage_times_are_the_plans_own():
+    """The planner's stage time is time_of of its policies; a stage that fits kept is all keep."""
+    from mindpipe.tuner.memsplit import stage_model
+
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=24, global_batch_size=96)
+    sm = stage_model(SIM, plan)
+    mp = memory_partition("dawnpiper", SIM, plan)
+    lo = 0
+    for s, n in enumerate(mp.partition):
+        sp = sm.plan(s, lo, lo + n, "dawnpiper")
+        assert sp.time_s == pytest.approx(sm.time_of(s, lo, lo + n, sp.policies))
+        assert list(sp.policies) == mp.policy[lo:lo + n]
+        lo += n

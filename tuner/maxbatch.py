@@ -1,0 +1,241 @@
+"""The maximum trainable batch (``mindpipe tune --objective max_batch``): the largest global batch
+that fits, with the partition and the memory policy chosen together, and the throughput there.
+
+With m micro-batches per iteration, a 1F1B stage holds min(p − s, m) of them, so once m ≥ p the
+memory depends on the micro-batch size alone and any global batch could be reached by accumulating
+more micro-batches. The maximum trainable batch is therefore taken, as in the vPipe and DawnPiper
+evaluations, at a fixed number of micro-batches m (default p, the fewest that fill the pipeline):
+global batch = dp × micro-batch size × m, and the search is over the micro-batch size. For each
+candidate size the partitioner runs (:func:`mindpipe.tuner.materialize.materialize`: a memory-aware
+partitioner chooses the per-block keep/recompute/swap with the split) and the simulator's memory
+model says whether the plan fits; sizes are doubled until one does not fit, then bisected (fitting
+is taken as monotone in the micro-batch size: a smaller batch needs less of every term). The
+memory-blind baselines (``even``, ``pipedream``, ``balanced``) keep every activation unless
+``recompute`` is pinned. The plan found is simulated for its throughput.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mindpipe.traces.atomic import output_dir, write_text
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.calibration import Calibration
+from mindpipe.traces.config import Cluster, MadeFor, Model, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import limit
+from mindpipe.traces.schema import to_dict, write_json
+from mindpipe.traces.trace import Trace
+from mindpipe.tuner.keys import PARTITIONERS, Point, parse_fixes
+from mindpipe.tuner.materialize import Materialized, Problem, materialize
+
+
+@dataclass(frozen=True)
+class MaxBatch:
+    """The largest fitting batch of one (mesh, partitioner).
+
+    Attributes:
+        partitioner: The partitioner.
+        dp, tp, pp: The mesh.
+        num_microbatches: Micro-batches per iteration (fixed).
+        micro_batch_size: The largest fitting micro-batch size (0: not even 1 fits).
+        global_batch_size: dp × micro_batch_size × num_microbatches (0 when nothing fits).
+        plan: The plan at that size (partition and policy written in), None when nothing fits.
+        throughput_samples_per_s: Simulated throughput of ``plan``.
+        peak_memory_gib: Largest rank's memory of ``plan``.
+    """
+
+    partitioner: str
+    dp: int
+    tp: int
+    pp: int
+    num_microbatches: int
+    micro_batch_size: int
+    global_batch_size: int
+    plan: Plan | None
+    throughput_samples_per_s: float | None
+    peak_memory_gib: float | None
+
+
+def point_at(base: Mapping[str, Any], micro_batch_size: int, num_microbatches: int) -> Point:
+    """``base`` with the micro-batch size and the global batch it gives."""
+    point = dict(base, micro_batch_size=micro_batch_size,
+                 global_batch_size=base["dp"] * micro_batch_size * num_microbatches)
+    return point
+
+
+def _try(problem: Problem, base: Mapping[str, Any], mbs: int, m: int) -> Materialized | None:
+    """The materialised plan at ``mbs`` when it fits, else None (a size the plan rules refuse: None)."""
+    try:
+        mat = materialize(problem, point_at(base, mbs, m))
+    except ContractError:
+        return None
+    return mat if mat.fits else None
+
+
+def largest_fit(problem: Problem, base: Mapping[str, Any], num_microbatches: int,
+                max_micro_batch: int | None = None) -> tuple[int, Materialized | None]:
+    """(largest fitting micro-batch size, its plan) by doubling then bisection; (0, None) if 1 does not fit."""
+    top = max_micro_batch or int(limit("micro_batch_size"))
+    best = _try(problem, base, 1, num_microbatches)
+    if best is None:
+        return 0, None
+    lo, hi = 1, None
+    while hi is None:
+        nxt = min(2 * lo, top)
+        if nxt == lo:
+            return lo, best
+        mat = _try(problem, base, nxt, num_microbatches)
+        if mat is None:
+            hi = nxt
+        else:
+            lo, best = nxt, mat
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        mat = _try(problem, base, mid, num_microbatches)
+        if mat is None:
+            hi = mid
+        else:
+            lo, best = mid, mat
+    return lo, best
+
+
+def max_batch(problem: Problem, base: Mapping[str, Any], num_microbatches: int,
+              max_micro_batch: int | None = None) -> MaxBatch:
+    """The largest fitting global batch of ``base`` (a point without the batch keys) and its throughput."""
+    mbs, mat = largest_fit(problem, base, num_microbatches, max_micro_batch)
+    thr = peak = None
+    if mat is not None:
+        result = problem.simulator().run(mat.plan)
+        thr, peak = result.throughput_samples_per_s, mat.peak_memory_gib
+    return MaxBatch(base["partitioner"], base["dp"], base["tp"], base["pp"], num_microbatches, mbs,
+                    base["dp"] * mbs * num_microbatches if mat is not None else 0,
+                    mat.plan if mat is not None else None, thr, peak)
+
+
+def throughput_at(problem: Problem, base: Mapping[str, Any], micro_batch_size: int,
+                  num_microbatches: int) -> float | None:
+    """Simulated throughput of ``base`` at a given micro-batch size; None when it does not fit."""
+    mat = _try(problem, base, micro_batch_size, num_microbatches)
+    return None if mat is None else problem.simulator().run(mat.plan).throughput_samples_per_s
+
+
+def _values(fixes: Mapping[str, Any], key: str, default: list[Any]) -> list[Any]:
+    value = fixes.get(key)
+    if value is None:
+        return default
+    return list(value) if isinstance(value, list) else [value]
+
+
+def meshes(problem: Problem, fixes: Mapping[str, Any]) -> Iterator[tuple[int, int, int]]:
+    """(dp, tp, pp) of the cluster allowed by ``fixes`` (tp within a node)."""
+    world = problem.cluster.world_size
+    divisors = [d for d in range(1, world + 1) if world % d == 0]
+    for tp, pp in itertools.product(_values(fixes, "tp", divisors), _values(fixes, "pp", divisors)):
+        if tp > problem.cluster.gpus_per_node or world % (tp * pp):
+            continue
+        dp = world // (tp * pp)
+        if dp in _values(fixes, "dp", [dp]):
+            yield dp, tp, pp
+
+
+def base_point(dp: int, tp: int, pp: int, partitioner: str, fixes: Mapping[str, Any]) -> Point:
+    """A point of the mesh without the batch keys: pinned scalars, else 1F1B and the Plan's defaults."""
+    point: Point = {"dp": dp, "tp": tp, "pp": pp, "partitioner": partitioner, "schedule": "1f1b", "recompute": "none"}
+    for key, value in fixes.items():
+        if key not in ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "partitioner", "partition",
+                       "layer_memory_policy") and not isinstance(value, list):
+            point[key] = value
+    return point
+
+
+def search(problem: Problem, fixes: Mapping[str, Any], partitioner: str,
+           num_microbatches: int | None = None) -> list[MaxBatch]:
+    """:func:`max_batch` of every allowed mesh, best first (largest batch, then throughput).
+
+    Args:
+        problem: Model, cluster, trace, calibration.
+        fixes: Parsed ``--fix`` values (scalars pin plan keys; dp, tp, pp may be lists).
+        partitioner: The partitioner.
+        num_microbatches: Micro-batches per iteration (default: pp of each mesh).
+    """
+    out = []
+    for dp, tp, pp in meshes(problem, fixes):
+        base = base_point(dp, tp, pp, partitioner, fixes)
+        try:
+            problem.simulator().check(Plan(**{k: v for k, v in point_at(base, 1, num_microbatches or pp).items()
+                                              if k != "partitioner"}))
+        except ContractError:
+            continue
+        out.append(max_batch(problem, base, num_microbatches or pp))
+    out.sort(key=lambda r: (-r.global_batch_size, -(r.throughput_samples_per_s or 0.0)))
+    return out
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b; inf when only b is 0 (nothing fits the baseline); None when either is missing."""
+    if a is None or b is None:
+        return None
+    return math.inf if b == 0 and a > 0 else (a / b if b else None)
+
+
+
+
+def row(r: MaxBatch) -> dict[str, Any]:
+    """One result as a JSON row (the plan's partition and policy counts included)."""
+    plan = r.plan
+    policy = plan.layer_memory_policy if plan is not None else None
+    return {"partitioner": r.partitioner, "dp": r.dp, "tp": r.tp, "pp": r.pp, "num_microbatches": r.num_microbatches,
+            "micro_batch_size": r.micro_batch_size, "global_batch_size": r.global_batch_size,
+            "throughput_samples_per_s": r.throughput_samples_per_s, "peak_memory_gib": r.peak_memory_gib,
+            "partition": plan.partition if plan is not None else None,
+            "policy_counts": {p: policy.count(p) for p in ("keep", "recompute", "swap")} if policy else None}
+
+
+def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Path, partitioners: Sequence[str],
+                   fixes: dict[str, Any] | Sequence[str] | None = None, num_microbatches: int | None = None,
+                   trace: Trace | None = None, calibration: Calibration | None = None) -> dict[str, Any]:
+    """The largest trainable global batch over the allowed meshes and ``partitioners``; writes outputs.
+
+    Writes ``best_plan.json`` (with ``made_for``) and ``max_batch.json`` (every mesh and partitioner)
+    to ``out`` and returns the summary: ``best_value`` (the global batch), ``best_plan`` and the
+    throughput there.
+
+    Raises:
+        ContractError: an unknown partitioner, or no plan fits even one sample per micro-batch.
+    """
+    from mindpipe.tuner.api import fingerprint
+
+    model, cluster = load_model(model), load_cluster(cluster)
+    fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
+    for name in partitioners:
+        if name not in PARTITIONERS or name == "given":
+            raise ContractError("--partitioner", None, f"{name!r} is not one of {', '.join(PARTITIONERS[:-1])}")
+    problem = Problem(model, cluster, trace, fingerprint=fingerprint(model, cluster, trace, calibration),
+                      calibration=calibration)
+    results = [r for name in partitioners for r in search(problem, fixed, name, num_microbatches)]
+    results.sort(key=lambda r: (-r.global_batch_size, -(r.throughput_samples_per_s or 0.0)))
+    out_dir = output_dir(Path(out))
+    table = [row(r) for r in results]
+    write_text(out_dir / "max_batch.json", json.dumps(table, indent=1) + "\n")
+    best = results[0] if results and results[0].plan is not None else None
+    if best is None:
+        raise ContractError("tune", None, f"no plan of {model.label} fits one sample per micro-batch on "
+                            f"{cluster.world_size} × {cluster.gpu} (see {out_dir / 'max_batch.json'})")
+    plan = dataclasses.replace(best.plan, made_for=MadeFor(model, cluster, tool="mindpipe tune --objective max_batch"))
+    write_json(plan, out_dir / "best_plan.json")
+    return {"objective": "max_batch", "best_value": best.global_batch_size, "best_plan": to_dict(plan),
+            "partitioner": best.partitioner, "micro_batch_size": best.micro_batch_size,
+            "num_microbatches": best.num_microbatches, "throughput_samples_per_s": best.throughput_samples_per_s,
+            "peak_memory_gib": best.peak_memory_gib, "results": table, "out": str(out_dir)}
+
+
+__all__ = ["MaxBatch", "base_point", "largest_fit", "max_batch", "meshes", "point_at", "ratio", "row", "search",
+           "throughput_at", "tune_max_batch"]
