@@ -79,7 +79,7 @@ class LoopConfig:
     rounds: int = 3
     run: RunSpec = field(default_factory=lambda: RunSpec(steps=8, warmup_steps=2))
     probes: list[Plan] = field(default_factory=lambda: [demo_plan(dp=2, micro_batch_size=2),
-                                                        demo_plan(dp=2, micro_batch_size=8),
+                                                        demo_plan(dp=2, micro_batch_size=8, global_batch_size=16),
                                                         demo_plan(dp=2, micro_batch_size=4, zero_stage=1),
                                                         demo_plan(tp=2, micro_batch_size=4)])
     holdout: list[Plan] = field(default_factory=lambda: [demo_plan(pp=2, micro_batch_size=2, schedule="zb_h1")])

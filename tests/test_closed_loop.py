@@ -63,3 +63,12 @@ def test_closed_loop_on_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     for fig in ("calibration_scatter.png", "gantt_tuned.png", "gantt_default.png", "tune_calibrated_pareto.png"):
         png = tmp_path / "out" / "figures" / fig
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"figures/{fig}" in text
+
+
+def test_the_default_loop_config_builds():
+    # The demo's own probes and held-out plans are valid plans at its global batch.
+    from mindpipe.loop import LoopConfig
+
+    cfg = LoopConfig()
+    assert all(cfg.at_batch(p).global_batch_size == cfg.global_batch for p in [*cfg.probes, *cfg.holdout])
+    assert any(p.micro_batch_size * p.dp == cfg.global_batch for p in cfg.probes)
