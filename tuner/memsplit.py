@@ -84,8 +84,10 @@ def stage_model(sim: Simulator, plan: Plan, halves: bool = False) -> StageModel:
     e_f, e_t = extra.get(last, (0.0, 0.0))
     t_f, t_t = fwd_total(tail)
     extra[last] = (e_f + t_f, e_t + t_t)
-    return StageModel(block_nodes(costs), budgets, extra, lambda n: sim.swap_copy_s(plan, n),
-                      sim.swap_bytes_per_block(plan), part_nodes(costs) if halves else None)
+    # A device without a host link (a CPU: its memory is the host's) has nowhere to swap to.
+    swap = sim.swap_bytes_per_block(plan) if sim.device.pcie_bandwidth_GBps > 0 else 0.0
+    return StageModel(block_nodes(costs), budgets, extra, lambda n: sim.swap_copy_s(plan, n), swap,
+                      part_nodes(costs) if halves else None)
 
 
 def _bounds(partition: Sequence[int]) -> list[tuple[int, int]]:

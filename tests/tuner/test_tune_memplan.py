@@ -14,9 +14,9 @@ from mindpipe.executor.precheck import check_run
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.config import LAYER_MEMORY_POLICIES, Plan
+from mindpipe.traces.layout import LAYER_POLICY
 from mindpipe.tuner.materialize import Problem, materialize
 from mindpipe.tuner.maxbatch import base_point, search, throughput_at
-from mindpipe.traces.layout import LAYER_POLICY
 from mindpipe.tuner.memsplit import MEMORY_PARTITIONERS, dawnpiper_partition, memory_partition
 from mindpipe.tuner.space import SearchSpace
 
