@@ -18,6 +18,7 @@ engine's swap cost without building a plan for each try. Both rules stay with th
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,9 +27,7 @@ from mindpipe.simulator.memory import RankMemory, _StageMemoryModel, activation_
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import BLOCK_POLICIES, BlockPart, BlockPolicy
-
-_PARTS: tuple[BlockPart, ...] = ("whole", "attention", "mlp")
+from mindpipe.traces.layout import BlockPart, BlockPolicy
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ class StageBudget:
     has_embedding: bool
     has_head: bool
     _mm: _StageMemoryModel
-    _totals: dict[tuple[int, ...], float] = field(default_factory=dict, compare=False, repr=False)
+    _totals: dict[tuple[tuple[tuple[str, str], int], ...], float] = field(default_factory=dict, compare=False, repr=False)
 
     def block_bytes(self, policy: BlockPolicy, part: BlockPart = "whole") -> float:
         """Bytes one block (or its ``attention`` / ``mlp`` part) keeps per micro-batch under ``policy``
@@ -66,11 +65,8 @@ class StageBudget:
     def total_bytes(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None = None) -> float:
         """Total bytes of :meth:`memory` (memoised: it depends only on how many blocks, or parts of
         blocks, have each policy)."""
-        if parts is None or all(p == "whole" for p in parts):
-            key: tuple[int, ...] = tuple(policies.count(p) for p in BLOCK_POLICIES)
-        else:
-            pairs = list(zip(policies, parts, strict=True))
-            key = tuple(pairs.count((p, q)) for p in BLOCK_POLICIES for q in _PARTS)
+        pairs = zip(policies, parts or ["whole"] * len(policies), strict=True)
+        key = tuple(sorted(Counter(pairs).items()))
         total = self._totals.get(key)
         if total is None:
             total = self._totals[key] = self.memory(policies, parts).total_bytes

@@ -196,7 +196,6 @@ class StageModel:
             fixed[0] = pins[0]
         if n and parts[-1] == "attention" and pins[1] is not None:
             fixed[n - 1] = pins[1]
-        budget = self.budgets[stage]
         floor: LayerPolicy = "swap" if self.swap_bytes > 0 else "recompute"
         if not self.fits(stage, [fixed.get(i, floor) for i in range(n)], parts):  # the least memory it can use
             return StagePlan(tuple(fixed.get(i, floor) for i in range(n)), math.inf, False)
@@ -208,18 +207,20 @@ class StageModel:
         def time(r: float, k: int) -> float:
             return self._time(fwd, base, r, k)
 
-        def saved(part: BlockPart) -> dict[str, float]:
-            keep = budget.block_bytes(LAYER_POLICY["keep"], part)
-            return {"recompute": keep - budget.block_bytes(LAYER_POLICY["recompute"], part), "swap": keep}
-
+        saved = {part: self._saved(stage, part) for part in set(parts)}
         while not self.fits(stage, pol, parts):
             now = time(redo, swapped)
+            swap_s = max(0.0, time(redo, swapped + 1) - now)  # the same for every unit
             best: tuple[float, int, LayerPolicy] | None = None
+            scores: dict[tuple[BlockPart, float], tuple[float, LayerPolicy]] = {}  # alike units score alike
             for i in range(n - 1, -1, -1):  # from the back: ties go to the last units
                 if pol[i] != "keep" or i in fixed:
                     continue
-                per_byte, p = self._choice(rule, saved(parts[i]), max(0.0, time(redo, swapped + 1) - now),
-                                           max(0.0, time(redo + nodes[i].recompute_s, swapped) - now))
+                like = (parts[i], nodes[i].recompute_s)
+                if like not in scores:
+                    scores[like] = self._choice(rule, saved[parts[i]], swap_s,
+                                                max(0.0, time(redo + nodes[i].recompute_s, swapped) - now))
+                per_byte, p = scores[like]
                 if best is None or per_byte < best[0]:
                     best = (per_byte, i, p)
             if best is None or not math.isfinite(best[0]):
@@ -230,6 +231,12 @@ class StageModel:
             else:
                 redo += nodes[best[1]].recompute_s
         return StagePlan(tuple(pol), time(redo, swapped), True)
+
+    def _saved(self, stage: int, part: BlockPart) -> dict[str, float]:
+        """Bytes a unit of ``part`` frees per micro-batch when recomputed or swapped instead of kept."""
+        budget = self.budgets[stage]
+        keep = budget.block_bytes(LAYER_POLICY["keep"], part)
+        return {"recompute": keep - budget.block_bytes(LAYER_POLICY["recompute"], part), "swap": keep}
 
     def _choice(self, rule: MemoryRule, saved: dict[str, float], swap_s: float,
                 redo_s: float) -> tuple[float, LayerPolicy]:

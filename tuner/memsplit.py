@@ -151,6 +151,7 @@ class _DawnPiper:
         for i in range(sm.num_positions):
             self.prefix.append(self.prefix[-1] + sm.position_time(i))
         self.memo: dict[tuple[int, int, int, int, Pins], _Solution] = {}
+        self.keep: dict[tuple[int, int], float] = {}  # (stage, positions) → kept share of capacity
         swap: tuple[LayerPolicy, ...] = ("swap",) if sm.swap_bytes > 0 else ()
         self.pin_options: tuple[LayerPolicy, ...] = ("keep", "recompute", *swap)
         # Most positions each stage can hold at all (every unit at its least-memory policy, from
@@ -181,7 +182,9 @@ class _DawnPiper:
         used = 0.0
         for i, s in enumerate(range(a, b)):
             k = n // g + (1 if i < n % g else 0)
-            used += self.sm.keep_bytes(s, 0, k) / self.sm.budgets[s].capacity_bytes
+            if (s, k) not in self.keep:
+                self.keep[s, k] = self.sm.keep_bytes(s, 0, k) / self.sm.budgets[s].capacity_bytes
+            used += self.keep[s, k]
         return used / g
 
     def cut_points(self, lo: int, hi: int, a: int, b: int) -> tuple[int, int]:
@@ -223,8 +226,10 @@ class _DawnPiper:
             inside = self.sm.halves and c % 2 == 1  # the cut falls after block c // 2's attention
             for q in self.pin_options if inside else (None,):
                 left = self.solve(lo, c, a, mid, (pins[0], q))
+                if not left[1] or (best[1] and left[0] >= best[0]):
+                    continue  # no better than the best so far, whatever the right half does
                 right = self.solve(c, hi, mid, b, (q, pins[1]))
-                if not left[1] or not right[1]:
+                if not right[1]:
                     continue
                 t = max(left[0], right[0])
                 if not best[1] or t < best[0]:
