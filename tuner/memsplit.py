@@ -171,6 +171,25 @@ class _DawnPiper:
             best = max(best, n)
         return best
 
+    def feasible(self) -> bool:
+        """True when some split fits every stage with every unit at its least-memory policy: without
+        one no plan fits, and the search (exhaustive when nothing fits) is not run. Each stage in turn
+        takes all it can (a stage that fits still fits with fewer units), leaving each later stage a
+        block to start."""
+        floor: LayerPolicy = "swap" if self.sm.swap_bytes > 0 else "recompute"
+        lo, end, p = 0, self.sm.num_positions, self.sm.num_stages
+        for s in range(p):
+            hi = lo
+            while hi < end and self.sm.blocks_started(hi + 1, end) >= p - s - 1:
+                units = self.sm.units(lo, hi + 1)
+                if not self.sm.fits(s, [floor] * len(units), [u[1] for u in units]):
+                    break
+                hi += 1
+            if self.sm.blocks_started(lo, hi) < 1:
+                return False
+            lo = hi
+        return lo == end
+
     def _time(self, lo: int, hi: int, a: int, b: int) -> float:
         """Every-unit-kept time of positions lo..hi on stages a..b-1, the embedding and head included."""
         extra = sum(self.sm.extra.get(s, (0.0, 0.0))[1] for s in range(a, b))
@@ -253,7 +272,8 @@ def _assemble_cuts(sm: StageModel, bounds: list[tuple[int, int]], pins: list[Lay
 
 def dawnpiper_partition(sm: StageModel) -> MemoryPlan:
     """DawnPiper's binary, memory-aware partition (module docstring), at ``sm``'s granularity."""
-    _, bounds, pins = _DawnPiper(sm).solve(0, sm.num_positions, 0, sm.num_stages)
+    search = _DawnPiper(sm)
+    _, bounds, pins = search.solve(0, sm.num_positions, 0, sm.num_stages) if search.feasible() else _NONE
     if not bounds:  # nothing fits anywhere: report the compute-balanced split, its stages marked unfit
         n, p = len(sm.nodes), sm.num_stages
         part = [n // p + (1 if s < n % p else 0) for s in range(p)]
