@@ -111,7 +111,7 @@ def tuner_check(work: Path, budget: int) -> dict[str, Any]:
         out[label] = {"throughput_samples_per_s": info["best_value"], "evaluations": info["evaluations"],
                       "space_size": info["space_size"], "infeasible": info["infeasible"],
                       "best_plan": {k: plan.get(k) for k in ("dp", "tp", "pp", "micro_batch_size", "recompute",
-                                                             "partition")},
+                                                             "partition", "stage_cuts")},
                       "policy_counts": {p: policy.count(p) for p in ("keep", "recompute", "swap")} if policy else None,
                       "seconds": round(time.perf_counter() - t0, 1)}
     a, b = (out[k]["throughput_samples_per_s"] for k in out)
@@ -163,7 +163,8 @@ def main() -> None:
         for name, r in results[label]["rows"].items():
             print(f"  {name:10s} max batch {r['global_batch_size']:6d} (mbs {r['micro_batch_size']}) "
                   f"thr {r['throughput_samples_per_s']} at-vpipe-max {r['throughput_at_vpipe_max']} "
-                  f"partition {r['partition']} policies {r['policy_counts']} [{r['search_s']} s]", flush=True)
+                  f"partition {r['partition']} cuts {r['stage_cuts']} policies {r['policy_counts']} "
+                  f"[{r['search_s']} s]", flush=True)
     payload: dict[str, Any] = {"planners": results, "microbatches": "pp (the fewest that fill a 1F1B pipeline)"}
     if not args.skip_tuner:
         with tempfile.TemporaryDirectory() as tmp:

@@ -18,6 +18,7 @@ engine's swap cost without building a plan for each try. Both rules stay with th
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ from mindpipe.simulator.memory import RankMemory, _StageMemoryModel, activation_
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import BLOCK_POLICIES, BlockPolicy
+from mindpipe.traces.layout import BlockPart, BlockPolicy
 
 
 @dataclass(frozen=True)
@@ -46,28 +47,34 @@ class StageBudget:
     has_embedding: bool
     has_head: bool
     _mm: _StageMemoryModel
-    _totals: dict[tuple[int, ...], float] = field(default_factory=dict, compare=False, repr=False)
+    _totals: dict[tuple[tuple[tuple[str, str], int], ...], float] = field(default_factory=dict, compare=False, repr=False)
 
-    def block_bytes(self, policy: BlockPolicy) -> float:
-        """Bytes one block keeps per micro-batch under ``policy`` (0 for ``swap``)."""
-        return self._mm.block(policy)
+    def block_bytes(self, policy: BlockPolicy, part: BlockPart = "whole") -> float:
+        """Bytes one block (or its ``attention`` / ``mlp`` part) keeps per micro-batch under ``policy``
+        (0 for ``swap``)."""
+        return self._mm.block(policy, part)
 
-    def memory(self, policies: Sequence[BlockPolicy]) -> RankMemory:
-        """The rank's peak memory when the stage holds blocks with ``policies``, in order."""
-        terms = self._mm.stage(list(policies), self.has_embedding, self.has_head)
+    def memory(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None = None) -> RankMemory:
+        """The rank's peak memory when the stage holds blocks with ``policies``, in order; ``parts``
+        says what it holds of each (all ``whole`` by default; a stage boundary inside a block leaves
+        its first an ``mlp`` or its last an ``attention`` part, :mod:`mindpipe.traces.layout`)."""
+        terms = self._mm.stage(list(policies), self.has_embedding, self.has_head,
+                               None if parts is None else list(parts))
         return self._mm.rank(self.stage, {self.stage: terms}, [{self.stage: self.in_flight}])
 
-    def total_bytes(self, policies: Sequence[BlockPolicy]) -> float:
-        """Total bytes of :meth:`memory` (memoised: it depends only on how many blocks have each policy)."""
-        key = tuple(policies.count(p) for p in BLOCK_POLICIES)
+    def total_bytes(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None = None) -> float:
+        """Total bytes of :meth:`memory` (memoised: it depends only on how many blocks, or parts of
+        blocks, have each policy)."""
+        pairs = zip(policies, parts or ["whole"] * len(policies), strict=True)
+        key = tuple(sorted(Counter(pairs).items()))
         total = self._totals.get(key)
         if total is None:
-            total = self._totals[key] = self.memory(policies).total_bytes
+            total = self._totals[key] = self.memory(policies, parts).total_bytes
         return total
 
-    def fits(self, policies: Sequence[BlockPolicy]) -> bool:
+    def fits(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None = None) -> bool:
         """True when the stage fits in the device's memory."""
-        return self.total_bytes(policies) <= self.capacity_bytes
+        return self.total_bytes(policies, parts) <= self.capacity_bytes
 
 
 def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule) -> list[StageBudget]:

@@ -39,6 +39,13 @@ more than one tensor (the residual and a branch value) between stages.
 choice) overrides it block by block: ``keep`` keeps everything (``none``, whatever
 ``plan.recompute`` says — vPipe's "keep" is the absence of recompute and swap), ``recompute`` is
 ``full`` and ``swap`` is ``swap``.
+
+A block cut by a stage boundary keeps its one policy, applied to each part on its own stage: the
+simulator prices each part's bytes under it (:func:`mindpipe.simulator.memory.activation_bytes_per_layer`
+with ``part=``), a ``full`` part re-runs its own forward, and a ``swap`` part copies its own saved
+tensors (the executor wraps each part's module as it wraps a block; the simulator's engine still
+prices each swapped part's copy at a whole block's bytes, an overestimate). ``selective`` on a cut block is
+refused by the executor (its precheck), so the memory planners never give a cut block one.
 """
 
 from __future__ import annotations

@@ -96,7 +96,8 @@ def materialize(problem: Problem, point: Point, sim: Simulator | None = None) ->
     """Partition the point's plan by its partitioner and check its memory.
 
     The memory-aware partitioners (``vpipe``, ``dawnpiper``) write their per-block policy into the
-    plan's ``layer_memory_policy`` as well.
+    plan's ``layer_memory_policy`` as well, and ``dawnpiper`` its boundaries inside blocks into
+    ``stage_cuts``.
 
     Raises:
         ContractError: the point breaks a plan rule (should not happen for points of a space).
@@ -107,7 +108,8 @@ def materialize(problem: Problem, point: Point, sim: Simulator | None = None) ->
     name = point["partitioner"]
     if name in MEMORY_PARTITIONERS:
         mp = memory_partition(name, sim, plan)
-        plan = dataclasses.replace(plan_of(point, problem.pinned, mp.partition), layer_memory_policy=list(mp.policy))
+        plan = dataclasses.replace(plan_of(point, problem.pinned, mp.partition), layer_memory_policy=list(mp.policy),
+                                   stage_cuts=mp.stage_cuts)
         return Materialized(plan, sim.memory(plan))
     if plan.num_stages == 1:
         partition = [model.num_layers]

@@ -189,13 +189,14 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def row(r: MaxBatch) -> dict[str, Any]:
-    """One result as a JSON row (the plan's partition and policy counts included)."""
+    """One result as a JSON row (the plan's partition, boundaries inside blocks and policy counts included)."""
     plan = r.plan
     policy = plan.layer_memory_policy if plan is not None else None
     return {"partitioner": r.partitioner, "dp": r.dp, "tp": r.tp, "pp": r.pp, "num_microbatches": r.num_microbatches,
             "micro_batch_size": r.micro_batch_size, "global_batch_size": r.global_batch_size,
             "throughput_samples_per_s": r.throughput_samples_per_s, "peak_memory_gib": r.peak_memory_gib,
             "partition": plan.partition if plan is not None else None,
+            "stage_cuts": plan.stage_cuts if plan is not None else None,
             "policy_counts": {p: policy.count(p) for p in ("keep", "recompute", "swap")} if policy else None}
 
 

@@ -1,23 +1,30 @@
 """Per-stage memory plans: which blocks of a stage keep, recompute or swap their activations.
 
 The two memory-aware partitioners (:mod:`mindpipe.tuner.memsplit`) price a candidate stage — a run
-of nodes on one pipeline rank — by the time it takes once it fits in device memory. A *node* is a
-unit of the partition with its time, re-run time and boundary bytes; today a transformer block (the
-plan's ``layer_memory_policy`` is per block), written generally so that finer units can be fed in.
+of units on one pipeline rank — by the time it takes once it fits in device memory. A *node* is a
+unit with its time, re-run time and boundary bytes: a transformer block, or one of its two parts
+(attention, MLP) when the partition is searched at half-block granularity. Stages are ranges of
+*positions*: block indices, or half-block indices (position 2·i is block i's attention part, 2·i + 1
+its MLP part); a stage whose range starts or ends inside a block holds that block's ``mlp`` or
+``attention`` part (the plan's ``stage_cuts``, :mod:`mindpipe.traces.layout`). The plan has one
+policy per block (``layer_memory_policy``), and the simulator and the executor apply a cut block's
+policy to both of its parts, so a part's policy is *pinned* from outside: the partitioner chooses it
+once for the block and both stages are priced with it.
 
 Everything about memory and swap cost is asked of the simulator (DESIGN.md, one owner per rule):
-the stage's memory for a list of policies is its
+the stage's memory for a list of policies and parts is its
 :class:`~mindpipe.simulator.planning.StageBudget`, the re-run time is
 :func:`mindpipe.simulator.build.stage_recompute`'s, and an exposed swap is
 :func:`mindpipe.simulator.planning.exposed_swap_s` of the copy time
-:meth:`~mindpipe.simulator.simulator.Simulator.swap_copy_s` prices. Two rules choose the policies,
-adding one node's change at a time until the stage fits:
+:meth:`~mindpipe.simulator.simulator.Simulator.swap_copy_s` prices (a swapped part copies what a
+swapped block does, as the engine prices it). Two rules choose the policies, adding one unit's
+change at a time until the stage fits:
 
-* ``vpipe`` (Zhao et al., TPDS'21; BACKGROUND.md §4.2): swap a node when its copy still hides in
-  the forward→backward window (no exposed time), else recompute it; nodes ranked by overhead per
+* ``vpipe`` (Zhao et al., TPDS'21; BACKGROUND.md §4.2): swap a unit when its copy still hides in
+  the forward→backward window (no exposed time), else recompute it; units ranked by overhead per
   byte saved, ties from the back of the stage (vPipe's ``recompute_ratio`` counts from the back).
 * ``dawnpiper`` (Peng et al., 2025, Capuchin-style; BACKGROUND.md §4.3): first every swap that
-  hides, then per node the cheaper of recompute and an exposed swap, ranked by bytes saved per
+  hides, then per unit the cheaper of recompute and an exposed swap, ranked by bytes saved per
   second of overhead.
 """
 
@@ -31,10 +38,12 @@ from typing import Literal
 from mindpipe.simulator.build import stage_recompute
 from mindpipe.simulator.costs import LayerCost
 from mindpipe.simulator.planning import StageBudget, exposed_swap_s
-from mindpipe.traces.layout import LAYER_POLICY
+from mindpipe.traces.layout import LAYER_POLICY, BlockPart
 
 MemoryRule = Literal["vpipe", "dawnpiper"]
 LayerPolicy = Literal["keep", "recompute", "swap"]
+Pins = tuple["LayerPolicy | None", "LayerPolicy | None"]
+NO_PINS: Pins = (None, None)
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,7 @@ class Node:
     """One unit of the partition, per micro-batch on one device.
 
     Attributes:
-        name: Its layer name (``block.3``).
+        name: Its layer name (``block.3``, ``block.3.attention``).
         forward_s: Forward compute (the window a swap copy back hides in).
         time_s: Forward + input gradient + weight gradient.
         recompute_s: Extra time when its activations are recomputed.
@@ -56,20 +65,29 @@ class Node:
     output_bytes: float
 
 
+def _node(c: LayerCost) -> Node:
+    redo = stage_recompute([c], [LAYER_POLICY["recompute"]])[0]
+    return Node(c.name, c.forward_s, c.forward_s + c.backward_input_s + c.backward_weight_s, redo,
+                float(c.output_bytes))
+
+
 def block_nodes(costs: Sequence[LayerCost]) -> list[Node]:
     """The transformer blocks of a model's per-layer costs as nodes."""
-    out = []
-    for c in costs:
-        if c.kind == "block":
-            redo = stage_recompute([c], [LAYER_POLICY["recompute"]])[0]
-            out.append(Node(c.name, c.forward_s, c.forward_s + c.backward_input_s + c.backward_weight_s, redo,
-                            float(c.output_bytes)))
-    return out
+    return [_node(c) for c in costs if c.kind == "block"]
+
+
+def part_nodes(costs: Sequence[LayerCost]) -> list[tuple[Node, Node]] | None:
+    """(attention, mlp) part nodes of every block (``LayerCost.parts``); None when a block has none."""
+    blocks = [c for c in costs if c.kind == "block"]
+    if any(c.parts is None for c in blocks):
+        return None
+    return [(_node(c.parts[0]), _node(c.parts[1])) for c in blocks]  # type: ignore[index]
 
 
 @dataclass(frozen=True)
 class StagePlan:
-    """A stage's policies and its time per micro-batch (``inf`` when nothing makes it fit)."""
+    """A stage's policies (one per unit, :meth:`StageModel.units`) and its time per micro-batch
+    (``inf`` when nothing makes it fit)."""
 
     policies: tuple[LayerPolicy, ...]
     time_s: float
@@ -80,19 +98,22 @@ class StageModel:
     """Prices candidate stages of one plan (module docstring).
 
     Args:
-        nodes: The nodes in pipeline order.
+        nodes: The blocks in pipeline order.
         budgets: The simulator's per-stage memory budgets (one stage per rank).
         extra: (forward, total) seconds the first stage's embedding and the last stage's head add,
             as ``{stage: (forward_s, time_s)}``.
         copy_s: Seconds to copy ``n`` bytes one way over the host link (the simulator's price).
-        swap_bytes: Bytes one swapped node copies each way per micro-batch.
+        swap_bytes: Bytes one swapped unit copies each way per micro-batch.
+        parts: Each block's (attention, mlp) part nodes: positions are then half blocks.
     """
 
     def __init__(self, nodes: Sequence[Node], budgets: Sequence[StageBudget], extra: dict[int, tuple[float, float]],
-                 copy_s: Callable[[float], float], swap_bytes: float) -> None:
+                 copy_s: Callable[[float], float], swap_bytes: float,
+                 parts: Sequence[tuple[Node, Node]] | None = None) -> None:
         self.nodes, self.budgets, self.extra = list(nodes), list(budgets), extra
         self.copy_s, self.swap_bytes = copy_s, swap_bytes
-        self._memo: dict[tuple[int, int, int, str], StagePlan] = {}
+        self.parts = None if parts is None else list(parts)
+        self._memo: dict[tuple[int, int, int, str, Pins], StagePlan] = {}
         self._copy: dict[int, float] = {}
 
     @property
@@ -100,15 +121,42 @@ class StageModel:
         """Stages (pipeline ranks)."""
         return len(self.budgets)
 
+    @property
+    def halves(self) -> bool:
+        """True when positions are half blocks (module docstring)."""
+        return self.parts is not None
+
+    @property
+    def num_positions(self) -> int:
+        """Positions a partition splits: blocks, or twice as many half blocks."""
+        return len(self.nodes) * (2 if self.halves else 1)
+
+    def position_time(self, i: int) -> float:
+        """Forward + backward seconds of position ``i`` (a block, or a part of one)."""
+        return self.parts[i // 2][i % 2].time_s if self.parts is not None else self.nodes[i].time_s
+
+    def blocks_started(self, lo: int, hi: int) -> int:
+        """Blocks whose first position lies in ``lo..hi-1`` (what ``Plan.partition`` counts)."""
+        return (hi + 1) // 2 - (lo + 1) // 2 if self.halves else hi - lo
+
+    def units(self, lo: int, hi: int) -> list[tuple[Node, BlockPart, int]]:
+        """(node, part, block index) of what a stage over positions ``lo..hi-1`` holds, in order."""
+        if self.parts is None:
+            return [(self.nodes[i], "whole", i) for i in range(lo, hi)]
+        out: list[tuple[Node, BlockPart, int]] = [(self.parts[lo // 2][1], "mlp", lo // 2)] if lo % 2 else []
+        out += [(self.nodes[b], "whole", b) for b in range((lo + 1) // 2, hi // 2)]
+        if hi % 2:
+            out.append((self.parts[hi // 2][0], "attention", hi // 2))
+        return out
+
     def _exposed(self, swapped: int, fwd: float, cycle: float) -> float:
         if swapped not in self._copy:
             self._copy[swapped] = self.copy_s(swapped * self.swap_bytes)
         return exposed_swap_s(self._copy[swapped], fwd, cycle)
 
-    def _totals(self, stage: int, lo: int, hi: int) -> tuple[float, float]:
-        """(forward, forward + backward) seconds of the stage with every node kept."""
+    def _totals(self, stage: int, nodes: Sequence[Node]) -> tuple[float, float]:
+        """(forward, forward + backward) seconds of the stage with every unit kept."""
         ef, et = self.extra.get(stage, (0.0, 0.0))
-        nodes = self.nodes[lo:hi]
         return ef + sum(n.forward_s for n in nodes), et + sum(n.time_s for n in nodes)
 
     def _time(self, fwd: float, base: float, redo: float, swapped: int) -> float:
@@ -116,50 +164,63 @@ class StageModel:
         return base + redo + (self._exposed(swapped, fwd, base + redo) if swapped else 0.0)
 
     def time_of(self, stage: int, lo: int, hi: int, policies: Sequence[LayerPolicy]) -> float:
-        """Seconds per micro-batch of stage ``stage`` holding nodes ``lo..hi-1`` under ``policies``."""
-        fwd, base = self._totals(stage, lo, hi)
-        redo = sum(n.recompute_s for n, p in zip(self.nodes[lo:hi], policies, strict=True) if p == "recompute")
+        """Seconds per micro-batch of stage ``stage`` holding positions ``lo..hi-1`` under ``policies``."""
+        nodes = [u[0] for u in self.units(lo, hi)]
+        fwd, base = self._totals(stage, nodes)
+        redo = sum(n.recompute_s for n, p in zip(nodes, policies, strict=True) if p == "recompute")
         return self._time(fwd, base, redo, sum(1 for p in policies if p == "swap"))
 
-    def fits(self, stage: int, policies: Sequence[LayerPolicy]) -> bool:
+    def fits(self, stage: int, policies: Sequence[LayerPolicy], parts: Sequence[BlockPart] | None = None) -> bool:
         """True when the stage fits under ``policies`` (the simulator's memory model)."""
-        return self.budgets[stage].fits([LAYER_POLICY[p] for p in policies])
+        return self.budgets[stage].fits([LAYER_POLICY[p] for p in policies], parts)
 
     def keep_bytes(self, stage: int, lo: int, hi: int) -> float:
-        """The stage's memory with every node kept (for memory-balanced cuts)."""
-        return self.budgets[stage].total_bytes([LAYER_POLICY["keep"]] * (hi - lo))
+        """The stage's memory with every unit of positions ``lo..hi-1`` kept (for memory-balanced cuts)."""
+        parts = [u[1] for u in self.units(lo, hi)]
+        return self.budgets[stage].total_bytes([LAYER_POLICY["keep"]] * len(parts), parts)
 
-    def plan(self, stage: int, lo: int, hi: int, rule: MemoryRule) -> StagePlan:
-        """The stage's policies under ``rule`` and its time (memoised)."""
-        key = (stage, lo, hi, rule)
+    def plan(self, stage: int, lo: int, hi: int, rule: MemoryRule, pins: Pins = NO_PINS) -> StagePlan:
+        """The stage's policies under ``rule`` and its time (memoised). ``pins`` fix the policy of a
+        leading ``mlp`` and a trailing ``attention`` part (the cut block's one policy)."""
+        key = (stage, lo, hi, rule, pins)
         if key not in self._memo:
-            self._memo[key] = self._plan(stage, lo, hi, rule)
+            self._memo[key] = self._plan(stage, lo, hi, rule, pins)
         return self._memo[key]
 
-    def _plan(self, stage: int, lo: int, hi: int, rule: MemoryRule) -> StagePlan:
-        n = hi - lo
-        budget = self.budgets[stage]
+    def _plan(self, stage: int, lo: int, hi: int, rule: MemoryRule, pins: Pins) -> StagePlan:
+        units = self.units(lo, hi)
+        n = len(units)
+        nodes, parts = [u[0] for u in units], [u[1] for u in units]
+        fixed: dict[int, LayerPolicy] = {}
+        if n and parts[0] == "mlp" and pins[0] is not None:
+            fixed[0] = pins[0]
+        if n and parts[-1] == "attention" and pins[1] is not None:
+            fixed[n - 1] = pins[1]
         floor: LayerPolicy = "swap" if self.swap_bytes > 0 else "recompute"
-        if not self.fits(stage, [floor] * n):  # the least memory any plan of the stage can use
-            return StagePlan((floor,) * n, math.inf, False)
-        pol: list[LayerPolicy] = ["keep"] * n
-        keep = budget.block_bytes(LAYER_POLICY["keep"])
-        saved = {"recompute": keep - budget.block_bytes(LAYER_POLICY["recompute"]), "swap": keep}
-        nodes = self.nodes[lo:hi]
-        fwd, base = self._totals(stage, lo, hi)
-        redo, swapped = 0.0, 0
+        if not self.fits(stage, [fixed.get(i, floor) for i in range(n)], parts):  # the least memory it can use
+            return StagePlan(tuple(fixed.get(i, floor) for i in range(n)), math.inf, False)
+        pol: list[LayerPolicy] = [fixed.get(i, "keep") for i in range(n)]
+        fwd, base = self._totals(stage, nodes)
+        redo = sum(nodes[i].recompute_s for i, p in fixed.items() if p == "recompute")
+        swapped = sum(1 for p in fixed.values() if p == "swap")
 
         def time(r: float, k: int) -> float:
             return self._time(fwd, base, r, k)
 
-        while not self.fits(stage, pol):
+        saved = {part: self._saved(stage, part) for part in set(parts)}
+        while not self.fits(stage, pol, parts):
             now = time(redo, swapped)
+            swap_s = max(0.0, time(redo, swapped + 1) - now)  # the same for every unit
             best: tuple[float, int, LayerPolicy] | None = None
-            for i in range(n - 1, -1, -1):  # from the back: ties go to the last nodes
-                if pol[i] != "keep":
+            scores: dict[tuple[BlockPart, float], tuple[float, LayerPolicy]] = {}  # alike units score alike
+            for i in range(n - 1, -1, -1):  # from the back: ties go to the last units
+                if pol[i] != "keep" or i in fixed:
                     continue
-                per_byte, p = self._choice(rule, saved, max(0.0, time(redo, swapped + 1) - now),
-                                           max(0.0, time(redo + nodes[i].recompute_s, swapped) - now))
+                like = (parts[i], nodes[i].recompute_s)
+                if like not in scores:
+                    scores[like] = self._choice(rule, saved[parts[i]], swap_s,
+                                                max(0.0, time(redo + nodes[i].recompute_s, swapped) - now))
+                per_byte, p = scores[like]
                 if best is None or per_byte < best[0]:
                     best = (per_byte, i, p)
             if best is None or not math.isfinite(best[0]):
@@ -171,9 +232,15 @@ class StageModel:
                 redo += nodes[best[1]].recompute_s
         return StagePlan(tuple(pol), time(redo, swapped), True)
 
+    def _saved(self, stage: int, part: BlockPart) -> dict[str, float]:
+        """Bytes a unit of ``part`` frees per micro-batch when recomputed or swapped instead of kept."""
+        budget = self.budgets[stage]
+        keep = budget.block_bytes(LAYER_POLICY["keep"], part)
+        return {"recompute": keep - budget.block_bytes(LAYER_POLICY["recompute"], part), "swap": keep}
+
     def _choice(self, rule: MemoryRule, saved: dict[str, float], swap_s: float,
                 redo_s: float) -> tuple[float, LayerPolicy]:
-        """(overhead seconds per byte saved, policy) for a kept node under ``rule``, given the
+        """(overhead seconds per byte saved, policy) for a kept unit under ``rule``, given the
         stage's extra time if it were swapped (``swap_s``) or recomputed (``redo_s``)."""
         swap = swap_s / saved["swap"] if self.swap_bytes > 0 and saved["swap"] > 0 else math.inf
         if swap <= 1e-18:
@@ -184,4 +251,5 @@ class StageModel:
         return (redo, "recompute") if redo <= swap else (swap, "swap")
 
 
-__all__ = ["LayerPolicy", "MemoryRule", "Node", "StageModel", "StagePlan", "block_nodes"]
+__all__ = ["NO_PINS", "LayerPolicy", "MemoryRule", "Node", "Pins", "StageModel", "StagePlan", "block_nodes",
+           "part_nodes"]

@@ -75,3 +75,27 @@ def test_engine_hides_a_swap_that_fits_its_window():
     assert exposed_swap_s(copy10, fwd, cycle) > 0.0
     every = sim.run(dataclasses.replace(base, layer_memory_policy=["swap"] * 40)).iteration_time_s
     assert every > keep * 1.05
+
+
+@pytest.mark.parametrize("cuts", [
+    ["after_attention", "between_blocks", "after_attention"],
+    ["after_attention"] * 3,
+])
+@pytest.mark.parametrize("policy", [
+    ["keep"] * 24,
+    ["keep"] * 5 + ["recompute"] * 2 + ["swap"] * 6 + ["recompute"] * 11,
+    ["swap", "recompute", "keep"] * 8,
+])
+def test_stage_budget_equals_stage_memory_on_cut_plans(sim, cuts, policy):
+    """A stage that starts with a block's MLP part or ends with its attention part is priced by its
+    budget exactly as Simulator.memory prices it."""
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=3, global_batch_size=24, partition=[5, 7, 8, 4],
+                layer_memory_policy=policy, stage_cuts=cuts)
+    pols = block_policies(plan, 24)
+    spans = stage_layout(plan, sim.model)
+    assert any(s.first_part == "mlp" for s in spans) and any(s.last_part == "attention" for s in spans)
+    for span, budget, rm in zip(spans, sim.stage_budgets(plan), sim.memory(plan), strict=True):
+        mine, parts = [pols[b] for b in span.blocks], [span.part(b) for b in span.blocks]
+        assert budget.memory(mine, parts) == rm
+        assert budget.total_bytes(mine, parts) == rm.total_bytes
+        assert budget.fits(mine, parts) == rm.fits

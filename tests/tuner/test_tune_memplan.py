@@ -10,12 +10,14 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mindpipe.executor.precheck import check_run
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.config import LAYER_MEMORY_POLICIES, Plan
+from mindpipe.traces.layout import LAYER_POLICY
 from mindpipe.tuner.materialize import Problem, materialize
 from mindpipe.tuner.maxbatch import base_point, search, throughput_at
-from mindpipe.tuner.memsplit import MEMORY_PARTITIONERS, memory_partition
+from mindpipe.tuner.memsplit import MEMORY_PARTITIONERS, dawnpiper_partition, memory_partition
 from mindpipe.tuner.space import SearchSpace
 
 MODEL = load_model("gpt-1.3b")
@@ -23,21 +25,26 @@ CLUSTER = load_cluster("a100-sxm4-40gb:1x4")
 SIM = Simulator(MODEL, CLUSTER)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(name=st.sampled_from(MEMORY_PARTITIONERS), pp=st.sampled_from([1, 2, 4]), mbs=st.integers(1, 48),
-       m_per_stage=st.sampled_from([1, 2]), schedule=st.sampled_from(["1f1b", "gpipe"]))
-def test_every_plan_fits_and_has_a_valid_policy(name, pp, mbs, m_per_stage, schedule):
-    m = pp * m_per_stage
-    plan = Plan(dp=4 // pp, tp=1, pp=pp, micro_batch_size=mbs, global_batch_size=(4 // pp) * mbs * m,
-                schedule=schedule)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(MEMORY_PARTITIONERS), pp=st.sampled_from([1, 2, 4]), tp=st.sampled_from([1, 2]),
+       mbs=st.integers(1, 48), m_per_stage=st.sampled_from([1, 2]), schedule=st.sampled_from(["1f1b", "gpipe"]))
+def test_every_plan_fits_and_has_a_valid_policy(name, pp, tp, mbs, m_per_stage, schedule):
+    """Every plan, dawnpiper's with boundaries inside blocks included, is judged as the simulator
+    judges it, fits when the planner says so, runs, and is one the executor's precheck accepts."""
+    tp = tp if pp * tp <= 4 else 1  # four devices
+    m, dp = pp * m_per_stage, 4 // (pp * tp)
+    plan = Plan(dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=dp * mbs * m, schedule=schedule)
     mp = memory_partition(name, SIM, plan)
     assert len(mp.partition) == pp and min(mp.partition) >= 1 and sum(mp.partition) == MODEL.num_layers
     assert len(mp.policy) == MODEL.num_layers and set(mp.policy) <= set(LAYER_MEMORY_POLICIES)
-    done = dataclasses.replace(plan, partition=mp.partition, layer_memory_policy=list(mp.policy))
+    assert mp.stage_cuts is None or (name == "dawnpiper" and len(mp.stage_cuts) == pp - 1)
+    done = dataclasses.replace(plan, partition=mp.partition, layer_memory_policy=list(mp.policy),
+                               stage_cuts=mp.stage_cuts)
     memory = SIM.memory(done)
     assert mp.fits == all(rm.fits for rm in memory)  # the planner's verdict is the simulator's
     if mp.fits:
         assert SIM.run(done).fits_in_memory
+        check_run(MODEL, done, done.world_size, "cuda", None)  # no combination the executor refuses
 
 
 def test_keep_everything_when_it_fits():
@@ -107,10 +114,41 @@ def test_stage_times_are_the_plans_own():
 
     plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=24, global_batch_size=96)
     sm = stage_model(SIM, plan)
-    mp = memory_partition("dawnpiper", SIM, plan)
+    mp = memory_partition("vpipe", SIM, plan)
     lo = 0
     for s, n in enumerate(mp.partition):
-        sp = sm.plan(s, lo, lo + n, "dawnpiper")
+        sp = sm.plan(s, lo, lo + n, "vpipe")
         assert sp.time_s == pytest.approx(sm.time_of(s, lo, lo + n, sp.policies))
         assert list(sp.policies) == mp.policy[lo:lo + n]
         lo += n
+
+
+@pytest.mark.parametrize("mbs", [1, 8, 24])
+def test_dawnpiper_cuts_inside_blocks_as_the_simulator_prices_them(mbs):
+    """dawnpiper's half-block stages: each stage's units are the layout's parts, its policies the
+    plan's (a cut block's one policy on both sides), its memory verdict and time the simulator's."""
+    from mindpipe.traces.layout import stage_layout
+    from mindpipe.tuner.memsplit import stage_model
+
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=mbs, global_batch_size=4 * mbs)
+    mp = memory_partition("dawnpiper", SIM, plan)
+    assert mp.stage_cuts is not None and "after_attention" in mp.stage_cuts  # the finer cuts are used here
+    done = dataclasses.replace(plan, partition=mp.partition, layer_memory_policy=list(mp.policy),
+                               stage_cuts=mp.stage_cuts)
+    sm = stage_model(SIM, plan, halves=True)
+    spans = stage_layout(done, MODEL)
+    bounds, lo = [], 0
+    for span in spans:
+        hi = 2 * (span.first_block + span.num_blocks) - (span.last_part == "attention")
+        bounds.append((lo, hi))
+        lo = hi
+    assert lo == 2 * MODEL.num_layers
+    for s, ((lo, hi), span, rm) in enumerate(zip(bounds, spans, SIM.memory(done), strict=True)):
+        units = sm.units(lo, hi)
+        assert [(b, part) for _, part, b in units] == span.parts()
+        pols = [mp.policy[b] for _, _, b in units]
+        assert sm.fits(s, pols, [u[1] for u in units]) == rm.fits
+        assert sm.budgets[s].total_bytes([LAYER_POLICY[p] for p in pols], [u[1] for u in units]) == rm.total_bytes
+        assert sm.time_of(s, lo, hi, pols) == pytest.approx(mp.stage_time_s[s])
+    # The planner's slowest stage is no slower than the best it finds on whole blocks.
+    assert max(mp.stage_time_s) <= max(dawnpiper_partition(stage_model(SIM, plan)).stage_time_s) * (1 + 1e-9)
