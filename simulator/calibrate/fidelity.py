@@ -106,7 +106,9 @@ def _mape_phrase(rows: list[FidelityRow], times: str) -> str:
     s = summary(rows)
     phrase = f"uncalibrated {s['mape_uncalibrated_pct']:.1f}%"
     if "mape_calibrated_pct" in s:
-        phrase += f", calibrated {s['mape_calibrated_pct']:.1f}% ({s['improvement_factor']:.1f}{times} lower)"
+        phrase += f", calibrated {s['mape_calibrated_pct']:.1f}%"
+        # Below 0.05 % the fit reproduces its own data (as many constants as groups): no ratio to show.
+        phrase += f" ({s['improvement_factor']:.1f}{times} lower)" if s["mape_calibrated_pct"] >= 0.05 else " (fits its own data exactly)"
     return phrase
 
 

@@ -244,8 +244,10 @@ def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibrati
     out: dict[str, dict[str, ComputeCalibration]] = {}
     for key, design in rows.items():
         device, precision = key
-        if len(design) < len(FEATURES):
-            warnings.append(f"{device} {precision}: {len(design)} action groups, too few to fit {len(FEATURES)} constants")
+        # Constants whose feature no run has are not fitted (they stay 0 or the common scale).
+        present = sum(1 for k in range(len(FEATURES)) if any(row[k] > 0 for row in design))
+        if len(design) < present:
+            warnings.append(f"{device} {precision}: {len(design)} action groups, too few to fit {present} constants")
             continue
         x, mape = _fit_compute_constants(design, ys[key])
         used = [any(row[k] > 0 for row in design) for k in range(len(OP_KINDS))]
