@@ -176,7 +176,7 @@ class RankMemory:
             embedding and head extras), weighted per stage.
         other_bytes: Transients and overhead: one block's full activations while it is
             recomputed or swapped back (less what the backward freed before it,
-            ``_StageMemoryModel.redone_bytes``), ZeRO-3's gathered weights, and the reserved bytes.
+            ``StageMemoryModel.redone_bytes``), ZeRO-3's gathered weights, and the reserved bytes.
         total_bytes: Sum of the above.
         capacity_bytes: The device's memory.
         fits: ``total_bytes <= capacity_bytes``.
@@ -226,7 +226,7 @@ class _StageTerms:
     transient_bytes: float  # one block's full activations while recomputed or swapped back
 
 
-class _StageMemoryModel:
+class StageMemoryModel:
     """The per-stage and per-rank arithmetic of :func:`stage_memory` and :func:`block_caps`."""
 
     def __init__(self, model: Model, plan: Plan, device: DeviceSpec, reserved_bytes: float | None,
@@ -341,7 +341,7 @@ def stage_memory(
         ContractError: stage layers or policies that do not match the model, plan and schedule.
     """
     _check(model, plan, schedule, stage_layers)
-    mm = _StageMemoryModel(model, plan, device, reserved_bytes, seq_len)
+    mm = StageMemoryModel(model, plan, device, reserved_bytes, seq_len)
     policies = block_policies(plan, model.num_layers)
     # Which blocks (and parts of blocks) each stage holds is the layout's rule, on these stage layers.
     spans = stage_layout(dataclasses.replace(plan, partition=list(stage_layers)), model)
@@ -363,7 +363,7 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     """
     if plan.virtual_stages != 1 or plan.layer_memory_policy is not None or plan.cuts_inside_blocks:
         return None
-    mm = _StageMemoryModel(model, plan, device, reserved_bytes, None)
+    mm = StageMemoryModel(model, plan, device, reserved_bytes, None)
     policy = block_policies(plan, 1)[0]
     cap = float(device.memory_capacity_bytes)
     last = schedule.num_stages - 1
@@ -413,6 +413,7 @@ __all__ = [
     "GPU_RESERVED_BYTES",
     "OPTIMIZER_BYTES",
     "RankMemory",
+    "StageMemoryModel",
     "activation_bytes_per_layer",
     "block_caps",
     "embedding_activation_bytes",

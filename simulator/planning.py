@@ -6,7 +6,7 @@ which blocks keep their activations, recompute them or swap them to the host. Th
 engine's swap cost without building a plan for each try. Both rules stay with their owners:
 
 * memory: :class:`StageBudget` is :mod:`mindpipe.simulator.memory`'s per-stage arithmetic (the same
-  ``_StageMemoryModel`` that :func:`~mindpipe.simulator.memory.stage_memory` uses) with the
+  ``StageMemoryModel`` that :func:`~mindpipe.simulator.memory.stage_memory` uses) with the
   schedule's peak in-flight count of the stage read once, so ``total_bytes`` equals
   ``stage_memory``'s rank total for a plan with one stage per rank (a test holds them equal);
 * swap: :func:`exposed_swap_s` is the engine's behaviour (:mod:`mindpipe.simulator.engine`): a
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mindpipe.simulator.actions import Schedule
-from mindpipe.simulator.memory import RankMemory, _StageMemoryModel, activation_bytes_per_layer
+from mindpipe.simulator.memory import RankMemory, StageMemoryModel, activation_bytes_per_layer
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
@@ -46,7 +46,7 @@ class StageBudget:
     capacity_bytes: float
     has_embedding: bool
     has_head: bool
-    _mm: _StageMemoryModel
+    _mm: StageMemoryModel
     _totals: dict[tuple[tuple[tuple[str, str], int], ...], float] = field(default_factory=dict, compare=False, repr=False)
 
     def block_bytes(self, policy: BlockPolicy, part: BlockPart = "whole") -> float:
@@ -86,7 +86,7 @@ def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedu
     if schedule.num_stages != schedule.pp:
         raise ContractError("plan", "virtual_stages", "memory planning needs one stage per pipeline rank "
                             f"(virtual_stages=1), got {schedule.num_stages} stages on {schedule.pp} ranks")
-    mm = _StageMemoryModel(model, plan, device, None, None)
+    mm = StageMemoryModel(model, plan, device, None, None)
     last = schedule.num_stages - 1
     out = []
     for s in range(schedule.num_stages):
