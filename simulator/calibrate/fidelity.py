@@ -157,13 +157,15 @@ def scatter_png(rows: list[FidelityRow], path: str | Path, title: str = "Predict
     for r in rows:
         if r.calibrated_s is not None:
             ax.annotate(r.plan, (r.measured_s, r.calibrated_s), fontsize=6, xytext=(4, -3), textcoords="offset points")
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter, ScalarFormatter
 
     ax.set_xscale("log")
     ax.set_yscale("log")
+    # Within one decade (the demo's 0.1–1 s) no major tick falls inside the axes: label the minor ones.
+    narrow = hi / lo < 12
     for axis in (ax.xaxis, ax.yaxis):  # after set_*scale, which resets the formatters
         axis.set_major_formatter(ScalarFormatter())
-        axis.set_minor_formatter(NullFormatter())
+        axis.set_minor_formatter(FormatStrFormatter("%.2g") if narrow else NullFormatter())
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured iteration time (s)")
