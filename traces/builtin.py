@@ -15,6 +15,8 @@ from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.reading import CONFIG, parse_json, read_json, size_text
 from mindpipe.traces.schema import from_dict
+from mindpipe.traces.supernet import Supernet
+from mindpipe.traces.supernet_builtin import BUILTIN_SUPERNETS
 
 T = TypeVar("T")
 
@@ -79,17 +81,55 @@ def _exists(text: str) -> bool:
         return False
 
 
+_NOT_HERE = "kind='supernet': this command takes a GPT model (kind \"gpt\"), not a supernet"
+
+
 def load_model(arg: str | Model) -> Model:
     """Resolve a model argument (file, inline JSON or built-in name)."""
     if isinstance(arg, Model):
         return arg
     parsed = _parse_arg(arg, "model")
     if parsed is not None:
+        if isinstance(parsed[0], dict) and parsed[0].get("kind") == "supernet":
+            raise ContractError(parsed[1], "kind", _NOT_HERE)
         return from_dict(Model, *parsed)
     name = arg.strip().lower()
+    if name in BUILTIN_SUPERNETS:
+        raise ContractError(arg, None, f"{name} is a built-in supernet; {_NOT_HERE}")
     if name not in BUILTIN_MODELS:
         raise ContractError(arg, None, f"not a file and not a built-in model (built-ins: {', '.join(model_names())})")
     return from_dict(Model, {**BUILTIN_MODELS[name], "name": name}, f"built-in model {name}")
+
+
+def load_network(arg: str | Model | Supernet) -> Model | Supernet:
+    """Resolve a model argument that may name a GPT model or a supernet (file, inline JSON or built-in)."""
+    if isinstance(arg, Model | Supernet):
+        return arg
+    parsed = _parse_arg(arg, "model")
+    if parsed is not None:
+        data, source = parsed
+        if isinstance(data, dict) and data.get("kind") == "supernet":
+            return from_dict(Supernet, data, source)
+        return from_dict(Model, data, source)
+    name = arg.strip().lower()
+    if name in BUILTIN_SUPERNETS:
+        return from_dict(Supernet, {**BUILTIN_SUPERNETS[name], "name": name}, f"built-in supernet {name}")
+    if name not in BUILTIN_MODELS:
+        names = ", ".join(sorted([*BUILTIN_MODELS, *BUILTIN_SUPERNETS]))
+        raise ContractError(arg, None, f"not a file and not a built-in model or supernet (built-ins: {names})")
+    return load_model(arg)
+
+
+def load_supernet(arg: str | Supernet) -> Supernet:
+    """Resolve a supernet argument (file, inline JSON or built-in name such as ``supernet-mini``).
+
+    Raises:
+        ContractError: not a supernet (e.g. a GPT model), or a contract rule broken.
+    """
+    net = load_network(arg)
+    if not isinstance(net, Supernet):
+        raise ContractError(str(arg), "kind", f"kind={net.kind!r}: a supernet (kind \"supernet\") is needed here")
+    return net
 
 
 def load_cluster(arg: str | Cluster) -> Cluster:

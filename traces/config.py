@@ -38,6 +38,8 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # executor does not set; ``overlap_grad_reduce=true`` needs gradient buckets reduced during the last
 # backward, while torch.distributed.pipelining reduces a stage's gradients after it.
 WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False}
+# Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
+SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # Schedules that place two model chunks per rank in a "V" (Qi et al. ICLR'24; DeepSeek DualPipeV).
 V_SCHEDULES = ("zbv", "dualpipev")
 
@@ -222,9 +224,12 @@ class MadeFor:
 
 
 _PLAN_INTEGER_LIMITS = {"dp": "devices", "tp": "devices", "pp": "devices", "micro_batch_size": "micro_batch_size",
-                        "global_batch_size": "global_batch_size", "virtual_stages": "virtual_stages"}
+                        "global_batch_size": "global_batch_size", "virtual_stages": "virtual_stages",
+                        "subnet_window": "subnet_window"}
 _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRECISIONS,
-                 "comm_priority": COMM_PRIORITIES, "rank_order": RANK_ORDERS}
+                 "comm_priority": COMM_PRIORITIES, "rank_order": RANK_ORDERS, "subnet_schedule": SUBNET_SCHEDULES}
+# Keys that only supernet plans set; None in every GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
+SUPERNET_PLAN_KEYS = ("subnet_schedule", "subnet_window")
 PLAN_SCALAR_KEYS = (*_PLAN_INTEGER_LIMITS, "sequence_parallel", "overlap_grad_reduce", *_PLAN_CHOICES, "zero_stage")
 """The plan keys whose rule holds on their own (:func:`check_plan_key`); the rules between keys are :class:`Plan`'s."""
 
@@ -238,6 +243,8 @@ def check_plan_key(key: str, value: Any) -> None:
     Raises:
         ContractError: e.g. ``tp=0 must be > 0`` or ``zero_stage=7 must be 0, 1, 2 or 3`` (source empty).
     """
+    if key in SUPERNET_PLAN_KEYS and value is None:
+        return
     if key in _PLAN_INTEGER_LIMITS:
         integer(key, value, 1, _PLAN_INTEGER_LIMITS[key])
     elif key in ("sequence_parallel", "overlap_grad_reduce"):
@@ -267,7 +274,10 @@ class Plan:
     ``stage_cuts`` says, per boundary between consecutive (virtual) stages, whether it falls
     ``between_blocks`` (the default) or ``after_attention`` inside the earlier stage's last block
     (:mod:`mindpipe.traces.layout` owns what a stage then holds); ``None`` means every boundary
-    falls between blocks.
+    falls between blocks. ``subnet_schedule`` and ``subnet_window`` are the fourth dimension,
+    supernet parallelism (NASPipe): how subnets share the pipeline (``csp``, ``sequential``,
+    ``sync``, ``async``) and CSP's look-ahead window, the most subnets in flight on a stage. They
+    stay ``None`` in a GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
     """
 
     dp: int = 1
@@ -287,6 +297,8 @@ class Plan:
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
     stage_cuts: list[str] | None = None
+    subnet_schedule: str | None = None
+    subnet_window: int | None = None
     made_for: MadeFor | None = None
     format_version: int = PLAN_FORMAT_VERSION
 
@@ -395,6 +407,9 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
     def fail(key: str, rule: str) -> None:
         raise ContractError(source, key, rule)
 
+    for key in SUPERNET_PLAN_KEYS:
+        if getattr(plan, key) is not None:
+            fail(key, f"{key} applies to supernet models only (model kind is {model.kind!r})")
     if model.num_heads % plan.tp:
         fail("tp", f"tp={plan.tp} does not divide num_heads={model.num_heads}")
     if model.ffn % plan.tp:
@@ -435,6 +450,8 @@ __all__ = [
     "RECOMPUTE",
     "SCHEDULES",
     "STAGE_CUTS",
+    "SUBNET_SCHEDULES",
+    "SUPERNET_PLAN_KEYS",
     "WHAT_IF_KEYS",
     "Cluster",
     "MadeFor",
