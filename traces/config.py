@@ -27,7 +27,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMM_PRIORITIES = ("fair", "pp_first")
-LAYER_MEMORY_POLICIES = ("keep", "recompute", "swap")
+LAYER_MEMORY_POLICIES = ("keep", "selective", "recompute", "swap")
 # Where a stage boundary falls (``Plan.stage_cuts``; the rule is :mod:`mindpipe.traces.layout`'s):
 # between two blocks, or inside the stage's last block after its attention sub-layer's residual add.
 STAGE_CUTS = ("between_blocks", "after_attention")
@@ -264,7 +264,7 @@ class Plan:
     """How to parallelise one training iteration.
 
     ``partition`` lists layers per (virtual) stage in pipeline order; ``None`` means an even split.
-    ``layer_memory_policy`` gives per block ``keep|recompute|swap`` (vPipe); ``None`` follows
+    ``layer_memory_policy`` gives per block ``keep|selective|recompute|swap`` (vPipe; DawnPiper adds selective); ``None`` follows
     ``recompute``. ``comm_priority`` ``pp_first`` gives pipeline p2p traffic priority on shared
     links; ``overlap_grad_reduce`` issues data-parallel gradient buckets during the last backward
     (Megatron ``--overlap-grad-reduce``). Both are what-if knobs (:data:`WHAT_IF_KEYS`): their

@@ -37,8 +37,8 @@ more than one tensor (the residual and a branch value) between stages.
 
 ``plan.recompute`` sets the level of every block; ``plan.layer_memory_policy`` (vPipe's per-layer
 choice) overrides it block by block: ``keep`` keeps everything (``none``, whatever
-``plan.recompute`` says — vPipe's "keep" is the absence of recompute and swap), ``recompute`` is
-``full`` and ``swap`` is ``swap``.
+``plan.recompute`` says — vPipe's "keep" is the absence of recompute and swap), ``selective`` is
+``selective`` (DawnPiper's operator-level choice), ``recompute`` is ``full`` and ``swap`` is ``swap``.
 
 A block cut by a stage boundary keeps its one policy, applied to each part on its own stage: the
 simulator prices each part's bytes under it (:func:`mindpipe.simulator.memory.activation_bytes_per_layer`
@@ -58,7 +58,7 @@ from mindpipe.traces.config import V_SCHEDULES, Model, Plan, stage_layers
 BlockPolicy = Literal["none", "selective", "full", "swap"]
 BLOCK_POLICIES: tuple[BlockPolicy, ...] = ("none", "selective", "full", "swap")
 # vPipe's per-layer choices (``Plan.layer_memory_policy``) as block policies.
-LAYER_POLICY: dict[str, BlockPolicy] = {"keep": "none", "recompute": "full", "swap": "swap"}
+LAYER_POLICY: dict[str, BlockPolicy] = {"keep": "none", "selective": "selective", "recompute": "full", "swap": "swap"}
 
 BlockPart = Literal["whole", "attention", "mlp"]
 # The operator-graph unit of a block (the torch.fx node of ``Block.forward``) after which each cut

@@ -24,8 +24,9 @@ change at a time until the stage fits:
   the forward→backward window (no exposed time), else recompute it; units ranked by overhead per
   byte saved, ties from the back of the stage (vPipe's ``recompute_ratio`` counts from the back).
 * ``dawnpiper`` (Peng et al., 2025, Capuchin-style; BACKGROUND.md §4.3): first every swap that
-  hides, then per unit the cheaper of recompute and an exposed swap, ranked by bytes saved per
-  second of overhead.
+  hides, then per unit the cheapest per byte saved of re-running its attention core only
+  (``selective``; whole blocks only), re-running it whole, and an exposed swap, ranked by seconds
+  of overhead per byte saved; a ``selective`` unit may later move on to recompute or swap.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from mindpipe.simulator.planning import StageBudget, exposed_swap_s
 from mindpipe.traces.layout import LAYER_POLICY, BlockPart
 
 MemoryRule = Literal["vpipe", "dawnpiper"]
-LayerPolicy = Literal["keep", "recompute", "swap"]
+LayerPolicy = Literal["keep", "selective", "recompute", "swap"]
 Pins = tuple["LayerPolicy | None", "LayerPolicy | None"]
 NO_PINS: Pins = (None, None)
 
@@ -54,7 +55,8 @@ class Node:
         name: Its layer name (``block.3``, ``block.3.attention``).
         forward_s: Forward compute (the window a swap copy back hides in).
         time_s: Forward + input gradient + weight gradient.
-        recompute_s: Extra time when its activations are recomputed.
+        recompute_s: Extra time when its activations are recomputed (the whole forward again).
+        selective_s: Extra time when only its attention core is recomputed (``selective``).
         output_bytes: Bytes crossing a stage boundary placed after it.
     """
 
@@ -63,12 +65,14 @@ class Node:
     time_s: float
     recompute_s: float
     output_bytes: float
+    selective_s: float = 0.0
 
 
 def _node(c: LayerCost) -> Node:
     redo = stage_recompute([c], [LAYER_POLICY["recompute"]])[0]
+    sel = stage_recompute([c], [LAYER_POLICY["selective"]])[0]
     return Node(c.name, c.forward_s, c.forward_s + c.backward_input_s + c.backward_weight_s, redo,
-                float(c.output_bytes))
+                float(c.output_bytes), sel)
 
 
 def block_nodes(costs: Sequence[LayerCost]) -> list[Node]:
@@ -167,7 +171,8 @@ class StageModel:
         """Seconds per micro-batch of stage ``stage`` holding positions ``lo..hi-1`` under ``policies``."""
         nodes = [u[0] for u in self.units(lo, hi)]
         fwd, base = self._totals(stage, nodes)
-        redo = sum(n.recompute_s for n, p in zip(nodes, policies, strict=True) if p == "recompute")
+        redo = sum(n.recompute_s if p == "recompute" else n.selective_s
+                   for n, p in zip(nodes, policies, strict=True) if p in ("recompute", "selective"))
         return self._time(fwd, base, redo, sum(1 for p in policies if p == "swap"))
 
     def fits(self, stage: int, policies: Sequence[LayerPolicy], parts: Sequence[BlockPart] | None = None) -> bool:
@@ -207,48 +212,72 @@ class StageModel:
         def time(r: float, k: int) -> float:
             return self._time(fwd, base, r, k)
 
-        saved = {part: self._saved(stage, part) for part in set(parts)}
+        redo_of = {"keep": lambda n: 0.0, "swap": lambda n: 0.0, "selective": lambda n: n.selective_s,
+                   "recompute": lambda n: n.recompute_s}
         while not self.fits(stage, pol, parts):
             now = time(redo, swapped)
-            swap_s = max(0.0, time(redo, swapped + 1) - now)  # the same for every unit
             best: tuple[float, int, LayerPolicy] | None = None
-            scores: dict[tuple[BlockPart, float], tuple[float, LayerPolicy]] = {}  # alike units score alike
+            scores: dict[tuple, tuple[float, LayerPolicy]] = {}  # alike units score alike
             for i in range(n - 1, -1, -1):  # from the back: ties go to the last units
-                if pol[i] != "keep" or i in fixed:
+                moves = _MOVES[rule].get(pol[i], ())
+                if not moves or i in fixed:
                     continue
-                like = (parts[i], nodes[i].recompute_s)
+                node, part, cur = nodes[i], parts[i], pol[i]
+                like = (part, cur, node.recompute_s, node.selective_s)
                 if like not in scores:
-                    scores[like] = self._choice(rule, saved[parts[i]], swap_s,
-                                                max(0.0, time(redo + nodes[i].recompute_s, swapped) - now))
+                    options = []
+                    for target in moves:
+                        if target == "selective" and part != "whole":
+                            continue  # the executor refuses selective recompute on a cut block
+                        if target == "swap" and self.swap_bytes <= 0:
+                            continue
+                        freed = self._bytes(stage, part, cur) - self._bytes(stage, part, target)
+                        if freed <= 0:
+                            continue
+                        r = redo - redo_of[cur](node) + redo_of[target](node)
+                        k = swapped - (cur == "swap") + (target == "swap")
+                        extra = max(0.0, time(r, k) - now)
+                        options.append((extra / freed, target))
+                    scores[like] = self._choice(rule, options)
                 per_byte, p = scores[like]
                 if best is None or per_byte < best[0]:
                     best = (per_byte, i, p)
             if best is None or not math.isfinite(best[0]):
                 return StagePlan(tuple(pol), math.inf, False)
-            pol[best[1]] = best[2]
-            if best[2] == "swap":
-                swapped += 1
-            else:
-                redo += nodes[best[1]].recompute_s
+            i, target = best[1], best[2]
+            redo += redo_of[target](nodes[i]) - redo_of[pol[i]](nodes[i])
+            swapped += (target == "swap") - (pol[i] == "swap")
+            pol[i] = target
         return StagePlan(tuple(pol), time(redo, swapped), True)
 
-    def _saved(self, stage: int, part: BlockPart) -> dict[str, float]:
-        """Bytes a unit of ``part`` frees per micro-batch when recomputed or swapped instead of kept."""
-        budget = self.budgets[stage]
-        keep = budget.block_bytes(LAYER_POLICY["keep"], part)
-        return {"recompute": keep - budget.block_bytes(LAYER_POLICY["recompute"], part), "swap": keep}
+    def _bytes(self, stage: int, part: BlockPart, policy: LayerPolicy) -> float:
+        """Bytes a unit of ``part`` keeps per micro-batch under ``policy`` (the simulator's memory model)."""
+        return self.budgets[stage].block_bytes(LAYER_POLICY[policy], part)
 
-    def _choice(self, rule: MemoryRule, saved: dict[str, float], swap_s: float,
-                redo_s: float) -> tuple[float, LayerPolicy]:
-        """(overhead seconds per byte saved, policy) for a kept unit under ``rule``, given the
-        stage's extra time if it were swapped (``swap_s``) or recomputed (``redo_s``)."""
-        swap = swap_s / saved["swap"] if self.swap_bytes > 0 and saved["swap"] > 0 else math.inf
-        if swap <= 1e-18:
+    @staticmethod
+    def _choice(rule: MemoryRule, options: Sequence[tuple[float, LayerPolicy]]) -> tuple[float, LayerPolicy]:
+        """(overhead seconds per byte saved, policy) of the move ``rule`` takes for one unit among
+        ``options`` ((seconds per byte, policy) of each move the unit may make)."""
+        if not options:
+            return math.inf, "keep"
+        hidden = [o for o in options if o[1] == "swap" and o[0] <= 1e-18]
+        if hidden:
             return 0.0, "swap"  # the copy hides: free for both rules
-        redo = redo_s / saved["recompute"] if saved["recompute"] > 0 else math.inf
-        if rule == "vpipe":
-            return redo, "recompute"
-        return (redo, "recompute") if redo <= swap else (swap, "swap")
+        if rule == "vpipe":  # vPipe swaps only what hides; otherwise it recomputes
+            return next((o for o in options if o[1] == "recompute"), (math.inf, "keep"))
+        return min(options, key=lambda o: (o[0], _STRENGTH[o[1]]))
+
+
+# The moves each rule makes from a unit's current policy, each freeing more memory: vPipe chooses
+# per layer among keep, recompute and swap (Zhao et al. TPDS'21); DawnPiper optimises per operator
+# (Peng et al. 2025), which on a block includes re-running only the attention core (Q·Kᵀ, softmax,
+# dropout, ·V: the ops that save the most bytes per second re-run, Korthikanti et al. 2022 §5) —
+# the block policy ``selective`` — before re-running the whole block or swapping it.
+_MOVES: dict[MemoryRule, dict[LayerPolicy, tuple[LayerPolicy, ...]]] = {
+    "vpipe": {"keep": ("swap", "recompute")},
+    "dawnpiper": {"keep": ("swap", "selective", "recompute"), "selective": ("swap", "recompute")},
+}
+_STRENGTH: dict[LayerPolicy, int] = {"keep": 0, "selective": 1, "recompute": 2, "swap": 3}
 
 
 __all__ = ["NO_PINS", "LayerPolicy", "MemoryRule", "Node", "Pins", "StageModel", "StagePlan", "block_nodes",

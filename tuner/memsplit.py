@@ -23,8 +23,8 @@ cost, a per-stage keep/recompute/swap rule). They need one stage per pipeline ra
   A cut inside a block gives the block one policy for both parts, as the plan has one per block and
   the simulator and executor apply it to both: each of keep, recompute (each part re-runs its own
   forward) and swap (when the host link is priced) is tried, both sides priced with it. Selective
-  recompute, which the executor refuses on a cut block, is never chosen (the planners' policies
-  are keep, recompute = full, swap).
+  recompute, which the executor refuses on a cut block, is never chosen for one; whole blocks may
+  get it (rule ``dawnpiper``, :mod:`mindpipe.tuner.memplan`).
 """
 
 from __future__ import annotations

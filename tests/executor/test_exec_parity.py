@@ -49,7 +49,7 @@ def launched(tmp: Path, plan: dict, nproc: int, *extra: str) -> Trace:
 
 
 DP2 = {"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 0, "precision": "fp32",
-       "layer_memory_policy": ["recompute", "keep", "keep", "recompute"]}
+       "layer_memory_policy": ["recompute", "selective", "keep", "recompute"]}
 TP2 = {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "sequence_parallel": True, "recompute": "selective",
        "precision": "fp32"}
 PP2 = {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b", "recompute": "full",

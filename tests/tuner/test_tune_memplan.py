@@ -152,3 +152,18 @@ def test_dawnpiper_cuts_inside_blocks_as_the_simulator_prices_them(mbs):
         assert sm.time_of(s, lo, hi, pols) == pytest.approx(mp.stage_time_s[s])
     # The planner's slowest stage is no slower than the best it finds on whole blocks.
     assert max(mp.stage_time_s) <= max(dawnpiper_partition(stage_model(SIM, plan)).stage_time_s) * (1 + 1e-9)
+
+
+def test_dawnpiper_recomputes_only_the_attention_core_where_that_is_cheapest():
+    """DawnPiper's operator-level choice: between keeping a block and re-running it whole, re-running
+    only its attention core (``selective``) frees most of its bytes for a fraction of the time, so at a
+    batch where some blocks must give memory back dawnpiper's slowest stage beats vpipe's."""
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=8, global_batch_size=32)
+    vp, dawn = (memory_partition(name, SIM, plan) for name in ("vpipe", "dawnpiper"))
+    assert "selective" not in vp.policy and "recompute" in vp.policy
+    assert "selective" in dawn.policy and vp.fits and dawn.fits
+    assert max(dawn.stage_time_s) < max(vp.stage_time_s)
+    done = dataclasses.replace(plan, partition=dawn.partition, layer_memory_policy=list(dawn.policy),
+                               stage_cuts=dawn.stage_cuts)
+    assert SIM.run(done).fits_in_memory
+    check_run(MODEL, done, done.world_size, "cuda", None)
