@@ -23,9 +23,10 @@ from mindpipe.traces.limits import integer, within_limit
 from mindpipe.traces.measured import Measurement
 from mindpipe.traces.reading import TRACE as TRACE_FILE
 from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
+from mindpipe.traces.supernet import Supernet
 
 TRACE_FORMAT_VERSION = 1
-GRANULARITIES = ("layer", "op")
+GRANULARITIES = ("layer", "op", "candidate")
 BACKWARD_SPLITS = ("measured", "combined")
 COMM_PHASES = ("forward", "backward_input", "backward_weight", "update")
 COMM_OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "p2p")
@@ -149,6 +150,7 @@ class Trace:
     backward_split: str = "measured"
     step: StepMeasurement | None = None
     measurement: Measurement | None = None
+    supernet: Supernet | None = None
     format_version: int = TRACE_FORMAT_VERSION
 
     def __post_init__(self) -> None:
