@@ -160,8 +160,18 @@ class SupernetSimulator:
         return hardware_costs(self.supernet, plan, self.compute)
 
     def run(self, plan: Plan, num_subnets: int = DEFAULT_SUBNETS, *, context_switching: bool = True,
-            memory_budget_bytes: float | None = None, source: str = "plan") -> SupernetResult:
+            memory_budget_bytes: float | None = None, sync_batch: int | None = None,
+            source: str = "plan") -> SupernetResult:
         """Simulate training subnets ``0..num_subnets−1`` under ``plan``.
+
+        Args:
+            plan: A supernet plan (:func:`~mindpipe.traces.supernet.check_supernet_plan`).
+            num_subnets: Subnets trained, N.
+            context_switching: Only the resident subnets' candidates on the device, copied in ahead
+                (else every stage keeps its whole slice of the supernet).
+            memory_budget_bytes: A per-device memory budget instead of the device's capacity.
+            sync_batch: Subnets per batch of the ``sync`` schedule (default 2 × pp; must divide N).
+            source: The plan's name in errors.
 
         Raises:
             ContractError: the plan does not fit the supernet or the cluster, or a bad count.
@@ -170,9 +180,10 @@ class SupernetSimulator:
         integer("subnets", num_subnets, 1, "train_steps")
         net, p = self.supernet, plan.pp
         name, window = subnet_schedule(plan), subnet_window(plan)
-        batch = 2 * p if name == "sync" else 1
+        batch = (sync_batch or 2 * p) if name == "sync" else 1
+        integer("sync_batch", batch, 1, "train_steps")
         if name == "sync" and num_subnets % batch:
-            raise ContractError("--subnets", None, f"sync trains batches of 2×pp={batch} subnets; "
+            raise ContractError("--subnets", None, f"sync trains batches of {batch} subnets; "
                                 f"--subnets={num_subnets} is not a multiple")
         costs = self.costs(plan)
         layers = supernet_stage_layers(plan, net)
