@@ -60,3 +60,21 @@ def test_bad_input_is_one_line_exit_2(extra, needle):
 def test_supernet_flags_refused_for_gpt():
     res = run("--model", "gpt-mini", "--cluster", "cpu:1x2", "--plan", '{"pp":2}', "--subnets", "10")
     assert res.returncode == 2 and "--subnets" in res.stderr
+
+
+def test_per_candidate_trace(tmp_path):
+    from mindpipe.traces.builtin import load_supernet
+    from mindpipe.traces.trace import LayerRecord, Provenance, Trace
+
+    net = load_supernet("supernet-mini")
+    recs = [LayerRecord("embedding", "embedding", 1e-4, 0.0, 0.0), LayerRecord("head", "head", 1e-3, 1e-3, 0.0)]
+    recs += [LayerRecord(f"candidate.{c.name}", c.op, 2e-4, 4e-4, 0.0) for c in net.candidates]
+    Trace("cpu", "fp32", recs, Provenance("test"), micro_batch_size=1, seq_len=net.seq_len, granularity="candidate",
+          supernet=net).save(tmp_path / "t.json")
+    res = run("--model", "supernet-mini", "--cluster", "cpu:1x2", "--plan", '{"pp":2,"subnet_schedule":"sequential"}',
+              "--subnets", "10", "--trace", str(tmp_path / "t.json"), "--no-context-switch", "--json")
+    assert res.returncode == 0, res.stderr
+    payload = json.loads(res.stdout)
+    assert payload["cost_source"] == "trace"
+    # Sequential: per subnet, stage 0 = embedding + 4 candidates, stage 1 = 4 candidates + head, plus the optimizer.
+    assert payload["total_time_s"] >= 10 * (1e-4 + 8 * 6e-4 + 2e-3)

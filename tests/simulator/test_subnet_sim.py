@@ -237,3 +237,14 @@ def test_ops_come_from_the_one_owner(mini):
     expected = sum(1 for b in range(49) if ops[b][0] & ops[b + 1][0]) / 49
     r = SupernetSimulator(mini, load_cluster("cpu:1x2")).run(plan, 50)
     assert r.stages[0].conflict_rate == pytest.approx(expected)
+
+
+def test_context_switch_copies_prefetch_one_subnet_ahead():
+    """Copies run in forward order on their own channel, each once the previous forward has started."""
+    p, n = 1, 3
+    c = dataclasses.replace(costs(p, n, 1.0, 1.0), swap_in_s=[[0.5, 3.0, 0.5]])
+    rep = replay(build_subnet_schedule("sequential", disjoint_ops(p, n), p), c)
+    # copy0 [0,.5] → F0 [.5,1.5] B0 [1.5,2.5]; copy1 from F0's start .5 to 3.5 → F1 [3.5,4.5] B1 [4.5,5.5];
+    # copy2 from F1's start 3.5 to 4.0 (hidden) → F2 [5.5,6.5] B2 [6.5,7.5]
+    assert [rep.start_s[0][k] for k in (0, 2, 4)] == [0.5, 3.5, 5.5]
+    assert rep.makespan_s == pytest.approx(7.5)
