@@ -40,9 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.simulator.subnet_costs import SupernetCosts
+from mindpipe.simulator.subnet_replay import ActionCosts, replay
+from mindpipe.simulator.subnet_schedules import build_subnet_schedule
 from mindpipe.simulator.subnet_sim import SupernetResult, SupernetSimulator
 from mindpipe.traces.builtin import load_cluster, load_supernet
 from mindpipe.traces.config import Plan
+from mindpipe.traces.supernet import sample_subnets, subnet_stage_operators
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "supernet_throughput.json"
@@ -75,6 +78,21 @@ def balanced_partition(costs: SupernetCosts, pp: int, num_layers: int) -> list[i
         s = max((s for s in range(pp) if n[s] > 1), key=lambda s: n[s] * per + extra[s])
         n[s] -= 1
     return n
+
+
+def ideal_csp_speedup(space: str, pp: int, partition: list[int], subnets: int) -> float:
+    """CSP over sequential with every stage costing F = 1, B = 2 and free transfers and updates.
+
+    The conflicts alone bound CSP's gain: this is the same rule (:func:`build_subnet_schedule`) on
+    the same subnets and partition, with the costs' imbalance, sends, copies and updates removed.
+    """
+    net = load_supernet(space)
+    plan = Plan(pp=pp, micro_batch_size=1, global_batch_size=1, partition=partition)
+    ops = [subnet_stage_operators(net, plan, c) for c in sample_subnets(net, subnets)]
+    sched = build_subnet_schedule("csp", ops, pp, 2 * pp)
+    zero = [[0.0] * subnets for _ in range(pp)]
+    costs = ActionCosts([[1.0] * subnets] * pp, [[2.0] * subnets] * pp, zero, zero, [0.0] * pp, [0.0] * pp)
+    return subnets * pp * 3.0 / replay(sched, costs).makespan_s
 
 
 def sync_batch(pp: int, subnets: int) -> int:
@@ -189,9 +207,10 @@ def main() -> None:
                 mine = [r for r in rows if r["space"] == space and r["gpus"] == gpus
                         and r["context_switching"] == switching]
                 best = max((r for r in mine if r["schedule"] == "csp"), key=lambda r: r["subnets_per_hour"])
+                ideal = ideal_csp_speedup(space, gpus, best["partition"], args.subnets)
                 verdicts.append({"space": space, "gpus": gpus, "context_switching": switching,
                                  "best_csp_window": best["window"], "csp_speedup": best["speedup_vs_sequential"],
-                                 "met": best["speedup_vs_sequential"] >= TARGET})
+                                 "ideal_csp_speedup": ideal, "met": best["speedup_vs_sequential"] >= TARGET})
     worst_rate = max(abs(c["simulated"] - c["closed_form"]) for c in rates)
     scale = fp32_scale_check(args.subnets)
     payload = {"benchmark": "supernet_throughput", "what": "simulated (SupernetSimulator, A100 kernel model)",
@@ -205,7 +224,8 @@ def main() -> None:
     print()
     for v in verdicts:
         print(f"{v['space']:11s} {v['gpus']} GPUs, switching {'on ' if v['context_switching'] else 'off'}: best CSP "
-              f"(window {v['best_csp_window']}) {v['csp_speedup']:.2f}x sequential -> "
+              f"(window {v['best_csp_window']}) {v['csp_speedup']:.2f}x sequential (conflicts alone allow "
+              f"{v['ideal_csp_speedup']:.2f}x) -> "
               f"{'meets' if v['met'] else 'misses'} the {TARGET:g}x target")
     print(f"conflict rate: largest |simulated - closed form| over all stages = {100 * worst_rate:.2f} points")
     for check in scale:

@@ -9,6 +9,10 @@ The backward pass is split into B (input gradient) and W (weight gradient) becau
 schedules place them separately (Qi et al., ICLR'24). ``backward_split="combined"`` marks traces
 whose source cannot separate them (then ``backward_input_s`` holds the whole backward and
 ``backward_weight_s`` is 0).
+
+A supernet trace (``granularity="candidate"``, with ``supernet`` set) holds one record per
+candidate operator (``candidate.<name>``) plus ``embedding`` and ``head``, each for one choice
+layer at the trace's micro-batch size (:mod:`mindpipe.simulator.subnet_costs` reads it).
 """
 
 from __future__ import annotations
