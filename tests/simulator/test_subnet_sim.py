@@ -248,3 +248,20 @@ def test_context_switch_copies_prefetch_one_subnet_ahead():
     # copy2 from F1's start 3.5 to 4.0 (hidden) → F2 [5.5,6.5] B2 [6.5,7.5]
     assert [rep.start_s[0][k] for k in (0, 2, 4)] == [0.5, 3.5, 5.5]
     assert rep.makespan_s == pytest.approx(7.5)
+
+
+def test_calibration_prices_candidates_and_updates(mini):
+    from mindpipe.traces.calibration import Calibration, ComputeCalibration, DeviceCalibration
+
+    overhead, update = 3e-4, 2e-3
+    cal = Calibration(devices={"cpu": DeviceCalibration(
+        kind="cpu", cpus_per_node=2, compute={"fp32": ComputeCalibration(
+            scale={"gemm": 1.0, "bmm": 1.0, "memory": 1.0}, op_overhead_s=overhead, optimizer_overhead_s=update)})})
+    plan = Plan(pp=2, micro_batch_size=4, global_batch_size=4, precision="fp32", subnet_schedule="sequential")
+    plain = SupernetSimulator(mini, load_cluster("cpu:1x2"))
+    tuned = SupernetSimulator(mini, load_cluster("cpu:1x2"), calibration=cal)
+    assert tuned.costs(plan).source == "calibrated" and plain.costs(plan).source == "roofline"
+    a = plain.run(plan, 20, context_switching=False)
+    b = tuned.run(plan, 20, context_switching=False)
+    # Every subnet pays at least the fixed update on both stages and the per-operator overhead.
+    assert b.total_time_s - a.total_time_s > 20 * 2 * update
