@@ -103,6 +103,12 @@ def _flash(b: int, heads: int, s: int, hd: int, d: int) -> list[Op]:
     ]
 
 
+gemm_ops = _gemm
+"""Public name of :func:`_gemm`: the F, I and W operators of one GEMM (the supernet's candidate costs build on it)."""
+memory_ops = _mem
+"""Public name of :func:`_mem`: a memory-bound operator and its backward."""
+
+
 def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, sequence_parallel: bool = False,
               dtype_bytes: int = 2, flash_attention: bool = False) -> list[Op]:
     """Operators of one transformer block on one TP rank (Megatron column/row-parallel layout).
@@ -214,6 +220,8 @@ __all__ = [
     "embedding_ops",
     "final_norm_ops",
     "forward_flops_per_token",
+    "gemm_ops",
     "lm_head_ops",
+    "memory_ops",
     "model_flops_per_iteration",
 ]

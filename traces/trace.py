@@ -9,6 +9,10 @@ The backward pass is split into B (input gradient) and W (weight gradient) becau
 schedules place them separately (Qi et al., ICLR'24). ``backward_split="combined"`` marks traces
 whose source cannot separate them (then ``backward_input_s`` holds the whole backward and
 ``backward_weight_s`` is 0).
+
+A supernet trace (``granularity="candidate"``, with ``supernet`` set) holds one record per
+candidate operator (``candidate.<name>``) plus ``embedding`` and ``head``, each for one choice
+layer at the trace's micro-batch size (:mod:`mindpipe.simulator.subnet_costs` reads it).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from mindpipe.traces.limits import integer, within_limit
 from mindpipe.traces.measured import Measurement
 from mindpipe.traces.reading import TRACE as TRACE_FILE
 from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
+from mindpipe.traces.supernet import Supernet
 
 TRACE_FORMAT_VERSION = 1
-GRANULARITIES = ("layer", "op")
+GRANULARITIES = ("layer", "op", "candidate")
 BACKWARD_SPLITS = ("measured", "combined")
 COMM_PHASES = ("forward", "backward_input", "backward_weight", "update")
 COMM_OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "p2p")
@@ -149,6 +154,7 @@ class Trace:
     backward_split: str = "measured"
     step: StepMeasurement | None = None
     measurement: Measurement | None = None
+    supernet: Supernet | None = None
     format_version: int = TRACE_FORMAT_VERSION
 
     def __post_init__(self) -> None:

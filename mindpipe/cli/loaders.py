@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from mindpipe.traces.builtin import load_cluster, load_model, load_plan
+from mindpipe.traces.builtin import load_cluster, load_model, load_network, load_plan
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.trace import Trace
 
 if TYPE_CHECKING:
@@ -38,6 +39,11 @@ VTrainDataset = Literal["vtrain-single", "vtrain-multi"]
 def model(arg: str) -> Model:
     """A model: JSON file, inline JSON or built-in name (``gpt-mini``, ``gpt3-175b``)."""
     return load_model(arg)
+
+
+def network(arg: str) -> Model | Supernet:
+    """A GPT model or a supernet: JSON file, inline JSON or built-in name (``gpt-mini``, ``supernet-mini``)."""
+    return load_network(arg)
 
 
 def cluster(arg: str) -> Cluster:

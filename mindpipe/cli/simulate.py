@@ -5,13 +5,21 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mindpipe.cli import loaders
 from mindpipe.cli.output import check_outputs, print_json, stderr
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.result import SimulationResult
+from mindpipe.traces.supernet import Supernet
+
+if TYPE_CHECKING:
+    from mindpipe.simulator.subnet_sim import SupernetResult
+
+DEFAULT_SUBNETS = 1000  # mindpipe.simulator.subnet_sim.DEFAULT_SUBNETS (not imported: --help stays light)
+SUPERNET_ONLY = ("subnets", "no_context_switch", "memory_budget_gib")
+GPT_ONLY = ("timeline", "gantt", "action_table", "carbon_csv")
 
 GANTT_SUFFIXES = (".png", ".pdf", ".svg")
 
@@ -33,6 +41,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--carbon-csv", default=None, metavar="CSV", help="hourly grid intensity (Electricity Maps CSV)")
     p.add_argument("--start", default=None, help="with --carbon-csv: UTC start time of the iteration (ISO format)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the simulation result) on stdout")
+    sn = p.add_argument_group("supernets (--model names a supernet)")
+    sn.add_argument("--subnets", type=int, default=None, metavar="N",
+                    help=f"subnets to simulate (default {DEFAULT_SUBNETS})")
+    sn.add_argument("--no-context-switch", action="store_true",
+                    help="keep every stage's whole slice of the supernet on the device (no context switching)")
+    sn.add_argument("--memory-budget-gib", type=float, default=None, metavar="GIB",
+                    help="per-device memory budget instead of the device's capacity")
     p.set_defaults(func=cmd_simulate)
     return p
 
@@ -86,7 +101,13 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from mindpipe.traces.schema import to_dict
 
     check_arguments(args)
-    model = loaders.model(args.model)
+    net = loaders.network(args.model)
+    if isinstance(net, Supernet):
+        return _simulate_supernet(args, net)
+    for key in SUPERNET_ONLY:
+        if getattr(args, key) not in (None, False):
+            raise ContractError(f"--{key.replace('_', '-')}", None, "applies to supernets only; --model is a GPT model")
+    model = net
     cluster = loaders.cluster(args.cluster)
     plan = loaders.plan(args.plan)
     opts = SimulationOptions(timeline=bool(args.timeline or args.gantt))
@@ -104,6 +125,51 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print_json(payload)
     else:
         print(format_result(result))
+    return 0
+
+
+def format_supernet_result(r: SupernetResult) -> str:
+    """Human-readable summary of a simulated supernet run."""
+    how = {"csp": f"window {r.window}", "sync": f"batch {r.batch}"}.get(r.schedule, "")
+    lines = [
+        f"supernet              {r.supernet}: {r.num_subnets} subnets, {r.schedule}" + (f" ({how})" if how else ""),
+        f"throughput            {r.subnets_per_hour:.6g} subnets/hour ({r.time_per_subnet_s:.6g} s per subnet, "
+        f"{r.samples_per_subnet} samples each)",
+        f"total time            {r.total_time_s:.6g} s",
+        f"pipeline bubble       {100 * r.bubble_fraction:.1f}% of all stages' time",
+        f"compute costs         {r.cost_source}; context switching {'on' if r.context_switching else 'off'}",
+        "stage  layers  busy   conflict stall  other idle  conflicts (closed form)  in flight  memory GiB",
+    ]
+    for s in r.stages:
+        m = s.memory
+        lines.append(f"{s.stage:5d}  {s.layers:6d}  {100 * s.busy_fraction:4.1f}%  {s.conflict_stall_s:12.4g} s  "
+                     f"{s.other_idle_s:8.4g} s  {100 * s.conflict_rate:5.1f}% ({100 * s.conflict_rate_closed_form:5.1f}%)"
+                     f"        {m.in_flight_peak:5d}  {m.total_gib:8.3f}" + ("" if m.fits else "  ** does not fit **"))
+    return "\n".join(lines)
+
+
+def _simulate_supernet(args: argparse.Namespace, net: Supernet) -> int:
+    """The supernet branch of ``simulate``: replay the plan's subnet schedule (:mod:`mindpipe.simulator.subnet_sim`)."""
+    from mindpipe.simulator.subnet_sim import SupernetSimulator
+    from mindpipe.traces.builtin import config_source
+
+    for key in GPT_ONLY:
+        if getattr(args, key) is not None:
+            raise ContractError(f"--{key.replace('_', '-')}", None, "is not available for supernets yet")
+    if args.memory_budget_gib is not None and not args.memory_budget_gib > 0:
+        raise ContractError("--memory-budget-gib", None, f"{args.memory_budget_gib} must be > 0")
+    cluster = loaders.cluster(args.cluster)
+    plan = loaders.plan(args.plan)
+    trace = loaders.trace(args.trace) if args.trace else None
+    sim = SupernetSimulator(net, cluster, trace=trace, calibration=loaders.calibration(args.calibration))
+    budget = args.memory_budget_gib * 2**30 if args.memory_budget_gib is not None else None
+    result = sim.run(plan, DEFAULT_SUBNETS if args.subnets is None else args.subnets,
+                     context_switching=not args.no_context_switch, memory_budget_bytes=budget,
+                     source=config_source(args.plan, "plan"))
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(format_supernet_result(result))
     return 0
 
 
@@ -125,4 +191,4 @@ def _write_files(args: argparse.Namespace, model: Model, plan: Plan, result: Sim
         stderr(f"wrote {args.gantt}")
 
 
-__all__ = ["GANTT_SUFFIXES", "add_parser", "check_arguments", "cmd_simulate", "format_result"]
+__all__ = ["GANTT_SUFFIXES", "add_parser", "check_arguments", "cmd_simulate", "format_result", "format_supernet_result"]
