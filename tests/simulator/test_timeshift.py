@@ -97,7 +97,7 @@ def test_window_rules():
         parse_window("2024-06-01T01:00Z")
     with pytest.raises(ContractError, match="START: 'tomorrow' is not an ISO date"):
         parse_window("tomorrow/2024-06-01T00:00Z")
-    with pytest.raises(ContractError, match="test.csv: start: .* is outside the series"):
+    with pytest.raises(ContractError, match=r"test\.csv: start: .* is outside the series"):
         schedule(s, Window(T0 + 5 * H, T0 + 8 * H), 3 * 3600, interruptible=False)  # the deadline is 11:00
     with pytest.raises(ContractError, match="outside the series"):
         schedule(s, Window(T0 - H, T0 + H), 3600, interruptible=True)
