@@ -128,7 +128,8 @@ def _format_timeshift(info: dict[str, Any]) -> list[str]:
         f"runs             {runs} (UTC; {len(info['run_hours'])} hours; steps to pause at in timeshift.json)",
         f"carbon           {info['carbon_gco2']:.6g} gCO2 at {ts['intensity_g_per_kwh']:.4g} g/kWh vs "
         f"{info['carbon_gco2_if_now']:.6g} gCO2 for the throughput-optimal plan started now; saving "
-        f"{100 * info['carbon_saving_fraction']:.1f} % per sample",
+        f"{100 * info['carbon_saving_fraction']:.1f} % per sample (the chosen plan started now: "
+        f"{ts['carbon_gco2_same_plan_if_now']:.6g} gCO2)",
     ]
 
 
