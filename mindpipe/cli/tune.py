@@ -97,8 +97,6 @@ def _timeshift(args: argparse.Namespace) -> Any:
             ``--window`` or with another objective, both or neither of ``--job-hours`` and
             ``--iterations``, a window the series does not cover.
     """
-    from mindpipe.simulator.carbon import load_carbon_csv
-    from mindpipe.simulator.timeshift import parse_window
     from mindpipe.traces.errors import ContractError
     from mindpipe.tuner.timeshift import JobLength, TimeShift
 
@@ -113,9 +111,9 @@ def _timeshift(args: argparse.Namespace) -> Any:
         raise ContractError("--carbon-csv", None, f"time-shifting needs --objective carbon, not {args.objective}")
     if args.window is None:
         raise ContractError("--window", None, "--carbon-csv needs --window START/END (when the job may start)")
-    window = parse_window(args.window)
     job = JobLength(args.job_hours, args.iterations)
-    return TimeShift(load_carbon_csv(args.carbon_csv), window, job, args.interruptible)
+    series, window = loaders.carbon_window(args.carbon_csv, args.window)
+    return TimeShift(series, window, job, args.interruptible)
 
 
 def _format_timeshift(info: dict[str, Any]) -> list[str]:

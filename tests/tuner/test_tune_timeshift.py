@@ -138,6 +138,8 @@ def test_interruptible_runs_the_cleanest_hours_and_says_when_to_pause(tmp_path, 
     (["--window", WINDOW], "give exactly one of --job-hours"),
     (["--job-hours", "2"], "--carbon-csv needs --window START/END"),
     (["--window", "yesterday", "--job-hours", "2"], "is not START/END"),
+    (["--window", "2024-06-09T00:00Z/2024-06-10T00:00Z", "--iterations", "10000000"],
+     "(no_value: the job, at that plan's speed, runs past the carbon series)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, csv, capsys, extra, message):
     code, _out, _err, _ = _tune(tmp_path, csv, *extra)
