@@ -14,6 +14,18 @@ contiguously from the window's start ("now"). ``carbon_saving_fraction`` is
 global batch both do the same work and it equals ``1 − carbon_gco2 / carbon_gco2_if_now``. With
 ``--job-hours`` every plan runs that many wall hours (a reservation), so plans do different work
 and the per-sample ratio is the fair one.
+
+From a notebook::
+
+    from mindpipe.simulator.carbon import load_carbon_csv
+    from mindpipe.simulator.timeshift import parse_window
+    from mindpipe.tuner.api import tune
+    from mindpipe.tuner.objectives import Objective
+
+    shift = TimeShift(load_carbon_csv("GB_2024_hourly.csv"), parse_window("2024-06-01T00:00Z/2024-06-02T00:00Z"),
+                      JobLength(iterations=2000), interruptible=True)
+    info = tune("gpt3-175b", "a100-sxm4-80gb:16x8", objective=Objective("carbon", shift=shift), out="sweeps/gb").summary
+    info["start"], info["run_hours"], info["carbon_saving_fraction"]
 """
 
 from __future__ import annotations
