@@ -141,6 +141,8 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
         "objective": {"name": obj.name, "critical_batch": obj.critical_batch, "constraints": [str(c) for c in obj.constraints]},
         **cfg.identity(),
     }
+    if obj.shift is not None:  # absent from other sweeps' identity, so they still resume
+        identity["timeshift"] = obj.shift.identity()
     out_dir = Path(out)
     store = SweepStore(out_dir, identity, resume)
     try:
@@ -150,11 +152,18 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
     made_for = MadeFor(model, cluster, tool="mindpipe tune",
                        trace=reference(trace_source, trace) if trace is not None else None,
                        calibration=reference(calibration_source, calibration) if calibration is not None else None)
-    info = write_outputs(result, obj, space, out_dir, made_for, plots=plots)
+    shifted = None
+    if obj.shift is not None and result.best is not None:
+        from mindpipe.tuner.timeshift import report_for
+
+        shifted = report_for(obj.shift, result.records, result.best)
+    info = write_outputs(result, obj, space, out_dir, made_for, plots=plots, timeshift=shifted)
     if result.best is None:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(info["infeasible_by_reason"].items()))
+        late = (" (no_value: the job, at that plan's speed, runs past the carbon series)"
+                if obj.shift is not None and info["infeasible_by_reason"].get("no_value") else "")
         raise NoFeasiblePlan("tune", None, f"no feasible plan among the {len(result.records)} evaluated "
-                             f"({counts}); see {out_dir / 'evaluations.csv'}")
+                             f"({counts}){late}; see {out_dir / 'evaluations.csv'}")
     return TuneOutcome(info, result, space)
 
 

@@ -10,6 +10,10 @@ global batch B follows the gradient noise scale of McCandlish et al. (2018, arXi
 training to a target needs E = E_min·(1 + B/B_crit) examples, so one example at batch B is worth
 E_min/E = 1/(1 + B/B_crit) of one at a very small batch; B_crit (≈ the noise scale B_noise) is
 the user's ``--critical-batch``. Goodput is thus in small-batch-equivalent samples per second.
+
+Carbon with a time-shift (:class:`mindpipe.tuner.timeshift.TimeShift`: an hourly series, a start
+window, the job's length): each plan's iteration is priced at the mean intensity of *its own*
+cleanest schedule in the window, so the plan and the start time are chosen together.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from mindpipe.simulator.energy import J_PER_KWH
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.reading import parse_float
 from mindpipe.tuner.records import Metrics
+
+if TYPE_CHECKING:
+    from mindpipe.tuner.timeshift import TimeShift
 
 OBJECTIVES = ("throughput", "energy", "carbon", "goodput")
 # Objective → (metric column, larger is better, unit).
@@ -101,11 +109,15 @@ class Objective:
         name: ``throughput``, ``energy``, ``carbon`` or ``goodput``.
         critical_batch: B_crit for goodput (required there, ignored otherwise).
         constraints: Every one must hold for a plan to be feasible.
+        shift: For ``carbon``: the job to place in time; each plan's ``carbon_gco2`` (per
+            iteration) is then its energy at the mean intensity of its best schedule, and a plan
+            whose job runs past the series has no value.
     """
 
     name: str = "throughput"
     critical_batch: float | None = None
     constraints: list[Constraint] = field(default_factory=list)
+    shift: TimeShift | None = None
 
     def __post_init__(self) -> None:
         if self.name not in OBJECTIVES:
@@ -117,6 +129,9 @@ class Objective:
         needs_goodput = any(c.metric == "goodput_samples_per_s" for c in self.constraints)
         if needs_goodput and self.critical_batch is None:
             raise ContractError("--constraint", None, "a goodput constraint needs --critical-batch")
+        if self.shift is not None and self.name != "carbon":
+            raise ContractError("--objective", None, f"--window/--carbon-csv time-shifting needs --objective carbon, "
+                                                     f"not {self.name}")
 
     @property
     def metric(self) -> str:
@@ -144,14 +159,26 @@ class Objective:
         derived: dict[str, Any] = {}
         if metrics.energy_j is not None:
             derived["energy_per_sample_j"] = metrics.energy_j / global_batch
-        if metrics.carbon_gco2 is not None:
-            derived["carbon_per_sample_g"] = metrics.carbon_gco2 / global_batch
+        if self.shift is not None:
+            derived["carbon_gco2"] = self._shifted_carbon(metrics)
+        carbon = derived.get("carbon_gco2", metrics.carbon_gco2)
+        derived["carbon_per_sample_g"] = carbon / global_batch if carbon is not None else None
         if self.critical_batch is not None:
             eff = statistical_efficiency(global_batch, self.critical_batch)
             thr = metrics.throughput_samples_per_s
             derived["statistical_efficiency"] = eff
             derived["goodput_samples_per_s"] = thr * eff if thr is not None else None
         return dataclasses.replace(metrics, **derived)
+
+    def _shifted_carbon(self, metrics: Metrics) -> float | None:
+        """gCO2 of one iteration at the mean intensity of the plan's best schedule (None: no schedule)."""
+        if self.shift is None or metrics.energy_j is None or not metrics.iteration_time_s:
+            return None
+        try:
+            sched = self.shift.schedule_for(metrics.iteration_time_s)
+        except ContractError:  # this plan's job (at its speed) runs past the series: no value
+            return None
+        return metrics.energy_j / J_PER_KWH * sched.intensity_g_per_kwh
 
     def value(self, metrics: Metrics) -> float | None:
         """The objective in natural units, None when unavailable."""

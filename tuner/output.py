@@ -8,7 +8,10 @@
   and ``best.json`` its metrics;
 * ``pareto.csv``: the feasible plans no other beats on both throughput and carbon per sample;
 * ``convergence.png`` (best value so far vs. simulations) and ``pareto.png``;
-* ``summary.json``: what ``--json`` prints.
+* ``summary.json``: what ``--json`` prints;
+* ``timeshift.json`` (``--objective carbon`` with a start window): the chosen start or run/pause
+  hours, each segment's step to train until, and the carbon against the throughput-optimal plan
+  started now (:mod:`mindpipe.tuner.timeshift`); its headline keys are also in the summary.
 
 Every table row says which what-if knobs its plan uses (``what_if``), and the summary which knobs
 were searched and which the best plan uses.
@@ -179,8 +182,11 @@ def summary(result: SweepResult, objective: Objective, space: SearchSpace, out: 
 
 
 def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace, out: Path,
-                  made_for: MadeFor, plots: bool = True) -> dict[str, Any]:
+                  made_for: MadeFor, plots: bool = True, timeshift: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write every output file and return the summary (``made_for``: what the sweep planned for).
+
+    ``timeshift`` (:func:`mindpipe.tuner.timeshift.report_for`): its headline keys join the
+    summary and the whole report goes to ``timeshift.json``.
 
     Every file goes through :mod:`mindpipe.traces.atomic` (temporary file, renamed into place).
     """
@@ -202,6 +208,9 @@ def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace,
         _plot_convergence(result, objective, out / "convergence.png")
         _plot_pareto(table, front, out / "pareto.png")
     info = summary(result, objective, space, out, len(front), plan)
+    if timeshift is not None:
+        info.update(timeshift)
+        write_text(out / "timeshift.json", json.dumps(timeshift, indent=1) + "\n")
     write_text(out / "summary.json", json.dumps(info, indent=1) + "\n")
     return info
 

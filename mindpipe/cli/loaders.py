@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from mindpipe.simulator.calibrate.runs import MeasuredRun
     from mindpipe.simulator.carbon import CarbonSeries
     from mindpipe.simulator.perf.vtrain import VTrainRow
+    from mindpipe.simulator.timeshift import Window
     from mindpipe.traces.calibration import Calibration
 
 HourlyIntensity = tuple["CarbonSeries", dt.datetime]
@@ -108,6 +109,22 @@ def carbon(csv: str | None, start: str | None) -> HourlyIntensity | None:
     return series, when
 
 
+def carbon_window(csv: str, window: str) -> tuple[CarbonSeries, Window]:
+    """An Electricity Maps hourly CSV and the ``--window START/END`` a job may start in (``tune``).
+
+    Raises:
+        ContractError: a window that is not ``START/END`` or ends before it starts (checked before the
+            file is read), a CSV the library refuses, or a window outside the series.
+    """
+    from mindpipe.simulator.carbon import load_carbon_csv
+    from mindpipe.simulator.timeshift import parse_window
+
+    parsed = parse_window(window)
+    series = load_carbon_csv(csv)
+    series.check_covers(parsed.start, (parsed.end - parsed.start).total_seconds())
+    return series, parsed
+
+
 def vtrain_rows(path: str, dataset: VTrainDataset) -> list[VTrainRow]:
     """vTrain's published runs (``ground_truth_{single,multi}.csv``), refused if it is the other file.
 
@@ -124,5 +141,5 @@ def vtrain_rows(path: str, dataset: VTrainDataset) -> list[VTrainRow]:
     return rows
 
 
-__all__ = ["HourlyIntensity", "VTrainDataset", "calibration", "carbon", "cluster", "measured_runs", "model", "plan",
+__all__ = ["HourlyIntensity", "VTrainDataset", "calibration", "carbon", "carbon_window", "cluster", "measured_runs", "model", "plan",
            "trace", "vtrain_rows"]

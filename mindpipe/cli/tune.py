@@ -69,8 +69,66 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    _add_timeshift_arguments(p)
     p.set_defaults(func=cmd_tune)
     return p
+
+
+def _add_timeshift_arguments(p: argparse.ArgumentParser) -> None:
+    """``--carbon-csv --window (--job-hours | --iterations) [--interruptible]`` (:mod:`mindpipe.tuner.timeshift`)."""
+    g = p.add_argument_group("time-shifting (--objective carbon with hourly grid intensity)")
+    g.add_argument("--carbon-csv", default=None, metavar="CSV", help="hourly grid intensity (Electricity Maps CSV)")
+    g.add_argument("--window", default=None, metavar="START/END",
+                   help="ISO-8601 interval of the instants the job may start at, both included "
+                        "(e.g. 2024-06-01T00:00Z/2024-06-02T00:00Z)")
+    g.add_argument("--job-hours", type=real(0.0, 24 * 366, lo_open=True), default=None, metavar="H",
+                   help="the job's wall length for every plan")
+    g.add_argument("--iterations", type=count(1, int(limit("train_steps"))), default=None, metavar="N",
+                   help="the job's length in iterations (hours = N x each plan's simulated iteration time)")
+    g.add_argument("--interruptible", action="store_true",
+                   help="the job checkpoints and may pause: run the cleanest hours before END + job length")
+
+
+def _timeshift(args: argparse.Namespace) -> Any:
+    """The job to place in time, or None without ``--carbon-csv``.
+
+    Raises:
+        ContractError: a time-shifting flag without ``--carbon-csv``, ``--carbon-csv`` without
+            ``--window`` or with another objective, both or neither of ``--job-hours`` and
+            ``--iterations``, a window the series does not cover.
+    """
+    from mindpipe.traces.errors import ContractError
+    from mindpipe.tuner.timeshift import JobLength, TimeShift
+
+    given = [flag for flag, v in (("--window", args.window), ("--job-hours", args.job_hours),
+                                  ("--iterations", args.iterations), ("--interruptible", args.interruptible or None))
+             if v is not None]
+    if args.carbon_csv is None:
+        if given:
+            raise ContractError(given[0], None, f"{given[0]} places the job in --carbon-csv's series; give --carbon-csv")
+        return None
+    if args.objective != "carbon":
+        raise ContractError("--carbon-csv", None, f"time-shifting needs --objective carbon, not {args.objective}")
+    if args.window is None:
+        raise ContractError("--window", None, "--carbon-csv needs --window START/END (when the job may start)")
+    job = JobLength(args.job_hours, args.iterations)
+    series, window = loaders.carbon_window(args.carbon_csv, args.window)
+    return TimeShift(series, window, job, args.interruptible)
+
+
+def _format_timeshift(info: dict[str, Any]) -> list[str]:
+    ts = info["timeshift"]
+    kind = "interruptible" if ts["interruptible"] else "non-interruptible"
+    runs = "; ".join(f"{seg['start'][:16]} to {seg['end'][:16]}" for seg in ts["segments"])
+    return [
+        f"start            {info['start']} ({kind}, {info['job_hours']:.4g} h job, waits {ts['wait_hours']:.4g} h "
+        f"after the window start)",
+        f"runs             {runs} (UTC; {len(info['run_hours'])} hours; steps to pause at in timeshift.json)",
+        f"carbon           {info['carbon_gco2']:.6g} gCO2 at {ts['intensity_g_per_kwh']:.4g} g/kWh vs "
+        f"{info['carbon_gco2_if_now']:.6g} gCO2 for the throughput-optimal plan started now; saving "
+        f"{100 * info['carbon_saving_fraction']:.1f} % per sample (the chosen plan started now: "
+        f"{ts['carbon_gco2_same_plan_if_now']:.6g} gCO2)",
+    ]
 
 
 def _format(info: dict[str, Any]) -> str:
@@ -88,6 +146,7 @@ def _format(info: dict[str, Any]) -> str:
         used = (", ".join(f"{k}={json.dumps(plan.get(k))}" for k in uses) + " (simulated only; the executor "
                 "runs " + ", ".join(f"{k}={json.dumps(WHAT_IF_KEYS[k])}" for k in uses) + ")") if uses else "none"
         what_if = f"searched {', '.join(searched)}; the best plan uses {used}"
+    shifted = _format_timeshift(info) if "timeshift" in info else []
     return "\n".join([
         f"objective        {info['objective']}",
         f"best value       {info['best_value']:.6g}",
@@ -97,7 +156,9 @@ def _format(info: dict[str, Any]) -> str:
         f"space            {info['space_size']} valid points",
         f"infeasible       {info['infeasible']}: {rules} combinations filtered by the plan rules, {reasons}",
         f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)",
-        f"outputs          {info['out']}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png",
+        *shifted,
+        f"outputs          {info['out']}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png"
+        + (", timeshift.json" if shifted else ""),
     ])
 
 
@@ -115,7 +176,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return _max_batch(args, partitioners, trace, calibration)
     trace_source = Path(args.trace).name if args.trace else "trace"
     calibration_source = os.path.basename(args.calibration) if args.calibration else "calibration"
-    objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint])
+    objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint],
+                          shift=_timeshift(args))
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
     bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)

@@ -1,0 +1,206 @@
+"""``tune --objective carbon`` with hourly intensity: each plan priced at its own best start (or hours).
+
+A :class:`TimeShift` is the job the user describes — an hourly intensity series, a start window, a
+length (wall hours, or iterations × the plan's simulated iteration time) and whether it may pause.
+The objective (:meth:`mindpipe.tuner.objectives.Objective.derive`) asks it, for each evaluated
+plan, for that plan's cleanest schedule (:mod:`mindpipe.simulator.timeshift`): the plan draws a
+constant facility power (energy per iteration / iteration time; PUE included), so its carbon per
+iteration is its energy × the schedule's mean intensity, and plan and start are chosen together.
+
+:func:`shift_report` then states the outcome against the **reference**: the throughput-optimal
+plan (the highest simulated throughput among the sweep's plans that fit in memory) run
+contiguously from the window's start ("now"). ``carbon_saving_fraction`` is
+``1 − (gCO2 per sample, chosen) / (gCO2 per sample, reference)``; with ``--iterations`` and one
+global batch both do the same work and it equals ``1 − carbon_gco2 / carbon_gco2_if_now``. With
+``--job-hours`` every plan runs that many wall hours (a reservation), so plans do different work
+and the per-sample ratio is the fair one.
+
+From a notebook::
+
+    from mindpipe.simulator.carbon import load_carbon_csv
+    from mindpipe.simulator.timeshift import parse_window
+    from mindpipe.tuner.api import tune
+    from mindpipe.tuner.objectives import Objective
+
+    shift = TimeShift(load_carbon_csv("GB_2024_hourly.csv"), parse_window("2024-06-01T00:00Z/2024-06-02T00:00Z"),
+                      JobLength(iterations=2000), interruptible=True)
+    info = tune("gpt3-175b", "a100-sxm4-80gb:16x8", objective=Objective("carbon", shift=shift), out="sweeps/gb").summary
+    info["start"], info["run_hours"], info["carbon_saving_fraction"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindpipe.simulator.carbon import CarbonSeries, stamp
+from mindpipe.simulator.energy import J_PER_KWH
+from mindpipe.simulator.timeshift import ShiftedSchedule, Window, schedule
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import limit
+from mindpipe.tuner.records import ScoredRecord, Status
+
+MAX_JOB_HOURS = 24 * 366  # a year: beyond any hourly series a user has
+
+
+@dataclass(frozen=True)
+class JobLength:
+    """The job's length: wall ``hours`` or a number of ``iterations`` (exactly one).
+
+    Raises:
+        ContractError: both or neither given, or a value out of range (naming the flag).
+    """
+
+    hours: float | None = None
+    iterations: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.hours is None) == (self.iterations is None):
+            raise ContractError("--job-hours/--iterations", None, "give exactly one of --job-hours H and --iterations N "
+                                                                  "(the job's length)")
+        if self.hours is not None and not (0 < self.hours <= MAX_JOB_HOURS):
+            raise ContractError("--job-hours", None, f"{self.hours} must be in (0, {MAX_JOB_HOURS}] hours")
+        top = int(limit("train_steps"))
+        if self.iterations is not None and not (0 < self.iterations <= top):
+            raise ContractError("--iterations", None, f"{self.iterations} must be in [1, {top:,}] (train_steps limit)")
+
+    def seconds(self, iteration_time_s: float) -> float:
+        """Wall seconds of the job for a plan with this iteration time."""
+        if self.hours is not None:
+            return self.hours * 3600.0
+        return float(self.iterations or 0) * iteration_time_s
+
+    def iterations_of(self, iteration_time_s: float) -> float:
+        """Iterations the job runs for a plan with this iteration time."""
+        if self.iterations is not None:
+            return float(self.iterations)
+        return self.seconds(iteration_time_s) / iteration_time_s
+
+
+@dataclass
+class TimeShift:
+    """The job to place in time (see the module docstring)."""
+
+    series: CarbonSeries
+    window: Window
+    job: JobLength
+    interruptible: bool = False
+    _cache: dict[float, ShiftedSchedule] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        span = (self.window.end - self.window.start).total_seconds()
+        # Fail before any simulation: the window must lie in the series, and with a wall length
+        # so must the deadline (window end + job); with iterations that needs the plan's speed.
+        self.series.check_covers(self.window.start, span + (self.job.hours or 0.0) * 3600.0)
+
+    def schedule_for(self, iteration_time_s: float) -> ShiftedSchedule:
+        """The cleanest schedule for a plan with this iteration time (cached per job length).
+
+        Raises:
+            ContractError: the job (window end + length) runs past the series.
+        """
+        job_s = self.job.seconds(iteration_time_s)
+        if job_s not in self._cache:
+            self._cache[job_s] = schedule(self.series, self.window, job_s, self.interruptible)
+        return self._cache[job_s]
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two sweeps the same job (for ``--resume``): series hash, window, length, kind."""
+        blob = repr((self.series.times, self.series.values)).encode()
+        return {"series": hashlib.sha256(blob).hexdigest()[:16], "window": [stamp(self.window.start),
+                stamp(self.window.end)], "job_hours": self.job.hours, "iterations": self.job.iterations,
+                "interruptible": self.interruptible}
+
+
+@dataclass(frozen=True)
+class PlanRun:
+    """A plan's simulated power and speed: what its job's carbon depends on."""
+
+    iteration_time_s: float
+    energy_j: float
+    global_batch: int
+
+    @property
+    def power_w(self) -> float:
+        """Facility power while the job runs (PUE included)."""
+        return self.energy_j / self.iteration_time_s
+
+
+def _steps(shift: TimeShift, run: PlanRun, sched: ShiftedSchedule) -> list[dict[str, Any]]:
+    """Per segment: the global step to train until (``mindpipe run --steps``), for an operator to follow."""
+    out, done = [], 0.0
+    total = shift.job.iterations_of(run.iteration_time_s)
+    for seg in sched.segments:
+        done += seg.seconds
+        end_step = total if seg is sched.segments[-1] else done / run.iteration_time_s
+        out.append({"start": stamp(seg.start), "end": stamp(seg.end), "hours": seg.seconds / 3600,
+                    "until_step": math.floor(end_step + 1e-9), "intensity_g_per_kwh": seg.intensity_g_per_kwh})
+    return out
+
+
+def shift_report(shift: TimeShift, best: PlanRun, reference: PlanRun) -> dict[str, Any]:
+    """The chosen plan's schedule and carbon against the throughput-optimal plan started now.
+
+    Returns:
+        ``start``, ``run_hours`` (UTC starts of every hour the job runs in), ``job_hours``,
+        ``carbon_gco2``, ``carbon_gco2_if_now``, ``carbon_saving_fraction`` and a ``timeshift``
+        block (segments with the step to train until, the same plan started now, the reference).
+    """
+    sched = shift.schedule_for(best.iteration_time_s)
+    carbon = sched.carbon_gco2(best.power_w)
+    ref_s = shift.job.seconds(reference.iteration_time_s)
+    ref_ci = shift.series.intensity_over(shift.window.start, ref_s)
+    carbon_now = reference.power_w * ref_s / J_PER_KWH * ref_ci
+    samples = shift.job.iterations_of(best.iteration_time_s) * best.global_batch
+    samples_now = shift.job.iterations_of(reference.iteration_time_s) * reference.global_batch
+    per_sample, per_sample_now = carbon / samples, carbon_now / samples_now
+    saving = 0.0 if per_sample_now <= 0 else 1.0 - per_sample / per_sample_now
+    return {
+        "start": stamp(sched.start),
+        "run_hours": sched.run_hours(),
+        "job_hours": sched.job_s / 3600,
+        "carbon_gco2": carbon,
+        "carbon_gco2_if_now": carbon_now,
+        "carbon_saving_fraction": saving,
+        "timeshift": {
+            **{k: v for k, v in sched.to_json().items() if k not in ("start", "run_hours")},  # top level
+            "segments": _steps(shift, best, sched),
+            "samples": samples,
+            "energy_kwh": best.power_w * sched.job_s / J_PER_KWH,
+            "carbon_gco2_same_plan_if_now": sched.carbon_if_now_gco2(best.power_w),
+            "reference": {"what": "throughput-optimal plan of this sweep, run contiguously from the window start",
+                          "iteration_time_s": reference.iteration_time_s, "power_w": reference.power_w,
+                          "job_hours": ref_s / 3600, "samples": samples_now, "intensity_g_per_kwh": ref_ci,
+                          "energy_kwh": reference.power_w * ref_s / J_PER_KWH},
+        },
+    }
+
+
+def _run_of(rec: ScoredRecord) -> PlanRun | None:
+    m = rec.metrics
+    ok = rec.evaluation.status is Status.OK and rec.simulated
+    if not ok or not m.iteration_time_s or m.energy_j is None or m.throughput_samples_per_s is None:
+        return None
+    return PlanRun(m.iteration_time_s, m.energy_j, int(rec.point["global_batch_size"]))
+
+
+def report_for(shift: TimeShift, records: Sequence[ScoredRecord], best: ScoredRecord) -> dict[str, Any]:
+    """:func:`shift_report` for a sweep: ``best`` against its fastest plan that fits in memory.
+
+    Raises:
+        ContractError: the best record was not simulated (no power to price).
+    """
+    chosen = _run_of(best)
+    if chosen is None:
+        raise ContractError("tune", None, "the best plan has no simulated energy to place in time")
+    runs = [(r, run) for r in records if (run := _run_of(r)) is not None]
+    fastest, reference = max(runs, key=lambda rr: (rr[0].metrics.throughput_samples_per_s or 0.0, -rr[0].index))
+    report = shift_report(shift, chosen, reference)
+    report["timeshift"]["reference"]["plan_point"] = dict(fastest.point)
+    return report
+
+
+__all__ = ["JobLength", "PlanRun", "TimeShift", "report_for", "shift_report"]
