@@ -43,7 +43,7 @@ GIB = 2**30
 TARGET, GOAL = 0.10, 0.05
 MINI = load_model("gpt-mini")
 MINI8 = replace(MINI, num_layers=8, name="gpt-mini-8")
-MODELS = {"gpt-mini": MINI, "gpt-mini-8": MINI8}
+MODELS = {"gpt-mini": MINI, "gpt-mini-8": MINI8, "gpt-tiny-8k": load_model("gpt-tiny-8k")}
 FP32 = {"precision": "fp32"}
 # (model, ranks, plan): pipeline and data parallel plans with mixed per-layer policies.
 FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
@@ -61,6 +61,12 @@ FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
                        **FP32}),
     ("gpt-mini-8", 4, {"dp": 4, "micro_batch_size": 2, "global_batch_size": 16,
                        "layer_memory_policy": ["recompute"] * 4 + ["keep"] * 4, **FP32}),
+    # Zero-bubble: torch's input-gradient pass keeps the graph (retain_graph) for W, so what a stage
+    # saved stays until W except the loss's side of the LM head (simulator.actions, simulator.memory).
+    ("gpt-tiny-8k", 2, {"pp": 2, "micro_batch_size": 4, "global_batch_size": 16, "schedule": "zb_h1", **FP32}),
+    ("gpt-mini-8", 4, {"pp": 4, "micro_batch_size": 2, "global_batch_size": 16, "schedule": "zb_h1",
+                       "layer_memory_policy": ["keep", "recompute", "swap", "keep", "recompute", "keep", "keep", "swap"],
+                       **FP32}),
 ]
 # (model, ranks, plan at micro-batch size 1, budget GiB): the batch search at a budget.
 BUDGET: list[tuple[str, int, dict[str, Any], float]] = [
@@ -127,9 +133,12 @@ def compare(trace: Trace, model: Model) -> list[dict[str, Any]]:
              "terms": {k: getattr(terms[row.rank], k) for k in keys}} for row in memory_rows(m, model)]
 
 
-def fidelity(steps: int, tmp: Path) -> list[dict[str, Any]]:
+def fidelity(steps: int, tmp: Path, schedule: str | None = None) -> list[dict[str, Any]]:
+    """Part 1 over ``FIDELITY`` (only the plans of ``schedule`` when given; 1f1b when a plan names none)."""
     out = []
     for name, nproc, plan in FIDELITY:
+        if schedule is not None and plan.get("schedule", "1f1b") != schedule:
+            continue
         code, last, trace = run(name, nproc, plan, steps, tmp)
         if trace is None:
             raise RuntimeError(f"{name} {plan}: run failed ({code}): {last}")
@@ -189,10 +198,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default=str(HERE / "results" / "memory_fidelity.json"))
+    ap.add_argument("--schedule", help="run only part 1's plans of this schedule (e.g. zb_h1); no budget cases")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="memory-fidelity-") as d:
-        runs = fidelity(args.steps, Path(d))
-        budgets = budget_cases(args.steps, Path(d))
+        runs = fidelity(args.steps, Path(d), args.schedule)
+        budgets = budget_cases(args.steps, Path(d)) if args.schedule is None else []
     errors = [abs(r["rel_error"]) for run in runs for r in run["per_rank"]]
     errors += [abs(r["rel_error"]) for case in budgets for r in case["fit_run_per_rank"]]
     summary = {

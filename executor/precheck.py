@@ -174,8 +174,21 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
         gib = memory_check(model, plan, device, max(1, min(ranks_per_device, world_size)))
     except ContractError as e:
         emulated = f" (emulated by --memory-budget-gib {memory_budget_gib:g})" if memory_budget_gib is not None else ""
-        raise ContractError(source, e.key, e.rule + emulated) from None
+        raise ContractError(source, e.key, e.rule + swap_hint(model, plan) + emulated) from None
     return Precheck(src, gib, capacity, notes)
+
+
+def swap_hint(model: Model, plan: Plan) -> str:
+    """What a memory refusal adds next to recompute when ``plan`` swaps no block: vPipe's third choice.
+
+    A swapped block keeps none of its activations on the device between its forward and its
+    backward (:mod:`mindpipe.executor.offload`; on a CPU, a host pool the device accounting does not
+    count). Empty when a block already swaps.
+    """
+    if "swap" in block_policies(plan, model.num_layers):
+        return ""
+    return ('; or swap blocks to host memory (layer_memory_policy "swap" per block, or let '
+            "mindpipe tune --partitioner vpipe,dawnpiper choose keep/recompute/swap per block)")
 
 
 def detect_device(requested: str) -> tuple[str, str | None]:
@@ -249,5 +262,6 @@ __all__ = [
     "env_world_size",
     "ranks_per_host",
     "resolve_schedule_source",
+    "swap_hint",
     "what_if_notes",
 ]

@@ -86,30 +86,55 @@ class Schedule:
         """Virtual stages placed on ``rank``, ascending."""
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
+    def held_timeline(self, rank: int) -> list[dict[int, tuple[int, int]]]:
+        """After each action of ``rank``, per local stage: (micro-batches past their ``F`` awaiting
+        their input gradient, micro-batches past their ``I`` awaiting ``W``).
+
+        A micro-batch's activations for stage s are held from its ``F`` until the backward that
+        frees them. ``B`` frees them all. Under a split backward, torch's ``stage_backward_input``
+        runs the input gradient with ``retain_graph=True`` and keeps the graph for
+        ``stage_backward_weight``: what the stage saved stays until ``W``, except the nodes on
+        the loss's side of the first weight (the LM head's log-softmax), which ``I`` releases when
+        it detaches the stage's outputs (measured with the executor's live-tensor accounting:
+        :mod:`mindpipe.executor.memory_account`). Qi et al. (ICLR'24) count ZB-H1 memory as if
+        ``I`` freed everything; that is not what torch runs. Which bytes each phase holds is
+        :class:`mindpipe.simulator.memory.StageMemoryModel`'s; this only counts micro-batches.
+        """
+        stages = self.stages_of_rank(rank)
+        cur = {s: [0, 0] for s in stages}
+        out: list[dict[int, tuple[int, int]]] = []
+        for a in self.orders[rank]:
+            c = cur[a.stage]
+            if a.kind == "F":
+                c[0] += 1
+            elif a.kind == "B":
+                c[0] -= 1
+            elif a.kind == "I":
+                c[0] -= 1
+                c[1] += 1
+            else:  # W
+                c[1] -= 1
+            out.append({s: (v[0], v[1]) for s, v in cur.items()})
+        return out
+
+    def in_flight_timeline(self, rank: int) -> list[dict[int, int]]:
+        """After each action of ``rank``, the micro-batches per local stage whose activations are
+        held: from their ``F`` until their ``B``, or ``W`` under a split backward
+        (:meth:`held_timeline`)."""
+        return [{s: a + w for s, (a, w) in held.items()} for held in self.held_timeline(rank)]
+
     def in_flight_peak(self) -> list[list[int]]:
         """Peak number of micro-batches whose activations are held, per rank and per local stage.
 
-        A micro-batch's activations for stage s are held from its ``F`` until its backward frees
-        them: ``B`` (full backward) or ``I`` (input gradient; the W pass only needs the layer
-        inputs and output gradients, which are small next to the activations; Qi et al. §3
-        count ZB-H1 memory as 1F1B's). The order alone determines the count, so no timing is
-        needed. Returns ``peaks[r][j]`` for the j-th stage of ``stages_of_rank(r)``, and the
-        per-rank peak of the sum over stages is ``rank_in_flight_peak``.
+        Held from ``F`` until ``B``, or ``W`` under a split backward (:meth:`held_timeline`).
+        Returns ``peaks[r][j]`` for the j-th stage of ``stages_of_rank(r)``; the per-rank peak of
+        the sum over stages is ``rank_in_flight_peak``.
         """
         peaks: list[list[int]] = []
-        for r, order in enumerate(self.orders):
+        for r in range(self.pp):
             stages = self.stages_of_rank(r)
-            idx = {s: j for j, s in enumerate(stages)}
-            cur = [0] * len(stages)
-            best = [0] * len(stages)
-            for a in order:
-                j = idx[a.stage]
-                if a.kind == "F":
-                    cur[j] += 1
-                    best[j] = max(best[j], cur[j])
-                elif a.kind in ("B", "I"):
-                    cur[j] -= 1
-            peaks.append(best)
+            timeline = self.in_flight_timeline(r)
+            peaks.append([max((t[s] for t in timeline), default=0) for s in stages])
         return peaks
 
     def rank_in_flight_peak(self) -> list[int]:
@@ -118,39 +143,7 @@ class Schedule:
         Counted in units of one stage's activations for one micro-batch; with unequal chunk
         sizes use :meth:`in_flight_timeline` and weight each stage.
         """
-        out = []
-        for order in self.orders:
-            cur = best = 0
-            for a in order:
-                if a.kind == "F":
-                    cur += 1
-                    best = max(best, cur)
-                elif a.kind in ("B", "I"):
-                    cur -= 1
-            out.append(best)
-        return out
-
-    def in_flight_timeline(self, rank: int) -> list[dict[int, int]]:
-        """After each action of ``rank``, the held micro-batches per local stage."""
-        stages = self.stages_of_rank(rank)
-        out: list[dict[int, int]] = []
-        if len(stages) == 1:  # the common case, without a dict update per action
-            only, held = stages[0], 0
-            for a in self.orders[rank]:
-                if a.kind == "F":
-                    held += 1
-                elif a.kind != "W":
-                    held -= 1
-                out.append({only: held})
-            return out
-        cur = dict.fromkeys(stages, 0)
-        for a in self.orders[rank]:
-            if a.kind == "F":
-                cur[a.stage] += 1
-            elif a.kind != "W":
-                cur[a.stage] -= 1
-            out.append(cur.copy())
-        return out
+        return [max((sum(t.values()) for t in self.in_flight_timeline(r)), default=0) for r in range(self.pp)]
 
 
 # loop_stage_to_rank and v_stage_to_rank are the plan rules of traces.layout, re-exported for the schedules.

@@ -108,6 +108,7 @@ def build_work(
     stage_to_rank: list[int],
     swap_bytes_per_block: float = 0.0,
     dp_unit_s: float = 0.0,
+    swap_on_compute: tuple[float, float, float] | None = None,
 ) -> tuple[list[StageWork], list[RankWork], list[int]]:
     """Per-stage work, per-rank work and per-rank parameter counts for the engine.
 
@@ -115,6 +116,10 @@ def build_work(
     (its activations kept whole, :func:`mindpipe.simulator.memory.activation_bytes_per_layer`).
     ``dp_unit_s`` is the host time of the data-parallel wrapper's hooks per wrapped module
     (:func:`mindpipe.traces.layout.data_parallel_units`) per forward and per backward (calibrated).
+    ``swap_on_compute`` (CPU ranks, whose swap is a synchronous copy on the rank's thread:
+    :func:`mindpipe.simulator.costs.cpu_copy_s`) is the seconds per swapped block added to the
+    forward, to the input gradient (I, and so B) and to the weight gradient (W); the copies then
+    use no link.
     """
     stages = assign_layers(costs, model, plan)
     policies = block_policies(plan, model.num_layers)
@@ -132,7 +137,8 @@ def build_work(
         bwd_comm = [x for c in layers for x in c.backward_comm]
         recompute, re_comm, swapped = stage_recompute(layers, [policies[b] for b in spans[s].blocks])
         hooks = dp_unit_s * data_parallel_units(plan, spans[s].num_blocks)
-        swap = swapped * swap_bytes_per_block
+        swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
+        on_compute = swap_on_compute or (0.0, 0.0, 0.0)
         params = sum(c.param_count for c in layers)
         out_bytes = layers[-1].output_bytes
         in_bytes = stages[s - 1][-1].output_bytes if s > 0 else 0
@@ -141,9 +147,9 @@ def build_work(
         zero = plan.zero_stage
         gathers = _buckets(topo, "allgather", params, dbytes, bucket, rank) if zero == 3 else []
         work = StageWork(
-            forward_s=f + hooks,
-            input_s=i + hooks,
-            weight_s=w,
+            forward_s=f + hooks + swapped * on_compute[0],
+            input_s=i + hooks + swapped * on_compute[1],
+            weight_s=w + swapped * on_compute[2],
             recompute_s=recompute,
             fwd_tp=_tp_phases(topo, fwd_comm, rank),
             bwd_tp=_tp_phases(topo, re_comm + bwd_comm, rank),

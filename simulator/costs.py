@@ -383,6 +383,44 @@ def _attention_core_share(model: Model, plan: Plan) -> float:
     return sum(w for o, w in zip(ops, work, strict=True) if o.attention_core) / total
 
 
+# -- swap copies on a CPU ------------------------------------------------------------------
+# A CPU rank's "device" and host are the same RAM: the executor's swap (executor/offload.py) is a
+# synchronous clone on the rank's own thread — into the pool when the forward saves a tensor,
+# out of it each time a backward node unpacks one — so its time lands inside the compute actions,
+# never on a link. (On a GPU the copies run over PCIe on a side stream: Topology.swap.)
+
+
+def swap_weight_reread_bytes(model: Model, plan: Plan) -> float:
+    """Bytes of one swapped block that a split backward's W unpacks again after I unpacked them all.
+
+    torch's ``stage_backward_input`` runs every node of the block (each unpacks all it saved) and
+    keeps the graph; ``stage_backward_weight`` then runs the weight-gradient GEMMs again, and each
+    unpacks its input X (dW = Xᵀ·dY, :func:`mindpipe.simulator.ops._gemm`): a fresh copy of X.
+    Measured on a Linear–GELU–Linear under :func:`mindpipe.executor.offload.swapping`: I unpacks
+    every saved byte, W the two Linear inputs.
+    """
+    d = DTYPE_BYTES[plan.precision]
+    ops = block_ops(model, plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel, d)
+    # The weight-gradient op of Y[m,n] = X[m,k]·W[k,n] has gemm_mnk = (k, n, m): X is k·m elements.
+    return float(sum(d * op.gemm_mnk[0] * op.gemm_mnk[2] for op in ops
+                     if op.phase == "backward_weight" and op.gemm_mnk is not None))
+
+
+def cpu_copy_s(device: DeviceSpec, nbytes: float, s_per_byte: float = 0.0) -> float:
+    """Seconds of a synchronous host copy of ``nbytes`` on a CPU rank (the swap's price on CPUs).
+
+    ``s_per_byte`` is the calibrated price (:attr:`~mindpipe.traces.calibration.ComputeCalibration.
+    swap_s_per_byte`, fitted from runs that swap); 0 means uncalibrated: the copy reads and writes
+    every byte at the catalog's memory bandwidth (which ``benchmarks/measure_cpu.py`` measures as
+    bytes read + written per second of a torch copy).
+    """
+    if nbytes <= 0:
+        return 0.0
+    if s_per_byte > 0:
+        return s_per_byte * nbytes
+    return 2.0 * nbytes / (device.memory_bandwidth_GBps * 1e9)
+
+
 # -- a simple α-β communication model ---------------------------------------------------------
 
 
@@ -422,8 +460,10 @@ __all__ = [
     "TraceComputeModel",
     "block_parts",
     "boundary_bytes",
+    "cpu_copy_s",
     "layer_params",
     "op_layer_costs",
     "roofline_time",
+    "swap_weight_reread_bytes",
     "tp_collectives",
 ]

@@ -68,6 +68,9 @@ OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12}
 # Framework overhead on a GPU: CUDA context with torch's kernels (~0.5 GiB) plus NCCL
 # communicator buffers and allocator slack; a rough, documented figure. CPUs: 0.
 GPU_RESERVED_BYTES = 1 * GIB
+# Parameter groups torch's ``stage_backward_weight`` takes one autograd pass each for, per block
+# (or part of a block): a LayerNorm and two Linears per part (mindpipe.traces.torch_gpt.Block).
+WEIGHT_GROUPS: dict[BlockPart, int] = {"whole": 6, "attention": 3, "mlp": 3}
 
 
 def _level(plan: Plan, policy: str | None) -> BlockPolicy:
@@ -142,13 +145,22 @@ def head_activation_bytes(model: Model, plan: Plan, *, seq_len: int | None = Non
     """Bytes the last stage keeps outside its blocks per micro-batch.
 
     Final-LayerNorm input and LM-head input (2·d·s·b·h, ÷t with sequence parallelism) and the
-    fp32 softmax of the vocabulary-sharded logits (4·s·b·V/t): Korthikanti §4.3's
+    fp32 softmax of the vocabulary-sharded logits (:func:`head_logit_bytes`): Korthikanti §4.3's
     4·s·b·h/t·(1 + V/h) at d = 2 with sequence parallelism.
     """
     s, b, h = seq_len or model.seq_len, plan.micro_batch_size, model.hidden_size
     seq_shard = plan.tp if plan.sequence_parallel else 1
     d = DTYPE_BYTES[plan.precision]
-    return 2 * d * s * b * h / seq_shard + LOGIT_BYTES * s * b * model.vocab_size / plan.tp
+    return 2 * d * s * b * h / seq_shard + head_logit_bytes(model, plan, seq_len=seq_len)
+
+
+def head_logit_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
+    """The fp32 softmax of the vocabulary-sharded logits the loss keeps, 4·s·b·V/t per micro-batch.
+
+    It lies on the loss's side of the LM head's weight, so a split backward's ``I`` frees it
+    (:meth:`mindpipe.simulator.actions.Schedule.held_timeline`).
+    """
+    return LOGIT_BYTES * (seq_len or model.seq_len) * plan.micro_batch_size * model.vocab_size / plan.tp
 
 
 def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
@@ -220,18 +232,25 @@ def _check(model: Model, plan: Plan, schedule: Schedule, stage_layers: list[int]
 class _StageTerms:
     """What one virtual stage adds to its rank's memory (see :func:`stage_memory`)."""
 
-    per_microbatch_bytes: float  # activations held per in-flight micro-batch
+    per_microbatch_bytes: float  # activations held per micro-batch from its F until its B or I
     params: float  # parameters on one device
     largest_layer_params: float  # ZeRO-3 gathers the layer being computed whole
     transient_bytes: float  # one block's full activations while recomputed or swapped back
+    # Under a split backward, held per micro-batch from its I until its W (StageMemoryModel.stage).
+    after_input_bytes: float = 0.0
 
 
 class StageMemoryModel:
-    """The per-stage and per-rank arithmetic of :func:`stage_memory` and :func:`block_caps`."""
+    """The per-stage and per-rank arithmetic of :func:`stage_memory` and :func:`block_caps`.
+
+    ``split_backward``: the schedule splits the backward into I and W (zero-bubble family), which
+    changes what a stage holds between them and what a redone block adds (:meth:`stage`).
+    """
 
     def __init__(self, model: Model, plan: Plan, device: DeviceSpec, reserved_bytes: float | None,
-                 seq_len: int | None) -> None:
+                 seq_len: int | None, *, split_backward: bool = False) -> None:
         self.model, self.plan, self.device, self.seq_len = model, plan, device, seq_len
+        self.split_backward = split_backward
         cpu = device.kind == "cpu"
         self.mask = DTYPE_BYTES[plan.precision] if cpu else GPU_MASK_BYTES
         self.reserve = (0.0 if cpu else GPU_RESERVED_BYTES) if reserved_bytes is None else reserved_bytes
@@ -249,7 +268,21 @@ class StageMemoryModel:
     def stage(self, policies: list[BlockPolicy], has_embedding: bool, has_head: bool,
               parts: list[BlockPart] | None = None) -> _StageTerms:
         """Terms of a stage holding blocks with ``policies`` (and the embedding and/or head);
-        ``parts`` says what it holds of each block (all ``whole`` by default)."""
+        ``parts`` says what it holds of each block (all ``whole`` by default).
+
+        Under a split backward (what the executor runs, measured with its live-tensor accounting)
+        torch's I keeps the stage's graph for W (``retain_graph``): from I to W a micro-batch still
+        holds everything it saved, less the loss's log-softmax (:func:`head_logit_bytes`). Nothing
+        is freed while I runs. A recomputed block is re-run in I (its re-run tensors are freed with
+        I), and again in W once per weight group — torch's ``stage_backward_weight`` takes an
+        autograd pass per parameter group, and each pass makes the non-reentrant checkpoint
+        recompute the block — with every re-run kept until W ends, less what each pass consumed.
+        The transient counts those ``WEIGHT_GROUPS`` re-runs whole, an upper bound (gpt-mini,
+        micro-batch 2: 23.75 MiB measured for one block, 30 MiB counted), plus a swapped block's
+        largest tensor while it is unpacked. The first stage is the exception: its input is token
+        ids, torch's I there does nothing and its W runs an ordinary backward, so it keeps
+        everything until W and frees block by block as in B.
+        """
         model, plan, params = self.model, self.plan, self.params
         parts = parts or ["whole"] * len(policies)
         acts = sum(self.block(p, part) for p, part in zip(policies, parts, strict=True))
@@ -261,7 +294,13 @@ class StageMemoryModel:
         if has_head:
             acts += head
             layers += [params["final_norm"], params["lm_head"]]
-        return _StageTerms(acts, sum(layers), max(layers, default=0), self.redone_bytes(policies, parts, head))
+        if self.split_backward and not has_embedding:
+            reruns = sum(WEIGHT_GROUPS[part] * self.block("none", part)
+                         for p, part in zip(policies, parts, strict=True) if p == "full")
+            swap_back = self.largest_saved_bytes() if "swap" in policies else 0.0
+            logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+            return _StageTerms(acts, sum(layers), max(layers, default=0), reruns + swap_back, acts - logits)
+        return _StageTerms(acts, sum(layers), max(layers, default=0), self.redone_bytes(policies, parts, head), acts)
 
     def largest_saved_bytes(self) -> float:
         """The largest single tensor a block saves, one micro-batch: the softmax output or the GeLU input."""
@@ -289,14 +328,15 @@ class StageMemoryModel:
             after += self.block(p, part)
         return out
 
-    def rank(self, rank: int, terms: dict[int, _StageTerms], in_flight: list[dict[int, int]]) -> RankMemory:
+    def rank(self, rank: int, terms: dict[int, _StageTerms], held: list[dict[int, tuple[int, int]]]) -> RankMemory:
         """Peak memory of a pipeline rank holding the stages of ``terms`` (virtual stage → terms).
 
-        ``in_flight`` is the rank's :meth:`Schedule.in_flight_timeline`: micro-batches held per stage
-        after each of its actions.
+        ``held`` is the rank's :meth:`Schedule.held_timeline`: per stage after each of its actions,
+        micro-batches awaiting their input gradient and micro-batches awaiting their W.
         """
         plan = self.plan
-        acts = max((sum(c * terms[s].per_microbatch_bytes for s, c in held.items()) for held in in_flight), default=0.0)
+        acts = max((sum(a * terms[s].per_microbatch_bytes + w * terms[s].after_input_bytes for s, (a, w) in h.items())
+                    for h in held), default=0.0)
         weights, grads, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
         # The re-materialised block sits on top of the peak: in 1F1B's steady state the oldest
         # micro-batch's backward runs while the newest forward's activations are still held.
@@ -341,13 +381,13 @@ def stage_memory(
         ContractError: stage layers or policies that do not match the model, plan and schedule.
     """
     _check(model, plan, schedule, stage_layers)
-    mm = StageMemoryModel(model, plan, device, reserved_bytes, seq_len)
+    mm = StageMemoryModel(model, plan, device, reserved_bytes, seq_len, split_backward=schedule.split_backward)
     policies = block_policies(plan, model.num_layers)
     # Which blocks (and parts of blocks) each stage holds is the layout's rule, on these stage layers.
     spans = stage_layout(dataclasses.replace(plan, partition=list(stage_layers)), model)
     terms = [mm.stage([policies[b] for b in span.blocks], span.has_embedding, span.has_head,
                       [span.part(b) for b in span.blocks]) for span in spans]
-    return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.in_flight_timeline(r))
+    return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_timeline(r))
             for r in range(schedule.pp)]
 
 
@@ -363,15 +403,15 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     """
     if plan.virtual_stages != 1 or plan.layer_memory_policy is not None or plan.cuts_inside_blocks:
         return None
-    mm = StageMemoryModel(model, plan, device, reserved_bytes, None)
+    mm = StageMemoryModel(model, plan, device, reserved_bytes, None, split_backward=schedule.split_backward)
     policy = block_policies(plan, 1)[0]
     cap = float(device.memory_capacity_bytes)
     last = schedule.num_stages - 1
     out = []
     for s in range(schedule.num_stages):
-        timeline = schedule.in_flight_timeline(schedule.stage_to_rank[s])
+        timeline = schedule.held_timeline(schedule.stage_to_rank[s])
 
-        def total(n: int, s: int = s, timeline: list[dict[int, int]] = timeline) -> float:
+        def total(n: int, s: int = s, timeline: list[dict[int, tuple[int, int]]] = timeline) -> float:
             return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last)}, timeline).total_bytes
 
         one, two = total(1), total(2)
@@ -419,6 +459,7 @@ __all__ = [
     "embedding_activation_bytes",
     "fits_in_memory",
     "head_activation_bytes",
+    "head_logit_bytes",
     "model_state_bytes",
     "peak_memory_gib",
     "plan_memory",

@@ -37,6 +37,8 @@ class StageBudget:
     Attributes:
         stage: Virtual stage (= pipeline rank: one stage per rank).
         in_flight: Peak micro-batches the stage holds under the schedule (1F1B: min(p − s, m)).
+        held: The distinct (awaiting I or B, awaiting W) micro-batch counts of the stage over the
+            schedule (:meth:`~mindpipe.simulator.actions.Schedule.held_timeline`).
         capacity_bytes: The device's memory.
         has_embedding, has_head: The stage holds the embedding (first) or the head (last).
     """
@@ -46,6 +48,7 @@ class StageBudget:
     capacity_bytes: float
     has_embedding: bool
     has_head: bool
+    held: tuple[tuple[int, int], ...]
     _mm: StageMemoryModel
     _totals: dict[tuple[tuple[tuple[str, str], int], ...], float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -60,7 +63,7 @@ class StageBudget:
         its first an ``mlp`` or its last an ``attention`` part, :mod:`mindpipe.traces.layout`)."""
         terms = self._mm.stage(list(policies), self.has_embedding, self.has_head,
                                None if parts is None else list(parts))
-        return self._mm.rank(self.stage, {self.stage: terms}, [{self.stage: self.in_flight}])
+        return self._mm.rank(self.stage, {self.stage: terms}, [{self.stage: pair} for pair in self.held])
 
     def total_bytes(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None = None) -> float:
         """Total bytes of :meth:`memory` (memoised: it depends only on how many blocks, or parts of
@@ -86,12 +89,13 @@ def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedu
     if schedule.num_stages != schedule.pp:
         raise ContractError("plan", "virtual_stages", "memory planning needs one stage per pipeline rank "
                             f"(virtual_stages=1), got {schedule.num_stages} stages on {schedule.pp} ranks")
-    mm = StageMemoryModel(model, plan, device, None, None)
+    mm = StageMemoryModel(model, plan, device, None, None, split_backward=schedule.split_backward)
     last = schedule.num_stages - 1
     out = []
     for s in range(schedule.num_stages):
-        held = max((t.get(s, 0) for t in schedule.in_flight_timeline(s)), default=0)
-        out.append(StageBudget(s, held, float(device.memory_capacity_bytes), s == 0, s == last, mm))
+        held = tuple(sorted({t.get(s, (0, 0)) for t in schedule.held_timeline(s)}))
+        out.append(StageBudget(s, max((a + w for a, w in held), default=0), float(device.memory_capacity_bytes),
+                               s == 0, s == last, held, mm))
     return out
 
 

@@ -26,7 +26,15 @@ from mindpipe.simulator.actions import Schedule
 from mindpipe.simulator.build import build_work
 from mindpipe.simulator.calibrate.models import apply_calibration
 from mindpipe.simulator.carbon import Hourly, stamp
-from mindpipe.simulator.costs import DTYPE_BYTES, CommModel, ComputeModel, LayerCost, TraceComputeModel
+from mindpipe.simulator.costs import (
+    DTYPE_BYTES,
+    CommModel,
+    ComputeModel,
+    LayerCost,
+    TraceComputeModel,
+    cpu_copy_s,
+    swap_weight_reread_bytes,
+)
 from mindpipe.simulator.energy import annual_intensity, energy_report, hourly_intensity
 from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult
 from mindpipe.simulator.memory import RankMemory, block_caps, stage_memory
@@ -161,9 +169,15 @@ class Simulator:
         return swap_bytes_per_block(self.model, plan)
 
     def swap_copy_s(self, plan: Plan, nbytes: float) -> float:
-        """Time of a host copy of ``nbytes`` alone on pipeline rank 0's host link, as the engine prices it."""
+        """Time of a host copy of ``nbytes`` alone on pipeline rank 0's host link, as the engine prices it.
+
+        On a CPU the copy is synchronous on the rank's thread (:func:`mindpipe.simulator.costs.cpu_copy_s`,
+        calibrated when the calibration fitted runs that swap).
+        """
         if nbytes <= 0:
             return 0.0
+        if self.device.kind == "cpu":
+            return cpu_copy_s(self.device, nbytes, self._swap_s_per_byte(plan))
         topo = self.topology(plan)
         # Only the topology and the comm model price a phase alone; no event loop is needed.
         return Transfers(None, None, topo, self.comm).time_alone(topo.swap(0, nbytes))  # type: ignore[arg-type]
@@ -205,7 +219,8 @@ class Simulator:
         costs = self.layer_costs(plan)
         swap = swap_bytes_per_block(self.model, plan)
         stages, ranks, params_by_rank = build_work(self.model, plan, costs, self.compute, topo, schedule.stage_to_rank,
-                                                   swap_bytes_per_block=swap, dp_unit_s=self._dp_unit_s(plan))
+                                                   swap_bytes_per_block=swap, dp_unit_s=self._dp_unit_s(plan),
+                                                   swap_on_compute=self._swap_on_compute(plan, schedule, swap))
         host = self.host
         comm = self.comm
 
@@ -242,6 +257,23 @@ class Simulator:
         dev = self.calibration.devices.get(self.device.name) if self.calibration is not None else None
         comp = dev.compute.get(plan.precision) if dev is not None else None
         return comp.dp_unit_overhead_s if comp is not None else 0.0
+
+    def _swap_s_per_byte(self, plan: Plan) -> float:
+        """Calibrated seconds per swapped byte of a CPU copy (0: none fitted, the catalog prices it)."""
+        dev = self.calibration.devices.get(self.device.name) if self.calibration is not None else None
+        comp = dev.compute.get(plan.precision) if dev is not None else None
+        return comp.swap_s_per_byte if comp is not None else 0.0
+
+    def _swap_on_compute(self, plan: Plan, schedule: Schedule, swap_bytes: float) -> tuple[float, float, float] | None:
+        """Per swapped block, seconds of its CPU copies inside F, I (and B) and W; None off CPUs.
+
+        F packs the block's saved bytes, the backward unpacks them (I or B), and a split backward's
+        W unpacks its GEMMs' inputs again (:func:`mindpipe.simulator.costs.swap_weight_reread_bytes`).
+        """
+        if self.device.kind != "cpu":
+            return None
+        reread = swap_weight_reread_bytes(self.model, plan) if schedule.split_backward else 0.0
+        return (self.swap_copy_s(plan, swap_bytes), self.swap_copy_s(plan, swap_bytes), self.swap_copy_s(plan, reread))
 
     def _calibration_notes(self, plan: Plan) -> list[str]:
         notes = list(self.host.notes)

@@ -21,6 +21,7 @@ from mindpipe.simulator.memory import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
     head_activation_bytes,
+    head_logit_bytes,
     stage_memory,
 )
 from mindpipe.traces.builtin import load_cluster, load_model
@@ -89,17 +90,21 @@ def test_simulator_memory_and_calibration_follow_the_layout(case: tuple[Model, P
             redone = sum(len(c.forward_comm) for c, p in zip(blocks, own, strict=True) if p == "full")
             assert len(colls[(span.stage, "B")]) == redone + sum(len(c.backward_comm) for c in blocks)
             assert len(colls[(span.stage, "F")]) == fwd_tp
-    # Memory: each rank's activations are Σ in-flight × (its blocks under their policies + extras).
-    per_mb = []
+    # Memory: each rank's activations are Σ in-flight × (its blocks under their policies + extras);
+    # between a split backward's I and W a micro-batch holds the same less the loss's log-softmax,
+    # which I frees (not on the first stage, whose I does nothing).
+    per_mb, after_input = [], []
     for span in layout:
         acts = sum(activation_bytes_per_layer(model, plan, policy=policies[b], mask_bytes=MASK_CPU) for b in span.blocks)
         acts += embedding_activation_bytes(model, plan, mask_bytes=MASK_CPU) if span.has_embedding else 0.0
         acts += head_activation_bytes(model, plan) if span.has_head else 0.0
         per_mb.append(acts)
+        after_input.append(acts - (head_logit_bytes(model, plan) if span.has_head and not span.has_embedding else 0.0))
     schedule = sim.schedule(plan)
     for rm in sim.memory(plan):
-        timeline = schedule.in_flight_timeline(rm.rank)
-        expect = max((sum(c * per_mb[s] for s, c in held.items()) for held in timeline), default=0.0)
+        timeline = schedule.held_timeline(rm.rank)
+        expect = max((sum(a * per_mb[s] + w * after_input[s] for s, (a, w) in held.items()) for held in timeline),
+                     default=0.0)
         assert rm.activations_bytes == pytest.approx(expect, rel=1e-12)
 
 

@@ -61,6 +61,9 @@ class ComputeCalibration:
             the kernel (page faults and zeroing on first touch;
             :func:`mindpipe.simulator.calibrate.models.ReferenceOpTime.fresh_bytes`). 0 when the
             runs fitted on had no such result.
+        swap_s_per_byte: Time per byte of a swapped block's host copy on a CPU rank, charged to the
+            action that makes it (:func:`mindpipe.simulator.costs.cpu_copy_s`). 0 when no run
+            fitted on swapped: the simulator then prices the copy at the catalog's memory bandwidth.
         optimizer_s_per_param: Optimizer step time per parameter a rank holds.
         optimizer_overhead_s: Fixed time of an optimizer step.
         threads_per_rank: Threads each rank ran with when measured (CPU).
@@ -74,6 +77,7 @@ class ComputeCalibration:
     tp_comm_cpu_s_per_byte: float = 0.0
     dp_unit_overhead_s: float = 0.0
     fresh_s_per_byte: float = 0.0
+    swap_s_per_byte: float = 0.0
     optimizer_s_per_param: float = 0.0
     optimizer_overhead_s: float = 0.0
     threads_per_rank: int = 1
@@ -84,7 +88,7 @@ class ComputeCalibration:
         for kind, value in self.scale.items():
             one_of("scale", kind, OP_KINDS)
             _positive_finite(f"scale.{kind}", value)
-        for key in ("op_overhead_s", "tp_op_overhead_s", "tp_comm_cpu_s_per_byte", "dp_unit_overhead_s", "fresh_s_per_byte", "optimizer_s_per_param", "optimizer_overhead_s", "samples", "fit_mape"):
+        for key in ("op_overhead_s", "tp_op_overhead_s", "tp_comm_cpu_s_per_byte", "dp_unit_overhead_s", "fresh_s_per_byte", "swap_s_per_byte", "optimizer_s_per_param", "optimizer_overhead_s", "samples", "fit_mape"):
             non_negative(key, getattr(self, key))
         if self.threads_per_rank < 1:
             raise ContractError("", "threads_per_rank", f"threads_per_rank={self.threads_per_rank} must be >= 1")

@@ -8,7 +8,10 @@ action's feature vector is its per-kind reference time, its operator count (twic
 tensor-parallel), the bytes it sends in tensor-parallel collectives and, for forward and backward
 actions, the modules the data-parallel wrapper hooks (``dp_unit_overhead · units``:
 :func:`mindpipe.traces.layout.data_parallel_units`); the layer
-structure, recompute and stage assignment come from the same functions the simulator uses.
+structure, recompute and stage assignment come from the same functions the simulator uses. On
+CPUs a swapped block's copies run inside its actions, so the bytes each action copies are a
+feature too (:func:`stage_swap_bytes`; 0 for every action of a run that swaps nothing, and then its
+constant is not fitted).
 Under a split backward the executor's runtime (``torch.distributed.pipelining``) computes no input
 gradient for the first stage, whose input is token ids: its I action does nothing and its W runs
 the stage's whole backward, so their features are those of nothing and of B.
@@ -35,8 +38,9 @@ from typing import Any
 
 from mindpipe.simulator.build import assign_layers, build_work, stage_recompute
 from mindpipe.simulator.calibrate.models import ReferenceOpTime, backend_of, host_terms, tp_wire_bytes
-from mindpipe.simulator.costs import Collective, LayerCost, op_layer_costs
+from mindpipe.simulator.costs import Collective, LayerCost, op_layer_costs, swap_weight_reread_bytes
 from mindpipe.simulator.ops import Op
+from mindpipe.simulator.planning import swap_bytes_per_block
 from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.traces.calibration import OP_KINDS, ComputeCalibration
 from mindpipe.traces.catalog import DeviceSpec
@@ -46,14 +50,15 @@ from mindpipe.traces.measured import ActionRecord
 
 # Per-operator features (summed over a stage's operators), then per-action ones.
 OP_FEATURES = (*OP_KINDS, "ops", "tp_ops", "fresh_bytes")
-FEATURES = (*OP_FEATURES, "tp_bytes", "dp_units")
+FEATURES = (*OP_FEATURES, "tp_bytes", "dp_units", "swap_bytes")
 HOST_FEATURES = ("step", "ops", "comm_steps", "comm_bytes")
 
 
 def constants(cal: ComputeCalibration) -> list[float]:
     """``cal``'s constants in ``FEATURES`` order: the action time is ``features · constants``."""
     named = {"ops": cal.op_overhead_s, "tp_ops": cal.tp_op_overhead_s, "fresh_bytes": cal.fresh_s_per_byte,
-             "tp_bytes": cal.tp_comm_cpu_s_per_byte, "dp_units": cal.dp_unit_overhead_s}
+             "tp_bytes": cal.tp_comm_cpu_s_per_byte, "dp_units": cal.dp_unit_overhead_s,
+             "swap_bytes": cal.swap_s_per_byte}
     return [cal.scale.get(f, 1.0) if f in OP_KINDS else named[f] for f in FEATURES]
 
 
@@ -104,11 +109,34 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
     n_stages = len(per_feature[0])
     colls = action_collectives(model, plan)
     units = [data_parallel_units(plan, span.num_blocks) for span in stage_layout(plan, model)]
+    swap = stage_swap_bytes(model, plan, ref.device)
     out = {(s, kind): [per_feature[k][s][kind] for k in range(len(OP_FEATURES))]
            + [tp_wire_bytes(colls[(s, kind)], plan.tp, backend_of(ref.device)) if plan.tp > 1 else 0.0,
-              float(units[s]) if kind != "W" else 0.0]
+              float(units[s]) if kind != "W" else 0.0, swap[s][kind]]
            for s in range(n_stages) for kind in ("F", "B", "I", "W")}
     _first_stage_backward_in_w(out, [0.0] * len(FEATURES))
+    return out
+
+
+def stage_swap_bytes(model: Model, plan: Plan, device: DeviceSpec) -> list[dict[str, float]]:
+    """Per virtual stage and action kind, the bytes its swapped blocks copy inside the action (CPU).
+
+    On a CPU the executor's swap is a synchronous copy on the rank's thread
+    (:mod:`mindpipe.executor.offload`): F copies each swapped block's saved tensors into the pool,
+    the backward (B, or I under a split backward) copies them all back, and W copies its GEMMs'
+    inputs back again (:func:`mindpipe.simulator.costs.swap_weight_reread_bytes`). The bytes per
+    block are the simulator's (:func:`mindpipe.simulator.planning.swap_bytes_per_block`), and the
+    swapped blocks per stage the engine's rule (:func:`mindpipe.simulator.build.stage_recompute`).
+    On a GPU the copies run on a side stream, outside the actions: all zero.
+    """
+    n_stages = len(stage_layout(plan, model))
+    if device.kind != "cpu":
+        return [dict.fromkeys(("F", "B", "I", "W"), 0.0) for _ in range(n_stages)]
+    block, reread = swap_bytes_per_block(model, plan), swap_weight_reread_bytes(model, plan)
+    out = []
+    for layers, pol in zip(stage_structure(model, plan), _stage_policies(model, plan), strict=True):
+        n = stage_recompute(layers, pol)[2]
+        out.append({"F": n * block, "B": n * block, "I": n * block, "W": n * reread})
     return out
 
 
@@ -246,4 +274,5 @@ __all__ = [
     "shared_core_rates",
     "stage_structure",
     "stage_structure_costs",
+    "stage_swap_bytes",
 ]

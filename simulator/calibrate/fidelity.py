@@ -191,6 +191,8 @@ def format_calibration(cal: Calibration) -> str:
                          f"{1e6 * c.op_overhead_s:.0f} µs per op (+{1e6 * c.tp_op_overhead_s:.0f} µs tensor-parallel, "
                          f"+{1e9 * c.tp_comm_cpu_s_per_byte:.2f} ns CPU per TP byte sent); "
                          + (f"{1e9 * c.fresh_s_per_byte:.2f} ns per byte of fresh large results; " if c.fresh_s_per_byte else "")
+                         + (f"swap {1e9 * c.swap_s_per_byte:.2f} ns per swapped byte copied "
+                            f"({1e-9 / c.swap_s_per_byte:.1f} GB/s); " if c.swap_s_per_byte else "")
                          + f"optimizer {1e3 * c.optimizer_overhead_s:.2f} ms + {1e9 * c.optimizer_s_per_param:.2f} ns/param; "
                          f"fit on {c.samples} action groups, MAPE {100 * c.fit_mape:.1f}%")
         shared = f"; {dev.cpus_per_node} CPUs per host shared by its ranks" if dev.cpus_per_node else ""

@@ -266,6 +266,7 @@ def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibrati
             scale=scale, op_overhead_s=float(x[FEATURES.index("ops")]), tp_op_overhead_s=float(x[FEATURES.index("tp_ops")]),
             tp_comm_cpu_s_per_byte=float(x[FEATURES.index("tp_bytes")]), dp_unit_overhead_s=float(x[FEATURES.index("dp_units")]),
             fresh_s_per_byte=float(x[FEATURES.index("fresh_bytes")]),
+            swap_s_per_byte=float(x[FEATURES.index("swap_bytes")]),
             optimizer_overhead_s=float(opt_x[0]),
             optimizer_s_per_param=float(opt_x[1]), threads_per_rank=t, samples=len(design), fit_mape=mape)
     return out

@@ -175,3 +175,47 @@ def test_saved_outputs_are_released_after_a_retained_input_gradient_pass():
     del loss
     gc.collect()
     assert acc.terms.activations == 0
+
+
+@pytest.mark.parametrize("policies", [["keep", "keep"], ["recompute", "keep"], ["swap", "keep"]])
+def test_split_backward_holds_what_the_simulator_says_until_w(policies):
+    """torch's I (``stage_backward_input``, retain_graph) keeps a stage's graph for W: between them
+    the last stage still holds its blocks and the head's inputs, not the loss's log-softmax; a
+    recomputed block is re-run in W once per weight group (the simulator's transient bounds it)."""
+    from mindpipe.executor.stages import StageModule
+    from mindpipe.simulator.memory import StageMemoryModel
+    from mindpipe.traces.catalog import get_device
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    plan = Plan(pp=2, micro_batch_size=2, global_batch_size=4, precision="fp32", schedule="zb_h1",
+                layer_memory_policy=["keep", "keep", *policies])
+    mod = StageModule(build_gpt(MODEL, seed=0), 2, 2, False, True)
+    memory = MemoryAccount([mod], CPU, "pipeline rank 1 (stages [1])")
+    apply_recompute(mod, block_policies(plan, MODEL.num_layers), HostPool(CPU), memory)
+    memory.count_weights()
+    x = torch.randn(2, MODEL.seq_len, MODEL.hidden_size, requires_grad=True)
+    _, y = _batch()
+    terms = StageMemoryModel(MODEL, plan, get_device("cpu"), None, None, split_backward=True).stage(
+        [{"keep": "none", "recompute": "full", "swap": "swap"}[p] for p in policies], False, True)  # type: ignore[misc]
+    with memory.saving(1):
+        loss = lm_loss(mod(x), y)
+        after_f = memory.terms.activations
+        _, groups = stage_backward_input([loss], None, [x], mod.parameters())
+        after_i = memory.terms.activations
+        peaks: list[int] = []
+        account = memory._set
+
+        def spy(**kw: int) -> None:
+            account(**kw)
+            peaks.append(memory.terms.transient)
+
+        memory._set = spy  # type: ignore[method-assign]
+        stage_backward_weight(mod.parameters(), groups)
+        del groups
+    # Per-token LayerNorm statistics (1/h of the rest) are the only bytes the model leaves out.
+    assert terms.per_microbatch_bytes <= after_f <= 1.02 * terms.per_microbatch_bytes, (after_f, terms)
+    assert terms.after_input_bytes <= after_i <= 1.02 * terms.after_input_bytes, (after_i, terms)
+    assert after_i < after_f  # I freed the log-softmax
+    if policies[0] == "recompute":
+        one_block = activation_bytes_per_layer(MODEL, plan, policy="none", mask_bytes=4)
+        assert 2 * one_block < max(peaks) <= terms.transient_bytes  # several re-runs, within the bound

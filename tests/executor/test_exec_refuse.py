@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -97,3 +98,18 @@ def test_python_m_executor_refuses_a_world_size_mismatch():
                          timeout=120)
     assert res.returncode == 2
     assert res.stderr.strip() == "executor: error: plan: dp×tp×pp=1×1×2=2 ranks needed, the launch has 1"
+
+
+def test_a_memory_refusal_suggests_swap_unless_the_plan_swaps():
+    """Next to recompute, the refusal names vPipe's swap (per block, or planned by the tuner)."""
+    model = load_model("gpt-1.3b")
+    keep = Plan(pp=2, global_batch_size=8, micro_batch_size=2, precision="fp32")
+    with pytest.raises(ContractError) as err:
+        check_run(model, keep, 2, "cpu", get_device("cpu"), memory_check=simulator_memory_check, memory_budget_gib=0.5)
+    assert "recompute" in err.value.rule and 'layer_memory_policy "swap"' in err.value.rule
+    assert "mindpipe tune --partitioner vpipe,dawnpiper" in err.value.rule
+    assert err.value.rule.endswith("(emulated by --memory-budget-gib 0.5)")
+    swapping = dataclasses.replace(keep, layer_memory_policy=["swap"] + ["keep"] * (model.num_layers - 1))
+    with pytest.raises(ContractError) as err:
+        check_run(model, swapping, 2, "cpu", get_device("cpu"), memory_check=simulator_memory_check, memory_budget_gib=0.5)
+    assert "needs an estimated" in err.value.rule and "swap" not in err.value.rule

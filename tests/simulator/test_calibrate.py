@@ -22,7 +22,7 @@ from mindpipe.simulator.calibrate.features import (
     rank_host_features,
     shared_core_rates,
 )
-from mindpipe.simulator.calibrate.fidelity import fidelity, plan_label, summary
+from mindpipe.simulator.calibrate.fidelity import fidelity, format_calibration, plan_label, summary
 from mindpipe.simulator.calibrate.fit import calibrate, fit_comm
 from mindpipe.simulator.calibrate.models import CalibratedComputeModel, ReferenceOpTime, apply_calibration, host_terms
 from mindpipe.simulator.calibrate.runs import MeasuredRun
@@ -422,3 +422,117 @@ def test_a_feature_no_run_has_is_fitted_to_zero():
     # Without the micro-batch-64 plan no result is a fresh allocation: the fit must not invent a cost.
     cal, _ = calibrate([_synthetic_run(p) for p in FIT_PLANS if p.micro_batch_size < 64])
     assert cal.devices["cpu"].compute["fp32"].fresh_s_per_byte == 0.0
+
+
+# -- swap (issue 16): the copies of a swapped block, fitted from runs that swap -------------------
+TRUTH_SWAP = dataclasses.replace(TRUTH, devices={"cpu": dataclasses.replace(
+    TRUTH.devices["cpu"], compute={"fp32": dataclasses.replace(TRUTH.devices["cpu"].compute["fp32"], swap_s_per_byte=6e-10)})})
+SWAP_PLANS = [_plan(pp=2, micro_batch_size=2, layer_memory_policy=["swap", "keep", "swap", "swap"]),
+              _plan(pp=2, micro_batch_size=4, schedule="zb_h1", layer_memory_policy=["keep", "swap", "swap", "keep"])]
+
+
+def test_swap_bytes_are_cpu_action_features():
+    """F copies a swapped block's saved bytes out, B and I copy them all back, W its GEMM inputs again."""
+    from mindpipe.simulator.costs import swap_weight_reread_bytes
+    from mindpipe.simulator.planning import swap_bytes_per_block
+
+    plan = SWAP_PLANS[1]
+    k = FEATURES.index("swap_bytes")
+    feats = action_features(MODEL, plan, ReferenceOpTime(CPU))
+    block, reread = swap_bytes_per_block(MODEL, plan), swap_weight_reread_bytes(MODEL, plan)
+    # gpt-mini: the inputs of qkv, proj and fc1 (s·b·h each) and of fc2 (4·s·b·h), fp32.
+    assert reread == 4 * 7 * MODEL.seq_len * plan.micro_batch_size * MODEL.hidden_size
+    # Stage 1 swaps one block (block 2); stage 0's I is empty and its W the whole backward (torch).
+    assert [feats[(1, kind)][k] for kind in "FBIW"] == [block, block, block, reread]
+    assert [feats[(0, kind)][k] for kind in "FBIW"] == [block, block, 0.0, block]
+    assert not any(row[k] for row in action_features(MODEL, plan, ReferenceOpTime(get_device("a100-sxm4-80gb"))).values())
+    assert not any(row[k] for row in action_features(MODEL, _plan(pp=2), ReferenceOpTime(CPU)).values())
+
+
+def test_swap_constant_is_fitted_from_runs_that_swap_and_prices_held_out_swaps():
+    cal, _ = calibrate([_synthetic_run(p, TRUTH_SWAP) for p in FIT_PLANS + SWAP_PLANS])
+    got = cal.devices["cpu"].compute["fp32"]
+    assert got.swap_s_per_byte == pytest.approx(6e-10, rel=0.02)
+    assert got.op_overhead_s == pytest.approx(3e-4, rel=0.02)
+    held = _plan(pp=4, micro_batch_size=2, layer_memory_policy=["swap", "swap", "keep", "swap"])
+    truth_s = _synthetic_run(held, TRUTH_SWAP).iteration_s
+    assert simulate(MODEL, load_cluster("cpu:1x4"), held, SimulationOptions(calibration=cal)).iteration_time_s \
+        == pytest.approx(truth_s, rel=0.02)
+    # The same calibration without its swap constant prices the copies at the catalog bandwidth: too fast here.
+    catalog = copy_without_swap(cal)
+    assert simulate(MODEL, load_cluster("cpu:1x4"), held, SimulationOptions(calibration=catalog)).iteration_time_s \
+        < 0.97 * truth_s
+    assert "swap 0.60 ns per swapped byte copied (1.7 GB/s)" in format_calibration(cal)
+
+
+def copy_without_swap(cal: Calibration) -> Calibration:
+    """``cal`` with no swap constant fitted (the simulator then uses the catalog's memory bandwidth)."""
+    dev = cal.devices["cpu"]
+    comp = dataclasses.replace(dev.compute["fp32"], swap_s_per_byte=0.0)
+    return dataclasses.replace(cal, devices={"cpu": dataclasses.replace(dev, compute={"fp32": comp})})
+
+
+def test_no_run_swaps_leaves_the_swap_constant_at_zero_and_the_catalog_prices_copies(fitted):
+    from mindpipe.simulator.costs import cpu_copy_s
+    from mindpipe.simulator.simulator import Simulator
+
+    cal, _ = fitted
+    assert cal.devices["cpu"].compute["fp32"].swap_s_per_byte == 0.0
+    assert "swap" not in format_calibration(cal)
+    sim = Simulator(MODEL, load_cluster("cpu:1x2"), calibration=cal)
+    plan = SWAP_PLANS[0]
+    # A CPU copy reads and writes every byte at the catalog's memory bandwidth.
+    assert sim.swap_copy_s(plan, 1e6) == pytest.approx(2e6 / (CPU.memory_bandwidth_GBps * 1e9))
+    assert cpu_copy_s(CPU, 1e6, 6e-10) == pytest.approx(6e-4)
+    assert Simulator(MODEL, load_cluster("cpu:1x2"), calibration=TRUTH_SWAP).swap_copy_s(plan, 1e6) == pytest.approx(6e-4)
+
+
+def test_a_swapped_cpu_block_copies_inside_its_actions():
+    """On a CPU the swap is synchronous: it lengthens the stage's F and B by the copies and uses no link."""
+    from mindpipe.simulator.simulator import Simulator
+
+    sim = Simulator(MODEL, load_cluster("cpu:1x2"), calibration=TRUTH_SWAP)
+    keep, swap = _plan(pp=2, micro_batch_size=2), SWAP_PLANS[0]
+    t_keep, t_swap = (sim.run(p, timeline=True) for p in (keep, swap))
+    copy = sim.swap_copy_s(swap, sim.swap_bytes_per_block(swap))
+
+    def durations(res, kind: str) -> dict[int, float]:
+        return {e["rank"]: e["end_s"] - e["start_s"] for e in res.timeline
+                if e["thread"] == "compute" and e["category"] == kind}
+
+    for kind in ("F", "B"):
+        # Stage 0 swaps block 0 (one copy), stage 1 blocks 2 and 3 (two).
+        grown = {r: durations(t_swap, kind)[r] - durations(t_keep, kind)[r] for r in (0, 1)}
+        assert grown == pytest.approx({0: copy, 1: 2 * copy}, rel=1e-6)
+    assert not any(e["category"] == "swap" for e in t_swap.timeline)
+
+
+def test_recompute_cost_is_fitted_through_the_forward_operator_constants():
+    """Recompute has no constant of its own: a re-run forward is priced as forward operators, so the
+    operator constants fitted from runs that recompute move the recompute term with them."""
+    from mindpipe.simulator.build import assign_layers, stage_recompute
+    from mindpipe.simulator.simulator import Simulator
+    from mindpipe.traces.layout import block_policies
+
+    plan = _plan(pp=2, micro_batch_size=2, layer_memory_policy=["recompute", "keep", "recompute", "recompute"])
+    keep = _plan(pp=2, micro_batch_size=2)
+    ref = ReferenceOpTime(CPU)
+    f_re, f_keep = action_features(MODEL, plan, ref), action_features(MODEL, keep, ref)
+    # A recomputed block's B and I carry its forward operators again: stage 0 re-runs one block
+    # (block 0), stage 1 two (blocks 2, 3); the head is not re-run.
+    grown = [np.subtract(f_re[(s, "B")], f_keep[(s, "B")]) for s in (0, 1)]
+    assert np.allclose(grown[1], 2 * grown[0]) and grown[0][FEATURES.index("ops")] > 0
+    assert np.allclose(np.subtract(f_re[(1, "I")], f_keep[(1, "I")]), grown[1])
+    assert f_re[(1, "F")] == f_keep[(1, "F")]
+    cal, _ = calibrate([_synthetic_run(p) for p in [*FIT_PLANS, plan]])
+
+    def recompute_s(calibration: Calibration | None) -> list[float]:
+        sim = Simulator(MODEL, load_cluster("cpu:1x2"), calibration=calibration)
+        stages = assign_layers(sim.layer_costs(plan), MODEL, plan)
+        pol = block_policies(plan, MODEL.num_layers)
+        return [stage_recompute(layers, [pol[b] for b in blocks])[0]
+                for layers, blocks in zip(stages, ([0, 1], [2, 3]), strict=True)]
+
+    bare, fitted_re, truth = recompute_s(None), recompute_s(cal), recompute_s(TRUTH)
+    assert fitted_re == pytest.approx(truth, rel=0.02)
+    assert all(f > 2 * b for f, b in zip(fitted_re, bare, strict=True))  # moved from the catalog roofline
