@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.traces.builtin import load_cluster, load_model
-from mindpipe.traces.config import Model
+from mindpipe.traces.config import LAYER_MEMORY_POLICIES, Model
 from mindpipe.tuner.api import tune
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.maxbatch import base_point, ratio, row, search, throughput_at
@@ -112,7 +112,7 @@ def tuner_check(work: Path, budget: int) -> dict[str, Any]:
                       "space_size": info["space_size"], "infeasible": info["infeasible"],
                       "best_plan": {k: plan.get(k) for k in ("dp", "tp", "pp", "micro_batch_size", "recompute",
                                                              "partition", "stage_cuts")},
-                      "policy_counts": {p: policy.count(p) for p in ("keep", "recompute", "swap")} if policy else None,
+                      "policy_counts": {p: policy.count(p) for p in LAYER_MEMORY_POLICIES} if policy else None,
                       "seconds": round(time.perf_counter() - t0, 1)}
     a, b = (out[k]["throughput_samples_per_s"] for k in out)
     out["ratio_memory_planning_over_one_setting"] = b / a

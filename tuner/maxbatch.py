@@ -28,7 +28,7 @@ from typing import Any
 from mindpipe.traces.atomic import output_dir, write_text
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.calibration import Calibration
-from mindpipe.traces.config import Cluster, MadeFor, Model, Plan
+from mindpipe.traces.config import LAYER_MEMORY_POLICIES, Cluster, MadeFor, Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 from mindpipe.traces.schema import to_dict, write_json
@@ -197,7 +197,7 @@ def row(r: MaxBatch) -> dict[str, Any]:
             "throughput_samples_per_s": r.throughput_samples_per_s, "peak_memory_gib": r.peak_memory_gib,
             "partition": plan.partition if plan is not None else None,
             "stage_cuts": plan.stage_cuts if plan is not None else None,
-            "policy_counts": {p: policy.count(p) for p in ("keep", "recompute", "swap")} if policy else None}
+            "policy_counts": {p: policy.count(p) for p in LAYER_MEMORY_POLICIES} if policy else None}
 
 
 def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Path, partitioners: Sequence[str],
