@@ -30,7 +30,7 @@ from mindpipe.simulator.calibrate.models import apply_calibration
 from mindpipe.simulator.carbon import Hourly, stamp
 from mindpipe.simulator.costs import DTYPE_BYTES, CommModel, ComputeModel, LayerCost, TraceComputeModel
 from mindpipe.simulator.energy import annual_intensity, energy_report, hourly_intensity
-from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult
+from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult, RankWork, StageWork
 from mindpipe.simulator.frequency import (
     PowerModel,
     StageClockTable,
@@ -227,6 +227,17 @@ class Simulator:
         return p2p, topo.group_bandwidth_Bps("dp", 0) if plan.dp > 1 else 0.0
 
     # -- simulation ----------------------------------------------------------------------------
+    def work(self, plan: Plan) -> tuple[Schedule, Topology, list[StageWork], list[RankWork], list[int]]:
+        """What :meth:`run` hands the engine at default clocks: schedule, placement, per-stage and
+        per-rank work (:func:`mindpipe.simulator.build.build_work`) and parameters per rank."""
+        schedule = self.schedule(plan)
+        topo = self.topology(plan)
+        swap = swap_bytes_per_block(self.model, plan)
+        stages, ranks, params_by_rank = build_work(self.model, plan, self.layer_costs(plan), self.compute, topo,
+                                                   schedule.stage_to_rank, swap_bytes_per_block=swap,
+                                                   dp_unit_s=self._dp_unit_s(plan))
+        return schedule, topo, stages, ranks, params_by_rank
+
     def run(self, plan: Plan, *, timeline: bool = False,
             hourly: Hourly | None = None,
             extra: dict[str, Any] | None = None) -> SimulationResult:
@@ -243,12 +254,7 @@ class Simulator:
             ContractError: the plan does not fit the model or the cluster (names key and rule).
         """
         self.check(plan)
-        schedule = self.schedule(plan)
-        topo = self.topology(plan)
-        costs = self.layer_costs(plan)
-        swap = swap_bytes_per_block(self.model, plan)
-        stages, ranks, params_by_rank = build_work(self.model, plan, costs, self.compute, topo, schedule.stage_to_rank,
-                                                   swap_bytes_per_block=swap, dp_unit_s=self._dp_unit_s(plan))
+        schedule, topo, stages, ranks, params_by_rank = self.work(plan)
         clocks = self.stage_clocks(plan)
         busy_w = None
         if clocks is not None and self.power is not None:
