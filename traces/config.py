@@ -447,9 +447,12 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
             f"{cluster.num_nodes}×{cluster.gpus_per_node}={cluster.world_size} devices",
         )
     if cluster is not None and plan.stage_clocks_mhz is not None:
+        from mindpipe.traces.catalog import get_device
         from mindpipe.traces.frequency import check_stage_clocks
 
-        check_stage_clocks(plan.stage_clocks_mhz, cluster.gpu, source)
+        # CPU hosts have no lockable SM clock: the executor skips the key with a notice.
+        if get_device(cluster.gpu).kind == "gpu":
+            check_stage_clocks(plan.stage_clocks_mhz, cluster.gpu, source)
 
 
 def stage_layers(plan: Plan, model: Model) -> list[int]:
