@@ -10,7 +10,7 @@ device once; Perseus switches per instruction, which needs a clock-setting threa
   is a vector of pp clocks, and we walk the same frontier from the other end: from every rank at
   f_max, repeatedly lower by one clock step the rank whose step saves energy at the least added
   iteration time per joule (steps that add no time first), down to each rank's energy-optimal
-  clock; the Pareto-filtered walk is the frontier. This greedy is not proven exact (a min-cut step
+  clock; the Pareto filter of the walk and of every one-step neighbour it priced is the frontier. This greedy is not proven exact (a min-cut step
   can slow several ranks at once); ``tests/tuner/test_frequency_planning.py`` compares it with
   exhaustive search on small pipelines.
 * **EnvPipe** (ATC'23): run every rank at its energy-optimal clock (the bottom of the U-shaped
@@ -116,7 +116,7 @@ def perseus_frontier(dag: ClockDag, grid: Sequence[int]) -> list[DagPoint]:
     floor = energy_optimal_index(dag, grid)
     idx = [0] * dag.pp
     cur = dag.evaluate([grid[i] for i in idx])
-    walk = [cur]
+    seen = [cur]  # the walk and every one-step neighbour it priced
     while True:
         best: tuple[float, float, int, DagPoint] | None = None
         for r in range(dag.pp):
@@ -125,6 +125,7 @@ def perseus_frontier(dag: ClockDag, grid: Sequence[int]) -> list[DagPoint]:
             trial = list(idx)
             trial[r] += 1
             p = dag.evaluate([grid[i] for i in trial])
+            seen.append(p)
             saved = cur.energy_j - p.energy_j
             if saved <= 0:
                 continue
@@ -135,8 +136,7 @@ def perseus_frontier(dag: ClockDag, grid: Sequence[int]) -> list[DagPoint]:
             break
         idx[best[2]] += 1
         cur = best[3]
-        walk.append(cur)
-    return pareto(walk)
+    return pareto(seen)
 
 
 def envpipe_clocks(dag: ClockDag, grid: Sequence[int], target_s: float) -> tuple[int, ...]:
