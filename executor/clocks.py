@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from mindpipe.traces.config import Plan
 from mindpipe.traces.frequency import rank_clocks
 from mindpipe.traces.layout import stage_to_rank
@@ -65,15 +64,14 @@ class StageClock:
 def lock_stage_clock(plan: Plan, device: torch.device, pp_rank: int, verbose: bool = True) -> StageClock:
     """Lock the SM clock ``plan`` gives pipeline rank ``pp_rank`` on ``device`` (module docstring).
 
-    ``verbose`` prints the one-line notice (CPU) or warning (lock failed) on stderr; the release
+    ``verbose`` prints a one-line warning on stderr when locking fails (on CPU the launcher's
+    pre-check prints :data:`CPU_NOTICE`); the release
     is also registered with :mod:`atexit` so an aborted run does not leave the GPU locked.
     """
     mhz = rank_clocks(plan.stage_clocks_mhz, stage_to_rank(plan))[pp_rank] if plan.stage_clocks_mhz else None
     if mhz is None:
         return StageClock(None, "none")
-    if device.type != "cuda":
-        if verbose:
-            print(CPU_NOTICE, file=sys.stderr)
+    if device.type != "cuda":  # the launcher's pre-check printed CPU_NOTICE
         return StageClock(mhz, "skipped_cpu")
     try:
         import pynvml
