@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
-
 from mindpipe.simulator.frequency import PowerModel, clocked_device, split_compute
 from mindpipe.simulator.perf.kernels import KernelParams, Tile, gemm_s, memory_s
 from mindpipe.simulator.simulator import Simulator
@@ -23,7 +23,7 @@ def test_power_is_monotone_in_clock_and_load_and_hits_the_limit_at_max() -> None
     clocks = frequency_spec(A100.name).clocks()
     for rho in (0.0, 0.5, 1.0):
         powers = [pm.busy_power_w(f, rho) for f in clocks]  # descending clocks
-        assert all(a > b for a, b in zip(powers, powers[1:], strict=False))
+        assert all(a > b for a, b in itertools.pairwise(powers))
     for f in clocks:
         assert pm.busy_power_w(f, 0.3) >= pm.blocked_power_W
         if f >= frequency_spec(A100.name).base_sm_clock_MHz:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_model
 from mindpipe.traces.config import Cluster, Plan
