@@ -1,4 +1,4 @@
-"""Per-stage SM clocks on GPT-3 175B / A100 (vTrain's multi-node shapes): Perseus frontier vs EnvPipe.
+"""Per-stage SM clocks on GPT-3 175B and 18.4B / A100 (vTrain's multi-node shapes): Perseus frontier vs EnvPipe.
 
 For each configuration: the engine-simulated iteration time and GPU energy at default clocks, the
 min-energy Perseus frontier point within 1 % longer iterations, and EnvPipe's heuristic at the
@@ -19,25 +19,36 @@ from typing import Any
 
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_model
-from mindpipe.traces.config import Cluster, Plan
+from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.tuner.frequency import ClockPlan, plan_clocks
 
 TARGET_SAVING = 0.15
 MAX_SLOWDOWN = 0.01
 # vTrain multi-node rows (175B, 512 A100, gbs 1536, mbs 2, seq 2048, fp16, full recompute, 1F1B);
 # the interleaved row uses the same mesh with two chunks per rank.
+GPT3_175B = {"mbs": 2, "gbs": 1536, "nodes": 64}
+# vTrain's GPT-3-class 18.4B rows (256 A100, gbs 1024): 40 layers, hidden 6144, 48 heads.
+GPT_18B = {"mbs": 8, "gbs": 1024, "nodes": 32,
+           "model": {"kind": "gpt", "num_layers": 40, "hidden_size": 6144, "num_heads": 48, "seq_len": 2048,
+                     "vocab_size": 51200, "name": "gpt-18.4b"}}
 CONFIGS: list[dict[str, Any]] = [
-    {"name": "175B tp8 dp4 pp16 1f1b", "plan": {"tp": 8, "dp": 4, "pp": 16, "schedule": "1f1b"}},
-    {"name": "175B tp4 dp4 pp32 1f1b", "plan": {"tp": 4, "dp": 4, "pp": 32, "schedule": "1f1b"}},
-    {"name": "175B tp8 dp4 pp16 interleaved", "plan": {"tp": 8, "dp": 4, "pp": 16, "schedule": "interleaved_1f1b",
-                                                        "virtual_stages": 2}},
+    {"name": "175B tp8 dp4 pp16 1f1b", **GPT3_175B, "plan": {"tp": 8, "dp": 4, "pp": 16, "schedule": "1f1b"}},
+    {"name": "175B tp4 dp4 pp32 1f1b", **GPT3_175B, "plan": {"tp": 4, "dp": 4, "pp": 32, "schedule": "1f1b"}},
+    {"name": "175B tp8 dp4 pp16 interleaved", **GPT3_175B,
+     "plan": {"tp": 8, "dp": 4, "pp": 16, "schedule": "interleaved_1f1b", "virtual_stages": 2}},
+    {"name": "18.4B tp8 dp4 pp8 1f1b", **GPT_18B, "plan": {"tp": 8, "dp": 4, "pp": 8, "schedule": "1f1b"}},
+    {"name": "18.4B tp8 dp4 pp8 interleaved", **GPT_18B,
+     "plan": {"tp": 8, "dp": 4, "pp": 8, "schedule": "interleaved_1f1b", "virtual_stages": 2}},
 ]
 
 
 def run_config(sim: Simulator, cfg: dict, stride: int) -> tuple[dict, list[ClockPlan]]:
     """Both planners on one configuration; returns the JSON row and the clock plans."""
-    plan = Plan(micro_batch_size=2, global_batch_size=1536, recompute="full", precision="fp16", **cfg["plan"])
-    row: dict = {"name": cfg["name"], "plan": cfg["plan"], "num_microbatches": plan.num_microbatches}
+    plan = Plan(micro_batch_size=cfg["mbs"], global_batch_size=cfg["gbs"], recompute="full", precision="fp16",
+                **cfg["plan"])
+    row: dict = {"name": cfg["name"], "plan": {**cfg["plan"], "micro_batch_size": cfg["mbs"],
+                                               "global_batch_size": cfg["gbs"]},
+                 "devices": cfg["nodes"] * 8, "num_microbatches": plan.num_microbatches}
     plans = []
     for method in ("perseus", "envpipe"):
         t0 = time.perf_counter()
@@ -63,8 +74,12 @@ def plot(results: list[tuple[str, list[ClockPlan]]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
-    for ax, (name, (perseus, envpipe)) in zip(axes[0], results, strict=True):
+    cols = 3
+    rows = -(-len(results) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(results):]:
+        ax.set_visible(False)
+    for ax, (name, (perseus, envpipe)) in zip(axes.flat, results, strict=False):
         t0, e0 = perseus.baseline_s, perseus.baseline_energy_j
         ax.plot([p.iteration_s / t0 for p in perseus.frontier], [p.energy_j / e0 for p in perseus.frontier], ".-",
                 ms=3, label="Perseus frontier (DAG)")
@@ -91,13 +106,14 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sim = Simulator(load_model("gpt3-175b"), Cluster(gpu="a100-sxm4-80gb", num_nodes=64, gpus_per_node=8))
     rows, panels = [], []
     for cfg in CONFIGS[:1] if args.quick else CONFIGS:
+        model = Model(**cfg["model"]) if "model" in cfg else load_model("gpt3-175b")
+        sim = Simulator(model, Cluster(gpu="a100-sxm4-80gb", num_nodes=cfg["nodes"], gpus_per_node=8))
         row, plans = run_config(sim, cfg, args.stride)
         rows.append(row)
         panels.append((cfg["name"], plans))
-    doc = {"model": "gpt3-175b", "device": "a100-sxm4-80gb", "devices": 512, "max_slowdown": MAX_SLOWDOWN,
+    doc = {"device": "a100-sxm4-80gb", "max_slowdown": MAX_SLOWDOWN,
            "target_energy_saving": TARGET_SAVING, "clock_stride_steps": args.stride,
            "power_model": "simulator/frequency.py with traces/hardware/frequency.json (knee and memory-power "
                           "fractions are estimates)", "configs": rows}
