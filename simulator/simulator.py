@@ -284,9 +284,11 @@ class Simulator:
         )
         res = Engine(schedule, stages, ranks, network, opts).run()
         result = self._result(plan, schedule, res, params_by_rank, hourly, busy_w)
-        if clocks is not None:
+        if clocks is not None and busy_w is not None:
             result.extra["stage_clocks_mhz"] = clocks
             result.extra["rank_busy_power_w"] = busy_w
+        elif plan.stage_clocks_mhz is not None:
+            result.extra["stage_clocks_note"] = f"stage_clocks_mhz not modelled: {self.device.name} has no frequency data"
         if self.calibration is not None:
             result.extra["calibration"] = {"applied": True, "notes": self._calibration_notes(plan),
                                            "cores_per_rank_slots": host.cores_per_rank_slots,
