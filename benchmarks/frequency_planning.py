@@ -56,6 +56,11 @@ def run_config(sim: Simulator, cfg: dict, stride: int) -> tuple[dict, list[Clock
         info = cp.to_dict()
         info["planner_wall_s"] = time.perf_counter() - t0
         info["frontier_points"] = len(info.pop("frontier"))
+        if cp.frontier:
+            # How much longer an iteration the frontier needs for the target saving (DAG figures).
+            f0 = cp.frontier[0]
+            hit = [p.iteration_s for p in cp.frontier if p.energy_j <= (1 - TARGET_SAVING) * f0.energy_j]
+            info["frontier_slowdown_for_target"] = min(hit) / f0.iteration_s - 1 if hit else None
         info["meets_target"] = cp.energy_saving >= TARGET_SAVING and cp.slowdown <= MAX_SLOWDOWN
         row[method] = info
         plans.append(cp)
