@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mindpipe.executor.clocks import lock_stage_clock
 from mindpipe.executor.comm_profile import profiled
 from mindpipe.executor.config import RunConfig
 from mindpipe.executor.data import TokenSource
 from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
-from mindpipe.executor.clocks import lock_stage_clock
 from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory, stage_memory
 from mindpipe.executor.memory_account import GIB, MemoryAccount
 from mindpipe.executor.offload import HostPool

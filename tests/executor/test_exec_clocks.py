@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from mindpipe.executor.clocks import CPU_NOTICE, lock_stage_clock
 from mindpipe.traces.config import Plan
 
