@@ -144,6 +144,7 @@ class RankPayload:
         peak_memory_bytes, memory_source: Peak allocator memory (CUDA) or peak RSS (CPU).
         memory: Peak device memory of the rank's stages, with the accounting's terms.
         orders: The compute actions per pipeline rank the schedule followed (``2F0`` ...).
+        clock_note: What became of the plan's SM clock on this rank (:mod:`mindpipe.executor.clocks`).
     """
 
     rank: int
@@ -164,6 +165,7 @@ class RankPayload:
     memory_source: MemorySource
     orders: dict[int, list[str]] = field(default_factory=dict)
     memory: StageMemory | None = None
+    clock_note: str = ""
 
     @property
     def cpu_per_step(self) -> float:

@@ -24,9 +24,11 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mindpipe.executor.clocks import CPU_NOTICE
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, check_plan, plan_value, what_if_used
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.frequency import check_stage_clocks
 from mindpipe.traces.layout import block_policies, stage_layout
 
 GIB = 2**30
@@ -157,6 +159,11 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
     if plan.zero_stage in (1, 2):
         notes.append(f"zero_stage={plan.zero_stage} runs as FSDP2 without resharding after forward (ZeRO-2 semantics)")
     notes += what_if_notes(plan)
+    if plan.stage_clocks_mhz is not None:
+        if device_kind != "cuda":
+            notes.append(CPU_NOTICE)
+        elif device is not None:
+            check_stage_clocks(plan.stage_clocks_mhz, device.name, source)
     if device is not None and memory_budget_gib is not None:
         device = dataclasses.replace(device, memory_capacity_bytes=int(memory_budget_gib * GIB))
         ranks_per_device = 1  # each rank emulates a device of its own

@@ -116,6 +116,9 @@ def _measurement(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], bac
     devices = plan.world_size if device.type == "cuda" else hosts
     peak = spec.peak_flops(plan.precision) if spec is not None else 0.0
     energy, energy_source, energy_notes = _energy(payloads, spec, iteration_s, n_steps)
+    clock_notes = sorted({p.clock_note for p in payloads if p.clock_note})
+    if clock_notes:
+        energy_notes = "; ".join([energy_notes, *clock_notes])
     actions = [ActionRecord(p.rank, a.step, a.stage, a.microbatch, a.kind, a.start_s, a.end_s - a.start_s, a.cpu_s)
                for p in payloads for a in p.spans.actions]
     comms = [CommEvent(p.rank, c.step, c.kind, c.axis, c.op, c.start_s, c.end_s - c.start_s, c.size_bytes, c.group_size)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mindpipe.executor.clocks import lock_stage_clock
 from mindpipe.executor.comm_profile import profiled
 from mindpipe.executor.config import RunConfig
 from mindpipe.executor.data import TokenSource
@@ -136,6 +137,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         raise ContractError("--data", None, str(e)) from None
     has_first, has_last = 0 in modules, plan.num_stages - 1 in modules
     energy = EnergyMeter(device)
+    clock = lock_stage_clock(plan, device, coords["pp"], verbose=dist.get_rank() == 0)
     # Aggregates leave out the warm-up steps, unless that would leave nothing.
     first_measured = start + 1 + cfg.warmup_steps if cfg.steps - start > cfg.warmup_steps else start + 1
     losses: list[torch.Tensor | None] = []
@@ -176,6 +178,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     cpu_s = cpu_seconds() - marks["cpu"] - profiled_cpu
     cpu_steps = cfg.steps - first_measured + 1 - int(skip_profiled_cpu)
     e1 = energy.read()
+    clock.release()
     if cfg.checkpoint_dir:
         _save(cfg, cfg.steps, parts, optimizers)
     mem, mem_source = peak_memory(device)
@@ -187,6 +190,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         cpu_s=cpu_s, cpu_steps=cpu_steps,
         energy_j=(e1 - marks["energy"]) if e1 is not None and marks["energy"] is not None else None,
         peak_memory_bytes=mem, memory_source=mem_source, orders=orders, memory=stage_memory(device, memory, pool),
+        clock_note=clock.note(coords["pp"]),
     )
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(payload, gathered, dst=0)

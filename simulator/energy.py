@@ -1,9 +1,11 @@
-"""Energy and carbon of one iteration, first version (busy/idle power × time, PUE, grid intensity).
+"""Energy and carbon of one iteration (busy/blocked power × time, PUE, grid intensity).
 
-Per device, E = P_busy·t_compute + P_wait·(T − t_compute) (BACKGROUND.md §7): compute runs at the
-board's maximum power (GEMM-heavy training sits at the power limit on A100/H100), and time spent
-communicating or waiting in bubbles at a "blocked" power — Perseus (SOSP'24) measures ~70 W for
-an A100 blocked on P2P, i.e. 17.5 % of its 400 W; we use max(idle, 0.175 × max) for every device.
+Per device, E = P_busy·t_compute + P_wait·(T − t_compute) (BACKGROUND.md §7). On GPUs with clock
+data P_busy is the frequency model's power at the rank's SM clock and load
+(:mod:`mindpipe.simulator.frequency`: a GEMM at max clock draws the board limit, memory-bound
+kernels less) and P_wait its blocked-on-P2P power (Perseus, SOSP'24; A100 85 W, kareus). Other
+devices compute at the board's maximum power and wait at max(idle, 0.175 × max) (Perseus's
+~70 W of a 400 W A100).
 Host CPUs, DRAM and NICs are not counted. The facility multiplies by PUE; emissions are
 kWh × grid intensity: an annual mean per region from the shipped table, or the hour of a user's
 Electricity Maps CSV.
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from mindpipe.simulator.carbon import CarbonSeries, load_carbon_csv
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.frequency import frequency_spec, has_frequency_data
 
 BLOCKED_POWER_FRACTION = 0.175  # Perseus: 70 W of a 400 W A100 while blocked on communication
 J_PER_KWH = 3.6e6
@@ -39,16 +42,28 @@ class EnergyReport:
 
 
 def wait_power_w(device: DeviceSpec) -> float:
-    """Power of a device that is blocked on communication or idle inside an iteration."""
+    """Power of a device that is blocked on communication or idle inside an iteration.
+
+    GPUs with clock data (``traces/hardware/frequency.json``) use their measured blocked-on-P2P
+    power (:mod:`mindpipe.simulator.frequency`); other devices max(idle, 17.5 % of max).
+    """
+    if has_frequency_data(device.name):
+        return frequency_spec(device.name).blocked_power_W
     return max(device.idle_power_W, BLOCKED_POWER_FRACTION * device.max_power_W)
 
 
-def device_energy_j(device: DeviceSpec, iteration_s: float, compute_s: list[float], devices_per_rank: int) -> float:
-    """Energy of all devices: each pipeline rank stands for ``devices_per_rank`` identical devices."""
-    p_busy, p_wait = device.max_power_W, wait_power_w(device)
+def device_energy_j(device: DeviceSpec, iteration_s: float, compute_s: list[float], devices_per_rank: int,
+                    busy_power_w: Sequence[float] | None = None) -> float:
+    """Energy of all devices: each pipeline rank stands for ``devices_per_rank`` identical devices.
+
+    ``busy_power_w`` is each rank's mean power while computing (the frequency model's, at the
+    rank's clock and load); None: the board's maximum power.
+    """
+    p_wait = wait_power_w(device)
     total = 0.0
-    for busy in compute_s:
+    for r, busy in enumerate(compute_s):
         busy = min(busy, iteration_s)
+        p_busy = device.max_power_W if busy_power_w is None else busy_power_w[r]
         total += p_busy * busy + p_wait * (iteration_s - busy)
     return total * devices_per_rank
 
@@ -104,9 +119,9 @@ def hourly_intensity(series: CarbonSeries | Sequence[tuple[dt.datetime, float]],
 
 
 def energy_report(device: DeviceSpec, iteration_s: float, compute_s: list[float], devices_per_rank: int, pue: float,
-                  intensity: tuple[float, str]) -> EnergyReport:
-    """Energy of one iteration (device and facility) and its emissions."""
-    dev = device_energy_j(device, iteration_s, compute_s, devices_per_rank)
+                  intensity: tuple[float, str], busy_power_w: Sequence[float] | None = None) -> EnergyReport:
+    """Energy of one iteration (device and facility) and its emissions (``busy_power_w``: :func:`device_energy_j`)."""
+    dev = device_energy_j(device, iteration_s, compute_s, devices_per_rank, busy_power_w)
     fac = dev * pue
     g_per_kwh, source = intensity
     return EnergyReport(dev, fac, fac / J_PER_KWH * g_per_kwh, g_per_kwh, source)

@@ -19,6 +19,8 @@ is a thin wrapper for a single plan. Nobody re-derives these pieces.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +38,15 @@ from mindpipe.simulator.costs import (
     swap_weight_reread_bytes,
 )
 from mindpipe.simulator.energy import annual_intensity, energy_report, hourly_intensity
-from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult
+from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult, RankWork, StageWork
+from mindpipe.simulator.frequency import (
+    PowerModel,
+    StageClockTable,
+    apply_clocks,
+    build_clock_table,
+    hardware_stage_times,
+    rank_busy_power_w,
+)
 from mindpipe.simulator.memory import RankMemory, block_caps, stage_memory
 from mindpipe.simulator.network import FluidNetwork, Transfers
 from mindpipe.simulator.ops import model_flops_per_iteration
@@ -48,6 +58,7 @@ from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Cluster, Model, Plan, check_plan, stage_layers
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.frequency import frequency_spec, has_frequency_data
 from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.trace import Trace
 
@@ -112,6 +123,8 @@ class Simulator:
                                                  else hw_compute)
         self.comm: CommModel = comm or hw_comm
         self._costs: dict[tuple[Any, ...], list[LayerCost]] = {}
+        self._clocked: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        self.power = PowerModel.of(self.device) if has_frequency_data(self.device.name) else None
 
     # -- plan-level answers ------------------------------------------------------------------
     def check(self, plan: Plan, source: str = "plan") -> None:
@@ -182,6 +195,36 @@ class Simulator:
         # Only the topology and the comm model price a phase alone; no event loop is needed.
         return Transfers(None, None, topo, self.comm).time_alone(topo.swap(0, nbytes))  # type: ignore[arg-type]
 
+    def clock_table(self, plan: Plan, clocks: set[int] | list[int]) -> StageClockTable:
+        """Per stage and clock, the compute stretch and compute-bound share (:mod:`mindpipe.simulator.frequency`).
+
+        Hardware-model stage times are cached per plan layout and clock; the table always holds
+        the maximum and minimum clocks, which fix each phase's compute/memory split.
+
+        Raises:
+            ContractError: the device has no frequency data.
+        """
+        spec = frequency_spec(self.device.name)
+        key = json.dumps({k: v for k, v in dataclasses.asdict(plan).items() if k not in ("stage_clocks_mhz", "made_for")},
+                         sort_keys=True)
+        wanted = {spec.max_sm_clock_MHz, spec.min_sm_clock_MHz, *clocks}
+        times = {}
+        for mhz in wanted:
+            got = self._clocked.get((key, mhz))
+            if got is None:
+                got = self._clocked[(key, mhz)] = hardware_stage_times(self.model, plan, self.device, self.cluster, mhz,
+                                                                       spec)
+            times[mhz] = got
+        return build_clock_table(times, spec.max_sm_clock_MHz)
+
+    def stage_clocks(self, plan: Plan) -> list[int] | None:
+        """The clock of every stage (the plan's, else the device's default), or None without clock data."""
+        if plan.stage_clocks_mhz is not None:
+            return list(plan.stage_clocks_mhz)
+        if self.power is None:
+            return None
+        return [self.power.spec.default_sm_clock_MHz] * plan.num_stages
+
     def topology(self, plan: Plan) -> Topology:
         """Placement of the plan's ranks on the cluster, and its links."""
         return Topology(plan, self.cluster, self.device, rank_order=plan.rank_order)
@@ -198,6 +241,18 @@ class Simulator:
         return p2p, topo.group_bandwidth_Bps("dp", 0) if plan.dp > 1 else 0.0
 
     # -- simulation ----------------------------------------------------------------------------
+    def work(self, plan: Plan) -> tuple[Schedule, Topology, list[StageWork], list[RankWork], list[int]]:
+        """What :meth:`run` hands the engine at default clocks: schedule, placement, per-stage and
+        per-rank work (:func:`mindpipe.simulator.build.build_work`) and parameters per rank."""
+        schedule = self.schedule(plan)
+        topo = self.topology(plan)
+        swap = swap_bytes_per_block(self.model, plan)
+        stages, ranks, params_by_rank = build_work(self.model, plan, self.layer_costs(plan), self.compute, topo,
+                                                   schedule.stage_to_rank, swap_bytes_per_block=swap,
+                                                   dp_unit_s=self._dp_unit_s(plan),
+                                                   swap_on_compute=self._swap_on_compute(plan, schedule, swap))
+        return schedule, topo, stages, ranks, params_by_rank
+
     def run(self, plan: Plan, *, timeline: bool = False,
             hourly: Hourly | None = None,
             extra: dict[str, Any] | None = None) -> SimulationResult:
@@ -214,13 +269,13 @@ class Simulator:
             ContractError: the plan does not fit the model or the cluster (names key and rule).
         """
         self.check(plan)
-        schedule = self.schedule(plan)
-        topo = self.topology(plan)
-        costs = self.layer_costs(plan)
-        swap = swap_bytes_per_block(self.model, plan)
-        stages, ranks, params_by_rank = build_work(self.model, plan, costs, self.compute, topo, schedule.stage_to_rank,
-                                                   swap_bytes_per_block=swap, dp_unit_s=self._dp_unit_s(plan),
-                                                   swap_on_compute=self._swap_on_compute(plan, schedule, swap))
+        schedule, topo, stages, ranks, params_by_rank = self.work(plan)
+        clocks = self.stage_clocks(plan)
+        busy_w = None
+        if clocks is not None and self.power is not None:
+            table = self.clock_table(plan, set(clocks))
+            apply_clocks(stages, table, clocks)
+            busy_w = rank_busy_power_w(stages, table, clocks, schedule.stage_to_rank, self.power, plan.pp)
         host = self.host
         comm = self.comm
 
@@ -243,7 +298,12 @@ class Simulator:
             record=timeline,
         )
         res = Engine(schedule, stages, ranks, network, opts).run()
-        result = self._result(plan, schedule, res, params_by_rank, hourly)
+        result = self._result(plan, schedule, res, params_by_rank, hourly, busy_w)
+        if clocks is not None and busy_w is not None:
+            result.extra["stage_clocks_mhz"] = clocks
+            result.extra["rank_busy_power_w"] = busy_w
+        elif plan.stage_clocks_mhz is not None:
+            result.extra["stage_clocks_note"] = f"stage_clocks_mhz not modelled: {self.device.name} has no frequency data"
         if self.calibration is not None:
             result.extra["calibration"] = {"applied": True, "notes": self._calibration_notes(plan),
                                            "cores_per_rank_slots": host.cores_per_rank_slots,
@@ -283,7 +343,7 @@ class Simulator:
         return notes
 
     def _result(self, plan: Plan, schedule: Schedule, res: EngineResult, params_by_rank: list[int],
-                hourly: Hourly | None) -> SimulationResult:
+                hourly: Hourly | None, busy_w: list[float] | None = None) -> SimulationResult:
         model, cluster, device = self.model, self.cluster, self.device
         t = res.iteration_time_s
         world = plan.world_size
@@ -297,7 +357,7 @@ class Simulator:
             intensity = (hourly_intensity(series, when, t), f"hourly series, mean over {stamp(when)} + {t:.6g} s")
         else:
             intensity = annual_intensity(cluster.region)
-        energy = energy_report(device, t, list(res.compute_s), plan.dp * plan.tp, cluster.pue, intensity)
+        energy = energy_report(device, t, list(res.compute_s), plan.dp * plan.tp, cluster.pue, intensity, busy_w)
         extra: dict[str, Any] = {
             "schedule": schedule.name,
             "num_microbatches": plan.num_microbatches,

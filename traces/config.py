@@ -278,6 +278,9 @@ class Plan:
     supernet parallelism (NASPipe): how subnets share the pipeline (``csp``, ``sequential``,
     ``sync``, ``async``) and CSP's look-ahead window, the most subnets in flight on a stage. They
     stay ``None`` in a GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
+    ``stage_clocks_mhz`` locks an SM clock per (virtual) stage, equal on the stages of one rank
+    (:mod:`mindpipe.traces.frequency`); ``None`` runs every device at its default clock. The
+    executor locks it with NVML on GPUs (a notice on CPU), so it is not a what-if knob.
     """
 
     dp: int = 1
@@ -299,6 +302,7 @@ class Plan:
     stage_cuts: list[str] | None = None
     subnet_schedule: str | None = None
     subnet_window: int | None = None
+    stage_clocks_mhz: list[int] | None = None
     made_for: MadeFor | None = None
     format_version: int = PLAN_FORMAT_VERSION
 
@@ -353,6 +357,12 @@ class Plan:
                 )
             for i, c in enumerate(self.stage_cuts):
                 one_of(f"stage_cuts[{i}]", c, STAGE_CUTS)
+        if self.stage_clocks_mhz is not None:
+            # Layout imports this module; the stage-to-rank rule lives there.
+            from mindpipe.traces.frequency import check_stage_clocks_shape
+            from mindpipe.traces.layout import stage_to_rank
+
+            check_stage_clocks_shape(self.stage_clocks_mhz, stage_to_rank(self))
 
     @property
     def cuts_inside_blocks(self) -> bool:
@@ -436,6 +446,13 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
             f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} does not equal the cluster's "
             f"{cluster.num_nodes}×{cluster.gpus_per_node}={cluster.world_size} devices",
         )
+    if cluster is not None and plan.stage_clocks_mhz is not None:
+        from mindpipe.traces.catalog import get_device
+        from mindpipe.traces.frequency import check_stage_clocks
+
+        # CPU hosts have no lockable SM clock: the executor skips the key with a notice.
+        if get_device(cluster.gpu).kind == "gpu":
+            check_stage_clocks(plan.stage_clocks_mhz, cluster.gpu, source)
 
 
 def stage_layers(plan: Plan, model: Model) -> list[int]:

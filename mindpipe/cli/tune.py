@@ -70,6 +70,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     _add_timeshift_arguments(p)
+    clocks = p.add_argument_group("frequency planning (a step after the search, on the best plan)")
+    clocks.add_argument("--clocks", default="default", choices=("default", "perseus", "envpipe"),
+                        help="add per-stage SM clocks (stage_clocks_mhz) to the best plan: perseus (time-energy "
+                             "frontier), envpipe (bubble-slack heuristic) or default (none)")
+    clocks.add_argument("--max-slowdown", type=real(0.0, 1.0), default=0.01, metavar="F",
+                        help="longest iteration the clocks may cost, relative to default clocks (default 0.01)")
     p.set_defaults(func=cmd_tune)
     return p
 
@@ -159,7 +165,16 @@ def _format(info: dict[str, Any]) -> str:
         *shifted,
         f"outputs          {info['out']}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png"
         + (", timeshift.json" if shifted else ""),
+        *_clock_lines(info.get("clocks")),
     ])
+
+
+def _clock_lines(c: dict[str, Any] | None) -> list[str]:
+    if not c:
+        return []
+    return [f"clocks           {c['method']}: stage_clocks_mhz={c['stage_clocks_mhz']}, "
+            f"{c['energy_saving']:.1%} less GPU energy at {c['slowdown']:+.2%} iteration time "
+            f"(clocks.json, clock_frontier.png)"]
 
 
 def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -190,10 +205,18 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     finally:
         if bar is not None:
             bar.close()
+    summary = outcome.summary
+    if args.clocks != "default" and summary.get("best_plan"):
+        from mindpipe.tuner.clock_step import add_stage_clocks
+
+        summary["clocks"] = add_stage_clocks(args.out, loaders.model(args.model), loaders.cluster(args.cluster),
+                                             args.clocks, args.max_slowdown, trace=trace, calibration=calibration,
+                                             plots=not args.no_plots)
+        summary["best_plan"]["stage_clocks_mhz"] = summary["clocks"]["stage_clocks_mhz"]
     if args.json:
-        print_json(outcome.summary)
+        print_json(summary)
     else:
-        print(_format(outcome.summary))
+        print(_format(summary))
     sys.stdout.flush()
     return 0
 

@@ -51,7 +51,10 @@ def test_energy_and_carbon_follow_busy_and_blocked_power() -> None:
     r = simulate(model, cluster, plan)
     dev = get_device("a100-sxm4-80gb")
     t = r.iteration_time_s
-    expected = sum(dev.max_power_W * c + wait_power_w(dev) * (t - c) for c in r.extra["rank_compute_s"]) * 4
+    # Busy power is the frequency model's at each rank's clock and load (at most the board limit).
+    busy = r.extra["rank_busy_power_w"]
+    assert all(wait_power_w(dev) < p <= dev.max_power_W for p in busy)
+    expected = sum(p * c + wait_power_w(dev) * (t - c) for p, c in zip(busy, r.extra["rank_compute_s"], strict=True)) * 4
     assert r.extra["device_energy_j"] == pytest.approx(expected, rel=1e-9)
     assert r.energy_j == pytest.approx(1.2 * expected, rel=1e-9)
     g_per_kwh, _ = annual_intensity("SG")

@@ -1,0 +1,131 @@
+"""Per-stage SM clocks on GPT-3 175B and 18.4B / A100 (vTrain's multi-node shapes): Perseus frontier vs EnvPipe.
+
+For each configuration: the engine-simulated iteration time and GPU energy at default clocks, the
+min-energy Perseus frontier point within 1 % longer iterations, and EnvPipe's heuristic at the
+same envelope (both re-simulated by the engine). Writes ``results/frequency_planning.json`` and
+``results/frequency_planning.png`` (the frontiers). The issue's target is >= 15 % GPU energy
+saved at <= 1 % slowdown; the JSON states per configuration whether it is met.
+
+    python benchmarks/frequency_planning.py [--out results] [--stride 1] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from mindpipe.simulator.simulator import Simulator
+from mindpipe.traces.builtin import load_model
+from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.tuner.frequency import ClockPlan, plan_clocks
+
+TARGET_SAVING = 0.15
+MAX_SLOWDOWN = 0.01
+# vTrain multi-node rows (175B, 512 A100, gbs 1536, mbs 2, seq 2048, fp16, full recompute, 1F1B);
+# the interleaved row uses the same mesh with two chunks per rank.
+GPT3_175B = {"mbs": 2, "gbs": 1536, "nodes": 64}
+# vTrain's GPT-3-class 18.4B rows (256 A100, gbs 1024): 40 layers, hidden 6144, 48 heads.
+GPT_18B = {"mbs": 8, "gbs": 1024, "nodes": 32,
+           "model": {"kind": "gpt", "num_layers": 40, "hidden_size": 6144, "num_heads": 48, "seq_len": 2048,
+                     "vocab_size": 51200, "name": "gpt-18.4b"}}
+CONFIGS: list[dict[str, Any]] = [
+    {"name": "175B tp8 dp4 pp16 1f1b", **GPT3_175B, "plan": {"tp": 8, "dp": 4, "pp": 16, "schedule": "1f1b"}},
+    {"name": "175B tp4 dp4 pp32 1f1b", **GPT3_175B, "plan": {"tp": 4, "dp": 4, "pp": 32, "schedule": "1f1b"}},
+    {"name": "175B tp8 dp4 pp16 interleaved", **GPT3_175B,
+     "plan": {"tp": 8, "dp": 4, "pp": 16, "schedule": "interleaved_1f1b", "virtual_stages": 2}},
+    {"name": "18.4B tp8 dp4 pp8 1f1b", **GPT_18B, "plan": {"tp": 8, "dp": 4, "pp": 8, "schedule": "1f1b"}},
+    {"name": "18.4B tp8 dp4 pp8 interleaved", **GPT_18B,
+     "plan": {"tp": 8, "dp": 4, "pp": 8, "schedule": "interleaved_1f1b", "virtual_stages": 2}},
+]
+
+
+def run_config(sim: Simulator, cfg: dict, stride: int) -> tuple[dict, list[ClockPlan]]:
+    """Both planners on one configuration; returns the JSON row and the clock plans."""
+    plan = Plan(micro_batch_size=cfg["mbs"], global_batch_size=cfg["gbs"], recompute="full", precision="fp16",
+                **cfg["plan"])
+    row: dict = {"name": cfg["name"], "plan": {**cfg["plan"], "micro_batch_size": cfg["mbs"],
+                                               "global_batch_size": cfg["gbs"]},
+                 "devices": cfg["nodes"] * 8, "num_microbatches": plan.num_microbatches}
+    plans = []
+    for method in ("perseus", "envpipe"):
+        t0 = time.perf_counter()
+        cp = plan_clocks(sim, plan, method, MAX_SLOWDOWN, stride)
+        info = cp.to_dict()
+        info["planner_wall_s"] = time.perf_counter() - t0
+        info["frontier_points"] = len(info.pop("frontier"))
+        if cp.frontier:
+            # How much longer an iteration the frontier needs for the target saving (DAG figures).
+            f0 = cp.frontier[0]
+            hit = [p.iteration_s for p in cp.frontier if p.energy_j <= (1 - TARGET_SAVING) * f0.energy_j]
+            info["frontier_slowdown_for_target"] = min(hit) / f0.iteration_s - 1 if hit else None
+        info["meets_target"] = cp.energy_saving >= TARGET_SAVING and cp.slowdown <= MAX_SLOWDOWN
+        row[method] = info
+        plans.append(cp)
+        print(f"{cfg['name']:32s} {method:8s} saving {cp.energy_saving:6.1%} at {cp.slowdown:+.2%} "
+              f"({info['planner_wall_s']:.0f} s)", flush=True)
+    base = sim.run(plan)
+    row["baseline"] = {"iteration_s": base.iteration_time_s, "device_energy_j": base.extra["device_energy_j"],
+                       "bubble_fraction": base.bubble_fraction}
+    return row, plans
+
+
+def plot(results: list[tuple[str, list[ClockPlan]]], path: Path) -> None:
+    """One panel per configuration: frontier, baseline, Perseus and EnvPipe points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 3
+    rows = -(-len(results) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(results):]:
+        ax.set_visible(False)
+    for ax, (name, (perseus, envpipe)) in zip(axes.flat, results, strict=False):
+        t0, e0 = perseus.baseline_s, perseus.baseline_energy_j
+        ax.plot([p.iteration_s / t0 for p in perseus.frontier], [p.energy_j / e0 for p in perseus.frontier], ".-",
+                ms=3, label="Perseus frontier (DAG)")
+        ax.plot([1], [1], "ks", label="default clocks")
+        ax.plot([perseus.iteration_s / t0], [perseus.energy_j / e0], "r*", ms=12, label="Perseus, engine")
+        ax.plot([envpipe.iteration_s / t0], [envpipe.energy_j / e0], "g^", ms=8, label="EnvPipe, engine")
+        ax.axvline(1 + MAX_SLOWDOWN, color="grey", ls=":")
+        ax.axhline(1 - TARGET_SAVING, color="grey", ls="--", lw=0.8)
+        ax.set_xlim(0.995, 1.10)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("iteration time / default")
+        ax.set_ylabel("GPU energy / default")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--stride", type=int, default=1, help="clock steps per planner step (1 = every 15 MHz)")
+    ap.add_argument("--quick", action="store_true", help="only the first configuration")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, panels = [], []
+    for cfg in CONFIGS[:1] if args.quick else CONFIGS:
+        model = Model(**cfg["model"]) if "model" in cfg else load_model("gpt3-175b")
+        sim = Simulator(model, Cluster(gpu="a100-sxm4-80gb", num_nodes=cfg["nodes"], gpus_per_node=8))
+        row, plans = run_config(sim, cfg, args.stride)
+        rows.append(row)
+        panels.append((cfg["name"], plans))
+    doc = {"device": "a100-sxm4-80gb", "max_slowdown": MAX_SLOWDOWN,
+           "target_energy_saving": TARGET_SAVING, "clock_stride_steps": args.stride,
+           "power_model": "simulator/frequency.py with traces/hardware/frequency.json (knee and memory-power "
+                          "fractions are estimates)", "configs": rows}
+    (out / "frequency_planning.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plot(panels, out / "frequency_planning.png")
+    print(f"wrote {out / 'frequency_planning.json'} and {out / 'frequency_planning.png'}")
+
+
+if __name__ == "__main__":
+    main()

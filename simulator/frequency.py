@@ -1,0 +1,199 @@
+"""GPU power and time as functions of the SM clock: the one owner of the frequency model.
+
+**Time.** A kernel's compute part scales as f_max/f (tensor-core throughput is proportional to
+the SM clock), its memory part (HBM traffic, memory clock left at max, as Perseus and Zeus lock
+only the graphics clock) does not, and the two combine by the roofline rule the compute model
+already uses per kernel (:mod:`mindpipe.simulator.perf.kernels`: max of compute and memory time,
+plus a fixed overhead). So a stage's time at clock f is what the hardware compute model gives
+for a device whose peak FLOP/s is scaled by f/f_max: :func:`clocked_device`. Trace-driven and
+calibrated models are stretched by the hardware model's ratio T(f)/T(f_max), phase by phase.
+
+**Power.** P(f, ρ) = P_blk + (P_max − P_blk)·[ρ·g(f) + (1 − ρ)·μ·(h + (1 − h)·g(f))], where ρ is
+the share of the action's time spent in compute-bound kernels, μ the dynamic power of a
+memory-bound kernel relative to a GEMM's, h the part of it in HBM (not scaled by the SM clock), and
+g(f) = (f/f_max)·(V(f)/V_max)² the CMOS dynamic power f·V² with the voltage falling in proportion
+to the clock down to the base clock and flat below it (V(f) ∝ max(f, f_base)). At f_max a GEMM
+draws the board limit P_max (A100/H100 GEMM-bound training sits at the power limit); idle and
+blocked ranks draw P_blk, Perseus's "blocked on P2P" power. Constants: ``traces/hardware/
+frequency.json`` (μ, h and the knee are marked as estimates there). The energy of a compute-bound
+kernel, P·t ∝ (P_blk + D·g(f))/f, is then U-shaped (EnvPipe, ATC'23; Perseus, SOSP'24): it falls
+as f drops to the knee and rises below it, so the knee is its energy-optimal clock.
+
+ρ of a stage phase comes from the same hardware model: write T(f) = C·f_max/f + M and solve from
+T(f_max) and T(f_min) (exact when every kernel stays on one side of its roofline over the range).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mindpipe.simulator.build import assign_layers, stage_recompute
+from mindpipe.simulator.perf import default_models
+from mindpipe.simulator.work import StageWork
+from mindpipe.traces.catalog import DeviceSpec
+from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.frequency import FrequencySpec, frequency_spec
+from mindpipe.traces.layout import block_policies, stage_layout
+
+PHASES = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class PowerModel:
+    """Board power of one GPU as a function of SM clock and load (module docstring).
+
+    Attributes:
+        spec: The device's clock data.
+        max_power_W: Board power limit (catalog ``max_power_W``).
+    """
+
+    spec: FrequencySpec
+    max_power_W: float
+
+    def __post_init__(self) -> None:
+        if not self.spec.blocked_power_W < self.max_power_W:
+            raise ValueError(f"{self.spec.device}: blocked_power_W must be below max_power_W")
+
+    @classmethod
+    def of(cls, device: DeviceSpec) -> PowerModel:
+        """The power model of a catalog device (ContractError when it has no frequency data)."""
+        return cls(frequency_spec(device.name), device.max_power_W)
+
+    @property
+    def blocked_power_W(self) -> float:
+        """Power while idle in an iteration or blocked on P2P (Perseus)."""
+        return self.spec.blocked_power_W
+
+    def activity(self, mhz: float) -> float:
+        """g(f) = (f/f_max)·(max(f, f_base)/f_max)²: dynamic power relative to f_max."""
+        fmax = self.spec.max_sm_clock_MHz
+        v = max(mhz, self.spec.base_sm_clock_MHz) / fmax
+        return (mhz / fmax) * v * v
+
+    def busy_power_w(self, mhz: float, compute_share: float) -> float:
+        """Power of a device running kernels at ``mhz`` with ``compute_share`` of the time compute-bound."""
+        rho = min(max(compute_share, 0.0), 1.0)
+        g = self.activity(mhz)
+        mu, h = self.spec.memory_bound_power_fraction, self.spec.memory_power_clock_independent_fraction
+        dynamic = rho * g + (1.0 - rho) * mu * (h + (1.0 - h) * g)
+        return self.blocked_power_W + (self.max_power_W - self.blocked_power_W) * dynamic
+
+
+def clocked_device(device: DeviceSpec, mhz: int, spec: FrequencySpec | None = None) -> DeviceSpec:
+    """``device`` with every peak FLOP/s scaled by f/f_max (memory bandwidth unchanged)."""
+    spec = spec or frequency_spec(device.name)
+    k = mhz / spec.max_sm_clock_MHz
+    return dataclasses.replace(device, peak_flops_per_s={d: v * k for d, v in device.peak_flops_per_s.items()})
+
+
+@dataclass(frozen=True)
+class PhaseAtClock:
+    """One stage phase at one clock: its time relative to f_max and its compute-bound share."""
+
+    stretch: float
+    compute_share: float
+
+
+def split_compute(t_max: float, t_low: float, f_max: int, f_low: int) -> tuple[float, float]:
+    """(C, M) of T(f) = C·f_max/f + M from the times at f_max and f_low (C clipped to [0, T(f_max)])."""
+    if t_max <= 0 or f_low >= f_max:
+        return 0.0, max(t_max, 0.0)
+    c = (t_low - t_max) / (f_max / f_low - 1.0)
+    c = min(max(c, 0.0), t_max)
+    return c, t_max - c
+
+
+def phase_at_clock(t_max: float, t_f: float, compute_s: float, f_max: int, mhz: int) -> PhaseAtClock:
+    """Stretch T(f)/T(f_max) and compute-bound share C·(f_max/f)/T(f) of a phase."""
+    if t_max <= 0:
+        return PhaseAtClock(1.0, 0.0)
+    stretched = compute_s * f_max / mhz
+    return PhaseAtClock(t_f / t_max, min(1.0, stretched / t_f) if t_f > 0 else 0.0)
+
+
+@dataclass(frozen=True)
+class StageClockTable:
+    """Per (virtual) stage, per supported clock, the forward and backward phases' stretch and load.
+
+    ``table[s][mhz]`` is ``(forward, backward)`` :class:`PhaseAtClock`; the backward covers
+    recompute, input and weight gradients (the engine runs them as one action or as I and W).
+    """
+
+    clocks: list[int]
+    table: list[dict[int, tuple[PhaseAtClock, PhaseAtClock]]]
+
+    def at(self, stage: int, mhz: int) -> tuple[PhaseAtClock, PhaseAtClock]:
+        """The stage's (forward, backward) at ``mhz``."""
+        return self.table[stage][mhz]
+
+
+def build_clock_table(stage_phase_s: dict[int, list[tuple[float, float]]], f_max: int) -> StageClockTable:
+    """A :class:`StageClockTable` from hardware-model stage times at each clock.
+
+    Args:
+        stage_phase_s: ``{mhz: [(forward_s, backward_s) per stage]}``, with ``f_max`` and the
+            lowest clock present (they fix each phase's compute/memory split).
+        f_max: The maximum clock.
+    """
+    clocks = sorted(stage_phase_s, reverse=True)
+    f_low = clocks[-1]
+    base, low = stage_phase_s[f_max], stage_phase_s[f_low]
+    table: list[dict[int, tuple[PhaseAtClock, PhaseAtClock]]] = []
+    for s in range(len(base)):
+        per: dict[int, tuple[PhaseAtClock, PhaseAtClock]] = {}
+        splits = [split_compute(base[s][k], low[s][k], f_max, f_low)[0] for k in range(2)]
+        for mhz in clocks:
+            t = stage_phase_s[mhz][s]
+            fwd, bwd = (phase_at_clock(base[s][k], t[k], splits[k], f_max, mhz) for k in range(2))
+            per[mhz] = (fwd, bwd)
+        table.append(per)
+    return StageClockTable(clocks, table)
+
+
+def hardware_stage_times(model: Model, plan: Plan, device: DeviceSpec, cluster: Cluster, mhz: int,
+                         spec: FrequencySpec) -> list[tuple[float, float]]:
+    """(forward, backward) compute seconds per stage on the hardware model at clock ``mhz``.
+
+    The backward is recompute + input gradient + weight gradient, summed by the owners of the
+    stage layout and the recompute rule (:mod:`mindpipe.simulator.build`).
+    """
+    compute = default_models(clocked_device(device, mhz, spec), cluster)[0]
+    stages = assign_layers(compute.layer_costs(model, plan), model, plan)
+    policies = block_policies(plan, model.num_layers)
+    spans = stage_layout(plan, model)
+    out = []
+    for s, layers in enumerate(stages):
+        recompute, _, _ = stage_recompute(layers, [policies[b] for b in spans[s].blocks])
+        out.append((sum(c.forward_s for c in layers),
+                     recompute + sum(c.backward_input_s + c.backward_weight_s for c in layers)))
+    return out
+
+
+def apply_clocks(stages: list[StageWork], table: StageClockTable, clocks: Sequence[int]) -> None:
+    """Stretch each stage's compute to its clock (in place): forward by the forward phase's
+    stretch, recompute, input and weight gradients by the backward's."""
+    for s, st in enumerate(stages):
+        fwd, bwd = table.at(s, clocks[s])
+        st.forward_s *= fwd.stretch
+        st.recompute_s *= bwd.stretch
+        st.input_s *= bwd.stretch
+        st.weight_s *= bwd.stretch
+
+
+def rank_busy_power_w(stages: list[StageWork], table: StageClockTable, clocks: Sequence[int], stage_to_rank: list[int],
+                      power: PowerModel, pp: int) -> list[float]:
+    """Each rank's mean power while computing: its stages' phases weighted by their (clocked) time."""
+    energy, seconds = [0.0] * pp, [0.0] * pp
+    for s, st in enumerate(stages):
+        r = stage_to_rank[s]
+        fwd, bwd = table.at(s, clocks[s])
+        for t, ph in ((st.forward_s, fwd), (st.recompute_s + st.input_s + st.weight_s, bwd)):
+            energy[r] += power.busy_power_w(clocks[s], ph.compute_share) * t
+            seconds[r] += t
+    return [e / t if t > 0 else power.max_power_W for e, t in zip(energy, seconds, strict=True)]
+
+
+__all__ = ["PHASES", "PhaseAtClock", "PowerModel", "StageClockTable", "apply_clocks", "build_clock_table",
+           "clocked_device", "hardware_stage_times", "phase_at_clock", "rank_busy_power_w", "split_compute"]

@@ -1,0 +1,48 @@
+"""``stage_clocks_mhz`` in the executor: a one-line notice on CPU and the run proceeds; NVML on GPUs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from mindpipe.executor.clocks import CPU_NOTICE, lock_stage_clock
+from mindpipe.traces.config import Plan
+
+from .conftest import run_plan
+
+
+def test_cpu_run_with_stage_clocks_says_so_and_proceeds(tmp_path) -> None:
+    plan = {"dp": 1, "tp": 1, "pp": 2, "micro_batch_size": 1, "global_batch_size": 4, "schedule": "1f1b",
+            "stage_clocks_mhz": [1095, 1410]}
+    p = run_plan(tmp_path, plan, 2, steps=3)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count(CPU_NOTICE) == 1  # printed once, by the launcher
+    measured = json.loads((tmp_path / "measured.json").read_text())["measurement"]
+    assert "stage_clocks_mhz skipped on CPU" in measured["energy_notes"]
+    assert measured["plan"]["stage_clocks_mhz"] == [1095, 1410]
+
+
+def test_rank_clock_follows_the_stage_to_rank_rule() -> None:
+    plan = Plan(pp=2, global_batch_size=4, schedule="interleaved_1f1b", virtual_stages=2,
+                stage_clocks_mhz=[1095, 1410, 1095, 1410])
+    clock = lock_stage_clock(plan, torch.device("cpu"), 1, verbose=False)
+    assert (clock.mhz, clock.status) == (1410, "skipped_cpu")
+    assert lock_stage_clock(Plan(), torch.device("cpu"), 0).status == "none"
+
+
+@pytest.mark.gpu
+def test_gpu_lock_is_applied_or_reported() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    plan = Plan(pp=1, global_batch_size=1, stage_clocks_mhz=[1095])
+    clock = lock_stage_clock(plan, torch.device("cuda", 0), 0, verbose=False)
+    try:
+        assert clock.status in ("locked", "failed")
+        if clock.status == "locked":
+            import pynvml
+
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) <= 1095
+    finally:
+        clock.release()

@@ -1,0 +1,72 @@
+"""``tune --clocks``: the step after the plan search that adds ``stage_clocks_mhz`` to the best plan.
+
+Clocks do not change which plan is fastest at default clocks by more than the slowdown allowed,
+so they are planned after the search, on the best plan only: the plan search stays the same
+space (and cost), and the clock plan is judged against that plan at default clocks. The step
+rewrites ``best_plan.json`` with the clocks, writes ``clocks.json`` (baseline, chosen clocks,
+engine-simulated time and energy, Perseus's frontier) and ``clock_frontier.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mindpipe.simulator.simulator import Simulator
+from mindpipe.traces.atomic import save_figure, write_text
+from mindpipe.traces.builtin import load_plan
+from mindpipe.traces.calibration import Calibration
+from mindpipe.traces.config import Cluster, Model
+from mindpipe.traces.schema import write_json
+from mindpipe.traces.trace import Trace
+from mindpipe.tuner.frequency import ClockPlan, plan_clocks
+
+
+def plot_frontier(cp: ClockPlan, path: Path, title: str = "") -> None:
+    """Time–energy frontier (DAG) with the baseline and the chosen plan (engine) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if cp.frontier:
+        ax.plot([p.iteration_s for p in cp.frontier], [p.energy_j / 1e6 for p in cp.frontier], ".-",
+                label="Perseus frontier (DAG)")
+    ax.plot([cp.baseline_s], [cp.baseline_energy_j / 1e6], "ks", label="default clocks")
+    ax.plot([cp.iteration_s], [cp.energy_j / 1e6], "r*", markersize=12,
+            label=f"{cp.method}: {cp.energy_saving:.1%} less energy, {cp.slowdown:+.2%} time")
+    ax.axvline(cp.baseline_s * 1.01, color="grey", linestyle=":", label="+1 % time")
+    ax.set_xlabel("iteration time (s)")
+    ax.set_ylabel("GPU energy per iteration (MJ)")
+    ax.set_title(title or "per-stage SM clocks: time vs energy")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def add_stage_clocks(out: str | Path, model: Model, cluster: Cluster, method: str, max_slowdown: float = 0.01, *,
+                     trace: Trace | None = None, calibration: Calibration | None = None, stride: int = 1,
+                     plots: bool = True) -> dict[str, Any]:
+    """Plan clocks for ``out/best_plan.json`` and write them back (module docstring); return the summary.
+
+    Raises:
+        ContractError: the device has no frequency data, or the plan file is invalid.
+    """
+    out = Path(out)
+    plan = load_plan(str(out / "best_plan.json"))
+    sim = Simulator(model, cluster, trace=trace, calibration=calibration)
+    cp = plan_clocks(sim, plan, method, max_slowdown, stride)
+    write_json(cp.plan, out / "best_plan.json")
+    info = cp.to_dict()
+    write_text(out / "clocks.json", json.dumps(info, indent=1) + "\n")
+    if plots:
+        plot_frontier(cp, out / "clock_frontier.png")
+    info.pop("frontier")
+    info["frontier_points"] = len(cp.frontier)
+    return info
+
+
+__all__ = ["add_stage_clocks", "plot_frontier"]
