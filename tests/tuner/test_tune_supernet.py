@@ -223,3 +223,14 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, extra, needle):
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and res.stdout == ""
+
+
+def test_gpt_runner_refuses_a_tuned_supernet_plan_naming_the_supernet():
+    from mindpipe.executor.config import resolve_model
+
+    plan = Plan(pp=2, micro_batch_size=4, global_batch_size=4, subnet_schedule="csp",
+                made_for=MadeFor(None, load_cluster("cpu:1x2"), supernet=load_supernet(NET)))
+    with pytest.raises(ContractError, match="tuned for the supernet supernet-mini; run it with --model supernet-mini"):
+        resolve_model(None, plan, "best_plan.json")
+    with pytest.raises(ContractError, match="supernet-mini"):
+        resolve_model("gpt-mini", plan, "best_plan.json")
