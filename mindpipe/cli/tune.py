@@ -15,6 +15,7 @@ from mindpipe.cli.args import count, real, seed
 from mindpipe.cli.output import print_json
 from mindpipe.traces.config import WHAT_IF_KEYS
 from mindpipe.traces.limits import limit
+from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.objectives import OBJECTIVES
 from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
 
@@ -195,13 +196,14 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return _max_batch(args, partitioners, trace, calibration)
     trace_source = Path(args.trace).name if args.trace else "trace"
     calibration_source = os.path.basename(args.calibration) if args.calibration else "calibration"
+    model = loaders.network(args.model)
     objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint],
-                          shift=_timeshift(args))
+                          shift=_timeshift(args), supernet=isinstance(model, Supernet))
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
     bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
     try:
-        outcome = tune(args.model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
+        outcome = tune(model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
                        fixes=args.fix, partitioners=partitioners,
                        what_if=args.what_if, trace=trace, calibration=calibration, trace_source=trace_source,
                        calibration_source=calibration_source, config=cfg, resume=args.resume, progress=bar,

@@ -195,16 +195,19 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_json_and_sync_label(tmp_path):
     res = run_cli("--model", NET, "--cluster", CLUSTER, "--out", str(tmp_path / "s"), "--budget", "3", "--workers",
-                  "1", "--fix", "subnet_schedule=sync", "--fix", "pp=2", "--subnets", "64", "--no-plots", "--json")
+                  "1", "--fix", "subnet_schedule=sync", "--fix", "pp=2", "--subnets", "64", "--no-plots", "--json",
+                  "--objective", "goodput")
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
     assert {"best_value", "best_plan", "supernet", "objective"} <= set(info)
     assert info["best_plan"]["subnet_schedule"] == "sync" and info["best_plan"]["made_for"]["supernet"]["name"] == NET
     assert info["supernet"]["best_plan_equivalent_to_sequential"] is False
+    assert info["objective"].startswith("maximise subnets per hour")
     table = pd.read_csv(tmp_path / "s" / "evaluations.csv")
     assert not table["equivalent_to_sequential"].any()
     text = run_cli("--model", NET, "--cluster", CLUSTER, "--out", str(tmp_path / "s"), "--budget", "3", "--workers",
-                   "1", "--fix", "subnet_schedule=sync", "--fix", "pp=2", "--subnets", "64", "--no-plots", "--resume")
+                   "1", "--fix", "subnet_schedule=sync", "--fix", "pp=2", "--subnets", "64", "--no-plots", "--resume",
+                   "--objective", "goodput")
     assert text.returncode == 0, text.stderr
     assert "NOT equivalent to sequential training" in text.stdout and "3 from a previous run" in text.stdout
 
@@ -212,6 +215,7 @@ def test_cli_json_and_sync_label(tmp_path):
 @pytest.mark.parametrize("extra,needle", [
     (("--model", NET, "--fix", "tp=2"), "tp=2: tensor parallelism is not supported for supernets"),
     (("--model", NET, "--objective", "energy"), "prices no energy"),
+    (("--model", NET, "--objective", "goodput", "--critical-batch", "64"), "leave --critical-batch out"),
     (("--model", NET, "--objective", "max_batch", "--subnets", "8"), "max_batch"),
     (("--model", NET, "--partitioner", "pipedream"), "not a supernet partitioner"),
     (("--model", "gpt-mini", "--subnets", "8"), "--subnets"),
