@@ -65,6 +65,9 @@ def check_supernet_fixes(net: Supernet, fixes: dict[str, Any], what_if: tuple[st
             raise ContractError("--partitioner", None, f"{p!r} is not a supernet partitioner "
                                 f"({', '.join(SUPERNET_PARTITIONERS)})")
     for key, value in fixes.items():
+        if key == "global_batch_size":
+            raise ContractError("--fix", key, "a supernet's global batch is the samples each subnet trains on "
+                                "(micro_batch_size × dp): give it with --global-batch")
         probe_values = _as_list(value) if key not in ("partition", "layer_memory_policy") else [value]
         if key not in _SUPERNET_FIXES or key == "tp":
             for v in probe_values:

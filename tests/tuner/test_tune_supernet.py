@@ -121,9 +121,15 @@ def test_pinned_micro_batch_frees_the_batch():
     (["schedule=gpipe"], None, "subnet_schedule"),
     (["zero_stage=1"], None, "zero_stage"),
     (["recompute=full"], None, "not searched for supernets"),
+    (["global_batch_size=16"], None, "give it with --global-batch"),
+    (["dp=3"], None, None),
     ([], "all", "not modelled for supernets"),
 ])
 def test_space_refusals(fixes, what_if, needle):
+    if needle is None:  # allowed, but no point survives: tune() then says why (no feasible plan)
+        space = build_space(load_supernet(NET), load_cluster(CLUSTER), None, fixes, ("balanced",), what_if)
+        assert space.size == 0 and space.rejected_total > 0
+        return
     with pytest.raises(ContractError, match=needle):
         build_space(load_supernet(NET), load_cluster(CLUSTER), None, fixes, ("balanced",), what_if)
 
