@@ -16,9 +16,10 @@ subnets drawn from each space's seeded stream, micro-batch 30 sequences × 128 t
   the batch end — *not* equivalent to sequential training;
 * ``async``: PipeDream-style 1F1B without flushes, no conflict check — *not* equivalent either.
 
-Partition: the benchmark's own choice, min–max over the mean stage cost under uniform sampling
-(the embedding on the first stage, the LM head and loss on the last), so that the heavy head does not
-make the last stage the bottleneck of every schedule alike. Each schedule runs with context switching
+Partition: the tuner's ``balanced`` supernet rule (:func:`mindpipe.tuner.subnet_partition.balanced_supernet_partition`),
+min–max over the expected stage cost under uniform sampling (the embedding on the first stage, the LM
+head and loss on the last), so that the heavy head does not make the last stage the bottleneck of every
+schedule alike. Each schedule runs with context switching
 (only the resident subnets' candidates on the GPU, copied in one subnet ahead) and without (every
 stage keeps its whole slice of the supernet).
 
@@ -34,18 +35,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
-from mindpipe.simulator.subnet_costs import SupernetCosts
 from mindpipe.simulator.subnet_replay import ActionCosts, replay
 from mindpipe.simulator.subnet_schedules import build_subnet_schedule
 from mindpipe.simulator.subnet_sim import SupernetResult, SupernetSimulator
 from mindpipe.traces.builtin import load_cluster, load_supernet
-from mindpipe.traces.config import Plan
+from mindpipe.traces.config import SEQUENTIAL_EQUIVALENT_SCHEDULES, Plan
 from mindpipe.traces.supernet import sample_subnets, subnet_stage_operators
+from mindpipe.tuner.subnet_partition import balanced_supernet_partition
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "supernet_throughput.json"
@@ -56,28 +56,6 @@ MICRO_BATCH = 30  # NASPipe's 3,840 tokens per batch at 128 tokens per sentence
 TARGET = 2.0
 # NASPipe's README, hours per 1,000 subnets (its 4-GPU throughput artifact; fp32 fairseq encoder–decoder).
 README_HOURS_PER_1000 = {"naspipe-c1": 0.144, "naspipe-c2": 0.153, "naspipe-c3": 0.214}
-
-
-def balanced_partition(costs: SupernetCosts, pp: int, num_layers: int) -> list[int]:
-    """Layers per stage minimising the largest mean stage cost (forward + backward) under uniform sampling."""
-    per = sum(c.forward_s + c.backward_s for c in costs.candidates) / len(costs.candidates)
-    extra = [0.0] * pp
-    extra[0] += costs.embedding.forward_s + costs.embedding.backward_s
-    extra[-1] += costs.head.forward_s + costs.head.backward_s
-
-    def fits(limit: float) -> list[int]:
-        return [max(0, math.floor((limit - e) / per + 1e-9)) for e in extra]
-
-    lo, hi = 0.0, num_layers * per + sum(extra)
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        n = fits(mid)
-        lo, hi = (lo, mid) if sum(n) >= num_layers and min(n) >= 1 else (mid, hi)
-    n = fits(hi)
-    for _ in range(sum(n) - num_layers):  # drop surplus layers from the currently heaviest stage
-        s = max((s for s in range(pp) if n[s] > 1), key=lambda s: n[s] * per + extra[s])
-        n[s] -= 1
-    return n
 
 
 def ideal_csp_speedup(space: str, pp: int, partition: list[int], subnets: int) -> float:
@@ -108,7 +86,7 @@ def row(space: str, gpus: int, partition: list[int], r: SupernetResult, seq: flo
         "speedup_vs_sequential": r.subnets_per_hour / seq, "bubble_fraction": r.bubble_fraction,
         "conflict_stall_share": [s.conflict_stall_s / r.total_time_s for s in r.stages],
         "peak_memory_gib": max(s.memory.total_gib for s in r.stages), "fits_in_memory": r.fits_in_memory,
-        "equivalent_to_sequential": r.schedule in ("csp", "sequential"),
+        "equivalent_to_sequential": r.schedule in SEQUENTIAL_EQUIVALENT_SCHEDULES,
     }
 
 
@@ -117,7 +95,7 @@ def run_setup(space: str, gpus: int, cluster: str, subnets: int) -> tuple[list[d
     net = load_supernet(space)
     sim = SupernetSimulator(net, load_cluster(cluster))
     base = Plan(pp=gpus, micro_batch_size=MICRO_BATCH, global_batch_size=MICRO_BATCH)
-    partition = balanced_partition(sim.costs(base), gpus, net.num_layers)
+    partition = balanced_supernet_partition(sim.costs(base), gpus)
     plans = [("sequential", None), ("csp", gpus), ("csp", 2 * gpus), ("csp", 4 * gpus), ("sync", None), ("async", None)]
     rows, rates = [], []
     for switching in (True, False):
@@ -146,7 +124,7 @@ def fp32_scale_check(subnets: int) -> list[dict[str, Any]]:
         net = load_supernet(space)
         sim = SupernetSimulator(net, load_cluster(SETUPS[0][1]))
         base = Plan(pp=4, micro_batch_size=MICRO_BATCH, global_batch_size=MICRO_BATCH, precision="fp32")
-        partition = balanced_partition(sim.costs(base), 4, net.num_layers)
+        partition = balanced_supernet_partition(sim.costs(base), 4)
         r = sim.run(Plan(pp=4, micro_batch_size=MICRO_BATCH, global_batch_size=MICRO_BATCH, precision="fp32",
                          partition=partition, subnet_schedule="csp"), subnets)
         out.append({"space": space, "simulated_hours_per_1000": 1000 / r.subnets_per_hour,

@@ -218,10 +218,13 @@ def resolve_model(model_arg: str | None, plan: Plan, source: str = "plan") -> Mo
             ``plan.json: made_for: the plan was tuned for gpt-13b; --model gives gpt-mini``.
     """
     made = plan.made_for
+    if made is not None and made.model is None:  # a supernet plan: the supernet runner takes it
+        raise ContractError(source, "made_for", f"the plan was tuned for the supernet {made.label}; "
+                            f"run it with --model {made.supernet.name if made.supernet and made.supernet.name else 'SUPERNET'}")
     if model_arg is None:
-        return made.model if made is not None else load_model(DEFAULT_MODEL)
+        return made.model if made is not None and made.model is not None else load_model(DEFAULT_MODEL)
     model = load_model(model_arg)
-    if made is not None and not made.model.same_shape(model):
+    if made is not None and made.model is not None and not made.model.same_shape(model):
         raise ContractError(source, "made_for", f"the plan was tuned for {made.model.label}; --model gives {model.label}")
     return model
 

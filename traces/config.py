@@ -40,6 +40,8 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
+# The ones whose training equals sequential training bit for bit (sync and async do not).
+SEQUENTIAL_EQUIVALENT_SCHEDULES = ("csp", "sequential")
 # Schedules that place two model chunks per rank in a "V" (Qi et al. ICLR'24; DeepSeek DualPipeV).
 V_SCHEDULES = ("zbv", "dualpipev")
 
@@ -198,29 +200,43 @@ class MadeFor:
 
     ``mindpipe run`` takes the model from here when ``--model`` is not given, and refuses a run
     that does not match (another model, another number of devices) with the reason stated here.
+    A supernet plan names its supernet in ``supernet`` and leaves ``model`` null (exactly one is set).
 
     Attributes:
-        model: The model the plan was tuned for.
+        model: The GPT model the plan was tuned for (None for a supernet plan).
         cluster: The cluster it was tuned for (device, nodes, devices per node).
         tool: What wrote it.
         trace: The trace the tuner priced compute with (its file or name and a content hash), if any.
         calibration: The calibration it was tuned with (file and content hash), if any.
         what_if: Plan keys set to values only the simulator models (what-if knobs): the executor
             does not carry them out, so a run of this plan will not match its simulation there.
+        supernet: The supernet a supernet plan was tuned for (NASPipe; None for a GPT plan).
     """
 
-    model: Model
+    model: Model | None
     cluster: Cluster
     tool: str = "mindpipe tune"
     trace: str | None = None
     calibration: str | None = None
     what_if: list[str] = field(default_factory=list)
+    supernet: _supernet_contract.Supernet | None = None
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.supernet is None):
+            raise ContractError("", "model", "made_for names either a GPT model (model) or a supernet "
+                                "(supernet, with model null), exactly one of them")
+
+    @property
+    def label(self) -> str:
+        """The model's or the supernet's label."""
+        net = self.model if self.model is not None else self.supernet
+        return net.label if net is not None else ""
 
     def describe(self) -> str:
         """E.g. ``gpt-13b on a100-sxm4-80gb:8x8 (64 devices)``."""
         c = self.cluster
         where = c.name or f"{c.gpu}:{c.num_nodes}x{c.gpus_per_node}"
-        return f"{self.model.label} on {where} ({c.world_size} device{'s' if c.world_size != 1 else ''})"
+        return f"{self.label} on {where} ({c.world_size} device{'s' if c.world_size != 1 else ''})"
 
 
 _PLAN_INTEGER_LIMITS = {"dp": "devices", "tp": "devices", "pp": "devices", "micro_batch_size": "micro_batch_size",
@@ -466,6 +482,7 @@ __all__ = [
     "PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
+    "SEQUENTIAL_EQUIVALENT_SCHEDULES",
     "STAGE_CUTS",
     "SUBNET_SCHEDULES",
     "SUPERNET_PLAN_KEYS",
@@ -481,3 +498,7 @@ __all__ = [
     "stage_layers",
     "what_if_used",
 ]
+
+# MadeFor.supernet's type, resolved when a plan is read (schema.from_dict). Imported last, as a module:
+# traces/supernet.py imports this module's contracts, so the two may load in either order.
+import mindpipe.traces.supernet as _supernet_contract  # noqa: E402

@@ -11,6 +11,12 @@ training to a target needs E = E_min·(1 + B/B_crit) examples, so one example at
 E_min/E = 1/(1 + B/B_crit) of one at a very small batch; B_crit (≈ the noise scale B_noise) is
 the user's ``--critical-batch``. Goodput is thus in small-batch-equivalent samples per second.
 
+Supernets (NASPipe): goodput counts *subnets trained per hour* — each subnet is one architecture
+trained on one batch, and a weight-sharing search needs a number of subnets, not of samples — so
+``throughput`` and ``goodput`` both maximise the simulator's subnets per hour
+(:class:`~mindpipe.simulator.subnet_sim.SupernetResult`). The supernet simulator prices no energy,
+so ``energy`` and ``carbon`` are refused for supernets rather than valued from nothing.
+
 Carbon with a time-shift (:class:`mindpipe.tuner.timeshift.TimeShift`: an hourly series, a start
 window, the job's length): each plan's iteration is priced at the mean intensity of *its own*
 cleanest schedule in the window, so the plan and the start time are chosen together.
@@ -41,6 +47,8 @@ _METRIC = {
     "carbon": ("carbon_per_sample_g", False, "gCO2/sample"),
     "goodput": ("goodput_samples_per_s", True, "samples/s (small-batch equivalent)"),
 }
+SUPERNET_OBJECTIVES = ("throughput", "goodput")
+_SUPERNET_METRIC = ("subnets_per_hour", True, "subnets/hour")
 # Short names accepted in --constraint.
 METRIC_ALIASES = {
     "throughput": "throughput_samples_per_s",
@@ -53,10 +61,11 @@ METRIC_ALIASES = {
     "iteration_time": "iteration_time_s",
     "memory": "peak_memory_gib",
     "peak_memory": "peak_memory_gib",
+    "subnets": "subnets_per_hour",
 }
 CONSTRAINT_METRICS = (
     "throughput_samples_per_s", "throughput_tokens_per_s", "energy_per_sample_j", "carbon_per_sample_g",
-    "goodput_samples_per_s", "iteration_time_s", "peak_memory_gib", "mfu", "bubble_fraction",
+    "goodput_samples_per_s", "iteration_time_s", "peak_memory_gib", "mfu", "bubble_fraction", "subnets_per_hour",
 )
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
 
@@ -112,16 +121,22 @@ class Objective:
         shift: For ``carbon``: the job to place in time; each plan's ``carbon_gco2`` (per
             iteration) is then its energy at the mean intensity of its best schedule, and a plan
             whose job runs past the series has no value.
+        supernet: The model is a supernet: ``throughput`` and ``goodput`` are subnets per hour
+            (module docstring); ``energy`` and ``carbon`` are refused.
     """
 
     name: str = "throughput"
     critical_batch: float | None = None
     constraints: list[Constraint] = field(default_factory=list)
     shift: TimeShift | None = None
+    supernet: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in OBJECTIVES:
             raise ContractError("--objective", None, f"{self.name!r} is not one of {', '.join(OBJECTIVES)}")
+        if self.supernet:
+            self._check_supernet()
+            return
         if self.name == "goodput" and (self.critical_batch is None or self.critical_batch <= 0):
             raise ContractError("--critical-batch", None, "goodput needs --critical-batch B (> 0), the gradient noise scale")
         if self.critical_batch is not None and self.critical_batch <= 0:
@@ -133,25 +148,46 @@ class Objective:
             raise ContractError("--objective", None, f"--window/--carbon-csv time-shifting needs --objective carbon, "
                                                      f"not {self.name}")
 
+    def _check_supernet(self) -> None:
+        """The supernet objectives' rules (module docstring)."""
+        if self.name not in SUPERNET_OBJECTIVES:
+            raise ContractError("--objective", None, f"{self.name} is not available for supernets: the supernet simulator "
+                                "prices no energy; use throughput (subnets trained per hour)")
+        if self.critical_batch is not None:
+            raise ContractError("--critical-batch", None, "supernets: goodput counts subnets trained per hour, "
+                                "with no statistical efficiency; leave --critical-batch out")
+        if self.shift is not None:
+            raise ContractError("--carbon-csv", None, "time-shifting prices energy, which the supernet simulator does not")
+        for c in self.constraints:
+            if c.metric in ("energy_per_sample_j", "carbon_per_sample_g", "goodput_samples_per_s", "mfu"):
+                raise ContractError("--constraint", None, f"{c.metric} is not simulated for supernets")
+
+    @property
+    def _spec(self) -> tuple[str, bool, str]:
+        return _SUPERNET_METRIC if self.supernet else _METRIC[self.name]
+
     @property
     def metric(self) -> str:
         """The metric column the objective reads."""
-        return _METRIC[self.name][0]
+        return self._spec[0]
 
     @property
     def maximize(self) -> bool:
         """True when larger values are better."""
-        return _METRIC[self.name][1]
+        return self._spec[1]
 
     @property
     def unit(self) -> str:
         """Unit of :meth:`value`."""
-        return _METRIC[self.name][2]
+        return self._spec[2]
 
     def describe(self) -> str:
         """One line, e.g. ``maximise throughput (samples/s) s.t. carbon_per_sample_g<=0.5``."""
         verb = "maximise" if self.maximize else "minimise"
         extra = f" s.t. {', '.join(map(str, self.constraints))}" if self.constraints else ""
+        if self.supernet:
+            return (f"{verb} subnets per hour ({self.unit}; goodput for supernets = subnets trained per hour)"
+                    f"{extra}")
         return f"{verb} {self.name} ({self.unit}){extra}"
 
     def derive(self, metrics: Metrics, global_batch: int) -> Metrics:
@@ -227,6 +263,7 @@ def pareto_front(rows: Sequence[Mapping[str, Any]], maximize: str = "throughput_
 __all__ = [
     "CONSTRAINT_METRICS",
     "OBJECTIVES",
+    "SUPERNET_OBJECTIVES",
     "Constraint",
     "Objective",
     "pareto_front",

@@ -15,6 +15,7 @@ from mindpipe.cli.args import count, real, seed
 from mindpipe.cli.output import print_json
 from mindpipe.traces.config import WHAT_IF_KEYS
 from mindpipe.traces.limits import limit
+from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.objectives import OBJECTIVES
 from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
 
@@ -63,6 +64,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=count(1, MAX_WORKERS), default=None,
                    help="proposals per round (default: --workers)")
     p.add_argument("--dask", default=None, metavar="ADDRESS", help="evaluate on a Dask cluster (scheduler address)")
+    p.add_argument("--subnets", type=count(1, int(limit("train_steps"))), default=None, metavar="N",
+                   help="supernets: subnets each plan is simulated for (default 256; the objective is subnets "
+                        "trained per hour)")
     p.add_argument("--out", required=True, metavar="DIR", help="output and state directory")
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep stored in --out (same search arguments; bo also the same batch size)")
@@ -139,8 +143,12 @@ def _format_timeshift(info: dict[str, Any]) -> list[str]:
 
 def _format(info: dict[str, Any]) -> str:
     plan = info["best_plan"] or {}
-    keys = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
-            "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce", "partition")
+    keys: tuple[str, ...] = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages",
+                             "recompute", "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce",
+                             "partition")
+    net = info.get("supernet")
+    if net is not None:
+        keys = ("dp", "pp", "micro_batch_size", "global_batch_size", "subnet_schedule", "subnet_window", "partition")
     shown = ", ".join(f"{k}={plan.get(k)}" for k in keys if k in plan)
     by_reason = dict(info["infeasible_by_reason"])
     rules = by_reason.pop("rules", 0)
@@ -153,15 +161,22 @@ def _format(info: dict[str, Any]) -> str:
                 "runs " + ", ".join(f"{k}={json.dumps(WHAT_IF_KEYS[k])}" for k in uses) + ")") if uses else "none"
         what_if = f"searched {', '.join(searched)}; the best plan uses {used}"
     shifted = _format_timeshift(info) if "timeshift" in info else []
+    if net is not None:
+        same = net["best_plan_equivalent_to_sequential"]
+        what_if = (f"{net['name']}: {net['goodput']}; the best plan "
+                   + ("trains exactly as sequential training" if same else
+                      "is NOT equivalent to sequential training (sync/async)"))
+    front = ([f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)"] if net is None
+             else [])
     return "\n".join([
         f"objective        {info['objective']}",
         f"best value       {info['best_value']:.6g}",
         f"best plan        {shown}",
-        f"what-if knobs    {what_if}",
+        f"{'what-if knobs' if net is None else 'supernet':16s} {what_if}",
         f"simulations      {info['evaluations']} ({info['evaluated_points']} points proposed, {info['reused']} from a previous run)",
         f"space            {info['space_size']} valid points",
         f"infeasible       {info['infeasible']}: {rules} combinations filtered by the plan rules, {reasons}",
-        f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)",
+        *front,
         *shifted,
         f"outputs          {info['out']}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png"
         + (", timeshift.json" if shifted else ""),
@@ -188,20 +203,26 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     calibration = loaders.calibration(args.calibration)
     partitioners = [p.strip() for p in args.partitioner.split(",") if p.strip()]
     if args.objective == "max_batch":
+        if args.subnets is not None:
+            from mindpipe.traces.errors import ContractError
+
+            raise ContractError("--objective", None, "max_batch searches GPT plans; a supernet's objective is "
+                                "throughput (subnets trained per hour)")
         return _max_batch(args, partitioners, trace, calibration)
     trace_source = Path(args.trace).name if args.trace else "trace"
     calibration_source = os.path.basename(args.calibration) if args.calibration else "calibration"
+    model = loaders.network(args.model)
     objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint],
-                          shift=_timeshift(args))
+                          shift=_timeshift(args), supernet=isinstance(model, Supernet))
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
     bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
     try:
-        outcome = tune(args.model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
+        outcome = tune(model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
                        fixes=args.fix, partitioners=partitioners,
                        what_if=args.what_if, trace=trace, calibration=calibration, trace_source=trace_source,
                        calibration_source=calibration_source, config=cfg, resume=args.resume, progress=bar,
-                       plots=not args.no_plots)
+                       plots=not args.no_plots, subnets=args.subnets)
     finally:
         if bar is not None:
             bar.close()
