@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mindpipe.traces.measured import StageMemory
+from mindpipe.traces.noise_scale import GradientNoise
 
 ActionKind = Literal["F", "B", "I", "W"]
 CommKind = Literal["p2p_wait", "dp_sync", "collective"]
@@ -144,6 +145,8 @@ class RankPayload:
         peak_memory_bytes, memory_source: Peak allocator memory (CUDA) or peak RSS (CPU).
         memory: Peak device memory of the rank's stages, with the accounting's terms.
         orders: The compute actions per pipeline rank the schedule followed (``2F0`` ...).
+        noise: The gradient noise scale measured every step (the same on every rank; None when
+            the plan has nothing to compare, see :func:`mindpipe.executor.noise_probe.noise_method`).
     """
 
     rank: int
@@ -164,6 +167,7 @@ class RankPayload:
     memory_source: MemorySource
     orders: dict[int, list[str]] = field(default_factory=dict)
     memory: StageMemory | None = None
+    noise: GradientNoise | None = None
 
     @property
     def cpu_per_step(self) -> float:
