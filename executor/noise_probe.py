@@ -17,7 +17,8 @@ small batch with one over a big batch. Both are read where the executor's step a
 Each stage contributes its parameters' squared norms; the ranks' contributions are summed with
 one all-reduce of three scalars over the world at the end of the step. Sharded DTensors (FSDP2
 shards, tensor-parallel weights) count each element once; a tensor replicated over k ranks
-(Replicate placements, plain tensors on the ``tp`` ranks of a stage) counts 1/k per rank. The probe
+(Replicate placements; plain tensors on the ``tp`` ranks of a stage; after the reduction, copies
+on the ranks outside a DTensor's mesh) counts 1/k per rank. The probe
 only reads gradients: training is bit-identical with and without it.
 """
 
@@ -41,17 +42,24 @@ def noise_method(plan: Plan) -> str | None:
     return "microbatch" if plan.num_microbatches > 1 else None
 
 
-def _sq(grad: torch.Tensor, plain_copies: int) -> torch.Tensor:
-    """This rank's share of ``|grad|²`` (module docstring: each element counted once over the world)."""
+def _sq(grad: torch.Tensor, holders: int) -> torch.Tensor:
+    """This rank's share of ``|grad|²``, each element counted once over the world.
+
+    ``holders``: the ranks of this stage that hold the same value by construction (``tp`` before
+    the data-parallel reduction, where replicas differ; ``dp·tp`` after it). A DTensor's own mesh
+    says how it is split among its ranks (Shard: disjoint parts; Replicate: copies); the holders
+    outside that mesh (e.g. the ``tp`` peers of a parameter FSDP2 shards over ``dp`` only) hold
+    copies of it too.
+    """
     if isinstance(grad, DTensor):
         if any(p.is_partial() for p in grad.placements):  # pending sums: reduce first (a collective)
             grad = grad.redistribute(grad.device_mesh, [Replicate() if p.is_partial() else p for p in grad.placements])
-        copies = 1
+        copies = holders / grad.device_mesh.size()
         for dim, p in enumerate(grad.placements):
             if p.is_replicate():
                 copies *= grad.device_mesh.size(dim)
         return grad.to_local().detach().float().pow(2).sum() / copies
-    return grad.detach().float().pow(2).sum() / plain_copies
+    return grad.detach().float().pow(2).sum() / holders
 
 
 def _unreduced_grads(module: torch.nn.Module) -> Iterator[torch.Tensor]:
@@ -75,11 +83,11 @@ def _unreduced_grads(module: torch.nn.Module) -> Iterator[torch.Tensor]:
                     yield acc if acc is not None else grad
 
 
-def squared_norm(grads: Iterator[torch.Tensor], plain_copies: int, device: torch.device) -> torch.Tensor:
+def squared_norm(grads: Iterator[torch.Tensor], holders: int, device: torch.device) -> torch.Tensor:
     """Sum of :func:`_sq` over ``grads`` (a 0-d float32 tensor on ``device``)."""
     total = torch.zeros((), dtype=torch.float32, device=device)
     for g in grads:
-        total += _sq(g, plain_copies).to(device)
+        total += _sq(g, holders).to(device)
     return total
 
 
@@ -112,8 +120,8 @@ class NoiseProbe:
                 local = squared_norm(_unreduced_grads(module), tp, self.device)
                 self._acc[0] += float(local) / m**2
             red(grad_scale_factor)
-            self._acc[1] += float(squared_norm((p.grad for p in module.parameters() if p.grad is not None), tp,
-                                               self.device))
+            reduced = (p.grad for p in module.parameters() if p.grad is not None)
+            self._acc[1] += float(squared_norm(reduced, self.plan.dp * tp, self.device))
             self._acc[2] += 1
 
         stage.perform_reduce_grad = perform_reduce_grad

@@ -37,7 +37,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="max_batch: micro-batches per iteration (default: pp, the fewest that fill the pipeline)")
     p.add_argument("--critical-batch", type=real(0.0, float(limit("global_batch_size")), lo_open=True), default=None,
                    metavar="B",
-                   help="critical batch size (gradient noise scale, McCandlish et al. 2018) for goodput")
+                   help="critical batch size (gradient noise scale, McCandlish et al. 2018) for goodput; overrides "
+                        "the noise scale a --calibration file carries (measured by mindpipe run)")
     p.add_argument("--constraint", action="append", default=[], metavar="METRIC<=X",
                    help="e.g. carbon_per_sample<=0.05 or throughput>=100 (repeatable)")
     p.add_argument("--global-batch", default=None, metavar="N|A,B|A:B",
@@ -147,8 +148,10 @@ def _format(info: dict[str, Any]) -> str:
                 "runs " + ", ".join(f"{k}={json.dumps(WHAT_IF_KEYS[k])}" for k in uses) + ")") if uses else "none"
         what_if = f"searched {', '.join(searched)}; the best plan uses {used}"
     shifted = _format_timeshift(info) if "timeshift" in info else []
+    critical = info.get("critical_batch")
     return "\n".join([
         f"objective        {info['objective']}",
+        *([f"critical batch   {critical['value']:.6g} samples: {critical['note']}"] if critical else []),
         f"best value       {info['best_value']:.6g}",
         f"best plan        {shown}",
         f"what-if knobs    {what_if}",
@@ -165,7 +168,7 @@ def _format(info: dict[str, Any]) -> str:
 def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the search; exit 2 (through ContractError) when no plan is feasible."""
     from mindpipe.tuner.api import tune
-    from mindpipe.tuner.objectives import Objective, parse_constraint
+    from mindpipe.tuner.objectives import Objective, critical_batch_for, needs_critical_batch, parse_constraint
     from mindpipe.tuner.progress import ProgressBar
     from mindpipe.tuner.sweep import SweepConfig
 
@@ -176,13 +179,16 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return _max_batch(args, partitioners, trace, calibration)
     trace_source = Path(args.trace).name if args.trace else "trace"
     calibration_source = os.path.basename(args.calibration) if args.calibration else "calibration"
-    objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint],
-                          shift=_timeshift(args))
+    constraints = [parse_constraint(c) for c in args.constraint]
+    model = loaders.model(args.model)
+    critical = critical_batch_for(args.critical_batch, calibration, model,
+                                  needed=needs_critical_batch(args.objective, constraints))
+    objective = Objective(args.objective, critical.value, constraints, shift=_timeshift(args))
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
     bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
     try:
-        outcome = tune(args.model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
+        outcome = tune(model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
                        fixes=args.fix, partitioners=partitioners,
                        what_if=args.what_if, trace=trace, calibration=calibration, trace_source=trace_source,
                        calibration_source=calibration_source, config=cfg, resume=args.resume, progress=bar,
@@ -190,6 +196,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     finally:
         if bar is not None:
             bar.close()
+    if critical.value is not None:  # which critical batch goodput used, and where it came from
+        outcome.summary["critical_batch"] = {"value": critical.value, "source": critical.source, "note": critical.note}
     if args.json:
         print_json(outcome.summary)
     else:
