@@ -105,7 +105,8 @@ class NoiseProbe:
         self.small_batch = plan.global_batch_size // plan.dp if method == "data_parallel" else plan.micro_batch_size
         self.big_batch = plan.global_batch_size
         self.estimator = NoiseScaleEstimator(method)
-        self._acc = torch.zeros(3, dtype=torch.float64)  # small, big, stages reduced
+        # small, big, stages reduced; kept on the device so reading a norm never waits for it
+        self._acc = torch.zeros(3, dtype=torch.float64, device=device)
         self._seen: set[int] = set()
 
     def wrap_stage(self, stage: Any, module: torch.nn.Module) -> None:
@@ -118,10 +119,10 @@ class NoiseProbe:
         def perform_reduce_grad(grad_scale_factor: int) -> None:
             if self.method == "data_parallel":
                 local = squared_norm(_unreduced_grads(module), tp, self.device)
-                self._acc[0] += float(local) / m**2
+                self._acc[0] += local.double() / m**2
             red(grad_scale_factor)
             reduced = (p.grad for p in module.parameters() if p.grad is not None)
-            self._acc[1] += float(squared_norm(reduced, self.plan.dp * tp, self.device))
+            self._acc[1] += squared_norm(reduced, self.plan.dp * tp, self.device).double()
             self._acc[2] += 1
 
         stage.perform_reduce_grad = perform_reduce_grad
@@ -132,7 +133,7 @@ class NoiseProbe:
         def after_first(full: bool) -> None:
             if full and s not in self._seen:
                 self._seen.add(s)
-                self._acc[0] += float(squared_norm(_unreduced_grads(module), tp, self.device))
+                self._acc[0] += squared_norm(_unreduced_grads(module), tp, self.device).double()
 
         def backward_one_chunk(mb: int, loss: Any = None, full_backward: bool = True, last_backward: bool = False) -> None:
             bwd(mb, loss=loss, full_backward=full_backward, last_backward=last_backward)
@@ -151,7 +152,7 @@ class NoiseProbe:
         A step in which some stage's gradients were not reduced through ``perform_reduce_grad``
         (a schedule that bypasses it) is skipped rather than estimated from part of the model.
         """
-        acc = self._acc.to(self.device)
+        acc = self._acc.clone()
         dist.all_reduce(acc)
         small, big, reduced = (float(v) for v in acc.cpu())
         self._acc.zero_()

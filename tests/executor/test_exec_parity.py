@@ -184,6 +184,13 @@ def test_bf16_single_process(tmp_path):
     # bf16 compute with fp32 master weights: close to fp32 training, not equal to it.
     losses = trace.measurement.losses
     assert all(abs(a - b) / b < 2e-3 for a, b in zip(losses, ref, strict=True)) and losses != ref
+    # The noise probe reads FSDP2's unsharded gradients (bf16 compute, fp32 reduction): one micro-batch's
+    # and the step's squared norms are close to fp32's.
+    noise = trace.measurement.gradient_noise
+    small, big = reference_noise_norms(Model(**TINY), Plan(**{**plan, "precision": "fp32"}))
+    assert noise is not None and noise.method == "microbatch"
+    assert noise.steps[0].small_sq_norm == pytest.approx(small, rel=0.03)
+    assert noise.steps[0].big_sq_norm == pytest.approx(big, rel=0.03)
 
 
 # -- what a run measures (the pp2 run) -------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from mindpipe.cli import main
 from mindpipe.simulator.calibrate.noise import fit_noise
 from mindpipe.simulator.calibrate.runs import MeasuredRun
 from mindpipe.traces.builtin import load_cluster, load_model
@@ -29,6 +28,8 @@ from mindpipe.traces.measured import Measurement, StepRecord
 from mindpipe.traces.noise_scale import NoiseScaleEstimator
 from mindpipe.traces.schema import from_dict, to_dict
 from mindpipe.tuner.objectives import Objective, critical_batch_for, statistical_efficiency
+
+from mindpipe.cli import main
 
 MODEL = load_model("gpt-mini")
 
