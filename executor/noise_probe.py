@@ -19,7 +19,8 @@ one all-reduce of three scalars over the world at the end of the step. Sharded D
 shards, tensor-parallel weights) count each element once; a tensor replicated over k ranks
 (Replicate placements; plain tensors on the ``tp`` ranks of a stage; after the reduction, copies
 on the ranks outside a DTensor's mesh) counts 1/k per rank. The probe
-only reads gradients: training is bit-identical with and without it.
+only reads gradients (it never writes one): the parity tests' losses still match single-process
+training, and their first step's norms match the single-process norms (``executor/reference.py``).
 """
 
 from __future__ import annotations

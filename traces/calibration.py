@@ -208,8 +208,9 @@ class Calibration:
             one_of("comm", backend, BACKENDS)
             for link in links:
                 one_of(f"comm.{backend}", link, LINK_TYPES)
-        if not self.devices and not self.comm:
-            raise ContractError("", "devices", "a calibration must calibrate at least one device or link")
+        if not self.devices and not self.comm and self.gradient_noise is None:
+            raise ContractError("", "devices", "a calibration must calibrate at least one device or link "
+                                               "(or carry a gradient noise scale)")
 
 
 def load_calibration(path: str | os.PathLike[str]) -> Calibration:

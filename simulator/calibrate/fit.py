@@ -366,14 +366,14 @@ def calibrate(runs: list[MeasuredRun], host_cpu: bool = True) -> tuple[Calibrati
         if name in compute and name not in devices:
             devices[name] = DeviceCalibration(kind=run.device.kind, compute=compute[name],
                                               cpus_per_node=run.measurement.cpus_per_node)
-    if not devices and not comm:
+    noise = fit_noise(runs, warnings)
+    if not devices and not comm and noise is None:
         raise ContractError(runs[0].source if runs else "", "measurement",
-                            "nothing to calibrate: no compute actions and no profiled collectives")
+                            "nothing to calibrate: no compute actions, no profiled collectives and no gradient noise scale")
     cal = Calibration(devices=devices, comm=comm, measurements=[r.source for r in runs],
-                      created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+                      created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), gradient_noise=noise)
     if host_cpu:
         fit_host(runs, cal, warnings)
-    cal.gradient_noise = fit_noise(runs, warnings)
     residuals = fit_step_overhead(runs, cal)
     return cal, FitNotes(comm_table, residuals, warnings)
 

@@ -82,6 +82,12 @@ def test_calibration_file_round_trip(tmp_path):
     assert load_calibration(tmp_path / "cal.json") == cal
     with pytest.raises(ContractError, match="noise_scale"):
         NoiseCalibration(0.0, 800, MODEL)
+    # A calibration may carry only the noise scale (runs whose compute could not be fitted).
+    alone = Calibration(devices={}, gradient_noise=NoiseCalibration(25.0, 800, MODEL))
+    save_calibration(alone, tmp_path / "noise.json")
+    assert load_calibration(tmp_path / "noise.json") == alone
+    with pytest.raises(ContractError, match="at least one device or link"):
+        Calibration(devices={})
 
 
 def test_critical_batch_typed_overrides_measured():
