@@ -117,3 +117,30 @@ def test_calibrate_then_tune_goodput_uses_the_measured_noise_scale(tmp_path, cap
     assert main([*common, "--out", str(tmp_path / "t2"), "--critical-batch", "100"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["critical_batch"] == {"value": 100.0, "source": "typed", "note": "--critical-batch (typed)"}
+
+
+def _write_measured(m: Measurement, path) -> str:
+    """A measured trace file as `mindpipe run --out` writes it (layer records abridged, no actions)."""
+    from mindpipe.traces.trace import Trace
+
+    data = {"device": "cpu", "dtype": "fp32", "provenance": {"tool": "mindpipe run"}, "backward_split": "combined",
+            "model": to_dict(MODEL),
+            "layers": [{"name": n, "kind": k, "forward_s": 1e-3, "backward_input_s": 2e-3, "backward_weight_s": 0.0}
+                       for n, k in (("embedding", "embedding"), ("block.0", "block"), ("lm_head", "lm_head"))],
+            "measurement": to_dict(m)}
+    Trace.from_dict(data, str(path)).save(path)
+    return str(path)
+
+
+def test_calibrate_command_carries_the_noise_scale_to_tune(tmp_path, capsys):
+    """measured.json files → `mindpipe calibrate` → `mindpipe tune --objective goodput`: the sample-weighted value."""
+    files = [_write_measured(_measurement(10.0, 10), tmp_path / "a.json"),
+             _write_measured(_measurement(40.0, 30), tmp_path / "b.json")]
+    assert main(["calibrate", *files, "--out", str(tmp_path / "cal.json"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["calibration"]["gradient_noise"]["noise_scale"] == pytest.approx(32.5)
+    assert main(["tune", "--model", "gpt-mini", "--cluster", "cpu:1x2", "--objective", "goodput", "--budget", "2",
+                 "--workers", "1", "--quiet", "--no-plots", "--calibration", str(tmp_path / "cal.json"),
+                 "--out", str(tmp_path / "t")]) == 0
+    text = capsys.readouterr().out
+    assert "critical batch   32.5 samples: measured gradient noise scale (2 run(s), 320 samples" in text
