@@ -38,4 +38,36 @@ def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, dat
     return losses
 
 
-__all__ = ["reference_losses"]
+def _sq_norm_of_grad(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, b: int) -> float:
+    """|∇ mean loss|² over rows ``x, y`` taken in micro-batches of ``b`` (each micro-batch's mean, averaged)."""
+    net.zero_grad(set_to_none=True)
+    n = x.shape[0] // b
+    for i in range(n):
+        (lm_loss(net(x[i * b:(i + 1) * b]), y[i * b:(i + 1) * b]) / n).backward()
+    return float(sum(p.grad.double().pow(2).sum() for p in net.parameters() if p.grad is not None))
+
+
+def reference_noise_norms(model: Model, plan: Plan, *, seed: int = 0, data: str = "synthetic") -> tuple[float, float]:
+    """Step 1's ``(|G_small|², |G_big|²)`` as :mod:`mindpipe.executor.noise_probe` defines them, single-process.
+
+    ``|G_big|²``: the global batch's gradient. ``|G_small|²``: with ``dp > 1`` the mean over
+    data-parallel replicas of their rows' gradient (:class:`~mindpipe.executor.data.TokenSource`'s
+    split), else the first micro-batch's gradient. Before any optimizer step, so a parallel run's
+    first record must match it.
+    """
+    net = build_gpt(model, seed=seed, dtype="fp32")
+    source = TokenSource(model, plan, seed, data)
+    b = plan.micro_batch_size
+    torch.manual_seed(seed * 7919 + 1)
+    x, y = source.global_batch_at(1)
+    big = _sq_norm_of_grad(net, x, y, b)
+    if plan.dp > 1:
+        rows = plan.global_batch_size // plan.dp
+        small = sum(_sq_norm_of_grad(net, x[d * rows:(d + 1) * rows], y[d * rows:(d + 1) * rows], b)
+                    for d in range(plan.dp)) / plan.dp
+    else:
+        small = _sq_norm_of_grad(net, x[:b], y[:b], b)
+    return small, big
+
+
+__all__ = ["reference_losses", "reference_noise_norms"]

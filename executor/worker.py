@@ -26,6 +26,7 @@ from mindpipe.executor.data import TokenSource
 from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
 from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory, stage_memory
 from mindpipe.executor.memory_account import GIB, MemoryAccount
+from mindpipe.executor.noise_probe import NoiseProbe, noise_method
 from mindpipe.executor.offload import HostPool
 from mindpipe.executor.parallelize import parallelize_stage
 from mindpipe.executor.payload import Coords, RankPayload
@@ -117,6 +118,12 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     for st, mod in zip(stages, parts, strict=True):
         recorder.wrap_stage(st, mod.layers())
         memory.wrap_stage(st)
+    # Outside the timed actions: the gradient norms of the noise scale (mindpipe.executor.noise_probe).
+    method = noise_method(plan)
+    probe = NoiseProbe(plan, device, method) if method is not None else None
+    if probe is not None:
+        for st, mod in zip(stages, parts, strict=True):
+            probe.wrap_stage(st, mod)
     schedule, orders = make_schedule(plan, stages, pre.schedule_source)
     try:
         optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
@@ -170,6 +177,8 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
                     opt.step()
             memory.refresh_optimizer(optimizers)
         recorder.end_step()
+        if probe is not None:
+            probe.end_step(step)
         if cpu0 is not None:
             profiled_cpu = cpu_seconds() - cpu0
         losses.append(torch.stack(mb_losses).mean().detach() if has_last else None)
@@ -191,6 +200,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         energy_j=(e1 - marks["energy"]) if e1 is not None and marks["energy"] is not None else None,
         peak_memory_bytes=mem, memory_source=mem_source, orders=orders, memory=stage_memory(device, memory, pool),
         clock_note=clock.note(coords["pp"]),
+        noise=probe.result if probe is not None else None,
     )
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(payload, gathered, dst=0)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from mindpipe.traces.config import Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.noise_scale import GradientNoise
 from mindpipe.traces.schema import check_format_version
 
 MEASUREMENT_FORMAT_VERSION = 1
@@ -246,6 +247,10 @@ class Measurement:
         layer_times: How the per-layer records of the enclosing trace were derived.
         actions, comms, ranks: Raw records (see the classes).
         timeline_file: Chrome-trace timeline written beside this file, if any.
+        gradient_noise: The gradient noise scale measured every step
+            (:class:`mindpipe.traces.noise_scale.GradientNoise`); None when the plan has one
+            replica and one micro-batch (no two batch sizes to compare), or in runs recorded
+            before it existed.
     """
 
     plan: Plan
@@ -275,6 +280,7 @@ class Measurement:
     ranks: list[RankRecord] = field(default_factory=list)
     timeline_file: str | None = None
     cpus_per_node: int | None = None
+    gradient_noise: GradientNoise | None = None
     format_version: int = MEASUREMENT_FORMAT_VERSION
 
     def __post_init__(self) -> None:

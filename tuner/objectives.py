@@ -9,7 +9,9 @@ Goodput (Pollux, Qiao et al. OSDI'21) = throughput × statistical efficiency. Th
 global batch B follows the gradient noise scale of McCandlish et al. (2018, arXiv 1812.06162):
 training to a target needs E = E_min·(1 + B/B_crit) examples, so one example at batch B is worth
 E_min/E = 1/(1 + B/B_crit) of one at a very small batch; B_crit (≈ the noise scale B_noise) is
-the user's ``--critical-batch``. Goodput is thus in small-batch-equivalent samples per second.
+the gradient noise scale the executor measured, carried by ``mindpipe calibrate`` into the
+calibration file (:func:`critical_batch_for`), or the user's ``--critical-batch``, which
+overrides it. Goodput is thus in small-batch-equivalent samples per second.
 
 Supernets (NASPipe): goodput counts *subnets trained per hour* — each subnet is one architecture
 trained on one batch, and a weight-sharing search needs a number of subnets, not of samples — so
@@ -37,6 +39,8 @@ from mindpipe.traces.reading import parse_float
 from mindpipe.tuner.records import Metrics
 
 if TYPE_CHECKING:
+    from mindpipe.traces.calibration import Calibration
+    from mindpipe.traces.config import Model
     from mindpipe.tuner.timeshift import TimeShift
 
 OBJECTIVES = ("throughput", "energy", "carbon", "goodput")
@@ -73,6 +77,51 @@ _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
 def statistical_efficiency(global_batch: float, critical_batch: float) -> float:
     """McCandlish et al.'s examples efficiency 1 / (1 + B / B_crit), in (0, 1]."""
     return 1.0 / (1.0 + global_batch / critical_batch)
+
+
+@dataclass(frozen=True)
+class CriticalBatch:
+    """The critical batch goodput uses and where it came from.
+
+    Attributes:
+        value: Samples; None when goodput is not asked for (or nothing gives one).
+        source: ``typed`` (``--critical-batch``), ``measured`` (the calibration's noise scale) or
+            ``none``.
+        note: One line for the output, e.g. ``measured gradient noise scale (3 runs, 960 samples)``.
+    """
+
+    value: float | None
+    source: str
+    note: str = ""
+
+
+def needs_critical_batch(name: str, constraints: Sequence[Constraint]) -> bool:
+    """True for the goodput objective, or any objective constrained on goodput."""
+    return name == "goodput" or any(c.metric == "goodput_samples_per_s" for c in constraints)
+
+
+def critical_batch_for(typed: float | None, calibration: Calibration | None, model: Model,
+                       needed: bool) -> CriticalBatch:
+    """The critical batch: the typed value if any, else the calibration's measured noise scale.
+
+    The measured value is taken only when ``needed`` (a goodput objective or constraint), so other
+    objectives' outputs and sweep identities do not change with a calibration file.
+
+    Raises:
+        ContractError: the noise scale was measured on another model (it does not carry over).
+    """
+    if typed is not None:
+        return CriticalBatch(typed, "typed", "--critical-batch (typed)")
+    noise = calibration.gradient_noise if calibration is not None else None
+    if not needed or noise is None:
+        return CriticalBatch(None, "none")
+    if not noise.model.same_shape(model):
+        raise ContractError("--calibration", "gradient_noise", (
+            f"the calibration's gradient noise scale was measured on {noise.model.describe()}, not "
+            f"{model.describe()}; give --critical-batch"))
+    return CriticalBatch(noise.noise_scale, "measured", (
+        f"measured gradient noise scale ({len(noise.runs)} run(s), {noise.samples} samples, "
+        f"data {', '.join(noise.data) or 'unknown'})"))
 
 
 @dataclass(frozen=True)
@@ -138,11 +187,11 @@ class Objective:
             self._check_supernet()
             return
         if self.name == "goodput" and (self.critical_batch is None or self.critical_batch <= 0):
-            raise ContractError("--critical-batch", None, "goodput needs --critical-batch B (> 0), the gradient noise scale")
+            raise ContractError("--critical-batch", None, "goodput needs --critical-batch B (> 0), the gradient noise "
+                                                          "scale, or a --calibration whose runs measured it")
         if self.critical_batch is not None and self.critical_batch <= 0:
             raise ContractError("--critical-batch", None, f"{self.critical_batch} must be > 0")
-        needs_goodput = any(c.metric == "goodput_samples_per_s" for c in self.constraints)
-        if needs_goodput and self.critical_batch is None:
+        if needs_critical_batch("throughput", self.constraints) and self.critical_batch is None:
             raise ContractError("--constraint", None, "a goodput constraint needs --critical-batch")
         if self.shift is not None and self.name != "carbon":
             raise ContractError("--objective", None, f"--window/--carbon-csv time-shifting needs --objective carbon, "
@@ -265,7 +314,10 @@ __all__ = [
     "OBJECTIVES",
     "SUPERNET_OBJECTIVES",
     "Constraint",
+    "CriticalBatch",
     "Objective",
+    "critical_batch_for",
+    "needs_critical_batch",
     "pareto_front",
     "parse_constraint",
     "statistical_efficiency",

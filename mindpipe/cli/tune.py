@@ -38,7 +38,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="max_batch: micro-batches per iteration (default: pp, the fewest that fill the pipeline)")
     p.add_argument("--critical-batch", type=real(0.0, float(limit("global_batch_size")), lo_open=True), default=None,
                    metavar="B",
-                   help="critical batch size (gradient noise scale, McCandlish et al. 2018) for goodput")
+                   help="critical batch size (gradient noise scale, McCandlish et al. 2018) for goodput; overrides "
+                        "the noise scale a --calibration file carries (measured by mindpipe run)")
     p.add_argument("--constraint", action="append", default=[], metavar="METRIC<=X",
                    help="e.g. carbon_per_sample<=0.05 or throughput>=100 (repeatable)")
     p.add_argument("--global-batch", default=None, metavar="N|A,B|A:B",
@@ -168,8 +169,10 @@ def _format(info: dict[str, Any]) -> str:
                       "is NOT equivalent to sequential training (sync/async)"))
     front = ([f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)"] if net is None
              else [])
+    critical = info.get("critical_batch")
     return "\n".join([
         f"objective        {info['objective']}",
+        *([f"critical batch   {critical['value']:.6g} samples: {critical['note']}"] if critical else []),
         f"best value       {info['best_value']:.6g}",
         f"best plan        {shown}",
         f"{'what-if knobs' if net is None else 'supernet':16s} {what_if}",
@@ -195,7 +198,13 @@ def _clock_lines(c: dict[str, Any] | None) -> list[str]:
 def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the search; exit 2 (through ContractError) when no plan is feasible."""
     from mindpipe.tuner.api import tune
-    from mindpipe.tuner.objectives import Objective, parse_constraint
+    from mindpipe.tuner.objectives import (
+        CriticalBatch,
+        Objective,
+        critical_batch_for,
+        needs_critical_batch,
+        parse_constraint,
+    )
     from mindpipe.tuner.progress import ProgressBar
     from mindpipe.tuner.sweep import SweepConfig
 
@@ -211,9 +220,15 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return _max_batch(args, partitioners, trace, calibration)
     trace_source = Path(args.trace).name if args.trace else "trace"
     calibration_source = os.path.basename(args.calibration) if args.calibration else "calibration"
+    constraints = [parse_constraint(c) for c in args.constraint]
     model = loaders.network(args.model)
-    objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint],
-                          shift=_timeshift(args), supernet=isinstance(model, Supernet))
+    if isinstance(model, Supernet):  # goodput for supernets counts subnets; Objective refuses a critical batch
+        critical = CriticalBatch(args.critical_batch, "typed" if args.critical_batch is not None else "none")
+    else:
+        critical = critical_batch_for(args.critical_batch, calibration, model,
+                                      needed=needs_critical_batch(args.objective, constraints))
+    objective = Objective(args.objective, critical.value, constraints, shift=_timeshift(args),
+                          supernet=isinstance(model, Supernet))
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
     bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
@@ -227,6 +242,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if bar is not None:
             bar.close()
     summary = outcome.summary
+    if critical.value is not None:  # which critical batch goodput used, and where it came from
+        summary["critical_batch"] = {"value": critical.value, "source": critical.source, "note": critical.note}
     if args.clocks != "default" and summary.get("best_plan"):
         from mindpipe.tuner.clock_step import add_stage_clocks
 
