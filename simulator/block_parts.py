@@ -124,7 +124,8 @@ def op_blocks(trace: Trace, source: str) -> list[OpBlock]:
         if cut not in names:
             raise ContractError(source, "layers", f"block.{i} has no unit {cut!r} (the residual add a cut follows)")
         k = names.index(cut)
-        qkv = next((j for j, n in enumerate(names) if n.endswith("qkv")), None)
+        # The last input projection: GPT's fused ``qkv``, Llama's ``wv`` (traces/torch_llama.py).
+        qkv = next((j for j, n in reversed(list(enumerate(names))) if n.endswith(("qkv", "wv"))), None)
         proj = next((j for j, n in enumerate(names) if n.endswith("proj")), None)
         core = recs[qkv + 1:proj] if qkv is not None and proj is not None else []
         out.append(OpBlock(UnitSums.of(recs), UnitSums.of(recs[: k + 1]), UnitSums.of(recs[k + 1:]),

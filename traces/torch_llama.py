@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from mindpipe.traces.config import Model
 from mindpipe.traces.torch_gpt import TORCH_DTYPES, LMHead
@@ -61,6 +62,15 @@ class _RMSNormFunction(torch.autograd.Function):
         return dx.to(x.dtype), dweight.to(weight.dtype), None
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:class:`_RMSNormFunction` as a function torch.fx records as one node (operator-level profiles)."""
+    out: torch.Tensor = _RMSNormFunction.apply(x, weight, eps)  # type: ignore[no-untyped-call]
+    return out
+
+
+torch.fx.wrap("rms_norm")
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm with one learned gain vector (no bias, no centring)."""
 
@@ -70,8 +80,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _RMSNormFunction.apply(x, self.weight, self.eps)  # type: ignore[no-untyped-call]
-        return out
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +98,9 @@ def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` (``[b, s, heads, d]``) by the position angles: x·cos + rotate_half(x)·sin."""
     x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    # addcmul rather than `+`: a block's only `add` nodes stay the mask and the residuals, so the
+    # operator graph's cut unit (traces/layout.py CUT_UNITS) is the same as GPT's.
+    return torch.addcmul(x * cos, torch.cat([-x2, x1], dim=-1), sin)
 
 
 class Attention(nn.Module):
@@ -123,7 +134,7 @@ class Attention(nn.Module):
         scores = torch.matmul(q, k.transpose(-2, -1)) * (self.head_dim**-0.5)
         mask = torch.narrow(torch.narrow(self.causal_mask, 0, 0, s), 1, 0, s)  # fx-traceable slice
         scores = scores.view(b, kv, self.group, s, s) + mask.to(scores.dtype)
-        probs = torch.softmax(scores, dim=-1).view(b, kv, self.group * s, s)
+        probs = torch.softmax(scores, dim=-1).view(b, kv, -1, s)
         return torch.matmul(probs, v)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
