@@ -8,12 +8,14 @@ single-process reference build through it. Both classes have the same module tre
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import torch
 from mindpipe.traces.config import Model
 from mindpipe.traces.torch_gpt import GPT, build_gpt
 from mindpipe.traces.torch_llama import Llama, build_llama
 
-TransformerLM = GPT | Llama
+TransformerLM: TypeAlias = GPT | Llama
 """A built network of either family."""
 
 
