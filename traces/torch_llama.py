@@ -97,6 +97,8 @@ def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` (``[b, s, heads, d]``) by the position angles: x·cos + rotate_half(x)·sin."""
+    # Tables in x's dtype: under FSDP mixed precision the parameters (not the buffers) are cast.
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     # addcmul rather than `+`: a block's only `add` nodes stay the mask and the residuals, so the
     # operator graph's cut unit (traces/layout.py CUT_UNITS) is the same as GPT's.
