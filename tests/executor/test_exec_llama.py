@@ -26,12 +26,14 @@ TP2 = {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "sequence_paralle
        "precision": "fp32"}
 PP2 = {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b", "recompute": "full",
        "precision": "fp32"}
+DP2_TP2_PP2 = {"dp": 2, "tp": 2, "pp": 2, "virtual_stages": 2, "micro_batch_size": 1, "global_batch_size": 8,
+               "schedule": "interleaved_1f1b", "zero_stage": 3, "precision": "fp32"}
 CUT = {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b", "precision": "fp32",
        "stage_cuts": ["after_attention"], "layer_memory_policy": ["keep", "recompute", "keep", "keep"]}
 
 
 def _run(tmp, plan: dict[str, Any]) -> Trace:
-    res = run_plan(tmp, plan, 2, model=LLAMA)
+    res = run_plan(tmp, plan, Plan(**plan).world_size, model=LLAMA)
     assert res.returncode == 0, res.stderr[-4000:]
     trace = Trace.load(tmp / "measured.json")
     assert_layer_times(trace)
@@ -76,6 +78,13 @@ def test_llama_pp2_parity(tmp_path):
     trace = _run(tmp_path, PP2)
     assert_parity(trace.measurement.losses, reference(PP2, LLAMA))
     assert {r.name for r in trace.layers} >= {"embedding", "block.0", "block.3", "lm_head"}
+
+
+@pytest.mark.slow
+def test_llama_dp2_tp2_pp2_interleaved_zero3_parity(tmp_path):
+    """8 ranks: FSDP2 (ZeRO-3) over DTensor TP with GQA heads split, two virtual stages per rank."""
+    trace = _run(tmp_path, DP2_TP2_PP2)
+    assert_parity(trace.measurement.losses, reference(DP2_TP2_PP2, LLAMA))
 
 
 @pytest.mark.parametrize("policies", [["keep"] * 4, ["selective"] * 4, ["keep", "recompute", "swap", "selective"]])
