@@ -95,7 +95,7 @@ def _exists(text: str) -> bool:
         return False
 
 
-_NOT_HERE = "kind='supernet': this command takes a GPT or Llama model (kind \"gpt\" or \"llama\"), not a supernet"
+_NOT_HERE = "kind='supernet': this command takes a GPT model (kind \"gpt\") or a Llama model (kind \"llama\"), not a supernet"
 
 
 def load_model(arg: str | Model) -> Model:
