@@ -1,6 +1,6 @@
 """Single-process training of the same model: the ground truth parity tests compare against.
 
-No parallelism and no torch.distributed: the unsplit GPT from :func:`mindpipe.traces.torch_gpt.build_gpt`,
+No parallelism and no torch.distributed: the unsplit GPT or Llama from :func:`mindpipe.traces.torch_models.build_model`,
 the global batch in micro-batches of ``micro_batch_size`` sequences in order, each micro-batch's
 mean loss divided by the number of micro-batches before ``backward`` (so the gradient is that of
 the global mean loss, which is what pipeline schedules with ``scale_grads`` and a data-parallel
@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 from mindpipe.executor.data import TokenSource
 from mindpipe.traces.config import Model, Plan
-from mindpipe.traces.torch_gpt import build_gpt, lm_loss
+from mindpipe.traces.torch_gpt import lm_loss
+from mindpipe.traces.torch_models import build_model
 
 
 def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, data: str = "synthetic",
                      lr: float = 1e-3, weight_decay: float = 0.0) -> list[float]:
     """Per-step mean loss of ``steps`` fp32 training steps (step numbers 1..steps)."""
-    net = build_gpt(model, seed=seed, dtype="fp32")
+    net = build_model(model, seed=seed, dtype="fp32")
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     source = TokenSource(model, plan, seed, data)
     b = plan.micro_batch_size

@@ -37,7 +37,7 @@ from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.torch_pipelining import timed_p2p_waits
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import to_dict
-from mindpipe.traces.torch_gpt import build_gpt
+from mindpipe.traces.torch_models import build_model
 from torch.distributed.pipelining import PipelineStage
 
 # Fault injection for the failure tests: "RANK:STEP[:raise|contract|exit|hang]" makes that rank raise
@@ -100,7 +100,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     plan, model = cfg.plan, cfg.model
     mesh = build_mesh(plan, device)
     coords = coordinates(mesh)
-    gpt = build_gpt(model, seed=cfg.seed, dtype="fp32")
+    gpt = build_model(model, seed=cfg.seed, dtype="fp32")
     permute_qkv_for_tp(gpt, plan.tp)
     modules = build_stage_modules(gpt, plan, coords["pp"])
     del gpt  # blocks of other pipeline ranks are freed here

@@ -1,4 +1,4 @@
-"""``mindpipe profile``: per-layer (or per-operator) traces of the GPT model on CPU or CUDA.
+"""``mindpipe profile``: per-layer (or per-operator) traces of the GPT or Llama model on CPU or CUDA.
 
 Method: one forward pass through the model's pipeline layers (embedding, blocks, final norm, LM
 head + loss) records every layer's real input; then each layer is re-run in isolation on that
@@ -23,7 +23,8 @@ import torch
 from mindpipe.traces.config import Model
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.timing import Clock, measure_unit, median_iqr
-from mindpipe.traces.torch_gpt import GPT, build_gpt, lm_loss, synthetic_batch
+from mindpipe.traces.torch_gpt import lm_loss, synthetic_batch
+from mindpipe.traces.torch_models import TransformerLM, build_model
 from mindpipe.traces.trace import LayerRecord, Provenance, StepMeasurement, Trace
 
 Progress = Callable[[str], None]
@@ -101,7 +102,7 @@ def host_description() -> str:
     return f"{cpu}; {torch.get_num_threads()} torch threads"
 
 
-def _layer_units(net: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> list[tuple[str, str, torch.nn.Module, Callable[..., object], object]]:
+def _layer_units(net: TransformerLM, tokens: torch.Tensor, targets: torch.Tensor) -> list[tuple[str, str, torch.nn.Module, Callable[..., object], object]]:
     """(name, kind, module, callable, input) for every pipeline layer, inputs from one real pass."""
     units: list[tuple[str, str, torch.nn.Module, Callable[..., object], object]] = []
     x: object = tokens
@@ -118,7 +119,7 @@ def _layer_units(net: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> list[
     return units
 
 
-def step_samples(net: GPT, tokens: torch.Tensor, targets: torch.Tensor, clock: Clock, warmup: int, repeats: int) -> list[float]:
+def step_samples(net: TransformerLM, tokens: torch.Tensor, targets: torch.Tensor, clock: Clock, warmup: int, repeats: int) -> list[float]:
     """Times of ``repeats`` whole forward + loss + backward steps of ``net`` (after ``warmup``)."""
 
     def step() -> None:
@@ -149,7 +150,7 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
     device = torch.device(opts.device)
     clock = Clock(device)
     seq_len = opts.seq_len or model.seq_len
-    net = build_gpt(model, seed=opts.seed, dtype=opts.dtype, device=device)
+    net = build_model(model, seed=opts.seed, dtype=opts.dtype, device=device)
     net.train()
     tokens, targets = synthetic_batch(model, opts.micro_batch_size, seed=opts.seed, seq_len=seq_len, device=device)
     buffers = list(net.buffers())
