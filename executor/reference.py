@@ -56,7 +56,7 @@ def reference_noise_norms(model: Model, plan: Plan, *, seed: int = 0, data: str 
     split), else the first micro-batch's gradient. Before any optimizer step, so a parallel run's
     first record must match it.
     """
-    net = build_gpt(model, seed=seed, dtype="fp32")
+    net = build_model(model, seed=seed, dtype="fp32")
     source = TokenSource(model, plan, seed, data)
     b = plan.micro_batch_size
     torch.manual_seed(seed * 7919 + 1)
