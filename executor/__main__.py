@@ -29,11 +29,24 @@ from mindpipe.executor.rundir import record_error, register_rank
 from mindpipe.traces.errors import ContractError
 
 
+def _supernet_config(path: str) -> bool:
+    from mindpipe.executor.supernet_config import is_supernet_config
+    from mindpipe.traces.reading import CONFIG
+    from mindpipe.traces.schema import read_json
+
+    return is_supernet_config(read_json(path, CONFIG))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments and run this rank."""
     argv = list(sys.argv[1:] if argv is None else argv)
     register_rank()  # under mindpipe run: die with torchrun, and be found by the launcher
     try:
+        if argv[:1] == ["--config"] and len(argv) == 2 and _supernet_config(argv[1]):
+            from mindpipe.executor.supernet_config import SupernetRunConfig
+            from mindpipe.executor.supernet_worker import run as run_supernet  # imports torch
+
+            return run_supernet(SupernetRunConfig.load(argv[1]))
         if argv[:1] == ["--config"] and len(argv) == 2:
             cfg = RunConfig.load(argv[1])
             command = ""

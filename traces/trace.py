@@ -23,9 +23,10 @@ from mindpipe.traces.limits import integer, within_limit
 from mindpipe.traces.measured import Measurement
 from mindpipe.traces.reading import TRACE as TRACE_FILE
 from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
+from mindpipe.traces.supernet import Supernet
 
 TRACE_FORMAT_VERSION = 1
-GRANULARITIES = ("layer", "op")
+GRANULARITIES = ("layer", "op", "candidate")
 BACKWARD_SPLITS = ("measured", "combined")
 COMM_PHASES = ("forward", "backward_input", "backward_weight", "update")
 COMM_OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "p2p")
@@ -133,7 +134,13 @@ class StepMeasurement:
 
 @dataclass
 class Trace:
-    """Per-layer costs of a model on a device (see module docstring)."""
+    """Per-layer costs of a model on a device (see module docstring).
+
+    A supernet's trace (``mindpipe profile supernet-mini``) has ``granularity="candidate"``, the
+    supernet in ``supernet`` and one record per candidate operator (``candidate.<name>``, timed
+    once: every layer's instance has the same shape) plus ``embedding`` and ``head``; a measured
+    supernet run carries ``supernet`` too.
+    """
 
     device: str
     dtype: str
@@ -149,6 +156,7 @@ class Trace:
     backward_split: str = "measured"
     step: StepMeasurement | None = None
     measurement: Measurement | None = None
+    supernet: Supernet | None = None
     format_version: int = TRACE_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -169,6 +177,8 @@ class Trace:
             raise ContractError(
                 "", "seq_len", f"seq_len={self.seq_len} exceeds the model's seq_len={self.model.seq_len}"
             )
+        if self.granularity == "candidate" and self.supernet is None:
+            raise ContractError("", "supernet", 'granularity="candidate" needs the supernet the candidates belong to')
         if self.backward_split == "combined" and any(r.backward_weight_s for r in self.layers):
             raise ContractError("", "backward_split", 'backward_split="combined" requires backward_weight_s=0 everywhere')
 
