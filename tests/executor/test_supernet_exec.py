@@ -112,3 +112,17 @@ def test_csp_dp2_pp2_bit_identical(tmp_path: Path) -> None:
     _assert_identical(m, 2, 2)
     assert m.subnet_stages is not None and {(r.stage, r.dp_rank) for r in m.subnet_stages} == {
         (0, 0), (0, 1), (1, 0), (1, 1)}
+
+
+@pytest.mark.slow
+def test_resume_after_kill_is_bit_identical(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    common = ("--checkpoint-dir", str(ckpt), "--checkpoint-every", "50")
+    # Rank 1 dies without a Python error when it reaches subnet 101 (after the checkpoint of 100).
+    killed = _run(tmp_path, _plan(1, 2), *common, env=run_env(MINDPIPE_FAULT="1:101:exit"), out="killed.json")
+    assert killed.returncode == 1, killed.stderr
+    assert "rank 1" in killed.stderr and not (tmp_path / "killed.json").exists()
+    assert json.loads((ckpt / "latest.json").read_text())["step"] == 100
+    resumed = _run(tmp_path, _plan(1, 2), *common, "--resume", out="resumed.json")
+    assert resumed.returncode == 0, resumed.stderr
+    _assert_identical(_measurement(tmp_path / "resumed.json"), 1, 2, first=100)
