@@ -126,3 +126,25 @@ def test_resume_after_kill_is_bit_identical(tmp_path: Path) -> None:
     resumed = _run(tmp_path, _plan(1, 2), *common, "--resume", out="resumed.json")
     assert resumed.returncode == 0, resumed.stderr
     _assert_identical(_measurement(tmp_path / "resumed.json"), 1, 2, first=100)
+
+
+def test_context_switching_fits_a_budget_the_full_stage_does_not(tmp_path: Path) -> None:
+    # pp4 with window 2: each stage holds 2 layers × 6 candidates; in flight at most 3 per layer.
+    plan = _plan(1, 4, subnet_window=2)
+    budget = ("--memory-budget-gib", "0.0024")  # 2.58 MB: full stage state 2.82-2.96 MB, switched bound <= 2.28 MB
+    refused = _run(tmp_path, plan, *budget, "--context-switch", "off", steps=40, out="off.json")
+    assert refused.returncode == 2, refused.stderr
+    lines = [ln for ln in refused.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "memory_budget_gib" in lines[0] and "without context switching" in lines[0]
+    assert not (tmp_path / "off.json").exists()
+    res = _run(tmp_path, plan, *budget, "--context-switch", "on", steps=40, out="on.json")
+    assert res.returncode == 0, res.stderr
+    m = _measurement(tmp_path / "on.json")
+    assert m.subnet_stages is not None and len(m.subnet_stages) == 4
+    limit = int(0.0024 * (1 << 30))
+    for r in m.subnet_stages:
+        assert r.context_switch and r.resident_state_bytes <= limit
+        assert r.resident_param_bytes < r.param_bytes
+    ref = _reference(1, 4)
+    assert m.subnets is not None
+    assert [_bits(s.loss) for s in m.subnets] == [_bits(r.loss) for r in ref[:40]]
