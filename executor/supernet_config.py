@@ -29,8 +29,8 @@ from typing import Any
 from mindpipe.traces.config import Plan, one_of, positive
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer
-from mindpipe.traces.schema import from_dict, read_json, write_json
 from mindpipe.traces.reading import CONFIG
+from mindpipe.traces.schema import from_dict, read_json, write_json
 from mindpipe.traces.supernet import (
     Supernet,
     check_supernet_plan,

@@ -45,7 +45,7 @@ def _subnets(cfg: SupernetRunConfig, payloads: list[SupernetPayload]) -> list[Su
 
 def _steps(cfg: SupernetRunConfig, payloads: list[SupernetPayload], subnets: list[SubnetRecord]) -> list[StepRecord]:
     """One record per subnet: time between successive completions of its last backward on stage 0."""
-    first = [p for p in payloads if p.coords.pp == 0 and p.coords.dp == 0][0]
+    first = next(p for p in payloads if p.coords.pp == 0 and p.coords.dp == 0)
     done = {a.microbatch: a.end_s for a in first.spans.actions if a.kind == "B"}
     tokens = cfg.plan.global_batch_size * cfg.supernet.seq_len
     out, prev = [], 0.0

@@ -87,7 +87,7 @@ class CausalConv(nn.Module):
             nn.init.kaiming_uniform_(self.weight, a=5**0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
+        h = x.shape[-1]
         y = F.pad(x.transpose(1, 2), (self.kernel - 1, 0))  # [b, h, s + k − 1]: left padding keeps it causal
         if self.conv is not None:
             out = self.conv(y).transpose(1, 2)
