@@ -85,6 +85,10 @@ class SupernetRunConfig:
         if self.resume and not self.checkpoint_dir:
             raise ContractError("", "resume", "--resume needs --checkpoint-dir")
         check_supernet_plan(self.plan, self.supernet)
+        if self.schedule == "async":
+            # PipeDream's async needs weight stashing: B(c) must see the weights F(c) used, after B(b) updated them.
+            raise ContractError("", "subnet_schedule", "async needs weight stashing (PipeDream), which the executor "
+                                "does not do; the simulator prices it (run csp, sequential or sync)")
         if self.schedule == "sync" and self.segment % self.batch:
             raise ContractError("", "steps", f"sync trains whole batches of subnet_window={self.batch} subnets: "
                                 f"--steps/--checkpoint-every ({self.segment}) must be a multiple of it")

@@ -99,9 +99,6 @@ def _build(cfg: SupernetRunConfig, device: torch.device, stage: int) -> Supernet
 
 
 def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload] | None:
-    if cfg.schedule == "async":
-        raise ContractError("plan", "subnet_schedule", "async needs weight stashing (PipeDream), which the executor "
-                            "does not do; the simulator prices it (use csp, sequential or sync here)")
     plan, net = cfg.plan, cfg.supernet
     mesh = build_mesh(plan, device)
     c = coordinates(mesh)

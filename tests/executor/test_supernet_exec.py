@@ -148,3 +148,49 @@ def test_context_switching_fits_a_budget_the_full_stage_does_not(tmp_path: Path)
     ref = _reference(1, 4)
     assert m.subnets is not None
     assert [_bits(s.loss) for s in m.subnets] == [_bits(r.loss) for r in ref[:40]]
+
+
+def test_sync_batch_reads_the_weights_of_its_start(tmp_path: Path) -> None:
+    # sync with subnet_window 2: subnets 0 and 1 form a batch; both forwards see the initial weights.
+    res = _run(tmp_path, _plan(1, 2, "sync", subnet_window=2), "--context-switch", "off", steps=4, out="sync.json")
+    assert res.returncode == 0, res.stderr
+    m = _measurement(tmp_path / "sync.json")
+    assert m.subnets is not None and [s.id for s in m.subnets] == [0, 1, 2, 3]
+    import torch
+    from mindpipe.traces.supernet import sample_subnet
+    from mindpipe.traces.torch_supernet import build_supernet_stages, synthetic_tokens
+
+    torch.set_num_threads(1)
+    stages = build_supernet_stages(NET, [4, 4], seed=0)
+    for i in (0, 1):
+        rows = synthetic_tokens(NET, 0, i, 2)
+        x = rows[:, :-1]
+        for st in stages:
+            x = st(x, sample_subnet(NET, i))
+        assert _bits(float(stages[-1].loss(x, rows[:, 1:]).detach())) == _bits(m.subnets[i].loss)
+    ref = _reference(1, 2)
+    shares = set(enumerate(ref[0].choices)) & set(enumerate(ref[1].choices))
+    # Sequential training updates subnet 0's candidates before subnet 1 runs; sync does not.
+    assert (_bits(m.subnets[1].loss) == _bits(ref[1].loss)) == (not shares)
+
+
+def test_async_is_refused_before_launch(tmp_path: Path) -> None:
+    res = _run(tmp_path, _plan(1, 2, "async"), steps=4, out="async.json")
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "subnet_schedule" in lines[0] and "weight stashing" in lines[0]
+
+
+@pytest.mark.gpu
+def test_cuda_run_with_context_switching(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    plan = {"dp": 1, "pp": 1, "micro_batch_size": 2, "global_batch_size": 2, "subnet_schedule": "csp",
+            "subnet_window": 2}
+    res = mindpipe("run", json.dumps(plan), "--nproc", "1", "--steps", "20", "--model", "supernet-mini",
+                   "--device", "cuda", "--context-switch", "on", "--out", str(tmp_path / "gpu.json"))
+    assert res.returncode == 0, res.stderr[-4000:]
+    m = _measurement(tmp_path / "gpu.json")
+    assert m.backend == "nccl" and m.subnet_stages is not None
+    assert m.subnet_stages[0].resident_param_bytes < m.subnet_stages[0].param_bytes
