@@ -90,3 +90,20 @@ def test_candidate_granularity_needs_the_supernet() -> None:
     doc.pop("supernet")
     with pytest.raises(ContractError, match="supernet"):
         Trace.from_dict(doc)
+
+
+def test_cli_profiles_a_builtin_supernet(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "trace.json"
+    res = subprocess.run([sys.executable, "-m", "mindpipe.cli", "profile", "supernet-mini", "--device", "cpu",
+                          "--warmup", "0", "--repeats", "1", "--quiet", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    trace = Trace.load(out)
+    assert trace.granularity == "candidate" and trace.supernet is not None and trace.supernet.name == "supernet-mini"
+    assert len(trace.layers) == len(MINI.candidates) + 2
+    bad = subprocess.run([sys.executable, "-m", "mindpipe.cli", "profile", "supernet-mini", "--granularity", "op",
+                          "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "granularity" in bad.stderr
