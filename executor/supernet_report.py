@@ -102,7 +102,7 @@ def build_trace(cfg: SupernetRunConfig, payloads: list[SupernetPayload], backend
         notes = (f"estimated from the catalog's {power.name} power (idle {power.idle_power_W} W, max "
                  f"{power.max_power_W} W) scaled by the measured utilisation over the whole run")
     n = len(subnets)
-    actions = [ActionRecord(p.rank, a.step, a.stage, a.microbatch, a.kind, a.start_s, a.end_s - a.start_s)
+    actions = [ActionRecord(p.rank, a.step, a.stage, a.microbatch, a.kind, a.start_s, a.end_s - a.start_s, a.cpu_s)
                for p in payloads for a in p.spans.actions]
     comms = [CommEvent(p.rank, c.step, c.kind, c.axis, c.op, c.start_s, c.end_s - c.start_s, c.size_bytes, c.group_size)
              for p in payloads for c in p.spans.comms]

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mindpipe.executor.measure import action_cpu_clock
 from mindpipe.executor.payload import ActionSpan, CommSpan, OptimizerSpan, Spans
 from mindpipe.executor.supernet_switch import ContextSwitcher
 from mindpipe.simulator.subnet_schedules import SubnetSchedule
@@ -62,6 +63,10 @@ def reduce_gradients(params: list[nn.Parameter], dp: int, all_reduce: Callable[[
             offset += n
     for p in grads:
         p.grad.div_(dp)  # type: ignore[union-attr]
+
+
+def _diff(c0: float | None, c1: float | None) -> float | None:
+    return None if c0 is None or c1 is None else c1 - c0
 
 
 class StageLinks:
@@ -182,13 +187,13 @@ class StageRunner:
         else:
             x_in = self.links.recv("act", sid, sid + 1).requires_grad_(True)
             x = x_in
-        t0 = self._now()
+        t0, c0 = self._now(), action_cpu_clock(self.cuda)
         out = self.module(x, ch)
         if last:
             out = self.module.loss(out, target)  # type: ignore[arg-type]
             self.losses[sid] = float(out.detach())
-        t1 = self._now()
-        self.spans.actions.append(ActionSpan(sid + 1, self.stage, sid, "F", t0, t1))
+        c1, t1 = action_cpu_clock(self.cuda), self._now()
+        self.spans.actions.append(ActionSpan(sid + 1, self.stage, sid, "F", t0, t1, _diff(c0, c1)))
         if not last:
             self.links.send("act", out.detach())
         return x_in, out
@@ -196,10 +201,10 @@ class StageRunner:
     def _backward(self, sid: int, x_in: torch.Tensor | None, out: torch.Tensor) -> None:
         last = self.stage == self.num_stages - 1
         grad = None if last else self.links.recv("grad", sid, sid + 1)
-        t0 = self._now()
+        t0, c0 = self._now(), action_cpu_clock(self.cuda)
         torch.autograd.backward(out, grad)
-        t1 = self._now()
-        self.spans.actions.append(ActionSpan(sid + 1, self.stage, sid, "B", t0, t1))
+        c1, t1 = action_cpu_clock(self.cuda), self._now()
+        self.spans.actions.append(ActionSpan(sid + 1, self.stage, sid, "B", t0, t1, _diff(c0, c1)))
         if x_in is not None:
             self.links.send("grad", x_in.grad)  # type: ignore[arg-type]
 
