@@ -153,6 +153,7 @@ class StageRunner:
         held: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         in_flight: dict[int, list[str]] = {}
         touched: list[nn.Parameter] = []
+        batch_keys: set[str] = set()
         for i, a in enumerate(order):
             sid = first_id + a.microbatch
             ch = choices[a.microbatch]
@@ -164,10 +165,11 @@ class StageRunner:
                 self._backward(sid, *held.pop(sid))
                 params = [p for m in self.module.chosen(ch) for p in m.parameters() if p.grad is not None]
                 touched += params
+                batch_keys.update(self._keys(ch))
                 end_of_batch = schedule.update == "each_backward" or (a.microbatch + 1) % schedule.batch == 0
                 if end_of_batch:
-                    self._update(sid, touched)
-                    touched = []
+                    self._update(sid, touched, batch_keys)
+                    touched, batch_keys = [], set()
                     done = [k for k in in_flight if k <= sid] if schedule.update == "batch_end" else [sid]
                     for k in done:
                         in_flight.pop(k, None)
@@ -208,14 +210,14 @@ class StageRunner:
         if x_in is not None:
             self.links.send("grad", x_in.grad)  # type: ignore[arg-type]
 
-    def _update(self, sid: int, params: list[nn.Parameter]) -> None:
+    def _update(self, sid: int, params: list[nn.Parameter], keys: set[str]) -> None:
         t0 = self._now()
         reduce_gradients(params, self.dp, self.all_reduce)
         t1 = self._now()
         if self.dp > 1:
             self.spans.comms.append(CommSpan(sid + 1, "dp_sync", "dp", "allreduce", t0, t1, group_size=self.dp))
         self.optimizer.step()
-        self.switcher.measure()  # gradients and optimizer state are live now
+        self.switcher.measure(keys)  # gradients and the updated candidates' optimizer state are live now
         self.optimizer.zero_grad(set_to_none=True)
         self.spans.optimizer.append(OptimizerSpan(sid + 1, t1, self._now()))
 

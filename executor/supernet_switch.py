@@ -52,8 +52,12 @@ class ContextSwitcher:
         self._always = [p for m in always for p in m.parameters()]
         self.peak_param_bytes = 0
         self.peak_state_bytes = 0
-        self.total_param_bytes = sum(_bytes(p.data) for m in modules.values() for p in m.parameters()) + \
-            sum(_bytes(p.data) for p in self._always)
+        # Per candidate: parameter bytes (fixed) and optimizer-state bytes (known once it has stepped),
+        # so measuring after every action costs a sum over the resident keys, not over tensors.
+        self._param_bytes = {k: sum(_bytes(p.data) for p in m.parameters()) for k, m in modules.items()}
+        self._always_bytes = sum(_bytes(p.data) for p in self._always)
+        self.total_param_bytes = sum(self._param_bytes.values()) + self._always_bytes
+        self._state_bytes = {k: self._tensor_state(m.parameters()) for k, m in modules.items()}  # resumed state
         if enabled:
             for key in modules:
                 self._evict(key)
@@ -128,12 +132,24 @@ class ContextSwitcher:
         for key in sorted(self.resident - keep):
             self._evict(key)
 
-    def measure(self) -> None:
-        """Update the peaks of resident parameter bytes and of model state (parameters, grads, optimizer state)."""
-        params = [p for key in self.resident for p in self.modules[key].parameters()] + self._always
-        pbytes = sum(_bytes(p.data) for p in params)
-        state = sum(_bytes(p.grad) + sum(_bytes(v) for v in self.optimizer.state.get(p, {}).values()
-                                         if isinstance(v, torch.Tensor) and v.dim() > 0) for p in params)
+    def _tensor_state(self, params: Iterable[nn.Parameter]) -> int:
+        return sum(_bytes(p.grad) + sum(_bytes(v) for v in self.optimizer.state.get(p, {}).values()
+                                        if isinstance(v, torch.Tensor) and v.dim() > 0) for p in params)
+
+    def measure(self, stepped: Iterable[str] = ()) -> None:
+        """Update the peaks of resident parameter bytes and of model state (parameters, grads, optimizer state).
+
+        ``stepped``: candidates whose gradients are live and whose optimizer just stepped (their
+        state bytes are read again, their gradients counted).
+        """
+        grads = 0
+        for key in stepped:
+            params = list(self.modules[key].parameters())
+            self._state_bytes[key] = self._tensor_state(params) - sum(_bytes(p.grad) for p in params)
+            grads += sum(_bytes(p.grad) for p in params)
+        pbytes = sum(self._param_bytes[k] for k in self.resident) + self._always_bytes
+        state = sum(self._state_bytes[k] for k in self.resident) + grads + self._tensor_state(
+            p for p in self._always if p.requires_grad)
         self.peak_param_bytes = max(self.peak_param_bytes, pbytes)
         self.peak_state_bytes = max(self.peak_state_bytes, pbytes + state)
 
