@@ -157,6 +157,8 @@ class StageRunner:
         for i, a in enumerate(order):
             sid = first_id + a.microbatch
             ch = choices[a.microbatch]
+            nxt = order[i + 1] if i + 1 < len(order) else None
+            upcoming = self._keys(choices[nxt.microbatch]) if nxt is not None and nxt.kind == "F" else []
             if a.kind == "F":
                 in_flight[sid] = self._keys(ch)
                 self.switcher.ready(in_flight[sid])
@@ -173,11 +175,9 @@ class StageRunner:
                     done = [k for k in in_flight if k <= sid] if schedule.update == "batch_end" else [sid]
                     for k in done:
                         in_flight.pop(k, None)
-                    keep = {key for keys in in_flight.values() for key in keys}
+                    keep = {key for keys in in_flight.values() for key in keys} | set(upcoming)
                     self.switcher.release(keep)
-            nxt = order[i + 1] if i + 1 < len(order) else None
-            if nxt is not None and nxt.kind == "F":  # prefetch the next forward's candidates
-                self.switcher.fetch(self._keys(choices[nxt.microbatch]))
+            self.switcher.fetch(upcoming)  # prefetch the next forward's candidates
         self.links.drain()
 
     def _forward(self, sid: int, ch: Choices) -> tuple[torch.Tensor | None, torch.Tensor]:
