@@ -67,13 +67,8 @@ def load(directory: str | Path, module: nn.Module, optimizer: torch.optim.Optimi
         raise ContractError(str(trust.step_dir(directory, step)), None,
                             f"has no {f.name}: it was written by another dp × pp split")
     state = torch.load(f, map_location="cpu", weights_only=True)
-    device = next(module.parameters()).device
     module.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optim"])
-    for st in optimizer.state.values():
-        for k, v in st.items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
-                st[k] = v.to(device)
+    optimizer.load_state_dict(state["optim"])  # torch puts each state tensor on its parameter's device
     return int(state["next_subnet"])
 
 

@@ -132,7 +132,7 @@ class StageRunner:
         self.optimizer, self.switcher, self.links = optimizer, switcher, links
         self.batch_fn, self.all_reduce, self.spans, self.origin = batch_fn, all_reduce, spans, origin
         self.losses: dict[int, float] = {}
-        self.cuda = next(module.parameters()).device.type == "cuda"
+        self.cuda = switcher.cuda
 
     def _keys(self, choices: Choices) -> list[str]:
         return [candidate_key(layer, choices[layer]) for layer in self.module.layers]

@@ -93,9 +93,20 @@ def run(cfg: SupernetRunConfig, command: str = "") -> int:
 
 
 def _build(cfg: SupernetRunConfig, device: torch.device, stage: int) -> SupernetStage:
+    """The stage, built on the host; on the device all of it, or (switching on a GPU) only the shared parts.
+
+    With switching the candidates go from the host straight into the switcher's pinned pool: a stage
+    whose candidates do not fit on the device never has them all there.
+    """
     layers = supernet_stage_layers(cfg.plan, cfg.supernet)
-    return SupernetStage(cfg.supernet, sum(layers[:stage]), layers[stage], stage == 0, stage == cfg.plan.pp - 1,
-                         cfg.seed).to(device)
+    module = SupernetStage(cfg.supernet, sum(layers[:stage]), layers[stage], stage == 0, stage == cfg.plan.pp - 1,
+                           cfg.seed)
+    if cfg.switching and device.type == "cuda":
+        for shared in (module.embedding, module.head):
+            if shared is not None:
+                shared.to(device)
+        return module
+    return module.to(device)
 
 
 def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload] | None:
