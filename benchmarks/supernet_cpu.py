@@ -62,13 +62,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for i in range(args.rounds):
+            load = os.getloadavg()[0]  # other processes on the cores slow csp (both ranks busy) more than sequential
             seq, seq_bits, seq_stages = run("sequential", args.subnets, args.micro_batch_size, tmp, env)
             csp, csp_bits, csp_stages = run("csp", args.subnets, args.micro_batch_size, tmp, env)
-            rounds.append({"sequential_subnets_per_hour": seq, "csp_subnets_per_hour": csp, "ratio": csp / seq,
+            rounds.append({"load_1min_at_start": load, "sequential_subnets_per_hour": seq, "csp_subnets_per_hour": csp, "ratio": csp / seq,
                            "bit_identical": seq_bits == csp_bits, "sequential_stages": seq_stages,
                            "csp_stages": csp_stages})
             print(f"round {i + 1}: sequential {seq:,.0f} subnets/h, csp {csp:,.0f} subnets/h, ratio {csp / seq:.3f}, "
-                  f"bit-identical {seq_bits == csp_bits}", flush=True)
+                  f"bit-identical {seq_bits == csp_bits} (load {load:.1f})", flush=True)
     ratio = math.exp(statistics.fmean(math.log(r["ratio"]) for r in rounds))
     result = {
         "model": "supernet-mini", "plan": {"pp": 2, "micro_batch_size": args.micro_batch_size},
