@@ -162,6 +162,8 @@ def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
     p.add_argument("--memory-budget-gib", type=float, default=None, metavar="GIB",
                    help="emulate a device of GIB GiB per rank: refuse a plan the simulator says does not fit, "
                         "stop a rank whose accounted memory exceeds it")
+    p.add_argument("--context-switch", default="auto", choices=("auto", "on", "off"),
+                   help="supernet runs: keep only the in-flight subnets' candidates on the device (auto: on for csp)")
     p.add_argument("--json", action="store_true", help="print a JSON summary of the run on stdout")
 
 
