@@ -34,6 +34,7 @@ from mindpipe.traces.schema import from_dict, read_json, write_json
 from mindpipe.traces.supernet import (
     Supernet,
     check_supernet_plan,
+    subnet_batch,
     subnet_schedule,
     subnet_window,
     supernet_stage_layers,
@@ -105,8 +106,8 @@ class SupernetRunConfig:
 
     @property
     def batch(self) -> int:
-        """Subnets per synchronous batch (``sync``): the window."""
-        return self.window if self.schedule == "sync" else 1
+        """Subnets per synchronous batch (``sync``): the window (:func:`~mindpipe.traces.supernet.subnet_batch`)."""
+        return subnet_batch(self.plan)
 
     @property
     def segment(self) -> int:

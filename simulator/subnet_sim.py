@@ -13,7 +13,8 @@
    context switching, the host→device copy of each subnet's candidates (weights and optimizer
    state over PCIe on a GPU; a memory copy on a CPU);
 3. build the plan's schedule (:func:`~mindpipe.simulator.subnet_schedules.build_subnet_schedule`,
-   CSP ordered on these durations) and replay it exactly (:mod:`mindpipe.simulator.subnet_replay`);
+   CSP ordered on nominal durations exactly as the executor orders it) and replay it with the priced
+   actions (:mod:`mindpipe.simulator.subnet_replay`);
 4. report per stage busy time, bubble, conflict stalls, memory (:mod:`mindpipe.simulator.subnet_memory`).
 
 One subnet trains one micro-batch per data-parallel replica; throughput counts subnets.
@@ -46,6 +47,7 @@ from mindpipe.traces.supernet import (
     check_supernet_plan,
     conflict_probability,
     sample_subnets,
+    subnet_batch,
     subnet_schedule,
     subnet_stage_operators,
     subnet_window,
@@ -170,7 +172,8 @@ class SupernetSimulator:
             context_switching: Only the resident subnets' candidates on the device, copied in ahead
                 (else every stage keeps its whole slice of the supernet).
             memory_budget_bytes: A per-device memory budget instead of the device's capacity.
-            sync_batch: Subnets per batch of the ``sync`` schedule (default 2 × pp; must divide N).
+            sync_batch: Subnets per batch of the ``sync`` schedule (default the plan's, as the executor
+                runs it: :func:`~mindpipe.traces.supernet.subnet_batch`; must divide N).
             source: The plan's name in errors.
 
         Raises:
@@ -180,7 +183,7 @@ class SupernetSimulator:
         integer("subnets", num_subnets, 1, "train_steps")
         net, p = self.supernet, plan.pp
         name, window = subnet_schedule(plan), subnet_window(plan)
-        batch = (sync_batch or 2 * p) if name == "sync" else 1
+        batch = (sync_batch or subnet_batch(plan)) if name == "sync" else 1
         integer("sync_batch", batch, 1, "train_steps")
         if name == "sync" and num_subnets % batch:
             raise ContractError("--subnets", None, f"sync trains batches of {batch} subnets; "
@@ -191,12 +194,10 @@ class SupernetSimulator:
         ops = [subnet_stage_operators(net, plan, c) for c in subnets]
         action_costs = self._action_costs(plan, costs, layers, subnets, name, batch, context_switching)
 
-        def nominal(kind: str, s: int, b: int) -> float:
-            if kind == "F":
-                return action_costs.forward_s[s][b]
-            return action_costs.backward_s[s][b] + action_costs.after_backward_s[s][b]
-
-        sched = build_subnet_schedule(name, ops, p, window, batch, nominal)
+        # The order is the executor's (executor/supernet_worker.py): CSP list-scheduled on nominal
+        # durations (forward 1, backward 2), so a plan runs as it was simulated; the replay below
+        # times that order with the priced actions.
+        sched = build_subnet_schedule(name, ops, p, window, batch)
         if sched.update == "batch_end":  # the update waits for the batch's last backward on the stage
             action_costs = self._action_costs(plan, costs, layers, subnets, name, batch, context_switching, sched)
         rep = replay(sched, action_costs)

@@ -275,6 +275,11 @@ def subnet_window(plan: Plan) -> int:
     return plan.subnet_window if plan.subnet_window is not None else DEFAULT_WINDOW_PER_STAGE * plan.pp
 
 
+def subnet_batch(plan: Plan) -> int:
+    """Subnets per synchronous batch: the window under ``sync`` (its weights update once per batch), else 1."""
+    return subnet_window(plan) if subnet_schedule(plan) == "sync" else 1
+
+
 def supernet_stage_layers(plan: Plan, supernet: Supernet) -> list[int]:
     """Choice layers per pipeline stage: the plan's partition, or an even split."""
     return list(plan.partition) if plan.partition is not None else even_partition(supernet.num_layers, plan.pp)
@@ -355,6 +360,7 @@ __all__ = [
     "sample_subnet",
     "sample_subnets",
     "stage_operators",
+    "subnet_batch",
     "subnet_schedule",
     "subnet_stage_operators",
     "subnet_window",

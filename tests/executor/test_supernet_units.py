@@ -107,3 +107,20 @@ def test_reference_is_deterministic_and_trains() -> None:
     a, b = train_sequential(NET, plan, 6), train_sequential(NET, plan, 6)
     assert [x.loss for x in a] == [y.loss for y in b]
     assert len({x.choices for x in a}) > 1
+
+
+@pytest.mark.parametrize("plan", ['{"pp":2,"micro_batch_size":2,"global_batch_size":2}',
+                                  '{"pp":2,"micro_batch_size":2,"global_batch_size":2,"subnet_window":3}',
+                                  '{"pp":2,"micro_batch_size":2,"global_batch_size":2,"subnet_schedule":"sync"}'])
+def test_the_simulator_times_the_table_the_executor_runs(plan: str) -> None:
+    """One table (DESIGN.md): the simulator orders a plan's subnets with the window and sync batch the
+    executor's config derives (``subnet_window``/``subnet_batch``), so a tuned plan runs as simulated."""
+    from mindpipe.simulator.subnet_sim import SupernetSimulator
+    from mindpipe.traces.builtin import load_cluster
+
+    p = load_plan(plan)
+    cfg = SupernetRunConfig(supernet=NET, plan=p, steps=8)
+    result = SupernetSimulator(NET, load_cluster("cpu:1x2")).run(p, 8)
+    assert (result.schedule, result.batch) == (cfg.schedule, cfg.batch)
+    if cfg.schedule == "csp":
+        assert result.window == cfg.window
