@@ -10,6 +10,7 @@ Builds the search space, runs the sweep with the simulator as cost function, wri
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -17,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.simulator.simulator import Simulator
+from mindpipe.traces.atomic import write_text
+from mindpipe.traces.builtin import load_cluster, load_model, load_plan
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, MadeFor, Model
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.schema import to_dict
+from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.keys import parse_fixes, parse_global_batch, parse_what_if
@@ -31,6 +34,8 @@ from mindpipe.tuner.output import write_outputs
 from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.store import SweepStore
 from mindpipe.tuner.sweep import Evaluator, Progress, SweepConfig, SweepResult, run_sweep
+from mindpipe.tuner.target import Placement, TrainingTarget
+from mindpipe.tuner.target_front import FrontConfig, run_front
 
 
 class NoFeasiblePlan(ContractError):
@@ -89,13 +94,42 @@ def build_space(model: Model, cluster: Cluster, global_batch: int | Sequence[int
     return SearchSpace(model, cluster, batches, fixed, tuple(partitioners), parse_what_if(what_if))
 
 
+def target_identity(obj: Objective) -> dict[str, Any]:
+    """What makes two carbon-to-target sweeps the same job (for ``--resume``)."""
+    t = obj.target
+    ident: dict[str, Any] = {"samples": t.samples, "noise_scale": t.noise_scale,
+                             "reference_batch": t.reference_batch} if t is not None else {}
+    p = obj.placement
+    if p is not None:
+        blob = repr((p.series.times, p.series.values)).encode()
+        ident["placement"] = {"series": hashlib.sha256(blob).hexdigest()[:16], "window": [str(p.window.start),
+                              str(p.window.end)], "interruptible": p.interruptible}
+    return ident
+
+
+def write_front(sim: Simulator, result: SweepResult, target: TrainingTarget, placement: Placement | None,
+                cfg: FrontConfig, out_dir: Path, plots: bool) -> dict[str, Any]:
+    """The carbon-to-target front (:func:`mindpipe.tuner.target_front.run_front`); the chosen plan,
+    with its clocks, replaces ``best_plan.json`` (``made_for`` kept); returns the summary keys."""
+    keys, plan = run_front(sim, result.records, target, placement, cfg, out_dir, plots)
+    old = load_plan(str(out_dir / "best_plan.json"))
+    chosen = dataclasses.replace(plan, made_for=old.made_for)
+    write_json(chosen, out_dir / "best_plan.json")
+    keys["best_plan"] = to_dict(chosen)
+    summary = json.loads((out_dir / "summary.json").read_text())
+    summary.update(keys)
+    write_text(out_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
+    return keys
+
+
 def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
          objective: Objective | str = "throughput", global_batch: int | Sequence[int] | str | None = None,
          fixes: dict[str, Any] | Sequence[str] | None = None, partitioners: Sequence[str] = ("balanced",),
          what_if: str | Sequence[str] | None = None, trace: Trace | None = None,
          calibration: Calibration | None = None, trace_source: str = "trace",
          calibration_source: str = "calibration", config: SweepConfig | None = None, resume: bool = False,
-         progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate) -> TuneOutcome:
+         progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate,
+         front: FrontConfig | None = None) -> TuneOutcome:
     """Search for the best plan of ``model`` on ``cluster`` and write the outputs to ``out``.
 
     Args:
@@ -117,6 +151,8 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
         progress: Per-evaluation callback (e.g. :class:`mindpipe.tuner.progress.ProgressBar`).
         plots: Write the PNG plots.
         evaluator: Evaluation function (tests and benchmarks substitute recorded results).
+        front: For ``carbon_to_target``: the plans × clocks × start times front's width
+            (:mod:`mindpipe.tuner.target_front`; default :class:`FrontConfig`).
 
     Raises:
         ContractError: invalid arguments, an empty space, or a different sweep in ``out``.
@@ -143,6 +179,8 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
     }
     if obj.shift is not None:  # absent from other sweeps' identity, so they still resume
         identity["timeshift"] = obj.shift.identity()
+    if obj.target is not None:
+        identity["target"] = target_identity(obj)
     out_dir = Path(out)
     store = SweepStore(out_dir, identity, resume)
     try:
@@ -158,6 +196,9 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
 
         shifted = report_for(obj.shift, result.records, result.best)
     info = write_outputs(result, obj, space, out_dir, made_for, plots=plots, timeshift=shifted)
+    if obj.target is not None and result.best is not None:
+        sim = Simulator(model, cluster, trace=trace, calibration=calibration)
+        info.update(write_front(sim, result, obj.target, obj.placement, front or FrontConfig(), out_dir, plots))
     if result.best is None:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(info["infeasible_by_reason"].items()))
         late = (" (no_value: the job, at that plan's speed, runs past the carbon series)"
