@@ -208,7 +208,7 @@ def summary_keys(chosen: FrontPoint, ref: FrontPoint, n_front: int, n_points: in
             "carbon_gco2_if_now": ref.cost.carbon_gco2, "energy_kwh": chosen.cost.energy_kwh,
             "energy_kwh_if_now": ref.cost.energy_kwh, "compute_hours": chosen.cost.compute_hours,
             "compute_hours_if_now": ref.cost.compute_hours, "wait_hours": chosen.cost.wait_hours,
-            "iterations_to_target": chosen.cost.iterations, "clocks": chosen.candidate.clocks,
+            "iterations_to_target": chosen.cost.iterations, "clock_method": chosen.candidate.clocks,
             "stage_clocks_mhz": chosen.candidate.plan.stage_clocks_mhz, **saving(chosen, ref),
             "front_points": n_front, "priced_points": n_points}
 
