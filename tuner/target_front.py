@@ -50,7 +50,8 @@ class FrontConfig:
     Attributes:
         clocks: Clock methods per plan (``default`` always included).
         top_plans: Best plans of the search (by gCO2 to target) to try clocks and starts on.
-        max_slowdown: Per-iteration slowdown the clock planner may cost.
+        max_slowdown: Per-iteration slowdown the clock planner may cost; the planner also runs at
+            ``max_time_increase`` (the whole budget of the choice), so the front holds both.
         max_time_increase: Compute hours to target the choice may add over the reference.
         stride: Clock steps per planner step (:func:`mindpipe.tuner.frequency.plan_clocks`).
     """
@@ -83,6 +84,7 @@ class Candidate:
     intensity_g_per_kwh: float  # the cluster's annual intensity (used without an hourly series)
     throughput_optimal: bool
     name: str
+    slowdown_limit: float = 0.0  # the per-iteration slowdown the clock planner was given
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ class FrontPoint:
     def row(self) -> dict[str, Any]:
         """A flat CSV/JSON row."""
         c = self.candidate
-        return {"plan": c.name, "clocks": c.clocks, "throughput_optimal": c.throughput_optimal,
+        return {"plan": c.name, "clocks": c.clocks, "clock_slowdown_limit": c.slowdown_limit,
+                "throughput_optimal": c.throughput_optimal,
                 "stage_clocks_mhz": json.dumps(c.plan.stage_clocks_mhz) if c.plan.stage_clocks_mhz else "",
                 "global_batch_size": c.plan.global_batch_size, "iteration_time_s": c.iteration_time_s,
                 "energy_per_iteration_j": c.energy_j, "latest_start_hours": self.latest_start_hours,
@@ -122,16 +125,21 @@ def _label(plan: Plan) -> str:
 def candidates(sim: Simulator, plans: Sequence[Plan], fastest: int, cfg: FrontConfig) -> list[Candidate]:
     """Every plan at every clock method of ``cfg`` (``plans[fastest]`` is the throughput-optimal one)."""
     out = []
+    limits = sorted({cfg.max_slowdown, cfg.max_time_increase})
     for i, plan in enumerate(plans):
+        seen: list[Any] = []
         for method in cfg.clocks:
-            chosen = plan_clocks(sim, plan, method, cfg.max_slowdown, cfg.stride).plan
-            if method != "default" and not chosen.stage_clocks_mhz:
-                continue
-            r = sim.run(chosen)
-            if r.energy_j is None or not r.iteration_time_s:
-                continue
-            ci = (r.carbon_gco2 or 0.0) / (r.energy_j / J_PER_KWH) if r.energy_j > 0 else 0.0
-            out.append(Candidate(chosen, method, r.iteration_time_s, r.energy_j, ci, i == fastest, _label(plan)))
+            for lim in ([0.0] if method == "default" else limits):
+                chosen = plan_clocks(sim, plan, method, lim, cfg.stride).plan
+                if (method != "default" and not chosen.stage_clocks_mhz) or chosen.stage_clocks_mhz in seen:
+                    continue  # no clocks found, or the same clocks as at a smaller limit
+                seen.append(chosen.stage_clocks_mhz)
+                r = sim.run(chosen)
+                if r.energy_j is None or not r.iteration_time_s:
+                    continue
+                ci = (r.carbon_gco2 or 0.0) / (r.energy_j / J_PER_KWH) if r.energy_j > 0 else 0.0
+                out.append(Candidate(chosen, method, r.iteration_time_s, r.energy_j, ci, i == fastest, _label(plan),
+                                     lim))
     return out
 
 
@@ -241,6 +249,20 @@ def plot(points: Sequence[FrontPoint], fr: Sequence[FrontPoint], ref: FrontPoint
     plt.close(fig)
 
 
+def select_plans(records: Sequence[ScoredRecord], top: int) -> list[Plan]:
+    """The throughput-optimal feasible plan first, then the ``top`` best by the objective (no repeats).
+
+    Raises:
+        ContractError: no feasible simulated plan.
+    """
+    ok = [r for r in records if r.feasible and r.plan is not None and r.metrics.throughput_samples_per_s]
+    if not ok:
+        raise ContractError("tune", "carbon_to_target", "no feasible simulated plan to place in time")
+    fastest = max(ok, key=lambda r: (r.metrics.throughput_samples_per_s or 0.0, -r.index))
+    ranked = sorted(ok, key=lambda r: (r.value if r.value is not None else math.inf, r.index))[:top]
+    return [r.plan for r in [fastest, *[r for r in ranked if r is not fastest]] if r.plan is not None]
+
+
 def run_front(sim: Simulator, records: Sequence[ScoredRecord], target: TrainingTarget, placement: Placement | None,
               cfg: FrontConfig, out: Path, plots: bool = True) -> tuple[dict[str, Any], Plan]:
     """Candidates from the sweep's records, the front, the choice; writes the outputs (module docstring).
@@ -251,14 +273,7 @@ def run_front(sim: Simulator, records: Sequence[ScoredRecord], target: TrainingT
     Raises:
         ContractError: no feasible simulated plan, or the reference cannot be priced.
     """
-    ok = [r for r in records if r.feasible and r.plan is not None and r.metrics.throughput_samples_per_s]
-    if not ok:
-        raise ContractError("tune", "carbon_to_target", "no feasible simulated plan to place in time")
-    fastest = max(ok, key=lambda r: (r.metrics.throughput_samples_per_s or 0.0, -r.index))
-    ranked = sorted(ok, key=lambda r: (r.value if r.value is not None else math.inf, r.index))[:cfg.top_plans]
-    chosen_recs = [fastest, *[r for r in ranked if r is not fastest]]
-    plans = [r.plan for r in chosen_recs if r.plan is not None]
-    points = place(candidates(sim, plans, 0, cfg), target, placement)
+    points = place(candidates(sim, select_plans(records, cfg.top_plans), 0, cfg), target, placement)
     ref = reference(points)
     best = choose(points, ref, cfg.max_time_increase)
     fr = front(points)
@@ -281,4 +296,4 @@ def run_front(sim: Simulator, records: Sequence[ScoredRecord], target: TrainingT
 
 
 __all__ = ["Candidate", "FrontConfig", "FrontPoint", "candidates", "choose", "front", "place", "plot",
-           "reference", "run_front", "saving", "summary_keys"]
+           "reference", "run_front", "saving", "select_plans", "summary_keys"]
