@@ -98,8 +98,8 @@ def format_lines(info: dict[str, Any]) -> list[str]:
         f"({info['compute_time_increase_fraction']:+.2%} vs the throughput-optimal plan), {where}",
         f"clocks           {info['clock_method']}" + (f": stage_clocks_mhz={info['stage_clocks_mhz']}"
                                                 if info.get("stage_clocks_mhz") else ""),
-        f"carbon           {info['carbon_gco2'] / 1e6:.6g} tCO2, {info['energy_kwh']:.6g} kWh vs "
-        f"{info['carbon_gco2_if_now'] / 1e6:.6g} tCO2, {info['energy_kwh_if_now']:.6g} kWh for the throughput-optimal "
+        f"carbon           {info['carbon_gco2'] / 1e3:.6g} kgCO2, {info['energy_kwh']:.6g} kWh vs "
+        f"{info['carbon_gco2_if_now'] / 1e3:.6g} kgCO2, {info['energy_kwh_if_now']:.6g} kWh for the throughput-optimal "
         f"plan started now at default clocks; saving {info['carbon_saving_fraction']:.1%}",
         f"front            {info['front_points']} of {info['priced_points']} (plan, clocks, start) points "
         "(target_front.csv, target_front.png, target.json)",
