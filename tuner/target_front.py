@@ -122,15 +122,24 @@ def _label(plan: Plan) -> str:
             f"{plan.schedule}" + (f" v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""))
 
 
-def candidates(sim: Simulator, plans: Sequence[Plan], fastest: int, cfg: FrontConfig) -> list[Candidate]:
-    """Every plan at every clock method of ``cfg`` (``plans[fastest]`` is the throughput-optimal one)."""
+def candidates(sim: Simulator, plans: Sequence[Plan], fastest: int, cfg: FrontConfig,
+               skipped: list[str] | None = None) -> list[Candidate]:
+    """Every plan at every clock method of ``cfg`` (``plans[fastest]`` is the throughput-optimal one).
+
+    A device without frequency data gets default clocks only; why goes to ``skipped``.
+    """
     out = []
     limits = sorted({cfg.max_slowdown, cfg.max_time_increase})
     for i, plan in enumerate(plans):
         seen: list[Any] = []
         for method in cfg.clocks:
             for lim in ([0.0] if method == "default" else limits):
-                chosen = plan_clocks(sim, plan, method, lim, cfg.stride).plan
+                try:
+                    chosen = plan_clocks(sim, plan, method, lim, cfg.stride).plan
+                except ContractError as exc:  # no frequency data for this device: default clocks only
+                    if skipped is not None and str(exc) not in skipped:
+                        skipped.append(str(exc))
+                    break
                 if (method != "default" and not chosen.stage_clocks_mhz) or chosen.stage_clocks_mhz in seen:
                     continue  # no clocks found, or the same clocks as at a smaller limit
                 seen.append(chosen.stage_clocks_mhz)
@@ -273,7 +282,8 @@ def run_front(sim: Simulator, records: Sequence[ScoredRecord], target: TrainingT
     Raises:
         ContractError: no feasible simulated plan, or the reference cannot be priced.
     """
-    points = place(candidates(sim, select_plans(records, cfg.top_plans), 0, cfg), target, placement)
+    skipped: list[str] = []
+    points = place(candidates(sim, select_plans(records, cfg.top_plans), 0, cfg, skipped), target, placement)
     ref = reference(points)
     best = choose(points, ref, cfg.max_time_increase)
     fr = front(points)
@@ -286,6 +296,8 @@ def run_front(sim: Simulator, records: Sequence[ScoredRecord], target: TrainingT
         writer.writeheader()
         writer.writerows(rows)
     info = summary_keys(best, ref, len(fr), len(points))
+    if skipped:
+        info["clock_note"] = "default clocks only: " + "; ".join(skipped)
     doc = {**info, "chosen": best.row(), "reference": ref.row(), "front": [p.row() for p in fr],
            "target": dataclasses.asdict(target), "config": dataclasses.asdict(cfg),
            "interruptible": placement.interruptible if placement is not None else None}

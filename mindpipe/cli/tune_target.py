@@ -97,7 +97,8 @@ def format_lines(info: dict[str, Any]) -> list[str]:
         f"to target        {info['iterations_to_target']:.6g} iterations, {info['compute_hours']:.4g} h computing "
         f"({info['compute_time_increase_fraction']:+.2%} vs the throughput-optimal plan), {where}",
         f"clocks           {info['clock_method']}" + (f": stage_clocks_mhz={info['stage_clocks_mhz']}"
-                                                if info.get("stage_clocks_mhz") else ""),
+                                                if info.get("stage_clocks_mhz") else "")
+        + (f" ({info['clock_note']})" if info.get("clock_note") else ""),
         f"carbon           {info['carbon_gco2'] / 1e3:.6g} kgCO2, {info['energy_kwh']:.6g} kWh vs "
         f"{info['carbon_gco2_if_now'] / 1e3:.6g} kgCO2, {info['energy_kwh_if_now']:.6g} kWh for the throughput-optimal "
         f"plan started now at default clocks; saving {info['carbon_saving_fraction']:.1%}",

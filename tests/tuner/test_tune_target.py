@@ -109,6 +109,18 @@ def test_without_a_series_the_annual_intensity_prices_the_target(tmp_path):
                                                 / info["energy_kwh_if_now"])
 
 
+def test_a_device_without_frequency_data_keeps_default_clocks_and_says_so(tmp_path):
+    argv = ["tune", "--model", "gpt-mini", "--cluster", "cpu:1x4", "--objective", "carbon_to_target",
+            "--critical-batch", "16", "--target-samples", "1e4", "--global-batch", "8,16", "--budget", "6",
+            "--optimizer", "random", "--out", str(tmp_path / "cpu"), "--quiet", "--no-plots"]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        assert mindpipe_main([*argv, "--json"]) == 0, stderr.getvalue()
+    info = json.loads(stdout.getvalue())
+    assert info["clock_method"] == "default" and "no frequency data for 'cpu'" in info["clock_note"]
+    assert set(pd.read_csv(tmp_path / "cpu" / "target_front.csv").clocks) == {"default"}
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (["--objective", "carbon_to_target", "--critical-batch", "48"], "needs --target-samples N"),
     (["--objective", "carbon_to_target", "--target-samples", "1e6"], "needs the gradient noise scale"),
