@@ -16,9 +16,10 @@ subnets drawn from each space's seeded stream, micro-batch 30 sequences × 128 t
   the batch end — *not* equivalent to sequential training;
 * ``async``: PipeDream-style 1F1B without flushes, no conflict check — *not* equivalent either.
 
-Partition: the benchmark's own choice, min–max over the mean stage cost under uniform sampling
-(the embedding on the first stage, the LM head and loss on the last), so that the heavy head does not
-make the last stage the bottleneck of every schedule alike. Each schedule runs with context switching
+Partition: the tuner's ``balanced`` supernet rule (:func:`mindpipe.tuner.subnet_partition.balanced_supernet_partition`),
+min–max over the expected stage cost under uniform sampling (the embedding on the first stage, the LM
+head and loss on the last), so that the heavy head does not make the last stage the bottleneck of every
+schedule alike. Each schedule runs with context switching
 (only the resident subnets' candidates on the GPU, copied in one subnet ahead) and without (every
 stage keeps its whole slice of the supernet).
 
@@ -34,18 +35,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
-from mindpipe.simulator.subnet_costs import SupernetCosts
 from mindpipe.simulator.subnet_replay import ActionCosts, replay
 from mindpipe.simulator.subnet_schedules import build_subnet_schedule
 from mindpipe.simulator.subnet_sim import SupernetResult, SupernetSimulator
 from mindpipe.traces.builtin import load_cluster, load_supernet
-from mindpipe.traces.config import Plan
-from mindpipe.traces.supernet import sample_subnets, subnet_stage_operators
+from mindpipe.traces.config import SEQUENTIAL_EQUIVALENT_SCHEDULES, Plan
+from mindpipe.traces.schema import from_dict
+from mindpipe.traces.supernet import Supernet, sample_subnets, subnet_stage_operators
+from mindpipe.tuner.subnet_partition import balanced_supernet_partition
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "supernet_throughput.json"
@@ -56,28 +57,6 @@ MICRO_BATCH = 30  # NASPipe's 3,840 tokens per batch at 128 tokens per sentence
 TARGET = 2.0
 # NASPipe's README, hours per 1,000 subnets (its 4-GPU throughput artifact; fp32 fairseq encoder–decoder).
 README_HOURS_PER_1000 = {"naspipe-c1": 0.144, "naspipe-c2": 0.153, "naspipe-c3": 0.214}
-
-
-def balanced_partition(costs: SupernetCosts, pp: int, num_layers: int) -> list[int]:
-    """Layers per stage minimising the largest mean stage cost (forward + backward) under uniform sampling."""
-    per = sum(c.forward_s + c.backward_s for c in costs.candidates) / len(costs.candidates)
-    extra = [0.0] * pp
-    extra[0] += costs.embedding.forward_s + costs.embedding.backward_s
-    extra[-1] += costs.head.forward_s + costs.head.backward_s
-
-    def fits(limit: float) -> list[int]:
-        return [max(0, math.floor((limit - e) / per + 1e-9)) for e in extra]
-
-    lo, hi = 0.0, num_layers * per + sum(extra)
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        n = fits(mid)
-        lo, hi = (lo, mid) if sum(n) >= num_layers and min(n) >= 1 else (mid, hi)
-    n = fits(hi)
-    for _ in range(sum(n) - num_layers):  # drop surplus layers from the currently heaviest stage
-        s = max((s for s in range(pp) if n[s] > 1), key=lambda s: n[s] * per + extra[s])
-        n[s] -= 1
-    return n
 
 
 def ideal_csp_speedup(space: str, pp: int, partition: list[int], subnets: int) -> float:
@@ -95,6 +74,27 @@ def ideal_csp_speedup(space: str, pp: int, partition: list[int], subnets: int) -
     return subnets * pp * 3.0 / replay(sched, costs).makespan_s
 
 
+def bubble_reference(subnets: int) -> dict[str, Any]:
+    """CSP over sequential in NASPipe's own bubble simulation (hku-systems/naspipe
+    ``throughput/translation/bubble.py``): 48 candidates per layer (``c_48.json``), 32 choice layers
+    over 4 stages of 8 (``p = [0, 8, 16, 24, 32]``), unit forward and backward, a 200-subnet window.
+    The same library rule and replay as :func:`ideal_csp_speedup`, on that smaller space: it shows
+    what the rule gives where a stage holds 8 layers instead of 12."""
+    net = from_dict(Supernet, {"kind": "supernet", "num_layers": 32, "hidden_size": 64, "seq_len": 32,
+                               "vocab_size": 64, "name": "naspipe-bubble-c48",
+                               "candidates": [{"name": f"op{i}", "op": "ffn", "ffn_hidden_size": 64}
+                                              for i in range(48)]})
+    pp, window = 4, 200
+    plan = Plan(pp=pp, micro_batch_size=1, global_batch_size=1)
+    ops = [subnet_stage_operators(net, plan, c) for c in sample_subnets(net, subnets)]
+    sched = build_subnet_schedule("csp", ops, pp, window, durations=lambda kind, s, b: 1.0)
+    zero = [[0.0] * subnets for _ in range(pp)]
+    costs = ActionCosts([[1.0] * subnets] * pp, [[1.0] * subnets] * pp, zero, zero, [0.0] * pp, [0.0] * pp)
+    speedup = subnets * pp * 2.0 / replay(sched, costs).makespan_s
+    return {"space": "48 candidates x 32 layers, 4 stages of 8 (NASPipe bubble.py)", "window": window,
+            "subnets": subnets, "csp_speedup_vs_sequential": speedup}
+
+
 def sync_batch(pp: int, subnets: int) -> int:
     """The largest divisor of ``subnets`` not above 2·pp."""
     return max(b for b in range(1, 2 * pp + 1) if subnets % b == 0)
@@ -108,7 +108,7 @@ def row(space: str, gpus: int, partition: list[int], r: SupernetResult, seq: flo
         "speedup_vs_sequential": r.subnets_per_hour / seq, "bubble_fraction": r.bubble_fraction,
         "conflict_stall_share": [s.conflict_stall_s / r.total_time_s for s in r.stages],
         "peak_memory_gib": max(s.memory.total_gib for s in r.stages), "fits_in_memory": r.fits_in_memory,
-        "equivalent_to_sequential": r.schedule in ("csp", "sequential"),
+        "equivalent_to_sequential": r.schedule in SEQUENTIAL_EQUIVALENT_SCHEDULES,
     }
 
 
@@ -117,7 +117,7 @@ def run_setup(space: str, gpus: int, cluster: str, subnets: int) -> tuple[list[d
     net = load_supernet(space)
     sim = SupernetSimulator(net, load_cluster(cluster))
     base = Plan(pp=gpus, micro_batch_size=MICRO_BATCH, global_batch_size=MICRO_BATCH)
-    partition = balanced_partition(sim.costs(base), gpus, net.num_layers)
+    partition = balanced_supernet_partition(sim.costs(base), gpus)
     plans = [("sequential", None), ("csp", gpus), ("csp", 2 * gpus), ("csp", 4 * gpus), ("sync", None), ("async", None)]
     rows, rates = [], []
     for switching in (True, False):
@@ -146,7 +146,7 @@ def fp32_scale_check(subnets: int) -> list[dict[str, Any]]:
         net = load_supernet(space)
         sim = SupernetSimulator(net, load_cluster(SETUPS[0][1]))
         base = Plan(pp=4, micro_batch_size=MICRO_BATCH, global_batch_size=MICRO_BATCH, precision="fp32")
-        partition = balanced_partition(sim.costs(base), 4, net.num_layers)
+        partition = balanced_supernet_partition(sim.costs(base), 4)
         r = sim.run(Plan(pp=4, micro_batch_size=MICRO_BATCH, global_batch_size=MICRO_BATCH, precision="fp32",
                          partition=partition, subnet_schedule="csp"), subnets)
         out.append({"space": space, "simulated_hours_per_1000": 1000 / r.subnets_per_hour,
@@ -213,10 +213,12 @@ def main() -> None:
                                  "ideal_csp_speedup": ideal, "met": best["speedup_vs_sequential"] >= TARGET})
     worst_rate = max(abs(c["simulated"] - c["closed_form"]) for c in rates)
     scale = fp32_scale_check(args.subnets)
+    reference = bubble_reference(args.subnets)
     payload = {"benchmark": "supernet_throughput", "what": "simulated (SupernetSimulator, A100 kernel model)",
                "subnets": args.subnets, "micro_batch_size": MICRO_BATCH, "precision": "bf16", "target_csp_speedup": TARGET,
                "rows": rows, "csp_verdicts": verdicts, "conflict_rates": rates,
-               "conflict_rate_max_abs_error": worst_rate, "fp32_scale_check": scale, "wall_s": time.time() - t0}
+               "conflict_rate_max_abs_error": worst_rate, "fp32_scale_check": scale,
+               "naspipe_bubble_reference": reference, "wall_s": time.time() - t0}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(payload, indent=1) + "\n")
     plot(rows, PNG)
@@ -228,6 +230,8 @@ def main() -> None:
               f"{v['ideal_csp_speedup']:.2f}x) -> "
               f"{'meets' if v['met'] else 'misses'} the {TARGET:g}x target")
     print(f"conflict rate: largest |simulated - closed form| over all stages = {100 * worst_rate:.2f} points")
+    print(f"NASPipe's bubble.py setting ({reference['space']}): CSP {reference['csp_speedup_vs_sequential']:.2f}x "
+          "sequential with unit costs")
     for check in scale:
         print(f"{check['space']}: fp32 CSP on 4 A100s {check['simulated_hours_per_1000']:.3f} h per 1,000 subnets "
               f"(NASPipe README {check['naspipe_readme_hours_per_1000']:.3f} h; a scale check, not a validation)")

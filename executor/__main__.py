@@ -29,18 +29,41 @@ from mindpipe.executor.rundir import record_error, register_rank
 from mindpipe.traces.errors import ContractError
 
 
+def _supernet_config(path: str) -> bool:
+    from mindpipe.executor.supernet_config import is_supernet_config
+    from mindpipe.traces.reading import CONFIG
+    from mindpipe.traces.schema import read_json
+
+    return is_supernet_config(read_json(path, CONFIG))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments and run this rank."""
     argv = list(sys.argv[1:] if argv is None else argv)
     register_rank()  # under mindpipe run: die with torchrun, and be found by the launcher
     try:
+        if argv[:1] == ["--config"] and len(argv) == 2 and _supernet_config(argv[1]):
+            from mindpipe.executor.supernet_config import SupernetRunConfig
+            from mindpipe.executor.supernet_worker import run as run_supernet  # imports torch
+
+            return run_supernet(SupernetRunConfig.load(argv[1]))
         if argv[:1] == ["--config"] and len(argv) == 2:
             cfg = RunConfig.load(argv[1])
             command = ""
         else:
             p = argparse.ArgumentParser(prog="python -m mindpipe.executor", description="Run one rank of a MindPipe plan.")
             add_run_arguments(p, launcher=False)
-            cfg = config_from_args(p.parse_args(argv))
+            args = p.parse_args(argv)
+            from mindpipe.executor.config import plan_source
+            from mindpipe.executor.supernet_launch import is_supernet_model, precheck, supernet_config
+
+            if is_supernet_model(args.model):  # a supernet rank started directly: the launcher's checks, then run
+                scfg = supernet_config(args)
+                precheck(scfg, env_world_size(), plan_source(args.plan))
+                from mindpipe.executor.supernet_worker import run as run_supernet  # imports torch
+
+                return run_supernet(scfg, command="python -m mindpipe.executor " + shlex.join(argv))
+            cfg = config_from_args(args)
             command = "python -m mindpipe.executor " + " ".join(shlex.quote(a) for a in argv)
         # Refuse an impossible plan before importing torch (seconds per rank). No memory model
         # here: the executor does not import the simulator's (mindpipe run checks memory itself).

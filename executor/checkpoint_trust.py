@@ -205,6 +205,22 @@ def verify_step(step_path: str | os.PathLike[str]) -> None:
                                 f"expected {files[name]['sha256'][:12]}…): corrupted or changed since it was written")
 
 
+def _same_model(recorded: Any, model: dict[str, Any]) -> bool:
+    """Whether the checkpoint's model document describes ``model``, keys left out meaning their defaults.
+
+    Checkpoints written before a model key existed (``num_kv_heads``, ``rope_theta``,
+    ``tie_embeddings``) lack it; both sides are read through the Model contract, so a missing key
+    equals its default. A document the contract refuses is compared as it is.
+    """
+    from mindpipe.traces.config import Model  # local: the trust checks stay importable without the contracts
+    from mindpipe.traces.schema import from_dict
+
+    try:
+        return from_dict(Model, recorded, "latest.json") == from_dict(Model, model, "model")
+    except (ContractError, TypeError):
+        return bool(recorded == model)
+
+
 def check_resume(directory: str | os.PathLike[str], model: dict[str, Any], tp: int, step: int | None = None) -> int:
     """Everything a resume needs before torch reads the checkpoint; returns the step to load.
 
@@ -218,7 +234,7 @@ def check_resume(directory: str | os.PathLike[str], model: dict[str, Any], tp: i
         ContractError: any trust, manifest or compatibility check fails (one line).
     """
     record = read_record(directory)
-    if record.model != model:
+    if not _same_model(record.model, model):
         name = record.model.get("name") or record.model.get("kind")
         raise ContractError(str(directory), "model", f"the checkpoint was written for another model ({name}, "
                             f"{json.dumps(record.model, sort_keys=True)[:200]}); this run trains {model.get('name') or model.get('kind')}")

@@ -162,6 +162,8 @@ def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
     p.add_argument("--memory-budget-gib", type=float, default=None, metavar="GIB",
                    help="emulate a device of GIB GiB per rank: refuse a plan the simulator says does not fit, "
                         "stop a rank whose accounted memory exceeds it")
+    p.add_argument("--context-switch", default="auto", choices=("auto", "on", "off"),
+                   help="supernet runs: keep only the in-flight subnets' candidates on the device (auto: on for csp)")
     p.add_argument("--json", action="store_true", help="print a JSON summary of the run on stdout")
 
 
@@ -218,10 +220,13 @@ def resolve_model(model_arg: str | None, plan: Plan, source: str = "plan") -> Mo
             ``plan.json: made_for: the plan was tuned for gpt-13b; --model gives gpt-mini``.
     """
     made = plan.made_for
+    if made is not None and made.model is None:  # a supernet plan: the supernet runner takes it
+        raise ContractError(source, "made_for", f"the plan was tuned for the supernet {made.label}; "
+                            f"run it with --model {made.supernet.name if made.supernet and made.supernet.name else 'SUPERNET'}")
     if model_arg is None:
-        return made.model if made is not None else load_model(DEFAULT_MODEL)
+        return made.model if made is not None and made.model is not None else load_model(DEFAULT_MODEL)
     model = load_model(model_arg)
-    if made is not None and not made.model.same_shape(model):
+    if made is not None and made.model is not None and not made.model.same_shape(model):
         raise ContractError(source, "made_for", f"the plan was tuned for {made.model.label}; --model gives {model.label}")
     return model
 

@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mindpipe.executor import rundir, supervise
 from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
@@ -162,29 +163,13 @@ def _keep_log(log: Path, records: dict[int, rundir.RankError]) -> None:
             fh.write(f"\n--- rank {r.rank} ({r.kind}) ---\n{r.traceback}")
 
 
-def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None = None,
-           memory_check: MemoryCheck | None = None) -> Trace | None:
-    """Validate, launch torchrun, wait; returns the measured trace (None when ``cfg.out`` is unset).
-
-    ``memory_check`` estimates each pipeline rank's memory and refuses a plan that does not fit
-    (:func:`mindpipe.executor.precheck.check_run`); the CLI passes the simulator's. None skips
-    the memory check (the launcher prints a note).
+def run_under_torchrun(cfg: Any, args: argparse.Namespace, kind: str, run_timeout: float | None) -> None:
+    """Save ``cfg`` (a run config with ``save``) in a private run directory and run every rank under torchrun.
 
     Raises:
-        ContractError: the plan or the checkpoint is refused before launch.
         RunFailed: a rank failed, or the run exceeded ``run_timeout`` (the log is kept and named).
         RunStopped: SIGTERM or SIGHUP; KeyboardInterrupt: SIGINT (every process stopped either way).
     """
-    kind, gpu = detect_device(cfg.device)
-    spec = catalog_device(kind, gpu)
-    world = None if ":" in str(args.nnodes) else int(args.nproc) * int(args.nnodes)
-    pre = check_run(cfg.model, cfg.plan, world if world is not None else cfg.plan.world_size, kind, spec,
-                    cfg.schedule_source, text_data=cfg.data != "synthetic", source=plan_source(args.plan),
-                    ranks_per_device=int(args.nproc) if kind == "cpu" else 1, memory_check=memory_check,
-                    memory_budget_gib=cfg.memory_budget_gib)
-    check_checkpoint(cfg)
-    for note in pre.notes:
-        print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
     run_dir = Path(tempfile.mkdtemp(prefix="mindpipe-run-"))
     fd, log_name = tempfile.mkstemp(prefix=f"{run_dir.name}.", suffix=".log")  # exclusive, mode 0600
     os.close(fd)
@@ -215,6 +200,32 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
         if not keep:
             log.unlink(missing_ok=True)
         supervise.release(watchdog, done=stopped)  # if a rank survived, the watchdog ends it
+
+
+def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None = None,
+           memory_check: MemoryCheck | None = None) -> Trace | None:
+    """Validate, launch torchrun, wait; returns the measured trace (None when ``cfg.out`` is unset).
+
+    ``memory_check`` estimates each pipeline rank's memory and refuses a plan that does not fit
+    (:func:`mindpipe.executor.precheck.check_run`); the CLI passes the simulator's. None skips
+    the memory check (the launcher prints a note).
+
+    Raises:
+        ContractError: the plan or the checkpoint is refused before launch.
+        RunFailed: a rank failed, or the run exceeded ``run_timeout`` (the log is kept and named).
+        RunStopped: SIGTERM or SIGHUP; KeyboardInterrupt: SIGINT (every process stopped either way).
+    """
+    kind, gpu = detect_device(cfg.device)
+    spec = catalog_device(kind, gpu)
+    world = None if ":" in str(args.nnodes) else int(args.nproc) * int(args.nnodes)
+    pre = check_run(cfg.model, cfg.plan, world if world is not None else cfg.plan.world_size, kind, spec,
+                    cfg.schedule_source, text_data=cfg.data != "synthetic", source=plan_source(args.plan),
+                    ranks_per_device=int(args.nproc) if kind == "cpu" else 1, memory_check=memory_check,
+                    memory_budget_gib=cfg.memory_budget_gib)
+    check_checkpoint(cfg)
+    for note in pre.notes:
+        print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
+    run_under_torchrun(cfg, args, kind, run_timeout)
     return Trace.load(cfg.out) if cfg.out else None
 
 
@@ -238,6 +249,10 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
     ``memory_check``: see :func:`launch` (the CLI builds it on ``Simulator.refuse_unless_fits``).
     """
     check_launch_arguments(args)
+    from mindpipe.executor.supernet_launch import cmd_run_supernet, is_supernet_model
+
+    if is_supernet_model(args.model):
+        return cmd_run_supernet(args)
     cfg = config_from_args(args)
     started = time.perf_counter()
     try:
@@ -264,4 +279,5 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
     return 0
 
 
-__all__ = ["RunFailed", "RunStopped", "check_checkpoint", "cmd_run", "free_port", "launch", "summary", "torchrun_command"]
+__all__ = ["RunFailed", "RunStopped", "check_checkpoint", "cmd_run", "free_port", "launch", "run_under_torchrun", "summary",
+           "torchrun_command"]

@@ -47,6 +47,19 @@ Mark = Any  # float seconds (CPU) or torch.cuda.Event
 _Sink = Callable[[float, float], None]
 
 
+def action_cpu_clock(cuda: bool) -> float | None:
+    """The CPU clock an action's work is read from (None on GPUs, where it is meaningless).
+
+    On a CPU rank it is the work an action got, whatever else shared the cores (calibration's
+    measure of what the action would take alone). With one intra-op thread every operator runs on
+    this thread, so its own clock excludes the gloo threads copying earlier messages at the same
+    time; with more, the workers' time counts, so the whole process's.
+    """
+    if cuda:
+        return None
+    return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
+
+
 class Recorder:
     """Collects the :class:`~mindpipe.executor.payload.Spans` of one rank (see module docstring)."""
 
@@ -119,14 +132,7 @@ class Recorder:
         self._comm("p2p_wait", "pp", "wait", t0)
 
     def _cpu(self) -> float | None:
-        # CPU time: on a CPU rank, the work an action got, whatever else shared the cores
-        # (calibration's measure of what the action would take alone). With one intra-op thread
-        # every operator runs on this thread, so its own clock excludes the gloo threads copying
-        # earlier messages at the same time; with more, the workers' time counts, so the whole
-        # process's. Meaningless on GPUs.
-        if self.cuda:
-            return None
-        return time.thread_time() if torch.get_num_threads() == 1 else time.process_time()
+        return action_cpu_clock(self.cuda)
 
     @contextlib.contextmanager
     def _action(self, stage: int, mb: int, kind: ActionKind, whole_backward: bool = False) -> Iterator[None]:

@@ -158,8 +158,13 @@ class MemoryAccount:
         raise self.exceeded
 
     def count_weights(self) -> None:
-        """Count the parameters' local storage (once the modules are parallelised)."""
+        """Count the parameters' local storage (once the modules are parallelised).
+
+        Buffers a layer saves for backward (Llama's rotary cos/sin tables) are persistent module
+        state, not a micro-batch's activations: they are left out of the activations like weights.
+        """
         self._weights = {s[0] for p in self._params() if (s := _storage(p)) is not None}
+        self._weights |= {s[0] for m in self.modules for b in m.buffers() if (s := _storage(b)) is not None}
         self._set(weights=self._param_bytes())
 
     def refresh_gradients(self) -> None:

@@ -5,7 +5,8 @@ checkpointing → data parallelism (FSDP2 ``fully_shard`` for ``zero_stage`` ≥
 ``replicate`` for ``zero_stage`` 0), with ``reshard_after_forward = not pp_enabled``.
 
 Tensor parallelism is Megatron's layout (Shoeybi et al. 2019): QKV and fc1 column-parallel,
-projection and fc2 row-parallel, the LM head column-parallel over the vocabulary with its logits
+projection and fc2 row-parallel (Llama: Q, K, V, gate and up column-parallel, output projection
+and down row-parallel; K/V heads split over tp), the LM head column-parallel over the vocabulary with its logits
 gathered. With sequence parallelism (Korthikanti et al. 2022, §4.2.2) LayerNorms and the residual
 stream are split along the sequence (``Shard(1)``); the attention and MLP inputs are all-gathered
 and the row-parallel outputs reduce-scattered, as in torchtitan's plan.
@@ -56,6 +57,15 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
             "attn.proj": RowwiseParallel(output_layouts=residual),
             "mlp.fc1": ColwiseParallel(),
             "mlp.fc2": RowwiseParallel(output_layouts=residual),
+            # Llama (traces/torch_llama.py): Q, K, V column-parallel by whole heads (tp divides
+            # num_kv_heads, check_plan), so rank r holds query heads r·a/t.. and the K/V heads they
+            # use; SwiGLU's gate and up column-parallel, down row-parallel.
+            "attn.wq": ColwiseParallel(),
+            "attn.wk": ColwiseParallel(),
+            "attn.wv": ColwiseParallel(),
+            "mlp.gate": ColwiseParallel(),
+            "mlp.up": ColwiseParallel(),
+            "mlp.down": RowwiseParallel(output_layouts=residual),
         }
         if sp:
             layout.update({

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mindpipe.traces.measured import StageMemory
+from mindpipe.traces.noise_scale import GradientNoise
 
 ActionKind = Literal["F", "B", "I", "W"]
 CommKind = Literal["p2p_wait", "dp_sync", "collective"]
@@ -145,6 +146,8 @@ class RankPayload:
         memory: Peak device memory of the rank's stages, with the accounting's terms.
         orders: The compute actions per pipeline rank the schedule followed (``2F0`` ...).
         clock_note: What became of the plan's SM clock on this rank (:mod:`mindpipe.executor.clocks`).
+        noise: The gradient noise scale measured every step (the same on every rank; None when
+            the plan has nothing to compare, see :func:`mindpipe.executor.noise_probe.noise_method`).
     """
 
     rank: int
@@ -166,6 +169,7 @@ class RankPayload:
     orders: dict[int, list[str]] = field(default_factory=dict)
     memory: StageMemory | None = None
     clock_note: str = ""
+    noise: GradientNoise | None = None
 
     @property
     def cpu_per_step(self) -> float:

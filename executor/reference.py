@@ -1,6 +1,6 @@
 """Single-process training of the same model: the ground truth parity tests compare against.
 
-No parallelism and no torch.distributed: the unsplit GPT from :func:`mindpipe.traces.torch_gpt.build_gpt`,
+No parallelism and no torch.distributed: the unsplit GPT or Llama from :func:`mindpipe.traces.torch_models.build_model`,
 the global batch in micro-batches of ``micro_batch_size`` sequences in order, each micro-batch's
 mean loss divided by the number of micro-batches before ``backward`` (so the gradient is that of
 the global mean loss, which is what pipeline schedules with ``scale_grads`` and a data-parallel
@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 from mindpipe.executor.data import TokenSource
 from mindpipe.traces.config import Model, Plan
-from mindpipe.traces.torch_gpt import build_gpt, lm_loss
+from mindpipe.traces.torch_gpt import lm_loss
+from mindpipe.traces.torch_models import build_model
 
 
 def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, data: str = "synthetic",
                      lr: float = 1e-3, weight_decay: float = 0.0) -> list[float]:
     """Per-step mean loss of ``steps`` fp32 training steps (step numbers 1..steps)."""
-    net = build_gpt(model, seed=seed, dtype="fp32")
+    net = build_model(model, seed=seed, dtype="fp32")
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     source = TokenSource(model, plan, seed, data)
     b = plan.micro_batch_size
@@ -38,4 +39,36 @@ def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, dat
     return losses
 
 
-__all__ = ["reference_losses"]
+def _sq_norm_of_grad(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, b: int) -> float:
+    """|∇ mean loss|² over rows ``x, y`` taken in micro-batches of ``b`` (each micro-batch's mean, averaged)."""
+    net.zero_grad(set_to_none=True)
+    n = x.shape[0] // b
+    for i in range(n):
+        (lm_loss(net(x[i * b:(i + 1) * b]), y[i * b:(i + 1) * b]) / n).backward()
+    return float(sum(p.grad.double().pow(2).sum() for p in net.parameters() if p.grad is not None))
+
+
+def reference_noise_norms(model: Model, plan: Plan, *, seed: int = 0, data: str = "synthetic") -> tuple[float, float]:
+    """Step 1's ``(|G_small|², |G_big|²)`` as :mod:`mindpipe.executor.noise_probe` defines them, single-process.
+
+    ``|G_big|²``: the global batch's gradient. ``|G_small|²``: with ``dp > 1`` the mean over
+    data-parallel replicas of their rows' gradient (:class:`~mindpipe.executor.data.TokenSource`'s
+    split), else the first micro-batch's gradient. Before any optimizer step, so a parallel run's
+    first record must match it.
+    """
+    net = build_model(model, seed=seed, dtype="fp32")
+    source = TokenSource(model, plan, seed, data)
+    b = plan.micro_batch_size
+    torch.manual_seed(seed * 7919 + 1)
+    x, y = source.global_batch_at(1)
+    big = _sq_norm_of_grad(net, x, y, b)
+    if plan.dp > 1:
+        rows = plan.global_batch_size // plan.dp
+        small = sum(_sq_norm_of_grad(net, x[d * rows:(d + 1) * rows], y[d * rows:(d + 1) * rows], b)
+                    for d in range(plan.dp)) / plan.dp
+    else:
+        small = _sq_norm_of_grad(net, x[:b], y[:b], b)
+    return small, big
+
+
+__all__ = ["reference_losses", "reference_noise_norms"]

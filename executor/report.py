@@ -137,7 +137,7 @@ def _measurement(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], bac
         mfu=flops / (iteration_s * peak * devices) if iteration_s and peak else 0.0,
         energy_j_per_iteration=energy, energy_source=energy_source, energy_notes=energy_notes, layer_times=LAYER_TIMES,
         actions=actions, comms=comms, ranks=[_rank_record(p, n_steps) for p in payloads], timeline_file=timeline_file,
-        cpus_per_node=payloads[0].cpu_count,
+        cpus_per_node=payloads[0].cpu_count, gradient_noise=payloads[0].noise,
     )
 
 

@@ -1,4 +1,4 @@
-"""Cut the GPT of :mod:`mindpipe.traces.torch_gpt` into pipeline stages.
+"""Cut the GPT of :mod:`mindpipe.traces.torch_gpt` (or the Llama of :mod:`mindpipe.traces.torch_llama`) into pipeline stages.
 
 A stage keeps the parent's module objects and names: the first virtual stage owns ``embedding``,
 every stage a slice of ``blocks`` (a ModuleDict keyed by the *global* block index), the last
@@ -23,6 +23,8 @@ import torch
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import BlockPart, block_layer_name, rank_stages, stage_layout
 from mindpipe.traces.torch_gpt import GPT, Block
+from mindpipe.traces.torch_llama import Block as LlamaBlock
+from mindpipe.traces.torch_models import TransformerLM
 from torch import nn
 
 
@@ -33,14 +35,15 @@ class PartialBlock(nn.Module):
     (:meth:`Block.attention_part` / :meth:`Block.mlp_part` read only those submodules).
     """
 
-    def __init__(self, block: Block, part: BlockPart) -> None:
+    def __init__(self, block: Block | LlamaBlock, part: BlockPart) -> None:
         super().__init__()
         self.part = part
+        self.block_type = type(block)  # GPT's or Llama's block: whose part methods to run
         for name in ("ln1", "attn") if part == "attention" else ("ln2", "mlp"):
             self.add_module(name, getattr(block, name))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        run = Block.attention_part if self.part == "attention" else Block.mlp_part
+        run = self.block_type.attention_part if self.part == "attention" else self.block_type.mlp_part
         return run(self, x)  # type: ignore[arg-type]
 
 
@@ -48,7 +51,7 @@ class StageModule(nn.Module):
     """Blocks ``first .. first+count-1`` of a GPT, plus the embedding and/or head at the ends;
     ``first_part`` / ``last_part`` say what it runs of its first and last block (``whole`` by default)."""
 
-    def __init__(self, gpt: GPT, first: int, count: int, is_first: bool, is_last: bool,
+    def __init__(self, gpt: TransformerLM, first: int, count: int, is_first: bool, is_last: bool,
                  first_part: BlockPart = "whole", last_part: BlockPart = "whole") -> None:
         super().__init__()
         self.embedding = gpt.embedding if is_first else None
@@ -87,7 +90,7 @@ def block_ranges(plan: Plan, model: Model) -> list[tuple[int, int]]:
     return [(span.first_block, span.num_blocks) for span in stage_layout(plan, model)]
 
 
-def build_stage_modules(gpt: GPT, plan: Plan, pp_rank: int) -> dict[int, StageModule]:
+def build_stage_modules(gpt: TransformerLM, plan: Plan, pp_rank: int) -> dict[int, StageModule]:
     """The stage modules of ``pp_rank``, keyed by virtual stage index."""
     layout = stage_layout(plan, gpt.config)
     return {
@@ -111,9 +114,10 @@ def head_major_qkv(weight: torch.Tensor, tp: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def permute_qkv_for_tp(gpt: GPT, tp: int) -> None:
-    """Apply :func:`head_major_qkv` to every block's QKV projection, in place."""
-    if tp == 1:
+def permute_qkv_for_tp(gpt: TransformerLM, tp: int) -> None:
+    """Apply :func:`head_major_qkv` to every block's QKV projection, in place (GPT only: Llama's
+    Q, K and V are separate linears, each split by whole heads as it is)."""
+    if tp == 1 or not isinstance(gpt, GPT):
         return
     with torch.no_grad():
         for block in gpt.blocks.values():

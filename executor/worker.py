@@ -26,6 +26,7 @@ from mindpipe.executor.data import TokenSource
 from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
 from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory, stage_memory
 from mindpipe.executor.memory_account import GIB, MemoryAccount
+from mindpipe.executor.noise_probe import NoiseProbe, noise_method
 from mindpipe.executor.offload import HostPool
 from mindpipe.executor.parallelize import parallelize_stage
 from mindpipe.executor.payload import Coords, RankPayload
@@ -36,7 +37,7 @@ from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.torch_pipelining import timed_p2p_waits
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import to_dict
-from mindpipe.traces.torch_gpt import build_gpt
+from mindpipe.traces.torch_models import build_model
 from torch.distributed.pipelining import PipelineStage
 
 # Fault injection for the failure tests: "RANK:STEP[:raise|contract|exit|hang]" makes that rank raise
@@ -99,7 +100,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     plan, model = cfg.plan, cfg.model
     mesh = build_mesh(plan, device)
     coords = coordinates(mesh)
-    gpt = build_gpt(model, seed=cfg.seed, dtype="fp32")
+    gpt = build_model(model, seed=cfg.seed, dtype="fp32")
     permute_qkv_for_tp(gpt, plan.tp)
     modules = build_stage_modules(gpt, plan, coords["pp"])
     del gpt  # blocks of other pipeline ranks are freed here
@@ -117,6 +118,12 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     for st, mod in zip(stages, parts, strict=True):
         recorder.wrap_stage(st, mod.layers())
         memory.wrap_stage(st)
+    # Outside the timed actions: the gradient norms of the noise scale (mindpipe.executor.noise_probe).
+    method = noise_method(plan)
+    probe = NoiseProbe(plan, device, method) if method is not None else None
+    if probe is not None:
+        for st, mod in zip(stages, parts, strict=True):
+            probe.wrap_stage(st, mod)
     schedule, orders = make_schedule(plan, stages, pre.schedule_source)
     try:
         optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
@@ -170,6 +177,8 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
                     opt.step()
             memory.refresh_optimizer(optimizers)
         recorder.end_step()
+        if probe is not None:
+            probe.end_step(step)
         if cpu0 is not None:
             profiled_cpu = cpu_seconds() - cpu0
         losses.append(torch.stack(mb_losses).mean().detach() if has_last else None)
@@ -191,6 +200,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         energy_j=(e1 - marks["energy"]) if e1 is not None and marks["energy"] is not None else None,
         peak_memory_bytes=mem, memory_source=mem_source, orders=orders, memory=stage_memory(device, memory, pool),
         clock_note=clock.note(coords["pp"]),
+        noise=probe.result if probe is not None else None,
     )
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(payload, gathered, dst=0)

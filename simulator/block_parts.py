@@ -53,13 +53,20 @@ def split_halves(items: Sequence[T]) -> tuple[list[T], list[T]]:
 def part_params(model: Model, tp: int) -> dict[Part, int]:
     """Parameters per TP rank of each part (their sum is a block's, :func:`~mindpipe.simulator.costs.layer_params`).
 
-    Attention: ln1, column-parallel QKV with its bias, row-parallel projection with its replicated
-    bias. MLP: ln2, column-parallel fc1 with its bias, row-parallel fc2 with its replicated bias.
+    Column- and row-parallel weights (and column-parallel biases) split over t; norms and
+    row-parallel biases are replicated. GPT attention: ln1 (2h), QKV with its bias, projection
+    and its replicated bias (h); MLP: ln2, fc1 with its bias, fc2 and its replicated bias. Llama
+    (no biases): RMSNorm (h) replicated, Q, K, V and the output projection split; RMSNorm and
+    SwiGLU's three matrices split. At t = 1 these are :meth:`Model.attention_param_count` and
+    :meth:`Model.mlp_param_count`.
     """
-    h, f = model.hidden_size, model.ffn
+    h = model.hidden_size
+    norm = h if model.is_llama else 2 * h
+    row_bias = 0 if model.is_llama else h
+    replicated = norm + row_bias
     return {
-        "attention": (3 * h * h + 3 * h) // tp + (h * h) // tp + h + 2 * h,
-        "mlp": (h * f + f) // tp + (f * h) // tp + h + 2 * h,
+        "attention": (model.attention_param_count() - replicated) // tp + replicated,
+        "mlp": (model.mlp_param_count() - replicated) // tp + replicated,
     }
 
 
@@ -117,7 +124,8 @@ def op_blocks(trace: Trace, source: str) -> list[OpBlock]:
         if cut not in names:
             raise ContractError(source, "layers", f"block.{i} has no unit {cut!r} (the residual add a cut follows)")
         k = names.index(cut)
-        qkv = next((j for j, n in enumerate(names) if n.endswith("qkv")), None)
+        # The last input projection: GPT's fused ``qkv``, Llama's ``wv`` (traces/torch_llama.py).
+        qkv = next((j for j, n in reversed(list(enumerate(names))) if n.endswith(("qkv", "wv"))), None)
         proj = next((j for j, n in enumerate(names) if n.endswith("proj")), None)
         core = recs[qkv + 1:proj] if qkv is not None and proj is not None else []
         out.append(OpBlock(UnitSums.of(recs), UnitSums.of(recs[: k + 1]), UnitSums.of(recs[k + 1:]),

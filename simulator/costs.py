@@ -119,11 +119,13 @@ def tp_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> tupl
 def layer_params(model: Model, tp: int) -> list[tuple[str, str, int]]:
     """(name, kind, parameters per TP rank) of every pipeline layer."""
     h, v = model.hidden_size, model.vocab_size
-    out = [("embedding", "embedding", -(-v // tp) * h + model.seq_len * h)]
-    # Column/row-parallel weights shard over t; row-parallel biases and LayerNorms are replicated.
+    # Vocabulary-parallel token table; GPT's learned positions are replicated.
+    out = [("embedding", "embedding", -(-v // tp) * h + model.embedding_param_count() - v * h)]
+    # Column/row-parallel weights shard over t; row-parallel biases and norms are replicated.
     block = sum(part_params(model, tp).values())
     out += [(f"block.{i}", "block", block) for i in range(model.num_layers)]
-    out += [("final_norm", "final_norm", 2 * h), ("lm_head", "lm_head", -(-v // tp) * h)]
+    head = -(-v // tp) * h if model.lm_head_param_count() else 0  # a tied head owns no parameters
+    out += [("final_norm", "final_norm", model.final_norm_param_count()), ("lm_head", "lm_head", head)]
     return out
 
 

@@ -34,6 +34,23 @@ Decisions:
   :func:`mindpipe.simulator.block_parts.part_params`.
 * Per-token LayerNorm statistics (mean, rstd: 4·d·s·b per block) are left out, as the paper
   does; they are 1/h of the rest. ``traces.torch_gpt.block_activation_bytes`` counts them.
+
+Llama blocks (``kind: "llama"``, :mod:`mindpipe.traces.torch_llama`) follow the same accounting
+term by term, with r = num_kv_heads/num_heads and no dropout (k = 0):
+
+* kept whole: RMSNorm-1 input (d), Q/K/V input (d), RMSNorm-2 input (d), gate/up input (d):
+  ``4d`` per s·b·h, as GPT's without masks (an RMSNorm keeps its input like a LayerNorm);
+* split over t, attention: Q (d), K and V (r·d each: grouped-query attention shrinks them; the
+  rotary embedding keeps only its cos/sin tables), output-projection input (d) → ``(2 + 2r)·d``
+  (GPT's 4d at r = 1);
+* split over t, MLP: SwiGLU keeps four f-wide tensors, the gate output (SiLU's input), the SiLU
+  output and the up output (the product's factors) and the down input → ``4d·f/h`` (GeLU: 2d·f/h;
+  Megatron's fused bias-SwiGLU would keep 3);
+* per a·s²·b, split over t: the softmax output (d).
+
+So a Llama layer keeps s·b·h·d·(4 + 2 + 2r + 4f/h) + d·a·s²·b without parallelism; TP, sequence
+parallelism, selective and full recompute divide and drop terms exactly as for GPT. The
+per-token fp32 rstd of each RMSNorm (8·s·b per block) is left out like LayerNorm's statistics.
 """
 
 from __future__ import annotations
@@ -124,7 +141,10 @@ def activation_bytes_per_layer(
         return d * sbh / seq_shard
     attention, mlp = part != "mlp", part != "attention"
     replicated = (2 * d + k) * sbh * (attention + mlp)
-    split = (4 * d * attention + 2 * d * model.ffn / h * mlp) * sbh
+    kv_ratio = model.kv_heads / a
+    # Q, K, V, projection input; the MLP's f-wide tensors: 2 for GeLU, 4 for SwiGLU (module docstring).
+    mlp_tensors = 4 if model.is_llama else 2
+    split = ((2 + 2 * kv_ratio) * d * attention + mlp_tensors * d * model.ffn / h * mlp) * sbh
     # Softmax output, dropout mask and dropout output; without dropout only the softmax output.
     scores = (2 * d + k if model.dropout else d) * a * s * s * b * attention
     out = replicated / seq_shard + split / t

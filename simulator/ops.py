@@ -1,4 +1,4 @@
-"""Operator decomposition of the GPT layers: FLOPs, bytes moved and GEMM shapes per micro-batch.
+"""Operator decomposition of the GPT and Llama layers: FLOPs, bytes moved and GEMM shapes per micro-batch.
 
 The compute models price these operators (a roofline here; shape-aware efficiencies in
 :mod:`mindpipe.simulator.perf`). Counting follows Megatron-LM's GPT layer (Narayanan et al., SC'21, §5.1;
@@ -113,6 +113,11 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
               dtype_bytes: int = 2, flash_attention: bool = False) -> list[Op]:
     """Operators of one transformer block on one TP rank (Megatron column/row-parallel layout).
 
+    GPT: LayerNorm, fused QKV, attention core, projection, residual, LayerNorm, fc1, GeLU, fc2,
+    residual. Llama (:func:`_llama_block_ops`): RMSNorm, Q, K, V (K and V of width kv·h/a under
+    grouped-query attention), rotary embedding on Q and K, attention core, output projection,
+    residual, RMSNorm, SwiGLU's gate and up GEMMs, the gated activation, down, residual.
+
     Args:
         model: The model contract.
         micro_batch_size: Sequences per micro-batch (b).
@@ -123,30 +128,17 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
         flash_attention: Price the attention core as one fused kernel per direction instead of
             Megatron's baddbmm + fused softmax + dropout + bmm (the default, as in vTrain's runs).
     """
-    b, s, h, a, f = micro_batch_size, seq_len, model.hidden_size, model.num_heads, model.ffn
+    if model.is_llama:
+        return _llama_block_ops(model, micro_batch_size, seq_len, tp, sequence_parallel, dtype_bytes, flash_attention)
+    b, s, h, f = micro_batch_size, seq_len, model.hidden_size, model.ffn
     t = tp
     tokens = b * s
     local_tokens = tokens // t if sequence_parallel else tokens
-    hd = model.head_dim
-    heads = a // t
     d = dtype_bytes
     ops: list[Op] = []
     ops += _mem("ln1", local_tokens * h, 1, 1, d)
     ops += _gemm("qkv", tokens, 3 * h // t, h, d)
-    if flash_attention:
-        ops += _flash(b, heads, s, hd, d)
-    else:
-        scores = float(b * heads * s * s)
-        ops += _gemm("attn_scores", s, s, hd, d, batch=b * heads, core=True)
-        # Fused scale + causal mask + softmax: read scores, write probabilities; backward reads
-        # the probabilities and their gradient and writes the scores' gradient.
-        ops += [Op("softmax", "forward", "memory", 0.0, scores * 2 * d, attention_core=True, out_bytes=scores * d),
-                Op("softmax", "backward_input", "memory", 0.0, scores * 3 * d, attention_core=True, out_bytes=scores * d)]
-        if model.dropout:
-            # native_dropout: read x, write y and a 1-byte mask; backward: read grad and mask, write.
-            ops += [Op("attn_dropout", "forward", "memory", 0.0, scores * (2 * d + 1), attention_core=True, out_bytes=scores * (d + 1)),
-                    Op("attn_dropout", "backward_input", "memory", 0.0, scores * (2 * d + 1), attention_core=True, out_bytes=scores * d)]
-        ops += _gemm("attn_context", s, hd, s, d, batch=b * heads, core=True)
+    ops += _attention_core(model, b, s, t, d, flash_attention)
     ops += _gemm("proj", tokens, h, h // t, d)
     ops += _mem("residual1", local_tokens * h, 2 + (1 if model.dropout else 0), 1, d, bwd_factor=1.0)
     ops += _mem("ln2", local_tokens * h, 1, 1, d)
@@ -157,8 +149,58 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
     return ops
 
 
+def _attention_core(model: Model, b: int, s: int, t: int, d: int, flash_attention: bool) -> list[Op]:
+    """Q·Kᵀ, mask + softmax, dropout, ·V for the a/t local query heads (GQA changes none of it:
+    every query head attends over its K/V head's s keys)."""
+    hd, heads = model.head_dim, model.num_heads // t
+    if flash_attention:
+        return _flash(b, heads, s, hd, d)
+    scores = float(b * heads * s * s)
+    ops = _gemm("attn_scores", s, s, hd, d, batch=b * heads, core=True)
+    # Fused scale + causal mask + softmax: read scores, write probabilities; backward reads
+    # the probabilities and their gradient and writes the scores' gradient.
+    ops += [Op("softmax", "forward", "memory", 0.0, scores * 2 * d, attention_core=True, out_bytes=scores * d),
+            Op("softmax", "backward_input", "memory", 0.0, scores * 3 * d, attention_core=True, out_bytes=scores * d)]
+    if model.dropout:
+        # native_dropout: read x, write y and a 1-byte mask; backward: read grad and mask, write.
+        ops += [Op("attn_dropout", "forward", "memory", 0.0, scores * (2 * d + 1), attention_core=True, out_bytes=scores * (d + 1)),
+                Op("attn_dropout", "backward_input", "memory", 0.0, scores * (2 * d + 1), attention_core=True, out_bytes=scores * d)]
+    ops += _gemm("attn_context", s, hd, s, d, batch=b * heads, core=True)
+    return ops
+
+
+def _llama_block_ops(model: Model, b: int, s: int, t: int, sp: bool, d: int, flash_attention: bool) -> list[Op]:
+    """A Llama block's operators on one TP rank (see :func:`block_ops`).
+
+    Q, K, V are three GEMMs as in :mod:`mindpipe.traces.torch_llama` (column-parallel, K/V heads
+    split over t); the rotary embedding is one element-wise pass over Q and K reading x and its
+    rotated half and writing the result (the cos/sin tables are small and cached); RMSNorm reads
+    and writes once like LayerNorm; the SwiGLU activation reads gate and up and writes their
+    product. The ``residual1`` name marks the attention part's end (:mod:`mindpipe.simulator.block_parts`).
+    """
+    h, f, kv = model.hidden_size, model.ffn, model.kv_width
+    tokens = b * s
+    local_tokens = tokens // t if sp else tokens
+    ops: list[Op] = []
+    ops += _mem("ln1", local_tokens * h, 1, 1, d)
+    ops += _gemm("q", tokens, h // t, h, d)
+    ops += _gemm("k", tokens, kv // t, h, d)
+    ops += _gemm("v", tokens, kv // t, h, d)
+    ops += _mem("rope", tokens * (h + kv) // t, 2, 1, d)
+    ops += _attention_core(model, b, s, t, d, flash_attention)
+    ops += _gemm("proj", tokens, h, h // t, d)
+    ops += _mem("residual1", local_tokens * h, 2, 1, d, bwd_factor=1.0)
+    ops += _mem("ln2", local_tokens * h, 1, 1, d)
+    ops += _gemm("mlp_gate", tokens, f // t, h, d)
+    ops += _gemm("mlp_up", tokens, f // t, h, d)
+    ops += _mem("swiglu", tokens * f // t, 2, 1, d)
+    ops += _gemm("mlp_down", tokens, h, f // t, d)
+    ops += _mem("residual2", local_tokens * h, 2, 1, d, bwd_factor=1.0)
+    return ops
+
+
 def embedding_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, dtype_bytes: int = 2) -> list[Op]:
-    """Token + position embedding (vocabulary-parallel gather) on one TP rank.
+    """Token (+ position, for GPT) embedding (vocabulary-parallel gather) on one TP rank.
 
     The weight gradient is dense: ``embedding_dense_backward`` zero-fills a [V/t, h] table,
     scatter-adds the output gradient into the looked-up rows, and the result is accumulated into
@@ -168,8 +210,9 @@ def embedding_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1
     tokens = micro_batch_size * seq_len
     h, d = model.hidden_size, dtype_bytes
     table = -(-model.vocab_size // tp) * h * d
+    reads = 1.0 if model.is_llama else 2.0  # token rows (and position rows)
     return [
-        Op("embedding", "forward", "memory", 0.0, 3.0 * tokens * h * d, out_bytes=tokens * h * d),
+        Op("embedding", "forward", "memory", 0.0, (reads + 1.0) * tokens * h * d, out_bytes=tokens * h * d),
         Op("embedding_dw_zero", "backward_weight", "memory", 0.0, float(table), out_bytes=float(table)),
         Op("embedding_dw", "backward_weight", "memory", 0.0, 3.0 * tokens * h * d),
         Op("embedding_dw_accum", "backward_weight", "memory", 0.0, 3.0 * table),
@@ -178,7 +221,7 @@ def embedding_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1
 
 def final_norm_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, sequence_parallel: bool = False,
                    dtype_bytes: int = 2) -> list[Op]:
-    """The final LayerNorm before the LM head."""
+    """The final LayerNorm (RMSNorm for Llama) before the LM head."""
     tokens = micro_batch_size * seq_len
     local = tokens // tp if sequence_parallel else tokens
     return _mem("final_norm", local * model.hidden_size, 1, 1, dtype_bytes)

@@ -6,7 +6,7 @@ folders, and holds them to the rules:
 
 * ``simulator/`` and ``tuner/`` never import torch (pure Python, fast to import, no GPU stack);
 * ``executor/`` imports from ``mindpipe.simulator`` only the pure schedule modules (``schedules``,
-  ``actions``, ``action_table``) and nothing from ``mindpipe.tuner`` (measured means measured: no
+  ``actions``, ``action_table``, ``subnet_schedules``) and nothing from ``mindpipe.tuner`` (measured means measured: no
   cost or memory model in the executor; the CLI injects what it needs);
 * ``traces/`` (the data contracts) imports nothing from the simulator, the tuner or the executor.
 """
@@ -21,7 +21,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("traces", "simulator", "tuner", "executor")
-EXECUTOR_MAY_USE = ("mindpipe.simulator.schedules", "mindpipe.simulator.actions", "mindpipe.simulator.action_table")
+EXECUTOR_MAY_USE = ("mindpipe.simulator.schedules", "mindpipe.simulator.actions", "mindpipe.simulator.action_table",
+                    "mindpipe.simulator.subnet_schedules")
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def rule_broken(folder: str, module: str) -> str | None:
         if _within(module, "mindpipe.tuner"):
             return "executor/ imports nothing from the tuner"
         if _within(module, "mindpipe.simulator") and not any(_within(module, ok) for ok in EXECUTOR_MAY_USE):
-            return "executor/ imports from the simulator only schedules, actions and action_table"
+            return "executor/ imports from the simulator only schedules, actions, action_table and subnet_schedules"
     if folder == "traces":
         for other in ("simulator", "tuner", "executor"):
             if _within(module, f"mindpipe.{other}"):

@@ -32,6 +32,20 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "gpt-1.3b": {"kind": "gpt", "num_layers": 24, "hidden_size": 2048, "num_heads": 16, "seq_len": 2048, "vocab_size": 51200},
     "gpt-13b": {"kind": "gpt", "num_layers": 40, "hidden_size": 5120, "num_heads": 40, "seq_len": 2048, "vocab_size": 51200},
     "gpt3-175b": {"kind": "gpt", "num_layers": 96, "hidden_size": 12288, "num_heads": 96, "seq_len": 2048, "vocab_size": 51200},
+    # Tiny Llama for CPU tests: grouped-query attention (4 query heads share 2 K/V heads), SwiGLU
+    # width ~8h/3 rounded up to a multiple of 64 (Meta's rule), so tp 2 splits heads, K/V heads and MLP.
+    "llama-tiny": {"kind": "llama", "num_layers": 4, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
+                   "ffn_hidden_size": 192, "seq_len": 64, "vocab_size": 512, "rope_theta": 10000.0},
+    # Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3) and Meta's Hugging Face
+    # config.json files (meta-llama/Meta-Llama-3-8B, -70B, Llama-3.1-405B): num_hidden_layers,
+    # hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size 128256,
+    # rope_theta 500000, untied embeddings; pre-training sequence length 8192.
+    "llama3-8b": {"kind": "llama", "num_layers": 32, "hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8,
+                  "ffn_hidden_size": 14336, "seq_len": 8192, "vocab_size": 128256, "rope_theta": 500000.0},
+    "llama3-70b": {"kind": "llama", "num_layers": 80, "hidden_size": 8192, "num_heads": 64, "num_kv_heads": 8,
+                   "ffn_hidden_size": 28672, "seq_len": 8192, "vocab_size": 128256, "rope_theta": 500000.0},
+    "llama3.1-405b": {"kind": "llama", "num_layers": 126, "hidden_size": 16384, "num_heads": 128, "num_kv_heads": 8,
+                      "ffn_hidden_size": 53248, "seq_len": 8192, "vocab_size": 128256, "rope_theta": 500000.0},
 }
 
 # Named clusters: the machines of published measurements, sized by ``NAME:NODESxPER_NODE``.
@@ -81,7 +95,7 @@ def _exists(text: str) -> bool:
         return False
 
 
-_NOT_HERE = "kind='supernet': this command takes a GPT model (kind \"gpt\"), not a supernet"
+_NOT_HERE = "kind='supernet': this command takes a GPT model (kind \"gpt\") or a Llama model (kind \"llama\"), not a supernet"
 
 
 def load_model(arg: str | Model) -> Model:

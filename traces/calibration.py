@@ -12,7 +12,10 @@ A calibration file corrects the simulator's hardware models with what the execut
   outside its compute actions — per operator the actions issue (the schedule's bookkeeping
   around them), per iteration, and per algorithm step and byte of the transfers the backend
   makes with host copies (gloo over loopback) — all of which competes with compute for the cores;
-* **step overhead**: host time per iteration outside the schedule and the optimizer.
+* **step overhead**: host time per iteration outside the schedule and the optimizer;
+* **gradient noise scale** (not hardware): the noise scale the runs measured
+  (:mod:`mindpipe.traces.noise_scale`), sample-weighted over runs of the one model, which
+  ``mindpipe tune --objective goodput`` uses as the critical batch.
 
 Each fitted entry keeps the number of samples it was fitted on and its error on them, and the
 file lists the measured runs it came from, so a reader can judge how far to trust it.
@@ -24,7 +27,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from mindpipe.traces.config import non_negative, one_of
+from mindpipe.traces.config import Model, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.reading import CALIBRATION as CALIBRATION_FILE
 from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
@@ -161,6 +164,29 @@ class LinkCalibration:
 
 
 @dataclass
+class NoiseCalibration:
+    """The gradient noise scale measured on a model (McCandlish et al. 2018's B_simple).
+
+    Attributes:
+        noise_scale: Samples; the runs' final smoothed estimates weighted by the samples each saw.
+        samples: Training samples behind it (all runs).
+        model: The model it was measured on; it does not carry over to another model.
+        runs: The measured runs it came from.
+        data: Their training data (``synthetic`` or the text file), as recorded by the runs.
+    """
+
+    noise_scale: float
+    samples: int
+    model: Model
+    runs: list[str] = field(default_factory=list)
+    data: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _positive_finite("noise_scale", self.noise_scale)
+        positive("samples", self.samples)
+
+
+@dataclass
 class Calibration:
     """A calibration file (see module docstring).
 
@@ -169,6 +195,7 @@ class Calibration:
         comm: Per backend, per link type.
         measurements: The measured runs it was fitted on (file names and plans).
         created: ISO time of the fit; ``tool``: what made it.
+        gradient_noise: The measured gradient noise scale (None when no run measured one).
     """
 
     devices: dict[str, DeviceCalibration]
@@ -176,6 +203,7 @@ class Calibration:
     measurements: list[str] = field(default_factory=list)
     created: str = ""
     tool: str = "mindpipe calibrate"
+    gradient_noise: NoiseCalibration | None = None
     format_version: int = CALIBRATION_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -184,8 +212,9 @@ class Calibration:
             one_of("comm", backend, BACKENDS)
             for link in links:
                 one_of(f"comm.{backend}", link, LINK_TYPES)
-        if not self.devices and not self.comm:
-            raise ContractError("", "devices", "a calibration must calibrate at least one device or link")
+        if not self.devices and not self.comm and self.gradient_noise is None:
+            raise ContractError("", "devices", "a calibration must calibrate at least one device or link "
+                                               "(or carry a gradient noise scale)")
 
 
 def load_calibration(path: str | os.PathLike[str]) -> Calibration:
@@ -207,6 +236,7 @@ __all__ = [
     "ComputeCalibration",
     "DeviceCalibration",
     "LinkCalibration",
+    "NoiseCalibration",
     "load_calibration",
     "save_calibration",
 ]

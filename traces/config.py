@@ -22,7 +22,9 @@ MODEL_FORMAT_VERSION = 1
 CLUSTER_FORMAT_VERSION = 1
 PLAN_FORMAT_VERSION = 1
 
-MODEL_KINDS = ("gpt",)
+MODEL_KINDS = ("gpt", "llama")
+# Llama's rotary base when a model file leaves it out (Hugging Face LlamaConfig's default; Llama 3 sets 500000).
+DEFAULT_ROPE_THETA = 10000.0
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -40,6 +42,8 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
+# The ones whose training equals sequential training bit for bit (sync and async do not).
+SEQUENTIAL_EQUIVALENT_SCHEDULES = ("csp", "sequential")
 # Schedules that place two model chunks per rank in a "V" (Qi et al. ICLR'24; DeepSeek DualPipeV).
 V_SCHEDULES = ("zbv", "dualpipev")
 
@@ -65,17 +69,28 @@ def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 @dataclass
 class Model:
-    """A GPT-style decoder-only transformer (pre-LN; learned positions; untied LM head).
+    """A decoder-only transformer: GPT-style (``kind: "gpt"``) or Llama-style (``kind: "llama"``).
+
+    ``gpt``: pre-LN, LayerNorms and linears with biases, learned positions, GeLU MLP (two
+    matrices h×f), untied LM head, multi-head attention. ``llama`` (Touvron et al. 2023; Llama 3,
+    Dubey et al. 2024): RMSNorm (one weight vector), no biases, rotary positions (no position
+    embedding), SwiGLU MLP (three matrices h×f), grouped-query attention with ``num_kv_heads``
+    key/value heads, untied LM head unless ``tie_embeddings``.
 
     Attributes:
-        kind: Model family; only ``"gpt"`` for now.
+        kind: Model family, ``"gpt"`` or ``"llama"``.
         num_layers: Transformer blocks.
         hidden_size: Model width h.
-        num_heads: Attention heads a (must divide h).
+        num_heads: Attention (query) heads a (must divide h).
         seq_len: Sequence length s.
         vocab_size: Vocabulary V.
-        ffn_hidden_size: MLP width; ``None`` means 4·h.
-        dropout: Dropout probability used in attention and after each residual branch.
+        ffn_hidden_size: MLP width; ``None`` means 4·h (gpt only: a llama model must give its SwiGLU width).
+        dropout: Dropout probability used in attention and after each residual branch (0 for llama).
+        num_kv_heads: Key/value heads (grouped-query attention; must divide ``num_heads``). ``None``
+            means ``num_heads`` (multi-head attention, Hugging Face's ``num_key_value_heads``
+            default); a gpt model may only state that value.
+        rope_theta: Rotary base (llama only; ``None`` means :data:`DEFAULT_ROPE_THETA`).
+        tie_embeddings: The LM head reuses the token embedding (llama only).
         name: Optional label (built-in models carry their name).
     """
 
@@ -87,6 +102,9 @@ class Model:
     vocab_size: int
     ffn_hidden_size: int | None = None
     dropout: float = 0.0
+    num_kv_heads: int | None = None
+    rope_theta: float | None = None
+    tie_embeddings: bool = False
     name: str | None = None
     format_version: int = MODEL_FORMAT_VERSION
 
@@ -104,6 +122,46 @@ class Model:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ContractError("", "dropout", f"dropout={self.dropout} must be in [0, 1)")
+        self._check_family()
+
+    def _check_family(self) -> None:
+        """The keys that depend on ``kind``: GQA, rotary base, tied embeddings, SwiGLU width, dropout."""
+        if self.num_kv_heads is not None:
+            integer("num_kv_heads", self.num_kv_heads, 1, "num_heads")
+            if self.num_heads % self.num_kv_heads:
+                raise ContractError("", "num_kv_heads",
+                                    f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}")
+        if self.rope_theta is not None:
+            positive("rope_theta", self.rope_theta)
+        if not isinstance(self.tie_embeddings, bool):
+            raise ContractError("", "tie_embeddings", f"tie_embeddings={shown(self.tie_embeddings)} must be true or false")
+        if self.kind == "llama":
+            if self.ffn_hidden_size is None:
+                raise ContractError("", "ffn_hidden_size", "ffn_hidden_size is required for kind llama (the SwiGLU width)")
+            if self.dropout:
+                raise ContractError("", "dropout", f"dropout={self.dropout}: llama models have no dropout (use 0)")
+            return
+        if self.kv_heads != self.num_heads:
+            raise ContractError("", "num_kv_heads", f"num_kv_heads={self.num_kv_heads} applies to llama models only "
+                                                    f"(gpt uses multi-head attention: num_kv_heads = num_heads)")
+        for key, unset in (("rope_theta", None), ("tie_embeddings", False)):
+            if getattr(self, key) != unset:
+                raise ContractError("", key, f"{key} applies to llama models only (model kind is {self.kind!r})")
+
+    @property
+    def is_llama(self) -> bool:
+        """True for the Llama family (RMSNorm, SwiGLU, RoPE, GQA, no biases)."""
+        return self.kind == "llama"
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (``num_kv_heads`` or ``num_heads``)."""
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
+    @property
+    def rope_base(self) -> float:
+        """Rotary base θ (``rope_theta`` or :data:`DEFAULT_ROPE_THETA`)."""
+        return self.rope_theta if self.rope_theta is not None else DEFAULT_ROPE_THETA
 
     @property
     def ffn(self) -> int:
@@ -118,27 +176,71 @@ class Model:
     @property
     def label(self) -> str:
         """The name if any, else a compact shape description."""
-        return self.name or f"gpt-L{self.num_layers}-h{self.hidden_size}"
+        return self.name or f"{self.kind}-L{self.num_layers}-h{self.hidden_size}"
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the K (and of the V) projection: num_kv_heads × head_dim (h under multi-head attention)."""
+        return self.kv_heads * self.head_dim
+
+    def attention_param_count(self) -> int:
+        """Parameters of a block's attention sub-layer, norm included.
+
+        gpt: LayerNorm (2h), QKV with bias (3h² + 3h), projection with bias (h² + h). llama:
+        RMSNorm (h), Q and output projections (2h²), K and V (2·h·kv·h/a), no biases.
+        """
+        h = self.hidden_size
+        if self.is_llama:
+            return h + 2 * h * h + 2 * h * self.kv_width
+        return 2 * h + (3 * h * h + 3 * h) + (h * h + h)
+
+    def mlp_param_count(self) -> int:
+        """Parameters of a block's MLP sub-layer, norm included.
+
+        gpt: LayerNorm (2h), fc1 and fc2 with biases (2hf + f + h). llama: RMSNorm (h), SwiGLU's
+        gate, up and down matrices (3hf), no biases.
+        """
+        h, f = self.hidden_size, self.ffn
+        if self.is_llama:
+            return h + 3 * h * f
+        return 2 * h + (h * f + f) + (f * h + h)
 
     def block_param_count(self) -> int:
-        """Parameters of one block: QKV + projection (with biases), MLP (with biases), 2 LayerNorms."""
-        h, f = self.hidden_size, self.ffn
-        return (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
+        """Parameters of one block (its attention and MLP sub-layers)."""
+        return self.attention_param_count() + self.mlp_param_count()
+
+    def embedding_param_count(self) -> int:
+        """Token embedding (V·h), plus learned positions (s·h) for gpt."""
+        h = self.hidden_size
+        return self.vocab_size * h + (0 if self.is_llama else self.seq_len * h)
+
+    def final_norm_param_count(self) -> int:
+        """The final norm: LayerNorm weight and bias (2h), or an RMSNorm weight (h)."""
+        return self.hidden_size if self.is_llama else 2 * self.hidden_size
+
+    def lm_head_param_count(self) -> int:
+        """The LM head's own parameters: V·h, or 0 when tied to the token embedding."""
+        return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
 
     def param_count(self) -> int:
-        """All parameters: token + position embeddings, blocks, final LayerNorm, untied LM head."""
-        h = self.hidden_size
-        embed = self.vocab_size * h + self.seq_len * h
-        return embed + self.num_layers * self.block_param_count() + 2 * h + self.vocab_size * h
+        """All parameters: embedding, blocks, final norm and LM head (counted once when tied).
+
+        Llama 3 8B / 70B / 405B give 8,030,261,248 / 70,553,706,496 / 405,853,388,800
+        (Meta's published 8.03B, 70.6B, 405.9B).
+        """
+        return (self.embedding_param_count() + self.num_layers * self.block_param_count()
+                + self.final_norm_param_count() + self.lm_head_param_count())
 
     def describe(self) -> str:
         """The label and the shape: ``gpt-mini (num_layers=4, hidden_size=256, ...)``."""
+        kv = f", num_kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else ""
         return (f"{self.label} (num_layers={self.num_layers}, hidden_size={self.hidden_size}, "
-                f"num_heads={self.num_heads}, seq_len={self.seq_len}, vocab_size={self.vocab_size})")
+                f"num_heads={self.num_heads}{kv}, seq_len={self.seq_len}, vocab_size={self.vocab_size})")
 
     def same_shape(self, other: Model) -> bool:
         """True when both describe the same network (names and format ignored)."""
-        keys = ("kind", "num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size", "ffn", "dropout")
+        keys = ("kind", "num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size", "ffn", "dropout",
+                "kv_heads", "rope_base", "tie_embeddings")
         return all(getattr(self, k) == getattr(other, k) for k in keys)
 
 
@@ -198,29 +300,43 @@ class MadeFor:
 
     ``mindpipe run`` takes the model from here when ``--model`` is not given, and refuses a run
     that does not match (another model, another number of devices) with the reason stated here.
+    A supernet plan names its supernet in ``supernet`` and leaves ``model`` null (exactly one is set).
 
     Attributes:
-        model: The model the plan was tuned for.
+        model: The GPT model the plan was tuned for (None for a supernet plan).
         cluster: The cluster it was tuned for (device, nodes, devices per node).
         tool: What wrote it.
         trace: The trace the tuner priced compute with (its file or name and a content hash), if any.
         calibration: The calibration it was tuned with (file and content hash), if any.
         what_if: Plan keys set to values only the simulator models (what-if knobs): the executor
             does not carry them out, so a run of this plan will not match its simulation there.
+        supernet: The supernet a supernet plan was tuned for (NASPipe; None for a GPT plan).
     """
 
-    model: Model
+    model: Model | None
     cluster: Cluster
     tool: str = "mindpipe tune"
     trace: str | None = None
     calibration: str | None = None
     what_if: list[str] = field(default_factory=list)
+    supernet: _supernet_contract.Supernet | None = None
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.supernet is None):
+            raise ContractError("", "model", "made_for names either a GPT model (model) or a supernet "
+                                "(supernet, with model null), exactly one of them")
+
+    @property
+    def label(self) -> str:
+        """The model's or the supernet's label."""
+        net = self.model if self.model is not None else self.supernet
+        return net.label if net is not None else ""
 
     def describe(self) -> str:
         """E.g. ``gpt-13b on a100-sxm4-80gb:8x8 (64 devices)``."""
         c = self.cluster
         where = c.name or f"{c.gpu}:{c.num_nodes}x{c.gpus_per_node}"
-        return f"{self.model.label} on {where} ({c.world_size} device{'s' if c.world_size != 1 else ''})"
+        return f"{self.label} on {where} ({c.world_size} device{'s' if c.world_size != 1 else ''})"
 
 
 _PLAN_INTEGER_LIMITS = {"dp": "devices", "tp": "devices", "pp": "devices", "micro_batch_size": "micro_batch_size",
@@ -422,8 +538,14 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
             fail(key, f"{key} applies to supernet models only (model kind is {model.kind!r})")
     if model.num_heads % plan.tp:
         fail("tp", f"tp={plan.tp} does not divide num_heads={model.num_heads}")
+    if model.kv_heads % plan.tp:
+        # Megatron replicates K/V heads when tp exceeds them; our executor shards them, so refuse.
+        fail("tp", f"tp={plan.tp} does not divide num_kv_heads={model.kv_heads}")
     if model.ffn % plan.tp:
         fail("tp", f"tp={plan.tp} does not divide ffn_hidden_size={model.ffn}")
+    if model.tie_embeddings and plan.world_size > plan.dp:
+        # The executor keeps one shared table: no copy on a last stage, no vocabulary-parallel split.
+        fail("tie_embeddings", f"tie_embeddings=true needs tp=1 and pp=1 (plan has tp={plan.tp}, pp={plan.pp})")
     if plan.sequence_parallel and model.seq_len % plan.tp:
         fail("sequence_parallel", f"tp={plan.tp} does not divide seq_len={model.seq_len} (sequence parallelism)")
     if plan.num_stages > model.num_layers:
@@ -466,6 +588,7 @@ __all__ = [
     "PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
+    "SEQUENTIAL_EQUIVALENT_SCHEDULES",
     "STAGE_CUTS",
     "SUBNET_SCHEDULES",
     "SUPERNET_PLAN_KEYS",
@@ -481,3 +604,7 @@ __all__ = [
     "stage_layers",
     "what_if_used",
 ]
+
+# MadeFor.supernet's type, resolved when a plan is read (schema.from_dict). Imported last, as a module:
+# traces/supernet.py imports this module's contracts, so the two may load in either order.
+import mindpipe.traces.supernet as _supernet_contract  # noqa: E402

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from mindpipe.traces.config import Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.noise_scale import GradientNoise
 from mindpipe.traces.schema import check_format_version
 
 MEASUREMENT_FORMAT_VERSION = 1
@@ -215,6 +216,54 @@ class RankRecord:
 
 
 @dataclass
+class SubnetRecord:
+    """One subnet a supernet run trained: its id in the sampler's stream, its choices and its loss.
+
+    ``loss`` is the float32 mean over the data-parallel replicas of each replica's mean next-token
+    loss, written as the float64 holding that float32 value (so it compares bit for bit).
+    """
+
+    id: int
+    choices: list[int]
+    loss: float
+
+    def __post_init__(self) -> None:
+        non_negative("id", self.id)
+
+
+@dataclass
+class SubnetStageRecord:
+    """One rank of a supernet run: its stage's time and resident memory.
+
+    Attributes:
+        rank, stage, dp_rank: Who.
+        compute_s: F and B time over the run; ``stall_s``: time blocked in receives;
+            ``update_s``: gradient all-reduce and optimizer steps.
+        param_bytes: Every candidate and shared part of the stage.
+        resident_param_bytes: Peak of the parameters resident on the device (context switching
+            keeps only the candidates of the subnets in flight there).
+        resident_state_bytes: Peak of resident parameters + gradients + optimizer state.
+        context_switch: Whether switching was on.
+    """
+
+    rank: int
+    stage: int
+    dp_rank: int
+    compute_s: float
+    stall_s: float
+    update_s: float
+    param_bytes: int
+    resident_param_bytes: int
+    resident_state_bytes: int
+    context_switch: bool
+
+    def __post_init__(self) -> None:
+        for key in ("rank", "stage", "dp_rank", "compute_s", "stall_s", "update_s", "param_bytes",
+                    "resident_param_bytes", "resident_state_bytes"):
+            non_negative(key, getattr(self, key))
+
+
+@dataclass
 class Measurement:
     """A measured training run (see module docstring).
 
@@ -246,6 +295,15 @@ class Measurement:
         layer_times: How the per-layer records of the enclosing trace were derived.
         actions, comms, ranks: Raw records (see the classes).
         timeline_file: Chrome-trace timeline written beside this file, if any.
+        gradient_noise: The gradient noise scale measured every step
+            (:class:`mindpipe.traces.noise_scale.GradientNoise`); None when the plan has one
+            replica and one micro-batch (no two batch sizes to compare), or in runs recorded
+            before it existed.
+        subnets: Supernet runs: every subnet trained, in subnet order (``steps`` then holds one
+            record per subnet: step = id + 1, iteration_s = time between successive subnet completions).
+        subnet_stages: Supernet runs: per rank, stage compute, stall and resident bytes.
+        subnets_per_hour: Supernet runs: subnets trained over the run's wall time.
+        subnet_schedule: Supernet runs: the schedule that ran (``csp`` ...).
     """
 
     plan: Plan
@@ -275,6 +333,11 @@ class Measurement:
     ranks: list[RankRecord] = field(default_factory=list)
     timeline_file: str | None = None
     cpus_per_node: int | None = None
+    gradient_noise: GradientNoise | None = None
+    subnets: list[SubnetRecord] | None = None
+    subnet_stages: list[SubnetStageRecord] | None = None
+    subnets_per_hour: float | None = None
+    subnet_schedule: str | None = None
     format_version: int = MEASUREMENT_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -304,6 +367,11 @@ class Measurement:
         for i, c in enumerate(self.comms):
             if c.rank >= self.world_size:
                 raise ContractError("", f"comms[{i}].rank", f"comms[{i}].rank={c.rank} >= world_size={self.world_size}")
+        non_negative("subnets_per_hour", self.subnets_per_hour)
+        if self.subnets is not None:
+            ids = [sub.id for sub in self.subnets]
+            if any(b != a + 1 for a, b in itertools.pairwise(ids)):
+                raise ContractError("", "subnets", "subnet ids must be consecutive, in subnet order")
         seen = [r.rank for r in self.ranks]
         if len(set(seen)) != len(seen):
             raise ContractError("", "ranks", "ranks lists a rank twice")
@@ -330,4 +398,6 @@ __all__ = [
     "RankRecord",
     "StageMemory",
     "StepRecord",
+    "SubnetRecord",
+    "SubnetStageRecord",
 ]

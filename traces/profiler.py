@@ -1,4 +1,4 @@
-"""``mindpipe profile``: per-layer (or per-operator) traces of the GPT model on CPU or CUDA.
+"""``mindpipe profile``: per-layer (or per-operator) traces of the GPT or Llama model on CPU or CUDA.
 
 Method: one forward pass through the model's pipeline layers (embedding, blocks, final norm, LM
 head + loss) records every layer's real input; then each layer is re-run in isolation on that
@@ -9,10 +9,17 @@ is timed too, so a reader can check that the per-layer sum accounts for the step
 
 With ``granularity="op"`` each block is split into operators from its ``torch.fx`` graph (as
 DawnPiper profiles), see :mod:`mindpipe.traces.op_graph`.
+
+A supernet (:func:`profile_supernet`) is profiled per candidate operator: ``embedding``, one
+``candidate.<name>`` per candidate (timed once — every choice layer's instance has the same shape
+and input shape) and ``head`` (final norm, LM head and loss), in a trace of
+``granularity="candidate"`` that carries the supernet. Frozen shared parts have no weight
+gradient, so their W is 0; the head's B is the input gradient the last stage sends back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import platform
 import sys
@@ -22,8 +29,11 @@ from dataclasses import dataclass
 import torch
 from mindpipe.traces.config import Model
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.timing import Clock, measure_unit, median_iqr
-from mindpipe.traces.torch_gpt import GPT, build_gpt, lm_loss, synthetic_batch
+from mindpipe.traces.torch_gpt import lm_loss, synthetic_batch
+from mindpipe.traces.torch_models import TransformerLM, build_model
+from mindpipe.traces.torch_supernet import CandidateBlock, SupernetEmbedding, SupernetHead, synthetic_tokens
 from mindpipe.traces.trace import LayerRecord, Provenance, StepMeasurement, Trace
 
 Progress = Callable[[str], None]
@@ -101,7 +111,7 @@ def host_description() -> str:
     return f"{cpu}; {torch.get_num_threads()} torch threads"
 
 
-def _layer_units(net: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> list[tuple[str, str, torch.nn.Module, Callable[..., object], object]]:
+def _layer_units(net: TransformerLM, tokens: torch.Tensor, targets: torch.Tensor) -> list[tuple[str, str, torch.nn.Module, Callable[..., object], object]]:
     """(name, kind, module, callable, input) for every pipeline layer, inputs from one real pass."""
     units: list[tuple[str, str, torch.nn.Module, Callable[..., object], object]] = []
     x: object = tokens
@@ -118,7 +128,7 @@ def _layer_units(net: GPT, tokens: torch.Tensor, targets: torch.Tensor) -> list[
     return units
 
 
-def step_samples(net: GPT, tokens: torch.Tensor, targets: torch.Tensor, clock: Clock, warmup: int, repeats: int) -> list[float]:
+def step_samples(net: TransformerLM, tokens: torch.Tensor, targets: torch.Tensor, clock: Clock, warmup: int, repeats: int) -> list[float]:
     """Times of ``repeats`` whole forward + loss + backward steps of ``net`` (after ``warmup``)."""
 
     def step() -> None:
@@ -149,7 +159,7 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
     device = torch.device(opts.device)
     clock = Clock(device)
     seq_len = opts.seq_len or model.seq_len
-    net = build_gpt(model, seed=opts.seed, dtype=opts.dtype, device=device)
+    net = build_model(model, seed=opts.seed, dtype=opts.dtype, device=device)
     net.train()
     tokens, targets = synthetic_batch(model, opts.micro_batch_size, seed=opts.seed, seq_len=seq_len, device=device)
     buffers = list(net.buffers())
@@ -222,4 +232,57 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
         seq_len=seq_len,
         granularity=opts.granularity,
         step=step,
+    )
+
+
+def _record(name: str, kind: str, mod: torch.nn.Module, fn: Callable[..., object], x: object, clock: Clock,
+            opts: ProfileOptions, i: int) -> LayerRecord:
+    params = list(mod.parameters())
+    cost = measure_unit(fn, [x], params, clock, warmup=opts.warmup, repeats=opts.repeats, seed=opts.seed + i)
+    return LayerRecord(name=name, kind=kind, forward_s=cost.forward_s, backward_input_s=cost.backward_input_s,
+                       backward_weight_s=cost.backward_weight_s, activation_bytes=cost.activation_bytes,
+                       output_bytes=cost.output_bytes, param_count=sum(p.numel() for p in params),
+                       forward_flops=cost.forward_flops, backward_flops=cost.backward_flops, stats=cost.stats)
+
+
+def profile_supernet(net: Supernet, opts: ProfileOptions, *, command: str | None = None,
+                     progress: Progress | None = None) -> Trace:
+    """Profile every candidate operator of ``net`` plus its embedding and head (see module docstring).
+
+    No whole-step measurement: the records are one per candidate, not the layers of one subnet, so
+    their sum is not a step's time (the simulator prices a subnet from its choices).
+    """
+    # The options' checks read only the sequence length of the model: the supernet's serves.
+    dataclasses.replace(opts, granularity="layer").check(net)  # type: ignore[arg-type]
+    say = progress or (lambda _msg: None)
+    device = torch.device(opts.device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[opts.dtype]
+    clock = Clock(device)
+    seq_len = opts.seq_len or net.seq_len
+    torch.manual_seed(opts.seed)
+    emb = SupernetEmbedding(net).to(device, dtype).requires_grad_(net.train_shared)
+    head = SupernetHead(net).to(device, dtype).requires_grad_(net.train_shared)
+    blocks = [CandidateBlock(net, c).to(device, dtype) for c in net.candidates]
+    rows = synthetic_tokens(net, opts.seed, 0, opts.micro_batch_size)[:, :seq_len + 1].to(device)
+    tokens, targets = rows[:, :-1], rows[:, 1:]
+    with torch.no_grad():
+        hidden = emb(tokens)
+    units: list[tuple[str, str, torch.nn.Module, Callable[..., object], object]] = [("embedding", "embedding", emb, emb, tokens)]
+    units += [(f"candidate.{c.name}", c.op, b, b, hidden) for c, b in zip(net.candidates, blocks, strict=True)]
+    units.append(("head", "lm_head", head, lambda h: head.loss(h, targets), hidden))
+    records = []
+    for i, (name, kind, mod, fn, x) in enumerate(units):
+        say(f"profiling {name} ({i + 1}/{len(units)})")
+        records.append(_record(name, kind, mod, fn, x, clock, opts, i))
+    return Trace(
+        device=device_label(device), dtype=opts.dtype, layers=records,
+        provenance=Provenance(
+            tool="mindpipe profile", command=command if command is not None else " ".join(["mindpipe", *sys.argv[1:]]),
+            date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), torch_version=torch.__version__,
+            host=host_description() if device.type == "cpu" else torch.cuda.get_device_name(device),
+            notes=(f"supernet trace, one record per candidate operator; median of {opts.repeats} runs after "
+                   f"{opts.warmup} warm-up runs; backward split as B=grad(inputs), W=full-B; shared parts "
+                   f"{'trained' if net.train_shared else 'frozen (no W)'}")),
+        model_name=net.label, micro_batch_size=opts.micro_batch_size, seq_len=seq_len, granularity="candidate",
+        supernet=net,
     )

@@ -138,7 +138,13 @@ class StepMeasurement:
 
 @dataclass
 class Trace:
-    """Per-layer costs of a model on a device (see module docstring)."""
+    """Per-layer costs of a model on a device (see module docstring).
+
+    A supernet's trace (``mindpipe profile supernet-mini``) has ``granularity="candidate"``, the
+    supernet in ``supernet`` and one record per candidate operator (``candidate.<name>``, timed
+    once: every layer's instance has the same shape) plus ``embedding`` and ``head``; a measured
+    supernet run carries ``supernet`` too.
+    """
 
     device: str
     dtype: str
@@ -175,6 +181,8 @@ class Trace:
             raise ContractError(
                 "", "seq_len", f"seq_len={self.seq_len} exceeds the model's seq_len={self.model.seq_len}"
             )
+        if self.granularity == "candidate" and self.supernet is None:
+            raise ContractError("", "supernet", 'granularity="candidate" needs the supernet the candidates belong to')
         if self.backward_split == "combined" and any(r.backward_weight_s for r in self.layers):
             raise ContractError("", "backward_split", 'backward_split="combined" requires backward_weight_s=0 everywhere')
 

@@ -10,4 +10,7 @@ plan), :mod:`mindpipe.tuner.rules` (reason codes of rejected combinations),
 (``grid``, ``random``, ``bo``), :mod:`mindpipe.tuner.sweep` and :mod:`mindpipe.tuner.store`
 (parallel, resumable sweeps), :mod:`mindpipe.tuner.output` (tables, best plan with ``made_for``,
 plots) and :mod:`mindpipe.tuner.api` (:func:`mindpipe.tuner.api.tune`, which ``mindpipe tune`` wraps).
+Supernets (NASPipe) use the same sweep: :mod:`mindpipe.tuner.subnet_space` (their points),
+:mod:`mindpipe.tuner.subnet_partition` (``even``, ``balanced`` over the expected stage time) and
+:mod:`mindpipe.tuner.subnet_evaluate` (a point → a partitioned plan → subnets per hour).
 """

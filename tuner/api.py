@@ -6,6 +6,11 @@ Builds the search space, runs the sweep with the simulator as cost function, wri
     from mindpipe.tuner.api import tune
     info = tune("gpt-13b", "a100-sxm4-80gb:8x8", objective="throughput", global_batch=512,
                 fixes=["tp=8"], out="sweeps/13b", config=SweepConfig(optimizer="bo", budget=60))
+
+A supernet (``tune("supernet-mini", "cpu:1x4", out=..., subnets=256)``) is searched over dp × pp,
+micro-batch, ``subnet_schedule``, ``subnet_window`` and the supernet partitioner
+(:mod:`mindpipe.tuner.subnet_space`) against the supernet simulator, valued in subnets trained per
+hour (:mod:`mindpipe.tuner.objectives`); its ``best_plan.json`` names the supernet in ``made_for``.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.simulator.simulator import Simulator
+from mindpipe.simulator.subnet_costs import check_candidate_trace
 from mindpipe.traces.atomic import write_text
-from mindpipe.traces.builtin import load_cluster, load_model, load_plan
+from mindpipe.traces.builtin import load_cluster, load_network, load_plan
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, MadeFor, Model
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import to_dict, write_json
+from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.keys import parse_fixes, parse_global_batch, parse_what_if
@@ -36,6 +43,9 @@ from mindpipe.tuner.store import SweepStore
 from mindpipe.tuner.sweep import Evaluator, Progress, SweepConfig, SweepResult, run_sweep
 from mindpipe.tuner.target import Placement, TrainingTarget
 from mindpipe.tuner.target_front import FrontConfig, run_front
+
+DEFAULT_SUBNETS = 256
+"""Subnets a supernet plan is simulated for: a power of two, so every power-of-two sync batch divides it."""
 
 
 class NoFeasiblePlan(ContractError):
@@ -59,7 +69,7 @@ def default_global_batch(cluster: Cluster) -> int:
     return g
 
 
-def fingerprint(model: Model, cluster: Cluster, trace: Trace | None, calibration: Calibration | None = None) -> str:
+def fingerprint(model: Model | Supernet, cluster: Cluster, trace: Trace | None, calibration: Calibration | None = None) -> str:
     """Short hash identifying (model, cluster, trace, calibration)."""
     parts = [to_dict(model), to_dict(cluster), to_dict(trace) if trace is not None else None]
     if calibration is not None:  # absent from older sweeps' identity, so they still resume
@@ -78,7 +88,7 @@ def reference(source: str, obj: Trace | Calibration) -> str:
     return f"{source} sha256:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
-def build_space(model: Model, cluster: Cluster, global_batch: int | Sequence[int] | str | None,
+def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | Sequence[int] | str | None,
                 fixes: dict[str, Any] | Sequence[str] | None, partitioners: Sequence[str],
                 what_if: str | Sequence[str] | None = None) -> SearchSpace:
     """The search space from loose arguments (see :func:`tune`)."""
@@ -91,7 +101,8 @@ def build_space(model: Model, cluster: Cluster, global_batch: int | Sequence[int
     else:
         batches = sorted(set(global_batch))
     fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
-    return SearchSpace(model, cluster, batches, fixed, tuple(partitioners), parse_what_if(what_if))
+    return SearchSpace(model, cluster, batches, fixed, tuple(partitioners), parse_what_if(what_if),
+                       batch_given=global_batch is not None)
 
 
 def target_identity(obj: Objective) -> dict[str, Any]:
@@ -122,14 +133,14 @@ def write_front(sim: Simulator, result: SweepResult, target: TrainingTarget, pla
     return keys
 
 
-def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
+def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Path,
          objective: Objective | str = "throughput", global_batch: int | Sequence[int] | str | None = None,
          fixes: dict[str, Any] | Sequence[str] | None = None, partitioners: Sequence[str] = ("balanced",),
          what_if: str | Sequence[str] | None = None, trace: Trace | None = None,
          calibration: Calibration | None = None, trace_source: str = "trace",
          calibration_source: str = "calibration", config: SweepConfig | None = None, resume: bool = False,
          progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate,
-         front: FrontConfig | None = None) -> TuneOutcome:
+         subnets: int | None = None, front: FrontConfig | None = None) -> TuneOutcome:
     """Search for the best plan of ``model`` on ``cluster`` and write the outputs to ``out``.
 
     Args:
@@ -151,6 +162,8 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
         progress: Per-evaluation callback (e.g. :class:`mindpipe.tuner.progress.ProgressBar`).
         plots: Write the PNG plots.
         evaluator: Evaluation function (tests and benchmarks substitute recorded results).
+        subnets: Supernets only: subnets each plan is simulated for (default
+            :data:`DEFAULT_SUBNETS`; a ``sync`` plan needs a multiple of its window).
         front: For ``carbon_to_target``: the plans × clocks × start times front's width
             (:mod:`mindpipe.tuner.target_front`; default :class:`FrontConfig`).
 
@@ -158,15 +171,24 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
         ContractError: invalid arguments, an empty space, or a different sweep in ``out``.
         NoFeasiblePlan: nothing evaluated was feasible (outputs are written first).
     """
-    model = load_model(model)
+    model = load_network(model)
     cluster = load_cluster(cluster)
-    obj = objective if isinstance(objective, Objective) else Objective(objective)
+    supernet = isinstance(model, Supernet)
+    obj = objective if isinstance(objective, Objective) else Objective(objective, supernet=supernet)
+    if obj.supernet != supernet:
+        obj = dataclasses.replace(obj, supernet=supernet)  # re-checked for the model's kind
+    if subnets is not None and not supernet:
+        raise ContractError("--subnets", None, f"--subnets counts subnets of a supernet; {model.label} is a GPT model")
     cfg = config or SweepConfig()
     space = build_space(model, cluster, global_batch, fixes, partitioners, what_if)
     if trace is not None:
-        trace.check_model(model, source="trace")
+        if isinstance(model, Supernet):
+            check_candidate_trace(trace, model)
+        else:
+            trace.check_model(model, source="trace")
     fp = fingerprint(model, cluster, trace, calibration)
-    problem = Problem(model, cluster, trace, space.pinned or None, fingerprint=fp, calibration=calibration)
+    problem = Problem(model, cluster, trace, space.pinned or None, fingerprint=fp, calibration=calibration,
+                      num_subnets=subnets or DEFAULT_SUBNETS)
     if not space.points:
         from mindpipe.tuner.sweep import no_plan_message
 
@@ -179,6 +201,8 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
     }
     if obj.shift is not None:  # absent from other sweeps' identity, so they still resume
         identity["timeshift"] = obj.shift.identity()
+    if supernet:  # likewise: GPT sweeps' identity is unchanged
+        identity["subnets"] = problem.num_subnets
     if obj.target is not None:
         identity["target"] = target_identity(obj)
     out_dir = Path(out)
@@ -187,7 +211,8 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
         result = run_sweep(problem, space, obj, cfg, store, progress=progress, evaluator=evaluator)
     finally:
         store.close()
-    made_for = MadeFor(model, cluster, tool="mindpipe tune",
+    made_for = MadeFor(None if isinstance(model, Supernet) else model, cluster, tool="mindpipe tune",
+                       supernet=model if isinstance(model, Supernet) else None,
                        trace=reference(trace_source, trace) if trace is not None else None,
                        calibration=reference(calibration_source, calibration) if calibration is not None else None)
     shifted = None
@@ -196,7 +221,7 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
 
         shifted = report_for(obj.shift, result.records, result.best)
     info = write_outputs(result, obj, space, out_dir, made_for, plots=plots, timeshift=shifted)
-    if obj.target is not None and result.best is not None:
+    if obj.target is not None and result.best is not None and isinstance(model, Model):
         sim = Simulator(model, cluster, trace=trace, calibration=calibration)
         info.update(write_front(sim, result, obj.target, obj.placement, front or FrontConfig(), out_dir, plots))
     if result.best is None:
@@ -208,4 +233,4 @@ def tune(model: Model | str, cluster: Cluster | str, *, out: str | Path,
     return TuneOutcome(info, result, space)
 
 
-__all__ = ["NoFeasiblePlan", "TuneOutcome", "build_space", "default_global_batch", "fingerprint", "reference", "tune"]
+__all__ = ["DEFAULT_SUBNETS", "NoFeasiblePlan", "TuneOutcome", "build_space", "default_global_batch", "fingerprint", "reference", "tune"]

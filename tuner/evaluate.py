@@ -12,10 +12,12 @@ import time
 import traceback
 
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.keys import Point, point_key
 from mindpipe.tuner.materialize import Problem, materialize
 from mindpipe.tuner.records import EvaluationRecord, MemoryCode, Metrics, Status
 from mindpipe.tuner.rules import rule_of
+from mindpipe.tuner.subnet_evaluate import evaluate_supernet
 
 
 def evaluate(problem: Problem, point: Point) -> EvaluationRecord:
@@ -26,8 +28,10 @@ def evaluate(problem: Problem, point: Point) -> EvaluationRecord:
         memory model before simulating (:attr:`MemoryCode.ESTIMATE`) or by the simulation's peak
         (:attr:`MemoryCode.SIMULATED_PEAK`); ``invalid`` — a plan rule the space did not catch
         (its :class:`~mindpipe.tuner.rules.Rule`); ``error`` — an unexpected exception, with its
-        message.
+        message. A supernet problem's points go to :func:`~mindpipe.tuner.subnet_evaluate.evaluate_supernet`.
     """
+    if isinstance(problem.model, Supernet):
+        return evaluate_supernet(problem, point)
     start = time.perf_counter()
     rec = EvaluationRecord(key=point_key(point), point=dict(point))
     try:

@@ -28,6 +28,8 @@ from mindpipe.traces.config import (
     RANK_ORDERS,
     RECOMPUTE,
     SCHEDULES,
+    SUBNET_SCHEDULES,
+    SUPERNET_PLAN_KEYS,
     WHAT_IF_KEYS,
     Plan,
     check_plan_key,
@@ -44,12 +46,15 @@ POINT_KEYS = (
     "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "rank_order",
     "partitioner",
 )
+# The fourth dimension (NASPipe): points of a supernet carry these too; GPT points never do, so their
+# identity (point_key) is unchanged.
+SUPERNET_POINT_KEYS = SUPERNET_PLAN_KEYS
 LIST_KEYS = ("partition", "layer_memory_policy")  # pinned as JSON lists, copied into every plan
-_INT_KEYS = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage")
+_INT_KEYS = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage", "subnet_window")
 _BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce")
 _STR_CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": SCHEDULES, "recompute": RECOMPUTE, "comm_priority": COMM_PRIORITIES, "precision": PRECISIONS,
-    "rank_order": RANK_ORDERS, "partitioner": PARTITIONERS,
+    "rank_order": RANK_ORDERS, "partitioner": PARTITIONERS, "subnet_schedule": SUBNET_SCHEDULES,
 }
 
 Point = dict[str, Any]
@@ -65,7 +70,7 @@ def plan_of(point: Mapping[str, Any], pinned: Mapping[str, list[Any]] | None = N
     Raises:
         ContractError: a value the Plan contract refuses (source empty; the caller names it).
     """
-    kwargs: dict[str, Any] = {k: point[k] for k in POINT_KEYS if k != "partitioner" and k in point}
+    kwargs: dict[str, Any] = {k: point[k] for k in (*POINT_KEYS, *SUPERNET_POINT_KEYS) if k != "partitioner" and k in point}
     for key, value in (pinned or {}).items():
         kwargs[key] = list(value)
     if partition is not None:
@@ -136,11 +141,11 @@ def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
             raise ContractError("--fix", key, f"{key} is pinned twice")
         if key in LIST_KEYS:
             out[key] = _parse_list(key, value)
-        elif key in POINT_KEYS:
+        elif key in POINT_KEYS or key in SUPERNET_POINT_KEYS:
             values = [_parse_scalar(key, v) for v in value.split(",")]
             out[key] = values[0] if len(values) == 1 else values
         else:
-            known = ", ".join((*POINT_KEYS, *LIST_KEYS))
+            known = ", ".join((*POINT_KEYS, *SUPERNET_POINT_KEYS, *LIST_KEYS))
             raise ContractError("--fix", key, f"{key}: not a plan key (known: {known})")
     return out
 
@@ -215,14 +220,16 @@ def parse_global_batch(text: str) -> list[int]:
 
 
 def point_key(point: Mapping[str, Any]) -> str:
-    """Canonical, stable identity of a point (used by the sweep store)."""
-    return json.dumps([point[k] for k in POINT_KEYS], separators=(",", ":"))
+    """Canonical, stable identity of a point (used by the sweep store); a supernet point's subnet keys follow."""
+    keys = (*POINT_KEYS, *(k for k in SUPERNET_POINT_KEYS if k in point))
+    return json.dumps([point[k] for k in keys], separators=(",", ":"))
 
 
 __all__ = [
     "LIST_KEYS",
     "PARTITIONERS",
     "POINT_KEYS",
+    "SUPERNET_POINT_KEYS",
     "WHAT_IF_KEYS",
     "Point",
     "check_fixes_what_if",

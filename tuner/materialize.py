@@ -20,6 +20,7 @@ from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import block_policies
+from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.keys import Point, plan_of
 from mindpipe.tuner.memsplit import MEMORY_PARTITIONERS, memory_partition
@@ -42,25 +43,37 @@ class Problem:
             with one policy for every block, a per-stage memory check with per-block policies).
         fingerprint: Identity of (model, cluster, trace, calibration) for the workers' Simulator cache.
         calibration: Constants fitted from measured runs (``mindpipe calibrate``), or None.
+        num_subnets: Supernets: subnets each plan is simulated for (:mod:`mindpipe.tuner.subnet_evaluate`).
+        context_switching: Supernets: simulate with context switching (only the resident subnets'
+            candidates on the device), as the executor runs by default.
     """
 
-    model: Model
+    model: Model | Supernet
     cluster: Cluster
     trace: Trace | None = None
     pinned: dict[str, list[Any]] | None = None
     memory_caps: bool = True
     fingerprint: str = ""
     calibration: Calibration | None = None
+    num_subnets: int = 256
+    context_switching: bool = True
+
+    @property
+    def gpt(self) -> Model:
+        """The GPT model (a supernet problem is evaluated by :mod:`mindpipe.tuner.subnet_evaluate`)."""
+        if not isinstance(self.model, Model):
+            raise TypeError(f"{self.model.label} is a supernet: evaluate it with mindpipe.tuner.subnet_evaluate")
+        return self.model
 
     def simulator(self) -> Simulator:
         """The problem's :class:`Simulator`, built once per process (cached on ``fingerprint``)."""
         if not self.fingerprint:
-            return Simulator(self.model, self.cluster, trace=self.trace, calibration=self.calibration)
+            return Simulator(self.gpt, self.cluster, trace=self.trace, calibration=self.calibration)
         sim = _SIMULATORS.get(self.fingerprint)
         if sim is None:
             if len(_SIMULATORS) >= _SIMULATOR_CACHE_SIZE:
                 _SIMULATORS.pop(next(iter(_SIMULATORS)))
-            sim = _SIMULATORS[self.fingerprint] = Simulator(self.model, self.cluster, trace=self.trace,
+            sim = _SIMULATORS[self.fingerprint] = Simulator(self.gpt, self.cluster, trace=self.trace,
                                                             calibration=self.calibration)
         return sim
 
@@ -103,7 +116,7 @@ def materialize(problem: Problem, point: Point, sim: Simulator | None = None) ->
         ContractError: the point breaks a plan rule (should not happen for points of a space).
     """
     sim = sim or problem.simulator()
-    model = problem.model
+    model = problem.gpt
     plan = plan_of(point, problem.pinned)
     name = point["partitioner"]
     if name in MEMORY_PARTITIONERS:

@@ -9,7 +9,15 @@ Goodput (Pollux, Qiao et al. OSDI'21) = throughput × statistical efficiency. Th
 global batch B follows the gradient noise scale of McCandlish et al. (2018, arXiv 1812.06162):
 training to a target needs E = E_min·(1 + B/B_crit) examples, so one example at batch B is worth
 E_min/E = 1/(1 + B/B_crit) of one at a very small batch; B_crit (≈ the noise scale B_noise) is
-the user's ``--critical-batch``. Goodput is thus in small-batch-equivalent samples per second.
+the gradient noise scale the executor measured, carried by ``mindpipe calibrate`` into the
+calibration file (:func:`critical_batch_for`), or the user's ``--critical-batch``, which
+overrides it. Goodput is thus in small-batch-equivalent samples per second.
+
+Supernets (NASPipe): goodput counts *subnets trained per hour* — each subnet is one architecture
+trained on one batch, and a weight-sharing search needs a number of subnets, not of samples — so
+``throughput`` and ``goodput`` both maximise the simulator's subnets per hour
+(:class:`~mindpipe.simulator.subnet_sim.SupernetResult`). The supernet simulator prices no energy,
+so ``energy`` and ``carbon`` are refused for supernets rather than valued from nothing.
 
 Carbon with a time-shift (:class:`mindpipe.tuner.timeshift.TimeShift`: an hourly series, a start
 window, the job's length): each plan's iteration is priced at the mean intensity of *its own*
@@ -36,6 +44,8 @@ from mindpipe.traces.reading import parse_float
 from mindpipe.tuner.records import Metrics
 
 if TYPE_CHECKING:
+    from mindpipe.traces.calibration import Calibration
+    from mindpipe.traces.config import Model
     from mindpipe.tuner.target import Placement, TrainingTarget
     from mindpipe.tuner.timeshift import TimeShift
 
@@ -48,6 +58,8 @@ _METRIC = {
     "goodput": ("goodput_samples_per_s", True, "samples/s (small-batch equivalent)"),
     "carbon_to_target": ("carbon_to_target_g", False, "gCO2 to target"),
 }
+SUPERNET_OBJECTIVES = ("throughput", "goodput")
+_SUPERNET_METRIC = ("subnets_per_hour", True, "subnets/hour")
 # Short names accepted in --constraint.
 METRIC_ALIASES = {
     "throughput": "throughput_samples_per_s",
@@ -63,10 +75,11 @@ METRIC_ALIASES = {
     "kwh_to_target": "energy_to_target_kwh",
     "memory": "peak_memory_gib",
     "peak_memory": "peak_memory_gib",
+    "subnets": "subnets_per_hour",
 }
 CONSTRAINT_METRICS = (
     "throughput_samples_per_s", "throughput_tokens_per_s", "energy_per_sample_j", "carbon_per_sample_g",
-    "goodput_samples_per_s", "iteration_time_s", "peak_memory_gib", "mfu", "bubble_fraction",
+    "goodput_samples_per_s", "iteration_time_s", "peak_memory_gib", "mfu", "bubble_fraction", "subnets_per_hour",
     "carbon_to_target_g", "compute_hours_to_target", "energy_to_target_kwh",
 )
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
@@ -75,6 +88,51 @@ _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
 def statistical_efficiency(global_batch: float, critical_batch: float) -> float:
     """McCandlish et al.'s examples efficiency 1 / (1 + B / B_crit), in (0, 1]."""
     return 1.0 / (1.0 + global_batch / critical_batch)
+
+
+@dataclass(frozen=True)
+class CriticalBatch:
+    """The critical batch goodput uses and where it came from.
+
+    Attributes:
+        value: Samples; None when goodput is not asked for (or nothing gives one).
+        source: ``typed`` (``--critical-batch``), ``measured`` (the calibration's noise scale) or
+            ``none``.
+        note: One line for the output, e.g. ``measured gradient noise scale (3 runs, 960 samples)``.
+    """
+
+    value: float | None
+    source: str
+    note: str = ""
+
+
+def needs_critical_batch(name: str, constraints: Sequence[Constraint]) -> bool:
+    """True for goodput and carbon_to_target, or any objective constrained on goodput."""
+    return name in ("goodput", "carbon_to_target") or any(c.metric == "goodput_samples_per_s" for c in constraints)
+
+
+def critical_batch_for(typed: float | None, calibration: Calibration | None, model: Model,
+                       needed: bool) -> CriticalBatch:
+    """The critical batch: the typed value if any, else the calibration's measured noise scale.
+
+    The measured value is taken only when ``needed`` (a goodput objective or constraint), so other
+    objectives' outputs and sweep identities do not change with a calibration file.
+
+    Raises:
+        ContractError: the noise scale was measured on another model (it does not carry over).
+    """
+    if typed is not None:
+        return CriticalBatch(typed, "typed", "--critical-batch (typed)")
+    noise = calibration.gradient_noise if calibration is not None else None
+    if not needed or noise is None:
+        return CriticalBatch(None, "none")
+    if not noise.model.same_shape(model):
+        raise ContractError("--calibration", "gradient_noise", (
+            f"the calibration's gradient noise scale was measured on {noise.model.describe()}, not "
+            f"{model.describe()}; give --critical-batch"))
+    return CriticalBatch(noise.noise_scale, "measured", (
+        f"measured gradient noise scale ({len(noise.runs)} run(s), {noise.samples} samples, "
+        f"data {', '.join(noise.data) or 'unknown'})"))
 
 
 @dataclass(frozen=True)
@@ -123,6 +181,8 @@ class Objective:
         shift: For ``carbon``: the job to place in time; each plan's ``carbon_gco2`` (per
             iteration) is then its energy at the mean intensity of its best schedule, and a plan
             whose job runs past the series has no value.
+        supernet: The model is a supernet: ``throughput`` and ``goodput`` are subnets per hour
+            (module docstring); ``energy`` and ``carbon`` are refused.
         target: For ``carbon_to_target`` (required there): the training target and noise scale.
         placement: For ``carbon_to_target``: where the job may run in time (hourly series,
             window); without it the carbon uses the cluster's annual intensity.
@@ -132,18 +192,22 @@ class Objective:
     critical_batch: float | None = None
     constraints: list[Constraint] = field(default_factory=list)
     shift: TimeShift | None = None
+    supernet: bool = False
     target: TrainingTarget | None = None
     placement: Placement | None = None
 
     def __post_init__(self) -> None:
         if self.name not in OBJECTIVES:
             raise ContractError("--objective", None, f"{self.name!r} is not one of {', '.join(OBJECTIVES)}")
+        if self.supernet:
+            self._check_supernet()
+            return
         if self.name == "goodput" and (self.critical_batch is None or self.critical_batch <= 0):
-            raise ContractError("--critical-batch", None, "goodput needs --critical-batch B (> 0), the gradient noise scale")
+            raise ContractError("--critical-batch", None, "goodput needs --critical-batch B (> 0), the gradient noise "
+                                                          "scale, or a --calibration whose runs measured it")
         if self.critical_batch is not None and self.critical_batch <= 0:
             raise ContractError("--critical-batch", None, f"{self.critical_batch} must be > 0")
-        needs_goodput = any(c.metric == "goodput_samples_per_s" for c in self.constraints)
-        if needs_goodput and self.critical_batch is None:
+        if needs_critical_batch("throughput", self.constraints) and self.critical_batch is None:
             raise ContractError("--constraint", None, "a goodput constraint needs --critical-batch")
         if self.shift is not None and self.name != "carbon":
             raise ContractError("--objective", None, f"--window/--carbon-csv time-shifting needs --objective carbon, "
@@ -159,25 +223,46 @@ class Objective:
             raise ContractError("--target-samples", None, f"a training target needs --objective carbon_to_target, "
                                                           f"not {self.name}")
 
+    def _check_supernet(self) -> None:
+        """The supernet objectives' rules (module docstring)."""
+        if self.name not in SUPERNET_OBJECTIVES:
+            raise ContractError("--objective", None, f"{self.name} is not available for supernets: the supernet simulator "
+                                "prices no energy; use throughput (subnets trained per hour)")
+        if self.critical_batch is not None:
+            raise ContractError("--critical-batch", None, "supernets: goodput counts subnets trained per hour, "
+                                "with no statistical efficiency; leave --critical-batch out")
+        if self.shift is not None:
+            raise ContractError("--carbon-csv", None, "time-shifting prices energy, which the supernet simulator does not")
+        for c in self.constraints:
+            if c.metric in ("energy_per_sample_j", "carbon_per_sample_g", "goodput_samples_per_s", "mfu"):
+                raise ContractError("--constraint", None, f"{c.metric} is not simulated for supernets")
+
+    @property
+    def _spec(self) -> tuple[str, bool, str]:
+        return _SUPERNET_METRIC if self.supernet else _METRIC[self.name]
+
     @property
     def metric(self) -> str:
         """The metric column the objective reads."""
-        return _METRIC[self.name][0]
+        return self._spec[0]
 
     @property
     def maximize(self) -> bool:
         """True when larger values are better."""
-        return _METRIC[self.name][1]
+        return self._spec[1]
 
     @property
     def unit(self) -> str:
         """Unit of :meth:`value`."""
-        return _METRIC[self.name][2]
+        return self._spec[2]
 
     def describe(self) -> str:
         """One line, e.g. ``maximise throughput (samples/s) s.t. carbon_per_sample_g<=0.5``."""
         verb = "maximise" if self.maximize else "minimise"
         extra = f" s.t. {', '.join(map(str, self.constraints))}" if self.constraints else ""
+        if self.supernet:
+            return (f"{verb} subnets per hour ({self.unit}; goodput for supernets = subnets trained per hour)"
+                    f"{extra}")
         return f"{verb} {self.name} ({self.unit}){extra}"
 
     def derive(self, metrics: Metrics, global_batch: int) -> Metrics:
@@ -277,8 +362,12 @@ def pareto_front(rows: Sequence[Mapping[str, Any]], maximize: str = "throughput_
 __all__ = [
     "CONSTRAINT_METRICS",
     "OBJECTIVES",
+    "SUPERNET_OBJECTIVES",
     "Constraint",
+    "CriticalBatch",
     "Objective",
+    "critical_batch_for",
+    "needs_critical_batch",
     "pareto_front",
     "parse_constraint",
     "statistical_efficiency",

@@ -15,6 +15,12 @@
 
 Every table row says which what-if knobs its plan uses (``what_if``), and the summary which knobs
 were searched and which the best plan uses.
+
+A supernet sweep (NASPipe) values plans in subnets trained per hour (``subnets_per_hour``; goodput
+for supernets); its rows carry ``subnet_schedule``, ``subnet_window`` and
+``equivalent_to_sequential`` (false for ``sync`` and ``async``, whose training is not sequential
+training's), and its summary a ``supernet`` object saying so. The throughput-vs-carbon front and
+its plot are left out there: the supernet simulator prices no energy.
 """
 
 from __future__ import annotations
@@ -28,22 +34,25 @@ from typing import Any
 from mindpipe.traces.atomic import open_output, output_dir, save_figure, write_text
 from mindpipe.traces.config import MadeFor, Plan
 from mindpipe.traces.schema import to_dict, write_json
-from mindpipe.tuner.keys import POINT_KEYS, what_if_used
+from mindpipe.traces.supernet import Supernet
+from mindpipe.tuner.keys import POINT_KEYS, SUPERNET_POINT_KEYS, what_if_used
 from mindpipe.tuner.objectives import Objective, pareto_front
 from mindpipe.tuner.records import ScoredRecord
 from mindpipe.tuner.space import SearchSpace
+from mindpipe.tuner.subnet_space import equivalent_to_sequential
 from mindpipe.tuner.sweep import SweepResult
 
 METRIC_COLUMNS = (
     "iteration_time_s", "throughput_samples_per_s", "throughput_tokens_per_s", "goodput_samples_per_s",
     "statistical_efficiency", "tflops_per_gpu", "mfu", "bubble_fraction", "exposed_dp_comm_s", "peak_memory_gib",
-    "energy_j", "energy_per_sample_j", "carbon_gco2", "carbon_per_sample_g", "iterations_to_target",
-    "compute_hours_to_target", "wait_hours_to_target", "energy_to_target_kwh", "carbon_to_target_g",
+    "energy_j", "energy_per_sample_j", "carbon_gco2", "carbon_per_sample_g", "subnets_per_hour",
+    "iterations_to_target", "compute_hours_to_target", "wait_hours_to_target", "energy_to_target_kwh",
+    "carbon_to_target_g",
 )
 
 
-COLUMNS = ("index", "status", "code", "feasible", "reason", "value", "simulated", "what_if", *POINT_KEYS, "partition",
-           *METRIC_COLUMNS, "message", "eval_s")
+COLUMNS = ("index", "status", "code", "feasible", "reason", "value", "simulated", "what_if", *POINT_KEYS,
+           *SUPERNET_POINT_KEYS, "equivalent_to_sequential", "partition", *METRIC_COLUMNS, "message", "eval_s")
 
 
 def rows(result: SweepResult) -> list[dict[str, Any]]:
@@ -57,6 +66,8 @@ def rows(result: SweepResult) -> list[dict[str, Any]]:
                                "reason": r.verdict.value, "value": r.value, "simulated": ev.simulated,
                                "what_if": ",".join(r.what_if)}
         row.update({k: r.point[k] for k in POINT_KEYS})
+        row.update({k: r.point.get(k) for k in SUPERNET_POINT_KEYS})
+        row["equivalent_to_sequential"] = equivalent_to_sequential(r.point)
         row["partition"] = json.dumps(partition) if partition is not None else ""
         row.update({k: r.metrics.get(k) for k in METRIC_COLUMNS})
         row["message"] = r.message.splitlines()[0] if r.message else ""
@@ -179,7 +190,23 @@ def summary(result: SweepResult, objective: Objective, space: SearchSpace, out: 
         "space_size": space.size,
         "pareto_points": pareto_count,
         "out": str(out),
+        **_supernet_summary(space, plan),
     }
+
+
+def _supernet_summary(space: SearchSpace, plan: Plan | None) -> dict[str, Any]:
+    """The ``supernet`` key of a supernet sweep's summary (nothing for a GPT sweep)."""
+    if not isinstance(space.model, Supernet):
+        return {}
+    equivalent = equivalent_to_sequential({"subnet_schedule": plan.subnet_schedule or "csp"}) if plan else None
+    return {"supernet": {
+        "name": space.model.label, "value_unit": "subnets/hour",
+        "goodput": "for supernets, goodput counts subnets trained per hour",
+        "samples_per_subnet": plan.global_batch_size if plan is not None else None,
+        "subnet_schedules_searched": space.describe()["values"].get("subnet_schedule", []),
+        "best_plan_equivalent_to_sequential": equivalent,
+        "note": "sync and async are not equivalent to sequential training (searched only when pinned)",
+    }}
 
 
 def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace, out: Path,
@@ -207,7 +234,8 @@ def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace,
         write_text(out / "best.json", json.dumps(best, indent=1, default=str) + "\n")
     if plots and table:
         _plot_convergence(result, objective, out / "convergence.png")
-        _plot_pareto(table, front, out / "pareto.png")
+        if not isinstance(space.model, Supernet):  # no energy, so no carbon front, for supernets
+            _plot_pareto(table, front, out / "pareto.png")
     info = summary(result, objective, space, out, len(front), plan)
     if timeshift is not None:
         info.update(timeshift)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from mindpipe.simulator.subnet_sim import SupernetResult
 from mindpipe.traces.config import Plan
 from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.schema import from_dict, to_dict
@@ -83,6 +84,7 @@ class Metrics:
     carbon_per_sample_g: float | None = None
     statistical_efficiency: float | None = None
     goodput_samples_per_s: float | None = None
+    subnets_per_hour: float | None = None
     iterations_to_target: float | None = None
     compute_hours_to_target: float | None = None
     wait_hours_to_target: float | None = None
@@ -94,6 +96,20 @@ class Metrics:
         """The fields of a simulation result (and its exposed data-parallel communication)."""
         return cls(**{k: getattr(result, k) for k in RESULT_FIELDS},
                    exposed_dp_comm_s=result.extra.get("exposed_dp_comm_s"))
+
+    @classmethod
+    def of_supernet(cls, result: SupernetResult, seq_len: int) -> Metrics:
+        """The fields of a supernet simulation: subnets per hour, and its time per subnet as the iteration time.
+
+        One subnet trains ``samples_per_subnet`` = micro_batch_size × dp sequences of ``seq_len``
+        tokens, which gives samples and tokens per second; the supernet simulator prices no energy
+        (those stay None).
+        """
+        samples_per_s = result.subnets_per_hour / 3600.0 * result.samples_per_subnet
+        return cls(iteration_time_s=result.time_per_subnet_s, throughput_samples_per_s=samples_per_s,
+                   throughput_tokens_per_s=samples_per_s * seq_len, bubble_fraction=result.bubble_fraction,
+                   peak_memory_gib=max(st.memory.total_gib for st in result.stages),
+                   fits_in_memory=result.fits_in_memory, subnets_per_hour=result.subnets_per_hour)
 
     def get(self, name: str) -> Any:
         """A metric by column name (None when unknown or not a metric)."""

@@ -41,7 +41,7 @@ class Rule(StrEnum):
 _TEXT = {
     Rule.MESH: "dp·tp·pp must equal the device count",
     Rule.TP_PER_NODE: "tp must not exceed devices per node",
-    Rule.HEADS: "tp must divide num_heads and ffn_hidden_size",
+    Rule.HEADS: "tp must divide num_heads, num_kv_heads and ffn_hidden_size",
     Rule.LAYERS: "pp×virtual_stages must not exceed num_layers",
     Rule.BATCH_MULTIPLE: "global batch must be a multiple of micro-batch×dp",
     Rule.SCHEDULE: "the schedule's micro-batch rules (m ≥ pp; interleaved_1f1b: m a multiple of pp; "

@@ -18,6 +18,9 @@ partitioners plan one stage per rank, so they are left out of interleaved and V 
 What-if knobs (:data:`~mindpipe.tuner.keys.WHAT_IF_KEYS`) keep the value the executor runs unless
 ``what_if`` names them. ``--fix KEY=VALUE`` pins a key (``KEY=A,B`` restricts it to a set); pinned
 keys are never dropped by the rules above, only restricted.
+
+A supernet (NASPipe) has its own points — dp × pp, micro-batch, ``subnet_schedule``,
+``subnet_window`` and the supernet partitioner — enumerated by :mod:`mindpipe.tuner.subnet_space`.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from typing import Any
 from mindpipe.simulator.schedules import schedule_rule
 from mindpipe.traces.config import COMM_PRIORITIES, RECOMPUTE, SCHEDULES, V_SCHEDULES, Cluster, Model, check_plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.keys import (
     LIST_KEYS,
     PARTITIONERS,
     POINT_KEYS,
+    SUPERNET_POINT_KEYS,
     WHAT_IF_KEYS,
     Point,
     check_fixes_what_if,
@@ -42,6 +47,7 @@ from mindpipe.tuner.keys import (
 )
 from mindpipe.tuner.memsplit import MEMORY_PARTITIONERS
 from mindpipe.tuner.rules import Rule, rule_of
+from mindpipe.tuner.subnet_space import check_supernet_fixes, supernet_points
 
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_INTERLEAVE = (2, 4)  # virtual stages tried for interleaved_1f1b (Megatron uses 2-4 chunks)
@@ -68,22 +74,32 @@ class SearchSpace:
         partitioners: Partitioners to try (a dimension when more than one).
         what_if: What-if knobs to search (:func:`mindpipe.tuner.keys.parse_what_if`); the others
             keep the value the executor runs.
+        batch_given: Whether ``global_batches`` was asked for (else a default; a supernet sweep
+            with a pinned micro-batch then leaves the batch free).
         points: The valid points, in a stable enumeration order.
         rejected: Count of rejected combinations per broken rule.
     """
 
-    model: Model
+    model: Model | Supernet
     cluster: Cluster
     global_batches: list[int]
     fixes: dict[str, Any] = field(default_factory=dict)
     partitioners: tuple[str, ...] = ("balanced",)
     what_if: tuple[str, ...] = ()
+    batch_given: bool = True
     points: list[Point] = field(default_factory=list, init=False)
     rejected: Counter[Rule] = field(default_factory=Counter, init=False)
 
     def __post_init__(self) -> None:
         if "partition" in self.fixes:
             self.partitioners = ("given",)
+        if isinstance(self.model, Supernet):
+            check_supernet_fixes(self.model, self.fixes, self.what_if, self.partitioners)
+            self.points = list(supernet_points(self))
+            return
+        for key in SUPERNET_POINT_KEYS:
+            if key in self.fixes:
+                raise ContractError("--fix", key, f"{key} applies to supernets only; {self.model.label} is a GPT model")
         for p in self.partitioners:
             if p not in PARTITIONERS or (p == "given" and "partition" not in self.fixes):
                 raise ContractError("--partitioner", None, f"{p!r} is not one of {', '.join(PARTITIONERS[:-1])}")
@@ -164,6 +180,8 @@ class SearchSpace:
         except ContractError as e:
             return rule_of(e, contract=True)
         try:
+            if not isinstance(self.model, Model):
+                raise TypeError("a supernet's points come from mindpipe.tuner.subnet_space")
             check_plan(plan, self.model, self.cluster)
         except ContractError as e:
             return rule_of(e)
@@ -224,7 +242,8 @@ class SearchSpace:
     def describe(self) -> dict[str, Any]:
         """JSON summary of the space: size, rejected counts, per-key value sets, what-if knobs searched."""
         values: dict[str, list[Any]] = {}
-        for key in POINT_KEYS:
+        keys = (*POINT_KEYS, *SUPERNET_POINT_KEYS) if isinstance(self.model, Supernet) else POINT_KEYS
+        for key in keys:
             seen: list[Any] = []
             for p in self.points:
                 if p[key] not in seen:

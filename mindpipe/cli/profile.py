@@ -9,10 +9,11 @@ from typing import Any
 from mindpipe.cli import loaders
 from mindpipe.cli.args import count, seed
 from mindpipe.cli.output import check_outputs, command_line, emit_trace, stderr
-from mindpipe.traces.builtin import model_names
+from mindpipe.traces.builtin import load_network, model_names
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
+from mindpipe.traces.supernet import Supernet
 
 MAX_REPEATS = 10_000  # timed or untimed runs per layer
 
@@ -20,7 +21,7 @@ MAX_REPEATS = 10_000  # timed or untimed runs per layer
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``profile`` subcommand to ``sub`` and return its parser."""
     p = sub.add_parser("profile", help="profile a model layer by layer on this machine's CPU or GPU")
-    p.add_argument("model", metavar="MODEL", help=f"JSON file, inline JSON or built-in ({', '.join(model_names())})")
+    p.add_argument("model", metavar="MODEL", help=f"JSON file, inline JSON or built-in ({', '.join(model_names())}, or a supernet)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--micro-batch-size", type=count(1, int(limit("micro_batch_size"))), default=1,
                    help="sequences per micro-batch (default 1)")
@@ -90,6 +91,9 @@ def check_memory(model: Model, source: str, micro_batch_size: int, seq_len: int 
 def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Build the model, time every layer, write the trace and print its summary."""
     check_outputs([args.out])
+    net = load_network(args.model)
+    if isinstance(net, Supernet):
+        return _profile_supernet(args, argv, net)
     model = loaders.model(args.model)
     check_memory(model, args.model, args.micro_batch_size, args.seq_len, args.dtype, args.device)
     from mindpipe.traces.profiler import ProfileOptions, profile_model  # imports torch
@@ -105,6 +109,20 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
         seed=args.seed,
     )
     trace = profile_model(model, opts, command=command_line(argv), progress=None if args.quiet else stderr)
+    emit_trace(args, trace, args.out)
+    return 0
+
+
+def _profile_supernet(args: argparse.Namespace, argv: Sequence[str], net: Supernet) -> int:
+    """Every candidate operator, the embedding and the head (``granularity`` is ``candidate``)."""
+    if args.granularity != "layer":
+        raise ContractError("command line", "granularity", "a supernet is profiled per candidate operator; "
+                            "leave --granularity out")
+    from mindpipe.traces.profiler import ProfileOptions, profile_supernet  # imports torch
+
+    opts = ProfileOptions(micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, device=args.device,
+                          dtype=args.dtype, warmup=args.warmup, repeats=args.repeats, seed=args.seed)
+    trace = profile_supernet(net, opts, command=command_line(argv), progress=None if args.quiet else stderr)
     emit_trace(args, trace, args.out)
     return 0
 

@@ -15,6 +15,7 @@ from mindpipe.cli.args import count, real, seed
 from mindpipe.cli.output import print_json
 from mindpipe.traces.config import WHAT_IF_KEYS
 from mindpipe.traces.limits import limit
+from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.objectives import OBJECTIVES
 from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
 
@@ -37,7 +38,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="max_batch: micro-batches per iteration (default: pp, the fewest that fill the pipeline)")
     p.add_argument("--critical-batch", type=real(0.0, float(limit("global_batch_size")), lo_open=True), default=None,
                    metavar="B",
-                   help="critical batch size (gradient noise scale, McCandlish et al. 2018) for goodput")
+                   help="critical batch size (gradient noise scale, McCandlish et al. 2018) for goodput; overrides "
+                        "the noise scale a --calibration file carries (measured by mindpipe run)")
     p.add_argument("--constraint", action="append", default=[], metavar="METRIC<=X",
                    help="e.g. carbon_per_sample<=0.05 or throughput>=100 (repeatable)")
     p.add_argument("--global-batch", default=None, metavar="N|A,B|A:B",
@@ -63,6 +65,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=count(1, MAX_WORKERS), default=None,
                    help="proposals per round (default: --workers)")
     p.add_argument("--dask", default=None, metavar="ADDRESS", help="evaluate on a Dask cluster (scheduler address)")
+    p.add_argument("--subnets", type=count(1, int(limit("train_steps"))), default=None, metavar="N",
+                   help="supernets: subnets each plan is simulated for (default 256; the objective is subnets "
+                        "trained per hour)")
     p.add_argument("--out", required=True, metavar="DIR", help="output and state directory")
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep stored in --out (same search arguments; bo also the same batch size)")
@@ -142,8 +147,12 @@ def _format_timeshift(info: dict[str, Any]) -> list[str]:
 
 def _format(info: dict[str, Any]) -> str:
     plan = info["best_plan"] or {}
-    keys = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
-            "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce", "partition")
+    keys: tuple[str, ...] = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages",
+                             "recompute", "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce",
+                             "partition")
+    net = info.get("supernet")
+    if net is not None:
+        keys = ("dp", "pp", "micro_batch_size", "global_batch_size", "subnet_schedule", "subnet_window", "partition")
     shown = ", ".join(f"{k}={plan.get(k)}" for k in keys if k in plan)
     by_reason = dict(info["infeasible_by_reason"])
     rules = by_reason.pop("rules", 0)
@@ -156,15 +165,24 @@ def _format(info: dict[str, Any]) -> str:
                 "runs " + ", ".join(f"{k}={json.dumps(WHAT_IF_KEYS[k])}" for k in uses) + ")") if uses else "none"
         what_if = f"searched {', '.join(searched)}; the best plan uses {used}"
     shifted = _format_timeshift(info) if "timeshift" in info else []
+    if net is not None:
+        same = net["best_plan_equivalent_to_sequential"]
+        what_if = (f"{net['name']}: {net['goodput']}; the best plan "
+                   + ("trains exactly as sequential training" if same else
+                      "is NOT equivalent to sequential training (sync/async)"))
+    front = ([f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)"] if net is None
+             else [])
+    critical = info.get("critical_batch")
     return "\n".join([
         f"objective        {info['objective']}",
+        *([f"critical batch   {critical['value']:.6g} samples: {critical['note']}"] if critical else []),
         f"best value       {info['best_value']:.6g}",
         f"best plan        {shown}",
-        f"what-if knobs    {what_if}",
+        f"{'what-if knobs' if net is None else 'supernet':16s} {what_if}",
         f"simulations      {info['evaluations']} ({info['evaluated_points']} points proposed, {info['reused']} from a previous run)",
         f"space            {info['space_size']} valid points",
         f"infeasible       {info['infeasible']}: {rules} combinations filtered by the plan rules, {reasons}",
-        f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)",
+        *front,
         *shifted,
         *(tune_target.format_lines(info) if "compute_hours" in info else []),
         f"outputs          {info['out']}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png"
@@ -184,7 +202,13 @@ def _clock_lines(c: dict[str, Any] | None) -> list[str]:
 def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the search; exit 2 (through ContractError) when no plan is feasible."""
     from mindpipe.tuner.api import tune
-    from mindpipe.tuner.objectives import Objective, parse_constraint
+    from mindpipe.tuner.objectives import (
+        CriticalBatch,
+        Objective,
+        critical_batch_for,
+        needs_critical_batch,
+        parse_constraint,
+    )
     from mindpipe.tuner.progress import ProgressBar
     from mindpipe.tuner.sweep import SweepConfig
 
@@ -192,25 +216,40 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     calibration = loaders.calibration(args.calibration)
     partitioners = [p.strip() for p in args.partitioner.split(",") if p.strip()]
     if args.objective == "max_batch":
+        if args.subnets is not None:
+            from mindpipe.traces.errors import ContractError
+
+            raise ContractError("--objective", None, "max_batch searches GPT plans; a supernet's objective is "
+                                "throughput (subnets trained per hour)")
         return _max_batch(args, partitioners, trace, calibration)
     trace_source = Path(args.trace).name if args.trace else "trace"
     calibration_source = os.path.basename(args.calibration) if args.calibration else "calibration"
-    objective = Objective(args.objective, args.critical_batch, [parse_constraint(c) for c in args.constraint],
-                          shift=_timeshift(args), **tune_target.objective_parts(args))
+    constraints = [parse_constraint(c) for c in args.constraint]
+    model = loaders.network(args.model)
+    if isinstance(model, Supernet):  # goodput for supernets counts subnets; Objective refuses a critical batch
+        critical = CriticalBatch(args.critical_batch, "typed" if args.critical_batch is not None else "none")
+    else:
+        critical = critical_batch_for(args.critical_batch, calibration, model,
+                                      needed=needs_critical_batch(args.objective, constraints))
+    objective = Objective(args.objective, critical.value, constraints, shift=_timeshift(args),
+                          supernet=isinstance(model, Supernet), **tune_target.objective_parts(args, critical.value))
     to_target = args.objective == tune_target.OBJECTIVE
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
     bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
     try:
-        outcome = tune(args.model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
+        outcome = tune(model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
                        fixes=args.fix, partitioners=partitioners,
                        what_if=args.what_if, trace=trace, calibration=calibration, trace_source=trace_source,
                        calibration_source=calibration_source, config=cfg, resume=args.resume, progress=bar,
-                       plots=not args.no_plots, front=tune_target.front_config(args) if to_target else None)
+                       plots=not args.no_plots, subnets=args.subnets,
+                       front=tune_target.front_config(args) if to_target else None)
     finally:
         if bar is not None:
             bar.close()
     summary = outcome.summary
+    if critical.value is not None:  # which critical batch goodput used, and where it came from
+        summary["critical_batch"] = {"value": critical.value, "source": critical.source, "note": critical.note}
     if args.clocks != "default" and summary.get("best_plan") and not to_target:  # the front searched clocks
         from mindpipe.tuner.clock_step import add_stage_clocks
 

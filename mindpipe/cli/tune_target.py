@@ -33,17 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="best plans of the search to try clocks and start times on (default 3)")
 
 
-def noise_scale(args: argparse.Namespace) -> float | None:
-    """The gradient noise scale (critical batch) the target trades off with: ``--critical-batch``.
-
-    The one accessor: when the executor's measured noise scale lands in the calibration file, it
-    is read here (the typed flag stays an override).
-    """
-    return args.critical_batch
-
-
-def objective_parts(args: argparse.Namespace) -> dict[str, Any]:
+def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> dict[str, Any]:
     """``target`` and ``placement`` keyword arguments for :class:`~mindpipe.tuner.objectives.Objective`.
+
+    ``noise_scale`` is the critical batch :func:`mindpipe.tuner.objectives.critical_batch_for`
+    found: ``--critical-batch``, else the gradient noise scale a ``--calibration`` file carries.
 
     Raises:
         ContractError: a target flag with another objective, no ``--target-samples`` or noise
@@ -59,15 +53,14 @@ def objective_parts(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     if args.target_samples is None:
         raise ContractError("--target-samples", None, f"--objective {OBJECTIVE} needs --target-samples N")
-    scale = noise_scale(args)
-    if scale is None:
+    if noise_scale is None:
         raise ContractError("--critical-batch", None, f"--objective {OBJECTIVE} needs the gradient noise scale: "
-                                                      "--critical-batch B")
+                                                      "--critical-batch B or a --calibration whose runs measured it")
     for flag, value in (("--job-hours", args.job_hours), ("--iterations", args.iterations)):
         if value is not None:
             raise ContractError(flag, None, f"{flag} is not used with --objective {OBJECTIVE}: the target "
                                             "(--target-samples) sets the job's length")
-    target = TrainingTarget(args.target_samples, scale, args.target_batch or 0.0)
+    target = TrainingTarget(args.target_samples, noise_scale, args.target_batch or 0.0)
     placement = None
     if args.carbon_csv is not None or args.window is not None:
         if args.carbon_csv is None or args.window is None:
@@ -107,4 +100,4 @@ def format_lines(info: dict[str, Any]) -> list[str]:
     ]
 
 
-__all__ = ["OBJECTIVE", "add_arguments", "format_lines", "front_config", "noise_scale", "objective_parts"]
+__all__ = ["OBJECTIVE", "add_arguments", "format_lines", "front_config", "objective_parts"]

@@ -208,6 +208,10 @@ def format_calibration(cal: Calibration) -> str:
             if lc.cpu_s_per_step or lc.cpu_s_per_byte:
                 lines.append(f"comm {backend} {link} host copies: {1e6 * lc.cpu_s_per_step:.1f} µs CPU per step + "
                              f"{1e9 * lc.cpu_s_per_byte:.2f} ns CPU per byte, on the cores the ranks share")
+    noise = cal.gradient_noise
+    if noise is not None:
+        lines.append(f"gradient noise scale {noise.model.label}: {noise.noise_scale:.4g} samples (critical batch for "
+                     f"goodput), from {len(noise.runs)} run(s), {noise.samples} samples, data {', '.join(noise.data)}")
     return "\n".join(lines)
 
 

@@ -29,6 +29,9 @@ Three fits, in order, each on what the executor recorded (:mod:`mindpipe.traces.
    CPU outside its actions (its in-action collectives aside), a pipeline-only rank 5–8 %.
 4. **Step overhead** (per device): the median, over runs, of measured minus simulated iteration
    time once 1–3 are in — what the simulator still does not see.
+
+Not a hardware constant, but carried along: the runs' measured gradient noise scale
+(:func:`mindpipe.simulator.calibrate.noise.fit_noise`), the critical batch of goodput tuning.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from mindpipe.simulator.calibrate.features import (
     stage_structure,
 )
 from mindpipe.simulator.calibrate.models import ReferenceOpTime, as_run
+from mindpipe.simulator.calibrate.noise import fit_noise
 from mindpipe.simulator.calibrate.runs import MeasuredRun, profiled_steps
 from mindpipe.simulator.collectives import ring_steps, wire_bytes
 from mindpipe.traces.calibration import (
@@ -363,11 +367,12 @@ def calibrate(runs: list[MeasuredRun], host_cpu: bool = True) -> tuple[Calibrati
         if name in compute and name not in devices:
             devices[name] = DeviceCalibration(kind=run.device.kind, compute=compute[name],
                                               cpus_per_node=run.measurement.cpus_per_node)
-    if not devices and not comm:
+    noise = fit_noise(runs, warnings)
+    if not devices and not comm and noise is None:
         raise ContractError(runs[0].source if runs else "", "measurement",
-                            "nothing to calibrate: no compute actions and no profiled collectives")
+                            "nothing to calibrate: no compute actions, no profiled collectives and no gradient noise scale")
     cal = Calibration(devices=devices, comm=comm, measurements=[r.source for r in runs],
-                      created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+                      created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), gradient_noise=noise)
     if host_cpu:
         fit_host(runs, cal, warnings)
     residuals = fit_step_overhead(runs, cal)

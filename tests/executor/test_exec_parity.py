@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mindpipe.executor.reference import reference_losses
+from mindpipe.executor.reference import reference_losses, reference_noise_norms
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.trace import Trace
 
@@ -38,6 +38,17 @@ def assert_parity(losses: list[float], ref: list[float]) -> None:
     assert len(losses) == len(ref) == STEPS
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True))
     assert worst <= RTOL, f"max relative difference {worst:.3g} > {RTOL}: {losses} vs {ref}"
+
+
+def assert_noise_norms(trace: Trace, plan: dict, method: str) -> None:
+    """Step 1's gradient norms (before any update) equal the single-process ones: every parameter counted once
+    over TP shards, FSDP shards, replicas and pipeline stages (:mod:`mindpipe.executor.noise_probe`)."""
+    noise = trace.measurement.gradient_noise
+    assert noise is not None and noise.method == method and len(noise.steps) == STEPS
+    first = noise.steps[0]
+    small, big = reference_noise_norms(Model(**TINY), Plan(**plan))
+    assert first.small_sq_norm == pytest.approx(small, rel=1e-4) and first.big_sq_norm == pytest.approx(big, rel=1e-4)
+    assert noise.noise_scale is not None and noise.noise_scale > 0
 
 
 def launched(tmp: Path, plan: dict, nproc: int, *extra: str) -> Trace:
@@ -76,12 +87,14 @@ def test_dp2_parity(tmp_path):
     assert_layer_times(trace)
     assert summary["losses"] == trace.measurement.losses and summary["world_size"] == 2
     assert summary["out"] == str(tmp_path / "measured.json") and summary["schedule_source"] == "torch"
+    assert_noise_norms(trace, DP2, "data_parallel")
 
 
 def test_tp2_sequence_parallel_selective_recompute_parity(tmp_path):
     trace = launched(tmp_path, TP2, 2)
     assert_parity(trace.measurement.losses, reference(TP2))
     assert trace.tp == 2 and trace.sequence_parallel
+    assert_noise_norms(trace, TP2, "microbatch")
 
 
 def test_zb_h1_selective_recompute_parity(tmp_path):
@@ -97,6 +110,7 @@ def test_pp2_1f1b_parity(pp2_run):
     _, trace = pp2_run
     assert trace.measurement.schedule_source == "torch"
     assert_parity(trace.measurement.losses, reference(PP2))
+    assert_noise_norms(trace, PP2, "microbatch")
 
 
 def test_resume_continues_exactly(pp2_run, tmp_path):
@@ -116,6 +130,7 @@ def test_pp2_simulator_action_table_parity(tmp_path):
     m = trace.measurement
     assert m.schedule_source == "simulator" and trace.backward_split == "measured"
     assert_parity(m.losses, reference(PP2_TABLE))
+    assert_noise_norms(trace, PP2_TABLE, "microbatch")  # zb_h1: weight gradients in W actions
     # The run executed the simulator's action lists, action for action, on every rank.
     plan = Plan(**PP2_TABLE)
     sched = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
@@ -129,6 +144,7 @@ def test_dp2_tp2_pp2_on_8_ranks_parity(tmp_path):
     m = trace.measurement
     assert m.schedule_source == "simulator"  # the default with a pipeline: the simulator's table
     assert_parity(m.losses, reference(DP2_TP2_PP2))
+    assert_noise_norms(trace, DP2_TP2_PP2, "data_parallel")  # FSDP2 ZeRO-3 shards, TP, interleaved stages
     assert m.world_size == 8 and sorted(r.rank for r in m.ranks) == list(range(8))
     coords = {(r.pp_rank, r.dp_rank, r.tp_rank) for r in m.ranks}
     assert len(coords) == 8
@@ -168,6 +184,13 @@ def test_bf16_single_process(tmp_path):
     # bf16 compute with fp32 master weights: close to fp32 training, not equal to it.
     losses = trace.measurement.losses
     assert all(abs(a - b) / b < 2e-3 for a, b in zip(losses, ref, strict=True)) and losses != ref
+    # The noise probe reads FSDP2's unsharded gradients (bf16 compute, fp32 reduction): one micro-batch's
+    # and the step's squared norms are close to fp32's.
+    noise = trace.measurement.gradient_noise
+    small, big = reference_noise_norms(Model(**TINY), Plan(**{**plan, "precision": "fp32"}))
+    assert noise is not None and noise.method == "microbatch"
+    assert noise.steps[0].small_sq_norm == pytest.approx(small, rel=0.03)
+    assert noise.steps[0].big_sq_norm == pytest.approx(big, rel=0.03)
 
 
 # -- what a run measures (the pp2 run) -------------------------------------------------------

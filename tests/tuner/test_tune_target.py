@@ -14,6 +14,8 @@ import pytest
 from mindpipe.simulator.carbon import load_carbon_csv
 from mindpipe.simulator.energy import J_PER_KWH
 from mindpipe.simulator.timeshift import parse_window, schedule
+from mindpipe.traces.calibration import Calibration, NoiseCalibration, save_calibration
+from mindpipe.traces.config import Model
 from mindpipe.tuner.target import TrainingTarget
 
 from mindpipe.cli import main as mindpipe_main
@@ -109,6 +111,20 @@ def test_without_a_series_the_annual_intensity_prices_the_target(tmp_path):
                                                 / info["energy_kwh_if_now"])
 
 
+def test_the_calibrations_measured_noise_scale_sets_the_target_when_none_is_typed(tmp_path):
+    model = Model(**json.loads(SMALL))
+    cal = Calibration(devices={}, gradient_noise=NoiseCalibration(48.0, 800, model, ["a.json"], ["synthetic"]))
+    save_calibration(cal, tmp_path / "cal.json")
+    target = ["--target-samples", "4e6", "--target-batch", "32"]
+    code, stdout, stderr = _tune(tmp_path / "cal", "--objective", "carbon_to_target", *target, "--calibration",
+                                 str(tmp_path / "cal.json"), "--json", "--no-plots")
+    assert code == 0, stderr
+    info = json.loads(stdout)
+    assert info["critical_batch"]["source"] == "measured" and info["critical_batch"]["value"] == 48.0
+    gb = info["best_plan"]["global_batch_size"]
+    assert info["iterations_to_target"] == pytest.approx(TrainingTarget(4e6, 48.0, 32.0).iterations(gb))
+
+
 def test_a_device_without_frequency_data_keeps_default_clocks_and_says_so(tmp_path):
     argv = ["tune", "--model", "gpt-mini", "--cluster", "cpu:1x4", "--objective", "carbon_to_target",
             "--critical-batch", "16", "--target-samples", "1e4", "--global-batch", "8,16", "--budget", "6",
@@ -123,7 +139,8 @@ def test_a_device_without_frequency_data_keeps_default_clocks_and_says_so(tmp_pa
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--objective", "carbon_to_target", "--critical-batch", "48"], "needs --target-samples N"),
-    (["--objective", "carbon_to_target", "--target-samples", "1e6"], "needs the gradient noise scale"),
+    (["--objective", "carbon_to_target", "--target-samples", "1e6"], "needs the gradient noise scale: --critical-batch B "
+                                                                     "or a --calibration"),
     (["--objective", "carbon_to_target", *TARGET, "--job-hours", "3"], "--job-hours is not used with"),
     (["--objective", "throughput", "--target-samples", "1e6"], "--target-samples needs --objective carbon_to_target"),
     (["--objective", "carbon_to_target", *TARGET, "--interruptible"], "--interruptible places the job"),

@@ -1,0 +1,173 @@
+"""Take the two gradient norms the noise scale needs during a real step, without changing it.
+
+The estimator (:mod:`mindpipe.traces.noise_scale`) compares the squared norm of a gradient over a
+small batch with one over a big batch. Both are read where the executor's step already has them:
+
+* ``data_parallel`` (``dp > 1``): G_small is a replica's local gradient (batch = global / dp),
+  read in ``perform_reduce_grad`` *before* the data-parallel reduction — FSDP2 (``fully_shard``
+  and its ``replicate``) keeps it unsharded on the parameter group until then
+  (``FSDPParam.unsharded_accumulated_grad`` and ``unsharded_param.grad``, private names read
+  here only) as the sum over the rank's micro-batches, so its squared norm is divided by m².
+  G_big is the reduced gradient (``param.grad`` after ``perform_reduce_grad``: averaged over
+  replicas and scaled by 1/m). |G_small|² is averaged over the replicas.
+* ``microbatch`` (one replica, ``m > 1`` micro-batches): G_small is one micro-batch's gradient,
+  read right after the stage's first gradient-producing action of the step (B, or W: a weight
+  pass), G_big the accumulated step gradient after ``perform_reduce_grad``.
+
+Each stage contributes its parameters' squared norms; the ranks' contributions are summed with
+one all-reduce of three scalars over the world at the end of the step. Sharded DTensors (FSDP2
+shards, tensor-parallel weights) count each element once; a tensor replicated over k ranks
+(Replicate placements; plain tensors on the ``tp`` ranks of a stage; after the reduction, copies
+on the ranks outside a DTensor's mesh) counts 1/k per rank. The probe
+only reads gradients (it never writes one): the parity tests' losses still match single-process
+training, and their first step's norms match the single-process norms (``executor/reference.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mindpipe.traces.config import Plan
+from mindpipe.traces.noise_scale import GradientNoise, NoiseScaleEstimator, NoiseStepRecord
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, Replicate
+
+
+def noise_method(plan: Plan) -> str | None:
+    """``data_parallel``, ``microbatch`` or None (one replica and one micro-batch: nothing to compare)."""
+    if plan.dp > 1:
+        return "data_parallel"
+    return "microbatch" if plan.num_microbatches > 1 else None
+
+
+def _sq(grad: torch.Tensor, holders: int) -> torch.Tensor:
+    """This rank's share of ``|grad|²``, each element counted once over the world.
+
+    ``holders``: the ranks of this stage that hold the same value by construction (``tp`` before
+    the data-parallel reduction, where replicas differ; ``dp·tp`` after it). A DTensor's own mesh
+    says how it is split among its ranks (Shard: disjoint parts; Replicate: copies); the holders
+    outside that mesh (e.g. the ``tp`` peers of a parameter FSDP2 shards over ``dp`` only) hold
+    copies of it too.
+    """
+    if isinstance(grad, DTensor):
+        if any(p.is_partial() for p in grad.placements):  # pending sums: reduce first (a collective)
+            grad = grad.redistribute(grad.device_mesh, [Replicate() if p.is_partial() else p for p in grad.placements])
+        copies = holders / grad.device_mesh.size()
+        for dim, p in enumerate(grad.placements):
+            if p.is_replicate():
+                copies *= grad.device_mesh.size(dim)
+        return grad.to_local().detach().float().pow(2).sum() / copies
+    return grad.detach().float().pow(2).sum() / holders
+
+
+def _unreduced_grads(module: torch.nn.Module) -> Iterator[torch.Tensor]:
+    """The gradients accumulated so far on this rank, before any data-parallel reduction."""
+    if not isinstance(module, FSDPModule):
+        yield from (p.grad for p in module.parameters() if p.grad is not None)
+        return
+    from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
+    from torch.distributed.fsdp import fully_shard
+
+    state = replicate.state(module) if isinstance(module, ReplicateModule) else fully_shard.state(module)  # type: ignore[attr-defined,arg-type]
+    for st in state._state_ctx.all_states:
+        for group in st._fsdp_param_groups:
+            for fp in group.fsdp_params:
+                if not hasattr(fp, "_unsharded_param"):
+                    continue
+                acc, grad = fp.unsharded_accumulated_grad, fp._unsharded_param.grad
+                if acc is not None and grad is not None:
+                    yield acc + grad.to(acc.dtype)
+                elif acc is not None or grad is not None:
+                    yield acc if acc is not None else grad
+
+
+def squared_norm(grads: Iterator[torch.Tensor], holders: int, device: torch.device) -> torch.Tensor:
+    """Sum of :func:`_sq` over ``grads`` (a 0-d float32 tensor on ``device``)."""
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for g in grads:
+        total += _sq(g, holders).to(device)
+    return total
+
+
+class NoiseProbe:
+    """Per-step gradient norms of one rank's stages, combined into the run's noise scale.
+
+    Args:
+        plan: The plan that runs (dp, tp, micro-batches, batch sizes).
+        device: This rank's device.
+        method: ``data_parallel`` or ``microbatch`` (:func:`noise_method`).
+    """
+
+    def __init__(self, plan: Plan, device: torch.device, method: str) -> None:
+        self.plan, self.device, self.method = plan, device, method
+        self.small_batch = plan.global_batch_size // plan.dp if method == "data_parallel" else plan.micro_batch_size
+        self.big_batch = plan.global_batch_size
+        self.estimator = NoiseScaleEstimator(method)
+        # small, big, stages reduced; kept on the device so reading a norm never waits for it
+        self._acc = torch.zeros(3, dtype=torch.float64, device=device)
+        self._seen: set[int] = set()
+
+    def wrap_stage(self, stage: Any, module: torch.nn.Module) -> None:
+        """Read ``stage``'s gradients around its backward actions and its gradient reduction."""
+        s = stage.stage_index
+        red = stage.perform_reduce_grad
+        tp = self.plan.tp
+        m = self.plan.num_microbatches
+
+        def perform_reduce_grad(grad_scale_factor: int) -> None:
+            if self.method == "data_parallel":
+                local = squared_norm(_unreduced_grads(module), tp, self.device)
+                self._acc[0] += local.double() / m**2
+            red(grad_scale_factor)
+            reduced = (p.grad for p in module.parameters() if p.grad is not None)
+            self._acc[1] += squared_norm(reduced, self.plan.dp * tp, self.device).double()
+            self._acc[2] += 1
+
+        stage.perform_reduce_grad = perform_reduce_grad
+        if self.method != "microbatch":
+            return
+        bwd, bww = stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+        def after_first(full: bool) -> None:
+            if full and s not in self._seen:
+                self._seen.add(s)
+                self._acc[0] += squared_norm(_unreduced_grads(module), tp, self.device).double()
+
+        def backward_one_chunk(mb: int, loss: Any = None, full_backward: bool = True, last_backward: bool = False) -> None:
+            bwd(mb, loss=loss, full_backward=full_backward, last_backward=last_backward)
+            after_first(full_backward)
+
+        def backward_weight_one_chunk(mb: int, last_backward: bool = False) -> None:
+            bww(mb, last_backward=last_backward)
+            after_first(True)
+
+        stage.backward_one_chunk = backward_one_chunk
+        stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+    def end_step(self, step: int) -> NoiseStepRecord | None:
+        """Sum the ranks' norms (a collective: every rank calls it) and update the estimate.
+
+        A step in which some stage's gradients were not reduced through ``perform_reduce_grad``
+        (a schedule that bypasses it) is skipped rather than estimated from part of the model.
+        """
+        acc = self._acc.clone()
+        dist.all_reduce(acc)
+        small, big, reduced = (float(v) for v in acc.cpu())
+        self._acc.zero_()
+        self._seen.clear()
+        replicas = self.plan.dp * self.plan.tp  # ranks that run each stage
+        if round(reduced) != self.plan.num_stages * replicas:
+            return None
+        small /= self.plan.dp if self.method == "data_parallel" else 1
+        return self.estimator.update(step, small, big, self.small_batch, self.big_batch)
+
+    @property
+    def result(self) -> GradientNoise:
+        """What the run measured so far."""
+        return self.estimator.result
+
+
+__all__ = ["NoiseProbe", "noise_method", "squared_norm"]

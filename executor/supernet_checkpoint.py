@@ -1,0 +1,75 @@
+"""Checkpoints of a supernet run, taken at a drained segment boundary.
+
+A supernet run drains its pipeline every ``--checkpoint-every`` subnets; then no subnet is in
+flight, and the state is each stage's parameters (every candidate) and optimizer state, plus the
+next subnet id — the "step" of the checkpoint. Each rank writes ``stage<S>-dp<R>.pt`` with
+``torch.save`` and reads it back with ``torch.load(weights_only=True)`` (tensors and plain
+containers only: no code is unpickled). The directory, manifest and ``latest.json`` record are
+:mod:`mindpipe.executor.checkpoint_trust`'s, so the same ownership, permission and sha256 checks
+run before any byte is read; resuming needs the same supernet (the record's model) and the same
+dp × pp split (the file names).
+
+The optimizer's per-parameter state is kept as torch keeps it, keyed by the parameter's position:
+parameters that never stepped have none, so a resumed AdamW counts its steps exactly as an
+uninterrupted one (torch.distributed.checkpoint's helpers would initialise every parameter's state).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mindpipe.executor import checkpoint_trust as trust
+from mindpipe.traces.errors import ContractError
+from torch import nn
+
+
+def _file(directory: str | Path, step: int, stage: int, dp_rank: int) -> Path:
+    return trust.step_dir(directory, step) / f"stage{stage}-dp{dp_rank}.pt"
+
+
+def save(directory: str | Path, step: int, module: nn.Module, optimizer: torch.optim.Optimizer, stage: int,
+         dp_rank: int, model: dict[str, Any]) -> None:
+    """Write the checkpoint after ``step`` subnets (collective: every rank calls it)."""
+    root = Path(directory)
+    path = trust.step_dir(root, step)
+    if dist.get_rank() == 0:
+        trust.prepare_save_dir(root)
+        trust.remove_manifest(path)
+        path.mkdir(mode=0o700, exist_ok=True)
+    dist.barrier()
+    torch.save({"model": module.state_dict(), "optim": optimizer.state_dict(), "next_subnet": step},
+               _file(root, step, stage, dp_rank))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        trust.write_manifest(path)
+        try:
+            done = set(trust.read_record(root).complete)
+        except ContractError:
+            done = set()
+        trust.write_record(root, trust.CheckpointRecord(step, 1, tuple(sorted(done | {step})), model))
+    dist.barrier()
+
+
+def load(directory: str | Path, module: nn.Module, optimizer: torch.optim.Optimizer, stage: int, dp_rank: int,
+         model: dict[str, Any]) -> int:
+    """Load the newest checkpoint into ``module`` and ``optimizer``; returns the next subnet id.
+
+    Raises:
+        ContractError: see :func:`mindpipe.executor.checkpoint_trust.check_resume`, or a checkpoint
+            of another dp × pp split.
+    """
+    step = trust.check_resume(directory, model, 1, None)
+    f = _file(directory, step, stage, dp_rank)
+    if not f.is_file():
+        raise ContractError(str(trust.step_dir(directory, step)), None,
+                            f"has no {f.name}: it was written by another dp × pp split")
+    state = torch.load(f, map_location="cpu", weights_only=True)
+    module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optim"])  # torch puts each state tensor on its parameter's device
+    return int(state["next_subnet"])
+
+
+__all__ = ["load", "save"]

@@ -1,0 +1,113 @@
+"""``mindpipe run PLAN --model SUPERNET``: check a supernet run, then launch it like any other run.
+
+The command line is ``mindpipe run``'s (:func:`~mindpipe.executor.config.add_run_arguments`);
+``--steps`` counts subnets. Before any process starts: the plan against the supernet
+(:func:`~mindpipe.traces.supernet.check_supernet_plan`), the world size, the model-state memory
+budget (:func:`~mindpipe.executor.supernet_config.check_memory_budget`) and a resumed checkpoint's
+trust checks. Then the ranks run under torchrun (:func:`~mindpipe.executor.launch.run_under_torchrun`)
+as :mod:`mindpipe.executor.supernet_worker`. This module imports torch only through the launcher
+(which does not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
+from mindpipe.executor.config import plan_source
+from mindpipe.executor.launch import RunFailed, RunStopped, run_under_torchrun
+from mindpipe.executor.precheck import detect_device
+from mindpipe.executor.supernet_config import SupernetRunConfig, check_memory_budget
+from mindpipe.traces.builtin import load_network, load_plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import to_dict
+from mindpipe.traces.supernet import Supernet
+from mindpipe.traces.trace import Trace
+
+
+def is_supernet_model(model_arg: str | None) -> bool:
+    """Whether ``--model`` names a supernet (built-in, file or inline JSON); errors surface later."""
+    if model_arg is None:
+        return False
+    try:
+        return isinstance(load_network(model_arg), Supernet)
+    except ContractError:
+        return False
+
+
+def supernet_config(args: argparse.Namespace) -> SupernetRunConfig:
+    """Build and validate the run's config from ``mindpipe run``'s arguments.
+
+    Raises:
+        ContractError: a plan that does not suit the supernet, or an option the supernet executor
+            does not take (``--data`` other than synthetic, ``--resume-from``).
+    """
+    net = load_network(args.model)
+    if not isinstance(net, Supernet):
+        raise ContractError("--model", None, f"{args.model} is not a supernet")
+    plan = load_plan(args.plan)
+    for flag, value, default in (("--data", args.data, "synthetic"), ("--resume-from", args.resume_from, None)):
+        if value != default:
+            raise ContractError("command line", flag.lstrip("-").replace("-", "_"),
+                                f"{flag} is not supported for supernet runs")
+    try:
+        return SupernetRunConfig(
+            supernet=net, plan=plan, steps=args.steps, seed=args.seed, lr=args.lr, weight_decay=args.weight_decay,
+            out=args.out, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+            resume=args.resume, device=args.device, timeout_s=args.timeout, memory_budget_gib=args.memory_budget_gib,
+            context_switch=getattr(args, "context_switch", "auto"))
+    except ContractError as e:
+        raise ContractError(plan_source(args.plan), e.key, e.rule) from None
+
+
+def precheck(cfg: SupernetRunConfig, world_size: int | None, source: str) -> None:
+    """Everything refused before launch (see module docstring)."""
+    if world_size is not None and world_size != cfg.plan.world_size:
+        raise ContractError(source, "dp", f"dp×pp={cfg.plan.dp}×{cfg.plan.pp}={cfg.plan.world_size} ranks needed, "
+                            f"the launch has {world_size}")
+    check_memory_budget(cfg, source)
+    if cfg.checkpoint_dir and cfg.resume:
+        done = check_resume(cfg.checkpoint_dir, to_dict(cfg.supernet), 1)
+        if done >= cfg.steps:
+            raise ContractError("--steps", None, f"the checkpoint is after {done} subnets; --steps {cfg.steps} "
+                                "leaves nothing to run")
+    elif cfg.checkpoint_dir and os.path.lexists(cfg.checkpoint_dir):
+        check_private_dir(cfg.checkpoint_dir)
+
+
+def cmd_run_supernet(args: argparse.Namespace) -> int:
+    """Check, launch and summarise a supernet run (``mindpipe run`` dispatches here for a supernet model)."""
+    cfg = supernet_config(args)
+    world = None if ":" in str(args.nnodes) else int(args.nproc) * int(args.nnodes)
+    precheck(cfg, world, plan_source(args.plan))
+    kind, _ = detect_device(cfg.device)
+    started = time.perf_counter()
+    try:
+        run_under_torchrun(cfg, args, kind, args.run_timeout)
+    except RunFailed as e:
+        print(f"mindpipe: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except RunStopped as e:
+        print(f"mindpipe: {e}", file=sys.stderr, flush=True)
+        return 128 + e.signum
+    if not cfg.out:
+        return 0
+    m = Trace.load(cfg.out).measurement
+    if m is None or m.subnets is None:
+        raise ContractError(cfg.out, "measurement", "the run wrote no subnet records")
+    print(f"mindpipe: wrote {cfg.out} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+    info = {"subnets": len(m.subnets), "first_subnet": m.subnets[0].id, "subnets_per_hour": m.subnets_per_hour,
+            "subnet_schedule": m.subnet_schedule, "losses": [s.loss for s in m.subnets], "out": cfg.out}
+    if args.json:
+        print(json.dumps(info))
+    else:
+        print(f"{len(m.subnets)} subnets ({m.subnet_schedule}), {m.subnets_per_hour:.5g} subnets/hour, "
+              f"last loss {m.subnets[-1].loss:.6f}")
+    return 0
+
+
+__all__ = ["cmd_run_supernet", "is_supernet_model", "precheck", "supernet_config"]

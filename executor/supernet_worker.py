@@ -1,0 +1,178 @@
+"""One rank of a supernet run: build its stage, train subnet segments with the plan's schedule, report.
+
+The rank sits at (pp stage s, dp replica r) of the plan's mesh (:mod:`mindpipe.executor.distributed`).
+It builds only stage s's candidates (seeded per candidate, so they equal a single-process build's),
+and trains subnets in segments of ``--checkpoint-every`` (all of them when 0): for each segment it
+samples the subnets (:func:`~mindpipe.traces.supernet.sample_subnet`), asks
+:func:`~mindpipe.traces.supernet.subnet_stage_operators` what each uses per stage, builds the
+segment's table with :func:`~mindpipe.simulator.subnet_schedules.build_subnet_schedule` (checked with
+:func:`~mindpipe.simulator.subnet_schedules.csp_violations` before a csp run), runs its own order
+(:class:`~mindpipe.executor.supernet_stage.StageRunner`), drains, and checkpoints. Subnet i's batch
+comes from the stream (seed, i); replica r takes its rows. At the end every rank sends its payload
+to rank 0, which writes ``measured.json`` (:mod:`mindpipe.executor.supernet_report`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mindpipe.executor import supernet_checkpoint as ckpt
+from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
+from mindpipe.executor.measure import cpu_seconds
+from mindpipe.executor.payload import Coords, Spans
+from mindpipe.executor.rundir import record_error
+from mindpipe.executor.supernet_config import GIB, SupernetRunConfig
+from mindpipe.executor.supernet_stage import StageLinks, StageRunner, make_optimizer
+from mindpipe.executor.supernet_switch import ContextSwitcher
+from mindpipe.executor.worker import _fault
+from mindpipe.simulator.subnet_schedules import build_subnet_schedule, csp_violations
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import to_dict
+from mindpipe.traces.supernet import sample_subnets, subnet_stage_operators, supernet_stage_layers
+from mindpipe.traces.torch_supernet import SupernetStage, synthetic_tokens
+
+
+@dataclass
+class SupernetPayload:
+    """One rank's measurements of a supernet run, gathered to rank 0.
+
+    Attributes:
+        rank, coords, host, cpu_count, threads: Who.
+        spans: Compute actions (step = subnet id + 1), p2p waits, dp syncs, optimizer steps.
+        losses: Subnet id → this replica's loss (last stage only).
+        first_subnet: First subnet this launch trained.
+        end_s: When the rank finished its last action (seconds since the origin).
+        cpu_s: Process CPU seconds of the training loop.
+        param_bytes: Every candidate and shared part of the stage (fp32 bytes).
+        resident_param_bytes, resident_state_bytes: Peaks of resident parameters, and of
+            parameters + gradients + optimizer state.
+        budget_bytes: ``--memory-budget-gib`` in bytes, if given.
+        orders: The stage's actions of the first segment (``1F3`` ...).
+    """
+
+    rank: int
+    coords: Coords
+    host: str
+    cpu_count: int
+    threads: int
+    spans: Spans
+    losses: dict[int, float]
+    first_subnet: int
+    end_s: float
+    cpu_s: float
+    param_bytes: int
+    resident_param_bytes: int
+    resident_state_bytes: int
+    budget_bytes: int | None
+    orders: list[str]
+
+
+def run(cfg: SupernetRunConfig, command: str = "") -> int:
+    """Run this rank to completion; rank 0 writes ``cfg.out``. Returns the exit status."""
+    env = rank_env()
+    device, backend = pick_device(cfg.device, env.local_rank)
+    init_process_group(env, backend, device, cfg.timeout_s)
+    try:
+        payloads = _train(cfg, device)
+        if payloads is not None and cfg.out:
+            from mindpipe.executor.supernet_report import build_trace
+
+            build_trace(cfg, payloads, backend, device, command).save(cfg.out)
+        dist.barrier()
+        return 0
+    except BaseException as e:
+        record_error(env.rank, e)
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _build(cfg: SupernetRunConfig, device: torch.device, stage: int) -> SupernetStage:
+    """The stage, built on the host; on the device all of it, or (switching on a GPU) only the shared parts.
+
+    With switching the candidates go from the host straight into the switcher's pinned pool: a stage
+    whose candidates do not fit on the device never has them all there.
+    """
+    layers = supernet_stage_layers(cfg.plan, cfg.supernet)
+    module = SupernetStage(cfg.supernet, sum(layers[:stage]), layers[stage], stage == 0, stage == cfg.plan.pp - 1,
+                           cfg.seed)
+    if cfg.switching and device.type == "cuda":
+        for shared in (module.embedding, module.head):
+            if shared is not None:
+                shared.to(device)
+        return module
+    return module.to(device)
+
+
+def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload] | None:
+    plan, net = cfg.plan, cfg.supernet
+    mesh = build_mesh(plan, device)
+    c = coordinates(mesh)
+    s, r, pp, dp, mb = c["pp"], c["dp"], plan.pp, plan.dp, plan.micro_batch_size
+    module = _build(cfg, device, s)
+    optimizer = make_optimizer([p for p in module.parameters() if p.requires_grad], cfg.lr, cfg.weight_decay)
+    model_doc = to_dict(net)
+    start = ckpt.load(cfg.checkpoint_dir, module, optimizer, s, r, model_doc) if cfg.resume and cfg.checkpoint_dir else 0
+    if start >= cfg.steps:
+        raise ContractError("--steps", None, f"the checkpoint is after {start} subnets; --steps {cfg.steps} leaves nothing to run")
+    shared = [m for m in (module.embedding, module.head) if m is not None]
+    switcher = ContextSwitcher(dict(module.candidates.items()), shared, optimizer, device, cfg.switching)
+    pp_group = mesh.get_group("pp")
+    prev = dist.get_global_rank(pp_group, s - 1) if s > 0 else None
+    nxt = dist.get_global_rank(pp_group, s + 1) if s < pp - 1 else None
+    dp_group = mesh.get_group("dp") if dp > 1 else None
+    spans = Spans()
+    links = StageLinks(prev, nxt, (mb, net.seq_len, net.hidden_size), device, spans, 0.0)
+
+    def batch(sid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = synthetic_tokens(net, cfg.seed, sid, mb * dp)[r * mb:(r + 1) * mb].to(device)
+        return rows[:, :-1], rows[:, 1:]
+
+    def all_reduce(flat: torch.Tensor) -> None:
+        dist.all_reduce(flat, group=dp_group)
+
+    runner = StageRunner(module, s, pp, dp, optimizer, switcher, links, batch, all_reduce if dp_group else None, spans, 0.0)
+    budget = None if cfg.memory_budget_gib is None else int(cfg.memory_budget_gib * GIB)
+    orders: list[str] = []
+    torch.manual_seed(cfg.seed)
+    dist.barrier()
+    origin = time.perf_counter()
+    runner.origin = links.origin = origin
+    cpu0 = cpu_seconds()
+    for first in range(start, cfg.steps, cfg.segment):
+        n = min(cfg.segment, cfg.steps - first)
+        _fault(dist.get_rank(), first + 1)
+        choices = sample_subnets(net, n, first)
+        ops = [subnet_stage_operators(net, plan, ch) for ch in choices]
+        schedule = build_subnet_schedule(cfg.schedule, ops, pp, cfg.window, cfg.batch)
+        if cfg.schedule == "csp" and (bad := csp_violations(schedule, ops)):
+            raise RuntimeError(f"csp table of subnets {first}..{first + n - 1} breaks the rule: {bad[0]}")
+        if not orders:
+            orders = [f"{a.kind}{first + a.microbatch}" for a in schedule.orders[s]]
+        runner.run(schedule, first, choices)
+        if budget is not None and switcher.peak_state_bytes > budget:
+            raise RuntimeError(f"pipeline stage {s}: resident model state reached {switcher.peak_state_bytes} bytes, "
+                               f"over --memory-budget-gib {cfg.memory_budget_gib:g}")
+        done = first + n
+        if cfg.checkpoint_dir and (done == cfg.steps or cfg.checkpoint_every):
+            switcher.restore_all()
+            ckpt.save(cfg.checkpoint_dir, done, module, optimizer, s, r, model_doc)
+            switcher.evict_all()
+    end_s = time.perf_counter() - origin
+    payload = SupernetPayload(
+        rank=dist.get_rank(), coords=Coords(pp=s, dp=r, tp=0), host=host_name(), cpu_count=os.cpu_count() or 1,
+        threads=torch.get_num_threads(), spans=spans, losses=runner.losses, first_subnet=start, end_s=end_s,
+        cpu_s=cpu_seconds() - cpu0, param_bytes=switcher.total_param_bytes,
+        resident_param_bytes=switcher.peak_param_bytes, resident_state_bytes=switcher.peak_state_bytes,
+        budget_bytes=budget, orders=orders)
+    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(payload, gathered, dst=0)
+    return gathered
+
+
+__all__ = ["SupernetPayload", "run"]

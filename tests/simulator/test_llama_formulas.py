@@ -1,0 +1,117 @@
+"""Llama FLOPs, parameters per layer and activation memory against closed forms and the torch block."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from mindpipe.simulator.block_parts import part_params, split_ops
+from mindpipe.simulator.costs import layer_params
+from mindpipe.simulator.memory import activation_bytes_per_layer
+from mindpipe.simulator.ops import block_ops
+from mindpipe.traces.builtin import load_model
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.flops import forward_flops_per_token, model_flops_per_iteration
+
+TINY = Model(kind="llama", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, ffn_hidden_size=192,
+             seq_len=32, vocab_size=100)
+
+
+def _block_forward_flops(model: Model, b: int, s: int, t: int) -> float:
+    return sum(o.flops for o in block_ops(model, b, s, t, dtype_bytes=2, flash_attention=False) if o.phase == "forward")
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "llama3-8b", "llama3-70b", "gpt-1.3b"])
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_op_list_and_model_flops_agree(name, t):
+    """One count: the simulator's operator list (all TP ranks) = the MFU numerator's per-layer term."""
+    m = load_model(name)
+    if m.num_heads % t or m.kv_heads % t:
+        pytest.skip("tp does not divide the heads")
+    b, s = 2, 256
+    per_layer = (forward_flops_per_token(m, s) - 2 * m.hidden_size * m.vocab_size) / m.num_layers
+    assert _block_forward_flops(m, b, s, t) * t == pytest.approx(per_layer * b * s, rel=1e-12)
+    # Backward: input and weight gradients each cost the forward's GEMM FLOPs.
+    ops = block_ops(m, b, s, t)
+    bwd = sum(o.flops for o in ops if o.phase != "forward")
+    assert bwd == pytest.approx(2 * _block_forward_flops(m, b, s, t), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "llama3-70b", "llama3.1-405b"])
+def test_matches_megatron_num_floating_point_operations(name):
+    """Megatron-LM ``num_floating_point_operations`` (SwiGLU, GQA, no MoE):
+    12·B·s·L·h²·(1 + (f/h)·(3/2) + kv/a + s/h + V/(2·L·h))."""
+    m = load_model(name)
+    B, s, L, h, f, V = 16, m.seq_len, m.num_layers, m.hidden_size, m.ffn, m.vocab_size
+    megatron = 12 * B * s * L * h * h * (1 + f / h * 1.5 + m.kv_heads / m.num_heads + s / h + V / (2 * L * h))
+    assert model_flops_per_iteration(m, B) == pytest.approx(megatron, rel=1e-12)
+
+
+def test_gpt_flops_still_narayanan():
+    m = load_model("gpt3-175b")
+    B, s, L, h, V = 8, m.seq_len, m.num_layers, m.hidden_size, m.vocab_size
+    assert model_flops_per_iteration(m, B) == pytest.approx(72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h)))
+
+
+def test_gqa_shrinks_k_and_v_gemms_and_rope_is_elementwise():
+    ops = {o.name: o for o in block_ops(TINY, 1, 32, 2) if o.phase == "forward"}
+    assert ops["q"].gemm_mnk == (32, 32, 64) and ops["k"].gemm_mnk == (32, 16, 64) and ops["v"].gemm_mnk == (32, 16, 64)
+    assert ops["rope"].kind == "memory" and ops["rope"].flops == 0
+    assert {"mlp_gate", "mlp_up", "mlp_down", "swiglu"} <= set(ops) and "gelu" not in ops
+    attention, mlp = split_ops(block_ops(TINY, 1, 32, 2))
+    assert attention[-1].name == "residual1" and mlp[0].name == "ln2"
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_layer_params_cover_the_model(t):
+    rows = layer_params(TINY, t)
+    h, v = 64, 100
+    if t == 1:
+        assert sum(n for _, _, n in rows) == TINY.param_count()
+    parts = part_params(TINY, t)
+    assert parts["attention"] == h + (2 * h * h + 2 * h * 32) // t
+    assert parts["mlp"] == h + 3 * h * 192 // t
+    assert rows[0][2] == -(-v // t) * h and rows[-2][2] == h and rows[-1][2] == -(-v // t) * h
+
+
+def test_activation_bytes_closed_forms():
+    """s·b·h·d·(6 + 2r + 4f/h) + d·a·s²·b, divided and dropped as Korthikanti's GPT terms."""
+    m = load_model("llama3-70b")
+    s, b, h, a, f = m.seq_len, 1, m.hidden_size, m.num_heads, m.ffn
+    r = Fraction(m.kv_heads, a)
+    sbh = s * b * h
+    d = 2
+    base = Plan(micro_batch_size=b, global_batch_size=b)
+    assert activation_bytes_per_layer(m, base) == sbh * d * (6 + 2 * r + 4 * Fraction(f, h)) + d * a * s * s * b
+    for t in (2, 8):
+        tp = Plan(tp=t, micro_batch_size=b, global_batch_size=b)
+        split = sbh * d * (2 + 2 * r + 4 * Fraction(f, h))
+        assert activation_bytes_per_layer(m, tp) == pytest.approx(float(4 * d * sbh + split / t + d * a * s * s * b / t))
+        sp = Plan(tp=t, sequence_parallel=True, micro_batch_size=b, global_batch_size=b)
+        assert activation_bytes_per_layer(m, sp) == pytest.approx(activation_bytes_per_layer(m, base) / t)
+        sel = Plan(tp=t, sequence_parallel=True, recompute="selective", micro_batch_size=b, global_batch_size=b)
+        assert activation_bytes_per_layer(m, sel) == pytest.approx(float(sbh * d * (6 + 2 * r + 4 * Fraction(f, h)) / t))
+        full = Plan(tp=t, sequence_parallel=True, recompute="full", micro_batch_size=b, global_batch_size=b)
+        assert activation_bytes_per_layer(m, full) == d * sbh / t
+    # The attention and MLP parts of a cut block sum to the whole.
+    whole = activation_bytes_per_layer(m, base)
+    assert activation_bytes_per_layer(m, base, part="attention") + activation_bytes_per_layer(m, base, part="mlp") == whole
+
+
+@pytest.mark.parametrize("dtype,d", [("fp32", 4), ("bf16", 2)])
+def test_relation_measured_on_the_torch_block(dtype, d):
+    """What autograd really saves for one tiny Llama block = ours + the two RMSNorms' fp32 rstd."""
+    torch = pytest.importorskip("torch")
+    from mindpipe.traces.timing import saved_activation_bytes
+    from mindpipe.traces.torch_llama import block_activation_bytes, build_llama
+
+    for kv in (1, 2, 4):
+        m = Model(kind="llama", num_layers=1, hidden_size=64, num_heads=4, num_kv_heads=kv, ffn_hidden_size=96,
+                  seq_len=16, vocab_size=50)
+        net = build_llama(m, dtype=dtype).train()
+        x = torch.randn(3, 16, 64, dtype=net.lm_head.out.weight.dtype, requires_grad=True)
+        measured, _ = saved_activation_bytes(lambda net=net, x=x: net.blocks["0"](x),
+                                             list(net.parameters()) + list(net.buffers()))
+        plan = Plan(micro_batch_size=3, global_batch_size=3, precision=dtype)
+        assert measured == block_activation_bytes(m, 3, 16, d)
+        assert measured == activation_bytes_per_layer(m, plan) + 2 * 4 * 16 * 3

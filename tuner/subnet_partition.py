@@ -1,0 +1,121 @@
+"""Supernet partitioners: how many choice layers each pipeline stage holds.
+
+A supernet stage's time changes from subnet to subnet (each picks its own candidates), so the
+partition balances the *expected* stage time under the sampler. With uniform sampling every
+candidate of a layer is chosen with probability 1/K, so by linearity of expectation a stage's
+expected time per subnet is
+
+    E[T_s] = L_s · (1/K) Σ_k (F_k + B_k)  +  [s = 0] · (F + B)_embedding  +  [s = p−1] · (F + B)_head,
+
+the layers' mean candidate cost plus the shared parts it holds (the embedding on the first stage;
+the final norm, LM head and loss on the last — heavy for a large vocabulary, which is why an even
+split makes the last stage the bottleneck of every schedule alike). Forward and the whole backward
+count, as every supernet schedule runs both per subnet on the stage.
+
+Two rules (the ``--partitioner`` values the supernet tuner searches):
+
+* ``even`` — equal layer counts (:func:`~mindpipe.traces.config.even_partition`);
+* ``balanced`` — every stage starts with one layer, then each further layer goes to the stage
+  whose E[T_s] is lowest (ties: the later stage, so early stages — which hold the most subnets in
+  flight — get fewer, as the GPT ``balanced`` rule does). Layers cost the same in expectation, so
+  this water-filling yields the lexicographically smallest sorted vector of stage times: the
+  min–max optimum of :func:`~mindpipe.tuner.partition.minmax_partition` (the GPT tuner's exact
+  rule over the same loads) *and*, among its many ties, the split that spreads the rest evenly. The
+  tie matters for a supernet: with a heavy head the last stage sets the bottleneck, and a plain
+  min–max is free to pile the other layers onto a few stages, where more layers mean more CSP
+  conflicts (1 − (1 − 1/K)^{L_s}).
+
+The expected cost, not a particular draw's, is what a long run of subnets sees; the per-subnet
+variation around it is what CSP's look-ahead window absorbs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from mindpipe.simulator.subnet_costs import PartCost, SupernetCosts
+from mindpipe.traces.config import even_partition
+from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.partition import stage_loads
+
+SUPERNET_PARTITIONERS = ("balanced", "even")
+
+
+def _load(part: PartCost) -> float:
+    return part.forward_s + part.backward_s
+
+
+def mean_layer_load(costs: SupernetCosts) -> float:
+    """Expected forward + backward seconds of one choice layer under uniform sampling: the candidates' mean."""
+    return sum(_load(c) for c in costs.candidates) / len(costs.candidates)
+
+
+def shared_loads(costs: SupernetCosts) -> tuple[float, float]:
+    """Forward + backward seconds of (the embedding, the final norm + LM head + loss)."""
+    return _load(costs.embedding), _load(costs.head)
+
+
+def expected_stage_loads(costs: SupernetCosts, partition: Sequence[int]) -> list[float]:
+    """E[T_s] per stage (module docstring) for ``partition`` (choice layers per stage)."""
+    first, last = shared_loads(costs)
+    return stage_loads(partition, [mean_layer_load(costs)] * sum(partition), first, last)
+
+
+def water_fill(num_layers: int, num_stages: int, per_layer: float, first: float, last: float) -> list[int]:
+    """Layers per stage: one each, then each next layer to the least-loaded stage (ties: the later one).
+
+    Raises:
+        ContractError: more stages than layers.
+    """
+    if not 1 <= num_stages <= num_layers:
+        raise ContractError("partition", "pp", f"{num_stages} stages cannot each hold a choice layer of {num_layers}")
+    counts = [1] * num_stages
+    extra = [0.0] * num_stages
+    extra[0] += first
+    extra[-1] += last
+    heap = [(extra[s] + per_layer, -s) for s in range(num_stages)]
+    heapq.heapify(heap)
+    for _ in range(num_layers - num_stages):
+        _, neg = heapq.heappop(heap)
+        counts[-neg] += 1
+        heapq.heappush(heap, (extra[-neg] + counts[-neg] * per_layer, neg))
+    return counts
+
+
+def balanced_supernet_partition(costs: SupernetCosts, num_stages: int) -> list[int]:
+    """Choice layers per stage minimising the largest expected stage time, the rest spread evenly (``balanced``).
+
+    Raises:
+        ContractError: more stages than choice layers.
+    """
+    first, last = shared_loads(costs)
+    return water_fill(costs.supernet.num_layers, num_stages, mean_layer_load(costs), first, last)
+
+
+def supernet_partition(name: str, costs: SupernetCosts, num_stages: int) -> list[int]:
+    """Choice layers per stage by the named rule (``balanced`` or ``even``).
+
+    Raises:
+        ContractError: an unknown rule, or more stages than choice layers.
+    """
+    layers = costs.supernet.num_layers
+    if not 1 <= num_stages <= layers:
+        raise ContractError("partition", "pp", f"{num_stages} stages cannot each hold a choice layer of {layers}")
+    if name == "even":
+        return even_partition(layers, num_stages)
+    if name == "balanced":
+        return balanced_supernet_partition(costs, num_stages)
+    raise ContractError("--partitioner", None, f"{name!r} is not a supernet partitioner "
+                        f"({', '.join(SUPERNET_PARTITIONERS)})")
+
+
+__all__ = [
+    "SUPERNET_PARTITIONERS",
+    "balanced_supernet_partition",
+    "expected_stage_loads",
+    "mean_layer_load",
+    "shared_loads",
+    "supernet_partition",
+    "water_fill",
+]
