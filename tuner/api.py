@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mindpipe.simulator.simulator import Simulator
 from mindpipe.simulator.subnet_costs import check_candidate_trace
-from mindpipe.traces.builtin import load_cluster, load_network
+from mindpipe.traces.atomic import write_text
+from mindpipe.traces.builtin import load_cluster, load_network, load_plan
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, MadeFor, Model
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.schema import to_dict
+from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.evaluate import evaluate
@@ -39,6 +41,8 @@ from mindpipe.tuner.output import write_outputs
 from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.store import SweepStore
 from mindpipe.tuner.sweep import Evaluator, Progress, SweepConfig, SweepResult, run_sweep
+from mindpipe.tuner.target import Placement, TrainingTarget
+from mindpipe.tuner.target_front import FrontConfig, run_front
 
 DEFAULT_SUBNETS = 256
 """Subnets a supernet plan is simulated for: a power of two, so every power-of-two sync batch divides it."""
@@ -101,6 +105,34 @@ def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | S
                        batch_given=global_batch is not None)
 
 
+def target_identity(obj: Objective) -> dict[str, Any]:
+    """What makes two carbon-to-target sweeps the same job (for ``--resume``)."""
+    t = obj.target
+    ident: dict[str, Any] = {"samples": t.samples, "noise_scale": t.noise_scale,
+                             "reference_batch": t.reference_batch} if t is not None else {}
+    p = obj.placement
+    if p is not None:
+        blob = repr((p.series.times, p.series.values)).encode()
+        ident["placement"] = {"series": hashlib.sha256(blob).hexdigest()[:16], "window": [str(p.window.start),
+                              str(p.window.end)], "interruptible": p.interruptible}
+    return ident
+
+
+def write_front(sim: Simulator, result: SweepResult, target: TrainingTarget, placement: Placement | None,
+                cfg: FrontConfig, out_dir: Path, plots: bool) -> dict[str, Any]:
+    """The carbon-to-target front (:func:`mindpipe.tuner.target_front.run_front`); the chosen plan,
+    with its clocks, replaces ``best_plan.json`` (``made_for`` kept); returns the summary keys."""
+    keys, plan = run_front(sim, result.records, target, placement, cfg, out_dir, plots)
+    old = load_plan(str(out_dir / "best_plan.json"))
+    chosen = dataclasses.replace(plan, made_for=old.made_for)
+    write_json(chosen, out_dir / "best_plan.json")
+    keys["best_plan"] = to_dict(chosen)
+    summary = json.loads((out_dir / "summary.json").read_text())
+    summary.update(keys)
+    write_text(out_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
+    return keys
+
+
 def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Path,
          objective: Objective | str = "throughput", global_batch: int | Sequence[int] | str | None = None,
          fixes: dict[str, Any] | Sequence[str] | None = None, partitioners: Sequence[str] = ("balanced",),
@@ -108,7 +140,7 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
          calibration: Calibration | None = None, trace_source: str = "trace",
          calibration_source: str = "calibration", config: SweepConfig | None = None, resume: bool = False,
          progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate,
-         subnets: int | None = None) -> TuneOutcome:
+         subnets: int | None = None, front: FrontConfig | None = None) -> TuneOutcome:
     """Search for the best plan of ``model`` on ``cluster`` and write the outputs to ``out``.
 
     Args:
@@ -132,6 +164,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
         evaluator: Evaluation function (tests and benchmarks substitute recorded results).
         subnets: Supernets only: subnets each plan is simulated for (default
             :data:`DEFAULT_SUBNETS`; a ``sync`` plan needs a multiple of its window).
+        front: For ``carbon_to_target``: the plans × clocks × start times front's width
+            (:mod:`mindpipe.tuner.target_front`; default :class:`FrontConfig`).
 
     Raises:
         ContractError: invalid arguments, an empty space, or a different sweep in ``out``.
@@ -169,6 +203,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
         identity["timeshift"] = obj.shift.identity()
     if supernet:  # likewise: GPT sweeps' identity is unchanged
         identity["subnets"] = problem.num_subnets
+    if obj.target is not None:
+        identity["target"] = target_identity(obj)
     out_dir = Path(out)
     store = SweepStore(out_dir, identity, resume)
     try:
@@ -185,6 +221,9 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
 
         shifted = report_for(obj.shift, result.records, result.best)
     info = write_outputs(result, obj, space, out_dir, made_for, plots=plots, timeshift=shifted)
+    if obj.target is not None and result.best is not None and isinstance(model, Model):
+        sim = Simulator(model, cluster, trace=trace, calibration=calibration)
+        info.update(write_front(sim, result, obj.target, obj.placement, front or FrontConfig(), out_dir, plots))
     if result.best is None:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(info["infeasible_by_reason"].items()))
         late = (" (no_value: the job, at that plan's speed, runs past the carbon series)"

@@ -22,6 +22,11 @@ so ``energy`` and ``carbon`` are refused for supernets rather than valued from n
 Carbon with a time-shift (:class:`mindpipe.tuner.timeshift.TimeShift`: an hourly series, a start
 window, the job's length): each plan's iteration is priced at the mean intensity of *its own*
 cleanest schedule in the window, so the plan and the start time are chosen together.
+
+Carbon to target (:mod:`mindpipe.tuner.target`): gCO2 to reach a training target = iterations to
+target (McCandlish et al.'s S_min·(1 + B_noise/B)) × facility energy per iteration × the grid
+intensity over the hours the job runs (its cleanest schedule when placed in a window, else the
+annual mean); hours and kWh to target are reported beside it.
 """
 
 from __future__ import annotations
@@ -41,15 +46,17 @@ from mindpipe.tuner.records import Metrics
 if TYPE_CHECKING:
     from mindpipe.traces.calibration import Calibration
     from mindpipe.traces.config import Model
+    from mindpipe.tuner.target import Placement, TrainingTarget
     from mindpipe.tuner.timeshift import TimeShift
 
-OBJECTIVES = ("throughput", "energy", "carbon", "goodput")
+OBJECTIVES = ("throughput", "energy", "carbon", "goodput", "carbon_to_target")
 # Objective → (metric column, larger is better, unit).
 _METRIC = {
     "throughput": ("throughput_samples_per_s", True, "samples/s"),
     "energy": ("energy_per_sample_j", False, "J/sample"),
     "carbon": ("carbon_per_sample_g", False, "gCO2/sample"),
     "goodput": ("goodput_samples_per_s", True, "samples/s (small-batch equivalent)"),
+    "carbon_to_target": ("carbon_to_target_g", False, "gCO2 to target"),
 }
 SUPERNET_OBJECTIVES = ("throughput", "goodput")
 _SUPERNET_METRIC = ("subnets_per_hour", True, "subnets/hour")
@@ -63,6 +70,9 @@ METRIC_ALIASES = {
     "carbon_per_sample": "carbon_per_sample_g",
     "goodput": "goodput_samples_per_s",
     "iteration_time": "iteration_time_s",
+    "carbon_to_target": "carbon_to_target_g",
+    "hours_to_target": "compute_hours_to_target",
+    "kwh_to_target": "energy_to_target_kwh",
     "memory": "peak_memory_gib",
     "peak_memory": "peak_memory_gib",
     "subnets": "subnets_per_hour",
@@ -70,6 +80,7 @@ METRIC_ALIASES = {
 CONSTRAINT_METRICS = (
     "throughput_samples_per_s", "throughput_tokens_per_s", "energy_per_sample_j", "carbon_per_sample_g",
     "goodput_samples_per_s", "iteration_time_s", "peak_memory_gib", "mfu", "bubble_fraction", "subnets_per_hour",
+    "carbon_to_target_g", "compute_hours_to_target", "energy_to_target_kwh",
 )
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
 
@@ -96,8 +107,8 @@ class CriticalBatch:
 
 
 def needs_critical_batch(name: str, constraints: Sequence[Constraint]) -> bool:
-    """True for the goodput objective, or any objective constrained on goodput."""
-    return name == "goodput" or any(c.metric == "goodput_samples_per_s" for c in constraints)
+    """True for goodput and carbon_to_target, or any objective constrained on goodput."""
+    return name in ("goodput", "carbon_to_target") or any(c.metric == "goodput_samples_per_s" for c in constraints)
 
 
 def critical_batch_for(typed: float | None, calibration: Calibration | None, model: Model,
@@ -172,6 +183,9 @@ class Objective:
             whose job runs past the series has no value.
         supernet: The model is a supernet: ``throughput`` and ``goodput`` are subnets per hour
             (module docstring); ``energy`` and ``carbon`` are refused.
+        target: For ``carbon_to_target`` (required there): the training target and noise scale.
+        placement: For ``carbon_to_target``: where the job may run in time (hourly series,
+            window); without it the carbon uses the cluster's annual intensity.
     """
 
     name: str = "throughput"
@@ -179,6 +193,8 @@ class Objective:
     constraints: list[Constraint] = field(default_factory=list)
     shift: TimeShift | None = None
     supernet: bool = False
+    target: TrainingTarget | None = None
+    placement: Placement | None = None
 
     def __post_init__(self) -> None:
         if self.name not in OBJECTIVES:
@@ -196,6 +212,16 @@ class Objective:
         if self.shift is not None and self.name != "carbon":
             raise ContractError("--objective", None, f"--window/--carbon-csv time-shifting needs --objective carbon, "
                                                      f"not {self.name}")
+        self._check_target()
+
+    def _check_target(self) -> None:
+        """``carbon_to_target`` needs a target; a target or placement needs that objective."""
+        if self.name == "carbon_to_target" and self.target is None:
+            raise ContractError("--target-samples", None, "carbon_to_target needs --target-samples N (and the noise "
+                                                          "scale, --critical-batch B)")
+        if self.name != "carbon_to_target" and (self.target is not None or self.placement is not None):
+            raise ContractError("--target-samples", None, f"a training target needs --objective carbon_to_target, "
+                                                          f"not {self.name}")
 
     def _check_supernet(self) -> None:
         """The supernet objectives' rules (module docstring)."""
@@ -253,7 +279,31 @@ class Objective:
             thr = metrics.throughput_samples_per_s
             derived["statistical_efficiency"] = eff
             derived["goodput_samples_per_s"] = thr * eff if thr is not None else None
+        if self.target is not None:
+            derived.update(self._to_target(metrics, global_batch))
         return dataclasses.replace(metrics, **derived)
+
+    def _to_target(self, metrics: Metrics, global_batch: int) -> dict[str, float]:
+        """The ``*_to_target`` columns (:func:`mindpipe.tuner.target.to_target`); empty when unpriced."""
+        from mindpipe.tuner.target import to_target
+
+        if self.target is None or metrics.energy_j is None or not metrics.iteration_time_s:
+            return {}
+        sched, ci = None, None
+        if self.placement is not None:
+            compute_s = self.target.iterations(global_batch) * metrics.iteration_time_s
+            try:
+                sched = self.placement.schedule(compute_s)
+            except ContractError:  # this plan's job (at its speed) runs past the series: no value
+                return {}
+        elif metrics.carbon_gco2 is not None and metrics.energy_j > 0:
+            ci = metrics.carbon_gco2 / (metrics.energy_j / J_PER_KWH)  # the cluster's annual intensity
+        else:
+            return {}
+        t = to_target(self.target, global_batch, metrics.iteration_time_s, metrics.energy_j, ci, sched)
+        return {"iterations_to_target": t.iterations, "compute_hours_to_target": t.compute_hours,
+                "wait_hours_to_target": t.wait_hours, "energy_to_target_kwh": t.energy_kwh,
+                "carbon_to_target_g": t.carbon_gco2}
 
     def _shifted_carbon(self, metrics: Metrics) -> float | None:
         """gCO2 of one iteration at the mean intensity of the plan's best schedule (None: no schedule)."""

@@ -46,6 +46,8 @@ METRIC_COLUMNS = (
     "iteration_time_s", "throughput_samples_per_s", "throughput_tokens_per_s", "goodput_samples_per_s",
     "statistical_efficiency", "tflops_per_gpu", "mfu", "bubble_fraction", "exposed_dp_comm_s", "peak_memory_gib",
     "energy_j", "energy_per_sample_j", "carbon_gco2", "carbon_per_sample_g", "subnets_per_hour",
+    "iterations_to_target", "compute_hours_to_target", "wait_hours_to_target", "energy_to_target_kwh",
+    "carbon_to_target_g",
 )
 
 

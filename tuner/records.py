@@ -57,7 +57,9 @@ RESULT_FIELDS = (
     "bubble_fraction", "peak_memory_gib", "fits_in_memory", "energy_j", "carbon_gco2",
 )
 # Columns an objective derives from them (:meth:`mindpipe.tuner.objectives.Objective.derive`).
-DERIVED_FIELDS = ("energy_per_sample_j", "carbon_per_sample_g", "statistical_efficiency", "goodput_samples_per_s")
+DERIVED_FIELDS = ("energy_per_sample_j", "carbon_per_sample_g", "statistical_efficiency", "goodput_samples_per_s",
+                  "iterations_to_target", "compute_hours_to_target", "wait_hours_to_target", "energy_to_target_kwh",
+                  "carbon_to_target_g")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,11 @@ class Metrics:
     statistical_efficiency: float | None = None
     goodput_samples_per_s: float | None = None
     subnets_per_hour: float | None = None
+    iterations_to_target: float | None = None
+    compute_hours_to_target: float | None = None
+    wait_hours_to_target: float | None = None
+    energy_to_target_kwh: float | None = None
+    carbon_to_target_g: float | None = None
 
     @classmethod
     def of_result(cls, result: SimulationResult) -> Metrics:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mindpipe.cli import loaders
+from mindpipe.cli import loaders, tune_target
 from mindpipe.cli.args import count, real, seed
 from mindpipe.cli.output import print_json
 from mindpipe.traces.config import WHAT_IF_KEYS
@@ -75,6 +75,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     _add_timeshift_arguments(p)
+    tune_target.add_arguments(p)
     clocks = p.add_argument_group("frequency planning (a step after the search, on the best plan)")
     clocks.add_argument("--clocks", default="default", choices=("default", "perseus", "envpipe"),
                         help="add per-stage SM clocks (stage_clocks_mhz) to the best plan: perseus (time-energy "
@@ -114,6 +115,8 @@ def _timeshift(args: argparse.Namespace) -> Any:
     given = [flag for flag, v in (("--window", args.window), ("--job-hours", args.job_hours),
                                   ("--iterations", args.iterations), ("--interruptible", args.interruptible or None))
              if v is not None]
+    if args.objective == tune_target.OBJECTIVE:  # the target sets the length (tune_target.objective_parts)
+        return None
     if args.carbon_csv is None:
         if given:
             raise ContractError(given[0], None, f"{given[0]} places the job in --carbon-csv's series; give --carbon-csv")
@@ -181,6 +184,7 @@ def _format(info: dict[str, Any]) -> str:
         f"infeasible       {info['infeasible']}: {rules} combinations filtered by the plan rules, {reasons}",
         *front,
         *shifted,
+        *(tune_target.format_lines(info) if "compute_hours" in info else []),
         f"outputs          {info['out']}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png"
         + (", timeshift.json" if shifted else ""),
         *_clock_lines(info.get("clocks")),
@@ -228,7 +232,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         critical = critical_batch_for(args.critical_batch, calibration, model,
                                       needed=needs_critical_batch(args.objective, constraints))
     objective = Objective(args.objective, critical.value, constraints, shift=_timeshift(args),
-                          supernet=isinstance(model, Supernet))
+                          supernet=isinstance(model, Supernet), **tune_target.objective_parts(args, critical.value))
+    to_target = args.objective == tune_target.OBJECTIVE
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
     bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
@@ -237,14 +242,15 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
                        fixes=args.fix, partitioners=partitioners,
                        what_if=args.what_if, trace=trace, calibration=calibration, trace_source=trace_source,
                        calibration_source=calibration_source, config=cfg, resume=args.resume, progress=bar,
-                       plots=not args.no_plots, subnets=args.subnets)
+                       plots=not args.no_plots, subnets=args.subnets,
+                       front=tune_target.front_config(args) if to_target else None)
     finally:
         if bar is not None:
             bar.close()
     summary = outcome.summary
     if critical.value is not None:  # which critical batch goodput used, and where it came from
         summary["critical_batch"] = {"value": critical.value, "source": critical.source, "note": critical.note}
-    if args.clocks != "default" and summary.get("best_plan"):
+    if args.clocks != "default" and summary.get("best_plan") and not to_target:  # the front searched clocks
         from mindpipe.tuner.clock_step import add_stage_clocks
 
         summary["clocks"] = add_stage_clocks(args.out, loaders.model(args.model), loaders.cluster(args.cluster),

@@ -1,0 +1,103 @@
+"""``mindpipe tune --objective carbon_to_target``: its flags, its inputs and its lines of output.
+
+The objective and the front live in :mod:`mindpipe.tuner.target` and
+:mod:`mindpipe.tuner.target_front`; this module only turns flags into those objects (errors are
+:class:`~mindpipe.traces.errors.ContractError` naming the flag: exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mindpipe.cli import loaders
+from mindpipe.cli.args import count, real
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import limit
+
+OBJECTIVE = "carbon_to_target"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``--target-samples N [--target-batch B] [--max-time-increase F] [--front-plans K]``."""
+    g = p.add_argument_group("carbon to target (--objective carbon_to_target; noise scale: --critical-batch)")
+    g.add_argument("--target-samples", type=real(0.0, 1e15, lo_open=True), default=None, metavar="N",
+                   help="samples a run needed to reach the target at --target-batch (default: N is E_min, the "
+                        "small-batch limit); iterations to target = S_min*(1 + B_noise/B), McCandlish et al. 2018")
+    g.add_argument("--target-batch", type=real(0.0, float(limit("global_batch_size"))), default=None, metavar="B",
+                   help="the global batch --target-samples was measured at (samples)")
+    g.add_argument("--max-time-increase", type=real(0.0, 10.0), default=0.03, metavar="F",
+                   help="compute hours to target the choice may add over the throughput-optimal plan "
+                        "(waiting excluded; default 0.03)")
+    g.add_argument("--front-plans", type=count(1, 32), default=3, metavar="K",
+                   help="best plans of the search to try clocks and start times on (default 3)")
+
+
+def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> dict[str, Any]:
+    """``target`` and ``placement`` keyword arguments for :class:`~mindpipe.tuner.objectives.Objective`.
+
+    ``noise_scale`` is the critical batch :func:`mindpipe.tuner.objectives.critical_batch_for`
+    found: ``--critical-batch``, else the gradient noise scale a ``--calibration`` file carries.
+
+    Raises:
+        ContractError: a target flag with another objective, no ``--target-samples`` or noise
+            scale, ``--job-hours``/``--iterations`` (the target sets the length), ``--carbon-csv``
+            without ``--window`` or the reverse.
+    """
+    from mindpipe.tuner.target import Placement, TrainingTarget
+
+    if args.objective != OBJECTIVE:
+        if args.target_samples is not None or args.target_batch is not None:
+            flag = "--target-samples" if args.target_samples is not None else "--target-batch"
+            raise ContractError(flag, None, f"{flag} needs --objective {OBJECTIVE}, not {args.objective}")
+        return {}
+    if args.target_samples is None:
+        raise ContractError("--target-samples", None, f"--objective {OBJECTIVE} needs --target-samples N")
+    if noise_scale is None:
+        raise ContractError("--critical-batch", None, f"--objective {OBJECTIVE} needs the gradient noise scale: "
+                                                      "--critical-batch B or a --calibration whose runs measured it")
+    for flag, value in (("--job-hours", args.job_hours), ("--iterations", args.iterations)):
+        if value is not None:
+            raise ContractError(flag, None, f"{flag} is not used with --objective {OBJECTIVE}: the target "
+                                            "(--target-samples) sets the job's length")
+    target = TrainingTarget(args.target_samples, noise_scale, args.target_batch or 0.0)
+    placement = None
+    if args.carbon_csv is not None or args.window is not None:
+        if args.carbon_csv is None or args.window is None:
+            missing = "--carbon-csv" if args.carbon_csv is None else "--window"
+            raise ContractError(missing, None, "placing the job in time needs both --carbon-csv and --window")
+        series, window = loaders.carbon_window(args.carbon_csv, args.window)
+        placement = Placement(series, window, args.interruptible)
+    elif args.interruptible:
+        raise ContractError("--interruptible", None, "--interruptible places the job in --carbon-csv's series; "
+                                                     "give --carbon-csv and --window")
+    return {"target": target, "placement": placement}
+
+
+def front_config(args: argparse.Namespace) -> Any:
+    """The front's width: default clocks and ``--clocks`` (perseus unless envpipe is named)."""
+    from mindpipe.tuner.target_front import FrontConfig
+
+    method = "envpipe" if args.clocks == "envpipe" else "perseus"
+    return FrontConfig(("default", method), args.front_plans, args.max_slowdown, args.max_time_increase)
+
+
+def format_lines(info: dict[str, Any]) -> list[str]:
+    """The carbon-to-target lines of the text output."""
+    where = (f"starts {info['start']}, {len(info['run_hours'])} run hours, waits {info['wait_hours']:.4g} h"
+             if info.get("start") else "annual intensity (no --carbon-csv)")
+    return [
+        f"to target        {info['iterations_to_target']:.6g} iterations, {info['compute_hours']:.4g} h computing "
+        f"({info['compute_time_increase_fraction']:+.2%} vs the throughput-optimal plan), {where}",
+        f"clocks           {info['clock_method']}" + (f": stage_clocks_mhz={info['stage_clocks_mhz']}"
+                                                if info.get("stage_clocks_mhz") else "")
+        + (f" ({info['clock_note']})" if info.get("clock_note") else ""),
+        f"carbon           {info['carbon_gco2'] / 1e3:.6g} kgCO2, {info['energy_kwh']:.6g} kWh vs "
+        f"{info['carbon_gco2_if_now'] / 1e3:.6g} kgCO2, {info['energy_kwh_if_now']:.6g} kWh for the throughput-optimal "
+        f"plan started now at default clocks; saving {info['carbon_saving_fraction']:.1%}",
+        f"front            {info['front_points']} of {info['priced_points']} (plan, clocks, start) points "
+        "(target_front.csv, target_front.png, target.json)",
+    ]
+
+
+__all__ = ["OBJECTIVE", "add_arguments", "format_lines", "front_config", "objective_parts"]
