@@ -38,14 +38,15 @@ def _plan(dp: int, pp: int, **extra: Any) -> dict[str, Any]:
     return {"dp": dp, "pp": pp, "micro_batch_size": 2, "global_batch_size": 2 * dp, "subnet_schedule": "csp", **extra}
 
 
-def _run(tmp: Path, plan: dict[str, Any], steps: int, out: str, *extra: str) -> Measurement:
+def _run(tmp: Path, plan: dict[str, Any], steps: int, out: str, *extra: str,
+         model: dict[str, Any] | None = None) -> Measurement:
     env = run_env()
     (tmp / "tmp").mkdir(exist_ok=True)
     env["TMPDIR"] = str(tmp / "tmp")
-    model = tmp / "heavy.json"
-    model.write_text(json.dumps(HEAVY))
+    path = tmp / "model.json"
+    path.write_text(json.dumps(model or HEAVY))
     r = mindpipe("run", json.dumps(plan), "--nproc", str(plan["dp"] * plan["pp"]), "--steps", str(steps),
-                 "--model", str(model), "--device", "cpu", "--out", str(tmp / out), "--run-timeout", "300",
+                 "--model", str(path), "--device", "cpu", "--out", str(tmp / out), "--run-timeout", "300",
                  "--timeout", "120", *extra, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     m = Trace.load(tmp / out).measurement
@@ -127,23 +128,39 @@ def test_resume_after_a_repartition_keeps_the_moved_layout(tmp_path: Path) -> No
     assert _bits(first) + _bits(second) == ref
 
 
+# The acceptance space: 12 layers of 24 candidates (supernet-mini's six, four times over: few CSP
+# conflicts, so the stages overlap and the partition sets the step time), h = 128, and a head
+# (vocabulary 8192) worth about six layers on this CPU.
+WIDE: dict[str, Any] = {**HEAVY, "num_layers": 12, "hidden_size": 128,
+                        "candidates": [{**c, "name": f"{c['name']}_{i}"} for i in range(4) for c in HEAVY["candidates"]]}
+
+
 @pytest.mark.slow
 def test_even_start_reaches_the_offline_balanced_step_time(tmp_path: Path) -> None:
-    """Acceptance: from an even split, within 10 % of the offline balanced plan's step time, same losses."""
-    steps, every, tail = 120, 20, 40
-    costs = hardware_costs(NET, from_dict(Plan, _plan(1, 2)), RooflineComputeModel(get_device("cpu")))
+    """Acceptance: from an even split, within 10 % of the offline balanced plan's step time, same losses.
+
+    The offline plan is the tuner's ``balanced`` partition priced by the CPU roofline; the
+    repartitioned run starts from [6, 6]. Per-subnet time: the median ``iteration_s`` of the last
+    40 subnets (a ratio of two runs on the same machine, never an absolute time).
+    """
+    steps, every, tail, net = 100, 20, 40, from_dict(Supernet, WIDE)
+    costs = hardware_costs(net, from_dict(Plan, _plan(1, 2)), RooflineComputeModel(get_device("cpu")))
     balanced = balanced_supernet_partition(costs, 2)
-    assert balanced != [4, 4]
-    moved = _run(tmp_path, _plan(1, 2), steps, "moved.json", "--checkpoint-every", str(every), "--repartition", "1.1")
-    offline = _run(tmp_path, _plan(1, 2, partition=balanced), steps, "offline.json", "--checkpoint-every", str(every))
-    even = _run(tmp_path, _plan(1, 2), steps, "even.json", "--checkpoint-every", str(every))
+    assert balanced != [6, 6]
+    moved = _run(tmp_path, _plan(1, 2), steps, "moved.json", "--checkpoint-every", str(every), "--repartition", "1.1",
+                 model=WIDE)
+    offline = _run(tmp_path, _plan(1, 2, partition=balanced), steps, "offline.json", "--checkpoint-every", str(every),
+                   model=WIDE)
 
     def step_s(m: Measurement) -> float:
-        return statistics.fmean(s.iteration_s for s in m.steps[-tail:])
+        return statistics.median(s.iteration_s for s in m.steps[-tail:])
 
-    assert moved.subnet_segments is not None
-    ratio, even_ratio = step_s(moved) / step_s(offline), step_s(even) / step_s(offline)
-    print(f"partitions {[g.partition for g in moved.subnet_segments]}, balanced {balanced}; last {tail} subnets: "
-          f"repartitioned/offline {ratio:.3f}, even/offline {even_ratio:.3f}")
+    assert moved.subnet_segments is not None and offline.subnet_segments is not None
+    assert moved.subnet_segments[0].partition == [6, 6] and moved.subnet_segments[-1].partition != [6, 6]
+    ratio = step_s(moved) / step_s(offline)
+    first_s = statistics.median(s.iteration_s for s in moved.steps[:every])
+    print(f"partitions {[g.partition for g in moved.subnet_segments]}, offline {balanced}; median s/subnet: "
+          f"first segment (even) {first_s:.4f}, last {tail} {step_s(moved):.4f} vs offline {step_s(offline):.4f} "
+          f"(ratio {ratio:.3f})")
     assert ratio <= 1.10
-    assert _bits(moved) == _bits(even)  # a run that never repartitions
+    assert _bits(moved) == _bits(offline)  # the offline run never repartitions
