@@ -28,7 +28,7 @@ from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.subnet_partition import balanced_supernet_partition
 
-from tests.executor.conftest import mindpipe, run_env
+from tests.executor.conftest import TINY, mindpipe, run_env
 
 HEAVY: dict[str, Any] = {**to_dict(load_supernet("supernet-mini")), "vocab_size": 8192}
 NET = from_dict(Supernet, HEAVY)
@@ -87,6 +87,13 @@ def test_repartition_needs_segments_and_a_threshold_of_at_least_one() -> None:
         SupernetRunConfig(supernet=NET, plan=plan, steps=10, repartition=1.1)
     with pytest.raises(ContractError, match=">= 1"):
         SupernetRunConfig(supernet=NET, plan=plan, steps=10, checkpoint_every=5, repartition=0.5)
+
+
+def test_repartition_is_refused_for_a_gpt_run(tmp_path: Path) -> None:
+    r = mindpipe("run", json.dumps({"dp": 1, "pp": 2, "micro_batch_size": 1, "global_batch_size": 2}), "--nproc", "2",
+                 "--steps", "2", "--model", json.dumps(TINY), "--device", "cpu", "--out", str(tmp_path / "m.json"),
+                 "--repartition", "1.1")
+    assert r.returncode == 2 and "--repartition is for supernet runs" in r.stderr
 
 
 # -- runs ---------------------------------------------------------------------------------------
