@@ -13,7 +13,7 @@ is ``L_s · c + shared_s`` (its choice layers at the mean candidate cost ``c`` u
 sampling, plus the embedding on the first stage and the head on the last —
 :mod:`~mindpipe.tuner.subnet_partition`'s model), so ``c ≤ T_s / L_s`` on every stage, with
 equality on stages without shared parts; ``c`` is taken as that minimum, the shared parts as what
-is left on the end stages, and :func:`~mindpipe.tuner.subnet_partition.water_fill` (the one owner
+is left on the end stages, and :func:`~mindpipe.traces.supernet.water_fill` (the one owner
 of the balanced rule) re-solves. One boundary move per segment would need as many drained segments
 as layers to move, each trained at the old imbalance; the re-solve gets there at the first
 boundary, and the threshold (plus "only if the predicted bottleneck drops") stops it from
@@ -39,9 +39,8 @@ import torch
 import torch.distributed as dist
 from mindpipe.executor.payload import Spans
 from mindpipe.executor.supernet_stage import make_optimizer
-from mindpipe.traces.supernet import Supernet
+from mindpipe.traces.supernet import Supernet, water_fill
 from mindpipe.traces.torch_supernet import CandidateBlock, SupernetStage, candidate_key
-from mindpipe.tuner.subnet_partition import water_fill
 from torch import nn
 
 
