@@ -7,7 +7,10 @@ samples the subnets (:func:`~mindpipe.traces.supernet.sample_subnet`), asks
 :func:`~mindpipe.traces.supernet.subnet_stage_operators` what each uses per stage, builds the
 segment's table with :func:`~mindpipe.simulator.subnet_schedules.build_subnet_schedule` (checked with
 :func:`~mindpipe.simulator.subnet_schedules.csp_violations` before a csp run), runs its own order
-(:class:`~mindpipe.executor.supernet_stage.StageRunner`), drains, and checkpoints. Subnet i's batch
+(:class:`~mindpipe.executor.supernet_stage.StageRunner`), drains, records the segment's partition and
+measured stage times, with ``--repartition`` may move layers between stages
+(:mod:`~mindpipe.executor.supernet_repartition`; the next segment's table is built for the new
+partition), and checkpoints. Subnet i's batch
 comes from the stream (seed, i); replica r takes its rows. At the end every rank sends its payload
 to rank 0, which writes ``measured.json`` (:mod:`mindpipe.executor.supernet_report`).
 """
