@@ -164,6 +164,9 @@ def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
                         "stop a rank whose accounted memory exceeds it")
     p.add_argument("--context-switch", default="auto", choices=("auto", "on", "off"),
                    help="supernet runs: keep only the in-flight subnets' candidates on the device (auto: on for csp)")
+    p.add_argument("--repartition", type=float, default=None, metavar="THRESHOLD",
+                   help="supernet runs: at each --checkpoint-every boundary, re-solve the partition from measured "
+                        "stage times when their max/mean exceeds THRESHOLD (e.g. 1.1; default off)")
     p.add_argument("--json", action="store_true", help="print a JSON summary of the run on stdout")
 
 

@@ -253,6 +253,8 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
 
     if is_supernet_model(args.model):
         return cmd_run_supernet(args)
+    if getattr(args, "repartition", None) is not None:
+        raise ContractError("command line", "repartition", "--repartition is for supernet runs (--model SUPERNET)")
     cfg = config_from_args(args)
     started = time.perf_counter()
     try:

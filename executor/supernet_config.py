@@ -56,6 +56,10 @@ class SupernetRunConfig:
         checkpoint_every: Drain the pipeline and checkpoint every N subnets (0: at the end only);
             the schedule table is built per segment of N subnets.
         context_switch: ``auto`` (on for csp), ``on`` or ``off`` (see module docstring).
+        repartition: Online repartition threshold (``--repartition``): at each drained segment
+            boundary, re-solve the partition from the measured stage times when their max/mean
+            exceeds it (:mod:`mindpipe.executor.supernet_repartition`); None: never. Needs
+            ``checkpoint_every`` (the segments) and is at least 1.
     """
 
     supernet: Supernet
@@ -72,6 +76,7 @@ class SupernetRunConfig:
     timeout_s: float = 300.0
     memory_budget_gib: float | None = None
     context_switch: str = "auto"
+    repartition: float | None = None
 
     def __post_init__(self) -> None:
         integer("steps", self.steps, 1, "train_steps")
@@ -83,6 +88,13 @@ class SupernetRunConfig:
         one_of("context_switch", self.context_switch, CONTEXT_SWITCH)
         if self.memory_budget_gib is not None:
             positive("memory_budget_gib", self.memory_budget_gib)
+        if self.repartition is not None:
+            if not isinstance(self.repartition, int | float) or not self.repartition >= 1.0:
+                raise ContractError("", "repartition", f"--repartition {self.repartition!r}: the max/mean stage-time "
+                                    "threshold must be a number >= 1")
+            if not self.checkpoint_every:
+                raise ContractError("", "repartition", "--repartition moves layers at drained segment boundaries: "
+                                    "give --checkpoint-every N (the segment length)")
         if self.resume and not self.checkpoint_dir:
             raise ContractError("", "resume", "--resume needs --checkpoint-dir")
         check_supernet_plan(self.plan, self.supernet)

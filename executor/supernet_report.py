@@ -124,7 +124,7 @@ def build_trace(cfg: SupernetRunConfig, payloads: list[SupernetPayload], backend
         layer_times="median F and whole-B action time per pipeline stage", actions=actions, comms=comms, ranks=ranks,
         cpus_per_node=payloads[0].cpu_count, subnets=subnets,
         subnet_stages=[_stage_record(p, cfg.switching) for p in payloads], subnets_per_hour=3600.0 * n / wall,
-        subnet_schedule=cfg.schedule)
+        subnet_schedule=cfg.schedule, subnet_segments=payloads[0].segments)
     note = (f"measured with mindpipe run: supernet {net.label}, {plan.world_size} ranks (dp={plan.dp}, pp={plan.pp}), "
             f"subnet_schedule {cfg.schedule}, context switching {'on' if cfg.switching else 'off'}; MFU not computed "
             "for supernets (model_flops 0)")

@@ -7,13 +7,17 @@ samples the subnets (:func:`~mindpipe.traces.supernet.sample_subnet`), asks
 :func:`~mindpipe.traces.supernet.subnet_stage_operators` what each uses per stage, builds the
 segment's table with :func:`~mindpipe.simulator.subnet_schedules.build_subnet_schedule` (checked with
 :func:`~mindpipe.simulator.subnet_schedules.csp_violations` before a csp run), runs its own order
-(:class:`~mindpipe.executor.supernet_stage.StageRunner`), drains, and checkpoints. Subnet i's batch
+(:class:`~mindpipe.executor.supernet_stage.StageRunner`), drains, records the segment's partition and
+measured stage times, with ``--repartition`` may move layers between stages
+(:mod:`~mindpipe.executor.supernet_repartition`; the next segment's table is built for the new
+partition), and checkpoints. Subnet i's batch
 comes from the stream (seed, i); replica r takes its rows. At the end every rank sends its payload
 to rank 0, which writes ``measured.json`` (:mod:`mindpipe.executor.supernet_report`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -27,11 +31,13 @@ from mindpipe.executor.measure import cpu_seconds
 from mindpipe.executor.payload import Coords, Spans
 from mindpipe.executor.rundir import record_error
 from mindpipe.executor.supernet_config import GIB, SupernetRunConfig
+from mindpipe.executor.supernet_repartition import decide_partition, exchange, segment_compute_s
 from mindpipe.executor.supernet_stage import StageLinks, StageRunner, make_optimizer
 from mindpipe.executor.supernet_switch import ContextSwitcher
 from mindpipe.executor.worker import _fault
 from mindpipe.simulator.subnet_schedules import build_subnet_schedule, csp_violations
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.measured import SubnetSegment
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.supernet import sample_subnets, subnet_stage_operators, supernet_stage_layers
 from mindpipe.traces.torch_supernet import SupernetStage, synthetic_tokens
@@ -53,6 +59,7 @@ class SupernetPayload:
             parameters + gradients + optimizer state.
         budget_bytes: ``--memory-budget-gib`` in bytes, if given.
         orders: The stage's actions of the first segment (``1F3`` ...).
+        segments: Every segment's partition and measured stage times (the same on every rank).
     """
 
     rank: int
@@ -70,6 +77,7 @@ class SupernetPayload:
     resident_state_bytes: int
     budget_bytes: int | None
     orders: list[str]
+    segments: list[SubnetSegment]
 
 
 def run(cfg: SupernetRunConfig, command: str = "") -> int:
@@ -92,13 +100,12 @@ def run(cfg: SupernetRunConfig, command: str = "") -> int:
         dist.destroy_process_group()
 
 
-def _build(cfg: SupernetRunConfig, device: torch.device, stage: int) -> SupernetStage:
-    """The stage, built on the host; on the device all of it, or (switching on a GPU) only the shared parts.
+def _build(cfg: SupernetRunConfig, device: torch.device, stage: int, layers: list[int]) -> SupernetStage:
+    """The stage of partition ``layers``, built on the host; on the device all of it, or (switching on a GPU) the shared parts.
 
     With switching the candidates go from the host straight into the switcher's pinned pool: a stage
     whose candidates do not fit on the device never has them all there.
     """
-    layers = supernet_stage_layers(cfg.plan, cfg.supernet)
     module = SupernetStage(cfg.supernet, sum(layers[:stage]), layers[stage], stage == 0, stage == cfg.plan.pp - 1,
                            cfg.seed)
     if cfg.switching and device.type == "cuda":
@@ -109,19 +116,42 @@ def _build(cfg: SupernetRunConfig, device: torch.device, stage: int) -> Supernet
     return module.to(device)
 
 
+def _switcher(cfg: SupernetRunConfig, module: SupernetStage, optimizer: torch.optim.Optimizer, device: torch.device,
+              before: ContextSwitcher | None) -> ContextSwitcher:
+    """The stage's context switcher (after a repartition: a new one over the new candidates, keeping the peaks)."""
+    shared = [m for m in (module.embedding, module.head) if m is not None]
+    out = ContextSwitcher(dict(module.candidates.items()), shared, optimizer, device, cfg.switching)
+    if before is not None:
+        out.peak_param_bytes = max(out.peak_param_bytes, before.peak_param_bytes)
+        out.peak_state_bytes = max(out.peak_state_bytes, before.peak_state_bytes)
+        out.total_param_bytes = max(out.total_param_bytes, before.total_param_bytes)
+    return out
+
+
+def _stage_times(mine: float, stage: int, dp_rank: int, pp: int, dp: int, device: torch.device) -> list[float]:
+    """Per stage, the dp replicas' mean of their per-subnet compute (summed over all ranks: every rank gets the same)."""
+    t = torch.zeros(pp * dp, dtype=torch.float64, device=device)
+    t[stage * dp + dp_rank] = mine
+    dist.all_reduce(t)
+    c = t.cpu().tolist()
+    return [sum(c[s * dp:(s + 1) * dp]) / dp for s in range(pp)]
+
+
 def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload] | None:
     plan, net = cfg.plan, cfg.supernet
     mesh = build_mesh(plan, device)
     c = coordinates(mesh)
     s, r, pp, dp, mb = c["pp"], c["dp"], plan.pp, plan.dp, plan.micro_batch_size
-    module = _build(cfg, device, s)
-    optimizer = make_optimizer([p for p in module.parameters() if p.requires_grad], cfg.lr, cfg.weight_decay)
     model_doc = to_dict(net)
-    start = ckpt.load(cfg.checkpoint_dir, module, optimizer, s, r, model_doc) if cfg.resume and cfg.checkpoint_dir else 0
+    saved = ckpt.read(cfg.checkpoint_dir, s, r, model_doc) if cfg.resume and cfg.checkpoint_dir else None
+    partition = (saved is not None and ckpt.saved_partition(saved)) or supernet_stage_layers(plan, net)
+    module = _build(cfg, device, s, partition)
+    optimizer = make_optimizer([p for p in module.parameters() if p.requires_grad], cfg.lr, cfg.weight_decay)
+    start = ckpt.load(saved, module, optimizer) if saved is not None else 0
     if start >= cfg.steps:
         raise ContractError("--steps", None, f"the checkpoint is after {start} subnets; --steps {cfg.steps} leaves nothing to run")
-    shared = [m for m in (module.embedding, module.head) if m is not None]
-    switcher = ContextSwitcher(dict(module.candidates.items()), shared, optimizer, device, cfg.switching)
+    switcher = _switcher(cfg, module, optimizer, device, None)
+    segments: list[SubnetSegment] = []
     pp_group = mesh.get_group("pp")
     prev = dist.get_global_rank(pp_group, s - 1) if s > 0 else None
     nxt = dist.get_global_rank(pp_group, s + 1) if s < pp - 1 else None
@@ -148,7 +178,8 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
         n = min(cfg.segment, cfg.steps - first)
         _fault(dist.get_rank(), first + 1)
         choices = sample_subnets(net, n, first)
-        ops = [subnet_stage_operators(net, plan, ch) for ch in choices]
+        seg_plan = dataclasses.replace(plan, partition=list(partition))
+        ops = [subnet_stage_operators(net, seg_plan, ch) for ch in choices]
         schedule = build_subnet_schedule(cfg.schedule, ops, pp, cfg.window, cfg.batch)
         if cfg.schedule == "csp" and (bad := csp_violations(schedule, ops)):
             raise RuntimeError(f"csp table of subnets {first}..{first + n - 1} breaks the rule: {bad[0]}")
@@ -159,9 +190,20 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
             raise RuntimeError(f"pipeline stage {s}: resident model state reached {switcher.peak_state_bytes} bytes, "
                                f"over --memory-budget-gib {cfg.memory_budget_gib:g}")
         done = first + n
+        times = _stage_times(segment_compute_s(spans, s, first, n), s, r, pp, dp, device)
+        segments.append(SubnetSegment(first, list(partition), times))
+        since = [g for g in segments if g.partition == partition]  # this partition's segments so far
+        mean = [sum(g.stage_compute_s[t] for g in since) / len(since) for t in range(pp)]
+        new = decide_partition(mean, partition, cfg.repartition) if cfg.repartition and done < cfg.steps else None
+        if new is not None:
+            switcher.restore_all()
+            optimizer = exchange(module, optimizer, s, partition, new, lambda t: dist.get_global_rank(pp_group, t),
+                                 device, cfg.lr, cfg.weight_decay)
+            switcher = _switcher(cfg, module, optimizer, device, switcher)
+            runner.optimizer, runner.switcher, partition = optimizer, switcher, new
         if cfg.checkpoint_dir and (done == cfg.steps or cfg.checkpoint_every):
             switcher.restore_all()
-            ckpt.save(cfg.checkpoint_dir, done, module, optimizer, s, r, model_doc)
+            ckpt.save(cfg.checkpoint_dir, done, module, optimizer, s, r, model_doc, partition)
             switcher.evict_all()
     end_s = time.perf_counter() - origin
     payload = SupernetPayload(
@@ -169,7 +211,7 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
         threads=torch.get_num_threads(), spans=spans, losses=runner.losses, first_subnet=start, end_s=end_s,
         cpu_s=cpu_seconds() - cpu0, param_bytes=switcher.total_param_bytes,
         resident_param_bytes=switcher.peak_param_bytes, resident_state_bytes=switcher.peak_state_bytes,
-        budget_bytes=budget, orders=orders)
+        budget_bytes=budget, orders=orders, segments=segments)
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     return gathered

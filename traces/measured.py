@@ -264,6 +264,26 @@ class SubnetStageRecord:
 
 
 @dataclass
+class SubnetSegment:
+    """One drained segment of a supernet run: its first subnet, the partition it ran with, its stage times.
+
+    ``stage_compute_s``: per pipeline stage, measured F + B seconds per subnet over the segment
+    (mean over the dp replicas) — what online repartition (``--repartition``) decides from.
+    """
+
+    first: int
+    partition: list[int]
+    stage_compute_s: list[float]
+
+    def __post_init__(self) -> None:
+        non_negative("first", self.first)
+        if len(self.stage_compute_s) != len(self.partition):
+            raise ContractError("", "stage_compute_s", "one time per pipeline stage of the partition")
+        for i, t in enumerate(self.stage_compute_s):
+            non_negative(f"stage_compute_s[{i}]", t)
+
+
+@dataclass
 class Measurement:
     """A measured training run (see module docstring).
 
@@ -304,6 +324,8 @@ class Measurement:
         subnet_stages: Supernet runs: per rank, stage compute, stall and resident bytes.
         subnets_per_hour: Supernet runs: subnets trained over the run's wall time.
         subnet_schedule: Supernet runs: the schedule that ran (``csp`` ...).
+        subnet_segments: Supernet runs: every drained segment, with the partition it used (online
+            repartition may change it between segments).
     """
 
     plan: Plan
@@ -338,6 +360,7 @@ class Measurement:
     subnet_stages: list[SubnetStageRecord] | None = None
     subnets_per_hour: float | None = None
     subnet_schedule: str | None = None
+    subnet_segments: list[SubnetSegment] | None = None
     format_version: int = MEASUREMENT_FORMAT_VERSION
 
     def __post_init__(self) -> None:

@@ -26,6 +26,7 @@ the same whatever its length, and a resumed or data-parallel run can draw any su
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -285,6 +286,30 @@ def supernet_stage_layers(plan: Plan, supernet: Supernet) -> list[int]:
     return list(plan.partition) if plan.partition is not None else even_partition(supernet.num_layers, plan.pp)
 
 
+def water_fill(num_layers: int, num_stages: int, per_layer: float, first: float, last: float) -> list[int]:
+    """Layers per stage: one each, then each next layer to the least-loaded stage (ties: the later one).
+
+    The ``balanced`` supernet partition's rule (:mod:`mindpipe.tuner.subnet_partition` prices the
+    loads; online repartition, :mod:`mindpipe.executor.supernet_repartition`, measures them).
+
+    Raises:
+        ContractError: more stages than layers.
+    """
+    if not 1 <= num_stages <= num_layers:
+        raise ContractError("partition", "pp", f"{num_stages} stages cannot each hold a choice layer of {num_layers}")
+    counts = [1] * num_stages
+    extra = [0.0] * num_stages
+    extra[0] += first
+    extra[-1] += last
+    heap = [(extra[s] + per_layer, -s) for s in range(num_stages)]
+    heapq.heapify(heap)
+    for _ in range(num_layers - num_stages):
+        _, neg = heapq.heappop(heap)
+        counts[-neg] += 1
+        heapq.heappush(heap, (extra[-neg] + counts[-neg] * per_layer, neg))
+    return counts
+
+
 def subnet_stage_operators(supernet: Supernet, plan: Plan, choices: Choices) -> list[frozenset[tuple[int, int]]]:
     """Per pipeline stage, the operators subnet ``choices`` uses there (:func:`stage_operators`).
 
@@ -365,4 +390,5 @@ __all__ = [
     "subnet_stage_operators",
     "subnet_window",
     "supernet_stage_layers",
+    "water_fill",
 ]

@@ -31,12 +31,12 @@ variation around it is what CSP's look-ahead window absorbs.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 from mindpipe.simulator.subnet_costs import PartCost, SupernetCosts
 from mindpipe.traces.config import even_partition
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.supernet import water_fill
 from mindpipe.tuner.partition import stage_loads
 
 SUPERNET_PARTITIONERS = ("balanced", "even")
@@ -60,27 +60,6 @@ def expected_stage_loads(costs: SupernetCosts, partition: Sequence[int]) -> list
     """E[T_s] per stage (module docstring) for ``partition`` (choice layers per stage)."""
     first, last = shared_loads(costs)
     return stage_loads(partition, [mean_layer_load(costs)] * sum(partition), first, last)
-
-
-def water_fill(num_layers: int, num_stages: int, per_layer: float, first: float, last: float) -> list[int]:
-    """Layers per stage: one each, then each next layer to the least-loaded stage (ties: the later one).
-
-    Raises:
-        ContractError: more stages than layers.
-    """
-    if not 1 <= num_stages <= num_layers:
-        raise ContractError("partition", "pp", f"{num_stages} stages cannot each hold a choice layer of {num_layers}")
-    counts = [1] * num_stages
-    extra = [0.0] * num_stages
-    extra[0] += first
-    extra[-1] += last
-    heap = [(extra[s] + per_layer, -s) for s in range(num_stages)]
-    heapq.heapify(heap)
-    for _ in range(num_layers - num_stages):
-        _, neg = heapq.heappop(heap)
-        counts[-neg] += 1
-        heapq.heappush(heap, (extra[-neg] + counts[-neg] * per_layer, neg))
-    return counts
 
 
 def balanced_supernet_partition(costs: SupernetCosts, num_stages: int) -> list[int]:
