@@ -1,0 +1,146 @@
+"""Supernet simulator fidelity on this CPU: predicted vs measured subnets/hour, before and after calibration.
+
+Issue 17 acceptance: "the simulator predicts the measured subnets/hour within 15 % after
+calibration" (pp=2, CPU/gloo). Measures ``mindpipe run`` on two CPU ranks (one thread each) for two
+supernet spaces — ``k24`` (``benchmarks/supernet_cpu.py``: 24 candidates per layer) and
+``supernet-mini`` (6) — under ``subnet_schedule`` ``sequential`` and ``csp``, interleaved for
+``--rounds`` rounds (machine drift falls on all alike; each configuration's figure is the median of
+its rounds). Then, for each space in turn, fits a calibration on that space's runs
+(``mindpipe calibrate``'s supernet fit, :mod:`mindpipe.simulator.calibrate.supernet`) and predicts
+the *other* space's runs (held out), and the fitted ones. Uncalibrated baselines: the profiled
+per-candidate trace (``mindpipe profile SPACE --micro-batch-size MBS``, at the plan's micro-batch)
+and the CPU roofline model. Writes ``benchmarks/results/supernet_fidelity.json``.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/supernet_fidelity.py [--rounds 3] [--subnets 300]
+        [--micro-batch-size 32] [--keep DIR] [--reuse DIR]
+
+``--keep DIR`` keeps the measured runs and traces; ``--reuse DIR`` refits on runs kept earlier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from supernet_cpu import k24_space  # noqa: E402
+
+from mindpipe.simulator.calibrate.supernet import SupernetRun, calibrate_supernet, load_measured  # noqa: E402
+from mindpipe.simulator.subnet_sim import SupernetSimulator  # noqa: E402
+from mindpipe.traces.calibration import Calibration  # noqa: E402
+from mindpipe.traces.schema import to_dict  # noqa: E402
+from mindpipe.traces.trace import Trace  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+TARGET = 0.15
+SPACES = ("k24", "mini")
+SCHEDULES = ("sequential", "csp")
+
+
+def _model(space: str) -> str:
+    return json.dumps(k24_space()) if space == "k24" else "supernet-mini"
+
+
+def measure(d: Path, rounds: int, subnets: int, mbs: int, env: dict[str, str]) -> None:
+    """Profile each space and run every (space, schedule) ``rounds`` times, interleaved, into ``d``."""
+    cli = [sys.executable, "-m", "mindpipe.cli"]
+    for space in SPACES:
+        subprocess.run([*cli, "profile", _model(space), "--device", "cpu", "--micro-batch-size", str(mbs),
+                        "--out", str(d / f"{space}.trace.json")], check=True, env=env, stdout=subprocess.DEVNULL)
+    for i in range(rounds):
+        for space in SPACES:
+            for sched in SCHEDULES:
+                plan = json.dumps({"pp": 2, "micro_batch_size": mbs, "global_batch_size": mbs, "subnet_schedule": sched})
+                out = d / f"{space}_{sched}_r{i}.json"
+                load = os.getloadavg()[0]
+                subprocess.run([*cli, "run", plan, "--nproc", "2", "--steps", str(subnets), "--model", _model(space),
+                                "--device", "cpu", "--out", str(out)], check=True, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                sph = Trace.load(out).measurement.subnets_per_hour  # type: ignore[union-attr]
+                print(f"round {i + 1} {space} {sched}: {sph:,.0f} subnets/h (load {load:.1f})", flush=True)
+                (d / f"{out.stem}.load").write_text(f"{load}\n", encoding="utf-8")
+
+
+def _predict(run: SupernetRun, cal: Calibration | None = None, trace: Trace | None = None) -> float:
+    sim = SupernetSimulator(run.supernet, run.cluster, trace=trace, calibration=cal)
+    return sim.run(run.plan, run.num_subnets, context_switching=run.context_switching).subnets_per_hour
+
+
+def evaluate(d: Path) -> dict[str, Any]:
+    """Fit on each space, predict both; per configuration the median measured subnets/hour."""
+    runs: dict[str, dict[str, list[SupernetRun]]] = {s: {k: [] for k in SCHEDULES} for s in SPACES}
+    for space in SPACES:
+        for sched in SCHEDULES:
+            files = sorted(d.glob(f"{space}_{sched}_r*.json"))
+            runs[space][sched] = load_measured([str(f) for f in files])[1]
+    traces = {s: Trace.load(d / f"{s}.trace.json") for s in SPACES}
+    experiments = []
+    for fit_space in SPACES:
+        cal, _ = calibrate_supernet([r for k in SCHEDULES for r in runs[fit_space][k]])
+        rows = []
+        for space in SPACES:
+            for sched in SCHEDULES:
+                rs = runs[space][sched]
+                measured = statistics.median(r.measurement.subnets_per_hour or 0.0 for r in rs)
+                pred = {"calibrated": _predict(rs[0], cal), "trace": _predict(rs[0], trace=traces[space]),
+                        "roofline": _predict(rs[0])}
+                rows.append({"space": space, "schedule": sched, "held_out": space != fit_space,
+                             "measured_subnets_per_hour": measured,
+                             "measured_rounds": [r.measurement.subnets_per_hour for r in rs],
+                             **{f"{k}_subnets_per_hour": v for k, v in pred.items()},
+                             **{f"{k}_error": v / measured - 1.0 for k, v in pred.items()}})
+        held = [r for r in rows if r["held_out"]]
+        experiments.append({
+            "fit_on": fit_space, "calibration": to_dict(cal), "rows": rows,
+            "held_out_max_abs_error_calibrated": max(abs(r["calibrated_error"]) for r in held),
+            "held_out_max_abs_error_trace": max(abs(r["trace_error"]) for r in held),
+            "held_out_max_abs_error_roofline": max(abs(r["roofline_error"]) for r in held)})
+    return {"experiments": experiments}
+
+
+def main() -> int:
+    """Measure (or reuse), fit, predict, print, write the JSON."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--subnets", type=int, default=300)
+    p.add_argument("--micro-batch-size", type=int, default=32)
+    p.add_argument("--keep", default=None, metavar="DIR", help="keep the measured runs and traces here")
+    p.add_argument("--reuse", default=None, metavar="DIR", help="refit on runs kept earlier (no new runs)")
+    p.add_argument("--out", default=str(HERE / "results" / "supernet_fidelity.json"))
+    args = p.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(args.reuse or args.keep or tmp)
+        d.mkdir(parents=True, exist_ok=True)
+        if not args.reuse:
+            measure(d, args.rounds, args.subnets, args.micro_batch_size, env)
+        result = evaluate(d)
+        loads = {f.stem: float(f.read_text()) for f in sorted(d.glob("*.load"))}
+    for e in result["experiments"]:
+        print(f"calibrated on {e['fit_on']}:")
+        for r in e["rows"]:
+            print(f"  {r['space']:5s} {r['schedule']:10s} {'held out' if r['held_out'] else 'fitted  '} "
+                  f"measured {r['measured_subnets_per_hour']:8,.0f}  calibrated {r['calibrated_subnets_per_hour']:8,.0f} "
+                  f"({100 * r['calibrated_error']:+.1f}%)  trace {100 * r['trace_error']:+.1f}%  "
+                  f"roofline {100 * r['roofline_error']:+.1f}%")
+    worst = max(e["held_out_max_abs_error_calibrated"] for e in result["experiments"])
+    result.update({"plan": {"pp": 2, "micro_batch_size": args.micro_batch_size}, "subnets": args.subnets,
+                   "rounds": args.rounds, "target_abs_error": TARGET, "held_out_worst_abs_error_calibrated": worst,
+                   "meets_target": worst <= TARGET, "cpu_count": os.cpu_count(), "load_1min_at_each_run": loads,
+                   "load_average_before": load_before, "load_average_after": os.getloadavg()})
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"worst held-out calibrated error {100 * worst:.1f}% (target <= {100 * TARGET:.0f}%); wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
