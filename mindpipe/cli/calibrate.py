@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mindpipe.cli import loaders
 from mindpipe.cli.output import check_outputs, print_json, stderr
 from mindpipe.traces.errors import ContractError
 
@@ -41,10 +40,9 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Fit, write, and report (see module docstring)."""
     from mindpipe.simulator.calibrate.fidelity import fidelity, fidelity_report, format_calibration, summary
     from mindpipe.simulator.calibrate.fit import calibrate, check_one_model
+    from mindpipe.simulator.calibrate.supernet import load_measured
     from mindpipe.traces.calibration import save_calibration
     from mindpipe.traces.schema import to_dict
-
-    from mindpipe.simulator.calibrate.supernet import load_measured
 
     check_outputs([args.out], [args.report])
     runs, nets = load_measured(args.measured)

@@ -236,9 +236,9 @@ def calibrate_supernet(runs: list[SupernetRun]) -> tuple[Calibration, FitNotes]:
         x, _ = _fit_compute_constants(design, ys[key])
         # Relative-error fits sit below the mean of a right-skewed sample (an action the OS preempted
         # runs long), but subnets/hour pays the sum: scale the constants so the sums agree.
-        a, y = np.asarray(design), np.asarray(ys[key])
-        x = x * float(y.sum() / max(float((a @ x).sum()), 1e-300))
-        mape = float(np.mean(np.abs(a @ x - y) / y))
+        feats_m, dur = np.asarray(design), np.asarray(ys[key])
+        x = x * float(dur.sum() / max(float((feats_m @ x).sum()), 1e-300))
+        mape = float(np.mean(np.abs(feats_m @ x - dur) / dur))
         used = [any(row[k] > 0 for row in design) for k in range(len(OP_KINDS))]
         scale = {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if used[k]}
         opt = np.zeros(2)
@@ -255,7 +255,7 @@ def calibrate_supernet(runs: list[SupernetRun]) -> tuple[Calibration, FitNotes]:
         dev.step_overhead_s = statistics.median(outside[device])
     cal = Calibration(devices=devices, measurements=[f"{r.source} ({r.supernet.label}, "
                                                      f"{subnet_schedule(r.plan)}, pp{r.plan.pp} dp{r.plan.dp})" for r in runs],
-                      created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                      created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                       tool="mindpipe calibrate (supernet runs)")
     return cal, notes
 
