@@ -4,10 +4,15 @@ Issue 17 acceptance: "the simulator predicts the measured subnets/hour within 15
 calibration" (pp=2, CPU/gloo). Measures ``mindpipe run`` on two CPU ranks (one thread each) for two
 supernet spaces — ``k24`` (``benchmarks/supernet_cpu.py``: 24 candidates per layer) and
 ``supernet-mini`` (6) — under ``subnet_schedule`` ``sequential`` and ``csp``, interleaved for
-``--rounds`` rounds (machine drift falls on all alike; each configuration's figure is the median of
-its rounds). Then, for each space in turn, fits a calibration on that space's runs
+``--rounds`` rounds (machine drift falls on all alike; each configuration's figure is its median round,
+:func:`~mindpipe.simulator.calibrate.supernet.median_repeats`). Then, for each space in turn, fits a
+calibration on that space's median runs
 (``mindpipe calibrate``'s supernet fit, :mod:`mindpipe.simulator.calibrate.supernet`) and predicts
-the *other* space's runs (held out), and the fitted ones. Uncalibrated baselines: the profiled
+the *other* space's runs (held out), and the fitted ones. Also a *load-adjusted* prediction: other jobs on the host stretch every CPU-bound
+constant alike, so each run is predicted with the calibration's time constants × (its wall/CPU time
+ratio of compute actions ÷ that of the fitted runs), for the median round — the
+simulator cannot know another run's host load; this isolates the model's error from it.
+Uncalibrated baselines: the profiled
 per-candidate trace (``mindpipe profile SPACE --micro-batch-size MBS``, at the plan's micro-batch)
 and the CPU roofline model. Writes ``benchmarks/results/supernet_fidelity.json``.
 
@@ -31,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mindpipe.simulator.calibrate.supernet import SupernetRun, calibrate_supernet, load_measured
+from mindpipe.simulator.calibrate.supernet import SupernetRun, calibrate_supernet, load_measured, median_repeats
 from mindpipe.simulator.subnet_sim import SupernetSimulator
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.schema import to_dict
@@ -104,24 +109,30 @@ def evaluate(d: Path) -> dict[str, Any]:
     traces = {s: Trace.load(d / f"{s}.trace.json") for s in SPACES}
     experiments = []
     for fit_space in SPACES:
-        fitted = [r for k in SCHEDULES for r in runs[fit_space][k]]
+        fitted = [median_repeats(runs[fit_space][k])[0] for k in SCHEDULES]
         cal, _ = calibrate_supernet(fitted)
         d_fit = dilation(fitted)
         rows: list[dict[str, Any]] = []
         for space in SPACES:
             for sched in SCHEDULES:
                 rs = runs[space][sched]
-                measured = statistics.median(r.measurement.subnets_per_hour or 0.0 for r in rs)
+                median_run = median_repeats(rs)[0]
+                measured = median_run.measurement.subnets_per_hour or 0.0
                 d_run = statistics.median(dilation([r]) for r in rs)
+                # Load-adjusted: each round predicted with its own host load, error per round, median.
+                adjusted = [_predict(r, rescaled(cal, dilation([r]) / d_fit)) / (r.measurement.subnets_per_hour or 1.0) - 1.0
+                            for r in rs]
                 pred = {"calibrated": _predict(rs[0], cal), "trace": _predict(rs[0], trace=traces[space]),
-                        "roofline": _predict(rs[0]),
-                        "calibrated_load_adjusted": _predict(rs[0], rescaled(cal, d_run / d_fit))}
+                        "roofline": _predict(rs[0])}
                 rows.append({"space": space, "schedule": sched, "held_out": space != fit_space,
                              "dilation_wall_over_cpu": d_run, "dilation_of_fitted_runs": d_fit,
                              "measured_subnets_per_hour": measured,
                              "measured_rounds": [r.measurement.subnets_per_hour for r in rs],
                              **{f"{k}_subnets_per_hour": v for k, v in pred.items()},
-                             **{f"{k}_error": v / measured - 1.0 for k, v in pred.items()}})
+                             **{f"{k}_error": v / measured - 1.0 for k, v in pred.items()},
+                             "calibrated_load_adjusted_error": adjusted[rs.index(median_run)],
+                             "calibrated_load_adjusted_error_per_round": adjusted,
+                             "dilation_per_round": [dilation([r]) for r in rs]})
         held = [r for r in rows if r["held_out"]]
         experiments.append({
             "fit_on": fit_space, "calibration": to_dict(cal), "rows": rows,

@@ -34,6 +34,7 @@ receive's time is mostly waiting on its peer (:mod:`mindpipe.simulator.calibrate
 from __future__ import annotations
 
 import datetime as dt
+import json
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Cluster, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.measured import Measurement
+from mindpipe.traces.schema import to_dict
 from mindpipe.traces.supernet import Supernet, subnet_schedule, supernet_stage_layers
 from mindpipe.traces.trace import Trace
 
@@ -125,6 +127,26 @@ def load_measured(paths: Sequence[str | Path]) -> tuple[list[MeasuredRun], list[
         raise ContractError(nets[0].source, "measurement.subnets", (
             f"{nets[0].source} is a supernet run but {gpt[0].source} is a GPT run; calibrate them separately"))
     return gpt, nets
+
+
+def median_repeats(runs: list[SupernetRun]) -> list[SupernetRun]:
+    """Of repeated runs of one (supernet, plan), the run with the median subnets/hour (the lower
+    median for an even count), in first-seen order.
+
+    On a shared machine the host's load swings between runs minutes apart by more than the plans
+    differ (3× between rounds of one plan on the loaded 2-vCPU machine), and a fit on every round
+    averages those loads; the median run is one real run at a typical load (the supernet analogue of
+    :func:`~mindpipe.simulator.calibrate.runs.merge_repeats`).
+    """
+    groups: dict[str, list[SupernetRun]] = {}
+    for run in runs:
+        key = json.dumps([to_dict(run.plan), to_dict(run.supernet), run.measurement.world_size], sort_keys=True)
+        groups.setdefault(key, []).append(run)
+    out = []
+    for group in groups.values():
+        ordered = sorted(group, key=lambda r: r.measurement.subnets_per_hour or 0.0)
+        out.append(ordered[(len(ordered) - 1) // 2])
+    return out
 
 
 def _supernet_run(source: str, trace: Trace, meas: Measurement) -> SupernetRun:
@@ -277,5 +299,5 @@ def supernet_fidelity(runs: list[SupernetRun], calibration: Calibration | None) 
     return rows
 
 
-__all__ = ["FEATURES", "SupernetRun", "action_rows", "calibrate_supernet", "feature_costs", "load_measured", "outside_s",
+__all__ = ["FEATURES", "SupernetRun", "action_rows", "calibrate_supernet", "feature_costs", "load_measured", "median_repeats", "outside_s",
            "supernet_fidelity", "update_row"]

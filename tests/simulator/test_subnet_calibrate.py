@@ -131,7 +131,7 @@ def test_calibrate_command_on_supernet_runs_and_refusals(tmp_path, capsys):
     assert doc["holdout"]["n"] == 1 and doc["holdout"]["mape_calibrated_pct"] < 3.0
     assert doc["holdout"]["mape_uncalibrated_pct"] > 30.0
     cal = load_calibration(out)
-    assert cal.devices["cpu"].compute["bf16"].samples == 4 * N
+    assert cal.devices["cpu"].compute["bf16"].samples == 8 * N  # 2 runs × 2 stages × (F, B) × N
     rows = supernet_fidelity(load_measured(held)[1], cal)
     assert rows[0].calibrated_error is not None and abs(rows[0].calibrated_error) < 0.03
     # simulate --calibration uses it.
