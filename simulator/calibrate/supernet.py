@@ -14,7 +14,9 @@ same :func:`~mindpipe.simulator.calibrate.models.apply_calibration` as GPT calib
    action is one row, its features priced by the simulator's own
    :func:`~mindpipe.simulator.subnet_costs.priced_costs` (same operators, same frozen shared parts)
    with a pricer per feature. Rows are fitted by the GPT fit's ridge-tied NNLS on relative error
-   (:func:`mindpipe.simulator.calibrate.fit._fit_compute_constants`). Every subnet draws other
+   (:func:`mindpipe.simulator.calibrate.fit._fit_compute_constants`), then scaled so the fitted
+   and measured sums of action time agree (subnets/hour pays the sum; a relative-error fit sits
+   below the mean of a right-skewed sample, where a preempted action runs long). Every subnet draws other
    candidates, so one run gives hundreds of distinct rows and the kinds separate well. The target
    is the action's *wall* duration, not its CPU time: the supernet simulator does not model ranks
    sharing cores, and on a loaded host the wall time is what subnets/hour pays (on the 2-vCPU
@@ -27,6 +29,8 @@ same :func:`~mindpipe.simulator.calibrate.models.apply_calibration` as GPT calib
    the context switcher's copies and the schedule's Python; median over ranks and runs. The
    simulator adds it after each subnet's update on each stage.
 
+Repeated runs of one plan on a shared host differ by the host's load (3× between rounds on the
+loaded 2-vCPU machine): :func:`median_repeats` keeps the median round of each plan to fit on.
 Communication is not fitted here: a supernet run profiles no collectives, and a point-to-point
 receive's time is mostly waiting on its peer (:mod:`mindpipe.simulator.calibrate.fit`, step 1).
 """
