@@ -226,7 +226,16 @@ def _frozen(cost: PartCost, trained: bool, no_backward: bool = False) -> PartCos
 
 def hardware_costs(net: Supernet, plan: Plan, compute: ComputeModel) -> SupernetCosts:
     """Every candidate and shared part priced by a hardware (or calibrated) compute model (module docstring)."""
-    price, source = op_pricer(compute, plan)
+    return priced_costs(net, plan, *op_pricer(compute, plan))
+
+
+def priced_costs(net: Supernet, plan: Plan, price: Pricer, source: str) -> SupernetCosts:
+    """Every candidate and shared part priced by ``price`` (the operators of :func:`candidate_ops`,
+    the embedding, the final norm and LM head; frozen shared parts as the module docstring says).
+
+    Any linear ``price`` works, e.g. one that counts operators or sums one kind's reference time
+    (the supernet calibration's features, :mod:`mindpipe.simulator.calibrate.supernet`).
+    """
     b, s, h, d = plan.micro_batch_size, net.seq_len, net.hidden_size, DTYPE_BYTES[plan.precision]
     gpt = _shared_view(net)
     out_bytes = float(boundary_bytes(gpt, plan))
@@ -306,5 +315,6 @@ __all__ = [
     "check_candidate_trace",
     "hardware_costs",
     "op_pricer",
+    "priced_costs",
     "trace_costs",
 ]

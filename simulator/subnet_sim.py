@@ -133,7 +133,10 @@ class SupernetSimulator:
     Args:
         supernet, cluster: What is simulated.
         trace: A per-candidate trace instead of the hardware compute model.
-        calibration: Constants fitted from measured runs (compute and communication).
+        calibration: Constants fitted from measured runs (``mindpipe calibrate``; for supernet runs
+            :mod:`mindpipe.simulator.calibrate.supernet`): its compute constants for the device and
+            precision price the candidates' operators in place of the trace, its optimizer constants
+            the update, and its ``step_overhead_s`` is added per subnet and stage after the update.
         compute, comm: Models overriding the defaults.
     """
 
@@ -143,9 +146,12 @@ class SupernetSimulator:
         self.supernet = supernet
         self.device = get_device(cluster.gpu)
         hw_compute, hw_comm = default_models(self.device, cluster)
+        self.step_overhead_s = 0.0
+        self.calibration = calibration
         if calibration is not None:
             applied = apply_calibration(calibration, self.device, cluster, hw_compute, hw_comm)
             cluster, hw_compute, hw_comm = applied.cluster, applied.compute or hw_compute, applied.comm or hw_comm
+            self.step_overhead_s = applied.step_overhead_s
         self.cluster = cluster
         self.trace = trace
         self.compute: ComputeModel = compute or hw_compute
@@ -156,8 +162,12 @@ class SupernetSimulator:
         check_supernet_plan(plan, self.supernet, self.cluster, source)
 
     def costs(self, plan: Plan) -> SupernetCosts:
-        """Candidate and shared-part costs under ``plan`` (the trace's if given, else the hardware model's)."""
-        if self.trace is not None:
+        """Candidate and shared-part costs under ``plan``: a calibration's compute constants for this
+        device and precision if given (fitted to what the executor ran), else the trace's if given,
+        else the hardware model's."""
+        calibrated = self.calibration is not None and plan.precision in getattr(
+            self.calibration.devices.get(self.device.name), "compute", {})
+        if self.trace is not None and not calibrated:
             return trace_costs(self.supernet, plan, self.trace)
         return hardware_costs(self.supernet, plan, self.compute)
 
@@ -233,10 +243,13 @@ class SupernetSimulator:
                 ar = alone.time_alone(topo.collective("allreduce", trained * grad_b, "dp", s)) if plan.dp > 1 else 0.0
                 return ar + (self.compute.optimizer_step_s(trained, plan) if trained else 0.0)
 
+            for b in range(n):  # a calibration's time per subnet and stage outside the actions and the update
+                after[s][b] = self.step_overhead_s
+
             for b, c in enumerate(stage):
                 fwd[s][b], bwd[s][b] = c.forward_s, c.backward_s
                 if sched is None or sched.update == "each_backward":
-                    after[s][b] = update_s(c.trained_params)
+                    after[s][b] += update_s(c.trained_params)
                 if context_switching:
                     swap[s][b] = self._copy_s(topo, alone, s, c.trained_params * (DTYPE_BYTES[plan.precision]
                                                                                   + OPTIMIZER_BYTES[plan.precision]))
@@ -247,7 +260,7 @@ class SupernetSimulator:
                     trained = sum(costs.candidates[k].param_count for _, k in keys)
                     trained += sum(x.trained_params for x in (costs.embedding if s == 0 else None,
                                                               costs.head if s == p - 1 else None) if x is not None)
-                    after[s][min(n, start + batch) - 1] = update_s(trained)
+                    after[s][min(n, start + batch) - 1] += update_s(trained)
             first += layers[s]
         return ActionCosts(fwd, bwd, after, swap, sends, [0.0, *sends[:-1]])
 

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mindpipe.cli import loaders
 from mindpipe.cli.output import check_outputs, print_json, stderr
 from mindpipe.traces.errors import ContractError
 
@@ -41,15 +40,21 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Fit, write, and report (see module docstring)."""
     from mindpipe.simulator.calibrate.fidelity import fidelity, fidelity_report, format_calibration, summary
     from mindpipe.simulator.calibrate.fit import calibrate, check_one_model
+    from mindpipe.simulator.calibrate.supernet import load_measured
     from mindpipe.traces.calibration import save_calibration
     from mindpipe.traces.schema import to_dict
 
     check_outputs([args.out], [args.report])
-    runs = loaders.measured_runs(args.measured)
-    holdout = loaders.measured_runs(args.holdout) if args.holdout else []
-    overlap = {Path(r.source).resolve() for r in runs} & {Path(r.source).resolve() for r in holdout}
+    runs, nets = load_measured(args.measured)
+    holdout, held_nets = load_measured(args.holdout) if args.holdout else ([], [])
+    overlap = ({Path(r.source).resolve() for r in [*runs, *nets]}
+               & {Path(r.source).resolve() for r in [*holdout, *held_nets]})
     if overlap:
         raise ContractError("--holdout", None, f"{sorted(map(str, overlap))[0]} is both fitted on and held out")
+    if (nets and holdout) or (runs and held_nets):
+        raise ContractError("--holdout", None, "the held-out runs must be of the kind fitted on (GPT or supernet runs)")
+    if nets:
+        return _calibrate_supernet(args, nets, held_nets)
     check_one_model(runs)  # before the progress line: a refusal is the only line on stderr
     stderr(f"calibrating on {len(runs)} measured run(s)")
     cal, notes = calibrate(runs)
@@ -64,6 +69,38 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print()
     files = [str(f) for f in fidelity_report(
         held_rows, fitted_rows, report_dir=args.report, title="Calibration fidelity",
+        preface=[f"Calibration: `{args.out}`", "", "```", constants, "```", ""],
+        print_to=None if args.json else sys.stdout)]
+    if args.json:
+        print_json({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows),
+                    "holdout": summary(held_rows) if held_rows else None,
+                    "rows": {"fitted": [vars(r) for r in fitted_rows], "holdout": [vars(r) for r in held_rows]},
+                    "warnings": notes.warnings, "report": files})
+    else:
+        print(f"\nwrote {args.out}" + "".join(f", {f}" for f in files))
+    return 0
+
+
+def _calibrate_supernet(args: argparse.Namespace, runs: list[Any], holdout: list[Any]) -> int:
+    """The supernet branch: fit :mod:`mindpipe.simulator.calibrate.supernet`, report time per subnet."""
+    from mindpipe.simulator.calibrate.fidelity import fidelity_report, format_calibration, summary
+    from mindpipe.simulator.calibrate.supernet import calibrate_supernet, supernet_fidelity
+    from mindpipe.traces.calibration import save_calibration
+    from mindpipe.traces.schema import to_dict
+
+    stderr(f"calibrating the supernet simulator on {len(runs)} measured supernet run(s)")
+    cal, notes = calibrate_supernet(runs)
+    save_calibration(cal, args.out)
+    fitted_rows = supernet_fidelity(runs, cal)
+    held_rows = supernet_fidelity(holdout, cal) if holdout else []
+    constants = format_calibration(cal).replace("per iteration", "per subnet and stage outside the actions")
+    if not args.json:
+        print(constants)
+        for w in notes.warnings:
+            print(f"warning: {w}")
+        print("\ntimes are seconds per subnet (3600 / subnets per hour)\n")
+    files = [str(f) for f in fidelity_report(
+        held_rows, fitted_rows, report_dir=args.report, title="Supernet calibration fidelity (seconds per subnet)",
         preface=[f"Calibration: `{args.out}`", "", "```", constants, "```", ""],
         print_to=None if args.json else sys.stdout)]
     if args.json:

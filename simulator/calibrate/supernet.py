@@ -1,0 +1,307 @@
+"""Calibrating the supernet simulator from measured supernet runs (``mindpipe calibrate`` on them).
+
+A supernet run (``mindpipe run PLAN --model SUPERNET``) records every stage action of every subnet
+(F, B: wall interval and CPU time), and per rank its compute, its stall (blocked in receives) and
+its update time (all-reduce + optimizer steps) over the run's wall time. The supernet simulator
+(:class:`~mindpipe.simulator.subnet_sim.SupernetSimulator`) needs three things from them, fitted
+into the existing :class:`~mindpipe.traces.calibration.Calibration` contract and applied by the
+same :func:`~mindpipe.simulator.calibrate.models.apply_calibration` as GPT calibrations:
+
+1. **Compute** (``ComputeCalibration.scale`` per operator kind and ``op_overhead_s``): an action of
+   subnet b on stage s runs the operators of b's chosen candidates there (plus the embedding or the
+   head), :func:`~mindpipe.simulator.subnet_costs.candidate_ops`. Its time is linear in the
+   constants — ``Σ_kind scale_kind · Σ t_ref(op of kind) + op_overhead · #ops`` — so each measured
+   action is one row, its features priced by the simulator's own
+   :func:`~mindpipe.simulator.subnet_costs.priced_costs` (same operators, same frozen shared parts)
+   with a pricer per feature. Rows are fitted by the GPT fit's ridge-tied NNLS on relative error
+   (:func:`mindpipe.simulator.calibrate.fit._fit_compute_constants`), then scaled so the fitted
+   and measured sums of action time agree (subnets/hour pays the sum; a relative-error fit sits
+   below the mean of a right-skewed sample, where a preempted action runs long). Every subnet draws other
+   candidates, so one run gives hundreds of distinct rows and the kinds separate well. The target
+   is the action's *wall* duration, not its CPU time: the supernet simulator does not model ranks
+   sharing cores, and on a loaded host the wall time is what subnets/hour pays (on the 2-vCPU
+   machine shared with other jobs the durations were 1.7–1.9× the CPU times).
+2. **Update** (``optimizer_overhead_s``, ``optimizer_s_per_param``): per rank, the run's update
+   time against (updates, parameters trained over them), NNLS on relative error (runs whose
+   update is ``each_backward``; a batched update is left out of this fit).
+3. **Outside the actions** (``DeviceCalibration.step_overhead_s``, per subnet and stage): each
+   rank's wall time less its compute, stall and update time, per subnet — the sends, the batch,
+   the context switcher's copies and the schedule's Python; median over ranks and runs. The
+   simulator adds it after each subnet's update on each stage.
+
+Repeated runs of one plan on a shared host differ by the host's load (3× between rounds on the
+loaded 2-vCPU machine): :func:`median_repeats` keeps the median round of each plan to fit on.
+Communication is not fitted here: a supernet run profiles no collectives, and a point-to-point
+receive's time is mostly waiting on its peer (:mod:`mindpipe.simulator.calibrate.fit`, step 1).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from mindpipe.simulator.calibrate.fidelity import FidelityRow, plan_label
+from mindpipe.simulator.calibrate.fit import MIN_SCALE, FitNotes, _fit_compute_constants, _nnls_relative
+from mindpipe.simulator.calibrate.models import ReferenceOpTime
+from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run
+from mindpipe.simulator.ops import Op
+from mindpipe.simulator.subnet_costs import SupernetCosts, priced_costs
+from mindpipe.traces.calibration import OP_KINDS, Calibration, ComputeCalibration, DeviceCalibration
+from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.config import Cluster, Plan
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.measured import Measurement
+from mindpipe.traces.schema import to_dict
+from mindpipe.traces.supernet import Supernet, subnet_schedule, supernet_stage_layers
+from mindpipe.traces.trace import Trace
+
+FEATURES = (*OP_KINDS, "ops")
+"""Per-action features: reference time per operator kind, then the operator count."""
+
+
+@dataclass
+class SupernetRun:
+    """One measured supernet run.
+
+    Attributes:
+        source: The file it came from.
+        measurement: The raw records (``subnets``, ``subnet_stages``, ``subnets_per_hour`` set).
+        supernet, cluster, device: What ran, where.
+    """
+
+    source: str
+    measurement: Measurement
+    supernet: Supernet
+    cluster: Cluster
+    device: DeviceSpec
+
+    @property
+    def plan(self) -> Plan:
+        """The plan that ran."""
+        return self.measurement.plan
+
+    @property
+    def name(self) -> str:
+        """The file's name without ``.json``/``.json.gz``."""
+        name = Path(self.source).name
+        for suffix in (".gz", ".json"):
+            name = name.removesuffix(suffix)
+        return name
+
+    @property
+    def num_subnets(self) -> int:
+        """Subnets the run trained."""
+        return len(self.measurement.subnets or [])
+
+    @property
+    def wall_s(self) -> float:
+        """The run's wall time (the slowest rank's), from its subnets/hour."""
+        return 3600.0 * self.num_subnets / float(self.measurement.subnets_per_hour or 0.0)
+
+    @property
+    def context_switching(self) -> bool:
+        """Whether the run kept only the subnets in flight resident."""
+        return any(r.context_switch for r in self.measurement.subnet_stages or [])
+
+
+def load_measured(paths: Sequence[str | Path]) -> tuple[list[MeasuredRun], list[SupernetRun]]:
+    """Measured runs split into GPT runs and supernet runs; a mixture is refused.
+
+    Raises:
+        ContractError: a file that is not a measured run, or GPT and supernet runs together.
+    """
+    if not paths:
+        raise ContractError("", "measured", "no measured runs given")
+    gpt: list[MeasuredRun] = []
+    nets: list[SupernetRun] = []
+    for path in paths:
+        trace = Trace.load(path)
+        meas = trace.measurement
+        if meas is not None and meas.subnets is not None:
+            nets.append(_supernet_run(str(path), trace, meas))
+        else:
+            gpt.append(load_run(path))
+    if gpt and nets:
+        raise ContractError(nets[0].source, "measurement.subnets", (
+            f"{nets[0].source} is a supernet run but {gpt[0].source} is a GPT run; calibrate them separately"))
+    return gpt, nets
+
+
+def median_repeats(runs: list[SupernetRun]) -> list[SupernetRun]:
+    """Of repeated runs of one (supernet, plan), the run with the median subnets/hour (the lower
+    median for an even count), in first-seen order.
+
+    On a shared machine the host's load swings between runs minutes apart by more than the plans
+    differ (3× between rounds of one plan on the loaded 2-vCPU machine), and a fit on every round
+    averages those loads; the median run is one real run at a typical load (the supernet analogue of
+    :func:`~mindpipe.simulator.calibrate.runs.merge_repeats`).
+    """
+    groups: dict[str, list[SupernetRun]] = {}
+    for run in runs:
+        key = json.dumps([to_dict(run.plan), to_dict(run.supernet), run.measurement.world_size], sort_keys=True)
+        groups.setdefault(key, []).append(run)
+    out = []
+    for group in groups.values():
+        ordered = sorted(group, key=lambda r: r.measurement.subnets_per_hour or 0.0)
+        out.append(ordered[(len(ordered) - 1) // 2])
+    return out
+
+
+def _supernet_run(source: str, trace: Trace, meas: Measurement) -> SupernetRun:
+    if trace.supernet is None:
+        raise ContractError(source, "supernet", "a supernet run must say which supernet ran")
+    if not meas.subnets or not meas.subnet_stages or not meas.subnets_per_hour:
+        raise ContractError(source, "measurement.subnets_per_hour", "a supernet run needs subnets, subnet_stages "
+                            "and subnets_per_hour (write one with `mindpipe run --model SUPERNET --out`)")
+    try:
+        device = get_device(meas.device_name)
+    except ContractError as e:
+        raise ContractError(source, "measurement.device_name", e.rule) from None
+    cluster = Cluster(gpu=device.name, num_nodes=meas.nodes, gpus_per_node=max(1, meas.world_size // meas.nodes))
+    return SupernetRun(source, meas, trace.supernet, cluster, device)
+
+
+def feature_costs(net: Supernet, plan: Plan, device: DeviceSpec) -> list[SupernetCosts]:
+    """Per feature (:data:`FEATURES`), the supernet's parts "priced" by that feature alone, so that
+    ``costs[k].stage(...).forward_s`` is feature k of a forward action (backward likewise)."""
+    ref = ReferenceOpTime(device)
+
+    def pricer(k: int):  # type: ignore[no-untyped-def]
+        def price(ops: Sequence[Op]) -> tuple[float, float, float]:
+            out = {"forward": 0.0, "backward_input": 0.0, "backward_weight": 0.0}
+            for op in ops:
+                if k == len(OP_KINDS):
+                    out[op.phase] += 1.0
+                elif op.kind == OP_KINDS[k]:
+                    out[op.phase] += ref(op, plan.precision)
+            return out["forward"], out["backward_input"], out["backward_weight"]
+        return price
+
+    return [priced_costs(net, plan, pricer(k), FEATURES[k]) for k in range(len(FEATURES))]
+
+
+def action_rows(run: SupernetRun) -> tuple[list[list[float]], list[float]]:
+    """One row of :data:`FEATURES` per measured F/B action of the run, and its wall duration."""
+    meas, plan, net = run.measurement, run.plan, run.supernet
+    feats = feature_costs(net, plan, run.device)
+    layers = supernet_stage_layers(plan, net)
+    firsts = [sum(layers[:s]) for s in range(plan.pp)]
+    choices = {sub.id: tuple(sub.choices) for sub in meas.subnets or []}
+    rows: list[list[float]] = []
+    ys: list[float] = []
+    for a in meas.actions:
+        if a.kind not in ("F", "B") or a.microbatch not in choices or a.duration_s <= 0:
+            continue
+        s = a.stage
+        parts = [f.stage(choices[a.microbatch], firsts[s], layers[s], s == 0, s == plan.pp - 1) for f in feats]
+        rows.append([p.forward_s if a.kind == "F" else p.backward_s for p in parts])
+        ys.append(a.duration_s)
+    return rows, ys
+
+
+def update_row(run: SupernetRun, stage: int) -> tuple[float, float] | None:
+    """(updates, parameters trained over them) of one stage, or None for a batched update."""
+    plan, net, meas = run.plan, run.supernet, run.measurement
+    if subnet_schedule(plan) in ("sync",):
+        return None
+    costs = feature_costs(net, plan, run.device)[-1]
+    layers = supernet_stage_layers(plan, net)
+    first = sum(layers[:stage])
+    trained = sum(costs.stage(tuple(sub.choices), first, layers[stage], stage == 0, stage == plan.pp - 1).trained_params
+                  for sub in meas.subnets or [])
+    return float(len(meas.subnets or [])), float(trained)
+
+
+def outside_s(run: SupernetRun) -> list[float]:
+    """Per rank: wall time outside compute, stall and update, per subnet (module docstring, 3)."""
+    n = run.num_subnets
+    return [max(0.0, run.wall_s - r.compute_s - r.stall_s - r.update_s) / n for r in run.measurement.subnet_stages or []]
+
+
+def calibrate_supernet(runs: list[SupernetRun]) -> tuple[Calibration, FitNotes]:
+    """Fit compute, update and outside-action constants per device and precision (module docstring).
+
+    Raises:
+        ContractError: no runs, or too few actions to fit.
+    """
+    if not runs:
+        raise ContractError("", "measured", "no measured supernet runs given")
+    notes = FitNotes(comm_groups=[], step_residuals_s={}, warnings=[])
+    rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
+    ys: dict[tuple[str, str], list[float]] = defaultdict(list)
+    opt_rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
+    opt_ys: dict[tuple[str, str], list[float]] = defaultdict(list)
+    outside: dict[str, list[float]] = defaultdict(list)
+    threads: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
+    kinds: dict[str, str] = {}
+    for run in runs:
+        key = (run.device.name, run.plan.precision)
+        kinds[run.device.name] = run.device.kind
+        threads[key][run.measurement.threads_per_rank] += 1
+        r, y = action_rows(run)
+        rows[key] += r
+        ys[key] += y
+        for rec in run.measurement.subnet_stages or []:
+            upd = update_row(run, rec.stage)
+            if upd is not None and rec.update_s > 0:
+                opt_rows[key].append(list(upd))
+                opt_ys[key].append(rec.update_s)
+        outside[run.device.name] += outside_s(run)
+    devices: dict[str, DeviceCalibration] = {}
+    for key, design in rows.items():
+        device, precision = key
+        if len(design) < 2 * len(FEATURES):
+            raise ContractError(runs[0].source, "measurement.actions",
+                                f"{device} {precision}: {len(design)} actions, too few to fit {len(FEATURES)} constants")
+        x, _ = _fit_compute_constants(design, ys[key])
+        # Relative-error fits sit below the mean of a right-skewed sample (an action the OS preempted
+        # runs long), but subnets/hour pays the sum: scale the constants so the sums agree.
+        feats_m, dur = np.asarray(design), np.asarray(ys[key])
+        x = x * float(dur.sum() / max(float((feats_m @ x).sum()), 1e-300))
+        mape = float(np.mean(np.abs(feats_m @ x - dur) / dur))
+        used = [any(row[k] > 0 for row in design) for k in range(len(OP_KINDS))]
+        scale = {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if used[k]}
+        opt = np.zeros(2)
+        if len(opt_rows[key]) >= 2:
+            opt, _ = _nnls_relative(opt_rows[key], opt_ys[key])
+        else:
+            notes.warnings.append(f"{device} {precision}: fewer than 2 per-subnet update figures; update not fitted")
+        t = threads[key].most_common(1)[0][0]
+        comp = ComputeCalibration(scale=scale, op_overhead_s=float(x[len(OP_KINDS)]), optimizer_overhead_s=float(opt[0]),
+                                  optimizer_s_per_param=float(opt[1]), threads_per_rank=t, samples=len(design),
+                                  fit_mape=mape)
+        dev = devices.setdefault(device, DeviceCalibration(kind=kinds[device], compute={}))
+        dev.compute[precision] = comp
+        dev.step_overhead_s = statistics.median(outside[device])
+    cal = Calibration(devices=devices, measurements=[f"{r.source} ({r.supernet.label}, "
+                                                     f"{subnet_schedule(r.plan)}, pp{r.plan.pp} dp{r.plan.dp})" for r in runs],
+                      created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                      tool="mindpipe calibrate (supernet runs)")
+    return cal, notes
+
+
+def supernet_fidelity(runs: list[SupernetRun], calibration: Calibration | None) -> list[FidelityRow]:
+    """Each run's time per subnet (3600 / subnets per hour): measured, simulated uncalibrated (the
+    hardware model) and with ``calibration``, in the rows the GPT fidelity report prints."""
+    from mindpipe.simulator.subnet_sim import SupernetSimulator  # subnet_sim imports this package's models
+
+    rows = []
+    for run in runs:
+        def per_subnet(cal: Calibration | None, run: SupernetRun = run) -> float:
+            sim = SupernetSimulator(run.supernet, run.cluster, calibration=cal)
+            return sim.run(run.plan, run.num_subnets, context_switching=run.context_switching).time_per_subnet_s
+
+        label = f"{plan_label(run.plan)} {subnet_schedule(run.plan)} {run.supernet.label}"
+        rows.append(FidelityRow(run.name, label, run.plan.world_size, run.wall_s / run.num_subnets, per_subnet(None),
+                                None if calibration is None else per_subnet(calibration)))
+    return rows
+
+
+__all__ = ["FEATURES", "SupernetRun", "action_rows", "calibrate_supernet", "feature_costs", "load_measured", "median_repeats", "outside_s",
+           "supernet_fidelity", "update_row"]
