@@ -38,11 +38,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Fit, write, and report (see module docstring)."""
-    from mindpipe.simulator.calibrate.fidelity import fidelity, fidelity_report, format_calibration, summary
+    from mindpipe.simulator.calibrate.fidelity import fidelity, format_calibration
     from mindpipe.simulator.calibrate.fit import calibrate, check_one_model
     from mindpipe.simulator.calibrate.supernet import load_measured
     from mindpipe.traces.calibration import save_calibration
-    from mindpipe.traces.schema import to_dict
 
     check_outputs([args.out], [args.report])
     runs, nets = load_measured(args.measured)
@@ -61,32 +60,14 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     save_calibration(cal, args.out)
     fitted_rows = fidelity(runs, cal)
     held_rows = fidelity(holdout, cal) if holdout else []
-    constants = format_calibration(cal)
-    if not args.json:
-        print(constants)
-        for w in notes.warnings:
-            print(f"warning: {w}")
-        print()
-    files = [str(f) for f in fidelity_report(
-        held_rows, fitted_rows, report_dir=args.report, title="Calibration fidelity",
-        preface=[f"Calibration: `{args.out}`", "", "```", constants, "```", ""],
-        print_to=None if args.json else sys.stdout)]
-    if args.json:
-        print_json({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows),
-                    "holdout": summary(held_rows) if held_rows else None,
-                    "rows": {"fitted": [vars(r) for r in fitted_rows], "holdout": [vars(r) for r in held_rows]},
-                    "warnings": notes.warnings, "report": files})
-    else:
-        print(f"\nwrote {args.out}" + "".join(f", {f}" for f in files))
-    return 0
+    return _report(args, cal, notes.warnings, format_calibration(cal), fitted_rows, held_rows, "Calibration fidelity")
 
 
 def _calibrate_supernet(args: argparse.Namespace, runs: list[Any], holdout: list[Any]) -> int:
     """The supernet branch: fit :mod:`mindpipe.simulator.calibrate.supernet`, report time per subnet."""
-    from mindpipe.simulator.calibrate.fidelity import fidelity_report, format_calibration, summary
+    from mindpipe.simulator.calibrate.fidelity import format_calibration
     from mindpipe.simulator.calibrate.supernet import calibrate_supernet, supernet_fidelity
     from mindpipe.traces.calibration import save_calibration
-    from mindpipe.traces.schema import to_dict
 
     stderr(f"calibrating the supernet simulator on {len(runs)} measured supernet run(s)")
     cal, notes = calibrate_supernet(runs)
@@ -94,20 +75,31 @@ def _calibrate_supernet(args: argparse.Namespace, runs: list[Any], holdout: list
     fitted_rows = supernet_fidelity(runs, cal)
     held_rows = supernet_fidelity(holdout, cal) if holdout else []
     constants = format_calibration(cal).replace("per iteration", "per subnet and stage outside the actions")
+    return _report(args, cal, notes.warnings, constants, fitted_rows, held_rows,
+                   "Supernet calibration fidelity (seconds per subnet)",
+                   "times are seconds per subnet (3600 / subnets per hour)\n")
+
+
+def _report(args: argparse.Namespace, cal: Any, warnings: list[str], constants: str, fitted_rows: list[Any],
+            held_rows: list[Any], title: str, note: str = "") -> int:
+    """Print (or ``--json``) the fitted constants and the fidelity table, write the report files."""
+    from mindpipe.simulator.calibrate.fidelity import fidelity_report, summary
+    from mindpipe.traces.schema import to_dict
+
     if not args.json:
         print(constants)
-        for w in notes.warnings:
+        for w in warnings:
             print(f"warning: {w}")
-        print("\ntimes are seconds per subnet (3600 / subnets per hour)\n")
+        print(f"\n{note}" if note else "")
     files = [str(f) for f in fidelity_report(
-        held_rows, fitted_rows, report_dir=args.report, title="Supernet calibration fidelity (seconds per subnet)",
+        held_rows, fitted_rows, report_dir=args.report, title=title,
         preface=[f"Calibration: `{args.out}`", "", "```", constants, "```", ""],
         print_to=None if args.json else sys.stdout)]
     if args.json:
         print_json({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows),
                     "holdout": summary(held_rows) if held_rows else None,
                     "rows": {"fitted": [vars(r) for r in fitted_rows], "holdout": [vars(r) for r in held_rows]},
-                    "warnings": notes.warnings, "report": files})
+                    "warnings": warnings, "report": files})
     else:
         print(f"\nwrote {args.out}" + "".join(f", {f}" for f in files))
     return 0
