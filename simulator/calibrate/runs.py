@@ -23,6 +23,14 @@ from mindpipe.traces.schema import to_dict
 from mindpipe.traces.trace import Trace
 
 
+def run_label(source: str) -> str:
+    """A measured file's name without ``.json``/``.json.gz``: the short label tables use."""
+    name = Path(source).name
+    for suffix in (".gz", ".json"):
+        name = name.removesuffix(suffix)
+    return name
+
+
 @dataclass
 class MeasuredRun:
     """One measured run, ready for calibration or validation.
@@ -51,10 +59,7 @@ class MeasuredRun:
     @property
     def name(self) -> str:
         """The file's name without ``.json``/``.json.gz``, a short label for tables."""
-        name = Path(self.source).name
-        for suffix in (".gz", ".json"):
-            name = name.removesuffix(suffix)
-        return name
+        return run_label(self.source)
 
 
 def measured_events(run: MeasuredRun, step: int | None = None) -> list[dict[str, Any]]:
@@ -137,4 +142,4 @@ def load_runs(paths: list[str] | list[Path], catalog: dict[str, DeviceSpec] | No
     return [load_run(p, catalog) for p in paths]
 
 
-__all__ = ["MeasuredRun", "load_run", "load_runs", "measured_events", "merge_repeats", "profiled_steps"]
+__all__ = ["MeasuredRun", "load_run", "load_runs", "measured_events", "merge_repeats", "profiled_steps", "run_label"]

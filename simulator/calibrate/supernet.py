@@ -49,7 +49,7 @@ import numpy as np
 from mindpipe.simulator.calibrate.fidelity import FidelityRow, plan_label
 from mindpipe.simulator.calibrate.fit import MIN_SCALE, FitNotes, _fit_compute_constants, _nnls_relative
 from mindpipe.simulator.calibrate.models import ReferenceOpTime
-from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run
+from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run, run_label
 from mindpipe.simulator.ops import Op
 from mindpipe.simulator.subnet_costs import SupernetCosts, priced_costs
 from mindpipe.traces.calibration import OP_KINDS, Calibration, ComputeCalibration, DeviceCalibration
@@ -89,10 +89,7 @@ class SupernetRun:
     @property
     def name(self) -> str:
         """The file's name without ``.json``/``.json.gz``."""
-        name = Path(self.source).name
-        for suffix in (".gz", ".json"):
-            name = name.removesuffix(suffix)
-        return name
+        return run_label(self.source)
 
     @property
     def num_subnets(self) -> int:
