@@ -93,7 +93,27 @@ class MLP(nn.Module):
         return F.dropout(out, self.dropout, self.training) if self.dropout else out
 
 
-class Block(nn.Module):
+class PreNormBlock(nn.Module):
+    """A pre-norm residual block's two sub-layers (``ln1``/``attn`` then ``ln2``/``mlp``, set by subclasses)."""
+
+    ln1: nn.Module
+    attn: nn.Module
+    ln2: nn.Module
+    mlp: nn.Module
+
+    def attention_part(self, x: torch.Tensor) -> torch.Tensor:
+        """Norm → attention → residual add (ends at the ``after_attention`` cut)."""
+        return x + self.attn(self.ln1(x))
+
+    def mlp_part(self, x: torch.Tensor) -> torch.Tensor:
+        """Norm → MLP → residual add."""
+        return x + self.mlp(self.ln2(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp_part(self.attention_part(x))
+
+
+class Block(PreNormBlock):
     """Pre-LN transformer block: its attention sub-layer, then its MLP sub-layer.
 
     The two sub-layers are methods of their own so that a pipeline stage boundary inside the
@@ -108,17 +128,6 @@ class Block(nn.Module):
         self.attn = Attention(model)
         self.ln2 = nn.LayerNorm(model.hidden_size)
         self.mlp = MLP(model)
-
-    def attention_part(self, x: torch.Tensor) -> torch.Tensor:
-        """LayerNorm → attention → residual add (ends at the ``after_attention`` cut)."""
-        return x + self.attn(self.ln1(x))
-
-    def mlp_part(self, x: torch.Tensor) -> torch.Tensor:
-        """LayerNorm → MLP → residual add."""
-        return x + self.mlp(self.ln2(x))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp_part(self.attention_part(x))
 
 
 class LMHead(nn.Module):

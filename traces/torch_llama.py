@@ -24,7 +24,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from mindpipe.traces.config import Model
-from mindpipe.traces.torch_gpt import TORCH_DTYPES, LMHead
+from mindpipe.traces.torch_gpt import TORCH_DTYPES, LMHead, PreNormBlock
 from torch import nn
 
 # RMSNorm epsilon of Llama 3's config.json (``rms_norm_eps``).
@@ -169,8 +169,8 @@ class SwiGLU(nn.Module):
         return out
 
 
-class Block(nn.Module):
-    """Pre-norm Llama block; sub-layer methods as :class:`mindpipe.traces.torch_gpt.Block`'s."""
+class Block(PreNormBlock):
+    """Pre-norm Llama block (RMSNorm, GQA attention, SwiGLU); sub-layers from :class:`PreNormBlock`."""
 
     def __init__(self, model: Model) -> None:
         super().__init__()
@@ -178,17 +178,6 @@ class Block(nn.Module):
         self.attn = Attention(model)
         self.ln2 = RMSNorm(model.hidden_size)
         self.mlp = SwiGLU(model)
-
-    def attention_part(self, x: torch.Tensor) -> torch.Tensor:
-        """RMSNorm → attention → residual add (ends at the ``after_attention`` cut)."""
-        return x + self.attn(self.ln1(x))
-
-    def mlp_part(self, x: torch.Tensor) -> torch.Tensor:
-        """RMSNorm → SwiGLU → residual add."""
-        return x + self.mlp(self.ln2(x))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp_part(self.attention_part(x))
 
 
 class Embedding(nn.Module):
