@@ -9,6 +9,9 @@ shard. A step's checkpoint lives in ``DIR/step-<N>``; after all ranks finished w
 writes the step's manifest (size and sha256 of every file) and records the step in
 ``DIR/latest.json`` (the newest step, every complete one, the model and TP degree), so an
 interrupted save is never picked up. Resume loads the newest, or a chosen complete step.
+Run state that is not a tensor (the gradient noise scale's moving averages, which a resumed run
+continues) is a small JSON document, ``run_state.json``, written by rank 0 into the step before
+its manifest, so the same sha256 check covers it; it is read back as JSON, never unpickled.
 
 A checkpoint is code (DCP's reader unpickles ``.metadata``), so :func:`load` runs every check of
 :mod:`mindpipe.executor.checkpoint_trust` — ownership, permissions, manifest, model, TP — before
@@ -19,6 +22,7 @@ with another ``tp`` is refused.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +31,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from mindpipe.executor import checkpoint_trust as trust
+from mindpipe.traces.atomic import write_text
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.schema import read_json
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -39,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 LATEST = trust.LATEST
+RUN_STATE = "run_state.json"
 
 
 def _state(parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, Any]:
@@ -51,7 +58,7 @@ def _state(parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimize
 
 
 def save(directory: str | Path, step: int, parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
-         tp: int, model: dict[str, Any]) -> Path:
+         tp: int, model: dict[str, Any], run_state: dict[str, Any] | None = None) -> Path:
     """Write the checkpoint of global step ``step`` (collective: every rank calls it).
 
     Args:
@@ -60,6 +67,7 @@ def save(directory: str | Path, step: int, parts: Sequence[nn.Module], optimizer
         parts, optimizers: This rank's model parts and their optimizers.
         tp: The plan's TP degree (recorded: resuming needs the same).
         model: The model as a JSON document (recorded: resuming needs the same).
+        run_state: JSON-able state besides the tensors, the same on every rank (rank 0's is written).
     """
     root = Path(directory)
     path = trust.step_dir(root, step)
@@ -70,6 +78,8 @@ def save(directory: str | Path, step: int, parts: Sequence[nn.Module], optimizer
     dcp.save(_state(parts, optimizers), checkpoint_id=str(path))
     dist.barrier()
     if dist.get_rank() == 0:
+        if run_state is not None:
+            write_text(path / RUN_STATE, json.dumps(run_state) + "\n")
         trust.write_manifest(path)
         done = sorted(set(_complete(root)) | {step})
         trust.write_record(root, trust.CheckpointRecord(step, tp, tuple(done), model))
@@ -120,4 +130,21 @@ def load(directory: str | Path, parts: Sequence[nn.Module], optimizers: Sequence
     return step
 
 
-__all__ = ["latest", "load", "save"]
+def run_state(directory: str | Path, step: int) -> dict[str, Any] | None:
+    """The ``run_state.json`` of a step that :func:`load` has loaded (None: the step has none).
+
+    Call it only after :func:`load`: the manifest check has then covered the file.
+
+    Raises:
+        ContractError: the file is not a JSON object.
+    """
+    path = trust.step_dir(directory, step) / RUN_STATE
+    if not path.is_file():
+        return None
+    doc = read_json(path)
+    if not isinstance(doc, dict):
+        raise ContractError(str(path), None, "run state must be a JSON object")
+    return doc
+
+
+__all__ = ["RUN_STATE", "latest", "load", "run_state", "save"]

@@ -36,6 +36,7 @@ from mindpipe.executor.rundir import record_error
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.torch_pipelining import timed_p2p_waits
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.noise_scale import NoiseEmaState
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.torch_models import build_model
 from torch.distributed.pipelining import PipelineStage
@@ -90,10 +91,31 @@ def run(cfg: RunConfig, command: str = "", pre: Precheck | None = None) -> int:
         dist.destroy_process_group()
 
 
-def _save(cfg: RunConfig, step: int, parts: list[Any], optimizers: list[Any]) -> None:
+def _save(cfg: RunConfig, step: int, parts: list[Any], optimizers: list[Any], probe: NoiseProbe | None) -> None:
     from mindpipe.executor import checkpoint as ckpt  # DCP is imported only by runs that checkpoint
 
-    ckpt.save(cfg.checkpoint_dir or ".", step, parts, optimizers, cfg.plan.tp, to_dict(cfg.model))
+    state = None if probe is None else {"gradient_noise": probe.estimator.state().to_json()}
+    ckpt.save(cfg.checkpoint_dir or ".", step, parts, optimizers, cfg.plan.tp, to_dict(cfg.model), state)
+
+
+def _resume(cfg: RunConfig, parts: list[Any], optimizers: list[Any], probe: NoiseProbe | None) -> int:
+    """Load the checkpoint; a probe continues the noise scale's moving averages it kept. Returns its step."""
+    from mindpipe.executor import checkpoint as ckpt
+
+    start = ckpt.load(cfg.checkpoint_dir or ".", parts, optimizers, cfg.plan.tp, to_dict(cfg.model), step=cfg.resume_from)
+    state = ckpt.run_state(cfg.checkpoint_dir or ".", start)
+    if probe is None or state is None or state.get("gradient_noise") is None:
+        return start
+    try:
+        saved = NoiseEmaState.from_json(state["gradient_noise"])
+    except ContractError as e:
+        raise ContractError(str(cfg.checkpoint_dir), "gradient_noise", e.rule) from None
+    if (saved.method, saved.ema_beta) == (probe.estimator.result.method, probe.estimator.result.ema_beta):
+        probe.estimator.restore(saved)
+    elif dist.get_rank() == 0:  # another split of the same model (e.g. dp changed): the norms differ in kind
+        print(f"mindpipe run: the checkpoint's noise-scale averages were taken with method {saved.method}; this plan "
+              f"measures {probe.estimator.result.method}: the noise scale starts afresh", flush=True)
+    return start
 
 
 def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayload] | None:
@@ -129,11 +151,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
     except ValueError as e:  # torch's own check of the hyper-parameters (e.g. a NaN learning rate)
         raise ContractError("--lr/--weight-decay", None, str(e)) from None
-    start = 0
-    if cfg.resume and cfg.checkpoint_dir:
-        from mindpipe.executor import checkpoint as ckpt
-
-        start = ckpt.load(cfg.checkpoint_dir, parts, optimizers, plan.tp, to_dict(cfg.model), step=cfg.resume_from)
+    start = _resume(cfg, parts, optimizers, probe) if cfg.resume and cfg.checkpoint_dir else 0
     if start >= cfg.steps:
         raise ContractError("--steps", None, f"the checkpoint is at step {start}; --steps {cfg.steps} leaves nothing to run")
     try:
@@ -183,13 +201,13 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
             profiled_cpu = cpu_seconds() - cpu0
         losses.append(torch.stack(mb_losses).mean().detach() if has_last else None)
         if cfg.checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-            _save(cfg, step, parts, optimizers)
+            _save(cfg, step, parts, optimizers, probe)
     cpu_s = cpu_seconds() - marks["cpu"] - profiled_cpu
     cpu_steps = cfg.steps - first_measured + 1 - int(skip_profiled_cpu)
     e1 = energy.read()
     clock.release()
     if cfg.checkpoint_dir:
-        _save(cfg, cfg.steps, parts, optimizers)
+        _save(cfg, cfg.steps, parts, optimizers, probe)
     mem, mem_source = peak_memory(device)
     payload = RankPayload(
         rank=dist.get_rank(), coords=Coords(**coords), stages=sorted(modules), host=host_name(),

@@ -145,6 +145,74 @@ class NoiseScaleEstimator:
         self.result.noise_scale = scale
         return rec
 
+    def state(self) -> NoiseEmaState:
+        """The moving averages so far (what a checkpoint keeps so a resumed run continues them)."""
+        return NoiseEmaState(self.result.method, self.result.ema_beta, self._grad_sq, self._trace_cov, self._weight)
+
+    def restore(self, state: NoiseEmaState) -> None:
+        """Continue from a checkpoint's averages (the steps before it stay in that run's measured.json).
+
+        Raises:
+            ContractError: the state was taken with another method or β (the averages would not mean the same).
+        """
+        if (state.method, state.ema_beta) != (self.result.method, self.result.ema_beta):
+            raise ContractError("", "gradient_noise", f"the checkpoint's noise-scale averages were taken with method "
+                                f"{state.method!r}, beta {state.ema_beta}; this run uses {self.result.method!r}, "
+                                f"beta {self.result.ema_beta}")
+        self._grad_sq, self._trace_cov, self._weight = state.grad_sq, state.trace_cov, state.weight
+        if state.weight > 0:
+            g, s = state.grad_sq / state.weight, state.trace_cov / state.weight
+            self.result.noise_scale = max(0.0, s) / g if g > 0 else None
+
+
+@dataclass(frozen=True)
+class NoiseEmaState:
+    """The un-normalised EMAs of |G|² and tr(Σ) and their bias-correction weight 1 − β^t.
+
+    Attributes:
+        method: ``NOISE_METHODS`` entry the norms were taken with.
+        ema_beta: β of the averages.
+        grad_sq, trace_cov: ``m_t`` of |G|² and of tr(Σ) (before the bias correction).
+        weight: ``1 − β^t`` (0 before the first step).
+    """
+
+    method: str
+    ema_beta: float
+    grad_sq: float
+    trace_cov: float
+    weight: float
+
+    def __post_init__(self) -> None:
+        one_of("method", self.method, NOISE_METHODS)
+        if not 0 <= self.ema_beta < 1:
+            raise ContractError("", "ema_beta", f"ema_beta={self.ema_beta} must be in [0, 1)")
+        for key in ("grad_sq", "trace_cov", "weight"):
+            if not math.isfinite(getattr(self, key)):
+                raise ContractError("", key, f"{key} must be finite")
+        if not 0 <= self.weight <= 1:
+            raise ContractError("", "weight", f"weight={self.weight} must be in [0, 1]")
+
+    def to_json(self) -> dict[str, float | str]:
+        """The JSON document a checkpoint keeps."""
+        return {"method": self.method, "ema_beta": self.ema_beta, "grad_sq": self.grad_sq,
+                "trace_cov": self.trace_cov, "weight": self.weight}
+
+    @classmethod
+    def from_json(cls, doc: object) -> NoiseEmaState:
+        """Read :meth:`to_json`'s document.
+
+        Raises:
+            ContractError: not an object with exactly those keys, or values out of range.
+        """
+        keys = {"method", "ema_beta", "grad_sq", "trace_cov", "weight"}
+        if not isinstance(doc, dict) or set(doc) != keys:
+            raise ContractError("", "gradient_noise", f"expected an object with keys {sorted(keys)}")
+        if not isinstance(doc["method"], str) or any(
+                isinstance(doc[k], bool) or not isinstance(doc[k], int | float) for k in keys - {"method"}):
+            raise ContractError("", "gradient_noise", "method must be a string and the rest numbers")
+        return cls(doc["method"], float(doc["ema_beta"]), float(doc["grad_sq"]), float(doc["trace_cov"]),
+                   float(doc["weight"]))
+
 
 def combine_noise_scales(estimates: Sequence[tuple[float, int]]) -> float:
     """Sample-weighted mean of ``(noise_scale, samples)`` pairs (runs of one model).
@@ -162,6 +230,7 @@ __all__ = [
     "EMA_BETA",
     "NOISE_METHODS",
     "GradientNoise",
+    "NoiseEmaState",
     "NoiseScaleEstimator",
     "NoiseStepRecord",
     "combine_noise_scales",

@@ -135,3 +135,38 @@ def test_combine_is_sample_weighted():
     assert combine_noise_scales([(10.0, 100), (40.0, 300)]) == pytest.approx(32.5)
     with pytest.raises(ValueError):
         combine_noise_scales([])
+
+
+def test_estimator_state_round_trip_continues_exactly():
+    """A checkpoint's EMA state, restored into a fresh estimator, continues as if never interrupted."""
+    from mindpipe.traces.noise_scale import NoiseEmaState
+
+    rng = np.random.default_rng(3)
+    norms = [(float(a), float(b)) for a, b in rng.uniform(1.0, 3.0, size=(12, 2)) * [1.5, 1.0]]
+    whole = NoiseScaleEstimator("microbatch")
+    for k, (s, b) in enumerate(norms, start=1):
+        whole.update(k, s, b, 2, 8)
+    first = NoiseScaleEstimator("microbatch")
+    for k, (s, b) in enumerate(norms[:5], start=1):
+        first.update(k, s, b, 2, 8)
+    doc = json.loads(json.dumps(first.state().to_json()))  # what run_state.json holds
+    second = NoiseScaleEstimator("microbatch")
+    second.restore(NoiseEmaState.from_json(doc))
+    assert second.result.noise_scale == first.result.noise_scale
+    for k, (s, b) in enumerate(norms[5:], start=6):
+        second.update(k, s, b, 2, 8)
+    assert [r.noise_scale for r in second.result.steps] == [r.noise_scale for r in whole.result.steps[5:]]
+
+
+def test_estimator_state_refuses_bad_documents_and_another_method():
+    from mindpipe.traces.errors import ContractError
+    from mindpipe.traces.noise_scale import NoiseEmaState
+
+    good = NoiseEmaState("microbatch", 0.99, 1.0, 2.0, 0.5).to_json()
+    for bad in ({**good, "weight": 1.5}, {**good, "grad_sq": math.nan}, {**good, "method": "adaptive"},
+                {k: v for k, v in good.items() if k != "weight"}, {**good, "extra": 1}, [good],
+                {**good, "ema_beta": True}):
+        with pytest.raises(ContractError):
+            NoiseEmaState.from_json(bad)
+    with pytest.raises(ContractError, match="method"):
+        NoiseScaleEstimator("data_parallel").restore(NoiseEmaState.from_json(good))

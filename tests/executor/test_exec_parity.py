@@ -121,6 +121,12 @@ def test_resume_continues_exactly(pp2_run, tmp_path):
     steps = resumed.measurement.steps
     assert [s.step for s in steps] == list(range(5, STEPS + 1))
     assert resumed.measurement.losses == full.measurement.losses[4:]  # bit for bit
+    # The noise scale's moving averages travel in the checkpoint (run_state.json): the resumed run
+    # continues them exactly as the uninterrupted run did, instead of starting afresh.
+    def ema(trace):
+        return [(s.step, s.grad_sq_ema, s.trace_cov_ema, s.noise_scale) for s in trace.measurement.gradient_noise.steps]
+
+    assert ema(resumed) == ema(full)[4:]
 
 
 def test_pp2_simulator_action_table_parity(tmp_path):
