@@ -11,7 +11,13 @@ import pytest
 from mindpipe.simulator.costs import DTYPE_BYTES, RooflineComputeModel
 from mindpipe.simulator.ops import block_ops
 from mindpipe.simulator.perf import GpuComputeModel, NcclCommModel, default_models
-from mindpipe.simulator.perf.constants import GpuConstants, data_text, parse_constants, read_constants, shipped_constants
+from mindpipe.simulator.perf.constants import (
+    GpuConstants,
+    data_text,
+    parse_constants,
+    read_constants,
+    shipped_constants,
+)
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError

@@ -49,13 +49,13 @@ def test_single_node_sample_mape_pinned() -> None:
     sample = random.Random(0).sample(hold, 100)
     stats = error_stats(validate_rows(sample))
     assert stats["n"] == 100
-    assert stats["mape"] <= 8.0, f"single-node hold-out sample MAPE {stats['mape']:.2f}% (7.08% when pinned)"
+    assert stats["mape"] <= 8.0, f"single-node hold-out sample MAPE {stats['mape']:.2f}% (7.08% when pinned; 7.09% with the MAMF bound of issue 19)"
 
 
 @needs_data
 def test_multi_node_sample_mape_pinned() -> None:
     stats = error_stats(validate_rows(_sample(MULTI, 20)))
-    assert stats["mape"] <= 10.0, f"multi-node sample MAPE {stats['mape']:.2f}% (7.14% when pinned)"
+    assert stats["mape"] <= 10.0, f"multi-node sample MAPE {stats['mape']:.2f}% (7.14% when pinned; 6.29% with the MAMF bound of issue 19)"
 
 
 @needs_data
