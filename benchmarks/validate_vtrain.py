@@ -4,7 +4,9 @@ For both files it simulates every row with the shipped constants (what ``mindpip
 does) and reports MAPE and max error on the whole set, on the seed-0 fit half and on the hold-out
 half (the single-node fit half is what ``simulator/perf/refit.py`` fitted three compute
 constants on; nothing is fitted on the multi-node file, whose halves are shown for symmetry), and
-by model size. Then it predicts the same multi-node runs on H100 and H200 (same cluster: the
+by model size, and how well the predictions order the plans of each group a tuner chooses among
+(Spearman's ρ and the regret of the predicted-best plan; issue 19's bar: ρ ≥ 0.9 and regret ≤ 1 %
+in every multi-node group). Then it predicts the same multi-node runs on H100 and H200 (same cluster: the
 800 Gbit/s inter-node network does not change) and checks that the end-to-end speed-ups lie
 between 1 and the dense-FLOP/s ratio, H200 over H100 between 1 and their HBM ratio.
 Acceptance (issue 4): MAPE ≤ 8 % single node, ≤ 10 % multi node. Writes
@@ -21,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from mindpipe.simulator.perf.validate import VTRAIN_PUBLISHED_MAPE, summarize, validate_rows, with_gpu
+from mindpipe.simulator.perf.validate import VTRAIN_PUBLISHED_MAPE, format_ranking, summarize, validate_rows, with_gpu
 from mindpipe.simulator.perf.vtrain import load_vtrain, split_fit_holdout
 from mindpipe.traces.catalog import get_device
 
@@ -58,7 +60,10 @@ def main() -> None:
               f"{summary['fit_half']['mape']:.2f}%, hold-out half {summary['holdout_half']['mape']:.2f}%), max "
               f"{summary['max_abs_pct_error']:.1f}%; target <= {TARGET_MAPE[name]}%; vTrain {VTRAIN_PUBLISHED_MAPE[name]}%")
         for k, s in summary["by_model_size"].items():
-            print(f"   {k:<22} n={s['n']:<4} MAPE {s['mape']:6.2f}%  max {s['max_abs_pct_error']:5.1f}%")
+            print(f"   {k:<22} n={s['n']:<4} MAPE {s['mape']:6.2f}%  max {s['max_abs_pct_error']:5.1f}%  "
+                  f"median {s['median_signed_pct_error']:+5.1f}%")
+        for line in format_ranking(summary["ranking"], summary["ranking_summary"]):
+            print("   " + line)
         if name == "vtrain-multi":
             multi_rows = rows
     base = {r.source: r.predicted_s for r in validate_rows(multi_rows)}

@@ -12,7 +12,10 @@ the vTrain datasets too (a calibration fitted on GPU runs of that device).
 
 The datasets are not shipped (DESIGN.md: the product must not need them); the user points at
 the CSV. ``--json`` prints one object on stdout (``mape``, ``max_abs_pct_error``, ``n``, per-row
-results, error by model size, the fit/hold-out halves); progress goes to stderr. Bad input raises
+results, error by model size, the fit/hold-out halves, and ``ranking``: per group of plans of one
+model on the same GPUs at the same global batch, Spearman's ρ between predicted and measured
+times and the regret of the predicted-best plan, with ``ranking_summary`` across groups); progress
+goes to stderr. Bad input raises
 :class:`~mindpipe.traces.errors.ContractError`, which the CLI turns into one line and exit status 2.
 """
 

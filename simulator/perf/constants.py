@@ -34,6 +34,7 @@ _RECORD_KEYS = ("value", "unit", "method", "source", "fit_files", "holdout_files
 COMPUTE_KEYS = (
     "gemm_efficiency_ceiling", "gemm_tiles", "gemm_k_overhead", "gemm_max_split_k", "memory_bandwidth_efficiency",
     "kernel_overhead_s", "host_overhead_per_kernel_s", "flash_attention_efficiency", "optimizer_bytes_per_param",
+    "gemm_sustained_fraction",
 )
 # The family whose curves stand in for GPUs without their own fit (DESIGN: H100/H200 reuse A100's).
 REFERENCE_FAMILY = "a100"
@@ -180,6 +181,7 @@ class GpuConstants:
     host_overhead_per_kernel_s: float
     flash_attention_efficiency: float
     optimizer_bytes_per_param: float
+    gemm_sustained_fraction: float = 1.0
     family: str = REFERENCE_FAMILY
     source: str = ""
 
@@ -204,10 +206,13 @@ class GpuConstants:
             host_overhead_per_kernel_s=cf.number("host_overhead_per_kernel_s"),
             flash_attention_efficiency=cf.number("flash_attention_efficiency"),
             optimizer_bytes_per_param=cf.number("optimizer_bytes_per_param"),
+            # Optional: files written before the sustained-rate bound leave GEMMs unbounded by it.
+            gemm_sustained_fraction=(cf.number("gemm_sustained_fraction") if "gemm_sustained_fraction" in cf.records
+                                     else 1.0),
             family=cf.family,
             source=cf.source,
         )
-        for key in ("gemm_ceiling", "memory_bandwidth_efficiency", "flash_attention_efficiency"):
+        for key in ("gemm_ceiling", "memory_bandwidth_efficiency", "flash_attention_efficiency", "gemm_sustained_fraction"):
             if not 0 < getattr(out, key) <= 1:
                 raise ContractError(cf.source, key, f"{key}={getattr(out, key)} must be in (0, 1]")
         return out

@@ -97,6 +97,7 @@ class GpuComputeModel:
                 bandwidth_Bps=self.device.memory_bandwidth_GBps * 1e9 * c.memory_bandwidth_efficiency,
                 flash_efficiency=c.flash_attention_efficiency,
                 kernel_overhead_s=c.kernel_overhead_s,
+                sustained_fraction=c.gemm_sustained_fraction,
             )
         return p
 

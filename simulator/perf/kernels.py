@@ -14,7 +14,15 @@ close. cuBLAS's heuristic is modelled as an oracle that picks the fastest tile a
 memory).
 
 Every kernel is also bounded below by its memory traffic at the achieved HBM bandwidth (the
-roofline, Williams et al. 2009) and pays a fixed per-kernel overhead (launch and ramp).
+roofline, Williams et al. 2009) and pays a fixed per-kernel overhead (launch and ramp). A GEMM is
+also bounded by what the device sustains at all: its maximum achievable matmul FLOP/s (MAMF,
+``sustained_fraction`` of peak). The spec peak assumes the boost clock on every SM, but a GPU that
+keeps its tensor cores busy runs into its power limit and lowers the clock (NVIDIA rates the
+A100's HPL peak at the 1,305 MHz it holds at 400 W, not the 1,410 MHz boost), so the best
+measured GEMM of any shape stays below peak — 267.9 of 312 TFLOP/s (85.9 %) on an A100 SXM
+(S. Bekman, *Machine Learning Engineering*, "Maximum Achievable Matmul FLOPS comparison table",
+github.com/stas00/ml-engineering, ``compute/accelerator``). Small GEMMs never reach it (tiles and
+waves limit them first); the large GEMMs of models at h ≥ 8,192 and low tensor parallelism do.
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ class KernelParams:
         bandwidth_Bps: Achieved HBM bandwidth (peak × efficiency) for memory-bound work.
         flash_efficiency: Fraction of peak a fused attention kernel reaches.
         kernel_overhead_s: Fixed GPU-side cost of every kernel (launch, ramp-up, tail).
+        sustained_fraction: Largest fraction of ``peak_flops`` any GEMM sustains (the device's
+            maximum achievable matmul FLOP/s; 1.0: no such bound).
     """
 
     peak_flops: float
@@ -60,6 +70,7 @@ class KernelParams:
     bandwidth_Bps: float
     flash_efficiency: float
     kernel_overhead_s: float
+    sustained_fraction: float = 1.0
 
 
 def _split_k_factors(tiles_mn: int, sm_count: int, max_split_k: int) -> list[int]:
@@ -86,10 +97,12 @@ def gemm_compute_s(m: int, n: int, k: int, batch: int, tile: Tile, split_k: int,
 
 
 def gemm_s(m: int, n: int, k: int, batch: int, dtype_bytes: int, p: KernelParams) -> float:
-    """Time of one (batched) GEMM kernel: best tile and split-K, memory floor, kernel overhead."""
+    """Time of one (batched) GEMM kernel: best tile and split-K, memory floor, sustained-rate floor,
+    kernel overhead."""
     if min(m, n, k, batch) <= 0:
         return 0.0
-    floor_s = dtype_bytes * batch * (m * k + k * n + m * n) / p.bandwidth_Bps
+    floor_s = max(dtype_bytes * batch * (m * k + k * n + m * n) / p.bandwidth_Bps,
+                  2.0 * m * n * k * batch / (p.peak_flops * p.sustained_fraction))
     best = math.inf
     for tile in p.tiles:
         tiles_mn = math.ceil(m / tile.rows) * math.ceil(n / tile.cols) * batch

@@ -11,7 +11,13 @@ import pytest
 from mindpipe.simulator.costs import DTYPE_BYTES, RooflineComputeModel
 from mindpipe.simulator.ops import block_ops
 from mindpipe.simulator.perf import GpuComputeModel, NcclCommModel, default_models
-from mindpipe.simulator.perf.constants import GpuConstants, parse_constants, read_constants, shipped_constants
+from mindpipe.simulator.perf.constants import (
+    GpuConstants,
+    data_text,
+    parse_constants,
+    read_constants,
+    shipped_constants,
+)
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
@@ -166,3 +172,20 @@ def test_dtype_bytes_follow_the_plan_precision() -> None:
     f16 = m.layer_costs(SMALL, plan(micro_batch_size=64))[1].forward_s
     f32 = m.layer_costs(SMALL, plan(micro_batch_size=64, precision="fp32"))[1].forward_s
     assert f32 > f16 and DTYPE_BYTES["fp32"] == 4
+
+
+def test_sustained_matmul_rate_is_a_prior_and_optional() -> None:
+    # The shipped A100 file bounds every GEMM by the A100's maximum achievable matmul FLOP/s.
+    cf = shipped_constants("a100.json")
+    rec = cf.records["gemm_sustained_fraction"]
+    assert rec.method == "prior" and "267.9" in rec.source
+    c = GpuConstants.from_file(cf)
+    assert c.gemm_sustained_fraction == pytest.approx(0.859)
+    assert GpuComputeModel(A100).kernel_params("fp16").sustained_fraction == pytest.approx(0.859)
+    # A user's file written before the bound existed still loads, unbounded.
+    doc = json.loads(data_text("a100.json"))
+    del doc["constants"]["gemm_sustained_fraction"]
+    assert GpuConstants.from_file(parse_constants(doc, "old.json")).gemm_sustained_fraction == 1.0
+    doc["constants"]["gemm_sustained_fraction"] = {"value": 1.2, "unit": "u", "method": "prior", "source": "s"}
+    with pytest.raises(ContractError, match="gemm_sustained_fraction"):
+        GpuConstants.from_file(parse_constants(doc, "bad.json"))

@@ -96,3 +96,17 @@ def test_gemm_time_is_monotone_in_every_dimension(m: int, n: int, k: int, batch:
         "m": (m + dm, n, k, batch), "n": (m, n + dm, k, batch), "k": (m, n, k + dm, batch), "b": (m, n, k, batch + 1),
     }[which]
     assert gemm_s(*bigger, 2, A100_LIKE) >= base
+
+
+def test_sustained_rate_bounds_large_gemms_only() -> None:
+    # A full-wave, long-K GEMM reaches 0.9 × 8192/(8192+64) ≈ 0.893 of peak on tiles alone; a device
+    # that sustains only 85.9 % of peak (its maximum achievable matmul FLOP/s) caps it there.
+    p = dataclasses.replace(ONE_TILE, sustained_fraction=0.859)
+    m, n, k = 128 * 108, 128, 8192
+    assert math.isclose(gemm_efficiency(m, n, k, 1, 2, ONE_TILE), 0.9 * 8192 / (8192 + 64), rel_tol=1e-12)
+    assert math.isclose(gemm_efficiency(m, n, k, 1, 2, p), 0.859, rel_tol=1e-12)
+    # A short-K GEMM is below the cap already: unchanged.
+    assert gemm_s(m, n, 64, 1, 2, p) == gemm_s(m, n, 64, 1, 2, ONE_TILE)
+    # The default (1.0) is no bound.
+    assert KernelParams(**{f.name: getattr(ONE_TILE, f.name) for f in dataclasses.fields(ONE_TILE)
+                           if f.name != "sustained_fraction"}).sustained_fraction == 1.0
