@@ -30,7 +30,7 @@ from mindpipe.traces.layout import (
     stage_layout,
 )
 
-GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}
+GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2, "fp8": 4}  # fp8: bf16 mixed precision's fp32 main_grad
 
 
 def bucket_params(plan: Plan) -> int:

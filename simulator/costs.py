@@ -23,7 +23,17 @@ from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.trace import LayerRecord, Trace
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Bytes per activation/weight element under each plan precision. ``fp8`` keeps activations,
+# weights and the collectives' buffers in bf16 (Transformer Engine's FP8 recipe casts only the
+# inputs of the blocks' GEMMs; NVIDIA TE docs, "Using FP8 with Transformer Engine"; torchao's
+# float8 training does the same per nn.Linear), so its element is 2 bytes; the 1-byte GEMM operands
+# are :data:`GEMM_OPERAND_BYTES`'s.
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+# Bytes per operand element of the blocks' linear-layer GEMMs where it differs from DTYPE_BYTES:
+# FP8 E4M3/E5M2 (Micikevicius et al. 2022, arXiv 2209.05433).
+GEMM_OPERAND_BYTES = {"fp8": 1}
+# The 16-bit precision everything but the FP8 GEMMs runs at under each plan precision.
+NON_GEMM_PRECISION = {"fp8": "bf16"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,6 +463,8 @@ class AlphaBetaCommModel:
 
 __all__ = [
     "DTYPE_BYTES",
+    "GEMM_OPERAND_BYTES",
+    "NON_GEMM_PRECISION",
     "AlphaBetaCommModel",
     "Collective",
     "CommModel",

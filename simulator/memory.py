@@ -81,7 +81,17 @@ LOGIT_BYTES = 4
 # updates the weights in place (m, v: 8 B). Gradients use the build's dtype (fp32 main_grad under
 # bf16, as Megatron forces; fp16 grads under fp16), so bf16 totals Megatron's 18 B/param and fp16
 # the ZeRO paper's 16 B/param; fp32 is 4 + 4 + 8.
-OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12}
+OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12, "fp8": 12}
+# FP8 training (plan precision ``fp8``) is bf16 mixed precision plus FP8 copies (Transformer Engine
+# 1.x, ``transformer_engine/pytorch/module/linear.py``): the weights stay bf16 with fp32 master
+# copies (OPTIMIZER_BYTES, GRAD_BYTES as bf16), and each Linear caches its weight cast to FP8 and
+# that cast's transpose for the backward across the micro-batches of an iteration ("fp8 weight
+# caching", ``is_first_microbatch``): 2 more bytes per parameter. Counted on every parameter, an upper
+# bound: the embedding, the LM head and the norms stay bf16 (Megatron's output layer is not a TE
+# module). The saved inputs of the blocks' GEMMs are their FP8 casts (TE saves ``inputmat`` as
+# Float8Tensor for the weight gradient): 1 byte per element, GEMM_INPUT_BYTES.
+FP8_WEIGHT_CACHE_BYTES = {"fp8": 2}
+GEMM_INPUT_BYTES = {"fp8": 1}
 # Framework overhead on a GPU: CUDA context with torch's kernels (~0.5 GiB) plus NCCL
 # communicator buffers and allocator slack; a rough, documented figure. CPUs: 0.
 GPU_RESERVED_BYTES = 1 * GIB
@@ -135,16 +145,20 @@ def activation_bytes_per_layer(
         return 0.0
     s, b, h, a = seq_len or model.seq_len, plan.micro_batch_size, model.hidden_size, model.num_heads
     t, d, k = plan.tp, DTYPE_BYTES[plan.precision], _mask_bytes(model, mask_bytes)
+    # A GEMM's saved input (QKV, projection, fc1/gate-up, fc2/down): its FP8 cast under fp8.
+    g = GEMM_INPUT_BYTES.get(plan.precision, d)
     seq_shard = t if plan.sequence_parallel else 1
     sbh = s * b * h
     if level == "full":
         return d * sbh / seq_shard
     attention, mlp = part != "mlp", part != "attention"
-    replicated = (2 * d + k) * sbh * (attention + mlp)
+    # Per part: the norm's input (d), the first GEMM's input (g), the residual-dropout mask (k).
+    replicated = (d + g + k) * sbh * (attention + mlp)
     kv_ratio = model.kv_heads / a
-    # Q, K, V, projection input; the MLP's f-wide tensors: 2 for GeLU, 4 for SwiGLU (module docstring).
-    mlp_tensors = 4 if model.is_llama else 2
-    split = ((2 + 2 * kv_ratio) * d * attention + mlp_tensors * d * model.ffn / h * mlp) * sbh
+    # Q, K, V (d) and the projection input (g); the MLP's f-wide tensors: GeLU's input (d) and fc2's
+    # input (g), or SwiGLU's gate output, SiLU output, up output (d) and down input (g) (module docstring).
+    mlp_d = 3 if model.is_llama else 1
+    split = (((1 + 2 * kv_ratio) * d + g) * attention + (mlp_d * d + g) * model.ffn / h * mlp) * sbh
     # Softmax output, dropout mask and dropout output; without dropout only the softmax output.
     scores = (2 * d + k if model.dropout else d) * a * s * s * b * attention
     out = replicated / seq_shard + split / t
@@ -191,7 +205,7 @@ def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
     weights.
     """
     p, dp, z = plan.precision, plan.dp, plan.zero_stage
-    weights = params * DTYPE_BYTES[p] / (dp if z >= 3 else 1)
+    weights = params * (DTYPE_BYTES[p] + FP8_WEIGHT_CACHE_BYTES.get(p, 0)) / (dp if z >= 3 else 1)
     grads = params * GRAD_BYTES[p] / (dp if z >= 2 else 1)
     optim = params * OPTIMIZER_BYTES[p] / (dp if z >= 1 else 1)
     return weights, grads, optim
@@ -470,6 +484,8 @@ def fits_in_memory(
 
 
 __all__ = [
+    "FP8_WEIGHT_CACHE_BYTES",
+    "GEMM_INPUT_BYTES",
     "GPU_RESERVED_BYTES",
     "OPTIMIZER_BYTES",
     "RankMemory",

@@ -27,7 +27,12 @@ MODEL_KINDS = ("gpt", "llama")
 DEFAULT_ROPE_THETA = 10000.0
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+# Precisions that need a device figure of their own: ``fp8`` runs the transformer blocks' GEMMs in
+# FP8 (E4M3 forward, E5M2 gradients; Micikevicius et al. 2022, arXiv 2209.05433) with bf16
+# everywhere else, as Transformer Engine and torchao's float8 training do, so it needs FP8 tensor
+# cores (Hopper/Ada and later): a catalog device without an ``fp8`` peak cannot run it.
+DEVICE_PRECISIONS = ("fp8",)
 COMM_PRIORITIES = ("fair", "pp_first")
 LAYER_MEMORY_POLICIES = ("keep", "selective", "recompute", "swap")
 # Where a stage boundary falls (``Plan.stage_cuts``; the rule is :mod:`mindpipe.traces.layout`'s):
@@ -568,6 +573,8 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
             f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} does not equal the cluster's "
             f"{cluster.num_nodes}×{cluster.gpus_per_node}={cluster.world_size} devices",
         )
+    if cluster is not None:
+        check_precision(plan.precision, cluster.gpu, source)
     if cluster is not None and plan.stage_clocks_mhz is not None:
         from mindpipe.traces.catalog import get_device
         from mindpipe.traces.frequency import check_stage_clocks
@@ -577,6 +584,25 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
             check_stage_clocks(plan.stage_clocks_mhz, cluster.gpu, source)
 
 
+def precision_supported(precision: str, device_name: str) -> bool:
+    """True when the catalog device ``device_name`` can run ``precision`` (:data:`DEVICE_PRECISIONS`
+    need the device's own peak figure; the rest run everywhere)."""
+    from mindpipe.traces.catalog import get_device
+
+    return precision not in DEVICE_PRECISIONS or precision in get_device(device_name).peak_flops_per_s
+
+
+def check_precision(precision: str, device_name: str, source: str = "plan") -> None:
+    """Refuse a precision the device has no hardware for (``fp8`` on an A100 or a CPU).
+
+    Raises:
+        ContractError: e.g. ``plan.json: precision: precision 'fp8' needs FP8 tensor cores; a100-sxm4-80gb has none``.
+    """
+    if not precision_supported(precision, device_name):
+        raise ContractError(source, "precision", f"precision {precision!r} needs FP8 tensor cores "
+                                                 f"(H100, H200); {device_name} has none (use bf16)")
+
+
 def stage_layers(plan: Plan, model: Model) -> list[int]:
     """Layers per virtual stage: the plan's partition, or an even split."""
     return list(plan.partition) if plan.partition is not None else even_partition(model.num_layers, plan.num_stages)
@@ -584,6 +610,7 @@ def stage_layers(plan: Plan, model: Model) -> list[int]:
 
 __all__ = [
     "COMM_PRIORITIES",
+    "DEVICE_PRECISIONS",
     "PLAN_SCALAR_KEYS",
     "PRECISIONS",
     "RECOMPUTE",
@@ -599,8 +626,10 @@ __all__ = [
     "Plan",
     "check_plan",
     "check_plan_key",
+    "check_precision",
     "even_partition",
     "plan_value",
+    "precision_supported",
     "stage_layers",
     "what_if_used",
 ]
