@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mindpipe.executor.clocks import CPU_NOTICE
+from mindpipe.executor.fp8 import fp8_refusal
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, check_plan, plan_value, what_if_used
 from mindpipe.traces.errors import ContractError
@@ -143,6 +144,9 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
         fail("dp", f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} ranks needed, the launch has {world_size}")
     if plan.precision == "fp16":
         fail("precision", "precision 'fp16' needs loss scaling, which the executor does not do; use bf16 or fp32")
+    fp8 = fp8_refusal(plan, device_kind, device)
+    if fp8 is not None:
+        fail("precision", fp8)
     if model.vocab_size % plan.tp:
         fail("tp", f"tp={plan.tp} does not divide vocab_size={model.vocab_size} (vocabulary-parallel LM head)")
     if text_data and model.vocab_size < 256:

@@ -32,7 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindpipe.simulator.schedules import schedule_rule
-from mindpipe.traces.config import COMM_PRIORITIES, RECOMPUTE, SCHEDULES, V_SCHEDULES, Cluster, Model, check_plan
+from mindpipe.traces.config import (
+    COMM_PRIORITIES,
+    RECOMPUTE,
+    SCHEDULES,
+    V_SCHEDULES,
+    Cluster,
+    Model,
+    check_plan,
+    check_precision,
+)
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.keys import (
@@ -109,6 +118,10 @@ class SearchSpace:
         if unknown:
             raise ContractError("--what-if", unknown[0], f"{unknown[0]} is not a what-if knob")
         check_fixes_what_if(self.fixes, self.what_if)
+        # The default space searches bf16 only; a pinned precision the devices lack (fp8 on an
+        # A100 or a CPU) is refused here, by the plan rule's owner, instead of in every simulation.
+        for prec in self.choices("precision", []):
+            check_precision(prec, self.cluster.gpu, "--fix")
         self.points = list(self._enumerate())
 
     # -- choices per key -----------------------------------------------------------------------
