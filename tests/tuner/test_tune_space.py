@@ -205,3 +205,14 @@ def test_impossible_space_is_empty_with_reasons():
     assert set(POINT_KEYS) >= set(space.describe()["values"])
     space = SearchSpace(model, cluster, [64], parse_fixes(["tp=8", "dp=2"]))
     assert space.size == 0 and set(space.rejected) == {Rule.PINNED}
+
+
+def test_fp8_is_searched_only_when_pinned_and_only_on_devices_with_fp8():
+    model = load_model("gpt-1.3b")
+    h100 = load_cluster("h100-sxm5-80gb:1x8")
+    # Default space: bf16 only (the executor runs it everywhere).
+    assert {p["precision"] for p in SearchSpace(model, h100, [64]).points} == {"bf16"}
+    pinned = SearchSpace(model, h100, [64], parse_fixes(["precision=fp8"]))
+    assert pinned.size > 0 and {p["precision"] for p in pinned.points} == {"fp8"}
+    with pytest.raises(ContractError, match="precision 'fp8' needs FP8 tensor cores"):
+        SearchSpace(model, load_cluster("a100-sxm4-80gb:1x8"), [64], parse_fixes(["precision=fp8"]))
