@@ -35,6 +35,12 @@ Decisions:
 * Per-token LayerNorm statistics (mean, rstd: 4·d·s·b per block) are left out, as the paper
   does; they are 1/h of the rest. ``traces.torch_gpt.block_activation_bytes`` counts them.
 
+Plan precision ``fp8`` (FP8 block GEMMs, bf16 elsewhere; :mod:`mindpipe.simulator.perf.fp8`) keeps
+d = 2 for every tensor but the saved inputs of the blocks' GEMMs — QKV, projection, fc1 and fc2 (or
+gate/up and down) — which Transformer Engine saves as their FP8 casts, 1 byte (GEMM_INPUT_BYTES); so a
+GPT layer without dropout keeps 25·s·b·h instead of 32·s·b·h (plus the a·s²·b term). Its model
+states are bf16 mixed precision's plus the FP8 weight copy and transpose (FP8_WEIGHT_CACHE_BYTES).
+
 Llama blocks (``kind: "llama"``, :mod:`mindpipe.traces.torch_llama`) follow the same accounting
 term by term, with r = num_kv_heads/num_heads and no dropout (k = 0):
 

@@ -51,6 +51,9 @@ def format_nemo(report: dict[str, Any]) -> str:
                  f"{len(report['unsupported'])} unsupported rows excluded")
     for half in ("fit_half", "holdout_half"):
         h = report[half]
+        if not h["n"]:
+            lines.append(f"  {half.replace('_', ' '):<13}   0 rows")
+            continue
         lines.append(f"  {half.replace('_', ' '):<13} {h['n']:>3} rows, MAPE {h['mape']:.2f}%, "
                      f"max {h['max_abs_pct_error']:.1f}%")
     lines.append(f"  Echo's published error (GPT-175B, 96 H800): {report['echo_published_error_pct']:.0f}%")

@@ -1,6 +1,6 @@
 """Fit ``fp8_gemm_efficiency`` on the fit half of NVIDIA's NeMo H100 FP8 table, end to end.
 
-    .venv/bin/python -m simulator.perf.nemo_fit --data ../shared/data/validation/nemo_2407_h100_fp8.csv [--write]
+    .venv/bin/python -m mindpipe.simulator.perf.nemo_fit --data ../shared/data/validation/nemo_2407_h100_fp8.csv [--write]
 
 One constant, one dimension: the value in [0.30, 1.00] whose simulated iteration times
 (:func:`mindpipe.simulator.perf.nemo_validate.predict_s`) have the smallest mean absolute percentage
@@ -49,7 +49,7 @@ def constants_doc(value: float, holdout_mape: float, data: str, fit_rows: Sequen
         "description": "How FP8 GEMMs (plan precision fp8) run relative to the 16-bit GEMM model of the device's "
                        "family: the blocks' linear layers at the device's FP8 peak, with the family's tiles and "
                        "ceiling scaled by fp8_gemm_efficiency.",
-        "regenerate": ".venv/bin/python -m simulator.perf.nemo_fit --data ../shared/data/validation/"
+        "regenerate": ".venv/bin/python -m mindpipe.simulator.perf.nemo_fit --data ../shared/data/validation/"
                       "nemo_2407_h100_fp8.csv --write",
         "constants": {FP8_KEY: {
             "value": value,
