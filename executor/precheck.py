@@ -95,7 +95,9 @@ def check_made_for(plan: Plan, world_size: int, device_kind: str, source: str = 
 def what_if_notes(plan: Plan) -> list[str]:
     """A note naming the plan's what-if knobs: keys the simulator models but the executor does not carry out."""
     why = {"comm_priority": "torch's default stream priorities run",
-           "overlap_grad_reduce": "torch.distributed.pipelining reduces a stage's gradients after its last backward"}
+           "overlap_grad_reduce": "torch.distributed.pipelining reduces a stage's gradients after its last backward",
+           "tp_comm_overlap": "DTensor tensor parallelism issues its collectives between the GEMMs",
+           "overlap_param_gather": "FSDP2 gathers the parameters before the forward"}
     knobs = {key: f"{key}={plan_value(getattr(plan, key))} ({why.get(key, 'simulated only')}; the measurement "
                   f"records {plan_value(WHAT_IF_KEYS[key])})" for key in what_if_used(plan)}
     for key in plan.made_for.what_if if plan.made_for is not None else []:

@@ -38,10 +38,15 @@ NON_GEMM_PRECISION = {"fp8": "bf16"}
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """A tensor-parallel collective a layer issues; ``nbytes`` is the full buffer on each rank."""
+    """A tensor-parallel collective a layer issues; ``nbytes`` is the full buffer on each rank.
+
+    ``overlap_s`` is the GEMM it pipelines with under ``tp_comm_overlap`` (seconds of that GEMM on
+    one rank; :func:`tp_overlap_gemms`), 0 when it runs on its own as Megatron issues it.
+    """
 
     op: str
     nbytes: int
+    overlap_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -126,6 +131,45 @@ def tp_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> tupl
     return [Collective("allreduce", nbytes)] * 2, [Collective("allreduce", nbytes)] * 2
 
 
+# The GEMM each TP collective of a block pipelines with under ``tp_comm_overlap``, in the order of
+# :func:`tp_collectives` (attention half, then MLP half), as Transformer Engine's userbuffers pair
+# them (``transformer_engine/pytorch/module/{layernorm_linear,linear,layernorm_mlp}.py``; the
+# per-GEMM methods in NeMo-Framework-Launcher ``launcher_scripts/conf/training/tp_overlap/
+# ub_cfg_h100_*.yaml``): forward — the all-gather of the normed input with the QKV (or Q, K, V)
+# GEMM (``qkv_fprop``), the reduce-scatter of the output with the projection (``proj_fprop``), and
+# likewise fc1 (gate, up) and fc2 (down); backward (input gradient) — the all-gather of the output
+# gradient with the projection's dgrad (``proj_dgrad``) and the reduce-scatter of the input
+# gradient with the QKV dgrad, and likewise for the MLP. TE overlaps the latter reduce-scatter with
+# the weight-gradient GEMM in bulk (``qkv_wgrad``); the dgrad GEMM has the same FLOPs and stays in
+# the input-gradient pass under every schedule (zero-bubble schedules move W elsewhere).
+# Per kind (Llama or not): the column-parallel attention GEMMs, the projection, the column-parallel
+# MLP GEMMs, the row-parallel MLP GEMM (:func:`mindpipe.simulator.ops.block_ops`'s names).
+_OVERLAP_GEMMS = {
+    False: (("qkv",), ("proj",), ("mlp_fc1",), ("mlp_fc2",)),
+    True: (("q", "k", "v"), ("proj",), ("mlp_gate", "mlp_up"), ("mlp_down",)),
+}
+
+
+def tp_overlap_gemms(model: Model, ops: Sequence[Op],
+                     price: Callable[[Sequence[Op]], tuple[float, float, float, float]]) -> tuple[list[float], list[float]]:
+    """Seconds of the GEMM each forward and each input-gradient TP collective of a block pipelines
+    with under ``tp_comm_overlap`` (:data:`_OVERLAP_GEMMS`), priced by ``price`` like the block."""
+    groups = _OVERLAP_GEMMS[model.is_llama]
+
+    def seconds(names: tuple[str, ...], phase: str) -> float:
+        mine = [op for op in ops if op.kind == "gemm" and op.name in names and op.phase == phase]
+        return sum(price([op])[0 if phase == "forward" else 1] for op in mine)
+
+    fwd = [seconds(names, "forward") for names in groups]
+    qkv, proj, fc1, fc2 = (seconds(names, "backward_input") for names in groups)
+    return fwd, [proj, qkv, fc2, fc1]
+
+
+def with_overlap(colls: Sequence[Collective], gemm_s: Sequence[float]) -> list[Collective]:
+    """``colls`` (one block's, :func:`tp_collectives`) each paired with the GEMM seconds it pipelines with."""
+    return [Collective(c.op, c.nbytes, g) for c, g in zip(colls, gemm_s, strict=True)]
+
+
 def layer_params(model: Model, tp: int) -> list[tuple[str, str, int]]:
     """(name, kind, parameters per TP rank) of every pipeline layer."""
     h, v = model.hidden_size, model.vocab_size
@@ -167,6 +211,9 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     layers = [LayerCost("embedding", "embedding", f, i, w, output_bytes=out_bytes, param_count=params["embedding"])]
     ops = block_ops(model, b, s, t, sp, d, flash_attention=flash_attention)
     f, i, w, core = price(ops)
+    if plan.tp_comm_overlap and fwd_comm:
+        g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)
+        fwd_comm, bwd_comm = with_overlap(fwd_comm, g_fwd), with_overlap(bwd_comm, g_bwd)
     split = [price(part) for part in split_ops(ops)]
     for k in range(model.num_layers):
         name = f"block.{k}"
@@ -291,6 +338,11 @@ class TraceComputeModel:
 
     def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
         """Per-layer costs from the trace (see class docstring)."""
+        if plan.tp_comm_overlap:
+            # The overlap pairs each collective with one GEMM's time (tp_overlap_gemms); a trace's
+            # blocks are timed whole.
+            raise ContractError(self.source, "tp_comm_overlap", "tp_comm_overlap=true needs per-GEMM times: "
+                                "simulate it with a hardware compute model, not a trace")
         k = self._scale(plan)
         by_kind: dict[str, list] = {}
         for r in self.trace.layers:
@@ -480,4 +532,6 @@ __all__ = [
     "roofline_time",
     "swap_weight_reread_bytes",
     "tp_collectives",
+    "tp_overlap_gemms",
+    "with_overlap",
 ]

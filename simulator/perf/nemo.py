@@ -11,12 +11,20 @@ Architectures come from NeMo's own model configs (``simulator/perf/data/nemo_mod
 with its source file and how MindPipe's contracts represent it). The setup is NeMo's performance
 recipe as far as MindPipe's plan can say it: DGX-H100 (8 H100 SXM5 per node), FP8 GEMMs
 (Transformer Engine) → ``precision="fp8"``; FlashAttention (TE's fused attention) → the kernel
-model's flash pricing; the distributed optimizer → ``zero_stage=1``; gradient reduce-scatter
-overlapped with the backward → ``overlap_grad_reduce=true`` (a what-if knob: the simulator models
-it, MindPipe's executor does not run it); sequence parallelism whenever tp > 1; no activation
-recompute; interleaved 1F1B with the table's ``vp`` chunks when vp > 1, else 1F1B. What the plan
-cannot say is left out and reported by the error: NeMo's TP communication overlap (userbuffers)
-and its overlapped parameter all-gather.
+model's flash pricing and, through the Simulator, the memory model's; the distributed optimizer
+→ ``zero_stage=1``; gradient reduce-scatter overlapped with the backward →
+``overlap_grad_reduce=true`` (``overlap_grad_sync``); the parameter all-gather overlapped with the
+next forward → ``overlap_param_gather=true`` (``overlap_param_sync``: true in every launcher file
+read); sequence parallelism whenever tp > 1; interleaved 1F1B with the
+table's ``vp`` chunks when vp > 1, else 1F1B. Per model (``recipe`` in ``nemo_models.json``, each
+with the NeMo-Framework-Launcher file it was read from): Transformer Engine's userbuffers overlap of
+the TP collectives with the GEMMs → ``tp_comm_overlap=true`` (when tp > 1), and the activation
+recompute level (``selective`` for the GPT-3 20B and 175B recipes, else none).
+``overlap_grad_reduce``, ``overlap_param_gather`` and ``tp_comm_overlap`` are what-if knobs: the
+simulator models them, MindPipe's executor does not run them. What the plan cannot say is left out
+and reported by the error: the gradient reduce-scatter in bf16 (``grad_sync_dtype: bf16`` in some
+recipes; the plan reduces fp32 main gradients), TE's extra all-gather of the normed input for the
+weight gradient, and the userbuffers' SM sharing.
 
 Context parallelism (``cp`` > 1, two Llama 3 rows) is not a MindPipe plan dimension: those rows
 load with ``plan=None`` and ``unsupported="context_parallel"``; ``mindpipe validate nemo-h100``
@@ -57,13 +65,30 @@ _INT_LIMITS = {"gpus": "devices", "global_batch": "global_batch_size", "micro_ba
 
 
 @dataclass(frozen=True)
+class NemoRecipe:
+    """What NeMo's performance recipe runs for a model beyond the table's columns (module docstring).
+
+    Attributes:
+        tp_comm_overlap: Transformer Engine userbuffers overlap (``ub_tp_comm_overlap``), used when tp > 1.
+        recompute: ``none`` or ``selective`` (``activations_checkpoint_granularity``).
+        evidence: The launcher files (with commits) these were read from, and what differs from the row.
+    """
+
+    tp_comm_overlap: bool
+    recompute: str
+    evidence: str
+
+
+@dataclass(frozen=True)
 class NemoModel:
-    """A model of the table: the contract, where its architecture comes from, how it is represented."""
+    """A model of the table: the contract, where its architecture comes from, how it is represented,
+    and its recipe."""
 
     name: str
     model: Model
     source: str
     modelled_as: str
+    recipe: NemoRecipe
 
 
 @dataclass(frozen=True)
@@ -103,7 +128,12 @@ def nemo_models() -> dict[str, NemoModel]:
             model = from_dict(Model, {**entry["model"], "seq_len": 4096, "name": name})
         except ContractError as e:
             raise ContractError(src, f"models.{name}.{e.key}", e.rule) from None
-        out[name] = NemoModel(name, model, entry["source"], entry["modelled_as"])
+        r = entry["recipe"]
+        if r["recompute"] not in ("none", "selective") or not isinstance(r["tp_comm_overlap"], bool):
+            raise ContractError(src, f"models.{name}.recipe", "recipe needs tp_comm_overlap true/false and "
+                                "recompute none or selective")
+        recipe = NemoRecipe(r["tp_comm_overlap"], r["recompute"], r["evidence"])
+        out[name] = NemoModel(name, model, entry["source"], entry["modelled_as"], recipe)
     return out
 
 
@@ -117,12 +147,16 @@ def _fields(model: Model) -> dict[str, Any]:
     return {k: v for k, v in vars(model).items() if v is not None}
 
 
-def nemo_plan(gpus: int, global_batch: int, micro_batch: int, tp: int, pp: int, vp: int) -> Plan:
-    """The MindPipe plan of a NeMo performance-recipe row without context parallelism (module docstring)."""
+def nemo_plan(gpus: int, global_batch: int, micro_batch: int, tp: int, pp: int, vp: int,
+              recipe: NemoRecipe | None = None) -> Plan:
+    """The MindPipe plan of a NeMo performance-recipe row without context parallelism (module docstring);
+    without ``recipe``, no TP overlap and no recompute."""
     dp = gpus // (tp * pp)
     return Plan(dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, global_batch_size=global_batch,
-                schedule="interleaved_1f1b" if vp > 1 else "1f1b", virtual_stages=vp, recompute="none",
-                sequence_parallel=tp > 1, zero_stage=1, precision="fp8", overlap_grad_reduce=True)
+                schedule="interleaved_1f1b" if vp > 1 else "1f1b", virtual_stages=vp,
+                recompute=recipe.recompute if recipe is not None else "none",
+                sequence_parallel=tp > 1, zero_stage=1, precision="fp8", overlap_grad_reduce=True,
+                overlap_param_gather=True, tp_comm_overlap=recipe is not None and recipe.tp_comm_overlap and tp > 1)
 
 
 def _row(cells: dict[str, str], where: str) -> NemoRow:
@@ -147,7 +181,7 @@ def _row(cells: dict[str, str], where: str) -> NemoRow:
         cluster = load_cluster(f"{GPU}:{gpus // per_node}x{per_node}")
         plan = None
         if cp == 1:
-            plan = nemo_plan(gpus, v["global_batch"], v["micro_batch"], tp, pp, v["vp"])
+            plan = nemo_plan(gpus, v["global_batch"], v["micro_batch"], tp, pp, v["vp"], models[name].recipe)
             check_plan(plan, model, cluster, source=where)
     except ContractError as e:
         raise ContractError(where, e.key, e.rule) from None
@@ -181,4 +215,4 @@ def load_nemo(path: str | Path) -> list[NemoRow]:
     return out
 
 
-__all__ = ["COLUMNS", "GPU", "NemoModel", "NemoRow", "load_nemo", "nemo_models", "nemo_plan"]
+__all__ = ["COLUMNS", "GPU", "NemoModel", "NemoRecipe", "NemoRow", "load_nemo", "nemo_models", "nemo_plan"]

@@ -15,6 +15,7 @@ compares with.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,14 @@ from mindpipe.traces.catalog import get_device
 
 ECHO_PUBLISHED_ERROR_PCT = 8.0
 SPLIT_SEED = 0
+# The mechanisms of NeMo's recipe the plan carries beyond the table's columns, each as the plan keys
+# that switch it off (for the ablation of benchmarks/validate_nemo.py): TE userbuffers' TP overlap,
+# the distributed optimizer's parameter all-gather under the next forward, the recipe's recompute.
+MECHANISMS: dict[str, dict[str, Any]] = {
+    "tp_comm_overlap": {"tp_comm_overlap": False},
+    "overlap_param_gather": {"overlap_param_gather": False},
+    "recipe_recompute": {"recompute": "none"},
+}
 
 
 def nemo_split(rows: Sequence[NemoRow], seed: int = SPLIT_SEED) -> tuple[list[NemoRow], list[NemoRow]]:
@@ -36,12 +45,34 @@ def nemo_split(rows: Sequence[NemoRow], seed: int = SPLIT_SEED) -> tuple[list[Ne
     return split_fit_holdout([r for r in rows if r.plan is not None], seed=seed)
 
 
-def predict_s(row: NemoRow, fp8: Fp8Constants | None = None) -> float:
-    """Simulated iteration time of a row (the shipped FP8 constant unless ``fp8`` is given)."""
+def without(row: NemoRow, *mechanisms: str) -> NemoRow:
+    """``row`` with the named :data:`MECHANISMS` switched off in its plan."""
+    if row.plan is None:
+        return row
+    keys: dict[str, Any] = {}
+    for m in mechanisms:
+        keys.update(MECHANISMS[m])
+    return dataclasses.replace(row, plan=dataclasses.replace(row.plan, **keys))
+
+
+def simulate_row(row: NemoRow, fp8: Fp8Constants | None = None) -> Any:
+    """The :class:`~mindpipe.traces.result.SimulationResult` of a row: FlashAttention kernels (and
+    memory, through the Simulator), the shipped FP8 constant unless ``fp8`` is given."""
     if row.plan is None:
         raise ValueError(f"{row.source}: row is not simulated ({row.unsupported})")
     compute = GpuComputeModel(get_device(row.cluster.gpu), flash_attention=True, fp8=fp8)
-    return simulate(row.model, row.cluster, row.plan, SimulationOptions(compute=compute)).iteration_time_s
+    return simulate(row.model, row.cluster, row.plan, SimulationOptions(compute=compute))
+
+
+def predict_s(row: NemoRow, fp8: Fp8Constants | None = None) -> float:
+    """Simulated iteration time of a row (the shipped FP8 constant unless ``fp8`` is given)."""
+    return simulate_row(row, fp8).iteration_time_s
+
+
+def pct_errors(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None, off: Sequence[str] = ()) -> dict[str, float]:
+    """Signed percent error per row source, with the mechanisms ``off`` switched off."""
+    return {r.source: 100 * (predict_s(without(r, *off), fp8) / r.measured_iteration_time_s - 1)
+            for r in rows if r.plan is not None}
 
 
 def validate_nemo(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None) -> list[RowResult]:
@@ -74,4 +105,5 @@ def nemo_report(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None, seed: 
     }
 
 
-__all__ = ["ECHO_PUBLISHED_ERROR_PCT", "nemo_report", "nemo_split", "predict_s", "validate_nemo"]
+__all__ = ["ECHO_PUBLISHED_ERROR_PCT", "MECHANISMS", "nemo_report", "nemo_split", "pct_errors", "predict_s",
+           "simulate_row", "validate_nemo", "without"]

@@ -10,6 +10,7 @@ from mindpipe.simulator.perf.constants import read_constants
 from mindpipe.simulator.perf.fp8 import FP8_KEY
 from mindpipe.simulator.perf.nemo import COLUMNS, load_nemo, nemo_models
 from mindpipe.simulator.perf.nemo_validate import nemo_report, nemo_split
+from mindpipe.traces.config import what_if_used
 from mindpipe.traces.errors import ContractError
 
 from mindpipe.cli import main
@@ -109,3 +110,20 @@ def test_cli_refuses_other_datasets_options(tmp_path: Path, capsys: pytest.Captu
     path = str(_csv(tmp_path, GPT3_5B))
     assert main(["validate", "nemo-h100", "--data", path, "--sample", "3"]) == 2
     assert "--sample does not apply to nemo-h100" in capsys.readouterr().err
+
+
+def test_recipes_come_from_the_launcher_configs_and_reach_the_plans(tmp_path: Path) -> None:
+    """Per model, NeMo's recipe (nemo_models.json ``recipe``) sets TP overlap and recompute; every row
+    overlaps the distributed optimizer's all-gather; tp 1 rows have nothing to overlap."""
+    for m in nemo_models().values():
+        assert "NeMo-Framework-Launcher" in m.recipe.evidence or "cp 2" in m.recipe.evidence
+    rows = load_nemo(_csv(tmp_path, GPT3_5B, "GPT3-20B,64,256,2,2048,2,1,1,1,5851,750",
+                          "Nemotron-340B,128,32,1,4096,8,8,1,12,322,678"))
+    plans = [r.plan for r in rows]
+    assert all(p is not None and p.overlap_param_gather and p.zero_stage == 1 for p in plans)
+    five, twenty, big = plans
+    assert five is not None and twenty is not None and big is not None
+    assert (five.tp_comm_overlap, five.recompute) == (False, "none")
+    assert (twenty.tp_comm_overlap, twenty.sequence_parallel, twenty.recompute) == (True, True, "selective")
+    assert (big.tp_comm_overlap, big.recompute) == (True, "none")
+    assert set(what_if_used(big)) == {"overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather"}
