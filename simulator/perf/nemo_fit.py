@@ -58,8 +58,9 @@ def constants_doc(value: float, holdout_mape: float, data: str, fit_rows: Sequen
             "source": "end to end through simulate() (simulator/perf/nemo_fit.py): grid search minimising the MAPE "
                       "of the derived iteration times of the fit rows",
             "note": "absorbs what the kernel model does not list about FP8 GEMMs (TE's amax reductions, scaling "
-                    "updates, FP8 GEMM tile efficiencies) and NeMo's TP communication overlap, which the plan "
-                    "cannot express",
+                    "updates, FP8 GEMM tile efficiencies, the SMs TE's userbuffers take from the GEMMs); NeMo's TP "
+                    "overlap, overlapped parameter all-gather and recompute are in the rows' plans "
+                    "(simulator/perf/nemo.py recipes), not in this constant",
             "fit_files": [f"validation/{name}: " + ", ".join(f"{r.name} (line {r.source.rsplit(':', 1)[1]})"
                                                              for r in fit_rows)
                           + f" = nemo_split(seed={SPLIT_SEED})"],
