@@ -10,15 +10,19 @@ inputs have arrived —
 * ``B/I(s, μ)`` needs the gradient of ``B/I(s+1, μ)``; ``W(s, μ)`` follows ``I(s, μ)`` on the rank.
 
 An action is its compute followed by its tensor-parallel collectives (Megatron issues them
-synchronously inside the layer, so the rank waits for them). Full or selective recompute adds
-the re-run forward (and, for full, its collectives) before the input-gradient work. Pipeline
-sends are asynchronous for the sender. Gradients of a stage are reduced over data parallelism in
-buckets issued while the stage's last backward computes (Megatron ``--overlap-grad-reduce``,
-PyTorch DDP bucketing); with ZeRO ≥ 1 they are reduce-scattered, ZeRO-1/2 all-gather the updated
-parameters after the optimizer step and ZeRO-3 gathers each stage's parameters before its first
-forward (FSDP2 under PP keeps them unsharded for the step; torchtitan), and without pipelining
-again before every backward (:func:`mindpipe.traces.layout.reshards_after_forward`). The iteration ends when
-the slowest rank has finished its optimizer step.
+synchronously inside the layer, so the rank waits for them); under ``tp_comm_overlap`` (Transformer
+Engine's userbuffers) the part of each collective its GEMM hides
+(:func:`~mindpipe.simulator.collectives.overlapped_exposed_s`, priced alone) is taken off the
+action. Full or selective recompute adds the re-run forward (and, for full, its collectives) before
+the input-gradient work. Pipeline sends are asynchronous for the sender. Gradients of a stage are
+reduced over data parallelism in buckets issued while the stage's last backward computes (Megatron
+``--overlap-grad-reduce``, PyTorch DDP bucketing); with ZeRO ≥ 1 they are reduce-scattered, ZeRO-1/2
+all-gather the updated parameters after the optimizer step (under ``overlap_param_gather`` only the
+first bucket and what one micro-batch's forward cannot cover count: the rest runs under the next
+iteration's forward) and ZeRO-3 gathers each stage's parameters before its first forward (FSDP2
+under PP keeps them unsharded for the step; torchtitan), and without pipelining again before every
+backward (:func:`mindpipe.traces.layout.reshards_after_forward`). The iteration ends when the
+slowest rank has finished its optimizer step.
 
 Cost (issue 14: 1,024 GPUs, m·p = 2,048 in about 0.05 s on one core): a rank's tensor-parallel
 collectives go through the fluid network only when another transfer could share their links;

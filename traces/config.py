@@ -469,7 +469,8 @@ class Plan:
             raise ContractError("", "tp_comm_overlap", "tp_comm_overlap=true needs sequence_parallel=true (and tp > 1)")
         if self.overlap_param_gather and self.zero_stage not in (1, 2):
             # Megatron-LM arguments.py: --overlap-param-gather "only supported with distributed
-            # optimizer"; ZeRO-3 gathers before each stage's forward already (zero_stage 3).
+            # optimizer"; ZeRO-3 gathers before each stage's forward already (zero_stage 3). Megatron
+            # also asks for --overlap-grad-reduce; the two are separate mechanisms here.
             raise ContractError("", "overlap_param_gather", f"overlap_param_gather=true needs zero_stage 1 or 2 "
                                 f"(the distributed optimizer's all-gather), got {self.zero_stage}")
         within_limit("pp", self.num_stages, "pipeline_stages", "pp×virtual_stages")
