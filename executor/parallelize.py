@@ -131,7 +131,8 @@ def apply_recompute(stage: StageModule, policies: list[BlockPolicy], pool: HostP
 def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, plan: Plan) -> nn.Module:
     """FSDP2 (``zero_stage`` ≥ 1: per block, then the stage) or replication (``zero_stage`` 0).
 
-    bf16 keeps fp32 master weights and reduces gradients in fp32 (MixedPrecisionPolicy). With
+    bf16 (and fp8, whose non-GEMM work is bf16: :mod:`mindpipe.executor.fp8`) keeps fp32 master weights and
+    reduces gradients in fp32 (MixedPrecisionPolicy). With
     one data-parallel rank and fp32 there is nothing to do, and no wrapper is applied (its hooks
     would only cost time). Whether ZeRO-3 frees gathered weights after the forward is the plan rule
     :func:`mindpipe.traces.layout.reshards_after_forward` (the simulator prices the same gathers).
@@ -139,7 +140,7 @@ def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, plan: Plan) -> 
     zero_stage, precision = plan.zero_stage, plan.precision
     if data_parallel_units(plan, len(stage.blocks)) == 0:
         return stage
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" \
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision in ("bf16", "fp8") \
         else MixedPrecisionPolicy()
     if zero_stage == 0:
         replicate(stage, mesh=dp_mesh, mp_policy=mp)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mindpipe.executor.clocks import CPU_NOTICE
+from mindpipe.executor.fp8 import fp8_refusal
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, check_plan, plan_value, what_if_used
 from mindpipe.traces.errors import ContractError
@@ -94,7 +95,9 @@ def check_made_for(plan: Plan, world_size: int, device_kind: str, source: str = 
 def what_if_notes(plan: Plan) -> list[str]:
     """A note naming the plan's what-if knobs: keys the simulator models but the executor does not carry out."""
     why = {"comm_priority": "torch's default stream priorities run",
-           "overlap_grad_reduce": "torch.distributed.pipelining reduces a stage's gradients after its last backward"}
+           "overlap_grad_reduce": "torch.distributed.pipelining reduces a stage's gradients after its last backward",
+           "tp_comm_overlap": "DTensor tensor parallelism issues its collectives between the GEMMs",
+           "overlap_param_gather": "FSDP2 gathers the parameters before the forward"}
     knobs = {key: f"{key}={plan_value(getattr(plan, key))} ({why.get(key, 'simulated only')}; the measurement "
                   f"records {plan_value(WHAT_IF_KEYS[key])})" for key in what_if_used(plan)}
     for key in plan.made_for.what_if if plan.made_for is not None else []:
@@ -143,6 +146,9 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
         fail("dp", f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} ranks needed, the launch has {world_size}")
     if plan.precision == "fp16":
         fail("precision", "precision 'fp16' needs loss scaling, which the executor does not do; use bf16 or fp32")
+    fp8 = fp8_refusal(plan, device_kind, device)
+    if fp8 is not None:
+        fail("precision", fp8)
     if model.vocab_size % plan.tp:
         fail("tp", f"tp={plan.tp} does not divide vocab_size={model.vocab_size} (vocabulary-parallel LM head)")
     if text_data and model.vocab_size < 256:

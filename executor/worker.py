@@ -24,6 +24,7 @@ from mindpipe.executor.comm_profile import profiled
 from mindpipe.executor.config import RunConfig
 from mindpipe.executor.data import TokenSource
 from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
+from mindpipe.executor.fp8 import convert_to_fp8
 from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory, stage_memory
 from mindpipe.executor.memory_account import GIB, MemoryAccount
 from mindpipe.executor.noise_probe import NoiseProbe, noise_method
@@ -133,6 +134,8 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     stages = []
     for s, mod in sorted(modules.items()):
         mod.to(device)
+        if plan.precision == "fp8":  # Float8Linear before the data-parallel wrapper (torchao's order)
+            convert_to_fp8(mod, device)
         parallelize_stage(mod, mesh, plan, model.num_layers, pool, memory)
         stages.append(PipelineStage(mod, s, plan.num_stages, device, group=mesh.get_group("pp")))
     memory.count_weights()

@@ -21,6 +21,7 @@ from collections import Counter
 from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost
 from mindpipe.simulator.engine import RankWork, StageWork
 from mindpipe.simulator.topology import Phase, Topology
+from mindpipe.simulator.work import TpOverlap
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import (
     BlockPolicy,
@@ -30,7 +31,7 @@ from mindpipe.traces.layout import (
     stage_layout,
 )
 
-GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2}
+GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2, "fp8": 4}  # fp8: bf16 mixed precision's fp32 main_grad
 
 
 def bucket_params(plan: Plan) -> int:
@@ -89,6 +90,14 @@ def _tp_phases(topo: Topology, colls: list[Collective], rank: int) -> list[Phase
     for op, nbytes, count in _merge(colls):
         out += topo.collective(op, nbytes, "tp", rank, count=count)
     return out
+
+
+def _tp_overlaps(topo: Topology, colls: list[Collective], rank: int) -> list[TpOverlap]:
+    """The collectives of ``colls`` that pipeline with a GEMM (``tp_comm_overlap``), equal ones merged;
+    each in ``tp`` chunks (TE's ring exchange splits the GEMM into one chunk per TP rank)."""
+    counts = Counter((c.op, c.nbytes, c.overlap_s) for c in colls if c.overlap_s > 0)
+    return [TpOverlap(topo.collective(op, nbytes, "tp", rank), g, topo.plan.tp, k)
+            for (op, nbytes, g), k in counts.items()]
 
 
 def _buckets(topo: Topology, op: str, total_params: int, bytes_per_param: int, bucket: int, rank: int) -> list[list[Phase]]:
@@ -160,6 +169,8 @@ def build_work(
             regather_buckets=gathers if reshards_after_forward(plan) else [],
             swap_out=topo.swap(rank, swap) if swap > 0 else [],
             swap_in=topo.swap(rank, swap) if swap > 0 else [],
+            fwd_tp_overlap=_tp_overlaps(topo, fwd_comm, rank),
+            bwd_tp_overlap=_tp_overlaps(topo, re_comm + bwd_comm, rank),
         )
         works.append(work)
     ranks: list[RankWork] = []

@@ -7,6 +7,15 @@
 * **Wire bytes** — what each rank sends for a buffer of ``n`` bytes: ``2(k−1)/k · n`` for an
   all-reduce, ``(k−1)/k · n`` for a reduce-scatter or an all-gather, ``n`` for a broadcast or a
   point-to-point send.
+* **GEMM overlap** — a collective split into ``k`` chunks that pipeline with the ``k`` chunks of
+  the GEMM beside it (Transformer Engine's userbuffers under ``tp_comm_overlap``: the all-gather
+  before a column-parallel GEMM is a ring exchange of the ``tp`` sequence shards, each GEMM chunk
+  starting when its shard arrives; the reduce-scatter after a row-parallel GEMM sends each output
+  chunk as it is done; Wang et al., "Overlap Communication with Dependent Computation via
+  Decomposition", ASPLOS'23, which TE implements). A two-stage pipeline of ``k`` equal chunks of
+  communication ``C/k`` and compute ``G/k`` ends ``max(C, G) + min(C, G)/k`` after it starts, so the
+  communication still exposed beyond the GEMM is ``max(C − G, 0) + min(C, G)/k``: one chunk when
+  the GEMM is the longer, the whole excess when the collective is.
 * **Link bandwidths** — bytes/s, one direction, of each link type of a cluster: a device's NVLink
   port (the cluster's intra-node override, else the catalog's NVLink, else its PCIe), a node's NIC
   (the cluster's inter-node override, else the catalog's per-device NIC × devices per node), a CPU
@@ -50,6 +59,14 @@ def wire_bytes(op: str, nbytes: float, k: int) -> float:
     return wire_factor(op, k) * nbytes if k > 1 or op == "p2p" else 0.0
 
 
+def overlapped_exposed_s(comm_s: float, gemm_s: float, chunks: int) -> float:
+    """Seconds of a collective (``comm_s`` alone) still exposed when it pipelines in ``chunks``
+    chunks with a GEMM of ``gemm_s`` seconds (module docstring): ``comm_s`` for one chunk or no GEMM."""
+    if chunks <= 1 or gemm_s <= 0.0:
+        return comm_s
+    return max(comm_s - gemm_s, 0.0) + min(comm_s, gemm_s) / chunks
+
+
 def link_type_capacities(cluster: Cluster, device: DeviceSpec) -> dict[str, float]:
     """Bytes/s (one direction) of one link of each type: a device's NVLink port, a node's NIC
     (all its NICs together), the loopback of a CPU node, a device's PCIe link."""
@@ -75,6 +92,7 @@ __all__ = [
     "OPS",
     "device_link_bandwidths",
     "link_type_capacities",
+    "overlapped_exposed_s",
     "ring_steps",
     "wire_bytes",
     "wire_factor",

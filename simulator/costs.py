@@ -23,15 +23,30 @@ from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.trace import LayerRecord, Trace
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Bytes per activation/weight element under each plan precision. ``fp8`` keeps activations,
+# weights and the collectives' buffers in bf16 (Transformer Engine's FP8 recipe casts only the
+# inputs of the blocks' GEMMs; NVIDIA TE docs, "Using FP8 with Transformer Engine"; torchao's
+# float8 training does the same per nn.Linear), so its element is 2 bytes; the 1-byte GEMM operands
+# are :data:`GEMM_OPERAND_BYTES`'s.
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+# Bytes per operand element of the blocks' linear-layer GEMMs where it differs from DTYPE_BYTES:
+# FP8 E4M3/E5M2 (Micikevicius et al. 2022, arXiv 2209.05433).
+GEMM_OPERAND_BYTES = {"fp8": 1}
+# The 16-bit precision everything but the FP8 GEMMs runs at under each plan precision.
+NON_GEMM_PRECISION = {"fp8": "bf16"}
 
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """A tensor-parallel collective a layer issues; ``nbytes`` is the full buffer on each rank."""
+    """A tensor-parallel collective a layer issues; ``nbytes`` is the full buffer on each rank.
+
+    ``overlap_s`` is the GEMM it pipelines with under ``tp_comm_overlap`` (seconds of that GEMM on
+    one rank; :func:`tp_overlap_gemms`), 0 when it runs on its own as Megatron issues it.
+    """
 
     op: str
     nbytes: int
+    overlap_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -116,6 +131,45 @@ def tp_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> tupl
     return [Collective("allreduce", nbytes)] * 2, [Collective("allreduce", nbytes)] * 2
 
 
+# The GEMM each TP collective of a block pipelines with under ``tp_comm_overlap``, in the order of
+# :func:`tp_collectives` (attention half, then MLP half), as Transformer Engine's userbuffers pair
+# them (``transformer_engine/pytorch/module/{layernorm_linear,linear,layernorm_mlp}.py``; the
+# per-GEMM methods in NeMo-Framework-Launcher ``launcher_scripts/conf/training/tp_overlap/
+# ub_cfg_h100_*.yaml``): forward — the all-gather of the normed input with the QKV (or Q, K, V)
+# GEMM (``qkv_fprop``), the reduce-scatter of the output with the projection (``proj_fprop``), and
+# likewise fc1 (gate, up) and fc2 (down); backward (input gradient) — the all-gather of the output
+# gradient with the projection's dgrad (``proj_dgrad``) and the reduce-scatter of the input
+# gradient with the QKV dgrad, and likewise for the MLP. TE overlaps the latter reduce-scatter with
+# the weight-gradient GEMM in bulk (``qkv_wgrad``); the dgrad GEMM has the same FLOPs and stays in
+# the input-gradient pass under every schedule (zero-bubble schedules move W elsewhere).
+# Per kind (Llama or not): the column-parallel attention GEMMs, the projection, the column-parallel
+# MLP GEMMs, the row-parallel MLP GEMM (:func:`mindpipe.simulator.ops.block_ops`'s names).
+_OVERLAP_GEMMS = {
+    False: (("qkv",), ("proj",), ("mlp_fc1",), ("mlp_fc2",)),
+    True: (("q", "k", "v"), ("proj",), ("mlp_gate", "mlp_up"), ("mlp_down",)),
+}
+
+
+def tp_overlap_gemms(model: Model, ops: Sequence[Op],
+                     price: Callable[[Sequence[Op]], tuple[float, float, float, float]]) -> tuple[list[float], list[float]]:
+    """Seconds of the GEMM each forward and each input-gradient TP collective of a block pipelines
+    with under ``tp_comm_overlap`` (:data:`_OVERLAP_GEMMS`), priced by ``price`` like the block."""
+    groups = _OVERLAP_GEMMS[model.is_llama]
+
+    def seconds(names: tuple[str, ...], phase: str) -> float:
+        mine = [op for op in ops if op.kind == "gemm" and op.name in names and op.phase == phase]
+        return sum(price([op])[0 if phase == "forward" else 1] for op in mine)
+
+    fwd = [seconds(names, "forward") for names in groups]
+    qkv, proj, fc1, fc2 = (seconds(names, "backward_input") for names in groups)
+    return fwd, [proj, qkv, fc2, fc1]
+
+
+def with_overlap(colls: Sequence[Collective], gemm_s: Sequence[float]) -> list[Collective]:
+    """``colls`` (one block's, :func:`tp_collectives`) each paired with the GEMM seconds it pipelines with."""
+    return [Collective(c.op, c.nbytes, g) for c, g in zip(colls, gemm_s, strict=True)]
+
+
 def layer_params(model: Model, tp: int) -> list[tuple[str, str, int]]:
     """(name, kind, parameters per TP rank) of every pipeline layer."""
     h, v = model.hidden_size, model.vocab_size
@@ -157,6 +211,9 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     layers = [LayerCost("embedding", "embedding", f, i, w, output_bytes=out_bytes, param_count=params["embedding"])]
     ops = block_ops(model, b, s, t, sp, d, flash_attention=flash_attention)
     f, i, w, core = price(ops)
+    if plan.tp_comm_overlap and fwd_comm:
+        g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)
+        fwd_comm, bwd_comm = with_overlap(fwd_comm, g_fwd), with_overlap(bwd_comm, g_bwd)
     split = [price(part) for part in split_ops(ops)]
     for k in range(model.num_layers):
         name = f"block.{k}"
@@ -281,6 +338,11 @@ class TraceComputeModel:
 
     def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
         """Per-layer costs from the trace (see class docstring)."""
+        if plan.tp_comm_overlap:
+            # The overlap pairs each collective with one GEMM's time (tp_overlap_gemms); a trace's
+            # blocks are timed whole.
+            raise ContractError(self.source, "tp_comm_overlap", "tp_comm_overlap=true needs per-GEMM times: "
+                                "simulate it with a hardware compute model, not a trace")
         k = self._scale(plan)
         by_kind: dict[str, list] = {}
         for r in self.trace.layers:
@@ -453,6 +515,8 @@ class AlphaBetaCommModel:
 
 __all__ = [
     "DTYPE_BYTES",
+    "GEMM_OPERAND_BYTES",
+    "NON_GEMM_PRECISION",
     "AlphaBetaCommModel",
     "Collective",
     "CommModel",
@@ -468,4 +532,6 @@ __all__ = [
     "roofline_time",
     "swap_weight_reread_bytes",
     "tp_collectives",
+    "tp_overlap_gemms",
+    "with_overlap",
 ]

@@ -10,15 +10,19 @@ inputs have arrived —
 * ``B/I(s, μ)`` needs the gradient of ``B/I(s+1, μ)``; ``W(s, μ)`` follows ``I(s, μ)`` on the rank.
 
 An action is its compute followed by its tensor-parallel collectives (Megatron issues them
-synchronously inside the layer, so the rank waits for them). Full or selective recompute adds
-the re-run forward (and, for full, its collectives) before the input-gradient work. Pipeline
-sends are asynchronous for the sender. Gradients of a stage are reduced over data parallelism in
-buckets issued while the stage's last backward computes (Megatron ``--overlap-grad-reduce``,
-PyTorch DDP bucketing); with ZeRO ≥ 1 they are reduce-scattered, ZeRO-1/2 all-gather the updated
-parameters after the optimizer step and ZeRO-3 gathers each stage's parameters before its first
-forward (FSDP2 under PP keeps them unsharded for the step; torchtitan), and without pipelining
-again before every backward (:func:`mindpipe.traces.layout.reshards_after_forward`). The iteration ends when
-the slowest rank has finished its optimizer step.
+synchronously inside the layer, so the rank waits for them); under ``tp_comm_overlap`` (Transformer
+Engine's userbuffers) the part of each collective its GEMM hides
+(:func:`~mindpipe.simulator.collectives.overlapped_exposed_s`, priced alone) is taken off the
+action. Full or selective recompute adds the re-run forward (and, for full, its collectives) before
+the input-gradient work. Pipeline sends are asynchronous for the sender. Gradients of a stage are
+reduced over data parallelism in buckets issued while the stage's last backward computes (Megatron
+``--overlap-grad-reduce``, PyTorch DDP bucketing); with ZeRO ≥ 1 they are reduce-scattered, ZeRO-1/2
+all-gather the updated parameters after the optimizer step (under ``overlap_param_gather`` only the
+first bucket and what one micro-batch's forward cannot cover count: the rest runs under the next
+iteration's forward) and ZeRO-3 gathers each stage's parameters before its first forward (FSDP2
+under PP keeps them unsharded for the step; torchtitan), and without pipelining again before every
+backward (:func:`mindpipe.traces.layout.reshards_after_forward`). The iteration ends when the
+slowest rank has finished its optimizer step.
 
 Cost (issue 14: 1,024 GPUs, m·p = 2,048 in about 0.05 s on one core): a rank's tensor-parallel
 collectives go through the fluid network only when another transfer could share their links;
@@ -32,9 +36,10 @@ from __future__ import annotations
 
 import simpy
 from mindpipe.simulator.actions import Action, Schedule
+from mindpipe.simulator.collectives import overlapped_exposed_s
 from mindpipe.simulator.network import solo_times
 from mindpipe.simulator.topology import Phase
-from mindpipe.simulator.work import EngineOptions, EngineResult, RankWork, StageWork, TimelineEvent
+from mindpipe.simulator.work import EngineOptions, EngineResult, RankWork, StageWork, TimelineEvent, TpOverlap
 
 
 class Engine:
@@ -72,6 +77,7 @@ class Engine:
         self._last_grad = [self._last_grad_index(r) for r in range(pp)]
         self._dp_waiters: list[list[simpy.Process]] = [[] for _ in range(pp)]
         self._solo = self._solo_tp_times()
+        self._hidden = [(self._hidden_s(st.fwd_tp_overlap), self._hidden_s(st.bwd_tp_overlap)) for st in stages]
         if self.opt.cores_per_rank_slots is not None:
             topo = self.tr.topo
             # The rank's dp × tp replicas on the node compute the same work at the same time.
@@ -97,6 +103,21 @@ class Engine:
             shared += rw.param_gather
         times = solo_times(owned, shared, self.tr.time_alone)
         return list(zip(times[0::2], times[1::2], strict=True))
+
+    def _hidden_s(self, overlaps: list[TpOverlap]) -> float:
+        """Seconds of a stage's TP collectives that their GEMMs hide under ``tp_comm_overlap``.
+
+        Each collective's time alone minus what stays exposed when it pipelines with its GEMM
+        (:func:`~mindpipe.simulator.collectives.overlapped_exposed_s`). It never exceeds the GEMMs
+        (part of the action's compute) nor the collectives (part of its TP phases); the action
+        spends that much less. Where the collectives share links (on the fluid network) their time
+        alone is the part taken back, the rest of their network time stays exposed.
+        """
+        out = 0.0
+        for o in overlaps:
+            alone = self.tr.time_alone(o.phases)
+            out += o.count * (alone - overlapped_exposed_s(alone, o.gemm_s, o.chunks))
+        return out
 
     def _solo_bytes(self) -> dict[str, float]:
         """Bytes per link type of the TP collectives that ran alone (off the network).
@@ -162,7 +183,7 @@ class Engine:
     # -- processes ----------------------------------------------------------------------------
     def _rank(self, r: int):
         env = self.env
-        stages, solo = self.stages, self._solo
+        stages, solo, hidden_s = self.stages, self._solo, self._hidden
         last_grad = self._last_grad[r]
         order = self.schedule.orders[r]
         n_st, m = self.schedule.num_stages, self._m
@@ -184,8 +205,9 @@ class Engine:
                 if st.gather_buckets and not self.params_ready[s].processed:
                     yield self.params_ready[s]
                 comp, phases, alone = st.forward_s, st.fwd_tp, solo[s][0]
+                hidden = hidden_s[s][0]
             elif kind == "W":
-                comp, phases, alone = st.weight_s, None, 0.0
+                comp, phases, alone, hidden = st.weight_s, None, 0.0, 0.0
             else:
                 if s < n_st - 1 and not arrived_b[s * m + mb]:
                     yield self._wait_input(1, s * m + mb)
@@ -200,24 +222,27 @@ class Engine:
                         self._record(r, "comm", f"param-gather stage {s} bucket {k}", t0, env.now, "dp")
                 comp = st.recompute_s + st.input_s + (st.weight_s if kind == "B" else 0.0)
                 phases, alone = st.bwd_tp, solo[s][1]
+                hidden = hidden_s[s][1]
             start = env.now
             if self._has_swap and idx + 1 < len(order):
                 self._prefetch(order[idx + 1])
             if st.dp_buckets and idx == last_grad.get(s):
                 self._dp_waiters[r].append(env.process(self._reduce_grads(r, s, start, comp)))
+            # tp_comm_overlap: the collectives' hidden part runs under the GEMMs, so the action
+            # spends that much less (counted as compute, not as TP communication).
             if plain and alone is not None:
-                if comp + alone > 0.0:
-                    yield env.timeout(comp + alone)
+                if comp + alone - hidden > 0.0:
+                    yield env.timeout(comp + alone - hidden)
                 cend = start + comp
             else:
-                if comp > 0.0:
-                    yield self._compute(r, comp)
-                cend = env.now
+                if comp - hidden > 0.0:
+                    yield self._compute(r, comp - hidden)
+                cend = env.now + hidden
                 if phases:
                     yield env.timeout(alone) if alone is not None else self._transfer(r, phases)
             end = env.now
             if phases:
-                comm_busy += end - cend
+                comm_busy += max(end - cend, 0.0)
             busy += end - start
             compute += cend - start
             self.last_compute_end[r] = end
@@ -342,15 +367,25 @@ class Engine:
             start = env.now
             yield self._compute(r, work.optimizer_s)
             self._record(r, "compute", "optimizer", start, env.now, "optimizer")
+        first_done = None
         for k, phases in enumerate(work.param_gather):
             start = env.now
             yield self._transfer(r, phases)
+            first_done = env.now if k == 0 else first_done
             if self.timeline is not None:
                 self._record(r, "comm", f"param-gather bucket {k}", start, env.now, "dp")
+        # overlap_param_gather (Megatron --overlap-param-gather): the next iteration's forward waits
+        # only for the first bucket; the later ones arrive while it computes, so in the steady state
+        # an iteration pays the first bucket and what the rank's forward of one micro-batch (its
+        # stages' F, the window before the last bucket is needed) cannot cover.
+        hidden = 0.0
+        if self.opt.overlap_param_gather and first_done is not None:
+            window = sum(self.stages[s].forward_s for s in self.schedule.stages_of_rank(r))
+            hidden = min(env.now - first_done, window)
         gap = self._overhead_slices(r)
         if gap is not None:
             yield from self._overhead(r, *gap)
-        self.end[r] = env.now
+        self.end[r] = env.now - hidden
 
     def _overhead_slices(self, r: int) -> tuple[float, float] | None:
         """(host CPU, wall) seconds of one overhead slice of rank ``r``: its per-iteration

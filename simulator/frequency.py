@@ -173,13 +173,16 @@ def hardware_stage_times(model: Model, plan: Plan, device: DeviceSpec, cluster: 
 
 def apply_clocks(stages: list[StageWork], table: StageClockTable, clocks: Sequence[int]) -> None:
     """Stretch each stage's compute to its clock (in place): forward by the forward phase's
-    stretch, recompute, input and weight gradients by the backward's."""
+    stretch, recompute, input and weight gradients by the backward's, and the GEMMs its TP
+    collectives overlap with (``tp_comm_overlap``) by their pass's."""
     for s, st in enumerate(stages):
         fwd, bwd = table.at(s, clocks[s])
         st.forward_s *= fwd.stretch
         st.recompute_s *= bwd.stretch
         st.input_s *= bwd.stretch
         st.weight_s *= bwd.stretch
+        st.fwd_tp_overlap = [dataclasses.replace(o, gemm_s=o.gemm_s * fwd.stretch) for o in st.fwd_tp_overlap]
+        st.bwd_tp_overlap = [dataclasses.replace(o, gemm_s=o.gemm_s * bwd.stretch) for o in st.bwd_tp_overlap]
 
 
 def rank_busy_power_w(stages: list[StageWork], table: StageClockTable, clocks: Sequence[int], stage_to_rank: list[int],

@@ -35,6 +35,22 @@ Decisions:
 * Per-token LayerNorm statistics (mean, rstd: 4·d·s·b per block) are left out, as the paper
   does; they are 1/h of the rest. ``traces.torch_gpt.block_activation_bytes`` counts them.
 
+FlashAttention (the compute model's ``flash_attention``, passed through
+:class:`~mindpipe.simulator.simulator.Simulator` as ``flash_attention``: one owner decides how a run's
+attention is computed, and the time and memory models both follow it) never materialises the
+a·s²·b scores: its backward recomputes them block by block from Q, K, V, the output and the
+softmax statistics, one fp32 log-sum-exp per query row and head (Dao 2023, "FlashAttention-2",
+arXiv 2307.08691, Algorithm 1 saves L; Algorithm 2 reads it), and it regenerates the dropout mask
+from the RNG state. So under it the a·s²·b term becomes ``4·a·s·b`` bytes (split over t), and
+selective recompute drops that too. Q, K, V and the output (the projection input) are kept as
+before.
+
+Plan precision ``fp8`` (FP8 block GEMMs, bf16 elsewhere; :mod:`mindpipe.simulator.perf.fp8`) keeps
+d = 2 for every tensor but the saved inputs of the blocks' GEMMs — QKV, projection, fc1 and fc2 (or
+gate/up and down) — which Transformer Engine saves as their FP8 casts, 1 byte (GEMM_INPUT_BYTES); so a
+GPT layer without dropout keeps 25·s·b·h instead of 32·s·b·h (plus the a·s²·b term). Its model
+states are bf16 mixed precision's plus the FP8 weight copy and transpose (FP8_WEIGHT_CACHE_BYTES).
+
 Llama blocks (``kind: "llama"``, :mod:`mindpipe.traces.torch_llama`) follow the same accounting
 term by term, with r = num_kv_heads/num_heads and no dropout (k = 0):
 
@@ -81,7 +97,19 @@ LOGIT_BYTES = 4
 # updates the weights in place (m, v: 8 B). Gradients use the build's dtype (fp32 main_grad under
 # bf16, as Megatron forces; fp16 grads under fp16), so bf16 totals Megatron's 18 B/param and fp16
 # the ZeRO paper's 16 B/param; fp32 is 4 + 4 + 8.
-OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12}
+OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12, "fp8": 12}
+# FP8 training (plan precision ``fp8``) is bf16 mixed precision plus FP8 copies (Transformer Engine
+# 1.x, ``transformer_engine/pytorch/module/linear.py``): the weights stay bf16 with fp32 master
+# copies (OPTIMIZER_BYTES, GRAD_BYTES as bf16), and each Linear caches its weight cast to FP8 and
+# that cast's transpose for the backward across the micro-batches of an iteration ("fp8 weight
+# caching", ``is_first_microbatch``): 2 more bytes per parameter. Counted on every parameter, an upper
+# bound: the embedding, the LM head and the norms stay bf16 (Megatron's output layer is not a TE
+# module). The saved inputs of the blocks' GEMMs are their FP8 casts (TE saves ``inputmat`` as
+# Float8Tensor for the weight gradient): 1 byte per element, GEMM_INPUT_BYTES.
+FP8_WEIGHT_CACHE_BYTES = {"fp8": 2}
+GEMM_INPUT_BYTES = {"fp8": 1}
+# FlashAttention's saved softmax statistics: one fp32 log-sum-exp per query row and head (module docstring).
+FLASH_STAT_BYTES = 4
 # Framework overhead on a GPU: CUDA context with torch's kernels (~0.5 GiB) plus NCCL
 # communicator buffers and allocator slack; a rough, documented figure. CPUs: 0.
 GPU_RESERVED_BYTES = 1 * GIB
@@ -113,6 +141,7 @@ def activation_bytes_per_layer(
     seq_len: int | None = None,
     mask_bytes: int | None = None,
     part: BlockPart = "whole",
+    flash_attention: bool = False,
 ) -> float:
     """Bytes one transformer block (or one part of it) keeps for backward, one micro-batch, one TP rank.
 
@@ -126,6 +155,8 @@ def activation_bytes_per_layer(
         mask_bytes: Bytes per dropout-mask element (default 1, a GPU's bool mask).
         part: ``whole``, or the ``attention`` or ``mlp`` part of a block cut by a stage boundary
             (module docstring).
+        flash_attention: The attention core is FlashAttention: its softmax statistics replace the
+            a·s²·b terms (module docstring).
 
     Returns:
         Bytes (a float: shards of odd sizes are averaged over ranks).
@@ -135,18 +166,24 @@ def activation_bytes_per_layer(
         return 0.0
     s, b, h, a = seq_len or model.seq_len, plan.micro_batch_size, model.hidden_size, model.num_heads
     t, d, k = plan.tp, DTYPE_BYTES[plan.precision], _mask_bytes(model, mask_bytes)
+    # A GEMM's saved input (QKV, projection, fc1/gate-up, fc2/down): its FP8 cast under fp8.
+    g = GEMM_INPUT_BYTES.get(plan.precision, d)
     seq_shard = t if plan.sequence_parallel else 1
     sbh = s * b * h
     if level == "full":
         return d * sbh / seq_shard
     attention, mlp = part != "mlp", part != "attention"
-    replicated = (2 * d + k) * sbh * (attention + mlp)
+    # Per part: the norm's input (d), the first GEMM's input (g), the residual-dropout mask (k).
+    replicated = (d + g + k) * sbh * (attention + mlp)
     kv_ratio = model.kv_heads / a
-    # Q, K, V, projection input; the MLP's f-wide tensors: 2 for GeLU, 4 for SwiGLU (module docstring).
-    mlp_tensors = 4 if model.is_llama else 2
-    split = ((2 + 2 * kv_ratio) * d * attention + mlp_tensors * d * model.ffn / h * mlp) * sbh
+    # Q, K, V (d) and the projection input (g); the MLP's f-wide tensors: GeLU's input (d) and fc2's
+    # input (g), or SwiGLU's gate output, SiLU output, up output (d) and down input (g) (module docstring).
+    mlp_d = 3 if model.is_llama else 1
+    split = (((1 + 2 * kv_ratio) * d + g) * attention + (mlp_d * d + g) * model.ffn / h * mlp) * sbh
     # Softmax output, dropout mask and dropout output; without dropout only the softmax output.
-    scores = (2 * d + k if model.dropout else d) * a * s * s * b * attention
+    # FlashAttention: one fp32 log-sum-exp per query row and head instead (module docstring).
+    scores = (FLASH_STAT_BYTES * a * s * b if flash_attention
+              else (2 * d + k if model.dropout else d) * a * s * s * b) * attention
     out = replicated / seq_shard + split / t
     return out if level == "selective" else out + scores / t
 
@@ -191,7 +228,7 @@ def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
     weights.
     """
     p, dp, z = plan.precision, plan.dp, plan.zero_stage
-    weights = params * DTYPE_BYTES[p] / (dp if z >= 3 else 1)
+    weights = params * (DTYPE_BYTES[p] + FP8_WEIGHT_CACHE_BYTES.get(p, 0)) / (dp if z >= 3 else 1)
     grads = params * GRAD_BYTES[p] / (dp if z >= 2 else 1)
     optim = params * OPTIMIZER_BYTES[p] / (dp if z >= 1 else 1)
     return weights, grads, optim
@@ -268,9 +305,9 @@ class StageMemoryModel:
     """
 
     def __init__(self, model: Model, plan: Plan, device: DeviceSpec, reserved_bytes: float | None,
-                 seq_len: int | None, *, split_backward: bool = False) -> None:
+                 seq_len: int | None, *, split_backward: bool = False, flash_attention: bool = False) -> None:
         self.model, self.plan, self.device, self.seq_len = model, plan, device, seq_len
-        self.split_backward = split_backward
+        self.split_backward, self.flash_attention = split_backward, flash_attention
         cpu = device.kind == "cpu"
         self.mask = DTYPE_BYTES[plan.precision] if cpu else GPU_MASK_BYTES
         self.reserve = (0.0 if cpu else GPU_RESERVED_BYTES) if reserved_bytes is None else reserved_bytes
@@ -282,7 +319,8 @@ class StageMemoryModel:
         """Bytes one block (or part of one) keeps per micro-batch under ``policy``."""
         if (policy, part) not in self._block:
             self._block[policy, part] = activation_bytes_per_layer(
-                self.model, self.plan, policy=policy, seq_len=self.seq_len, mask_bytes=self.mask, part=part)
+                self.model, self.plan, policy=policy, seq_len=self.seq_len, mask_bytes=self.mask, part=part,
+                flash_attention=self.flash_attention)
         return self._block[policy, part]
 
     def stage(self, policies: list[BlockPolicy], has_embedding: bool, has_head: bool,
@@ -378,6 +416,7 @@ def stage_memory(
     *,
     reserved_bytes: float | None = None,
     seq_len: int | None = None,
+    flash_attention: bool = False,
 ) -> list[RankMemory]:
     """Peak memory of every pipeline rank under ``schedule``.
 
@@ -396,12 +435,15 @@ def stage_memory(
         reserved_bytes: Framework overhead per rank (default ``GPU_RESERVED_BYTES`` on a GPU, 0
             on a CPU).
         seq_len: Sequence length if not the model's.
+        flash_attention: The attention core is FlashAttention (module docstring; the Simulator
+            passes its compute model's setting).
 
     Raises:
         ContractError: stage layers or policies that do not match the model, plan and schedule.
     """
     _check(model, plan, schedule, stage_layers)
-    mm = StageMemoryModel(model, plan, device, reserved_bytes, seq_len, split_backward=schedule.split_backward)
+    mm = StageMemoryModel(model, plan, device, reserved_bytes, seq_len, split_backward=schedule.split_backward,
+                          flash_attention=flash_attention)
     policies = block_policies(plan, model.num_layers)
     # Which blocks (and parts of blocks) each stage holds is the layout's rule, on these stage layers.
     spans = stage_layout(dataclasses.replace(plan, partition=list(stage_layers)), model)
@@ -412,7 +454,7 @@ def stage_memory(
 
 
 def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule, *,
-               reserved_bytes: float | None = None) -> list[int] | None:
+               reserved_bytes: float | None = None, flash_attention: bool = False) -> list[int] | None:
     """Most blocks each stage can hold in device memory, for a partitioner; None when not separable.
 
     With one stage per rank and one policy for every block, a rank's total in :func:`stage_memory`
@@ -423,7 +465,8 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     """
     if plan.virtual_stages != 1 or plan.layer_memory_policy is not None or plan.cuts_inside_blocks:
         return None
-    mm = StageMemoryModel(model, plan, device, reserved_bytes, None, split_backward=schedule.split_backward)
+    mm = StageMemoryModel(model, plan, device, reserved_bytes, None, split_backward=schedule.split_backward,
+                          flash_attention=flash_attention)
     policy = block_policies(plan, 1)[0]
     cap = float(device.memory_capacity_bytes)
     last = schedule.num_stages - 1
@@ -470,6 +513,9 @@ def fits_in_memory(
 
 
 __all__ = [
+    "FLASH_STAT_BYTES",
+    "FP8_WEIGHT_CACHE_BYTES",
+    "GEMM_INPUT_BYTES",
     "GPU_RESERVED_BYTES",
     "OPTIMIZER_BYTES",
     "RankMemory",

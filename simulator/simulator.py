@@ -64,7 +64,7 @@ from mindpipe.traces.trace import Trace
 
 GIB = 2**30
 # Plan fields that change per-layer costs (micro-batch shape, sharding, dtype); the cost cache key.
-COST_FIELDS = ("tp", "micro_batch_size", "sequence_parallel", "precision")
+COST_FIELDS = ("tp", "micro_batch_size", "sequence_parallel", "precision", "tp_comm_overlap")
 
 
 @dataclass
@@ -127,6 +127,14 @@ class Simulator:
         self.power = PowerModel.of(self.device) if has_frequency_data(self.device.name) else None
 
     # -- plan-level answers ------------------------------------------------------------------
+    @property
+    def flash_attention(self) -> bool:
+        """Whether the compute model prices attention as FlashAttention
+        (:attr:`mindpipe.simulator.perf.gpu.GpuComputeModel.flash_attention`, the one owner of that
+        fact); the memory model follows it (:mod:`mindpipe.simulator.memory`). Other compute models
+        price Megatron's unfused attention."""
+        return bool(getattr(self.compute, "flash_attention", False))
+
     def check(self, plan: Plan, source: str = "plan") -> None:
         """Raise a ContractError unless ``plan`` fits the model and the cluster."""
         check_plan(plan, self.model, self.cluster, source=source)
@@ -145,7 +153,8 @@ class Simulator:
 
     def memory(self, plan: Plan) -> list[RankMemory]:
         """Peak memory of every pipeline rank (:func:`mindpipe.simulator.memory.stage_memory`)."""
-        return stage_memory(self.model, plan, self.device, self.schedule(plan), stage_layers(plan, self.model))
+        return stage_memory(self.model, plan, self.device, self.schedule(plan), stage_layers(plan, self.model),
+                            flash_attention=self.flash_attention)
 
     def refuse_unless_fits(self, plan: Plan, ranks_per_device: int = 1, source: str = "plan") -> list[float]:
         """Per-rank peak memory in GiB; raise when a rank (times the ranks sharing its device) does not fit.
@@ -171,15 +180,15 @@ class Simulator:
 
     def block_caps(self, plan: Plan) -> list[int] | None:
         """Most blocks each stage can hold (:func:`mindpipe.simulator.memory.block_caps`)."""
-        return block_caps(self.model, plan, self.device, self.schedule(plan))
+        return block_caps(self.model, plan, self.device, self.schedule(plan), flash_attention=self.flash_attention)
 
     def stage_budgets(self, plan: Plan) -> list[StageBudget]:
         """Per-stage memory as a function of block policies (:func:`mindpipe.simulator.planning.stage_budgets`)."""
-        return stage_budgets(self.model, plan, self.device, self.schedule(plan))
+        return stage_budgets(self.model, plan, self.device, self.schedule(plan), flash_attention=self.flash_attention)
 
     def swap_bytes_per_block(self, plan: Plan) -> float:
         """Bytes a swapped block copies each way per micro-batch (what :meth:`run` copies)."""
-        return swap_bytes_per_block(self.model, plan)
+        return swap_bytes_per_block(self.model, plan, flash_attention=self.flash_attention)
 
     def swap_copy_s(self, plan: Plan, nbytes: float) -> float:
         """Time of a host copy of ``nbytes`` alone on pipeline rank 0's host link, as the engine prices it.
@@ -246,7 +255,7 @@ class Simulator:
         per-rank work (:func:`mindpipe.simulator.build.build_work`) and parameters per rank."""
         schedule = self.schedule(plan)
         topo = self.topology(plan)
-        swap = swap_bytes_per_block(self.model, plan)
+        swap = swap_bytes_per_block(self.model, plan, flash_attention=self.flash_attention)
         stages, ranks, params_by_rank = build_work(self.model, plan, self.layer_costs(plan), self.compute, topo,
                                                    schedule.stage_to_rank, swap_bytes_per_block=swap,
                                                    dp_unit_s=self._dp_unit_s(plan),
@@ -288,6 +297,7 @@ class Simulator:
 
         opts = EngineOptions(
             overlap_grad_reduce=plan.overlap_grad_reduce,
+            overlap_param_gather=plan.overlap_param_gather,
             pp_first=plan.comm_priority == "pp_first",
             cores_per_rank_slots=host.cores_per_rank_slots,
             step_overhead_s=host.step_overhead_s,
@@ -350,7 +360,7 @@ class Simulator:
         gbs, s = plan.global_batch_size, model.seq_len
         flops = model_flops_per_iteration(model, gbs)
         peak = device.peak_flops(plan.precision)
-        mem = stage_memory(model, plan, device, schedule, stage_layers(plan, model))
+        mem = stage_memory(model, plan, device, schedule, stage_layers(plan, model), flash_attention=self.flash_attention)
         by_stage = [rm.total_bytes / GIB for rm in mem]
         if hourly is not None:
             series, when = hourly

@@ -28,6 +28,9 @@ class StageWork:
         regather_buckets: ZeRO-3 gathers again before each backward (weights freed after the forward,
             :func:`mindpipe.traces.layout.reshards_after_forward`); empty otherwise.
         swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
+        fwd_tp_overlap, bwd_tp_overlap: Under ``tp_comm_overlap``, the collectives of ``fwd_tp`` /
+            ``bwd_tp`` that pipeline with a GEMM (:class:`TpOverlap`); the engine takes back the part
+            the GEMMs hide (:func:`mindpipe.simulator.collectives.overlapped_exposed_s`).
     """
 
     forward_s: float
@@ -43,6 +46,19 @@ class StageWork:
     regather_buckets: list[list[Phase]] = field(default_factory=list)
     swap_out: list[Phase] = field(default_factory=list)
     swap_in: list[Phase] = field(default_factory=list)
+    fwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
+    bwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TpOverlap:
+    """``count`` equal TP collectives (``phases`` is one of them), each pipelined in ``chunks`` chunks
+    with a GEMM of ``gemm_s`` seconds."""
+
+    phases: list[Phase]
+    gemm_s: float
+    chunks: int
+    count: int = 1
 
 
 @dataclass
@@ -59,6 +75,9 @@ class EngineOptions:
 
     Attributes:
         overlap_grad_reduce: Issue gradient buckets during the last backward (else after it).
+        overlap_param_gather: The ZeRO-1/2 parameter all-gather after the step runs under the next
+            iteration's forward: only its first bucket, and what does not fit under one micro-batch's
+            forward of the rank, stay exposed (:meth:`~mindpipe.simulator.engine.Engine._after`).
         pp_first: Pipeline p2p traffic has priority over other traffic on shared links.
         cores_per_rank_slots: For CPU ranks sharing cores: how many ranks a node's cores run at
             full speed at once (cores / threads per rank); None means dedicated devices.
@@ -76,6 +95,7 @@ class EngineOptions:
     """
 
     overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
     pp_first: bool = False
     cores_per_rank_slots: float | None = None
     step_overhead_s: float = 0.0

@@ -192,7 +192,8 @@ def test_keep_under_selective_gives_one_memory_and_one_time_everywhere() -> None
     # The tuner: a point with the same pinned policies evaluates to the same time and memory.
     point = dict(dp=1, tp=2, pp=4, micro_batch_size=1, global_batch_size=16, schedule="1f1b", virtual_stages=1,
                  recompute="selective", sequence_parallel=False, zero_stage=0, comm_priority="fair", precision="bf16",
-                 overlap_grad_reduce=False, rank_order="tp-dp-pp", partitioner="even")
+                 overlap_grad_reduce=False, tp_comm_overlap=False, overlap_param_gather=False, rank_order="tp-dp-pp",
+                 partitioner="even")
     record = evaluate(Problem(model, cluster, pinned={"layer_memory_policy": ["keep"] * model.num_layers}), point)
     assert record.metrics.iteration_time_s == r_keep.iteration_time_s
     assert record.metrics.peak_memory_gib == r_keep.peak_memory_gib

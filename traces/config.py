@@ -27,7 +27,12 @@ MODEL_KINDS = ("gpt", "llama")
 DEFAULT_ROPE_THETA = 10000.0
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+# Precisions that need a device figure of their own: ``fp8`` runs the transformer blocks' GEMMs in
+# FP8 (E4M3 forward, E5M2 gradients; Micikevicius et al. 2022, arXiv 2209.05433) with bf16
+# everywhere else, as Transformer Engine and torchao's float8 training do, so it needs FP8 tensor
+# cores (Hopper/Ada and later): a catalog device without an ``fp8`` peak cannot run it.
+DEVICE_PRECISIONS = ("fp8",)
 COMM_PRIORITIES = ("fair", "pp_first")
 LAYER_MEMORY_POLICIES = ("keep", "selective", "recompute", "swap")
 # Where a stage boundary falls (``Plan.stage_cuts``; the rule is :mod:`mindpipe.traces.layout`'s):
@@ -38,8 +43,13 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # What-if knobs (DESIGN.md "searched means runnable"): plan keys only the simulator models, each
 # with the one value the executor carries out. ``comm_priority=pp_first`` needs stream priorities the
 # executor does not set; ``overlap_grad_reduce=true`` needs gradient buckets reduced during the last
-# backward, while torch.distributed.pipelining reduces a stage's gradients after it.
-WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False}
+# backward, while torch.distributed.pipelining reduces a stage's gradients after it;
+# ``tp_comm_overlap=true`` needs Transformer Engine's userbuffers (GEMMs split into chunks that
+# pipeline with the tensor-parallel all-gather/reduce-scatter), which DTensor's tensor parallelism
+# does not have; ``overlap_param_gather=true`` needs the distributed optimizer's parameter
+# all-gather issued bucket by bucket from the next forward's pre-hooks, which FSDP2 does not do.
+WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False, "tp_comm_overlap": False,
+                                "overlap_param_gather": False}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
@@ -346,7 +356,8 @@ _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRE
                  "comm_priority": COMM_PRIORITIES, "rank_order": RANK_ORDERS, "subnet_schedule": SUBNET_SCHEDULES}
 # Keys that only supernet plans set; None in every GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
 SUPERNET_PLAN_KEYS = ("subnet_schedule", "subnet_window")
-PLAN_SCALAR_KEYS = (*_PLAN_INTEGER_LIMITS, "sequence_parallel", "overlap_grad_reduce", *_PLAN_CHOICES, "zero_stage")
+_PLAN_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather")
+PLAN_SCALAR_KEYS = (*_PLAN_INTEGER_LIMITS, *_PLAN_BOOL_KEYS, *_PLAN_CHOICES, "zero_stage")
 """The plan keys whose rule holds on their own (:func:`check_plan_key`); the rules between keys are :class:`Plan`'s."""
 
 
@@ -363,7 +374,7 @@ def check_plan_key(key: str, value: Any) -> None:
         return
     if key in _PLAN_INTEGER_LIMITS:
         integer(key, value, 1, _PLAN_INTEGER_LIMITS[key])
-    elif key in ("sequence_parallel", "overlap_grad_reduce"):
+    elif key in _PLAN_BOOL_KEYS:
         if not isinstance(value, bool):
             raise ContractError("", key, f"{key}={shown(value)} must be true or false")
     elif key in _PLAN_CHOICES:
@@ -383,8 +394,13 @@ class Plan:
     ``layer_memory_policy`` gives per block ``keep|selective|recompute|swap`` (vPipe; DawnPiper adds selective); ``None`` follows
     ``recompute``. ``comm_priority`` ``pp_first`` gives pipeline p2p traffic priority on shared
     links; ``overlap_grad_reduce`` issues data-parallel gradient buckets during the last backward
-    (Megatron ``--overlap-grad-reduce``). Both are what-if knobs (:data:`WHAT_IF_KEYS`): their
-    defaults are what the executor runs. ``rank_order`` lays global ranks out over the mesh axes,
+    (Megatron ``--overlap-grad-reduce``); ``tp_comm_overlap`` pipelines each sequence-parallel
+    all-gather/reduce-scatter with the GEMM beside it (Transformer Engine userbuffers, Megatron
+    ``--tp-comm-overlap``; the arithmetic is :func:`mindpipe.simulator.collectives.overlapped_exposed_s`);
+    ``overlap_param_gather`` issues the ZeRO-1/2 parameter all-gather after the optimizer step
+    bucket by bucket under the next iteration's forward (Megatron ``--overlap-param-gather``, NeMo
+    ``overlap_param_sync``). All four are what-if knobs (:data:`WHAT_IF_KEYS`): their defaults are
+    what the executor runs. ``rank_order`` lays global ranks out over the mesh axes,
     innermost first (Megatron: ``tp-dp-pp``, so TP stays inside a node). ``made_for`` names the
     model and cluster a tuned plan was made for (:class:`MadeFor`); hand-written plans leave it out.
     ``stage_cuts`` says, per boundary between consecutive (virtual) stages, whether it falls
@@ -412,6 +428,8 @@ class Plan:
     precision: str = "bf16"
     comm_priority: str = "fair"
     overlap_grad_reduce: bool = False
+    tp_comm_overlap: bool = False
+    overlap_param_gather: bool = False
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
@@ -444,6 +462,17 @@ class Plan:
             )
         if self.sequence_parallel and self.tp == 1:
             raise ContractError("", "sequence_parallel", "sequence_parallel=true needs tp > 1")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            # Megatron-LM megatron/training/arguments.py: "Tensor parallel communication/GEMM overlap
+            # can happen only when sequence parallelism is enabled" (the overlapped collectives are
+            # sequence parallelism's all-gather and reduce-scatter).
+            raise ContractError("", "tp_comm_overlap", "tp_comm_overlap=true needs sequence_parallel=true (and tp > 1)")
+        if self.overlap_param_gather and self.zero_stage not in (1, 2):
+            # Megatron-LM arguments.py: --overlap-param-gather "only supported with distributed
+            # optimizer"; ZeRO-3 gathers before each stage's forward already (zero_stage 3). Megatron
+            # also asks for --overlap-grad-reduce; the two are separate mechanisms here.
+            raise ContractError("", "overlap_param_gather", f"overlap_param_gather=true needs zero_stage 1 or 2 "
+                                f"(the distributed optimizer's all-gather), got {self.zero_stage}")
         within_limit("pp", self.num_stages, "pipeline_stages", "pp×virtual_stages")
         # m >= 1 here: global_batch_size is a positive multiple of micro_batch_size×dp.
         within_limit("global_batch_size", self.num_microbatches, "micro_batches", "m")
@@ -568,6 +597,8 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
             f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} does not equal the cluster's "
             f"{cluster.num_nodes}×{cluster.gpus_per_node}={cluster.world_size} devices",
         )
+    if cluster is not None:
+        check_precision(plan.precision, cluster.gpu, source)
     if cluster is not None and plan.stage_clocks_mhz is not None:
         from mindpipe.traces.catalog import get_device
         from mindpipe.traces.frequency import check_stage_clocks
@@ -577,6 +608,25 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
             check_stage_clocks(plan.stage_clocks_mhz, cluster.gpu, source)
 
 
+def precision_supported(precision: str, device_name: str) -> bool:
+    """True when the catalog device ``device_name`` can run ``precision`` (:data:`DEVICE_PRECISIONS`
+    need the device's own peak figure; the rest run everywhere)."""
+    from mindpipe.traces.catalog import get_device
+
+    return precision not in DEVICE_PRECISIONS or precision in get_device(device_name).peak_flops_per_s
+
+
+def check_precision(precision: str, device_name: str, source: str = "plan") -> None:
+    """Refuse a precision the device has no hardware for (``fp8`` on an A100 or a CPU).
+
+    Raises:
+        ContractError: e.g. ``plan.json: precision: precision 'fp8' needs FP8 tensor cores; a100-sxm4-80gb has none``.
+    """
+    if not precision_supported(precision, device_name):
+        raise ContractError(source, "precision", f"precision {precision!r} needs FP8 tensor cores "
+                                                 f"(H100, H200); {device_name} has none (use bf16)")
+
+
 def stage_layers(plan: Plan, model: Model) -> list[int]:
     """Layers per virtual stage: the plan's partition, or an even split."""
     return list(plan.partition) if plan.partition is not None else even_partition(model.num_layers, plan.num_stages)
@@ -584,6 +634,7 @@ def stage_layers(plan: Plan, model: Model) -> list[int]:
 
 __all__ = [
     "COMM_PRIORITIES",
+    "DEVICE_PRECISIONS",
     "PLAN_SCALAR_KEYS",
     "PRECISIONS",
     "RECOMPUTE",
@@ -599,8 +650,10 @@ __all__ = [
     "Plan",
     "check_plan",
     "check_plan_key",
+    "check_precision",
     "even_partition",
     "plan_value",
+    "precision_supported",
     "stage_layers",
     "what_if_used",
 ]

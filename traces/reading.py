@@ -67,13 +67,14 @@ CHROME_TRACE = InputKind("torch.profiler Chrome trace", 128 * MIB)
 AICB = InputKind("AICB workload", 8 * MIB)
 CARBON_CSV = InputKind("carbon-intensity CSV", 32 * MIB)
 VTRAIN_CSV = InputKind("vTrain CSV", 16 * MIB)
+NEMO_CSV = InputKind("NeMo performance CSV", 1 * MIB)
 CATALOG = InputKind("hardware catalog", 4 * MIB)
 CONSTANTS = InputKind("constants file", 4 * MIB)
 ACTION_TABLE = InputKind("action table CSV", 16 * MIB)
 TEXT_DATA = InputKind("training text", 64 * MIB)
 SWEEP_STATE = InputKind("sweep state", 256 * MIB)
 """``tune``'s ``sweep.json`` and ``evaluations.jsonl`` (about 1.2 KB a line: the 100,000-simulation budget fits)."""
-KINDS = (CONFIG, CALIBRATION, TRACE, CHROME_TRACE, AICB, CARBON_CSV, VTRAIN_CSV, CATALOG, CONSTANTS, ACTION_TABLE,
+KINDS = (CONFIG, CALIBRATION, TRACE, CHROME_TRACE, AICB, CARBON_CSV, VTRAIN_CSV, NEMO_CSV, CATALOG, CONSTANTS, ACTION_TABLE,
          TEXT_DATA, SWEEP_STATE)
 """Every kind, for the README's table and its test."""
 
@@ -352,6 +353,7 @@ __all__ = [
     "CONSTANTS",
     "KINDS",
     "MAX_INT_DIGITS",
+    "NEMO_CSV",
     "SWEEP_STATE",
     "TEXT_DATA",
     "TRACE",

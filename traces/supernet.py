@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from mindpipe.traces.config import Cluster, Plan, even_partition, one_of, what_if_used
+from mindpipe.traces.config import Cluster, Plan, check_precision, even_partition, one_of, what_if_used
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, shown
 from mindpipe.traces.schema import check_format_version
@@ -364,6 +364,8 @@ def check_supernet_plan(plan: Plan, supernet: Supernet, cluster: Cluster | None 
     if cluster is not None and plan.world_size != cluster.world_size:
         fail("dp", f"dp×pp={plan.dp}×{plan.pp}={plan.world_size} does not equal the cluster's "
              f"{cluster.num_nodes}×{cluster.gpus_per_node}={cluster.world_size} devices")
+    if cluster is not None:
+        check_precision(plan.precision, cluster.gpu, source)
 
 
 def conflict_probability(num_choices: int, layers_on_stage: int) -> float:

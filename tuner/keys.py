@@ -10,7 +10,9 @@ owner, on the Plan contract) names it, and the default
 search space pins every knob there. ``comm_priority=pp_first`` (p2p traffic first on shared
 links) needs stream priorities the executor does not set; ``overlap_grad_reduce=true`` needs
 gradient buckets reduced during the last backward, while torch.distributed.pipelining reduces a
-stage's gradients after it. ``mindpipe tune --what-if`` searches them; every output marks a plan
+stage's gradients after it; ``tp_comm_overlap=true`` needs Transformer Engine's userbuffers and
+``overlap_param_gather=true`` the distributed optimizer's all-gather from the next forward's
+pre-hooks, which DTensor and FSDP2 do not have. ``mindpipe tune --what-if`` searches them; every output marks a plan
 that uses one (:func:`what_if_used`).
 """
 
@@ -43,15 +45,15 @@ PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
 # Keys a point (and --fix) may carry; order fixes the column order of the output tables.
 POINT_KEYS = (
     "dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
-    "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "rank_order",
-    "partitioner",
+    "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "tp_comm_overlap",
+    "overlap_param_gather", "rank_order", "partitioner",
 )
 # The fourth dimension (NASPipe): points of a supernet carry these too; GPT points never do, so their
 # identity (point_key) is unchanged.
 SUPERNET_POINT_KEYS = SUPERNET_PLAN_KEYS
 LIST_KEYS = ("partition", "layer_memory_policy")  # pinned as JSON lists, copied into every plan
 _INT_KEYS = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage", "subnet_window")
-_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce")
+_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather")
 _STR_CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": SCHEDULES, "recompute": RECOMPUTE, "comm_priority": COMM_PRIORITIES, "precision": PRECISIONS,
     "rank_order": RANK_ORDERS, "partitioner": PARTITIONERS, "subnet_schedule": SUBNET_SCHEDULES,

@@ -12,8 +12,10 @@ can say how many were filtered and why.
 Dimensions that cannot change the result are not multiplied out (the first allowed value is
 kept): the schedule, virtual stages, partitioner (but for the memory-aware ones, which choose
 per-block policies) and ``comm_priority`` when there is one pipeline stage, the recompute level
-for the memory-aware partitioners (their per-block policy overrides it), the ZeRO stage and
-``overlap_grad_reduce`` when dp = 1, sequence parallelism when tp = 1. The memory-aware
+for the memory-aware partitioners (their per-block policy overrides it), the ZeRO stage,
+``overlap_grad_reduce`` and ``overlap_param_gather`` when dp = 1, sequence parallelism when tp = 1,
+``tp_comm_overlap`` without sequence parallelism; ``overlap_param_gather`` is only paired with
+ZeRO 1 and 2 (the Plan's rule). The memory-aware
 partitioners plan one stage per rank, so they are left out of interleaved and V schedules.
 What-if knobs (:data:`~mindpipe.tuner.keys.WHAT_IF_KEYS`) keep the value the executor runs unless
 ``what_if`` names them. ``--fix KEY=VALUE`` pins a key (``KEY=A,B`` restricts it to a set); pinned
@@ -32,7 +34,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindpipe.simulator.schedules import schedule_rule
-from mindpipe.traces.config import COMM_PRIORITIES, RECOMPUTE, SCHEDULES, V_SCHEDULES, Cluster, Model, check_plan
+from mindpipe.traces.config import (
+    COMM_PRIORITIES,
+    RECOMPUTE,
+    SCHEDULES,
+    V_SCHEDULES,
+    Cluster,
+    Model,
+    check_plan,
+    check_precision,
+)
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.keys import (
@@ -52,7 +63,8 @@ from mindpipe.tuner.subnet_space import check_supernet_fixes, supernet_points
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_INTERLEAVE = (2, 4)  # virtual stages tried for interleaved_1f1b (Megatron uses 2-4 chunks)
 # Every value of each what-if knob (searched only when the knob is named in ``what_if``).
-_WHAT_IF_VALUES: dict[str, tuple[Any, ...]] = {"comm_priority": COMM_PRIORITIES, "overlap_grad_reduce": (False, True)}
+_WHAT_IF_VALUES: dict[str, tuple[Any, ...]] = {"comm_priority": COMM_PRIORITIES, "overlap_grad_reduce": (False, True),
+                                               "tp_comm_overlap": (False, True), "overlap_param_gather": (False, True)}
 
 
 def _divisors(n: int) -> list[int]:
@@ -109,6 +121,10 @@ class SearchSpace:
         if unknown:
             raise ContractError("--what-if", unknown[0], f"{unknown[0]} is not a what-if knob")
         check_fixes_what_if(self.fixes, self.what_if)
+        # The default space searches bf16 only; a pinned precision the devices lack (fp8 on an
+        # A100 or a CPU) is refused here, by the plan rule's owner, instead of in every simulation.
+        for prec in self.choices("precision", []):
+            check_precision(prec, self.cluster.gpu, "--fix")
         self.points = list(self._enumerate())
 
     # -- choices per key -----------------------------------------------------------------------
@@ -216,6 +232,12 @@ class SearchSpace:
         if dp == 1:  # no data-parallel group: nothing to shard or to reduce
             zero_choices = zero_choices if self._pinned("zero_stage") else zero_choices[:1]
             ogr_choices = ogr_choices if self._pinned("overlap_grad_reduce") else ogr_choices[:1]
+        tpo_choices = self._knob("tp_comm_overlap")
+        if not base["sequence_parallel"] and not self._pinned("tp_comm_overlap"):
+            tpo_choices = tpo_choices[:1]  # no sequence-parallel collectives to overlap (Plan's rule)
+        opg_choices = self._knob("overlap_param_gather")
+        if dp == 1 and not self._pinned("overlap_param_gather"):
+            opg_choices = opg_choices[:1]
         comm_choices = self._knob("comm_priority")
         if pp == 1 and not self._pinned("comm_priority"):
             comm_choices = comm_choices[:1]
@@ -230,13 +252,21 @@ class SearchSpace:
         recompute = self.choices("recompute", RECOMPUTE)
         product = itertools.product(
             recompute, zero_choices, comm_choices, self.choices("precision", ["bf16"]),
-            ogr_choices, self.choices("rank_order", ["tp-dp-pp"]), part_choices,
+            ogr_choices, tpo_choices, opg_choices, self.choices("rank_order", ["tp-dp-pp"]), part_choices,
         )
-        for rc, zero, comm, prec, ogr, order, part in product:
+        for rc, zero, comm, prec, ogr, tpo, opg, order, part in product:
             if part in MEMORY_PARTITIONERS and rc != recompute[0]:
                 continue  # their per-block policy overrides the recompute level: one point, not one per level
+            if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
+                self.rejected[Rule.PLAN] += 1
+                continue
+            if opg and zero not in (1, 2):  # no distributed-optimizer all-gather to overlap (Plan's rule)
+                if self._pinned("overlap_param_gather"):
+                    self.rejected[Rule.PLAN] += 1
+                continue
             point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,
-                         overlap_grad_reduce=ogr, rank_order=order, partitioner=part)
+                         overlap_grad_reduce=ogr, tp_comm_overlap=tpo, overlap_param_gather=opg, rank_order=order,
+                         partitioner=part)
             yield {k: point[k] for k in POINT_KEYS}
 
     def describe(self) -> dict[str, Any]:

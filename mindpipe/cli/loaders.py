@@ -27,6 +27,7 @@ from mindpipe.traces.trace import Trace
 if TYPE_CHECKING:
     from mindpipe.simulator.calibrate.runs import MeasuredRun
     from mindpipe.simulator.carbon import CarbonSeries
+    from mindpipe.simulator.perf.nemo import NemoRow
     from mindpipe.simulator.perf.vtrain import VTrainRow
     from mindpipe.simulator.timeshift import Window
     from mindpipe.traces.calibration import Calibration
@@ -123,6 +124,17 @@ def carbon_window(csv: str, window: str) -> tuple[CarbonSeries, Window]:
     series = load_carbon_csv(csv)
     series.check_covers(parsed.start, (parsed.end - parsed.start).total_seconds())
     return series, parsed
+
+
+def nemo_rows(path: str) -> list[NemoRow]:
+    """NVIDIA's NeMo 24.07 DGX-H100 FP8 table (:func:`mindpipe.simulator.perf.nemo.load_nemo`).
+
+    Raises:
+        ContractError: the file does not parse (naming the line and the column).
+    """
+    from mindpipe.simulator.perf.nemo import load_nemo
+
+    return load_nemo(path)
 
 
 def vtrain_rows(path: str, dataset: VTrainDataset) -> list[VTrainRow]:

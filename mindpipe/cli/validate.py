@@ -3,6 +3,10 @@
     mindpipe validate vtrain-single --data vtrain_a100_single_node.csv [--json]
     mindpipe validate vtrain-multi  --data vtrain_a100_multi_node.csv  [--gpu h100-sxm5-80gb]
     mindpipe validate measured --data m1.json m2.json ... [--calibration cal.json] [--report DIR]
+    mindpipe validate nemo-h100 --data nemo_2407_h100_fp8.csv [--json]
+
+``nemo-h100`` simulates NVIDIA's NeMo 24.07 DGX-H100 FP8 table on ``h100-sxm5-80gb`` at plan
+precision ``fp8`` (:mod:`mindpipe.cli.validate_nemo`).
 
 ``measured`` takes traces written by ``mindpipe run`` and prints predicted vs measured iteration
 time, uncalibrated and (with ``--calibration``) calibrated; ``--report DIR`` also writes the
@@ -35,7 +39,7 @@ from mindpipe.traces.limits import limit
 if TYPE_CHECKING:
     from mindpipe.traces.calibration import Calibration
 
-DATASETS = ("vtrain-single", "vtrain-multi", "measured")
+DATASETS = ("vtrain-single", "vtrain-multi", "measured", "nemo-h100")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -62,6 +66,10 @@ def cmd_validate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     calibration = loaders.calibration(args.calibration)
     if args.dataset == "measured":
         return _validate_measured(args, calibration)
+    if args.dataset == "nemo-h100":
+        from mindpipe.cli.validate_nemo import validate_nemo_h100
+
+        return validate_nemo_h100(args, argv)
     return _validate_vtrain(args, calibration)
 
 

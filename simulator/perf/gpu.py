@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mindpipe.simulator.costs import DTYPE_BYTES, LayerCost, op_layer_costs
+from mindpipe.simulator.costs import DTYPE_BYTES, GEMM_OPERAND_BYTES, NON_GEMM_PRECISION, LayerCost, op_layer_costs
 from mindpipe.simulator.ops import Op
 from mindpipe.simulator.perf.constants import GpuConstants, facts_for, shipped_constants
+from mindpipe.simulator.perf.fp8 import Fp8Constants, cast_bytes, is_fp8_gemm, shipped_fp8_constants
 from mindpipe.simulator.perf.kernels import KernelParams, flash_s, gemm_s, memory_s
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
@@ -54,6 +55,8 @@ class GpuComputeModel:
         flash_attention: Price attention as FlashAttention-2 kernels instead of Megatron's
             baddbmm/softmax/bmm (vTrain's Megatron-DeepSpeed runs used the latter).
         host_bound: Apply the host kernel-issue bound (turn off to see GPU time alone).
+        fp8: FP8 GEMM constant for plan precision ``fp8`` (:mod:`mindpipe.simulator.perf.fp8`);
+            default: the shipped ``fp8.json``.
     """
 
     device: DeviceSpec
@@ -61,6 +64,7 @@ class GpuComputeModel:
     sm_count: int | None = None
     flash_attention: bool = False
     host_bound: bool = True
+    fp8: Fp8Constants | None = None
     sm_count_source: str = field(default="", init=False)
     _params: dict[str, KernelParams] = field(default_factory=dict, init=False, repr=False)
 
@@ -87,10 +91,13 @@ class GpuComputeModel:
         p = self._params.get(precision)
         if p is None:
             c = self.c
+            ceiling = c.gemm_ceiling
+            if precision == "fp8":  # FP8 GEMMs: the family's ceiling scaled (mindpipe.simulator.perf.fp8)
+                ceiling *= (self.fp8 or shipped_fp8_constants()).gemm_efficiency
             p = self._params[precision] = KernelParams(
                 peak_flops=self.device.peak_flops(precision),
                 sm_count=int(self.sm_count or 1),
-                gemm_ceiling=c.gemm_ceiling,
+                gemm_ceiling=ceiling,
                 tiles=c.tiles,
                 k_overhead=c.k_overhead,
                 max_split_k=c.max_split_k,
@@ -102,7 +109,20 @@ class GpuComputeModel:
         return p
 
     def op_s(self, op: Op, precision: str) -> float:
-        """GPU time of one operator (kernel)."""
+        """GPU time of one operator (kernel).
+
+        Under ``fp8`` a block's linear GEMM runs at the FP8 peak with 1-byte operands, after the
+        cast of its activation operand (:func:`~mindpipe.simulator.perf.fp8.cast_bytes`, memory-bound);
+        every other operator at the 16-bit precision beside it (:data:`~mindpipe.simulator.costs.NON_GEMM_PRECISION`).
+        """
+        if precision in NON_GEMM_PRECISION:
+            p16 = self.kernel_params(NON_GEMM_PRECISION[precision])
+            if is_fp8_gemm(op) and op.gemm_mnk is not None:
+                m, n, k = op.gemm_mnk
+                cast = cast_bytes(op)
+                return (gemm_s(m, n, k, op.batch, GEMM_OPERAND_BYTES[precision], self.kernel_params(precision))
+                        + (memory_s(cast, p16) if cast else 0.0))
+            precision = NON_GEMM_PRECISION[precision]
         p = self.kernel_params(precision)
         if op.kind in ("gemm", "bmm") and op.gemm_mnk is not None:
             m, n, k = op.gemm_mnk

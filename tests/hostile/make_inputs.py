@@ -246,6 +246,32 @@ def vtrain() -> dict[str, bytes]:
     }
 
 
+NEMO_HEAD = "model,gpus,global_batch,micro_batch,seq_len,tp,pp,cp,vp,tokens_per_s_per_gpu,model_tflops_per_gpu"
+NEMO_ROWS = ["LLAMA2-7B,8,128,1,4096,1,1,1,1,16847,776", "LLAMA3-8B,8,128,1,8192,1,1,2,1,12036,697"]
+
+
+def nemo() -> dict[str, bytes]:
+    def table(*rs: str, head: str = NEMO_HEAD) -> bytes:
+        return ("\n".join([head, *rs]) + "\n").encode()
+
+    return {
+        "ok.csv": table(*NEMO_ROWS),
+        "missing_column.csv": table(*(",".join(r.split(",")[:-1]) for r in NEMO_ROWS),
+                                    head=NEMO_HEAD.removesuffix(",model_tflops_per_gpu")),
+        "tps_nan.csv": table("LLAMA2-7B,8,128,1,4096,1,1,1,1,nan,776"),
+        "tps_inf.csv": table("LLAMA2-7B,8,128,1,4096,1,1,1,1,inf,776"),
+        "tflops_1e400.csv": table("LLAMA2-7B,8,128,1,4096,1,1,1,1,16847,1e400"),
+        "tps_zero.csv": table("LLAMA2-7B,8,128,1,4096,1,1,1,1,0,776"),
+        "gpus_1e300.csv": table("LLAMA2-7B,1e300,128,1,4096,1,1,1,1,16847,776"),
+        "unknown_model.csv": table("GPT5-1T,8,128,1,4096,1,1,1,1,16847,776"),
+        "gpus_indivisible.csv": table("LLAMA2-7B,8,128,1,4096,3,1,1,1,16847,776"),
+        "only_cp_rows.csv": table(NEMO_ROWS[1]),
+        "header_only.csv": table(),
+        "empty.csv": b"",
+        "bad_utf8.csv": table(*NEMO_ROWS)[:120] + BAD_UTF8 + table(*NEMO_ROWS)[120:],
+    }
+
+
 def aicb() -> dict[str, bytes]:
     def workload(*rows: str, count: int | None = None, head: str = AICB_HEAD) -> bytes:
         return (head + f"{len(rows) if count is None else count}\n" + "\n".join(rows) + "\n").encode()
@@ -384,7 +410,7 @@ def other() -> dict[str, bytes]:
 
 
 GROUPS = {"model": models, "cluster": clusters, "plan": plans, "trace": traces, "carbon": carbon, "vtrain": vtrain,
-          "aicb": aicb, "chrome": chrome, "measured": measured, "calibration": calibration, "sweep": sweep, "": other}
+          "nemo": nemo, "aicb": aicb, "chrome": chrome, "measured": measured, "calibration": calibration, "sweep": sweep, "": other}
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 
 import pytest
-from mindpipe.simulator.frequency import PowerModel, clocked_device, split_compute
+from mindpipe.simulator.frequency import PowerModel, apply_clocks, clocked_device, split_compute
 from mindpipe.simulator.perf.kernels import KernelParams, Tile, gemm_s, memory_s
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_model
@@ -103,3 +103,16 @@ def test_a_stage_with_slack_runs_at_a_lower_clock_for_free() -> None:
 def test_clock_plans_are_refused_for_devices_without_frequency_data() -> None:
     with pytest.raises(ContractError, match="no frequency data"):
         frequency_spec("cpu")
+
+
+def test_a_lower_clock_stretches_the_gemms_tp_collectives_overlap(sim: Simulator) -> None:
+    plan = Plan(dp=2, tp=4, pp=1, micro_batch_size=1, global_batch_size=2, sequence_parallel=True, tp_comm_overlap=True)
+    _, _, stages, _, _ = sim.work(plan)
+    before = [o.gemm_s for o in stages[0].fwd_tp_overlap + stages[0].bwd_tp_overlap]
+    table = sim.clock_table(plan, [1095])
+    apply_clocks(stages, table, [1095])
+    fwd, bwd = table.at(0, 1095)
+    assert fwd.stretch > 1 and bwd.stretch > 1
+    n = len(stages[0].fwd_tp_overlap)
+    after = [o.gemm_s for o in stages[0].fwd_tp_overlap + stages[0].bwd_tp_overlap]
+    assert after == pytest.approx([g * (fwd.stretch if i < n else bwd.stretch) for i, g in enumerate(before)])

@@ -205,3 +205,26 @@ def test_impossible_space_is_empty_with_reasons():
     assert set(POINT_KEYS) >= set(space.describe()["values"])
     space = SearchSpace(model, cluster, [64], parse_fixes(["tp=8", "dp=2"]))
     assert space.size == 0 and set(space.rejected) == {Rule.PINNED}
+
+
+def test_fp8_is_searched_only_when_pinned_and_only_on_devices_with_fp8():
+    model = load_model("gpt-1.3b")
+    h100 = load_cluster("h100-sxm5-80gb:1x8")
+    # Default space: bf16 only (the executor runs it everywhere).
+    assert {p["precision"] for p in SearchSpace(model, h100, [64]).points} == {"bf16"}
+    pinned = SearchSpace(model, h100, [64], parse_fixes(["precision=fp8"]))
+    assert pinned.size > 0 and {p["precision"] for p in pinned.points} == {"fp8"}
+    with pytest.raises(ContractError, match="precision 'fp8' needs FP8 tensor cores"):
+        SearchSpace(model, load_cluster("a100-sxm4-80gb:1x8"), [64], parse_fixes(["precision=fp8"]))
+
+
+def test_overlap_knobs_are_searched_only_where_they_mean_something():
+    model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
+    space = SearchSpace(model, cluster, [64], what_if=parse_what_if("tp_comm_overlap,overlap_param_gather"))
+    tpo = {p["tp_comm_overlap"] for p in space.points if p["sequence_parallel"]}
+    assert tpo == {False, True}
+    assert not any(p["tp_comm_overlap"] for p in space.points if not p["sequence_parallel"])
+    assert {p["overlap_param_gather"] for p in space.points if p["zero_stage"] in (1, 2) and p["dp"] > 1} == {False, True}
+    assert not any(p["overlap_param_gather"] for p in space.points if p["zero_stage"] in (0, 3) or p["dp"] == 1)
+    # Without --what-if both stay at the executor's value.
+    assert not any(p["tp_comm_overlap"] or p["overlap_param_gather"] for p in SearchSpace(model, cluster, [64]).points)

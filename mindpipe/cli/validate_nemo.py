@@ -1,0 +1,83 @@
+"""``mindpipe validate nemo-h100``: the FP8 H100 model against NVIDIA's NeMo 24.07 table (torch-free).
+
+    mindpipe validate nemo-h100 --data nemo_2407_h100_fp8.csv [--json]
+
+Every row MindPipe's plan can express is simulated on ``h100-sxm5-80gb`` at precision ``fp8``
+(:mod:`mindpipe.simulator.perf.nemo`, :mod:`mindpipe.simulator.perf.nemo_validate`); the
+context-parallel rows are listed as unsupported and left out of the figures. ``--json`` prints one
+object (``mape``, the fit and hold-out halves, per-model error, per-row results, ``unsupported``).
+``--gpu``, ``--sample``, ``--calibration`` and ``--report`` belong to the other datasets and are
+refused here with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mindpipe.cli import loaders
+from mindpipe.cli.output import print_json
+from mindpipe.traces.errors import ContractError
+
+DATASET = "nemo-h100"
+
+
+def _refuse_other_options(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    for flag, given in (("--gpu", any(a == "--gpu" or a.startswith("--gpu=") for a in argv)),
+                        ("--sample", args.sample is not None), ("--calibration", args.calibration is not None),
+                        ("--report", args.report is not None)):
+        if given:
+            raise ContractError(flag, None, f"{flag} does not apply to {DATASET} (its runs are DGX-H100, FP8)")
+    if len(args.data) != 1:
+        raise ContractError("--data", None, f"{DATASET} takes one CSV file, got {len(args.data)}")
+
+
+def format_nemo(report: dict[str, Any]) -> str:
+    """Human-readable table: one line per row, the unsupported rows, both halves, per-model error."""
+    lines = [f"{'row':<30} {'model':<14} {'gpus':>4} {'tp':>3} {'pp':>3} {'dp':>3} {'mb':>3} {'gbs':>5} "
+             f"{'half':<8} {'measured s':>10} {'predicted s':>11} {'error':>8}"]
+    for r in report["rows"]:
+        lines.append(f"{Path(r['source']).name:<30} {r['model']:<14} {r['gpus']:>4} {r['tp']:>3} {r['pp']:>3} "
+                     f"{r['dp']:>3} {r['micro_batch']:>3} {r['global_batch']:>5} {r['half']:<8} "
+                     f"{r['measured_s']:>10.3f} {r['predicted_s']:>11.3f} {r['pct_error']:>+7.1f}%")
+    for u in report["unsupported"]:
+        lines.append(f"{Path(u['source']).name:<30} {u['model']:<14} not simulated: cp={u['cp']} "
+                     "(context parallelism is not a MindPipe plan dimension)")
+    lines.append("")
+    lines.append(f"{DATASET}: {report['n']} rows simulated, MAPE {report['mape']:.2f}%, max |error| "
+                 f"{report['max_abs_pct_error']:.1f}%, median signed {report['median_signed_pct_error']:+.1f}%; "
+                 f"{len(report['unsupported'])} unsupported rows excluded")
+    for half in ("fit_half", "holdout_half"):
+        h = report[half]
+        if not h["n"]:
+            lines.append(f"  {half.replace('_', ' '):<13}   0 rows")
+            continue
+        lines.append(f"  {half.replace('_', ' '):<13} {h['n']:>3} rows, MAPE {h['mape']:.2f}%, "
+                     f"max {h['max_abs_pct_error']:.1f}%")
+    lines.append(f"  Echo's published error (GPT-175B, 96 H800): {report['echo_published_error_pct']:.0f}%")
+    lines.append("")
+    lines.append(f"{'model':<14} {'rows':>5} {'MAPE':>8} {'max':>8}")
+    for k, s in report["by_model_size"].items():
+        lines.append(f"{k:<14} {s['n']:>5} {s['mape']:>7.2f}% {s['max_abs_pct_error']:>7.1f}%")
+    return "\n".join(lines)
+
+
+def validate_nemo_h100(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Simulate the table's rows and print predicted vs measured (or one JSON object with ``--json``)."""
+    from mindpipe.simulator.perf.nemo_validate import nemo_report
+
+    _refuse_other_options(args, argv)
+    data = args.data[0]
+    report = nemo_report(loaders.nemo_rows(data))
+    if not report["n"]:
+        raise ContractError(data, None, "no row the plan can express (every row uses context parallelism)")
+    if args.json:
+        print_json({"dataset": DATASET, "data": data, "gpu": "h100-sxm5-80gb", "precision": "fp8", **report})
+    else:
+        print(format_nemo(report))
+    return 0
+
+
+__all__ = ["DATASET", "format_nemo", "validate_nemo_h100"]
