@@ -28,6 +28,9 @@ class StageWork:
         regather_buckets: ZeRO-3 gathers again before each backward (weights freed after the forward,
             :func:`mindpipe.traces.layout.reshards_after_forward`); empty otherwise.
         swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
+        mb_stretch: Per micro-batch (forward, backward) factors on the compute above, from
+            per-action SM clocks (``action_clocks_mhz``, :mod:`mindpipe.simulator.frequency`);
+            None: every micro-batch takes the stage's times.
     """
 
     forward_s: float
@@ -43,6 +46,7 @@ class StageWork:
     regather_buckets: list[list[Phase]] = field(default_factory=list)
     swap_out: list[Phase] = field(default_factory=list)
     swap_in: list[Phase] = field(default_factory=list)
+    mb_stretch: list[tuple[float, float]] | None = None
 
 
 @dataclass
