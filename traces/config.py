@@ -39,9 +39,11 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # with the one value the executor carries out. ``comm_priority=pp_first`` needs stream priorities the
 # executor does not set; ``overlap_grad_reduce=true`` needs gradient buckets reduced during the last
 # backward, while torch.distributed.pipelining reduces a stage's gradients after it.
-# ``action_clocks_mhz`` (a clock per forward/backward of each micro-batch, Perseus's plan) needs a
-# thread switching NVML clocks around every action; the executor locks one clock per rank.
-WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False, "action_clocks_mhz": None}
+# ``tune --what-if`` searches these two. ``action_clocks_mhz`` (a clock per forward/backward of each
+# micro-batch, Perseus's plan) needs a thread switching NVML clocks around every action, while the
+# executor locks one clock per rank; only the clock planner (tuner.frequency, ``perseus_action``) sets it.
+SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False}
+WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
@@ -612,6 +614,7 @@ __all__ = [
     "PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
+    "SEARCHED_WHAT_IF_KEYS",
     "SEQUENTIAL_EQUIVALENT_SCHEDULES",
     "STAGE_CUTS",
     "SUBNET_SCHEDULES",
