@@ -176,8 +176,24 @@ def flat_action_clocks(clocks: list[list[list[int]]]) -> list[int]:
     return [v for pair in clocks for row in pair for v in row]
 
 
-def check_stage_clocks(clocks: list[int], device: str, source: str = "plan",
-                       key: str = "stage_clocks_mhz") -> None:
+def check_action_clocks(clocks: list[list[list[int]]], device: str, source: str = "plan") -> None:
+    """Every per-action clock is one the device supports (shape checked by :func:`check_action_clocks_shape`).
+
+    Raises:
+        ContractError: no frequency data for the device, or a clock off its range or grid.
+    """
+    spec = frequency_spec(device, source)
+    for s, pair in enumerate(clocks):
+        for k, row in enumerate(pair):
+            for mb, v in enumerate(row):
+                if not spec.supports(v):
+                    raise ContractError(source, f"action_clocks_mhz[{s}][{k}][{mb}]",
+                                        f"action_clocks_mhz[{s}][{k}][{mb}]={v} is not a supported {device} SM clock "
+                                        f"({spec.min_sm_clock_MHz}..{spec.max_sm_clock_MHz} MHz in "
+                                        f"{spec.sm_clock_step_MHz} MHz steps)")
+
+
+def check_stage_clocks(clocks: list[int], device: str, source: str = "plan") -> None:
     """Every clock is one the device supports.
 
     Raises:
@@ -186,8 +202,7 @@ def check_stage_clocks(clocks: list[int], device: str, source: str = "plan",
     spec = frequency_spec(device, source)
     for i, v in enumerate(clocks):
         if not spec.supports(v):
-            where = f"{key}[{i}]" if key == "stage_clocks_mhz" else key
-            raise ContractError(source, where, f"{where}{'=' if where != key else ' has '}{v} is not a supported {device} SM clock "
+            raise ContractError(source, f"stage_clocks_mhz[{i}]", f"stage_clocks_mhz[{i}]={v} is not a supported {device} SM clock "
                                 f"({spec.min_sm_clock_MHz}..{spec.max_sm_clock_MHz} MHz in {spec.sm_clock_step_MHz} MHz steps)")
 
 
@@ -200,6 +215,14 @@ def rank_clocks(clocks: list[int] | None, stage_rank: list[int]) -> list[int | N
     return out
 
 
-__all__ = ["FrequencySpec", "check_action_clocks_shape", "check_stage_clocks", "check_stage_clocks_shape",
-           "flat_action_clocks", "frequency_spec", "has_frequency_data",
-           "rank_clocks"]
+__all__ = [
+    "FrequencySpec",
+    "check_action_clocks",
+    "check_action_clocks_shape",
+    "check_stage_clocks",
+    "check_stage_clocks_shape",
+    "flat_action_clocks",
+    "frequency_spec",
+    "has_frequency_data",
+    "rank_clocks",
+]
