@@ -94,8 +94,8 @@ def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
         return tuple(SEARCHED_WHAT_IF_KEYS)
     for key in items:
         if key not in SEARCHED_WHAT_IF_KEYS:
-            raise ContractError("--what-if", key,
-                                f"{key} is not a what-if knob tune searches (known: all, {', '.join(SEARCHED_WHAT_IF_KEYS)})")
+            what = ("is a what-if knob only the clock planner sets" if key in WHAT_IF_KEYS else "is not a what-if knob")
+            raise ContractError("--what-if", key, f"{key} {what} (known: all, {', '.join(SEARCHED_WHAT_IF_KEYS)})")
     return tuple(k for k in SEARCHED_WHAT_IF_KEYS if k in items)
 
 
