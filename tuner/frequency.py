@@ -1,8 +1,10 @@
-"""Per-stage SM-clock planning: a Perseus-style time–energy frontier and EnvPipe's heuristic.
+"""SM-clock planning: a Perseus-style time–energy frontier and EnvPipe's heuristic per stage, and per-action clocks.
 
-Both work on the iteration DAG of :mod:`mindpipe.tuner.clock_dag` with one locked clock per
+The first two work on the iteration DAG of :mod:`mindpipe.tuner.clock_dag` with one locked clock per
 pipeline rank (``stage_clocks_mhz`` equal on a rank's virtual stages: the executor locks a
-device once; Perseus switches per instruction, which needs a clock-setting thread we do not run).
+device once). Perseus switches per instruction, which needs a clock-setting thread the executor
+does not run: ``perseus_action`` plans that (``action_clocks_mhz``, a what-if knob) with
+:mod:`mindpipe.tuner.clock_actions`, which also bounds what any clock plan can save.
 
 * **Perseus** (SOSP'24, ml-energy/lowtime): the time–energy frontier. Perseus starts from all
   computations at their slowest useful clock and repeatedly shortens the critical DAG by a time
