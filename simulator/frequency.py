@@ -19,6 +19,11 @@ frequency.json`` (μ, h and the knee are marked as estimates there). The energy 
 kernel, P·t ∝ (P_blk + D·g(f))/f, is then U-shaped (EnvPipe, ATC'23; Perseus, SOSP'24): it falls
 as f drops to the knee and rises below it, so the knee is its energy-optimal clock.
 
+Clocks are per (virtual) stage (``stage_clocks_mhz``: :func:`apply_clocks`, :func:`rank_busy_power_w`)
+or per action (``action_clocks_mhz``, a what-if knob: :func:`apply_action_clocks` gives each
+micro-batch's forward and backward its own stretch, :func:`action_busy_power_w` weights power by
+each action's clocked time).
+
 ρ of a stage phase comes from the same hardware model: write T(f) = C·f_max/f + M and solve from
 T(f_max) and T(f_min) (exact when every kernel stays on one side of its roofline over the range).
 """
