@@ -10,7 +10,7 @@ carries two upper bounds on the saving of any clock plan within 1 % on the DAG's
 ``results/frequency_planning.png`` (the frontiers). The issue's target is >= 15 % GPU energy
 saved at <= 1 % slowdown; the JSON states per configuration and method whether it is met.
 The configurations are vTrain's, not Perseus's or EnvPipe's (their per-workload setups were not
-retrievable here), and were fixed before any clock figure was computed.
+retrievable here); they are the ones this benchmark ran before per-action clocks were added.
 
     python benchmarks/frequency_planning.py [--out results] [--stride 1] [--quick] [--knee-mhz N]
 
