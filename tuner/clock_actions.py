@@ -21,6 +21,10 @@ node of the new plan then ends by its latest finish, so the span stays within th
 One step per node per round spreads the slack over many actions (e′ is convex in the clock
 near f_max, so two small slow-downs save more than one large one). Rounds repeat until nothing moves.
 
+**Exact** (:func:`lp_plan`): the same problem with each action's options relaxed to their
+convex hull is the classical time–cost trade-off LP, which Perseus's min-cuts solve step by
+step; HiGHS solves it whole. Its optimum bounds every plan, and its rounding is a plan.
+
 **Bound** (:func:`energy_bound`): relax the DAG to one constraint per rank — its actions must fit
 between its earliest possible first start and its latest possible last finish, both at f_max
 (slower clocks only delay starts and shorten what is left after the last action) — and solve the
@@ -180,11 +184,12 @@ def energy_bound(ag: ActionGrid, limit_s: float) -> tuple[float, float]:
     Returns:
         (rank-window bound, free-time bound): the first relaxes the DAG to one time window per rank
         (module docstring); the second lets every action run at its floor at no cost in time
-        (what the energy curve alone allows at an iteration of ``limit_s``).
+        (what the energy curve alone allows). Both charge the blocked power over the fastest
+        iteration (all clocks at f_max), which no plan undercuts.
     """
     deadline = limit_s - ag.dag.tail_s
     fast = [0] * len(ag.nodes)
-    start, _ = ag.starts(fast)
+    start, fast_span = ag.starts(fast)
     latest = [0.0] * len(ag.nodes)
     for n in range(len(ag.nodes) - 1, -1, -1):
         lf = deadline
@@ -198,7 +203,8 @@ def energy_bound(ag: ActionGrid, limit_s: float) -> tuple[float, float]:
     for n, (r, *_) in enumerate(ag.nodes):
         per_rank.setdefault(r, []).append(n)
     p_blk = ag.dag.power.blocked_power_W
-    window_e = free_e = p_blk * limit_s * ag.dag.pp
+    # No plan is faster than all clocks at f_max: the blocked power is owed at least that long.
+    window_e = free_e = p_blk * (fast_span + ag.dag.tail_s) * ag.dag.pp
     for nodes in per_rank.values():
         first, last = nodes[0], nodes[-1]
         window = latest[last] + ag.dur[last][0] - start[first]
@@ -240,4 +246,70 @@ def _hull_segments(d: Sequence[float], e: Sequence[float]) -> list[tuple[float, 
     return [((e[b] - e[a]) / (d[b] - d[a]), d[b] - d[a]) for a, b in itertools.pairwise(hull)]
 
 
-__all__ = ["ActionGrid", "absorb_slack", "energy_bound"]
+
+
+
+def lp_plan(ag: ActionGrid, deadline_span_s: float) -> tuple[list[int], float] | None:
+    """The exact least-energy per-action plan of the convexified problem, and a feasible rounding of it.
+
+    The time–cost trade-off LP (Fulkerson 1961; Perseus's Phillips–Dessouky min-cuts walk the same
+    problem's frontier): per node a start time and its duration on the lower convex hull of its
+    (duration, e′) options, and the span T, subject to rank order, data edges with their sends,
+    every node ending by T and T by the deadline; minimise the DAG energy P_blk·(T + tail)·pp + Σ e′.
+    Its optimum lower-bounds the DAG energy of every clock plan (per stage or per action) meeting
+    the deadline (the hull relaxes the clock grid). Rounding each node to its least-e′ option no
+    longer than its LP duration keeps the deadline (shorter nodes never delay others).
+
+    Returns:
+        (per-node grid indices of the rounded plan, the LP optimum: DAG energy of all devices) or
+        None when the solver fails.
+    """
+    import numpy as np
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    n_nodes = len(ag.nodes)
+    seg_of: list[list[tuple[int, float, float]]] = []  # per node: (variable, slope, length)
+    p_blk, pp = ag.dag.power.blocked_power_W, ag.dag.pp
+    span = n_nodes  # variables: start times, the span, then hull segments
+    cost: list[float] = [0.0] * n_nodes + [p_blk * pp]
+    upper: list[float | None] = [None] * n_nodes + [deadline_span_s]
+    for n in range(n_nodes):
+        segs = []
+        for slope, length in _hull_segments(ag.dur[n][: ag.floor[n] + 1], ag.eff[n][: ag.floor[n] + 1]):
+            segs.append((len(cost), slope, length))
+            cost.append(slope)
+            upper.append(length)
+        seg_of.append(segs)
+    rows, cols, vals, rhs = [], [], [], []
+
+    def edge(a: int, b: int, gap: float) -> None:
+        """start[a] + duration[a] + gap <= start[b] (b = −1: the span)."""
+        r = len(rhs)
+        terms = [(a, 1.0), (b if b >= 0 else span, -1.0)] + [(var, 1.0) for var, _, _ in seg_of[a]]
+        for col, v in terms:
+            rows.append(r)
+            cols.append(col)
+            vals.append(v)
+        rhs.append(-ag.dur[a][0] - gap)
+
+    for n in range(n_nodes):
+        if ag.rank_next[n] >= 0:
+            edge(n, ag.rank_next[n], 0.0)
+        else:
+            edge(n, -1, 0.0)
+        for sc, send in ag.succ[n]:
+            edge(n, sc, send)
+    a_ub = coo_matrix((vals, (rows, cols)), shape=(len(rhs), len(cost))).tocsr()
+    res = linprog(np.array(cost), A_ub=a_ub, b_ub=np.array(rhs), bounds=[(0.0, u) for u in upper], method="highs")
+    if res.status != 0:
+        return None
+    x = res.x
+    idx = []
+    for n in range(n_nodes):
+        d = ag.dur[n][0] + sum(x[var] for var, _, _ in seg_of[n])
+        fits = [j for j in range(ag.floor[n] + 1) if ag.dur[n][j] <= d + 1e-9]
+        idx.append(min(fits, key=lambda j: (ag.eff[n][j], j)))
+    fixed = sum(ag.eff[n][0] for n in range(n_nodes)) + p_blk * pp * ag.dag.tail_s
+    return idx, (fixed + float(res.fun)) * ag.dag.devices_per_rank
+__all__ = ["ActionGrid", "absorb_slack", "energy_bound", "lp_plan"]

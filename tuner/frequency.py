@@ -34,7 +34,7 @@ from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import frequency_spec
 from mindpipe.traces.layout import stage_to_rank
-from mindpipe.tuner.clock_actions import ActionGrid, absorb_slack, energy_bound
+from mindpipe.tuner.clock_actions import ActionGrid, absorb_slack, energy_bound, lp_plan
 from mindpipe.tuner.clock_dag import ClockDag, DagPoint
 
 ClockMethod = Literal["perseus", "envpipe", "default", "perseus_action"]
@@ -236,12 +236,13 @@ def plan_clocks(sim: Simulator, plan: Plan, method: str = "perseus", max_slowdow
 def plan_action_clocks(sim: Simulator, plan: Plan, max_slowdown: float = 0.01, stride: int = 1) -> ClockPlan:
     """Per-action clocks (``action_clocks_mhz``, a what-if knob) within ``max_slowdown`` of default clocks.
 
-    Slack is absorbed (:func:`mindpipe.tuner.clock_actions.absorb_slack`) from two starting plans,
-    every action at f_max and the per-stage Perseus plan, and the one the engine finds cheapest
-    within the slowdown is kept (the per-stage plan itself if neither beats it); when the engine
-    finds a plan too slow (the DAG ignores contention) the DAG deadline is cut by the excess and
-    the plan redone. ``bounds`` holds the savings no clock plan exceeds on the DAG
-    (:func:`~mindpipe.tuner.clock_actions.energy_bound`).
+    Candidates: the rounded optimum of the time–cost LP (:func:`mindpipe.tuner.clock_actions.lp_plan`,
+    exact before rounding) and slack absorbed (:func:`~mindpipe.tuner.clock_actions.absorb_slack`)
+    from every action at f_max and from the per-stage Perseus plan; the one the engine finds
+    cheapest within the slowdown is kept (the per-stage plan itself if none beats it). When the
+    engine finds a candidate too slow (the DAG ignores contention) its DAG deadline is cut by the
+    excess and it is redone. ``bounds`` holds savings no clock plan exceeds on the DAG: the LP
+    optimum (``lp_exact``) and :func:`~mindpipe.tuner.clock_actions.energy_bound`'s two.
     """
     stage = plan_clocks(sim, plan, "perseus", max_slowdown, stride)
     base_plan = dataclasses.replace(stage.plan, stage_clocks_mhz=None)
@@ -252,17 +253,26 @@ def plan_action_clocks(sim: Simulator, plan: Plan, max_slowdown: float = 0.01, s
     dag_base = dag.evaluate([grid[0]] * dag.pp).energy_j
     window, free = energy_bound(ag, limit)
     bounds = {"rank_window": 1.0 - window / dag_base, "free_time": 1.0 - free / dag_base}
+    exact = lp_plan(ag, limit - dag.tail_s)
+    if exact is not None:
+        bounds["lp_exact"] = 1.0 - exact[1] / dag_base
     best = dataclasses.replace(stage, method="perseus_action", bounds=bounds)
-    seeds = [[0] * len(ag.nodes)]
+    seeds: list[list[int] | None] = [None, [0] * len(ag.nodes)]  # None: the LP's rounded optimum
     if stage.plan.stage_clocks_mhz is not None:
         first = {r: s for s, r in reversed(list(enumerate(stage_to_rank(plan))))}
         seeds.append(ag.index_of([stage.plan.stage_clocks_mhz[first[r]] for r in range(dag.pp)]))
     for seed in seeds:
         target = limit - dag.tail_s
-        for _ in range(5):
-            if ag.starts(seed)[1] > target:
+        for attempt in range(5):
+            if seed is None:
+                solved = exact if attempt == 0 else lp_plan(ag, target)
+                if solved is None:
+                    break
+                idx = solved[0]
+            elif ag.starts(seed)[1] > target:
                 break
-            idx = absorb_slack(ag, seed, target)
+            else:
+                idx = absorb_slack(ag, seed, target)
             trial = dataclasses.replace(base_plan, action_clocks_mhz=ag.action_clocks(idx))
             r = sim.run(trial)
             if r.iteration_time_s <= limit:

@@ -15,7 +15,7 @@ from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_model
 from mindpipe.traces.config import Cluster, Plan, check_plan, what_if_used
 from mindpipe.traces.errors import ContractError
-from mindpipe.tuner.clock_actions import ActionGrid, _hull_segments, absorb_slack, energy_bound
+from mindpipe.tuner.clock_actions import ActionGrid, _hull_segments, absorb_slack, energy_bound, lp_plan
 from mindpipe.tuner.clock_dag import ClockDag
 from mindpipe.tuner.frequency import clock_grid, plan_clocks
 
@@ -106,6 +106,12 @@ def test_absorbed_plan_meets_the_deadline_and_stays_under_the_bound(case) -> Non
     best_stage = min(p.energy_j for p in (dag.evaluate(c) for c in itertools.product(grid[:8], repeat=3))
                      if p.iteration_s <= limit)
     assert window <= best_stage
+    # The LP optimum is a tighter bound than the rank window, and its rounding a feasible plan.
+    lp_idx, lp_energy = lp_plan(ag, limit - dag.tail_s)
+    _, lp_span = ag.starts(lp_idx)
+    assert lp_span <= (limit - dag.tail_s) * (1 + 1e-9)
+    assert window <= lp_energy <= min(got, best_stage) * (1 + 1e-9)
+    assert lp_energy <= ag.energy(lp_idx, lp_span) * (1 + 1e-9)
 
 
 def test_perseus_action_beats_per_stage_within_the_slowdown(case) -> None:
@@ -115,7 +121,7 @@ def test_perseus_action_beats_per_stage_within_the_slowdown(case) -> None:
     assert action.plan.action_clocks_mhz is not None and action.plan.stage_clocks_mhz is None
     assert action.slowdown <= 0.01
     assert action.energy_saving >= stage.energy_saving
-    assert action.energy_saving <= action.bounds["rank_window"] + 1e-9
+    assert action.energy_saving <= action.bounds["lp_exact"] + 1e-6 <= action.bounds["rank_window"] + 2e-6
     info = action.to_dict()
     assert info["method"] == "perseus_action" and len(info["action_clocks_min_mean_max_mhz"]) == 3
 
