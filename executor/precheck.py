@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from mindpipe.executor.clocks import CPU_NOTICE
 from mindpipe.executor.fp8 import fp8_refusal
 from mindpipe.traces.catalog import DeviceSpec, get_device
-from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, check_plan, plan_value, what_if_used
+from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, check_plan, knob_value, plan_value, what_if_used
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import check_stage_clocks
 from mindpipe.traces.layout import block_policies, stage_layout
@@ -97,8 +97,10 @@ def what_if_notes(plan: Plan) -> list[str]:
     why = {"comm_priority": "torch's default stream priorities run",
            "overlap_grad_reduce": "torch.distributed.pipelining reduces a stage's gradients after its last backward",
            "tp_comm_overlap": "DTensor tensor parallelism issues its collectives between the GEMMs",
-           "overlap_param_gather": "FSDP2 gathers the parameters before the forward"}
-    knobs = {key: f"{key}={plan_value(getattr(plan, key))} ({why.get(key, 'simulated only')}; the measurement "
+           "overlap_param_gather": "FSDP2 gathers the parameters before the forward",
+           "action_clocks_mhz": "per-action SM clocks need NVML clock switching around every action; "
+                                "the devices run at their default clocks"}
+    knobs = {key: f"{key}={knob_value(key, getattr(plan, key))} ({why.get(key, 'simulated only')}; the measurement "
                   f"records {plan_value(WHAT_IF_KEYS[key])})" for key in what_if_used(plan)}
     for key in plan.made_for.what_if if plan.made_for is not None else []:
         knobs.setdefault(key, f"{key}={json.dumps(getattr(plan, key, None))} (made_for.what_if)")

@@ -25,7 +25,7 @@ from mindpipe.executor.payload import RankPayload
 from mindpipe.executor.precheck import Precheck
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.chrome_trace import write_chrome_trace
-from mindpipe.traces.config import WHAT_IF_KEYS, plan_value, what_if_used
+from mindpipe.traces.config import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
 from mindpipe.traces.flops import model_flops_per_iteration
 from mindpipe.traces.measured import ActionRecord, CommEvent, Measurement, RankRecord, StepRecord
 from mindpipe.traces.trace import Provenance, Trace
@@ -154,7 +154,7 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], back
     if plan.tp > 1:
         notes.append("times include tensor-parallel communication")
     for key in what_if_used(plan):
-        notes.append(f"{key}={plan_value(getattr(plan, key))} is a what-if knob the executor does not carry out: "
+        notes.append(f"{key}={knob_value(key, getattr(plan, key))} is a what-if knob the executor does not carry out: "
                      f"the measurement's plan says what ran, {key}={plan_value(WHAT_IF_KEYS[key])}")
     notes += table.notes
     return Trace(

@@ -206,8 +206,12 @@ class Engine:
                     yield self.params_ready[s]
                 comp, phases, alone = st.forward_s, st.fwd_tp, solo[s][0]
                 hidden = hidden_s[s][0]
+                if st.mb_stretch is not None:
+                    comp *= st.mb_stretch[mb][0]
             elif kind == "W":
                 comp, phases, alone, hidden = st.weight_s, None, 0.0, 0.0
+                if st.mb_stretch is not None:
+                    comp *= st.mb_stretch[mb][1]
             else:
                 if s < n_st - 1 and not arrived_b[s * m + mb]:
                     yield self._wait_input(1, s * m + mb)
@@ -221,6 +225,8 @@ class Engine:
                     if self.timeline is not None:
                         self._record(r, "comm", f"param-gather stage {s} bucket {k}", t0, env.now, "dp")
                 comp = st.recompute_s + st.input_s + (st.weight_s if kind == "B" else 0.0)
+                if st.mb_stretch is not None:
+                    comp *= st.mb_stretch[mb][1]
                 phases, alone = st.bwd_tp, solo[s][1]
                 hidden = hidden_s[s][1]
             start = env.now

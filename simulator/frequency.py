@@ -19,6 +19,11 @@ frequency.json`` (μ, h and the knee are marked as estimates there). The energy 
 kernel, P·t ∝ (P_blk + D·g(f))/f, is then U-shaped (EnvPipe, ATC'23; Perseus, SOSP'24): it falls
 as f drops to the knee and rises below it, so the knee is its energy-optimal clock.
 
+Clocks are per (virtual) stage (``stage_clocks_mhz``: :func:`apply_clocks`, :func:`rank_busy_power_w`)
+or per action (``action_clocks_mhz``, a what-if knob: :func:`apply_action_clocks` gives each
+micro-batch's forward and backward its own stretch, :func:`action_busy_power_w` weights power by
+each action's clocked time).
+
 ρ of a stage phase comes from the same hardware model: write T(f) = C·f_max/f + M and solve from
 T(f_max) and T(f_min) (exact when every kernel stays on one side of its roofline over the range).
 """
@@ -198,5 +203,44 @@ def rank_busy_power_w(stages: list[StageWork], table: StageClockTable, clocks: S
     return [e / t if t > 0 else power.max_power_W for e, t in zip(energy, seconds, strict=True)]
 
 
-__all__ = ["PHASES", "PhaseAtClock", "PowerModel", "StageClockTable", "apply_clocks", "build_clock_table",
-           "clocked_device", "hardware_stage_times", "phase_at_clock", "rank_busy_power_w", "split_compute"]
+def apply_action_clocks(stages: list[StageWork], table: StageClockTable, action_clocks: Sequence[Sequence[Sequence[int]]]) -> None:
+    """Give each stage per micro-batch stretches from ``action_clocks_mhz`` (in place; the stage
+    times stay those at f_max): ``action_clocks[s][0][mb]`` clocks micro-batch ``mb``'s forward,
+    ``[1][mb]`` its recompute, input and weight gradients."""
+    for s, st in enumerate(stages):
+        fwd, bwd = action_clocks[s]
+        st.mb_stretch = [(table.at(s, f)[0].stretch, table.at(s, b)[1].stretch) for f, b in zip(fwd, bwd, strict=True)]
+
+
+def action_busy_power_w(stages: list[StageWork], table: StageClockTable, action_clocks: Sequence[Sequence[Sequence[int]]],
+                        stage_to_rank: list[int], power: PowerModel, pp: int) -> list[float]:
+    """Each rank's mean power while computing under per-action clocks (stages at f_max, as
+    :func:`apply_action_clocks` leaves them), every action weighted by its clocked time."""
+    energy, seconds = [0.0] * pp, [0.0] * pp
+    for s, st in enumerate(stages):
+        r = stage_to_rank[s]
+        back = st.recompute_s + st.input_s + st.weight_s
+        for k, row in enumerate(action_clocks[s]):
+            base = st.forward_s if k == 0 else back
+            for mhz in row:
+                ph = table.at(s, mhz)[k]
+                energy[r] += power.busy_power_w(mhz, ph.compute_share) * base * ph.stretch
+                seconds[r] += base * ph.stretch
+    return [e / t if t > 0 else power.max_power_W for e, t in zip(energy, seconds, strict=True)]
+
+
+__all__ = [
+    "PHASES",
+    "PhaseAtClock",
+    "PowerModel",
+    "StageClockTable",
+    "action_busy_power_w",
+    "apply_action_clocks",
+    "apply_clocks",
+    "build_clock_table",
+    "clocked_device",
+    "hardware_stage_times",
+    "phase_at_clock",
+    "rank_busy_power_w",
+    "split_compute",
+]

@@ -42,6 +42,8 @@ from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult, RankW
 from mindpipe.simulator.frequency import (
     PowerModel,
     StageClockTable,
+    action_busy_power_w,
+    apply_action_clocks,
     apply_clocks,
     build_clock_table,
     hardware_stage_times,
@@ -58,7 +60,7 @@ from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Cluster, Model, Plan, check_plan, stage_layers
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.frequency import frequency_spec, has_frequency_data
+from mindpipe.traces.frequency import flat_action_clocks, frequency_spec, has_frequency_data
 from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.trace import Trace
 
@@ -214,7 +216,7 @@ class Simulator:
             ContractError: the device has no frequency data.
         """
         spec = frequency_spec(self.device.name)
-        key = json.dumps({k: v for k, v in dataclasses.asdict(plan).items() if k not in ("stage_clocks_mhz", "made_for")},
+        key = json.dumps({k: v for k, v in dataclasses.asdict(plan).items() if k not in ("stage_clocks_mhz", "action_clocks_mhz", "made_for")},
                          sort_keys=True)
         wanted = {spec.max_sm_clock_MHz, spec.min_sm_clock_MHz, *clocks}
         times = {}
@@ -281,7 +283,13 @@ class Simulator:
         schedule, topo, stages, ranks, params_by_rank = self.work(plan)
         clocks = self.stage_clocks(plan)
         busy_w = None
-        if clocks is not None and self.power is not None:
+        if plan.action_clocks_mhz is not None and self.power is not None:
+            # A what-if knob (traces.config.WHAT_IF_KEYS): a clock per forward/backward of each micro-batch.
+            table = self.clock_table(plan, set(flat_action_clocks(plan.action_clocks_mhz)))
+            apply_action_clocks(stages, table, plan.action_clocks_mhz)
+            busy_w = action_busy_power_w(stages, table, plan.action_clocks_mhz, schedule.stage_to_rank, self.power, plan.pp)
+            clocks = None
+        elif clocks is not None and self.power is not None:
             table = self.clock_table(plan, set(clocks))
             apply_clocks(stages, table, clocks)
             busy_w = rank_busy_power_w(stages, table, clocks, schedule.stage_to_rank, self.power, plan.pp)
@@ -309,11 +317,13 @@ class Simulator:
         )
         res = Engine(schedule, stages, ranks, network, opts).run()
         result = self._result(plan, schedule, res, params_by_rank, hourly, busy_w)
-        if clocks is not None and busy_w is not None:
-            result.extra["stage_clocks_mhz"] = clocks
+        if busy_w is not None:
+            if clocks is not None:
+                result.extra["stage_clocks_mhz"] = clocks
             result.extra["rank_busy_power_w"] = busy_w
-        elif plan.stage_clocks_mhz is not None:
-            result.extra["stage_clocks_note"] = f"stage_clocks_mhz not modelled: {self.device.name} has no frequency data"
+        elif plan.stage_clocks_mhz is not None or plan.action_clocks_mhz is not None:
+            key = "stage_clocks_mhz" if plan.action_clocks_mhz is None else "action_clocks_mhz"
+            result.extra["stage_clocks_note"] = f"{key} not modelled: {self.device.name} has no frequency data"
         if self.calibration is not None:
             result.extra["calibration"] = {"applied": True, "notes": self._calibration_notes(plan),
                                            "cores_per_rank_slots": host.cores_per_rank_slots,

@@ -31,6 +31,9 @@ class StageWork:
         fwd_tp_overlap, bwd_tp_overlap: Under ``tp_comm_overlap``, the collectives of ``fwd_tp`` /
             ``bwd_tp`` that pipeline with a GEMM (:class:`TpOverlap`); the engine takes back the part
             the GEMMs hide (:func:`mindpipe.simulator.collectives.overlapped_exposed_s`).
+        mb_stretch: Per micro-batch (forward, backward) factors on the compute above, from
+            per-action SM clocks (``action_clocks_mhz``, :mod:`mindpipe.simulator.frequency`);
+            None: every micro-batch takes the stage's times.
     """
 
     forward_s: float
@@ -48,6 +51,7 @@ class StageWork:
     swap_in: list[Phase] = field(default_factory=list)
     fwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
     bwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
+    mb_stretch: list[tuple[float, float]] | None = None
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,12 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # pipeline with the tensor-parallel all-gather/reduce-scatter), which DTensor's tensor parallelism
 # does not have; ``overlap_param_gather=true`` needs the distributed optimizer's parameter
 # all-gather issued bucket by bucket from the next forward's pre-hooks, which FSDP2 does not do.
-WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False, "tp_comm_overlap": False,
-                                "overlap_param_gather": False}
+# ``tune --what-if`` searches these four. ``action_clocks_mhz`` (a clock per forward/backward of each
+# micro-batch, Perseus's plan) needs a thread switching NVML clocks around every action, while the
+# executor locks one clock per rank; only the clock planner (tuner.frequency, ``perseus_action``) sets it.
+SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
+                                         "tp_comm_overlap": False, "overlap_param_gather": False}
+WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
@@ -413,6 +417,9 @@ class Plan:
     ``stage_clocks_mhz`` locks an SM clock per (virtual) stage, equal on the stages of one rank
     (:mod:`mindpipe.traces.frequency`); ``None`` runs every device at its default clock. The
     executor locks it with NVML on GPUs (a notice on CPU), so it is not a what-if knob.
+    ``action_clocks_mhz`` gives instead, per (virtual) stage, the clock of each micro-batch's
+    forward and backward (Perseus's per-instruction plan); it is a what-if knob (the executor does
+    not switch clocks per action).
     """
 
     dp: int = 1
@@ -437,6 +444,7 @@ class Plan:
     subnet_schedule: str | None = None
     subnet_window: int | None = None
     stage_clocks_mhz: list[int] | None = None
+    action_clocks_mhz: list[list[list[int]]] | None = None
     made_for: MadeFor | None = None
     format_version: int = PLAN_FORMAT_VERSION
 
@@ -508,6 +516,11 @@ class Plan:
             from mindpipe.traces.layout import stage_to_rank
 
             check_stage_clocks_shape(self.stage_clocks_mhz, stage_to_rank(self))
+        if self.action_clocks_mhz is not None:
+            from mindpipe.traces.frequency import check_action_clocks_shape
+
+            check_action_clocks_shape(self.action_clocks_mhz, self.num_stages, self.num_microbatches,
+                                      self.stage_clocks_mhz)
 
     @property
     def cuts_inside_blocks(self) -> bool:
@@ -538,6 +551,14 @@ def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
     """The what-if knobs a plan (or a point of plan keys) sets to a value the executor does not carry out."""
     get = plan.get if isinstance(plan, Mapping) else lambda k: getattr(plan, k)
     return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run]
+
+
+def knob_value(key: str, value: Any) -> str:
+    """A what-if knob's value for a one-line note: :func:`plan_value`, but per-action clocks (thousands of
+    numbers) as their count."""
+    if key == "action_clocks_mhz" and isinstance(value, list):
+        return f"[{sum(len(row) for pair in value for row in pair)} per-action clocks]"
+    return plan_value(value)
 
 
 def plan_value(value: Any) -> str:
@@ -606,6 +627,11 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
         # CPU hosts have no lockable SM clock: the executor skips the key with a notice.
         if get_device(cluster.gpu).kind == "gpu":
             check_stage_clocks(plan.stage_clocks_mhz, cluster.gpu, source)
+    if cluster is not None and plan.action_clocks_mhz is not None:
+        from mindpipe.traces.frequency import check_action_clocks
+
+        # A what-if knob: only the simulator carries it out, so the device must have clock data.
+        check_action_clocks(plan.action_clocks_mhz, cluster.gpu, source)
 
 
 def precision_supported(precision: str, device_name: str) -> bool:
@@ -639,6 +665,7 @@ __all__ = [
     "PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
+    "SEARCHED_WHAT_IF_KEYS",
     "SEQUENTIAL_EQUIVALENT_SCHEDULES",
     "STAGE_CUTS",
     "SUBNET_SCHEDULES",
@@ -652,6 +679,7 @@ __all__ = [
     "check_plan_key",
     "check_precision",
     "even_partition",
+    "knob_value",
     "plan_value",
     "precision_supported",
     "stage_layers",

@@ -1,4 +1,4 @@
-"""GPU SM-clock data (``traces/hardware/frequency.json``) and the ``stage_clocks_mhz`` plan rule.
+"""GPU SM-clock data (``traces/hardware/frequency.json``) and the ``stage_clocks_mhz`` / ``action_clocks_mhz`` plan rules.
 
 The file lists, per catalog GPU, the lockable SM clock range and step, the default (boost) clock,
 the base clock, the power while blocked on pipeline P2P (Perseus, SOSP'24) and two constants of
@@ -143,6 +143,56 @@ def check_stage_clocks_shape(clocks: Any, stage_rank: list[int]) -> None:
                                 f"({clocks[f]}); a rank runs all its stages at one locked clock")
 
 
+def check_action_clocks_shape(clocks: Any, num_stages: int, num_microbatches: int, stage_clocks: Any) -> None:
+    """The device-free rules of ``action_clocks_mhz``: per (virtual) stage, two lists of
+    ``num_microbatches`` integer MHz, the clock of each micro-batch's forward and of its backward
+    (recompute, input and weight gradients), Perseus's per-instruction frequency plan (SOSP'24).
+    It replaces ``stage_clocks_mhz``, so a plan sets at most one of the two.
+
+    Raises:
+        ContractError: naming the key, the index and the rule (source filled by the caller).
+    """
+    if stage_clocks is not None:
+        raise ContractError("", "action_clocks_mhz", "set stage_clocks_mhz or action_clocks_mhz, not both")
+    if not isinstance(clocks, list) or len(clocks) != num_stages:
+        raise ContractError("", "action_clocks_mhz",
+                            f"action_clocks_mhz must be a list of pp×virtual_stages={num_stages} [forward, backward] pairs")
+    for s, pair in enumerate(clocks):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ContractError("", f"action_clocks_mhz[{s}]",
+                                f"action_clocks_mhz[{s}] must be [forward MHz per micro-batch, backward MHz per micro-batch]")
+        for k, row in enumerate(pair):
+            if not isinstance(row, list) or len(row) != num_microbatches:
+                raise ContractError("", f"action_clocks_mhz[{s}][{k}]",
+                                    f"action_clocks_mhz[{s}][{k}] must list one MHz per micro-batch (m={num_microbatches})")
+            for mb, v in enumerate(row):
+                if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                    raise ContractError("", f"action_clocks_mhz[{s}][{k}][{mb}]",
+                                        f"action_clocks_mhz[{s}][{k}][{mb}]={v!r} must be a positive integer (MHz)")
+
+
+def flat_action_clocks(clocks: list[list[list[int]]]) -> list[int]:
+    """Every clock of an ``action_clocks_mhz`` value, stage by stage (for :func:`check_stage_clocks`)."""
+    return [v for pair in clocks for row in pair for v in row]
+
+
+def check_action_clocks(clocks: list[list[list[int]]], device: str, source: str = "plan") -> None:
+    """Every per-action clock is one the device supports (shape checked by :func:`check_action_clocks_shape`).
+
+    Raises:
+        ContractError: no frequency data for the device, or a clock off its range or grid.
+    """
+    spec = frequency_spec(device, source)
+    for s, pair in enumerate(clocks):
+        for k, row in enumerate(pair):
+            for mb, v in enumerate(row):
+                if not spec.supports(v):
+                    raise ContractError(source, f"action_clocks_mhz[{s}][{k}][{mb}]",
+                                        f"action_clocks_mhz[{s}][{k}][{mb}]={v} is not a supported {device} SM clock "
+                                        f"({spec.min_sm_clock_MHz}..{spec.max_sm_clock_MHz} MHz in "
+                                        f"{spec.sm_clock_step_MHz} MHz steps)")
+
+
 def check_stage_clocks(clocks: list[int], device: str, source: str = "plan") -> None:
     """Every clock is one the device supports.
 
@@ -152,8 +202,7 @@ def check_stage_clocks(clocks: list[int], device: str, source: str = "plan") -> 
     spec = frequency_spec(device, source)
     for i, v in enumerate(clocks):
         if not spec.supports(v):
-            raise ContractError(source, f"stage_clocks_mhz[{i}]",
-                                f"stage_clocks_mhz[{i}]={v} is not a supported {device} SM clock "
+            raise ContractError(source, f"stage_clocks_mhz[{i}]", f"stage_clocks_mhz[{i}]={v} is not a supported {device} SM clock "
                                 f"({spec.min_sm_clock_MHz}..{spec.max_sm_clock_MHz} MHz in {spec.sm_clock_step_MHz} MHz steps)")
 
 
@@ -166,5 +215,14 @@ def rank_clocks(clocks: list[int] | None, stage_rank: list[int]) -> list[int | N
     return out
 
 
-__all__ = ["FrequencySpec", "check_stage_clocks", "check_stage_clocks_shape", "frequency_spec", "has_frequency_data",
-           "rank_clocks"]
+__all__ = [
+    "FrequencySpec",
+    "check_action_clocks",
+    "check_action_clocks_shape",
+    "check_stage_clocks",
+    "check_stage_clocks_shape",
+    "flat_action_clocks",
+    "frequency_spec",
+    "has_frequency_data",
+    "rank_clocks",
+]

@@ -52,7 +52,7 @@ class ClockDag:
     power: PowerModel
     devices_per_rank: int
     tail_s: float = 0.0
-    _order: list[tuple[int, int, int, int, float]] | None = field(default=None, init=False, repr=False)
+    _order: list[tuple[int, int, int, int, float, int]] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def of(cls, sim: Simulator, plan: Plan, clocks: Sequence[int]) -> ClockDag:
@@ -96,8 +96,9 @@ class ClockDag:
             comp.append(cf + ci + cw)
         return f_d, i_d, w_d, comp
 
-    def _topo(self) -> list[tuple[int, int, int, int, float]]:
-        """Nodes in a dependency-respecting order: (rank, stage, kind code, predecessor node or −1, send seconds).
+    def topo(self) -> list[tuple[int, int, int, int, float, int]]:
+        """Nodes in a dependency-respecting order: (rank, stage, kind code, predecessor node or −1,
+        send seconds, micro-batch).
 
         Kind codes: 0 F, 1 B (input + weight), 2 I, 3 W. The order depends only on the schedule,
         not on durations, so it is computed once.
@@ -106,7 +107,7 @@ class ClockDag:
             return self._order
         n_st = len(self.compute_f)
         index: dict[tuple[str, int, int], int] = {}
-        out: list[tuple[int, int, int, int, float]] = []
+        out: list[tuple[int, int, int, int, float, int]] = []
         ptr = [0] * self.pp
         left = sum(len(o) for o in self.orders)
         while left:
@@ -129,7 +130,7 @@ class ClockDag:
                     code = {"F": 0, "B": 1, "I": 2, "W": 3}[kind]
                     if kind != "W":
                         index[("B" if kind in ("B", "I") else "F", s, mb)] = len(out)
-                    out.append((r, s, code, pred, send))
+                    out.append((r, s, code, pred, send, mb))
                     ptr[r] += 1
                     left -= 1
                     progressed = True
@@ -144,7 +145,7 @@ class ClockDag:
         dur = [f_d, [i + w for i, w in zip(i_d, w_d, strict=True)], i_d, w_d]
         free = [0.0] * self.pp
         end: list[float] = []
-        for r, s, code, pred, send in self._topo():
+        for r, s, code, pred, send, _ in self.topo():
             t = free[r]
             if pred >= 0:
                 dep = end[pred] + send

@@ -1,8 +1,10 @@
-"""Per-stage SM-clock planning: a Perseus-style time–energy frontier and EnvPipe's heuristic.
+"""SM-clock planning: a Perseus-style time–energy frontier and EnvPipe's heuristic per stage, and per-action clocks.
 
-Both work on the iteration DAG of :mod:`mindpipe.tuner.clock_dag` with one locked clock per
+The first two work on the iteration DAG of :mod:`mindpipe.tuner.clock_dag` with one locked clock per
 pipeline rank (``stage_clocks_mhz`` equal on a rank's virtual stages: the executor locks a
-device once; Perseus switches per instruction, which needs a clock-setting thread we do not run).
+device once). Perseus switches per instruction, which needs a clock-setting thread the executor
+does not run: ``perseus_action`` plans that (``action_clocks_mhz``, a what-if knob) with
+:mod:`mindpipe.tuner.clock_actions`, which also bounds what any clock plan can save.
 
 * **Perseus** (SOSP'24, ml-energy/lowtime): the time–energy frontier. Perseus starts from all
   computations at their slowest useful clock and repeatedly shortens the critical DAG by a time
@@ -32,10 +34,15 @@ from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import frequency_spec
 from mindpipe.traces.layout import stage_to_rank
+from mindpipe.tuner.clock_actions import ActionGrid, absorb_slack, energy_bound, lp_plan
 from mindpipe.tuner.clock_dag import ClockDag, DagPoint
 
-ClockMethod = Literal["perseus", "envpipe", "default"]
+ClockMethod = Literal["perseus", "envpipe", "default", "perseus_action"]
+# What ``tune --clocks`` offers: plans the executor runs (one locked clock per rank).
 CLOCK_METHODS: tuple[str, ...] = ("perseus", "envpipe", "default")
+# ``perseus_action`` plans ``action_clocks_mhz``, a what-if knob (traces.config.WHAT_IF_KEYS): a
+# clock per forward/backward of each micro-batch (:mod:`mindpipe.tuner.clock_actions`).
+PLANNER_METHODS: tuple[str, ...] = (*CLOCK_METHODS, "perseus_action")
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,7 @@ class ClockPlan:
 
     Attributes:
         method: ``perseus``, ``envpipe`` or ``default``.
-        plan: The plan with ``stage_clocks_mhz`` set (None for ``default``).
+        plan: The plan with ``stage_clocks_mhz`` (``action_clocks_mhz`` for ``perseus_action``) set.
         baseline_s, baseline_energy_j: Iteration time and device energy at default clocks.
         iteration_s, energy_j: The same with the chosen clocks.
         frontier: Perseus's (DAG) time–energy frontier, fastest first; empty for the others.
@@ -57,6 +64,7 @@ class ClockPlan:
     iteration_s: float
     energy_j: float
     frontier: list[DagPoint] = field(default_factory=list)
+    bounds: dict[str, float] = field(default_factory=dict)
 
     @property
     def slowdown(self) -> float:
@@ -69,8 +77,14 @@ class ClockPlan:
         return 1.0 - self.energy_j / self.baseline_energy_j
 
     def to_dict(self) -> dict:
-        """JSON-ready summary."""
+        """JSON-ready summary (per-action clocks as min/mean/max MHz per stage and phase)."""
+        actions = self.plan.action_clocks_mhz
+        summary = None if actions is None else [
+            {ph: [min(row), round(sum(row) / len(row)), max(row)] for ph, row in zip(("forward", "backward"), pair,
+                                                                                    strict=True)}
+            for pair in actions]
         return {"method": self.method, "stage_clocks_mhz": self.plan.stage_clocks_mhz,
+                "action_clocks_min_mean_max_mhz": summary, "energy_saving_bounds": self.bounds,
                 "baseline_iteration_s": self.baseline_s, "baseline_energy_j": self.baseline_energy_j,
                 "iteration_s": self.iteration_s, "energy_j": self.energy_j, "slowdown": self.slowdown,
                 "energy_saving": self.energy_saving,
@@ -185,9 +199,11 @@ def plan_clocks(sim: Simulator, plan: Plan, method: str = "perseus", max_slowdow
     Raises:
         ContractError: unknown method, or a device without frequency data.
     """
-    if method not in CLOCK_METHODS:
-        raise ContractError("tune", "clocks", f"clocks={method!r} must be one of {', '.join(CLOCK_METHODS)}")
-    base_plan = dataclasses.replace(plan, stage_clocks_mhz=None)
+    if method not in PLANNER_METHODS:
+        raise ContractError("tune", "clocks", f"clocks={method!r} must be one of {', '.join(PLANNER_METHODS)}")
+    if method == "perseus_action":
+        return plan_action_clocks(sim, plan, max_slowdown, stride)
+    base_plan = dataclasses.replace(plan, stage_clocks_mhz=None, action_clocks_mhz=None)
     base = sim.run(base_plan)
     base_t, base_e = base.iteration_time_s, base.extra["device_energy_j"]
     if method == "default":
@@ -217,5 +233,68 @@ def plan_clocks(sim: Simulator, plan: Plan, method: str = "perseus", max_slowdow
     return ClockPlan(method, with_clocks(base_plan, [grid[0]] * dag.pp), base_t, base_e, base_t, base_e)
 
 
-__all__ = ["CLOCK_METHODS", "ClockMethod", "ClockPlan", "clock_grid", "energy_optimal_index", "envpipe_clocks",
-           "pareto", "perseus_frontier", "plan_clocks", "with_clocks"]
+def plan_action_clocks(sim: Simulator, plan: Plan, max_slowdown: float = 0.01, stride: int = 1) -> ClockPlan:
+    """Per-action clocks (``action_clocks_mhz``, a what-if knob) within ``max_slowdown`` of default clocks.
+
+    Candidates: the rounded optimum of the time–cost LP (:func:`mindpipe.tuner.clock_actions.lp_plan`,
+    exact before rounding) and slack absorbed (:func:`~mindpipe.tuner.clock_actions.absorb_slack`)
+    from every action at f_max and from the per-stage Perseus plan; the one the engine finds
+    cheapest within the slowdown is kept (the per-stage plan itself if none beats it). When the
+    engine finds a candidate too slow (the DAG ignores contention) its DAG deadline is cut by the
+    excess and it is redone. ``bounds`` holds savings no clock plan exceeds on the DAG: the LP
+    optimum (``lp_exact``) and :func:`~mindpipe.tuner.clock_actions.energy_bound`'s two.
+    """
+    stage = plan_clocks(sim, plan, "perseus", max_slowdown, stride)
+    base_plan = dataclasses.replace(stage.plan, stage_clocks_mhz=None)
+    grid = clock_grid(sim, stride)
+    dag = ClockDag.of(sim, base_plan, grid)
+    ag = ActionGrid.of(dag, grid)
+    limit = stage.baseline_s * (1.0 + max_slowdown)
+    dag_base = dag.evaluate([grid[0]] * dag.pp).energy_j
+    window, free = energy_bound(ag, limit)
+    bounds = {"rank_window": 1.0 - window / dag_base, "free_time": 1.0 - free / dag_base}
+    exact = lp_plan(ag, limit - dag.tail_s)
+    if exact is not None:
+        bounds["lp_exact"] = 1.0 - exact[1] / dag_base
+    best = dataclasses.replace(stage, method="perseus_action", bounds=bounds)
+    seeds: list[list[int] | None] = [None, [0] * len(ag.nodes)]  # None: the LP's rounded optimum
+    if stage.plan.stage_clocks_mhz is not None:
+        first = {r: s for s, r in reversed(list(enumerate(stage_to_rank(plan))))}
+        seeds.append(ag.index_of([stage.plan.stage_clocks_mhz[first[r]] for r in range(dag.pp)]))
+    for seed in seeds:
+        target = limit - dag.tail_s
+        for attempt in range(5):
+            if seed is None:
+                solved = exact if attempt == 0 else lp_plan(ag, target)
+                if solved is None:
+                    break
+                idx = solved[0]
+            elif ag.starts(seed)[1] > target:
+                break
+            else:
+                idx = absorb_slack(ag, seed, target)
+            trial = dataclasses.replace(base_plan, action_clocks_mhz=ag.action_clocks(idx))
+            r = sim.run(trial)
+            if r.iteration_time_s <= limit:
+                if r.extra["device_energy_j"] < best.energy_j:
+                    best = ClockPlan("perseus_action", trial, stage.baseline_s, stage.baseline_energy_j,
+                                     r.iteration_time_s, r.extra["device_energy_j"], bounds=bounds)
+                break
+            target -= r.iteration_time_s - limit  # the DAG was optimistic by about this much
+    return best
+
+
+__all__ = [
+    "CLOCK_METHODS",
+    "PLANNER_METHODS",
+    "ClockMethod",
+    "ClockPlan",
+    "clock_grid",
+    "energy_optimal_index",
+    "envpipe_clocks",
+    "pareto",
+    "perseus_frontier",
+    "plan_action_clocks",
+    "plan_clocks",
+    "with_clocks",
+]

@@ -12,8 +12,9 @@ links) needs stream priorities the executor does not set; ``overlap_grad_reduce=
 gradient buckets reduced during the last backward, while torch.distributed.pipelining reduces a
 stage's gradients after it; ``tp_comm_overlap=true`` needs Transformer Engine's userbuffers and
 ``overlap_param_gather=true`` the distributed optimizer's all-gather from the next forward's
-pre-hooks, which DTensor and FSDP2 do not have. ``mindpipe tune --what-if`` searches them; every output marks a plan
-that uses one (:func:`what_if_used`).
+pre-hooks, which DTensor and FSDP2 do not have. ``mindpipe tune --what-if`` searches these four
+(``SEARCHED_WHAT_IF_KEYS``); the fifth, ``action_clocks_mhz``, only the clock planner sets
+(:mod:`mindpipe.tuner.frequency`). Every output marks a plan that uses one (:func:`what_if_used`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from mindpipe.traces.config import (
     RANK_ORDERS,
     RECOMPUTE,
     SCHEDULES,
+    SEARCHED_WHAT_IF_KEYS,
     SUBNET_SCHEDULES,
     SUPERNET_PLAN_KEYS,
     WHAT_IF_KEYS,
@@ -91,11 +93,12 @@ def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
     items = [v.strip().replace("-", "_") for v in (value.split(",") if isinstance(value, str) else value)]
     items = [v for v in items if v]
     if not items or items == ["all"]:
-        return tuple(WHAT_IF_KEYS)
+        return tuple(SEARCHED_WHAT_IF_KEYS)
     for key in items:
-        if key not in WHAT_IF_KEYS:
-            raise ContractError("--what-if", key, f"{key} is not a what-if knob (known: all, {', '.join(WHAT_IF_KEYS)})")
-    return tuple(k for k in WHAT_IF_KEYS if k in items)
+        if key not in SEARCHED_WHAT_IF_KEYS:
+            what = ("is a what-if knob only the clock planner sets" if key in WHAT_IF_KEYS else "is not a what-if knob")
+            raise ContractError("--what-if", key, f"{key} {what} (known: all, {', '.join(SEARCHED_WHAT_IF_KEYS)})")
+    return tuple(k for k in SEARCHED_WHAT_IF_KEYS if k in items)
 
 
 def _parse_scalar(key: str, text: str) -> Any:
@@ -231,6 +234,7 @@ __all__ = [
     "LIST_KEYS",
     "PARTITIONERS",
     "POINT_KEYS",
+    "SEARCHED_WHAT_IF_KEYS",
     "SUPERNET_POINT_KEYS",
     "WHAT_IF_KEYS",
     "Point",

@@ -13,7 +13,7 @@ from typing import Any
 from mindpipe.cli import loaders, tune_target
 from mindpipe.cli.args import count, real, seed
 from mindpipe.cli.output import print_json
-from mindpipe.traces.config import WHAT_IF_KEYS
+from mindpipe.traces.config import SEARCHED_WHAT_IF_KEYS, WHAT_IF_KEYS
 from mindpipe.traces.limits import limit
 from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.objectives import OBJECTIVES
@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="pin a plan key, e.g. --fix tp=8 --fix recompute=full (KEY=A,B restricts to a set)")
     p.add_argument("--what-if", nargs="?", const="all", default=None, metavar="KEY[,KEY]",
                    help=f"also search what-if knobs, which only the simulator models (the executor runs "
-                        f"{', '.join(f'{k}={json.dumps(v)}' for k, v in WHAT_IF_KEYS.items())}): all of them, or "
+                        f"{', '.join(f'{k}={json.dumps(v)}' for k, v in SEARCHED_WHAT_IF_KEYS.items())}): all of them, or "
                         "the ones named; plans that use one are marked in every output")
     p.add_argument("--partitioner", default="balanced",
                    help="balanced, pipedream, even, vpipe or dawnpiper (the last two choose per-block keep/recompute/swap "

@@ -1,4 +1,5 @@
-"""``stage_clocks_mhz`` in the executor: a one-line notice on CPU and the run proceeds; NVML on GPUs."""
+"""``stage_clocks_mhz`` in the executor: a one-line notice on CPU and the run proceeds; NVML on GPUs.
+``action_clocks_mhz`` (per-action clocks) is a what-if knob the executor labels and does not carry out."""
 
 from __future__ import annotations
 
@@ -46,3 +47,15 @@ def test_gpu_lock_is_applied_or_reported() -> None:
             assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) <= 1095
     finally:
         clock.release()
+
+
+def test_cpu_run_with_action_clocks_runs_default_clocks_and_labels_the_what_if_knob(tmp_path) -> None:
+    """Per-action clocks are a what-if knob: the executor says so in one line and records what ran."""
+    plan = {"dp": 1, "tp": 1, "pp": 2, "micro_batch_size": 1, "global_batch_size": 4, "schedule": "1f1b",
+            "action_clocks_mhz": [[[1410] * 4, [1095] * 4], [[1410] * 4, [1410] * 4]]}
+    p = run_plan(tmp_path, plan, 2, steps=3)
+    assert p.returncode == 0, p.stderr
+    notes = [line for line in p.stderr.splitlines() if "action_clocks_mhz" in line]
+    assert len(notes) == 1 and "[16 per-action clocks]" in notes[0] and "default clocks" in notes[0]
+    measured = json.loads((tmp_path / "measured.json").read_text())["measurement"]
+    assert measured["plan"]["action_clocks_mhz"] is None

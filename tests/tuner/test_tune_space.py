@@ -12,7 +12,7 @@ from mindpipe.traces.config import Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.tuner.keys import (
     POINT_KEYS,
-    WHAT_IF_KEYS,
+    SEARCHED_WHAT_IF_KEYS,
     parse_fixes,
     parse_global_batch,
     parse_what_if,
@@ -110,13 +110,13 @@ def test_default_space_holds_only_what_the_executor_runs(model, cluster, batches
     assert space.size > 0
     for p in space.points:
         assert what_if_used(p) == [], p
-        assert all(p[k] == run for k, run in WHAT_IF_KEYS.items())
+        assert all(p[k] == run for k, run in SEARCHED_WHAT_IF_KEYS.items())
         assert what_if_used(plan_of(p)) == []
     # With --what-if every knob is searched wherever it can matter, and only there.
     wide = SearchSpace(model, cluster, batches, what_if=parse_what_if("all"))
     assert wide.size > space.size
     used = {k for p in wide.points for k in what_if_used(p)}
-    assert used == set(WHAT_IF_KEYS)
+    assert used == set(SEARCHED_WHAT_IF_KEYS)
     assert not any(p["comm_priority"] != "fair" for p in wide.points if p["pp"] == 1)
     assert not any(p["overlap_grad_reduce"] for p in wide.points if p["dp"] == 1)
     narrow = {point_key(p) for p in space.points}
@@ -134,7 +134,7 @@ def test_what_if_knob_pinned_off_the_executor_needs_what_if():
     space = SearchSpace(model, cluster, [64], parse_fixes(["overlap_grad_reduce=true"]),
                         what_if=parse_what_if("overlap-grad-reduce"))
     assert {p["overlap_grad_reduce"] for p in space.points if p["dp"] > 1} == {True}
-    assert parse_what_if("") == parse_what_if("all") == tuple(WHAT_IF_KEYS)
+    assert parse_what_if("") == parse_what_if("all") == tuple(SEARCHED_WHAT_IF_KEYS)
     assert parse_what_if(None) == ()
     with pytest.raises(ContractError, match="not a what-if knob"):
         parse_what_if("tp")

@@ -19,7 +19,7 @@ from mindpipe.traces.builtin import load_cluster, load_model, load_plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.tuner.api import build_space, tune
 from mindpipe.tuner.evaluate import evaluate
-from mindpipe.tuner.keys import WHAT_IF_KEYS, point_key, what_if_used
+from mindpipe.tuner.keys import SEARCHED_WHAT_IF_KEYS, point_key, what_if_used
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective, parse_constraint
 from mindpipe.tuner.optimizers import RandomSearch
@@ -333,11 +333,11 @@ def test_what_if_sweep_marks_every_output(tmp_path, capsys):
 
     csv = pd.read_csv(out / "evaluations.csv", keep_default_na=False)
     for _, row in csv.iterrows():
-        expected = [k for k, run in WHAT_IF_KEYS.items() if str(row[k]).lower() != str(run).lower()]
+        expected = [k for k, run in SEARCHED_WHAT_IF_KEYS.items() if str(row[k]).lower() != str(run).lower()]
         assert row["what_if"] == ",".join(expected)
     assert set(csv["what_if"]) >= {"", "comm_priority", "overlap_grad_reduce", "comm_priority,overlap_grad_reduce"}
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["what_if"]["searched"] == list(WHAT_IF_KEYS)
+    assert summary["what_if"]["searched"] == list(SEARCHED_WHAT_IF_KEYS)
     plan = load_plan(str(out / "best_plan.json"))
     assert plan.made_for is not None and plan.made_for.what_if == what_if_used(plan)
     assert summary["what_if"]["best_plan_uses"] == plan.made_for.what_if
