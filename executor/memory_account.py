@@ -15,6 +15,8 @@ What is counted — the same terms the simulator's memory model prices per pipel
   is saved until autograd releases it. Parameters saved by their layers are weights, not
   activations. A fully recomputed block saves only its input (the checkpoint's saved inputs); a
   swapped block saves nothing on the device (:mod:`mindpipe.executor.offload`);
+  A ``nongemm`` block also keeps the GEMM outputs selective activation checkpointing caches for
+  its recompute (:meth:`MemoryAccount.cached`), from its forward until its backward frees them;
 * **transient**: tensors that exist only for a block's backward: what a recomputed forward saves
   for the backward (a ``TorchDispatchMode`` in the checkpoint's recompute context sees the
   checkpoint keep them) and the copies a swapped block brings back, each until it is freed.
@@ -230,13 +232,30 @@ class MemoryAccount:
             raise
 
     def transient(self, t: torch.Tensor) -> None:
-        """Count ``t`` as transient until it is freed (a recomputed output, a swapped-in copy)."""
+        """Count ``t`` as transient until it is freed (a recomputed output, a swapped-in copy).
+
+        A tensor whose storage is already an activation (an output selective checkpointing cached
+        and hands back to the recompute, :meth:`cached`) is not counted twice.
+        """
         local = _local(t)
         s = _storage(local) if local.device.type == self.device_type else None
-        if s is None or s[0] in self._weights:
+        if s is None or s[0] in self._weights or s[0] in self._counts["activations"]:
             return
         self._hold("transient", *s)
         weakref.finalize(local, self._release, "transient", s[0]).atexit = False  # nothing to do at exit
+
+    def cached(self, t: torch.Tensor, owner: object) -> None:
+        """Count ``t`` as an activation until ``owner`` is freed: an output torch's selective
+        activation checkpointing caches in the forward for the recompute (it is not saved through
+        autograd's hooks); ``owner`` is that checkpoint's recompute context, freed with its frame."""
+        local = _local(t)
+        if self._paused or local.device.type != self.device_type:
+            return
+        s = _storage(local)
+        if s is None or s[0] in self._weights:
+            return
+        self._hold("activations", *s)
+        weakref.finalize(owner, self._release, "activations", s[0]).atexit = False
 
     def wrap_stage(self, stage: Any) -> None:
         """Re-read the gradients after each of the pipeline stage's backward actions (B, I, W)."""

@@ -29,7 +29,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMM_PRIORITIES = ("fair", "pp_first")
-LAYER_MEMORY_POLICIES = ("keep", "selective", "recompute", "swap")
+LAYER_MEMORY_POLICIES = ("keep", "selective", "nongemm", "recompute", "swap")
 # Where a stage boundary falls (``Plan.stage_cuts``; the rule is :mod:`mindpipe.traces.layout`'s):
 # between two blocks, or inside the stage's last block after its attention sub-layer's residual add.
 STAGE_CUTS = ("between_blocks", "after_attention")
@@ -46,6 +46,8 @@ SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 SEQUENTIAL_EQUIVALENT_SCHEDULES = ("csp", "sequential")
 # Schedules that place two model chunks per rank in a "V" (Qi et al. ICLR'24; DeepSeek DualPipeV).
 V_SCHEDULES = ("zbv", "dualpipev")
+# Schedules that split a backward into input- and weight-gradient passes (zero-bubble family).
+SPLIT_BACKWARD_SCHEDULES = ("zb_h1", "zbv", "dualpipev")
 
 
 def positive(key: str, value: int | float) -> None:
@@ -380,7 +382,8 @@ class Plan:
     """How to parallelise one training iteration.
 
     ``partition`` lists layers per (virtual) stage in pipeline order; ``None`` means an even split.
-    ``layer_memory_policy`` gives per block ``keep|selective|recompute|swap`` (vPipe; DawnPiper adds selective); ``None`` follows
+    ``layer_memory_policy`` gives per block ``keep|selective|nongemm|recompute|swap`` (vPipe; DawnPiper adds the
+    operator-level ``selective`` and ``nongemm``, :mod:`mindpipe.traces.layout`); ``None`` follows
     ``recompute``. ``comm_priority`` ``pp_first`` gives pipeline p2p traffic priority on shared
     links; ``overlap_grad_reduce`` issues data-parallel gradient buckets during the last backward
     (Megatron ``--overlap-grad-reduce``). Both are what-if knobs (:data:`WHAT_IF_KEYS`): their
@@ -557,6 +560,10 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
             "layer_memory_policy",
             f"layer_memory_policy has {len(plan.layer_memory_policy)} entries, model has num_layers={model.num_layers}",
         )
+    if plan.layer_memory_policy is not None and "nongemm" in plan.layer_memory_policy:
+        refusal = nongemm_refusal(plan)
+        if refusal:
+            fail("layer_memory_policy", refusal)
     m = plan.num_microbatches
     if plan.schedule != "gpipe" and plan.pp > 1 and m < plan.pp:
         fail("global_batch_size", f"schedule {plan.schedule!r} needs micro-batches m={m} >= pp={plan.pp}")
@@ -575,6 +582,21 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
         # CPU hosts have no lockable SM clock: the executor skips the key with a notice.
         if get_device(cluster.gpu).kind == "gpu":
             check_stage_clocks(plan.stage_clocks_mhz, cluster.gpu, source)
+
+
+def nongemm_refusal(plan: Plan) -> str | None:
+    """Why ``plan`` cannot give a block the ``nongemm`` policy (:mod:`mindpipe.traces.layout`), or None.
+
+    Under TP the row-parallel GEMMs' kept outputs would be unreduced partial sums and the re-run
+    would re-issue the sub-layers' collectives, neither modelled; a split backward (zero-bubble
+    schedules) runs a block's backward more than once, which torch's selective activation
+    checkpointing refuses ("only allowed to backward once").
+    """
+    if plan.tp > 1:
+        return f"policy 'nongemm' needs tp=1 (plan has tp={plan.tp})"
+    if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
+        return f"policy 'nongemm' cannot run under schedule {plan.schedule!r}: its split backward runs a block's backward twice"
+    return None
 
 
 def stage_layers(plan: Plan, model: Model) -> list[int]:
@@ -600,6 +622,7 @@ __all__ = [
     "check_plan",
     "check_plan_key",
     "even_partition",
+    "nongemm_refusal",
     "plan_value",
     "stage_layers",
     "what_if_used",
