@@ -10,6 +10,7 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.trace import Trace
 
 from .conftest import TINY, assert_layer_times, run_plan
+from .test_exec_memory_runs import assert_memory_matches_simulator
 from .test_exec_parity import assert_parity, launched, reference
 
 # Dropout on: the MLP-dropout mask is re-drawn from fc2's kept output, the others from re-run ops.
@@ -21,9 +22,10 @@ DP2 = {"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 0, 
        "layer_memory_policy": ["nongemm"] * 4}
 
 
-def test_pp2_1f1b_nongemm_parity(tmp_path):
+def test_pp2_1f1b_nongemm_parity_and_memory(tmp_path):
     trace = launched(tmp_path, PP2, 2)
     assert_parity(trace.measurement.losses, reference(PP2))
+    assert_memory_matches_simulator(trace, TINY, rel=0.10)
 
 
 def test_pp2_nongemm_with_dropout_matches_keep(tmp_path):
@@ -39,9 +41,10 @@ def test_pp2_nongemm_with_dropout_matches_keep(tmp_path):
     assert_parity(*losses)
 
 
-def test_dp2_nongemm_parity(tmp_path):
+def test_dp2_nongemm_parity_and_memory(tmp_path):
     trace = launched(tmp_path, DP2, 2)
     assert_parity(trace.measurement.losses, reference(DP2))
+    assert_memory_matches_simulator(trace, TINY, rel=0.10)
 
 
 @pytest.mark.parametrize(("keys", "rule"), [({"tp": 2}, "needs tp=1"),
