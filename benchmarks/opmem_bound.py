@@ -18,7 +18,10 @@ simulator's own cost and memory models, what the finer choice can buy on the thr
   them), Q, K, V (the core re-runs from them) and the GeLU input (the GeLU re-runs from it) —
   2·d·s·b·h/σ + (3 + f/h)·d·s·b·h/t with σ = t under sequence parallelism, else 1; masks are
   re-drawn from the saved RNG state. At t = 1, f = 4h, d = 2: 18·s·b·h against 2·s·b·h for a
-  re-run block (vPipe's checkpoint).
+  re-run block (vPipe's checkpoint). The block policy that runs, ``nongemm``
+  (:mod:`mindpipe.traces.layout`), keeps the projection's output in place of the LN2 input (the
+  same bytes at t = 1) and, with dropout, fc2's output too, so it keeps at least this much: the
+  figures here stay bounds for it.
 * ``headroom``: per stage of vpipe's plan, the free bytes at its peak, the micro-batches in
   flight k_s, and how many of its re-run blocks fit as no-GEMM-re-run blocks
   (⌊free / (k_s·(no_gemm_rerun_bytes − checkpoint))⌋). Over vpipe's slowest stage:
