@@ -129,6 +129,7 @@ class MemoryAccount:
         self._bytes: dict[str, dict[int, int]] = {"activations": {}, "transient": {}}
         self.terms = self.peak = MemoryTerms()
         self._weights: set[int] = set()
+        self._cached: dict[int, int] = {}  # storages of outputs selective checkpointing caches (:meth:`cached`)
         self._paused = 0
         self.exceeded: ContractError | None = None
 
@@ -234,12 +235,12 @@ class MemoryAccount:
     def transient(self, t: torch.Tensor) -> None:
         """Count ``t`` as transient until it is freed (a recomputed output, a swapped-in copy).
 
-        A tensor whose storage is already an activation (an output selective checkpointing cached
-        and hands back to the recompute, :meth:`cached`) is not counted twice.
+        An output selective checkpointing cached (:meth:`cached`) and hands back to the recompute is
+        already an activation and is not counted twice.
         """
         local = _local(t)
         s = _storage(local) if local.device.type == self.device_type else None
-        if s is None or s[0] in self._weights or s[0] in self._counts["activations"]:
+        if s is None or s[0] in self._weights or s[0] in self._cached:
             return
         self._hold("transient", *s)
         weakref.finalize(local, self._release, "transient", s[0]).atexit = False  # nothing to do at exit
@@ -255,7 +256,14 @@ class MemoryAccount:
         if s is None or s[0] in self._weights:
             return
         self._hold("activations", *s)
-        weakref.finalize(owner, self._release, "activations", s[0]).atexit = False
+        self._cached[s[0]] = self._cached.get(s[0], 0) + 1
+        weakref.finalize(owner, self._uncache, s[0]).atexit = False
+
+    def _uncache(self, key: int) -> None:
+        self._cached[key] -= 1
+        if not self._cached[key]:
+            del self._cached[key]
+        self._release("activations", key)
 
     def wrap_stage(self, stage: Any) -> None:
         """Re-read the gradients after each of the pipeline stage's backward actions (B, I, W)."""
