@@ -9,7 +9,7 @@ from mindpipe.traces.config import Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.trace import Trace
 
-from .conftest import TINY, assert_layer_times, run_plan
+from .conftest import TINY, run_plan
 from .test_exec_memory_runs import assert_memory_matches_simulator
 from .test_exec_parity import assert_parity, launched, reference
 
