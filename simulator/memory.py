@@ -365,15 +365,18 @@ class StageMemoryModel:
         goes, so when block j is back the micro-batch has already released the head's extras and
         every block after j: block j adds ``max(0, back − Σ after j)``; the stage's transient is the
         largest over its redone blocks (measured on CPU with the executor's live-tensor accounting).
-        A ``nongemm`` block re-saves all of ``block("none")`` but what it kept
-        (:meth:`nongemm_unshared`). A block cut by a stage boundary counts the part the stage holds.
+        A ``nongemm`` block re-saves all of ``block("none")`` but the GEMM outputs it cached
+        (what it keeps less its input and :meth:`nongemm_unshared`). A block cut by a stage boundary counts the part the stage holds.
         """
         out, after = 0.0, head_bytes
         for p, part in zip(reversed(policies), reversed(parts), strict=True):
             if p in ("full", "nongemm", "swap"):
                 back = self.block("none", part) if p == "full" else self.largest_saved_bytes()
                 if p == "nongemm":
-                    back = self.block("none", part) - self.block(p, part) + self.nongemm_unshared(part)
+                    # Everything a kept block saves but the cached GEMM outputs; the input counts
+                    # again, as for ``full`` (the re-run detaches it anew).
+                    cached = self.block(p, part) - self.block("full", part) - self.nongemm_unshared(part)
+                    back = self.block("none", part) - cached
                 out = max(out, back - after)
             after += self.block(p, part)
         return out
