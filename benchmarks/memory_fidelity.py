@@ -2,7 +2,7 @@
 
 Part 1 runs gpt-mini-sized models (``gpt-mini``: 4 blocks; ``gpt-mini-8``: the same with 8) on 2
 and 4 CPU ranks (gloo) under pipeline and data parallel plans with mixed per-layer policies
-(keep / recompute / swap), with ``mindpipe run``, and compares each rank's measured peak (the
+(keep / recompute / swap / nongemm), with ``mindpipe run``, and compares each rank's measured peak (the
 executor's live-tensor accounting, ``ranks[].memory`` in ``measured.json``) with the simulator's
 ``Simulator.memory(plan)`` for the same rank: relative error = (simulated − measured) / measured.
 
@@ -15,6 +15,7 @@ pre-check) the ranks must stop when their accounted memory exceeds the budget.
 Target: every run within 10 % (goal 5 %). Writes ``benchmarks/results/memory_fidelity.json``.
 
     .venv/bin/python benchmarks/memory_fidelity.py [--steps 3] [--out benchmarks/results/memory_fidelity.json]
+        [--schedule S | --policy P]   (only part 1's plans of schedule S / with a block of policy P)
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
     # Zero-bubble: torch's input-gradient pass keeps the graph (retain_graph) for W, so what a stage
     # saved stays until W except the loss's side of the LM head (simulator.actions, simulator.memory).
     ("gpt-tiny-8k", 2, {"pp": 2, "micro_batch_size": 4, "global_batch_size": 16, "schedule": "zb_h1", **FP32}),
+    # DawnPiper's per-operator policy: GEMM outputs kept, every other operator re-run (torch's
+    # selective activation checkpointing; traces/layout.py ``nongemm``).
+    ("gpt-mini", 2, {"pp": 2, "micro_batch_size": 4, "global_batch_size": 16, "schedule": "1f1b",
+                     "layer_memory_policy": ["nongemm", "nongemm", "keep", "nongemm"], **FP32}),
+    ("gpt-mini-8", 4, {"dp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 16, "schedule": "1f1b",
+                       "layer_memory_policy": ["nongemm", "keep", "recompute", "nongemm", "nongemm", "swap", "nongemm",
+                                               "keep"], **FP32}),
     ("gpt-mini-8", 4, {"pp": 4, "micro_batch_size": 2, "global_batch_size": 16, "schedule": "zb_h1",
                        "layer_memory_policy": ["keep", "recompute", "swap", "keep", "recompute", "keep", "keep", "swap"],
                        **FP32}),
@@ -133,11 +141,14 @@ def compare(trace: Trace, model: Model) -> list[dict[str, Any]]:
              "terms": {k: getattr(terms[row.rank], k) for k in keys}} for row in memory_rows(m, model)]
 
 
-def fidelity(steps: int, tmp: Path, schedule: str | None = None) -> list[dict[str, Any]]:
-    """Part 1 over ``FIDELITY`` (only the plans of ``schedule`` when given; 1f1b when a plan names none)."""
+def fidelity(steps: int, tmp: Path, schedule: str | None = None, policy: str | None = None) -> list[dict[str, Any]]:
+    """Part 1 over ``FIDELITY`` (only the plans of ``schedule`` when given, 1f1b when a plan names none;
+    only those with a block of ``policy`` when given)."""
     out = []
     for name, nproc, plan in FIDELITY:
         if schedule is not None and plan.get("schedule", "1f1b") != schedule:
+            continue
+        if policy is not None and policy not in plan.get("layer_memory_policy", []):
             continue
         code, last, trace = run(name, nproc, plan, steps, tmp)
         if trace is None:
@@ -199,10 +210,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default=str(HERE / "results" / "memory_fidelity.json"))
     ap.add_argument("--schedule", help="run only part 1's plans of this schedule (e.g. zb_h1); no budget cases")
+    ap.add_argument("--policy", help="run only part 1's plans with a block of this policy (e.g. nongemm); no budget cases")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="memory-fidelity-") as d:
-        runs = fidelity(args.steps, Path(d), args.schedule)
-        budgets = budget_cases(args.steps, Path(d)) if args.schedule is None else []
+        runs = fidelity(args.steps, Path(d), args.schedule, args.policy)
+        only = args.schedule is not None or args.policy is not None
+        budgets = budget_cases(args.steps, Path(d)) if not only else []
     errors = [abs(r["rel_error"]) for run in runs for r in run["per_rank"]]
     errors += [abs(r["rel_error"]) for case in budgets for r in case["fit_run_per_rank"]]
     summary = {

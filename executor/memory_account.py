@@ -15,6 +15,8 @@ What is counted — the same terms the simulator's memory model prices per pipel
   is saved until autograd releases it. Parameters saved by their layers are weights, not
   activations. A fully recomputed block saves only its input (the checkpoint's saved inputs); a
   swapped block saves nothing on the device (:mod:`mindpipe.executor.offload`);
+  A ``nongemm`` block also keeps the GEMM outputs selective activation checkpointing caches for
+  its recompute (:meth:`MemoryAccount.cached`), from its forward until its backward frees them;
 * **transient**: tensors that exist only for a block's backward: what a recomputed forward saves
   for the backward (a ``TorchDispatchMode`` in the checkpoint's recompute context sees the
   checkpoint keep them) and the copies a swapped block brings back, each until it is freed.
@@ -127,6 +129,7 @@ class MemoryAccount:
         self._bytes: dict[str, dict[int, int]] = {"activations": {}, "transient": {}}
         self.terms = self.peak = MemoryTerms()
         self._weights: set[int] = set()
+        self._cached: dict[int, int] = {}  # storages of outputs selective checkpointing caches (:meth:`cached`)
         self._paused = 0
         self.exceeded: ContractError | None = None
 
@@ -230,13 +233,37 @@ class MemoryAccount:
             raise
 
     def transient(self, t: torch.Tensor) -> None:
-        """Count ``t`` as transient until it is freed (a recomputed output, a swapped-in copy)."""
+        """Count ``t`` as transient until it is freed (a recomputed output, a swapped-in copy).
+
+        An output selective checkpointing cached (:meth:`cached`) and hands back to the recompute is
+        already an activation and is not counted twice.
+        """
         local = _local(t)
         s = _storage(local) if local.device.type == self.device_type else None
-        if s is None or s[0] in self._weights:
+        if s is None or s[0] in self._weights or s[0] in self._cached:
             return
         self._hold("transient", *s)
         weakref.finalize(local, self._release, "transient", s[0]).atexit = False  # nothing to do at exit
+
+    def cached(self, t: torch.Tensor, owner: object) -> None:
+        """Count ``t`` as an activation until ``owner`` is freed: an output torch's selective
+        activation checkpointing caches in the forward for the recompute (it is not saved through
+        autograd's hooks); ``owner`` is that checkpoint's recompute context, freed with its frame."""
+        local = _local(t)
+        if self._paused or local.device.type != self.device_type:
+            return
+        s = _storage(local)
+        if s is None or s[0] in self._weights:
+            return
+        self._hold("activations", *s)
+        self._cached[s[0]] = self._cached.get(s[0], 0) + 1
+        weakref.finalize(owner, self._uncache, s[0]).atexit = False
+
+    def _uncache(self, key: int) -> None:
+        self._cached[key] -= 1
+        if not self._cached[key]:
+            del self._cached[key]
+        self._release("activations", key)
 
     def wrap_stage(self, stage: Any) -> None:
         """Re-read the gradients after each of the pipeline stage's backward actions (B, I, W)."""

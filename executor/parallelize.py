@@ -14,7 +14,9 @@ and the row-parallel outputs reduce-scattered, as in torchtitan's plan.
 Recompute wraps a block's ``forward`` (instance attribute, so parameter names stay unchanged):
 ``full`` checkpoints the whole block; ``selective`` checkpoints only the attention core (Q·Kᵀ,
 mask, softmax, dropout, ·V: ``Attention.core``), as Korthikanti et al. (2022, §5) define it and
-Megatron implements it — the simulator's compute and memory models price exactly that; ``swap``
+Megatron implements it — the simulator's compute and memory models price exactly that; ``nongemm``
+runs the block under torch's selective activation checkpointing, keeping its GEMM outputs and
+re-running every other operator (:func:`nongemm_policy`); ``swap``
 (per-layer policy) sends the block's saved activations to a host pool
 (:mod:`mindpipe.executor.offload`: pinned memory and a side stream on CUDA, a separately counted
 pool on CPU).
@@ -22,6 +24,7 @@ pool on CPU).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +47,12 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-from torch.utils.checkpoint import checkpoint, noop_context_fn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+    noop_context_fn,
+)
 
 
 def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -97,6 +105,64 @@ def _checkpointed(forward: Callable[..., Any], memory: MemoryAccount | None) -> 
     return run
 
 
+def nongemm_policy(ffn_width: int, keep_last: bool) -> Callable[..., CheckpointPolicy]:
+    """Which operators a ``nongemm`` block keeps (:mod:`mindpipe.traces.layout`): the outputs of its
+    GEMMs (``aten.addmm``/``aten.mm``: QKV, projection, fc1; SwiGLU's gate and up), and of the GEMM
+    whose input is the ``ffn_width``-wide MLP activation (fc2, down) only when ``keep_last`` (with
+    dropout, its output is what the MLP-dropout mask is re-drawn from). Everything else is
+    re-run; the attention core's batched matmuls are part of the core and re-run with it."""
+    aten = torch.ops.aten
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        x = args[1] if func is aten.addmm.default else args[0] if func is aten.mm.default else None
+        if x is not None and (keep_last or x.shape[-1] != ffn_width):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _nongemm(forward: Callable[..., Any], policy: Callable[..., CheckpointPolicy],
+             memory: MemoryAccount | None) -> Callable[..., Any]:
+    """``forward`` under torch's selective activation checkpointing with ``policy``; ``memory``
+    counts the cached outputs as activations and the re-run ones as transient."""
+
+    def contexts() -> tuple[Any, Any]:
+        if memory is None:
+            return create_selective_checkpoint_contexts(policy)
+        recompute: list[Any] = []
+
+        def counted(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+            out = policy(ctx, func, *args, **kwargs)
+            if out == CheckpointPolicy.MUST_SAVE and not ctx.is_recompute and isinstance(ctx.op_output, torch.Tensor):
+                memory.cached(ctx.op_output, recompute[0])
+            return out
+
+        fwd, rec = create_selective_checkpoint_contexts(counted)
+        recompute.append(rec)
+        # The accounting's mode below the cache: outputs the cache hands back never reach it.
+        return fwd, _Stacked(memory.recompute_contexts()[1], rec)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts, **kwargs)
+
+    return run
+
+
+class _Stacked:
+    """Enters context managers in order, exits them in reverse (the last entered is on top)."""
+
+    def __init__(self, *managers: Any) -> None:
+        self.managers, self.stack = managers, contextlib.ExitStack()
+
+    def __enter__(self) -> None:
+        for m in self.managers:
+            self.stack.enter_context(m)
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.stack.__exit__(*exc)
+
+
 def _swapped(forward: Callable[..., Any], pool: HostPool, memory: MemoryAccount | None) -> Callable[..., Any]:
     on_unpack = memory.transient if memory is not None else None
 
@@ -122,6 +188,11 @@ def apply_recompute(stage: StageModule, policies: list[BlockPolicy], pool: HostP
         elif policy == "selective":
             attn: Any = block.attn
             attn.core = _checkpointed(attn.core, memory)
+        elif policy == "nongemm":
+            mlp: Any = block.mlp  # GPT's fc1 or Llama's up is ffn wide (tp = 1: check_plan)
+            width = (mlp.fc1 if hasattr(mlp, "fc1") else mlp.up).out_features
+            rule = nongemm_policy(width, keep_last=bool(getattr(mlp, "dropout", 0.0)))
+            block.forward = _nongemm(block.forward, rule, memory)  # type: ignore[method-assign]
         elif policy == "swap":
             if pool is None:
                 pool = HostPool(next(block.parameters()).device)

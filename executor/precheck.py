@@ -30,7 +30,7 @@ from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, check_plan, knob_value, plan_value, what_if_used
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import check_stage_clocks
-from mindpipe.traces.layout import block_policies, stage_layout
+from mindpipe.traces.layout import WHOLE_BLOCK_ONLY, block_policies, stage_layout
 
 GIB = 2**30
 # torch.distributed.pipelining class per schedule name of the plan (torch 2.13 names).
@@ -115,9 +115,9 @@ def _check_cuts(model: Model, plan: Plan, fail: Callable[[str, str], None]) -> N
         return
     policies = block_policies(plan, model.num_layers)
     for span in stage_layout(plan, model):
-        if span.last_part != "whole" and policies[span.blocks[-1]] == "selective":
+        if span.last_part != "whole" and policies[span.blocks[-1]] in WHOLE_BLOCK_ONLY:
             fail("stage_cuts", f"block {span.blocks[-1]} is cut by a stage boundary: give it recompute none, full "
-                 "or swap, not selective")
+                 f"or swap, not {policies[span.blocks[-1]]}")
 
 
 def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, device: DeviceSpec | None,

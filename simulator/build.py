@@ -4,7 +4,8 @@ Layers are assigned to virtual stages by the plan's stage layout and every block
 activation policy (:mod:`mindpipe.traces.layout`, the one owner of both rules). Recompute adds the
 re-run forward before the input gradient: ``full`` re-runs the block's forward (and its
 tensor-parallel collectives — Megatron's checkpointed layers re-issue them), ``selective`` only
-the attention core (Korthikanti et al. §5); ``swap`` copies the block's activations to the host
+the attention core (Korthikanti et al. §5), ``nongemm`` every operator but the GEMMs (the core,
+LayerNorms, GeLU, dropouts, residual adds; ``LayerCost.recompute_nongemm_s``); ``swap`` copies the block's activations to the host
 after F and back before I over PCIe; ``none`` stores them.
 
 Gradient reduction: bucket size as Megatron's DDP (max(40M, 1M × dp) parameters), all-reduce
@@ -61,6 +62,8 @@ def stage_recompute(layers: list[LayerCost], policies: list[BlockPolicy]) -> tup
             comm += c.forward_comm
         elif policy == "selective":
             seconds += c.recompute_selective_s
+        elif policy == "nongemm":
+            seconds += c.recompute_nongemm_s
         elif policy == "swap":
             swapped += 1
     return seconds, comm, swapped

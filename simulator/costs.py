@@ -67,6 +67,9 @@ class LayerCost:
         parts: A block's attention and MLP parts, priced on their own for a stage boundary inside
             the block (:mod:`mindpipe.simulator.block_parts`); the attention part's
             ``output_bytes`` is what that boundary sends.
+        recompute_nongemm_s: Forward compute of every operator but the GEMMs (the attention core,
+            LayerNorms, GeLU, dropouts, residual adds), re-run by the ``nongemm`` policy
+            (:mod:`mindpipe.traces.layout`).
     """
 
     name: str
@@ -80,6 +83,7 @@ class LayerCost:
     output_bytes: int = 0
     param_count: int = 0
     parts: tuple[LayerCost, LayerCost] | None = None
+    recompute_nongemm_s: float = 0.0
 
 
 class ComputeModel(Protocol):
@@ -215,10 +219,16 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
         g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)
         fwd_comm, bwd_comm = with_overlap(fwd_comm, g_fwd), with_overlap(bwd_comm, g_bwd)
     split = [price(part) for part in split_ops(ops)]
+    # The memory-bound operators outside the attention core, priced by the same model: with the
+    # core, what the ``nongemm`` policy re-runs.
+    cheap = [price([o for o in part if o.kind == "memory" and not o.attention_core])[0] for part in split_ops(ops)]
     for k in range(model.num_layers):
         name = f"block.{k}"
         whole = LayerCost(name, "block", f, i, w, core, list(fwd_comm), list(bwd_comm), out_bytes, params[name])
+        whole.recompute_nongemm_s = core + sum(cheap)
         whole.parts = block_parts(model, plan, whole, [x[:3] for x in split], split[0][3], out_bytes)
+        whole.parts[0].recompute_nongemm_s = split[0][3] + cheap[0]
+        whole.parts[1].recompute_nongemm_s = cheap[1]
         layers.append(whole)
     f, i, w, _ = price(final_norm_ops(model, b, s, t, sp, d))
     layers.append(LayerCost("final_norm", "final_norm", f, i, w, output_bytes=out_bytes, param_count=params["final_norm"]))
@@ -361,11 +371,14 @@ class TraceComputeModel:
             # Selective recompute re-runs the attention core; a layer trace does not separate it,
             # so estimate its share of the forward from the operator FLOPs/bytes ratio (roofline).
             core = f * _attention_core_share(model, plan) if kind == "block" else 0.0
-            return LayerCost(
+            cost = LayerCost(
                 name, kind, f, i, w, core,
                 list(fwd_comm) if comm else [], list(bwd_comm) if comm else [],
                 out_bytes if kind != "lm_head" else 0, params[name],
             )
+            if kind == "block":
+                cost.recompute_nongemm_s = core + f * _memory_op_share(model, plan)
+            return cost
 
         layers.append(from_record("embedding", "embedding", (by_kind.get("embedding") or [None])[0], False))
         layers += self._block_costs(model, plan, from_record, by_kind.get("block", []))
@@ -387,6 +400,7 @@ class TraceComputeModel:
                 ob = blocks[j % len(blocks)]
                 whole = from_record(f"block.{j}", "block", ob.whole, True)
                 whole.recompute_selective_s = ob.core_forward_s * k
+                whole.recompute_nongemm_s = whole.recompute_selective_s + whole.forward_s * _memory_op_share(model, plan)
                 times = [(p.forward_s * k, p.backward_input_s * k, p.backward_weight_s * k) for p in (ob.attention, ob.mlp)]
                 whole.parts = block_parts(model, plan, whole, times, whole.recompute_selective_s,
                                           round(ob.cut_bytes * byte_scale))
@@ -436,15 +450,26 @@ def _attention_part_shares(model: Model, plan: Plan) -> tuple[float, float, floa
     return shares[0], shares[1], shares[2]
 
 
-def _attention_core_share(model: Model, plan: Plan) -> float:
-    """Share of a block's forward FLOP+byte work in the attention core (for selective recompute)."""
+def _forward_share(model: Model, plan: Plan, chosen: Callable[[Op], bool]) -> float:
+    """Share of a block's forward FLOP+byte work in the operators ``chosen`` picks."""
     ops = [o for o in block_ops(model, plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel,
                                 DTYPE_BYTES[plan.precision]) if o.phase == "forward"]
     # Weigh FLOPs against bytes at a typical GPU machine balance (~150 FLOP/byte); the share only
     # sizes selective recompute, a few percent of the step.
     work = [o.flops + 150.0 * o.bytes for o in ops]
     total = sum(work) or 1.0
-    return sum(w for o, w in zip(ops, work, strict=True) if o.attention_core) / total
+    return sum(w for o, w in zip(ops, work, strict=True) if chosen(o)) / total
+
+
+def _attention_core_share(model: Model, plan: Plan) -> float:
+    """Share of a block's forward FLOP+byte work in the attention core (for selective recompute)."""
+    return _forward_share(model, plan, lambda o: o.attention_core)
+
+
+def _memory_op_share(model: Model, plan: Plan) -> float:
+    """Share of a block's forward work in memory-bound operators outside the attention core
+    (LayerNorms, GeLU, dropouts, residual adds: with the core, what ``nongemm`` re-runs)."""
+    return _forward_share(model, plan, lambda o: o.kind == "memory" and not o.attention_core)
 
 
 # -- swap copies on a CPU ------------------------------------------------------------------

@@ -149,7 +149,7 @@ def activation_bytes_per_layer(
         model: The model (h, a, f, dropout).
         plan: Micro-batch size, TP degree, sequence parallelism, recompute level, precision.
         policy: The block's policy (:func:`mindpipe.traces.layout.block_policies`): ``none``,
-            ``selective``, ``full`` or ``swap`` (0 on device; vPipe moves it to the host); None
+            ``selective``, ``nongemm``, ``full`` or ``swap`` (0 on device; vPipe moves it to the host); None
             means the plan's recompute level.
         seq_len: Sequence length if not the model's.
         mask_bytes: Bytes per dropout-mask element (default 1, a GPU's bool mask).
@@ -173,6 +173,8 @@ def activation_bytes_per_layer(
     if level == "full":
         return d * sbh / seq_shard
     attention, mlp = part != "mlp", part != "attention"
+    if level == "nongemm":
+        return _nongemm_bytes(model, d, sbh, seq_shard, attention, mlp)
     # Per part: the norm's input (d), the first GEMM's input (g), the residual-dropout mask (k).
     replicated = (d + g + k) * sbh * (attention + mlp)
     kv_ratio = model.kv_heads / a
@@ -186,6 +188,22 @@ def activation_bytes_per_layer(
               else (2 * d + k if model.dropout else d) * a * s * s * b) * attention
     out = replicated / seq_shard + split / t
     return out if level == "selective" else out + scores / t
+
+
+def _nongemm_bytes(model: Model, d: int, sbh: float, seq_shard: int, attention: bool, mlp: bool) -> float:
+    """What a ``nongemm`` block (or part) keeps (:mod:`mindpipe.traces.layout`; the policy needs t = 1).
+
+    Its input (d, ÷t when sequence-sharded; a whole block's MLP part re-runs its input from the
+    attention projection's output, a part held alone keeps it as its input), the attention GEMM
+    outputs — QKV, (1 + 2r)·d, and the projection, d — and the MLP's: fc1 (d·f/h; SwiGLU's gate and
+    up, 2·d·f/h) and, with dropout, fc2 (d), whose output the MLP-dropout mask is re-drawn from.
+    No dropout mask and nothing s²-sized is kept. GPT at f = 4h without dropout: 18·s·b·h at d = 2.
+    """
+    kv_ratio = model.kv_heads / model.num_heads
+    f_out = (2 if model.is_llama else 1) * model.ffn / model.hidden_size
+    att = (1 / seq_shard + 1 + 2 * kv_ratio + 1) * d * sbh if attention else 0.0
+    mlp_out = (f_out + (1 if model.dropout else 0)) * d * sbh + (0.0 if attention else d * sbh / seq_shard)
+    return att + (mlp_out if mlp else 0.0)
 
 
 def embedding_activation_bytes(
@@ -360,6 +378,15 @@ class StageMemoryModel:
             return _StageTerms(acts, sum(layers), max(layers, default=0), reruns + swap_back, acts - logits)
         return _StageTerms(acts, sum(layers), max(layers, default=0), self.redone_bytes(policies, parts, head), acts)
 
+    def nongemm_unshared(self, part: BlockPart = "whole") -> float:
+        """Bytes a ``nongemm`` block keeps that a kept block does not save: the outputs of the GEMMs
+        before a residual add (the projection's; fc2's with dropout), which nothing else keeps.
+        A re-run re-saves the rest of ``block("none")`` on top of what the block kept."""
+        model, plan = self.model, self.plan
+        sbh = (self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
+        n = (part != "mlp") + (1 if model.dropout and part != "attention" else 0)
+        return n * DTYPE_BYTES[plan.precision] * sbh
+
     def largest_saved_bytes(self) -> float:
         """The largest single tensor a block saves, one micro-batch: the softmax output or the GeLU input."""
         model, plan = self.model, self.plan
@@ -376,12 +403,18 @@ class StageMemoryModel:
         goes, so when block j is back the micro-batch has already released the head's extras and
         every block after j: block j adds ``max(0, back − Σ after j)``; the stage's transient is the
         largest over its redone blocks (measured on CPU with the executor's live-tensor accounting).
-        A block cut by a stage boundary counts the part the stage holds.
+        A ``nongemm`` block re-saves all of ``block("none")`` but the GEMM outputs it cached
+        (what it keeps less its input and :meth:`nongemm_unshared`). A block cut by a stage boundary counts the part the stage holds.
         """
         out, after = 0.0, head_bytes
         for p, part in zip(reversed(policies), reversed(parts), strict=True):
-            if p in ("full", "swap"):
+            if p in ("full", "nongemm", "swap"):
                 back = self.block("none", part) if p == "full" else self.largest_saved_bytes()
+                if p == "nongemm":
+                    # Everything a kept block saves but the cached GEMM outputs; the input counts
+                    # again, as for ``full`` (the re-run detaches it anew).
+                    cached = self.block(p, part) - self.block("full", part) - self.nongemm_unshared(part)
+                    back = self.block("none", part) - cached
                 out = max(out, back - after)
             after += self.block(p, part)
         return out

@@ -34,7 +34,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 # cores (Hopper/Ada and later): a catalog device without an ``fp8`` peak cannot run it.
 DEVICE_PRECISIONS = ("fp8",)
 COMM_PRIORITIES = ("fair", "pp_first")
-LAYER_MEMORY_POLICIES = ("keep", "selective", "recompute", "swap")
+LAYER_MEMORY_POLICIES = ("keep", "selective", "nongemm", "recompute", "swap")
 # Where a stage boundary falls (``Plan.stage_cuts``; the rule is :mod:`mindpipe.traces.layout`'s):
 # between two blocks, or inside the stage's last block after its attention sub-layer's residual add.
 STAGE_CUTS = ("between_blocks", "after_attention")
@@ -60,6 +60,8 @@ SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 SEQUENTIAL_EQUIVALENT_SCHEDULES = ("csp", "sequential")
 # Schedules that place two model chunks per rank in a "V" (Qi et al. ICLR'24; DeepSeek DualPipeV).
 V_SCHEDULES = ("zbv", "dualpipev")
+# Schedules that split a backward into input- and weight-gradient passes (zero-bubble family).
+SPLIT_BACKWARD_SCHEDULES = ("zb_h1", "zbv", "dualpipev")
 
 
 def positive(key: str, value: int | float) -> None:
@@ -395,7 +397,8 @@ class Plan:
     """How to parallelise one training iteration.
 
     ``partition`` lists layers per (virtual) stage in pipeline order; ``None`` means an even split.
-    ``layer_memory_policy`` gives per block ``keep|selective|recompute|swap`` (vPipe; DawnPiper adds selective); ``None`` follows
+    ``layer_memory_policy`` gives per block ``keep|selective|nongemm|recompute|swap`` (vPipe; DawnPiper adds the
+    operator-level ``selective`` and ``nongemm``, :mod:`mindpipe.traces.layout`); ``None`` follows
     ``recompute``. ``comm_priority`` ``pp_first`` gives pipeline p2p traffic priority on shared
     links; ``overlap_grad_reduce`` issues data-parallel gradient buckets during the last backward
     (Megatron ``--overlap-grad-reduce``); ``tp_comm_overlap`` pipelines each sequence-parallel
@@ -607,6 +610,10 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
             "layer_memory_policy",
             f"layer_memory_policy has {len(plan.layer_memory_policy)} entries, model has num_layers={model.num_layers}",
         )
+    if plan.layer_memory_policy is not None and "nongemm" in plan.layer_memory_policy:
+        refusal = nongemm_refusal(plan)
+        if refusal:
+            fail("layer_memory_policy", refusal)
     m = plan.num_microbatches
     if plan.schedule != "gpipe" and plan.pp > 1 and m < plan.pp:
         fail("global_batch_size", f"schedule {plan.schedule!r} needs micro-batches m={m} >= pp={plan.pp}")
@@ -653,6 +660,21 @@ def check_precision(precision: str, device_name: str, source: str = "plan") -> N
                                                  f"(H100, H200); {device_name} has none (use bf16)")
 
 
+def nongemm_refusal(plan: Plan) -> str | None:
+    """Why ``plan`` cannot give a block the ``nongemm`` policy (:mod:`mindpipe.traces.layout`), or None.
+
+    Under TP the row-parallel GEMMs' kept outputs would be unreduced partial sums and the re-run
+    would re-issue the sub-layers' collectives, neither modelled; a split backward (zero-bubble
+    schedules) runs a block's backward more than once, which torch's selective activation
+    checkpointing refuses ("only allowed to backward once").
+    """
+    if plan.tp > 1:
+        return f"policy 'nongemm' needs tp=1 (plan has tp={plan.tp})"
+    if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
+        return f"policy 'nongemm' cannot run under schedule {plan.schedule!r}: its split backward runs a block's backward twice"
+    return None
+
+
 def stage_layers(plan: Plan, model: Model) -> list[int]:
     """Layers per virtual stage: the plan's partition, or an even split."""
     return list(plan.partition) if plan.partition is not None else even_partition(model.num_layers, plan.num_stages)
@@ -680,6 +702,7 @@ __all__ = [
     "check_precision",
     "even_partition",
     "knob_value",
+    "nongemm_refusal",
     "plan_value",
     "precision_supported",
     "stage_layers",

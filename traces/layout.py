@@ -31,21 +31,31 @@ more than one tensor (the residual and a branch value) between stages.
 * ``none`` — everything (no recompute);
 * ``selective`` — everything but the attention core (Q·Kᵀ, softmax, dropout, ·V), which is
   re-run in the backward (Korthikanti et al. 2022, §5);
+* ``nongemm`` — the block's input and its GEMM outputs (QKV, or Q, K and V; the attention
+  projection; fc1, or SwiGLU's gate and up; and, when the model has dropout, fc2 or down, whose
+  output the MLP-dropout mask is re-drawn from); every other operator — LayerNorms, the attention
+  core, GeLU or SwiGLU, dropouts, residual adds — is re-run before the backward from them, so no
+  GEMM runs twice. DawnPiper's per-operator choice (Peng et al. 2025, Capuchin-style): the cheap
+  memory-bound operators and the attention core free most of a block's bytes for a small share of
+  its forward. The executor runs it with torch's selective activation checkpointing; it needs
+  ``tp = 1`` and a schedule without a split backward (:func:`mindpipe.traces.config.nongemm_refusal`);
 * ``full`` — only the block's input; the whole forward is re-run before the backward;
 * ``swap`` — everything, but copied to host memory after the forward and back before the
   backward (vPipe, Zhao et al. TPDS'21), so nothing stays on the device.
 
 ``plan.recompute`` sets the level of every block; ``plan.layer_memory_policy`` (vPipe's per-layer
 choice) overrides it block by block: ``keep`` keeps everything (``none``, whatever
-``plan.recompute`` says — vPipe's "keep" is the absence of recompute and swap), ``selective`` is
-``selective`` (DawnPiper's operator-level choice), ``recompute`` is ``full`` and ``swap`` is ``swap``.
+``plan.recompute`` says — vPipe's "keep" is the absence of recompute and swap), ``selective`` and
+``nongemm`` are themselves (DawnPiper's operator-level choices), ``recompute`` is ``full`` and
+``swap`` is ``swap``.
 
 A block cut by a stage boundary keeps its one policy, applied to each part on its own stage: the
 simulator prices each part's bytes under it (:func:`mindpipe.simulator.memory.activation_bytes_per_layer`
 with ``part=``), a ``full`` part re-runs its own forward, and a ``swap`` part copies its own saved
 tensors (the executor wraps each part's module as it wraps a block; the simulator's engine still
-prices each swapped part's copy at a whole block's bytes, an overestimate). ``selective`` on a cut block is
-refused by the executor (its precheck), so the memory planners never give a cut block one.
+prices each swapped part's copy at a whole block's bytes, an overestimate). ``selective`` and
+``nongemm`` on a cut block are refused by the executor (its precheck), so the memory planners never
+give a cut block one.
 """
 
 from __future__ import annotations
@@ -55,10 +65,13 @@ from typing import Literal
 
 from mindpipe.traces.config import V_SCHEDULES, Model, Plan, stage_layers
 
-BlockPolicy = Literal["none", "selective", "full", "swap"]
-BLOCK_POLICIES: tuple[BlockPolicy, ...] = ("none", "selective", "full", "swap")
+BlockPolicy = Literal["none", "selective", "nongemm", "full", "swap"]
+BLOCK_POLICIES: tuple[BlockPolicy, ...] = ("none", "selective", "nongemm", "full", "swap")
 # vPipe's per-layer choices (``Plan.layer_memory_policy``) as block policies.
-LAYER_POLICY: dict[str, BlockPolicy] = {"keep": "none", "selective": "selective", "recompute": "full", "swap": "swap"}
+LAYER_POLICY: dict[str, BlockPolicy] = {"keep": "none", "selective": "selective", "nongemm": "nongemm",
+                                        "recompute": "full", "swap": "swap"}
+# Block policies the executor refuses on a block cut by a stage boundary (module docstring).
+WHOLE_BLOCK_ONLY: tuple[BlockPolicy, ...] = ("selective", "nongemm")
 
 BlockPart = Literal["whole", "attention", "mlp"]
 # The operator-graph unit of a block (the torch.fx node of ``Block.forward``) after which each cut
@@ -76,7 +89,7 @@ def block_policies(plan: Plan, num_layers: int) -> list[BlockPolicy]:
 
 def recomputes(policy: BlockPolicy) -> bool:
     """True when the block's forward (all or part) runs again before its backward."""
-    return policy in ("selective", "full")
+    return policy in ("selective", "nongemm", "full")
 
 
 def reshards_after_forward(plan: Plan) -> bool:
@@ -204,6 +217,7 @@ __all__ = [
     "BLOCK_POLICIES",
     "CUT_UNITS",
     "LAYER_POLICY",
+    "WHOLE_BLOCK_ONLY",
     "BlockPart",
     "BlockPolicy",
     "StageSpan",

@@ -25,8 +25,9 @@ change at a time until the stage fits:
   byte saved, ties from the back of the stage (vPipe's ``recompute_ratio`` counts from the back).
 * ``dawnpiper`` (Peng et al., 2025, Capuchin-style; BACKGROUND.md §4.3): first every swap that
   hides, then per unit the cheapest per byte saved of re-running its attention core only
-  (``selective``; whole blocks only), re-running it whole, and an exposed swap, ranked by seconds
-  of overhead per byte saved; a ``selective`` unit may later move on to recompute or swap.
+  (``selective``), re-running every operator but its GEMMs (``nongemm``; both whole blocks only,
+  ``nongemm`` only where ``check_plan`` allows it: tp = 1, no split backward), re-running it whole, and an exposed swap, ranked by seconds of
+  overhead per byte saved; a unit may later move on to a policy that frees more.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ from typing import Literal
 from mindpipe.simulator.build import stage_recompute
 from mindpipe.simulator.costs import LayerCost
 from mindpipe.simulator.planning import StageBudget, exposed_swap_s
-from mindpipe.traces.layout import LAYER_POLICY, BlockPart
+from mindpipe.traces.layout import LAYER_POLICY, WHOLE_BLOCK_ONLY, BlockPart
 
 MemoryRule = Literal["vpipe", "dawnpiper"]
-LayerPolicy = Literal["keep", "selective", "recompute", "swap"]
+LayerPolicy = Literal["keep", "selective", "nongemm", "recompute", "swap"]
 Pins = tuple["LayerPolicy | None", "LayerPolicy | None"]
 NO_PINS: Pins = (None, None)
 
@@ -58,6 +59,7 @@ class Node:
         recompute_s: Extra time when its activations are recomputed (the whole forward again).
         selective_s: Extra time when only its attention core is recomputed (``selective``).
         output_bytes: Bytes crossing a stage boundary placed after it.
+        nongemm_s: Extra time when every operator but its GEMMs is recomputed (``nongemm``).
     """
 
     name: str
@@ -66,13 +68,15 @@ class Node:
     recompute_s: float
     output_bytes: float
     selective_s: float = 0.0
+    nongemm_s: float = 0.0
 
 
 def _node(c: LayerCost) -> Node:
     redo = stage_recompute([c], [LAYER_POLICY["recompute"]])[0]
     sel = stage_recompute([c], [LAYER_POLICY["selective"]])[0]
+    ops = stage_recompute([c], [LAYER_POLICY["nongemm"]])[0]
     return Node(c.name, c.forward_s, c.forward_s + c.backward_input_s + c.backward_weight_s, redo,
-                float(c.output_bytes), sel)
+                float(c.output_bytes), sel, ops)
 
 
 def block_nodes(costs: Sequence[LayerCost]) -> list[Node]:
@@ -109,13 +113,14 @@ class StageModel:
         copy_s: Seconds to copy ``n`` bytes one way over the host link (the simulator's price).
         swap_bytes: Bytes one swapped unit copies each way per micro-batch.
         parts: Each block's (attention, mlp) part nodes: positions are then half blocks.
+        nongemm: The plan allows ``nongemm`` (:func:`mindpipe.traces.config.nongemm_refusal`).
     """
 
     def __init__(self, nodes: Sequence[Node], budgets: Sequence[StageBudget], extra: dict[int, tuple[float, float]],
                  copy_s: Callable[[float], float], swap_bytes: float,
-                 parts: Sequence[tuple[Node, Node]] | None = None) -> None:
+                 parts: Sequence[tuple[Node, Node]] | None = None, nongemm: bool = False) -> None:
         self.nodes, self.budgets, self.extra = list(nodes), list(budgets), extra
-        self.copy_s, self.swap_bytes = copy_s, swap_bytes
+        self.copy_s, self.swap_bytes, self.nongemm = copy_s, swap_bytes, nongemm
         self.parts = None if parts is None else list(parts)
         self._memo: dict[tuple[int, int, int, str, Pins], StagePlan] = {}
         self._copy: dict[int, float] = {}
@@ -171,8 +176,7 @@ class StageModel:
         """Seconds per micro-batch of stage ``stage`` holding positions ``lo..hi-1`` under ``policies``."""
         nodes = [u[0] for u in self.units(lo, hi)]
         fwd, base = self._totals(stage, nodes)
-        redo = sum(n.recompute_s if p == "recompute" else n.selective_s
-                   for n, p in zip(nodes, policies, strict=True) if p in ("recompute", "selective"))
+        redo = sum(_REDO[p](n) for n, p in zip(nodes, policies, strict=True))
         return self._time(fwd, base, redo, sum(1 for p in policies if p == "swap"))
 
     def fits(self, stage: int, policies: Sequence[LayerPolicy], parts: Sequence[BlockPart] | None = None) -> bool:
@@ -212,8 +216,7 @@ class StageModel:
         def time(r: float, k: int) -> float:
             return self._time(fwd, base, r, k)
 
-        redo_of = {"keep": lambda n: 0.0, "swap": lambda n: 0.0, "selective": lambda n: n.selective_s,
-                   "recompute": lambda n: n.recompute_s}
+        redo_of = _REDO
         while not self.fits(stage, pol, parts):
             now = time(redo, swapped)
             best: tuple[float, int, LayerPolicy] | None = None
@@ -223,12 +226,14 @@ class StageModel:
                 if not moves or i in fixed:
                     continue
                 node, part, cur = nodes[i], parts[i], pol[i]
-                like = (part, cur, node.recompute_s, node.selective_s)
+                like = (part, cur, node.recompute_s, node.selective_s, node.nongemm_s)
                 if like not in scores:
                     options = []
                     for target in moves:
-                        if target == "selective" and part != "whole":
-                            continue  # the executor refuses selective recompute on a cut block
+                        if LAYER_POLICY[target] in WHOLE_BLOCK_ONLY and part != "whole":
+                            continue  # the executor refuses these on a cut block
+                        if target == "nongemm" and not self.nongemm:
+                            continue
                         if target == "swap" and self.swap_bytes <= 0:
                             continue
                         freed = self._bytes(stage, part, cur) - self._bytes(stage, part, target)
@@ -272,12 +277,19 @@ class StageModel:
 # per layer among keep, recompute and swap (Zhao et al. TPDS'21); DawnPiper optimises per operator
 # (Peng et al. 2025), which on a block includes re-running only the attention core (Q·Kᵀ, softmax,
 # dropout, ·V: the ops that save the most bytes per second re-run, Korthikanti et al. 2022 §5) —
-# the block policy ``selective`` — before re-running the whole block or swapping it.
+# the block policy ``selective`` — and every operator but the GEMMs (``nongemm``: the attention core
+# with the LayerNorms, GeLU, dropouts and residual adds, whose outputs hold most of a block's bytes for
+# a small share of its forward) before re-running the whole block or swapping it.
 _MOVES: dict[MemoryRule, dict[LayerPolicy, tuple[LayerPolicy, ...]]] = {
     "vpipe": {"keep": ("swap", "recompute")},
-    "dawnpiper": {"keep": ("swap", "selective", "recompute"), "selective": ("swap", "recompute")},
+    "dawnpiper": {"keep": ("swap", "selective", "nongemm", "recompute"), "selective": ("swap", "nongemm", "recompute"),
+                  "nongemm": ("swap", "recompute")},
 }
-_STRENGTH: dict[LayerPolicy, int] = {"keep": 0, "selective": 1, "recompute": 2, "swap": 3}
+_STRENGTH: dict[LayerPolicy, int] = {"keep": 0, "selective": 1, "nongemm": 2, "recompute": 3, "swap": 4}
+# Seconds each policy re-runs per micro-batch.
+_REDO: dict[LayerPolicy, Callable[[Node], float]] = {
+    "keep": lambda n: 0.0, "swap": lambda n: 0.0, "selective": lambda n: n.selective_s,
+    "nongemm": lambda n: n.nongemm_s, "recompute": lambda n: n.recompute_s}
 
 
 __all__ = ["NO_PINS", "LayerPolicy", "MemoryRule", "Node", "Pins", "StageModel", "StagePlan", "block_nodes",

@@ -23,8 +23,8 @@ cost, a per-stage keep/recompute/swap rule). They need one stage per pipeline ra
   A cut inside a block gives the block one policy for both parts, as the plan has one per block and
   the simulator and executor apply it to both: each of keep, recompute (each part re-runs its own
   forward) and swap (when the host link is priced) is tried, both sides priced with it. Selective
-  recompute, which the executor refuses on a cut block, is never chosen for one; whole blocks may
-  get it (rule ``dawnpiper``, :mod:`mindpipe.tuner.memplan`).
+  and ``nongemm`` recompute, which the executor refuses on a cut block, are never chosen for one;
+  whole blocks may get them (rule ``dawnpiper``, :mod:`mindpipe.tuner.memplan`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mindpipe.simulator.simulator import Simulator
-from mindpipe.traces.config import Plan
+from mindpipe.traces.config import Plan, nongemm_refusal
 from mindpipe.traces.errors import ContractError
 from mindpipe.tuner.memplan import (
     NO_PINS,
@@ -87,7 +87,7 @@ def stage_model(sim: Simulator, plan: Plan, halves: bool = False) -> StageModel:
     # A device without a host link (a CPU: its memory is the host's) has nowhere to swap to.
     swap = sim.swap_bytes_per_block(plan) if sim.device.pcie_bandwidth_GBps > 0 else 0.0
     return StageModel(block_nodes(costs), budgets, extra, lambda n: sim.swap_copy_s(plan, n), swap,
-                      part_nodes(costs) if halves else None)
+                      part_nodes(costs) if halves else None, nongemm=nongemm_refusal(plan) is None)
 
 
 def _bounds(partition: Sequence[int]) -> list[tuple[int, int]]:
@@ -283,7 +283,7 @@ def dawnpiper_partition(sm: StageModel) -> MemoryPlan:
 
 def _blocks_of(sm: StageModel) -> StageModel:
     """The same stage model over whole blocks."""
-    return StageModel(sm.nodes, sm.budgets, sm.extra, sm.copy_s, sm.swap_bytes)
+    return StageModel(sm.nodes, sm.budgets, sm.extra, sm.copy_s, sm.swap_bytes, nongemm=sm.nongemm)
 
 
 def memory_partition(name: str, sim: Simulator, plan: Plan) -> MemoryPlan:

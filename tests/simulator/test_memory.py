@@ -363,3 +363,21 @@ def test_memory_falls_with_tensor_parallelism(case, sp):
     series = [_totals(model, m_, 1, tp=t, sequence_parallel=sp and t > 1, **fields) for t in (1, 2, 4)]
     for lo, hi in zip(series[1:], series[:-1], strict=True):
         assert all(x < y for x, y in zip(lo, hi, strict=True))
+
+
+@pytest.mark.parametrize(("dropout", "kind", "per_sbh"), [
+    (0.0, "gpt", 18),    # input 2, QKV 6, projection output 2, fc1 output 8 (d = 2, f = 4h)
+    (0.1, "gpt", 20),    # + fc2's output, which the MLP-dropout mask is re-drawn from; no mask kept
+    (0.0, "llama", 2 + 2 + 2 * 2 * 0.25 + 2 + 2 * 2 * 2),  # input, Q, K and V at r = 1/4, proj, gate and up (f = 2h)
+])
+def test_nongemm_keeps_the_input_and_the_gemm_outputs(dropout, kind, per_sbh):
+    """``nongemm`` (traces/layout.py) keeps the block input and its GEMM outputs, nothing s²-sized:
+    between full recompute's 2·s·b·h and selective's, whatever the attention term."""
+    extra = {"num_kv_heads": 4, "ffn_hidden_size": 2048} if kind == "llama" else {}
+    model = Model(kind=kind, num_layers=2, hidden_size=1024, num_heads=16, seq_len=512, vocab_size=1000,
+                  dropout=dropout, **extra)
+    plan = Plan(micro_batch_size=2, global_batch_size=2, precision="bf16")
+    got = activation_bytes_per_layer(model, plan, policy="nongemm")
+    assert got == pytest.approx(per_sbh * sbh(model, 2))
+    assert activation_bytes_per_layer(model, plan, policy="full") < got < activation_bytes_per_layer(
+        model, plan, policy="selective")
