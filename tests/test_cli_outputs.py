@@ -74,3 +74,19 @@ def test_out_that_cannot_be_a_file_is_refused_leaving_nothing(shared_data, tmp_p
     line = _one_error_line(_import(shared_data / AICB, target, tmp_path))
     assert str(target) in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["DIR"]  # no DIR.tmp, nothing created through the link
+
+
+def test_reader_of_stdout_going_away_stops_quietly(shared_data):
+    """``mindpipe validate ... | head -1``: the closed pipe ends the command as SIGPIPE would (141), with no error line.
+
+    1,000 rows print about 120 KB, more than a pipe holds, so the command is still writing when the
+    reader goes away.
+    """
+    csv = shared_data / "validation" / "vtrain_a100_single_node.csv"
+    proc = subprocess.Popen([sys.executable, "-m", "mindpipe.cli", "validate", "vtrain-single", "--data", str(csv),
+                             "--sample", "1000", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("row")
+    proc.stdout.close()  # the reader goes away after one line
+    err = proc.stderr.read() if proc.stderr is not None else ""
+    assert proc.wait(timeout=300) == 141, err
+    assert err == ""

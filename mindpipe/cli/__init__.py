@@ -25,6 +25,7 @@ from mindpipe.cli.output import stderr
 from mindpipe.traces.errors import ContractError
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141
 
 # In the order ``mindpipe --help`` lists them.
 SUBCOMMANDS = (profile, import_, inspect, simulate, tune, validate, calibrate, demo, run)
@@ -53,6 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ContractError as e:
         stderr(f"mindpipe: error: {e}")
         return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader of stdout went away (``mindpipe simulate ... | head``): not an input error. Stop
+        # quietly, as a shell tool killed by SIGPIPE does (128 + 13), and point stdout at /dev/null
+        # so the interpreter's final flush does not raise again.
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except OSError as e:
         stderr(f"mindpipe: error: {getattr(e, 'filename', '') or ''}: {e.strerror or e}")
         return EXIT_USAGE
@@ -61,4 +68,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-__all__ = ["EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
+def _silence_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout already closed or not a real file (tests capture it)
+        pass
+
+
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
