@@ -165,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                "on log(predicted/measured) over host_overhead_per_kernel_s, gemm_efficiency_ceiling, "
                "memory_bandwidth_efficiency and optimizer_bandwidth_efficiency (simulator/perf/refit.py)")
         doc = refit_document(fitted, VTRAIN_FIELDS, [fit_desc], hold_desc, report["summary"]["holdout_half"]["mape"], how)
-        doc["regenerate"] = (".venv/bin/python -m mindpipe.simulator.perf.fit --data ../shared/data --write && "
-                             f".venv/bin/python -m mindpipe.simulator.perf.refit --data ../shared/data --seed {args.seed} --write")
+        doc["regenerate"] = (".venv/bin/python -m simulator.perf.fit --data ../shared/data --write && "
+                             f".venv/bin/python -m simulator.perf.refit --data ../shared/data --seed {args.seed} --write")
         path = Path(__file__).parent / "data" / "a100.json"
         path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {path}")
