@@ -60,6 +60,42 @@ def by_parallelism(rows: list[VTrainRow], results: list[RowResult]) -> dict[str,
     return {k: error_stats(v) for k, v in sorted(groups.items())}
 
 
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ``y = a + b·x`` through ``points`` (at least two distinct x)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - b * mx, b
+
+
+def per_microbatch_lines(rows: list[VTrainRow], results: list[RowResult]) -> list[dict[str, object]]:
+    """Split each single-node configuration's time into a part per micro-batch and a fixed part.
+
+    Rows of one model, tp, pp and micro-batch size differ in dp and global batch, so in the number
+    of micro-batches m per pipeline; ``time = fixed + m · per_micro_batch`` is fitted (least squares)
+    to the measured and to the predicted times. The fixed part is what runs once per iteration
+    (pipeline fill and drain, gradient all-reduce, optimizer step); the per-micro-batch part is the
+    slowest stage's work per micro-batch. Where the model errs per micro-batch and where per
+    iteration is how issue 19 looked for the terms behind the error.
+    """
+    groups: dict[tuple[int, int, int, int, int], list[tuple[int, float, float]]] = {}
+    for row, res in zip(rows, results, strict=True):
+        m = res.global_batch // (res.micro_batch * res.dp)
+        key = (row.model.hidden_size, row.model.num_layers, res.tp, res.pp, res.micro_batch)
+        groups.setdefault(key, []).append((m, res.measured_s, res.predicted_s))
+    out: list[dict[str, object]] = []
+    for (h, layers, tp, pp, mb), pts in sorted(groups.items()):
+        if len({m for m, _, _ in pts}) < 2:
+            continue
+        fm, sm = _line([(m, t) for m, t, _ in pts])
+        fp, sp = _line([(m, t) for m, _, t in pts])
+        out.append({"hidden": h, "layers": layers, "tp": tp, "pp": pp, "micro_batch": mb, "rows": len(pts),
+                    "measured_fixed_ms": 1e3 * fm, "predicted_fixed_ms": 1e3 * fp,
+                    "measured_per_microbatch_ms": 1e3 * sm, "predicted_per_microbatch_ms": 1e3 * sp})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -82,6 +118,7 @@ def main() -> None:
         summary = summarize(results, {r.source for r in fit})
         if name == "vtrain-single":
             summary["by_parallelism"] = by_parallelism(rows, results)
+            summary["per_microbatch_lines"] = per_microbatch_lines(rows, results)
         summary.update(simulate_wall_s=wall, target_mape=TARGET_MAPE[name], meets_target=summary["mape"] <= TARGET_MAPE[name],
                        vtrain_published_mape=VTRAIN_PUBLISHED_MAPE[name])
         out[name] = summary
@@ -94,6 +131,15 @@ def main() -> None:
         for k, s in summary.get("by_parallelism", {}).items():
             print(f"   {k:<22} n={s['n']:<4} MAPE {s['mape']:6.2f}%  max {s['max_abs_pct_error']:5.1f}%  "
                   f"median {s['median_signed_pct_error']:+5.1f}%")
+        lines = summary.get("per_microbatch_lines", [])
+        for label, pick in (("tp1", lambda g: g["tp"] == 1), ("tp>1", lambda g: g["tp"] > 1)):
+            for pp_label, pp_pick in (("pp1", lambda g: g["pp"] == 1), ("pp>1", lambda g: g["pp"] > 1)):
+                sel = [g for g in lines if pick(g) and pp_pick(g)]
+                if sel:
+                    d_fix = statistics.median(g["predicted_fixed_ms"] - g["measured_fixed_ms"] for g in sel)
+                    d_mb = statistics.median(g["predicted_per_microbatch_ms"] - g["measured_per_microbatch_ms"] for g in sel)
+                    print(f"   {label} {pp_label}: {len(sel)} configurations, predicted - measured (median): fixed "
+                          f"{d_fix:+.1f} ms, per micro-batch {d_mb:+.2f} ms")
         for line in format_ranking(summary["ranking"], summary["ranking_summary"]):
             print("   " + line)
         if name == "vtrain-multi":
