@@ -2,7 +2,7 @@
 
 For both files it simulates every row with the shipped constants (what ``mindpipe validate``
 does) and reports MAPE and max error on the whole set, on the seed-0 fit half and on the hold-out
-half (the single-node fit half is what ``simulator/perf/refit.py`` fitted three compute
+half (the single-node fit half is what ``simulator/perf/refit.py`` fitted four compute
 constants on; nothing is fitted on the multi-node file, whose halves are shown for symmetry), and
 by model size, and how well the predictions order the plans of each group a tuner chooses among
 (Spearman's ρ and the regret of the predicted-best plan; issue 19's bar: ρ ≥ 0.9 and regret ≤ 1 %

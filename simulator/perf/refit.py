@@ -1,6 +1,6 @@
 """End-to-end refit of compute constants on vTrain's fit half, keeping the fit/hold-out provenance.
 
-Three :class:`~mindpipe.simulator.perf.constants.GpuConstants` fields are fitted through the whole
+Four :class:`~mindpipe.simulator.perf.constants.GpuConstants` fields are fitted through the whole
 simulator (engine, schedule, NCCL model) on the seed-0 fit half of the single-node vTrain file —
 720 of 1,440 rows; the other 720 and all 109 multi-node rows are never seen by the fit:
 
@@ -10,11 +10,15 @@ simulator (engine, schedule, NCCL model) on the seed-0 fit half of the single-no
   whatever the micro-batch size up to 4: launch-bound). Each modelled op stands for a few eager
   ops (bias adds, casts, views made contiguous), so the fitted value is per *modelled* kernel;
 * ``gemm_ceiling`` — what a full wave of the best GEMM tile reaches;
-* ``memory_bandwidth_efficiency`` — achieved share of HBM bandwidth of memory-bound kernels.
+* ``memory_bandwidth_efficiency`` — achieved share of HBM bandwidth of memory-bound kernels;
+* ``optimizer_bandwidth_efficiency`` — achieved share of HBM bandwidth of the optimizer step, whose
+  multi-tensor kernels stream GBs of fp32 state (the per-iteration fixed time of the pp = 1 rows,
+  e.g. tp 8 at dp 1 where no all-reduce runs, is about half of what 54 B per parameter at the
+  layers' share predicts). A file without it starts the fit at ``memory_bandwidth_efficiency``.
 
 Procedure (:func:`fit_vtrain`): a coarse scan of the host overhead (the dominant, non-smooth
 term: it enters through ``max(GPU, host)``), then bounded least squares on the log ratio
-predicted/measured over the three fields (:func:`fit_compute_constants`).
+predicted/measured over the four fields (:func:`fit_compute_constants`).
 :func:`refit_document` writes the result into ``data/a100.json`` with its provenance.
 
     .venv/bin/python -m mindpipe.simulator.perf.refit --data ../shared/data [--seed 0] [--write]
