@@ -2,17 +2,21 @@
 
 For both files it simulates every row with the shipped constants (what ``mindpipe validate``
 does) and reports MAPE and max error on the whole set, on the seed-0 fit half and on the hold-out
-half (the single-node fit half is what ``simulator/perf/refit.py`` fitted three compute
+half (the single-node fit half is what ``simulator/perf/refit.py`` fitted four compute
 constants on; nothing is fitted on the multi-node file, whose halves are shown for symmetry), and
 by model size, and how well the predictions order the plans of each group a tuner chooses among
 (Spearman's ρ and the regret of the predicted-best plan; issue 19's bar: ρ ≥ 0.9 and regret ≤ 1 %
 in every multi-node group). Then it predicts the same multi-node runs on H100 and H200 (same cluster: the
 800 Gbit/s inter-node network does not change) and checks that the end-to-end speed-ups lie
 between 1 and the dense-FLOP/s ratio, H200 over H100 between 1 and their HBM ratio.
-Acceptance (issue 4): MAPE ≤ 8 % single node, ≤ 10 % multi node. Writes
-``benchmarks/results/validate_vtrain.json``.
+Acceptance (issue 4): MAPE ≤ 8 % single node, ≤ 10 % multi node. Single-node rows are also
+summarised per parallelism group (hidden size, tp > 1, pp > 1: ``by_parallelism``), where issue 19
+looked for the terms behind the error. Writes ``benchmarks/results/validate_vtrain.json``.
+``--constants FILE`` simulates with another A100 compute constants file (e.g. an older commit's
+``simulator/perf/data/a100.json``, to measure what one change moved) and writes nothing unless
+``--out`` is given.
 
-    .venv/bin/python benchmarks/validate_vtrain.py [--data ../shared/data]
+    .venv/bin/python benchmarks/validate_vtrain.py [--data ../shared/data] [--constants FILE --out FILE]
 """
 
 from __future__ import annotations
@@ -23,8 +27,17 @@ import statistics
 import time
 from pathlib import Path
 
-from mindpipe.simulator.perf.validate import VTRAIN_PUBLISHED_MAPE, format_ranking, summarize, validate_rows, with_gpu
-from mindpipe.simulator.perf.vtrain import load_vtrain, split_fit_holdout
+from mindpipe.simulator.perf.constants import GpuConstants, read_constants
+from mindpipe.simulator.perf.validate import (
+    VTRAIN_PUBLISHED_MAPE,
+    RowResult,
+    error_stats,
+    format_ranking,
+    summarize,
+    validate_rows,
+    with_gpu,
+)
+from mindpipe.simulator.perf.vtrain import VTrainRow, load_vtrain, split_fit_holdout
 from mindpipe.traces.catalog import get_device
 
 FILES = {"vtrain-single": "validation/vtrain_a100_single_node.csv", "vtrain-multi": "validation/vtrain_a100_multi_node.csv"}
@@ -38,11 +51,61 @@ def hardware_ratio(gpu: str, ref: str = "a100-sxm4-80gb") -> dict[str, float]:
     return {"flops": b.peak_flops("fp16") / a.peak_flops("fp16"), "hbm": b.memory_bandwidth_GBps / a.memory_bandwidth_GBps}
 
 
+def by_parallelism(rows: list[VTrainRow], results: list[RowResult]) -> dict[str, dict[str, object]]:
+    """:func:`error_stats` per group ``h<hidden> tp1|tp>1 pp1|pp>1`` (rows and results in the same order)."""
+    groups: dict[str, list[RowResult]] = {}
+    for row, res in zip(rows, results, strict=True):
+        key = f"h{row.model.hidden_size} {'tp>1' if res.tp > 1 else 'tp1'} {'pp>1' if res.pp > 1 else 'pp1'}"
+        groups.setdefault(key, []).append(res)
+    return {k: error_stats(v) for k, v in sorted(groups.items())}
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ``y = a + b·x`` through ``points`` (at least two distinct x)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - b * mx, b
+
+
+def per_microbatch_lines(rows: list[VTrainRow], results: list[RowResult]) -> list[dict[str, object]]:
+    """Split each single-node configuration's time into a part per micro-batch and a fixed part.
+
+    Rows of one model, tp, pp and micro-batch size differ in dp and global batch, so in the number
+    of micro-batches m per pipeline; ``time = fixed + m · per_micro_batch`` is fitted (least squares)
+    to the measured and to the predicted times. The fixed part is what runs once per iteration
+    (pipeline fill and drain, gradient all-reduce, optimizer step); the per-micro-batch part is the
+    slowest stage's work per micro-batch. Where the model errs per micro-batch and where per
+    iteration is how issue 19 looked for the terms behind the error.
+    """
+    groups: dict[tuple[int, int, int, int, int], list[tuple[int, float, float]]] = {}
+    for row, res in zip(rows, results, strict=True):
+        m = res.global_batch // (res.micro_batch * res.dp)
+        key = (row.model.hidden_size, row.model.num_layers, res.tp, res.pp, res.micro_batch)
+        groups.setdefault(key, []).append((m, res.measured_s, res.predicted_s))
+    out: list[dict[str, object]] = []
+    for (h, layers, tp, pp, mb), pts in sorted(groups.items()):
+        if len({m for m, _, _ in pts}) < 2:
+            continue
+        fm, sm = _line([(m, t) for m, t, _ in pts])
+        fp, sp = _line([(m, t) for m, _, t in pts])
+        out.append({"hidden": h, "layers": layers, "tp": tp, "pp": pp, "micro_batch": mb, "rows": len(pts),
+                    "measured_fixed_ms": 1e3 * fm, "predicted_fixed_ms": 1e3 * fp,
+                    "measured_per_microbatch_ms": 1e3 * sm, "predicted_per_microbatch_ms": 1e3 * sp})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "validate_vtrain.json"))
+    ap.add_argument("--out", default=None, help="JSON to write (default: benchmarks/results/validate_vtrain.json, "
+                                               "none with --constants)")
+    ap.add_argument("--constants", default=None, metavar="FILE", help="A100 compute constants file to simulate with")
     args = ap.parse_args()
+    constants = GpuConstants.from_file(read_constants(args.constants)) if args.constants else None
+    if args.out is None and constants is None:
+        args.out = str(Path(__file__).parent / "results" / "validate_vtrain.json")
     out: dict[str, object] = {"seed": 0, "split": "split_fit_holdout(rows, seed=0, fit_fraction=0.5)",
                               "fitted_on": "vtrain-single fit half only (simulator/perf/refit.py)"}
     multi_rows = []
@@ -50,9 +113,12 @@ def main() -> None:
         rows = load_vtrain(Path(args.data) / rel)
         fit, _ = split_fit_holdout(rows, seed=0)
         t0 = time.perf_counter()
-        results = validate_rows(rows)
+        results = validate_rows(rows, constants)
         wall = time.perf_counter() - t0
         summary = summarize(results, {r.source for r in fit})
+        if name == "vtrain-single":
+            summary["by_parallelism"] = by_parallelism(rows, results)
+            summary["per_microbatch_lines"] = per_microbatch_lines(rows, results)
         summary.update(simulate_wall_s=wall, target_mape=TARGET_MAPE[name], meets_target=summary["mape"] <= TARGET_MAPE[name],
                        vtrain_published_mape=VTRAIN_PUBLISHED_MAPE[name])
         out[name] = summary
@@ -62,10 +128,27 @@ def main() -> None:
         for k, s in summary["by_model_size"].items():
             print(f"   {k:<22} n={s['n']:<4} MAPE {s['mape']:6.2f}%  max {s['max_abs_pct_error']:5.1f}%  "
                   f"median {s['median_signed_pct_error']:+5.1f}%")
+        for k, s in summary.get("by_parallelism", {}).items():
+            print(f"   {k:<22} n={s['n']:<4} MAPE {s['mape']:6.2f}%  max {s['max_abs_pct_error']:5.1f}%  "
+                  f"median {s['median_signed_pct_error']:+5.1f}%")
+        lines = summary.get("per_microbatch_lines", [])
+        for label, pick in (("tp1", lambda g: g["tp"] == 1), ("tp>1", lambda g: g["tp"] > 1)):
+            for pp_label, pp_pick in (("pp1", lambda g: g["pp"] == 1), ("pp>1", lambda g: g["pp"] > 1)):
+                sel = [g for g in lines if pick(g) and pp_pick(g)]
+                if sel:
+                    d_fix = statistics.median(g["predicted_fixed_ms"] - g["measured_fixed_ms"] for g in sel)
+                    d_mb = statistics.median(g["predicted_per_microbatch_ms"] - g["measured_per_microbatch_ms"] for g in sel)
+                    print(f"   {label} {pp_label}: {len(sel)} configurations, predicted - measured (median): fixed "
+                          f"{d_fix:+.1f} ms, per micro-batch {d_mb:+.2f} ms")
         for line in format_ranking(summary["ranking"], summary["ranking_summary"]):
             print("   " + line)
         if name == "vtrain-multi":
             multi_rows = rows
+    if constants is not None:
+        if args.out:
+            Path(args.out).write_text(json.dumps({**out, "constants": args.constants}, indent=1) + "\n")
+            print(f"wrote {args.out}")
+        return
     base = {r.source: r.predicted_s for r in validate_rows(multi_rows)}
     what_if: dict[str, object] = {}
     by_gpu: dict[str, dict[str, float]] = {}

@@ -157,16 +157,58 @@ def _attention_core(model: Model, b: int, s: int, t: int, d: int, flash_attentio
         return _flash(b, heads, s, hd, d)
     scores = float(b * heads * s * s)
     ops = _gemm("attn_scores", s, s, hd, d, batch=b * heads, core=True)
-    # Fused scale + causal mask + softmax: read scores, write probabilities; backward reads
-    # the probabilities and their gradient and writes the scores' gradient.
-    ops += [Op("softmax", "forward", "memory", 0.0, scores * 2 * d, attention_core=True, out_bytes=scores * d),
-            Op("softmax", "backward_input", "memory", 0.0, scores * 3 * d, attention_core=True, out_bytes=scores * d)]
+    if d != 2 or fused_softmax_available(b, heads, s, s):
+        # Fused scale + causal mask + softmax: read scores, write probabilities; backward reads
+        # the probabilities and their gradient and writes the scores' gradient.
+        ops += [Op("softmax", "forward", "memory", 0.0, scores * 2 * d, attention_core=True, out_bytes=scores * d),
+                Op("softmax", "backward_input", "memory", 0.0, scores * 3 * d, attention_core=True, out_bytes=scores * d)]
+    else:
+        ops += _unfused_softmax(scores, d)
     if model.dropout:
         # native_dropout: read x, write y and a 1-byte mask; backward: read grad and mask, write.
         ops += [Op("attn_dropout", "forward", "memory", 0.0, scores * (2 * d + 1), attention_core=True, out_bytes=scores * (d + 1)),
                 Op("attn_dropout", "backward_input", "memory", 0.0, scores * (2 * d + 1), attention_core=True, out_bytes=scores * d)]
     ops += _gemm("attn_context", s, hd, s, d, batch=b * heads, core=True)
     return ops
+
+
+# Megatron's fused causal softmax kernel handles key lengths in (16, 4096] (Megatron-DeepSpeed's
+# older copy: (16, 2048]; vTrain's rows, s ≤ 2048, meet both) and whole blocks of attention batches.
+_FUSED_SOFTMAX_MAX_KEYS = 4096
+
+
+def fused_softmax_available(b: int, heads: int, sq: int, sk: int) -> bool:
+    """Whether Megatron runs its fused scale + mask + softmax kernel on 16-bit attention scores.
+
+    ``FusedScaleMaskSoftmax`` (Megatron-LM ``megatron/core/fusions/fused_softmax.py``
+    ``is_kernel_available``; Megatron-DeepSpeed ``megatron/model/fused_softmax.py`` ``forward``)
+    uses the CUDA kernel only when ``16 < sk ≤ 4096``, ``sq % 4 == 0`` and the attention batch
+    ``b · heads`` (sequences × local heads) is a multiple of the kernel's batches per CTA — 4 for
+    ``sk > 128``, 8 below (``get_batch_per_block`` in ``scaled_masked_softmax.h``: 128 threads, one
+    warp per row of up to 32·k keys, two rows per warp up to 128 keys). Otherwise it falls back to
+    PyTorch ops (:func:`_unfused_softmax`). E.g. 16 heads at tp 8 (2 local heads) and micro-batch 1:
+    ``b · heads = 2`` — the fallback.
+    """
+    per_block = 8 if sk <= 128 else 4
+    return 16 < sk <= _FUSED_SOFTMAX_MAX_KEYS and sq % 4 == 0 and (b * heads) % per_block == 0
+
+
+def _unfused_softmax(scores: float, d: int) -> list[Op]:
+    """Megatron's fallback when the fused kernel is unavailable (:func:`fused_softmax_available`),
+    kernel by kernel over ``scores`` elements of ``d``-byte (16-bit) scores, softmax in fp32 (forced
+    on with query-key layer scaling, Megatron's fp16 default): forward ``input.float()`` (read d,
+    write 4), ``* scale`` (4+4), ``masked_fill_`` with the causal mask (4+4), ``Softmax`` (4+4),
+    ``.half()`` (4+d); autograd's backward runs the same five in reverse: cast the gradient up
+    (d+4), softmax backward (read output and gradient, write: 12), masked fill (4+4), scale (4+4),
+    cast down (4+d)."""
+    fwd = [("softmax_cast", d + 4, 4), ("softmax_scale", 8, 4), ("softmax_mask", 8, 4), ("softmax", 8, 4),
+           ("softmax_cast_back", 4 + d, d)]
+    bwd = [("softmax_cast_back", d + 4, 4), ("softmax", 12, 4), ("softmax_mask", 8, 4), ("softmax_scale", 8, 4),
+           ("softmax_cast", 4 + d, d)]
+    return [Op(n, "forward", "memory", 0.0, scores * per, attention_core=True, out_bytes=scores * out)
+            for n, per, out in fwd] + [
+        Op(n, "backward_input", "memory", 0.0, scores * per, attention_core=True, out_bytes=scores * out)
+        for n, per, out in bwd]
 
 
 def _llama_block_ops(model: Model, b: int, s: int, t: int, sp: bool, d: int, flash_attention: bool) -> list[Op]:
@@ -263,6 +305,7 @@ __all__ = [
     "embedding_ops",
     "final_norm_ops",
     "forward_flops_per_token",
+    "fused_softmax_available",
     "gemm_ops",
     "lm_head_ops",
     "memory_ops",

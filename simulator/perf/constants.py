@@ -34,7 +34,7 @@ _RECORD_KEYS = ("value", "unit", "method", "source", "fit_files", "holdout_files
 COMPUTE_KEYS = (
     "gemm_efficiency_ceiling", "gemm_tiles", "gemm_k_overhead", "gemm_max_split_k", "memory_bandwidth_efficiency",
     "kernel_overhead_s", "host_overhead_per_kernel_s", "flash_attention_efficiency", "optimizer_bytes_per_param",
-    "gemm_sustained_fraction",
+    "gemm_sustained_fraction", "optimizer_bandwidth_efficiency",
 )
 # The family whose curves stand in for GPUs without their own fit (DESIGN: H100/H200 reuse A100's).
 REFERENCE_FAMILY = "a100"
@@ -182,6 +182,7 @@ class GpuConstants:
     flash_attention_efficiency: float
     optimizer_bytes_per_param: float
     gemm_sustained_fraction: float = 1.0
+    optimizer_bandwidth_efficiency: float | None = None
     family: str = REFERENCE_FAMILY
     source: str = ""
 
@@ -209,11 +210,15 @@ class GpuConstants:
             # Optional: files written before the sustained-rate bound leave GEMMs unbounded by it.
             gemm_sustained_fraction=(cf.number("gemm_sustained_fraction") if "gemm_sustained_fraction" in cf.records
                                      else 1.0),
+            # Optional: files without it stream the optimizer at ``memory_bandwidth_efficiency``.
+            optimizer_bandwidth_efficiency=(cf.number("optimizer_bandwidth_efficiency")
+                                            if "optimizer_bandwidth_efficiency" in cf.records else None),
             family=cf.family,
             source=cf.source,
         )
-        for key in ("gemm_ceiling", "memory_bandwidth_efficiency", "flash_attention_efficiency", "gemm_sustained_fraction"):
-            if not 0 < getattr(out, key) <= 1:
+        for key in ("gemm_ceiling", "memory_bandwidth_efficiency", "flash_attention_efficiency", "gemm_sustained_fraction",
+                    "optimizer_bandwidth_efficiency"):
+            if getattr(out, key) is not None and not 0 < getattr(out, key) <= 1:
                 raise ContractError(cf.source, key, f"{key}={getattr(out, key)} must be in (0, 1]")
         return out
 

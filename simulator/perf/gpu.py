@@ -159,9 +159,18 @@ class GpuComputeModel:
         return op_layer_costs(model, plan, price, flash_attention=self.flash_attention)
 
     def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
-        """Mixed-precision Adam: memory-bound over the optimizer's bytes per parameter."""
+        """Mixed-precision Adam: memory-bound over the optimizer's bytes per parameter.
+
+        The step streams every parameter's fp32 state through a few multi-tensor kernels, each
+        over up to gigabytes in long contiguous chunks (apex/DeepSpeed ``multi_tensor_apply``), so it
+        runs at its own achieved share of HBM bandwidth, ``optimizer_bandwidth_efficiency`` —
+        not the ``memory_bandwidth_efficiency`` of a layer's small activation kernels (a few MB
+        each, where launch ramp and tail weigh). Files without that constant use the latter.
+        """
         p = self.kernel_params(plan.precision)
-        return params_per_device * self.c.optimizer_bytes_per_param / p.bandwidth_Bps + _OPTIMIZER_KERNELS * p.kernel_overhead_s
+        eff = self.c.optimizer_bandwidth_efficiency
+        bw = p.bandwidth_Bps if eff is None else self.device.memory_bandwidth_GBps * 1e9 * eff
+        return params_per_device * self.c.optimizer_bytes_per_param / bw + _OPTIMIZER_KERNELS * p.kernel_overhead_s
 
 
 __all__ = ["GpuComputeModel", "PhaseTimes"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from mindpipe.simulator.costs import DTYPE_BYTES, RooflineComputeModel
-from mindpipe.simulator.ops import block_ops
+from mindpipe.simulator.ops import block_ops, fused_softmax_available
 from mindpipe.simulator.perf import GpuComputeModel, NcclCommModel, default_models
 from mindpipe.simulator.perf.constants import (
     GpuConstants,
@@ -117,9 +117,16 @@ def test_h100_and_h200_scale_between_their_bandwidth_and_flops_ratios() -> None:
 
 def test_optimizer_step_is_memory_bound_over_its_bytes() -> None:
     m = GpuComputeModel(A100)
-    bw = A100.memory_bandwidth_GBps * 1e9 * m.c.memory_bandwidth_efficiency
+    eff = m.c.optimizer_bandwidth_efficiency
+    assert eff is not None and eff != m.c.memory_bandwidth_efficiency  # the shipped A100 file fits its own share
+    bw = A100.memory_bandwidth_GBps * 1e9 * eff
     t1, t2 = m.optimizer_step_s(10**9, plan()), m.optimizer_step_s(2 * 10**9, plan())
     assert math.isclose(t2 - t1, 10**9 * m.c.optimizer_bytes_per_param / bw, rel_tol=1e-9)
+    # A constants file without that share streams the optimizer at the activation kernels' share.
+    old = GpuComputeModel(A100, constants=dataclasses.replace(m.c, optimizer_bandwidth_efficiency=None))
+    bw_old = A100.memory_bandwidth_GBps * 1e9 * m.c.memory_bandwidth_efficiency
+    t1, t2 = old.optimizer_step_s(10**9, plan()), old.optimizer_step_s(2 * 10**9, plan())
+    assert math.isclose(t2 - t1, 10**9 * m.c.optimizer_bytes_per_param / bw_old, rel_tol=1e-9)
 
 
 def test_default_models_per_device_kind() -> None:
@@ -189,3 +196,25 @@ def test_sustained_matmul_rate_is_a_prior_and_optional() -> None:
     doc["constants"]["gemm_sustained_fraction"] = {"value": 1.2, "unit": "u", "method": "prior", "source": "s"}
     with pytest.raises(ContractError, match="gemm_sustained_fraction"):
         GpuConstants.from_file(parse_constants(doc, "bad.json"))
+
+
+def test_megatron_falls_back_to_unfused_softmax_when_the_kernel_cannot_run() -> None:
+    """Megatron's fused causal softmax needs b·(local heads) % 4 == 0 (and 16 < s ≤ 4096): 16 heads at
+    tp 8 and micro-batch 1 leave 2 attention batches, so it runs five fp32 PyTorch kernels per
+    direction instead of one, and the layer gets slower; micro-batch 2 (4 batches) is fused again."""
+    assert not fused_softmax_available(1, 2, 1024, 1024)
+    assert fused_softmax_available(2, 2, 1024, 1024)
+    assert not fused_softmax_available(4, 4, 8192, 8192)  # past the kernel's key length
+    assert fused_softmax_available(2, 4, 128, 128) and not fused_softmax_available(1, 4, 128, 128)  # 8 per CTA
+    gpt = Model(kind="gpt", num_layers=2, hidden_size=2048, num_heads=16, seq_len=1024, vocab_size=51200)
+    names = [o.name for o in block_ops(gpt, 1, 1024, 8, False, 2) if o.phase == "forward" and o.name.startswith("softmax")]
+    assert names == ["softmax_cast", "softmax_scale", "softmax_mask", "softmax", "softmax_cast_back"]
+    assert [o.name for o in block_ops(gpt, 2, 1024, 8, False, 2) if o.name.startswith("softmax")] == ["softmax"] * 2
+    # fp32 scores never take the fused kernel's path and keep their single-kernel pricing.
+    assert [o.name for o in block_ops(gpt, 1, 1024, 8, False, 4) if o.name.startswith("softmax")] == ["softmax"] * 2
+    m = GpuComputeModel(A100)
+
+    def per_sequence_s(b: int) -> float:
+        return sum(m.op_s(o, "fp16") for o in block_ops(gpt, b, 1024, 8, False, 2) if o.attention_core) / b
+
+    assert per_sequence_s(1) > 1.5 * per_sequence_s(2)
