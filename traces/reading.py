@@ -33,6 +33,7 @@ import os
 import re
 import stat
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -307,6 +308,43 @@ def read_csv(path: str | os.PathLike[str], kind: InputKind, source: str | None =
     return rows
 
 
+
+def read_headed_csv(path: str | os.PathLike[str], kind: InputKind, header_for: Callable[[list[str]], list[str]],
+                    max_rows: int | None = None, sep: str = ", ") -> list[tuple[str, dict[str, str]]]:
+    """The data rows of a CSV whose first line names its columns, as ``(<file>:<line>, {column: cell})``.
+
+    Cells are stripped; blank lines are skipped.
+
+    Args:
+        path, kind, max_rows: As :func:`read_csv`.
+        header_for: Given the file's stripped header, the header it must have (a file format with
+            optional leading columns decides from what it sees).
+        sep: Joins the expected header in the error message.
+
+    Raises:
+        ContractError: an empty file, a header other than ``header_for``'s, a row with another
+            number of fields, or no data rows — naming ``<file>:<line>``.
+    """
+    src = os.fspath(path)
+    rows = read_csv(path, kind, max_rows=max_rows)
+    if not rows:
+        raise ContractError(src, "line 1", "empty file")
+    header = [c.strip() for c in rows[0]]
+    expected = header_for(header)
+    if header != expected:
+        raise ContractError(src, "line 1", f"header must be: {sep.join(expected)}")
+    out = []
+    for lineno, cells in enumerate(rows[1:], start=2):
+        if not cells or not any(c.strip() for c in cells):
+            continue
+        where = f"{src}:{lineno}"
+        if len(cells) != len(header):
+            raise ContractError(where, None, f"expected {len(header)} fields, got {len(cells)}")
+        out.append((where, dict(zip(header, (c.strip() for c in cells), strict=True))))
+    if not out:
+        raise ContractError(src, None, "no data rows")
+    return out
+
 def _clip(text: str) -> str:
     return repr(text) if len(text) <= 24 else repr(text[:12] + "...") + f" ({len(text)} characters)"
 
@@ -367,6 +405,7 @@ __all__ = [
     "parse_json",
     "read_bytes",
     "read_csv",
+    "read_headed_csv",
     "read_json",
     "read_text",
     "size_text",

@@ -45,7 +45,7 @@ from mindpipe.traces.builtin import load_cluster
 from mindpipe.traces.config import Cluster, Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
-from mindpipe.traces.reading import NEMO_CSV, parse_float, parse_int, read_csv
+from mindpipe.traces.reading import NEMO_CSV, parse_float, parse_int, read_headed_csv
 from mindpipe.traces.schema import from_dict
 
 COLUMNS = ("model", "gpus", "global_batch", "micro_batch", "seq_len", "tp", "pp", "cp", "vp",
@@ -195,24 +195,8 @@ def load_nemo(path: str | Path) -> list[NemoRow]:
     Raises:
         ContractError: naming ``<file>:<line>`` and the column for a bad header or row.
     """
-    src = str(path)
-    rows = read_csv(path, NEMO_CSV, max_rows=MAX_ROWS)
-    if not rows:
-        raise ContractError(src, "line 1", "empty file")
-    header = [c.strip() for c in rows[0]]
-    if header != list(COLUMNS):
-        raise ContractError(src, "line 1", f"header must be: {','.join(COLUMNS)}")
-    out = []
-    for lineno, cells in enumerate(rows[1:], start=2):
-        if not cells or not any(c.strip() for c in cells):
-            continue
-        where = f"{src}:{lineno}"
-        if len(cells) != len(header):
-            raise ContractError(where, None, f"expected {len(header)} fields, got {len(cells)}")
-        out.append(_row(dict(zip(header, (c.strip() for c in cells), strict=True)), where))
-    if not out:
-        raise ContractError(src, None, "no data rows")
-    return out
+    rows = read_headed_csv(path, NEMO_CSV, lambda _seen: list(COLUMNS), max_rows=MAX_ROWS, sep=",")
+    return [_row(cells, where) for where, cells in rows]
 
 
 __all__ = ["COLUMNS", "GPU", "NemoModel", "NemoRecipe", "NemoRow", "load_nemo", "nemo_models", "nemo_plan"]

@@ -34,7 +34,7 @@ from mindpipe.traces.builtin import BUILTIN_CLUSTERS, load_cluster
 from mindpipe.traces.config import Cluster, Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
-from mindpipe.traces.reading import VTRAIN_CSV, parse_float, parse_int, read_csv
+from mindpipe.traces.reading import VTRAIN_CSV, parse_float, parse_int, read_headed_csv
 
 T = TypeVar("T")
 
@@ -128,25 +128,11 @@ def load_vtrain(path: str | Path, gpu: str = DEFAULT_GPU) -> list[VTrainRow]:
     Raises:
         ContractError: naming ``<file>:<line>`` and the column for a bad header or row.
     """
-    src = str(path)
-    rows = read_csv(path, VTRAIN_CSV, max_rows=int(limit("vtrain_rows")))
-    if not rows:
-        raise ContractError(src, "line 1", "empty file")
-    header = [c.strip() for c in rows[0]]
-    expected = list(COLUMNS) if header[:1] != [MULTI_PREFIX] else [MULTI_PREFIX, *COLUMNS]
-    if header != expected:
-        raise ContractError(src, "line 1", f"header must be: {', '.join(expected)}")
-    out = []
-    for lineno, cells in enumerate(rows[1:], start=2):
-        if not cells or not any(c.strip() for c in cells):
-            continue
-        where = f"{src}:{lineno}"
-        if len(cells) != len(header):
-            raise ContractError(where, None, f"expected {len(header)} fields, got {len(cells)}")
-        out.append(_row(dict(zip(header, (c.strip() for c in cells), strict=True)), where, gpu))
-    if not out:
-        raise ContractError(src, None, "no data rows")
-    return out
+    def header_for(seen: list[str]) -> list[str]:  # the multi-node layout adds a leading column
+        return list(COLUMNS) if seen[:1] != [MULTI_PREFIX] else [MULTI_PREFIX, *COLUMNS]
+
+    return [_row(cells, where, gpu) for where, cells in
+            read_headed_csv(path, VTRAIN_CSV, header_for, max_rows=int(limit("vtrain_rows")))]
 
 
 def split_fit_holdout(rows: Sequence[T], seed: int = 0, fit_fraction: float = 0.5) -> tuple[list[T], list[T]]:
