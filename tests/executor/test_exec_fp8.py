@@ -49,7 +49,7 @@ def test_fp8_refusals_on_cuda() -> None:
 def test_fp8_run_on_cuda_uses_torchao(tmp_path) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability(0) < (8, 9) or importlib.util.find_spec("torchao") is None:
-        pytest.skip("needs FP8 tensor cores (compute capability >= 8.9) and torchao")
+        pytest.skip("needs a CUDA GPU with FP8 tensor cores (compute capability >= 8.9) and torchao")
     model = {"kind": "gpt", "num_layers": 2, "hidden_size": 256, "num_heads": 4, "seq_len": 64, "vocab_size": 256}
     res = run_plan(tmp_path, {"micro_batch_size": 2, "global_batch_size": 8, "precision": "fp8"}, 1,
                    "--device", "cuda", model=model)
