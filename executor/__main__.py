@@ -12,6 +12,7 @@ the executor does not import), and rank 0 prints the notes.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import shlex
 import sys
 from collections.abc import Sequence
@@ -40,6 +41,9 @@ def _supernet_config(path: str) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments and run this rank."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # A native crash (SIGSEGV, SIGABRT in torch/gloo) prints every thread's Python stack to the
+    # rank's stderr, i.e. into the run's log, instead of nothing.
+    faulthandler.enable(all_threads=True)
     register_rank()  # under mindpipe run: die with torchrun, and be found by the launcher
     try:
         if argv[:1] == ["--config"] and len(argv) == 2 and _supernet_config(argv[1]):

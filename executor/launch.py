@@ -186,7 +186,16 @@ def run_under_torchrun(cfg: Any, args: argparse.Namespace, kind: str, run_timeou
                                                   run_timeout)
         except supervise.Signalled as e:
             raise RunStopped(e.signum) from None
-        if code != 0:
+        if code not in (0, None) and not rundir.read_errors(run_dir) and rundir.all_finished(run_dir):
+            # Every rank had passed the run's last barrier (rank 0 had written the outputs) when one
+            # died in torch's teardown (destroy_process_group / interpreter exit; seen on gloo as
+            # SIGABRT "terminate called without an active exception", a few runs in hundreds).
+            # The results are complete: say so and keep the log for whoever wants to look.
+            keep = True
+            how, _ = _first_error({}, output, code)
+            print(f"mindpipe: warning: {how} after every rank had finished the run (in torch's teardown); "
+                  f"the outputs are complete (log: {log})", file=sys.stderr, flush=True)
+        elif code != 0:
             keep = True
             records = rundir.read_errors(run_dir)
             _keep_log(log, records)

@@ -163,6 +163,25 @@ def record_error(rank: int, e: BaseException) -> None:
             fh.write(json.dumps(asdict(rec)))
 
 
+def record_finished(rank: int) -> None:
+    """Say that this rank got through the run's last collective (outputs written, nothing left to do
+    but tear down): a crash after this point does not make the run's results wrong."""
+    where = os.environ.get(RUN_DIR_ENV)
+    if not where:
+        return
+    d = Path(where) / "finished"
+    with contextlib.suppress(FileExistsError):
+        d.mkdir(exist_ok=True)
+        os.close(os.open(d / f"rank{rank}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
+def all_finished(run_dir: str | os.PathLike[str]) -> bool:
+    """Every registered rank recorded :func:`record_finished` (and at least one registered)."""
+    registered = len(ranks(run_dir))
+    finished = len(list((Path(run_dir) / "finished").glob("rank*")))
+    return registered > 0 and finished >= registered
+
+
 def read_errors(run_dir: str | os.PathLike[str]) -> dict[int, RankError]:
     """The errors ranks left, by rank (unreadable records are skipped: torchrun's exit record remains)."""
     out: dict[int, RankError] = {}
@@ -175,5 +194,6 @@ def read_errors(run_dir: str | os.PathLike[str]) -> dict[int, RankError]:
     return out
 
 
-__all__ = ["RUN_DIR_ENV", "ProcRef", "RankError", "alive", "ranks", "read_errors", "record_error", "ref",
+__all__ = ["RUN_DIR_ENV", "ProcRef", "RankError", "alive", "all_finished", "ranks", "read_errors", "record_error",
+           "record_finished", "ref",
            "register_rank", "start_time", "stop"]

@@ -29,7 +29,7 @@ from mindpipe.executor import supernet_checkpoint as ckpt
 from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
 from mindpipe.executor.measure import cpu_seconds
 from mindpipe.executor.payload import Coords, Spans
-from mindpipe.executor.rundir import record_error
+from mindpipe.executor.rundir import record_error, record_finished
 from mindpipe.executor.supernet_config import GIB, SupernetRunConfig
 from mindpipe.executor.supernet_repartition import decide_partition, exchange, segment_compute_s
 from mindpipe.executor.supernet_stage import StageLinks, StageRunner, make_optimizer
@@ -92,6 +92,7 @@ def run(cfg: SupernetRunConfig, command: str = "") -> int:
 
             build_trace(cfg, payloads, backend, device, command).save(cfg.out)
         dist.barrier()
+        record_finished(env.rank)
         return 0
     except BaseException as e:
         record_error(env.rank, e)

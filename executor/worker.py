@@ -33,7 +33,7 @@ from mindpipe.executor.parallelize import parallelize_stage
 from mindpipe.executor.payload import Coords, RankPayload
 from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
-from mindpipe.executor.rundir import record_error
+from mindpipe.executor.rundir import record_error, record_finished
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.torch_pipelining import timed_p2p_waits
 from mindpipe.traces.errors import ContractError
@@ -43,16 +43,21 @@ from mindpipe.traces.torch_models import build_model
 from torch.distributed.pipelining import PipelineStage
 
 # Fault injection for the failure tests: "RANK:STEP[:raise|contract|exit|hang]" makes that rank raise
-# (a RuntimeError, or an input error), die without a Python error, or stop responding at that step.
+# (a RuntimeError, or an input error), die without a Python error, or stop responding at that step;
+# "RANK:teardown" makes it abort (SIGABRT) after the run finished, as torch's teardown sometimes does.
 FAULT_ENV = "MINDPIPE_FAULT"
 
 
-def _fault(rank: int, step: int) -> None:
+def _fault(rank: int, step: int | None) -> None:
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
     parts = spec.split(":")
-    if int(parts[0]) == rank and int(parts[1]) == step:
+    if parts[1] == "teardown":
+        if step is None and int(parts[0]) == rank:
+            os.abort()
+        return
+    if step is not None and int(parts[0]) == rank and int(parts[1]) == step:
         mode = parts[2] if len(parts) > 2 else "raise"
         if mode == "exit":
             os._exit(17)  # a hard crash: no Python exception, no cleanup
@@ -84,6 +89,8 @@ def run(cfg: RunConfig, command: str = "", pre: Precheck | None = None) -> int:
 
             write_outputs(cfg, pre, payloads, backend=backend, device=device, spec=spec, command=command)
         dist.barrier()
+        record_finished(env.rank)
+        _fault(env.rank, None)
         return 0
     except BaseException as e:
         record_error(env.rank, e)
