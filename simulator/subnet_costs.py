@@ -102,7 +102,7 @@ class SupernetCosts:
         candidates: Cost of each candidate in one layer (same order as ``supernet.candidates``).
         embedding: Token + position embedding (first stage).
         head: Final norm, LM head and loss (last stage).
-        source: ``gpu-model``, ``roofline``, ``calibrated`` or ``trace``.
+        source: ``gpu-model``, ``roofline``, ``calibrated``, ``trace`` or ``calibrated trace``.
     """
 
     supernet: Supernet
@@ -278,14 +278,17 @@ def check_candidate_trace(trace: Trace, net: Supernet, source: str = "trace") ->
                                 "embedding, candidate.<name> for every candidate, and head)")
 
 
-def trace_costs(net: Supernet, plan: Plan, trace: Trace, source: str = "trace") -> SupernetCosts:
+def trace_costs(net: Supernet, plan: Plan, trace: Trace, source: str = "trace", time_scale: float = 1.0) -> SupernetCosts:
     """Candidate and shared-part costs from a per-candidate trace, scaled to the plan's micro-batch.
 
     Times and recorded bytes scale linearly with micro-batch size (module docstring); bytes the
     trace does not record come from the hardware-model counts (:func:`candidate_activation_bytes`).
+    Times are further multiplied by ``time_scale`` (a supernet calibration's ``trace_scale``: how much
+    slower the executor ran the actions than the profiler timed them).
     """
     check_candidate_trace(trace, net, source)
     k = plan.micro_batch_size / (trace.micro_batch_size or plan.micro_batch_size)
+    t = k * time_scale
     rec = {r.name: r for r in trace.layers}
     gpt = _shared_view(net)
     out_bytes = float(boundary_bytes(gpt, plan))
@@ -293,7 +296,7 @@ def trace_costs(net: Supernet, plan: Plan, trace: Trace, source: str = "trace") 
 
     def part(name: str, act: float, out: float, params: int) -> PartCost:
         r = rec[name]
-        return PartCost(r.forward_s * k, r.backward_input_s * k, r.backward_weight_s * k,
+        return PartCost(r.forward_s * t, r.backward_input_s * t, r.backward_weight_s * t,
                         act if r.activation_bytes is None else r.activation_bytes * k,
                         out if r.output_bytes is None else r.output_bytes * k, params, params)
 
@@ -303,7 +306,7 @@ def trace_costs(net: Supernet, plan: Plan, trace: Trace, source: str = "trace") 
     head = part("head", head_activation_bytes(gpt, plan), 0.0, 2 * h + net.vocab_size * h)
     # A profiler times what the model runs: frozen shared parts already have no weight gradient there.
     return SupernetCosts(net, cands, _frozen(emb, net.train_shared, no_backward=True),
-                         _frozen(head, net.train_shared), "trace")
+                         _frozen(head, net.train_shared), "trace" if time_scale == 1.0 else "calibrated trace")
 
 
 __all__ = [

@@ -100,7 +100,7 @@ class SupernetResult:
         stages: Per-stage reports.
         context_switching: Whether memory and copies assume context switching.
         fits_in_memory: Every stage fits its device (or budget).
-        cost_source: Where compute costs came from (``gpu-model``, ``roofline``, ``calibrated``, ``trace``).
+        cost_source: Where compute costs came from (``gpu-model``, ``roofline``, ``calibrated``, ``trace``, ``calibrated trace``).
         samples_per_subnet: micro_batch_size × dp.
     """
 
@@ -135,7 +135,8 @@ class SupernetSimulator:
         trace: A per-candidate trace instead of the hardware compute model.
         calibration: Constants fitted from measured runs (``mindpipe calibrate``; for supernet runs
             :mod:`mindpipe.simulator.calibrate.supernet`): its compute constants for the device and
-            precision price the candidates' operators in place of the trace, its optimizer constants
+            precision price the candidates' operators in place of the trace — or, when it was fitted
+            against a trace (``trace_scale``) and a trace is given, scale the trace — its optimizer constants
             the update, and its ``step_overhead_s`` is added per subnet and stage after the update.
         compute, comm: Models overriding the defaults.
     """
@@ -162,12 +163,15 @@ class SupernetSimulator:
         check_supernet_plan(plan, self.supernet, self.cluster, source)
 
     def costs(self, plan: Plan) -> SupernetCosts:
-        """Candidate and shared-part costs under ``plan``: a calibration's compute constants for this
-        device and precision if given (fitted to what the executor ran), else the trace's if given,
-        else the hardware model's."""
-        calibrated = self.calibration is not None and plan.precision in getattr(
-            self.calibration.devices.get(self.device.name), "compute", {})
-        if self.trace is not None and not calibrated:
+        """Candidate and shared-part costs under ``plan``: with a trace and a calibration fitted against
+        a trace (``trace_scale``) for this device and precision, the trace × that scale; else a
+        calibration's compute constants if given (fitted to what the executor ran), else the trace's
+        if given, else the hardware model's."""
+        fitted = getattr(self.calibration.devices.get(self.device.name), "compute", {}) if self.calibration else {}
+        constants = fitted.get(plan.precision)
+        if self.trace is not None and constants is not None and constants.trace_scale > 0:
+            return trace_costs(self.supernet, plan, self.trace, time_scale=constants.trace_scale)
+        if self.trace is not None and constants is None:
             return trace_costs(self.supernet, plan, self.trace)
         return hardware_costs(self.supernet, plan, self.compute)
 

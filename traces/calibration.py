@@ -69,6 +69,10 @@ class ComputeCalibration:
             fitted on swapped: the simulator then prices the copy at the catalog's memory bandwidth.
         optimizer_s_per_param: Optimizer step time per parameter a rank holds.
         optimizer_overhead_s: Fixed time of an optimizer step.
+        trace_scale: Supernet runs only: the factor by which the actions the executor ran took longer
+            than a per-candidate profile (``mindpipe profile SUPERNET``) of the same supernet says, so
+            that a simulation given that trace prices candidates as trace × this
+            (:mod:`mindpipe.simulator.calibrate.supernet`). 0 when no trace was given to the fit.
         threads_per_rank: Threads each rank ran with when measured (CPU).
         samples: Compute actions the fit used.
         fit_mape: Mean absolute percentage error of the fit on those actions.
@@ -83,6 +87,7 @@ class ComputeCalibration:
     swap_s_per_byte: float = 0.0
     optimizer_s_per_param: float = 0.0
     optimizer_overhead_s: float = 0.0
+    trace_scale: float = 0.0
     threads_per_rank: int = 1
     samples: int = 0
     fit_mape: float = 0.0
@@ -91,7 +96,7 @@ class ComputeCalibration:
         for kind, value in self.scale.items():
             one_of("scale", kind, OP_KINDS)
             _positive_finite(f"scale.{kind}", value)
-        for key in ("op_overhead_s", "tp_op_overhead_s", "tp_comm_cpu_s_per_byte", "dp_unit_overhead_s", "fresh_s_per_byte", "swap_s_per_byte", "optimizer_s_per_param", "optimizer_overhead_s", "samples", "fit_mape"):
+        for key in ("op_overhead_s", "tp_op_overhead_s", "tp_comm_cpu_s_per_byte", "dp_unit_overhead_s", "fresh_s_per_byte", "swap_s_per_byte", "optimizer_s_per_param", "optimizer_overhead_s", "trace_scale", "samples", "fit_mape"):
             non_negative(key, getattr(self, key))
         if self.threads_per_rank < 1:
             raise ContractError("", "threads_per_rank", f"threads_per_rank={self.threads_per_rank} must be >= 1")

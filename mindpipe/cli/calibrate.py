@@ -1,13 +1,16 @@
 """``mindpipe calibrate``: fit the simulator's constants to measured runs (torch-free).
 
     mindpipe calibrate m1.json m2.json ... --out calibration.json [--holdout h1.json ...] [--report DIR]
+        [--trace SUPERNET_TRACE ...]
 
 Reads measured traces written by ``mindpipe run``, fits compute, communication, host CPU and step
 overhead (:mod:`mindpipe.simulator.calibrate.fit`), writes the calibration file and prints what was
 fitted and how well it explains the runs it came from. With ``--holdout``, runs *not* used in the
 fit are predicted before and after calibration (the fidelity report); ``--report DIR`` also writes
 that table as Markdown and the scatter plot as PNG
-(:func:`~mindpipe.simulator.calibrate.fidelity.fidelity_report`). ``--json`` prints one object on
+(:func:`~mindpipe.simulator.calibrate.fidelity.fidelity_report`). Supernet runs are fitted by
+:mod:`mindpipe.simulator.calibrate.supernet`; ``--trace`` gives it per-candidate profiles to fit
+``trace_scale`` against (and the report then predicts with them). ``--json`` prints one object on
 stdout.
 """
 
@@ -31,6 +34,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--holdout", nargs="+", default=[], metavar="MEASURED",
                    help="measured runs left out of the fit: report predicted vs measured before and after")
     p.add_argument("--report", default=None, metavar="DIR", help="write fidelity.md and calibration_scatter.png here")
+    p.add_argument("--trace", nargs="+", default=[], metavar="TRACE",
+                   help="supernet runs: per-candidate traces (mindpipe profile SUPERNET) to fit trace_scale against; "
+                        "a simulation given the trace and this calibration then prices candidates as trace × it")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=cmd_calibrate)
     return p
@@ -54,6 +60,8 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise ContractError("--holdout", None, "the held-out runs must be of the kind fitted on (GPT or supernet runs)")
     if nets:
         return _calibrate_supernet(args, nets, held_nets)
+    if args.trace:
+        raise ContractError("--trace", None, "applies to supernet runs only (GPT runs are fitted on the operator model)")
     check_one_model(runs)  # before the progress line: a refusal is the only line on stderr
     stderr(f"calibrating on {len(runs)} measured run(s)")
     cal, notes = calibrate(runs)
@@ -65,15 +73,18 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _calibrate_supernet(args: argparse.Namespace, runs: list[Any], holdout: list[Any]) -> int:
     """The supernet branch: fit :mod:`mindpipe.simulator.calibrate.supernet`, report time per subnet."""
+    from mindpipe.cli import loaders
     from mindpipe.simulator.calibrate.fidelity import format_calibration
     from mindpipe.simulator.calibrate.supernet import calibrate_supernet, supernet_fidelity
     from mindpipe.traces.calibration import save_calibration
 
-    stderr(f"calibrating the supernet simulator on {len(runs)} measured supernet run(s)")
-    cal, notes = calibrate_supernet(runs)
+    traces = [loaders.trace(t) for t in args.trace]
+    stderr(f"calibrating the supernet simulator on {len(runs)} measured supernet run(s)"
+           + (f" against {len(traces)} per-candidate trace(s)" if traces else ""))
+    cal, notes = calibrate_supernet(runs, traces)
     save_calibration(cal, args.out)
-    fitted_rows = supernet_fidelity(runs, cal)
-    held_rows = supernet_fidelity(holdout, cal) if holdout else []
+    fitted_rows = supernet_fidelity(runs, cal, traces)
+    held_rows = supernet_fidelity(holdout, cal, traces) if holdout else []
     constants = format_calibration(cal).replace("per iteration", "per subnet and stage outside the actions")
     return _report(args, cal, notes.warnings, constants, fitted_rows, held_rows,
                    "Supernet calibration fidelity (seconds per subnet)",

@@ -194,7 +194,8 @@ def format_calibration(cal: Calibration) -> str:
                          + (f"swap {1e9 * c.swap_s_per_byte:.2f} ns per swapped byte copied "
                             f"({1e-9 / c.swap_s_per_byte:.1f} GB/s); " if c.swap_s_per_byte else "")
                          + f"optimizer {1e3 * c.optimizer_overhead_s:.2f} ms + {1e9 * c.optimizer_s_per_param:.2f} ns/param; "
-                         f"fit on {c.samples} action groups, MAPE {100 * c.fit_mape:.1f}%")
+                         + (f"actions ×{c.trace_scale:.3f} the per-candidate profile's times; " if c.trace_scale else "")
+                         + f"fit on {c.samples} action groups, MAPE {100 * c.fit_mape:.1f}%")
         shared = f"; {dev.cpus_per_node} CPUs per host shared by its ranks" if dev.cpus_per_node else ""
         if dev.host_samples:
             lines.append(f"host work {name}: {1e3 * dev.step_cpu_s:.1f} ms CPU per iteration + "

@@ -3,7 +3,7 @@
 A supernet run (``mindpipe run PLAN --model SUPERNET``) records every stage action of every subnet
 (F, B: wall interval and CPU time), and per rank its compute, its stall (blocked in receives) and
 its update time (all-reduce + optimizer steps) over the run's wall time. The supernet simulator
-(:class:`~mindpipe.simulator.subnet_sim.SupernetSimulator`) needs three things from them, fitted
+(:class:`~mindpipe.simulator.subnet_sim.SupernetSimulator`) needs three things from them (a fourth with a profile), fitted
 into the existing :class:`~mindpipe.traces.calibration.Calibration` contract and applied by the
 same :func:`~mindpipe.simulator.calibrate.models.apply_calibration` as GPT calibrations:
 
@@ -28,6 +28,14 @@ same :func:`~mindpipe.simulator.calibrate.models.apply_calibration` as GPT calib
    rank's wall time less its compute, stall and update time, per subnet — the sends, the batch,
    the context switcher's copies and the schedule's Python; median over ranks and runs. The
    simulator adds it after each subnet's update on each stage.
+4. **Against a profile** (``ComputeCalibration.trace_scale``, when per-candidate traces are given:
+   ``mindpipe calibrate RUNS --trace TRACE``): one factor k = Σ measured action time ÷ Σ the same
+   actions priced from the trace of the run's supernet (:func:`~mindpipe.simulator.subnet_costs.trace_costs`).
+   A simulation given a trace and this calibration prices candidates as trace × k. The profile already
+   holds each candidate's real cost relative to the others (the operator model misses how many
+   kernels a candidate dispatches, which on small CPU ops is most of its time); what the runs add is
+   how much slower an action is inside the pipelined executor than alone in the profiler. Across
+   supernets this predicts better than the operator fit (``benchmarks/supernet_fidelity.py``).
 
 Repeated runs of one plan on a shared host differ by the host's load (3× between rounds on the
 loaded 2-vCPU machine): :func:`median_repeats` keeps the median round of each plan to fit on.
@@ -51,7 +59,7 @@ from mindpipe.simulator.calibrate.fit import MIN_SCALE, FitNotes, _fit_compute_c
 from mindpipe.simulator.calibrate.models import ReferenceOpTime
 from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run, run_label
 from mindpipe.simulator.ops import Op
-from mindpipe.simulator.subnet_costs import SupernetCosts, priced_costs
+from mindpipe.simulator.subnet_costs import SupernetCosts, priced_costs, trace_costs
 from mindpipe.traces.calibration import OP_KINDS, Calibration, ComputeCalibration, DeviceCalibration
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Cluster, Plan
@@ -221,14 +229,61 @@ def outside_s(run: SupernetRun) -> list[float]:
     return [max(0.0, run.wall_s - r.compute_s - r.stall_s - r.update_s) / n for r in run.measurement.subnet_stages or []]
 
 
-def calibrate_supernet(runs: list[SupernetRun]) -> tuple[Calibration, FitNotes]:
-    """Fit compute, update and outside-action constants per device and precision (module docstring).
+def trace_sums(run: SupernetRun, trace: Trace) -> tuple[float, float]:
+    """(Σ measured F/B action time, Σ the same actions priced from ``trace``) of one run."""
+    meas, plan, net = run.measurement, run.plan, run.supernet
+    costs = trace_costs(net, plan, trace, "--trace")
+    layers = supernet_stage_layers(plan, net)
+    firsts = [sum(layers[:s]) for s in range(plan.pp)]
+    choices = {sub.id: tuple(sub.choices) for sub in meas.subnets or []}
+    measured = priced = 0.0
+    for a in meas.actions:
+        if a.kind not in ("F", "B") or a.microbatch not in choices or a.duration_s <= 0:
+            continue
+        s = a.stage
+        part = costs.stage(choices[a.microbatch], firsts[s], layers[s], s == 0, s == plan.pp - 1)
+        measured += a.duration_s
+        priced += part.forward_s if a.kind == "F" else part.backward_s
+    return measured, priced
+
+
+def _trace_for(run: SupernetRun, traces: Sequence[Trace]) -> Trace | None:
+    """The trace profiled for the run's supernet on the run's device, if any."""
+    for t in traces:
+        if t.supernet == run.supernet and t.device == run.device.name:
+            return t
+    return None
+
+
+def calibrate_supernet(runs: list[SupernetRun], traces: Sequence[Trace] = ()) -> tuple[Calibration, FitNotes]:
+    """Fit compute, update and outside-action constants per device and precision (module docstring);
+    with ``traces`` (per-candidate profiles, ``mindpipe profile SUPERNET``) also each device and
+    precision's ``trace_scale`` from the runs of a supernet one of them profiled on that device.
 
     Raises:
-        ContractError: no runs, or too few actions to fit.
+        ContractError: no runs, too few actions to fit, a trace that is not a per-candidate trace,
+            or traces none of whose supernet and device a run has.
     """
     if not runs:
         raise ContractError("", "measured", "no measured supernet runs given")
+    for t in traces:
+        if t.granularity != "candidate" or t.supernet is None:
+            raise ContractError("--trace", "granularity", f"granularity={t.granularity!r}: --trace needs a "
+                                "per-candidate trace (mindpipe profile SUPERNET)")
+    trace_sum: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    if traces:
+        for run in runs:
+            t = _trace_for(run, traces)
+            if t is not None:
+                m, p = trace_sums(run, t)
+                acc = trace_sum[(run.device.name, run.plan.precision)]
+                acc[0] += m
+                acc[1] += p
+        if not any(v[1] > 0 for v in trace_sum.values()):
+            have = "; ".join(f"{t.supernet.label if t.supernet else '?'} on {t.device}" for t in traces)
+            runs_of = "; ".join(sorted({f"{r.supernet.label} on {r.device.name}" for r in runs}))
+            raise ContractError("--trace", "supernet", f"no run is of a supernet and device a trace profiled "
+                                f"(traces: {have}; runs: {runs_of})")
     notes = FitNotes(comm_groups=[], step_residuals_s={}, warnings=[])
     rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
     ys: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -270,9 +325,11 @@ def calibrate_supernet(runs: list[SupernetRun]) -> tuple[Calibration, FitNotes]:
         else:
             notes.warnings.append(f"{device} {precision}: fewer than 2 per-subnet update figures; update not fitted")
         t = threads[key].most_common(1)[0][0]
+        measured, priced = trace_sum.get(key, (0.0, 0.0))
         comp = ComputeCalibration(scale=scale, op_overhead_s=float(x[len(OP_KINDS)]), optimizer_overhead_s=float(opt[0]),
-                                  optimizer_s_per_param=float(opt[1]), threads_per_rank=t, samples=len(design),
-                                  fit_mape=mape)
+                                  optimizer_s_per_param=float(opt[1]),
+                                  trace_scale=measured / priced if priced > 0 else 0.0, threads_per_rank=t,
+                                  samples=len(design), fit_mape=mape)
         dev = devices.setdefault(device, DeviceCalibration(kind=kinds[device], compute={}))
         dev.compute[precision] = comp
         dev.step_overhead_s = statistics.median(outside[device])
@@ -283,15 +340,17 @@ def calibrate_supernet(runs: list[SupernetRun]) -> tuple[Calibration, FitNotes]:
     return cal, notes
 
 
-def supernet_fidelity(runs: list[SupernetRun], calibration: Calibration | None) -> list[FidelityRow]:
+def supernet_fidelity(runs: list[SupernetRun], calibration: Calibration | None,
+                      traces: Sequence[Trace] = ()) -> list[FidelityRow]:
     """Each run's time per subnet (3600 / subnets per hour): measured, simulated uncalibrated (the
-    hardware model) and with ``calibration``, in the rows the GPT fidelity report prints."""
+    run's supernet's trace among ``traces`` if there is one, else the hardware model) and with
+    ``calibration`` (and that trace), in the rows the GPT fidelity report prints."""
     from mindpipe.simulator.subnet_sim import SupernetSimulator  # subnet_sim imports this package's models
 
     rows = []
     for run in runs:
         def per_subnet(cal: Calibration | None, run: SupernetRun = run) -> float:
-            sim = SupernetSimulator(run.supernet, run.cluster, calibration=cal)
+            sim = SupernetSimulator(run.supernet, run.cluster, calibration=cal, trace=_trace_for(run, traces))
             return sim.run(run.plan, run.num_subnets, context_switching=run.context_switching).time_per_subnet_s
 
         label = f"{plan_label(run.plan)} {subnet_schedule(run.plan)} {run.supernet.label}"
@@ -301,4 +360,4 @@ def supernet_fidelity(runs: list[SupernetRun], calibration: Calibration | None) 
 
 
 __all__ = ["FEATURES", "SupernetRun", "action_rows", "calibrate_supernet", "feature_costs", "load_measured", "median_repeats", "outside_s",
-           "supernet_fidelity", "update_row"]
+           "supernet_fidelity", "trace_sums", "update_row"]

@@ -179,3 +179,79 @@ def test_real_short_runs_calibrated_error_below_uncalibrated(tmp_path):
         assert alone < 0.30, (run.name, alone)
         assert alone < before
         assert abs(_predicted_sph(run, pooled) / measured - 1) < before
+
+
+PROFILE_SPEEDUP = 1.5  # the synthetic profile times each part 1.5× faster than the runs ran it
+
+
+def _profile(net=NET, mbs: int = 8, speedup: float = PROFILE_SPEEDUP) -> Trace:
+    """A per-candidate trace of ``net`` whose parts are TRUTH's ÷ ``speedup`` (what a profiler timing
+    each candidate alone, outside the pipelined executor, would record)."""
+    costs = SupernetSimulator(net, CLUSTER, calibration=TRUTH).costs(_plan("csp", mbs))
+
+    def rec(name: str, kind: str, p) -> LayerRecord:  # type: ignore[no-untyped-def]
+        return LayerRecord(name, kind, p.forward_s / speedup, p.backward_input_s / speedup, p.backward_weight_s / speedup,
+                           activation_bytes=int(p.activation_bytes), output_bytes=int(p.output_bytes),
+                           param_count=p.param_count)
+
+    layers = [rec("embedding", "embedding", costs.embedding),
+              *(rec(f"candidate.{c.name}", c.op, pc) for c, pc in zip(net.candidates, costs.candidates, strict=True)),
+              rec("head", "lm_head", costs.head)]
+    return Trace(device="cpu", dtype="fp32", layers=layers, provenance=Provenance(tool="mindpipe profile"),
+                 model_name=net.label, micro_batch_size=mbs, seq_len=net.seq_len, granularity="candidate",
+                 backward_split="measured", supernet=net)
+
+
+def test_trace_scale_is_the_runs_over_the_profile_and_scales_the_trace():
+    fit = [_synthetic("sequential"), _synthetic("csp")]
+    profile = _profile()
+    cal, _ = calibrate_supernet(fit, [profile])
+    comp = cal.devices["cpu"].compute["bf16"]
+    assert comp.trace_scale == pytest.approx(PROFILE_SPEEDUP, rel=1e-9)
+    assert calibrate_supernet(fit)[0].devices["cpu"].compute["bf16"].trace_scale == 0.0  # no trace given: not fitted
+    for run in [*fit, _synthetic("csp", mbs=4)]:
+        with_trace = SupernetSimulator(NET, CLUSTER, trace=profile, calibration=cal).run(
+            run.plan, N, context_switching=run.context_switching)
+        assert with_trace.cost_source == "calibrated trace"
+        # trace × 1.5 is TRUTH's operator costs again (at micro-batch 4 too: the trace scales linearly
+        # and TRUTH's per-operator overhead does not, so only roughly there).
+        assert with_trace.subnets_per_hour == pytest.approx(run.measurement.subnets_per_hour,
+                                                            rel=1e-6 if run.plan.micro_batch_size == 8 else 0.3)
+        alone = SupernetSimulator(NET, CLUSTER, trace=profile).run(run.plan, N, context_switching=run.context_switching)
+        assert alone.cost_source == "trace" and alone.subnets_per_hour > with_trace.subnets_per_hour * 1.2
+    # Without a trace the calibration prices operators; a calibration without trace_scale ignores a trace.
+    assert SupernetSimulator(NET, CLUSTER, calibration=cal).run(_plan("csp"), N).cost_source == "calibrated"
+    assert SupernetSimulator(NET, CLUSTER, trace=profile, calibration=TRUTH).run(_plan("csp"), N).cost_source == "calibrated"
+
+
+def test_trace_scale_refuses_traces_of_nothing_that_ran():
+    fit = [_synthetic("sequential")]
+    other = load_supernet("naspipe-c1")
+    with pytest.raises(ContractError, match="no run is of a supernet and device a trace profiled"):
+        calibrate_supernet(fit, [_profile(other)])
+    layer_trace = Trace(device="cpu", dtype="fp32", layers=[LayerRecord("stage.0", "pipeline_stage", 1e-3, 2e-3, 0.0)],
+                        provenance=Provenance(tool="mindpipe profile"), model_name="x", micro_batch_size=8, seq_len=32)
+    with pytest.raises(ContractError, match="per-candidate trace"):
+        calibrate_supernet(fit, [layer_trace])
+
+
+def test_calibrate_trace_option(tmp_path, capsys):
+    from mindpipe.cli import main
+    from tests.simulator.test_calibrate import FIT_PLANS, _synthetic_run, _write_measured
+
+    fit = [_write(_synthetic(s), tmp_path / f"{s}.json") for s in ("sequential", "csp")]
+    profile = tmp_path / "profile.json"
+    _profile().save(profile)
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", *fit, "--trace", str(profile), "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["calibration"]["devices"]["cpu"]["compute"]["bf16"]["trace_scale"] == pytest.approx(PROFILE_SPEEDUP)
+    assert doc["fitted"]["mape_calibrated_pct"] < 1.0
+    plan = json.dumps(to_dict(_plan("csp")))
+    assert main(["simulate", "--model", "supernet-mini", "--cluster", "cpu:1x2", "--plan", plan, "--subnets", str(N),
+                 "--trace", str(profile), "--calibration", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cost_source"] == "calibrated trace"
+    gpt = _write_measured(_synthetic_run(FIT_PLANS[0]), tmp_path / "gpt.json")
+    assert main(["calibrate", gpt, "--trace", str(profile), "--out", str(tmp_path / "g.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "supernet runs only" in err[0]
