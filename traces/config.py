@@ -362,7 +362,7 @@ _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRE
                  "comm_priority": COMM_PRIORITIES, "rank_order": RANK_ORDERS, "subnet_schedule": SUBNET_SCHEDULES}
 # Keys that only supernet plans set; None in every GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
 SUPERNET_PLAN_KEYS = ("subnet_schedule", "subnet_window")
-_PLAN_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather")
+_PLAN_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention")
 PLAN_SCALAR_KEYS = (*_PLAN_INTEGER_LIMITS, *_PLAN_BOOL_KEYS, *_PLAN_CHOICES, "zero_stage")
 """The plan keys whose rule holds on their own (:func:`check_plan_key`); the rules between keys are :class:`Plan`'s."""
 
@@ -422,7 +422,11 @@ class Plan:
     executor locks it with NVML on GPUs (a notice on CPU), so it is not a what-if knob.
     ``action_clocks_mhz`` gives instead, per (virtual) stage, the clock of each micro-batch's
     forward and backward (Perseus's per-instruction plan); it is a what-if knob (the executor does
-    not switch clocks per action).
+    not switch clocks per action). ``flash_attention`` runs each block's attention core (Q·Kᵀ,
+    mask, softmax, dropout, ·V) as one fused kernel that keeps only per-row softmax statistics for
+    the backward (FlashAttention-2, Dao 2023; PyTorch's ``scaled_dot_product_attention``) instead
+    of Megatron's explicit kernels that save the a·s² scores; the simulator prices and sizes it
+    (:mod:`mindpipe.simulator.ops`, :mod:`mindpipe.simulator.memory`) and the executor runs it.
     """
 
     dp: int = 1
@@ -440,6 +444,7 @@ class Plan:
     overlap_grad_reduce: bool = False
     tp_comm_overlap: bool = False
     overlap_param_gather: bool = False
+    flash_attention: bool = False
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
