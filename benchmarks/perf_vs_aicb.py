@@ -25,10 +25,10 @@ from mindpipe.traces.catalog import get_device
 ATTENTION_OPS = ("ln1", "qkv", "attn_scores", "softmax", "attn_dropout", "attn_context", "flash_attn", "proj", "residual1")
 
 
-def halves(model: GpuComputeModel, name: str) -> dict[str, float]:
+def halves(model: GpuComputeModel, name: str, flash: bool) -> dict[str, float]:
     """Predicted forward seconds of the attention half and the MLP half of one block."""
-    m, plan, _ = case_model(name)
-    ops = [o for o in block_ops(m, 1, m.seq_len, plan.tp, plan.sequence_parallel, 2, model.flash_attention)
+    m, plan, _ = case_model(name, flash)
+    ops = [o for o in block_ops(m, 1, m.seq_len, plan.tp, plan.sequence_parallel, 2, plan.flash_attention)
            if o.phase == "forward"]
     attn = sum(model.op_s(o, "bf16") for o in ops if o.name in ATTENTION_OPS)
     return {"attention": attn, "mlp": sum(model.op_s(o, "bf16") for o in ops) - attn}
@@ -44,14 +44,14 @@ def main() -> None:
     peak = dev.peak_flops("bf16") / 1e12
     rows: list[dict[str, Any]] = []
     for flash in (True, False):
-        model = GpuComputeModel(dev, flash_attention=flash)
+        model = GpuComputeModel(dev)
         print(f"\nattention priced as {'FlashAttention-2' if flash else 'baddbmm + softmax + bmm'} (times per block, µs)")
         print(f"{'file':54s} {'fwd meas':>9s} {'pred':>7s} {'err':>7s} {'bwd meas':>9s} {'pred':>7s} {'err':>7s} {'TFLOP/s':>8s}")
         for name in AICB_CASES:
             if not (d / name).is_file():
                 continue
-            c = compare_file(d / name, model)
-            pred_half, meas_half = halves(model, name), measured_parts(d / name)
+            c = compare_file(d / name, model, flash)
+            pred_half, meas_half = halves(model, name, flash), measured_parts(d / name)
             rows.append({
                 "file": name, "attention_pricing": "flash" if flash else "bmm", "family": c.family, "tp": c.tp,
                 "sequence_parallel": c.sequence_parallel,

@@ -198,9 +198,12 @@ def boundary_bytes(model: Model, plan: Plan, seq_len: int | None = None) -> int:
     return full // plan.tp if plan.sequence_parallel else full
 
 
-def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tuple[float, float, float, float]],
-                   flash_attention: bool = False) -> list[LayerCost]:
+def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tuple[float, float, float, float]]) -> list[LayerCost]:
     """Per-layer costs of a model priced operator by operator (shared by the op-level models).
+
+    The attention core is FlashAttention's fused kernel under the plan's ``flash_attention``
+    (vTrain's Megatron-DeepSpeed runs, and the executor by default, run the explicit
+    baddbmm/softmax/bmm).
 
     ``price(ops)`` returns the (forward, input-gradient, weight-gradient, attention-core forward)
     seconds of one layer's operators (:mod:`mindpipe.simulator.ops`); this function adds the layer
@@ -213,7 +216,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     params = {name: n for name, _, n in layer_params(model, t)}
     f, i, w, _ = price(embedding_ops(model, b, s, t, d))
     layers = [LayerCost("embedding", "embedding", f, i, w, output_bytes=out_bytes, param_count=params["embedding"])]
-    ops = block_ops(model, b, s, t, sp, d, flash_attention=flash_attention)
+    ops = block_ops(model, b, s, t, sp, d, flash_attention=plan.flash_attention)
     f, i, w, core = price(ops)
     if plan.tp_comm_overlap and fwd_comm:
         g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)

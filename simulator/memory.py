@@ -35,9 +35,8 @@ Decisions:
 * Per-token LayerNorm statistics (mean, rstd: 4·d·s·b per block) are left out, as the paper
   does; they are 1/h of the rest. ``traces.torch_gpt.block_activation_bytes`` counts them.
 
-FlashAttention (the compute model's ``flash_attention``, passed through
-:class:`~mindpipe.simulator.simulator.Simulator` as ``flash_attention``: one owner decides how a run's
-attention is computed, and the time and memory models both follow it) never materialises the
+FlashAttention (the plan's ``flash_attention``: one owner decides how a run's attention is
+computed, and the time model, the memory model and the executor all follow it) never materialises the
 a·s²·b scores: its backward recomputes them block by block from Q, K, V, the output and the
 softmax statistics, one fp32 log-sum-exp per query row and head (Dao 2023, "FlashAttention-2",
 arXiv 2307.08691, Algorithm 1 saves L; Algorithm 2 reads it), and it regenerates the dropout mask
@@ -141,7 +140,6 @@ def activation_bytes_per_layer(
     seq_len: int | None = None,
     mask_bytes: int | None = None,
     part: BlockPart = "whole",
-    flash_attention: bool = False,
 ) -> float:
     """Bytes one transformer block (or one part of it) keeps for backward, one micro-batch, one TP rank.
 
@@ -155,8 +153,6 @@ def activation_bytes_per_layer(
         mask_bytes: Bytes per dropout-mask element (default 1, a GPU's bool mask).
         part: ``whole``, or the ``attention`` or ``mlp`` part of a block cut by a stage boundary
             (module docstring).
-        flash_attention: The attention core is FlashAttention: its softmax statistics replace the
-            a·s²·b terms (module docstring).
 
     Returns:
         Bytes (a float: shards of odd sizes are averaged over ranks).
@@ -184,7 +180,7 @@ def activation_bytes_per_layer(
     split = (((1 + 2 * kv_ratio) * d + g) * attention + (mlp_d * d + g) * model.ffn / h * mlp) * sbh
     # Softmax output, dropout mask and dropout output; without dropout only the softmax output.
     # FlashAttention: one fp32 log-sum-exp per query row and head instead (module docstring).
-    scores = (FLASH_STAT_BYTES * a * s * b if flash_attention
+    scores = (FLASH_STAT_BYTES * a * s * b if plan.flash_attention
               else (2 * d + k if model.dropout else d) * a * s * s * b) * attention
     out = replicated / seq_shard + split / t
     return out if level == "selective" else out + scores / t
@@ -323,9 +319,9 @@ class StageMemoryModel:
     """
 
     def __init__(self, model: Model, plan: Plan, device: DeviceSpec, reserved_bytes: float | None,
-                 seq_len: int | None, *, split_backward: bool = False, flash_attention: bool = False) -> None:
+                 seq_len: int | None, *, split_backward: bool = False) -> None:
         self.model, self.plan, self.device, self.seq_len = model, plan, device, seq_len
-        self.split_backward, self.flash_attention = split_backward, flash_attention
+        self.split_backward = split_backward
         cpu = device.kind == "cpu"
         self.mask = DTYPE_BYTES[plan.precision] if cpu else GPU_MASK_BYTES
         self.reserve = (0.0 if cpu else GPU_RESERVED_BYTES) if reserved_bytes is None else reserved_bytes
@@ -337,8 +333,7 @@ class StageMemoryModel:
         """Bytes one block (or part of one) keeps per micro-batch under ``policy``."""
         if (policy, part) not in self._block:
             self._block[policy, part] = activation_bytes_per_layer(
-                self.model, self.plan, policy=policy, seq_len=self.seq_len, mask_bytes=self.mask, part=part,
-                flash_attention=self.flash_attention)
+                self.model, self.plan, policy=policy, seq_len=self.seq_len, mask_bytes=self.mask, part=part)
         return self._block[policy, part]
 
     def stage(self, policies: list[BlockPolicy], has_embedding: bool, has_head: bool,
@@ -449,7 +444,6 @@ def stage_memory(
     *,
     reserved_bytes: float | None = None,
     seq_len: int | None = None,
-    flash_attention: bool = False,
 ) -> list[RankMemory]:
     """Peak memory of every pipeline rank under ``schedule``.
 
@@ -468,15 +462,12 @@ def stage_memory(
         reserved_bytes: Framework overhead per rank (default ``GPU_RESERVED_BYTES`` on a GPU, 0
             on a CPU).
         seq_len: Sequence length if not the model's.
-        flash_attention: The attention core is FlashAttention (module docstring; the Simulator
-            passes its compute model's setting).
 
     Raises:
         ContractError: stage layers or policies that do not match the model, plan and schedule.
     """
     _check(model, plan, schedule, stage_layers)
-    mm = StageMemoryModel(model, plan, device, reserved_bytes, seq_len, split_backward=schedule.split_backward,
-                          flash_attention=flash_attention)
+    mm = StageMemoryModel(model, plan, device, reserved_bytes, seq_len, split_backward=schedule.split_backward)
     policies = block_policies(plan, model.num_layers)
     # Which blocks (and parts of blocks) each stage holds is the layout's rule, on these stage layers.
     spans = stage_layout(dataclasses.replace(plan, partition=list(stage_layers)), model)
@@ -487,7 +478,7 @@ def stage_memory(
 
 
 def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule, *,
-               reserved_bytes: float | None = None, flash_attention: bool = False) -> list[int] | None:
+               reserved_bytes: float | None = None) -> list[int] | None:
     """Most blocks each stage can hold in device memory, for a partitioner; None when not separable.
 
     With one stage per rank and one policy for every block, a rank's total in :func:`stage_memory`
@@ -498,8 +489,7 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     """
     if plan.virtual_stages != 1 or plan.layer_memory_policy is not None or plan.cuts_inside_blocks:
         return None
-    mm = StageMemoryModel(model, plan, device, reserved_bytes, None, split_backward=schedule.split_backward,
-                          flash_attention=flash_attention)
+    mm = StageMemoryModel(model, plan, device, reserved_bytes, None, split_backward=schedule.split_backward)
     policy = block_policies(plan, 1)[0]
     cap = float(device.memory_capacity_bytes)
     last = schedule.num_stages - 1

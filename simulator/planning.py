@@ -80,8 +80,7 @@ class StageBudget:
         return self.total_bytes(policies, parts) <= self.capacity_bytes
 
 
-def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule, *,
-                  flash_attention: bool = False) -> list[StageBudget]:
+def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule) -> list[StageBudget]:
     """A :class:`StageBudget` per stage of a plan with one stage per pipeline rank.
 
     Raises:
@@ -90,8 +89,7 @@ def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedu
     if schedule.num_stages != schedule.pp:
         raise ContractError("plan", "virtual_stages", "memory planning needs one stage per pipeline rank "
                             f"(virtual_stages=1), got {schedule.num_stages} stages on {schedule.pp} ranks")
-    mm = StageMemoryModel(model, plan, device, None, None, split_backward=schedule.split_backward,
-                          flash_attention=flash_attention)
+    mm = StageMemoryModel(model, plan, device, None, None, split_backward=schedule.split_backward)
     last = schedule.num_stages - 1
     out = []
     for s in range(schedule.num_stages):
@@ -101,10 +99,10 @@ def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedu
     return out
 
 
-def swap_bytes_per_block(model: Model, plan: Plan, *, flash_attention: bool = False) -> float:
+def swap_bytes_per_block(model: Model, plan: Plan) -> float:
     """Bytes one swapped block copies to the host and back per micro-batch: its activations kept whole
-    (FlashAttention's when ``flash_attention``, :mod:`mindpipe.simulator.memory`)."""
-    return activation_bytes_per_layer(model, plan, policy="none", flash_attention=flash_attention)
+    (FlashAttention's under the plan's ``flash_attention``, :mod:`mindpipe.simulator.memory`)."""
+    return activation_bytes_per_layer(model, plan, policy="none")
 
 
 def exposed_swap_s(copy_s: float, forward_s: float, cycle_s: float) -> float:

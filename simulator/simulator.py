@@ -66,7 +66,7 @@ from mindpipe.traces.trace import Trace
 
 GIB = 2**30
 # Plan fields that change per-layer costs (micro-batch shape, sharding, dtype); the cost cache key.
-COST_FIELDS = ("tp", "micro_batch_size", "sequence_parallel", "precision", "tp_comm_overlap")
+COST_FIELDS = ("tp", "micro_batch_size", "sequence_parallel", "precision", "tp_comm_overlap", "flash_attention")
 
 
 @dataclass
@@ -129,14 +129,6 @@ class Simulator:
         self.power = PowerModel.of(self.device) if has_frequency_data(self.device.name) else None
 
     # -- plan-level answers ------------------------------------------------------------------
-    @property
-    def flash_attention(self) -> bool:
-        """Whether the compute model prices attention as FlashAttention
-        (:attr:`mindpipe.simulator.perf.gpu.GpuComputeModel.flash_attention`, the one owner of that
-        fact); the memory model follows it (:mod:`mindpipe.simulator.memory`). Other compute models
-        price Megatron's unfused attention."""
-        return bool(getattr(self.compute, "flash_attention", False))
-
     def check(self, plan: Plan, source: str = "plan") -> None:
         """Raise a ContractError unless ``plan`` fits the model and the cluster."""
         check_plan(plan, self.model, self.cluster, source=source)
@@ -155,8 +147,7 @@ class Simulator:
 
     def memory(self, plan: Plan) -> list[RankMemory]:
         """Peak memory of every pipeline rank (:func:`mindpipe.simulator.memory.stage_memory`)."""
-        return stage_memory(self.model, plan, self.device, self.schedule(plan), stage_layers(plan, self.model),
-                            flash_attention=self.flash_attention)
+        return stage_memory(self.model, plan, self.device, self.schedule(plan), stage_layers(plan, self.model))
 
     def refuse_unless_fits(self, plan: Plan, ranks_per_device: int = 1, source: str = "plan") -> list[float]:
         """Per-rank peak memory in GiB; raise when a rank (times the ranks sharing its device) does not fit.
@@ -182,15 +173,15 @@ class Simulator:
 
     def block_caps(self, plan: Plan) -> list[int] | None:
         """Most blocks each stage can hold (:func:`mindpipe.simulator.memory.block_caps`)."""
-        return block_caps(self.model, plan, self.device, self.schedule(plan), flash_attention=self.flash_attention)
+        return block_caps(self.model, plan, self.device, self.schedule(plan))
 
     def stage_budgets(self, plan: Plan) -> list[StageBudget]:
         """Per-stage memory as a function of block policies (:func:`mindpipe.simulator.planning.stage_budgets`)."""
-        return stage_budgets(self.model, plan, self.device, self.schedule(plan), flash_attention=self.flash_attention)
+        return stage_budgets(self.model, plan, self.device, self.schedule(plan))
 
     def swap_bytes_per_block(self, plan: Plan) -> float:
         """Bytes a swapped block copies each way per micro-batch (what :meth:`run` copies)."""
-        return swap_bytes_per_block(self.model, plan, flash_attention=self.flash_attention)
+        return swap_bytes_per_block(self.model, plan)
 
     def swap_copy_s(self, plan: Plan, nbytes: float) -> float:
         """Time of a host copy of ``nbytes`` alone on pipeline rank 0's host link, as the engine prices it.
@@ -257,7 +248,7 @@ class Simulator:
         per-rank work (:func:`mindpipe.simulator.build.build_work`) and parameters per rank."""
         schedule = self.schedule(plan)
         topo = self.topology(plan)
-        swap = swap_bytes_per_block(self.model, plan, flash_attention=self.flash_attention)
+        swap = swap_bytes_per_block(self.model, plan)
         stages, ranks, params_by_rank = build_work(self.model, plan, self.layer_costs(plan), self.compute, topo,
                                                    schedule.stage_to_rank, swap_bytes_per_block=swap,
                                                    dp_unit_s=self._dp_unit_s(plan),
@@ -370,7 +361,7 @@ class Simulator:
         gbs, s = plan.global_batch_size, model.seq_len
         flops = model_flops_per_iteration(model, gbs)
         peak = device.peak_flops(plan.precision)
-        mem = stage_memory(model, plan, device, schedule, stage_layers(plan, model), flash_attention=self.flash_attention)
+        mem = stage_memory(model, plan, device, schedule, stage_layers(plan, model))
         by_stage = [rm.total_bytes / GIB for rm in mem]
         if hourly is not None:
             series, when = hourly

@@ -250,11 +250,13 @@ class SearchSpace:
             self.rejected[Rule.VIRTUAL_STAGES] += len(memory)
             part_choices = [p for p in part_choices if p not in MEMORY_PARTITIONERS]
         recompute = self.choices("recompute", RECOMPUTE)
+        # Explicit attention unless pinned (--fix flash_attention=true, or both with [false,true]).
+        flash_choices = self.choices("flash_attention", [False])
         product = itertools.product(
             recompute, zero_choices, comm_choices, self.choices("precision", ["bf16"]),
-            ogr_choices, tpo_choices, opg_choices, self.choices("rank_order", ["tp-dp-pp"]), part_choices,
+            ogr_choices, tpo_choices, opg_choices, flash_choices, self.choices("rank_order", ["tp-dp-pp"]), part_choices,
         )
-        for rc, zero, comm, prec, ogr, tpo, opg, order, part in product:
+        for rc, zero, comm, prec, ogr, tpo, opg, flash, order, part in product:
             if part in MEMORY_PARTITIONERS and rc != recompute[0]:
                 continue  # their per-block policy overrides the recompute level: one point, not one per level
             if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
@@ -265,8 +267,8 @@ class SearchSpace:
                     self.rejected[Rule.PLAN] += 1
                 continue
             point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,
-                         overlap_grad_reduce=ogr, tp_comm_overlap=tpo, overlap_param_gather=opg, rank_order=order,
-                         partitioner=part)
+                         overlap_grad_reduce=ogr, tp_comm_overlap=tpo, overlap_param_gather=opg, flash_attention=flash,
+                         rank_order=order, partitioner=part)
             yield {k: point[k] for k in POINT_KEYS}
 
     def describe(self) -> dict[str, Any]:

@@ -147,8 +147,8 @@ def _point(space: SearchSpace, net: Supernet, dp: int, pp: int, mbs: int, gbs: i
     point: Point = {k: None for k in POINT_KEYS}
     point.update(dp=dp, tp=1, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, schedule="1f1b", virtual_stages=1,
                  recompute="none", sequence_parallel=False, zero_stage=0, comm_priority="fair", precision=precision,
-                 overlap_grad_reduce=False, tp_comm_overlap=False, overlap_param_gather=False, rank_order=order,
-                 partitioner=part, subnet_schedule=name,
+                 overlap_grad_reduce=False, tp_comm_overlap=False, overlap_param_gather=False, flash_attention=False,
+                 rank_order=order, partitioner=part, subnet_schedule=name,
                  subnet_window=window)
     try:
         check_supernet_plan(plan_of(point, space.pinned), net, space.cluster)

@@ -83,12 +83,14 @@ class BlockComparison:
         return self.flops_forward / self.measured_forward_s / 1e12
 
 
-def case_model(name: str) -> tuple[Model, Plan, str]:
-    """(GPT model, plan, family) that an AICB file describes."""
+def case_model(name: str, flash_attention: bool = True) -> tuple[Model, Plan, str]:
+    """(GPT model, plan, family) that an AICB file describes (its kernels are FlashAttention's;
+    ``flash_attention=False`` prices Megatron's explicit attention instead, for comparison)."""
     case = AICB_CASES[name]
     model = Model(kind="gpt", seq_len=SEQ_LEN, vocab_size=VOCAB, name=name.split("_")[1], **case["model"])  # type: ignore[arg-type]
     tp = int(case["tp"])  # type: ignore[call-overload]
-    plan = Plan(tp=tp, micro_batch_size=1, global_batch_size=1, precision="bf16", sequence_parallel=bool(case["sp"]))
+    plan = Plan(tp=tp, micro_batch_size=1, global_batch_size=1, precision="bf16", sequence_parallel=bool(case["sp"]),
+                flash_attention=flash_attention)
     return model, plan, str(case["family"])
 
 
@@ -125,10 +127,11 @@ def measured_parts(path: str | Path) -> dict[str, float]:
             for part in _BLOCK_ROWS}
 
 
-def compare_file(path: str | Path, compute: GpuComputeModel) -> BlockComparison:
-    """Predicted vs measured block times for one AICB file (``compute`` should price flash attention)."""
+def compare_file(path: str | Path, compute: GpuComputeModel, flash_attention: bool = True) -> BlockComparison:
+    """Predicted vs measured block times for one AICB file (attention priced as FlashAttention, as
+    AICB measured it, unless ``flash_attention`` is false)."""
     name = Path(path).name
-    model, plan, family = case_model(name)
+    model, plan, family = case_model(name, flash_attention)
     mf, mb = measured_blocks(path)
     block = next(c for c in compute.layer_costs(model, plan) if c.kind == "block")
     h, s, t = model.hidden_size, model.seq_len, plan.tp

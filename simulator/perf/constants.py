@@ -150,7 +150,21 @@ def device_facts() -> dict[str, dict[str, Any]]:
         for k in ("sm_count", "compute", "nccl", "source"):
             if k not in entry:
                 raise ContractError(source, f"devices.{name}.{k}", "missing required key")
+        if "gemm_sustained_fraction" in entry:
+            value = entry["gemm_sustained_fraction"]
+            if not isinstance(value, (int, float)) or not 0 < value <= 1 or "gemm_sustained_source" not in entry:
+                raise ContractError(source, f"devices.{name}.gemm_sustained_fraction",
+                                    "must be a fraction in (0, 1] with a gemm_sustained_source")
     return devices
+
+
+def sustained_fraction_for(device: DeviceSpec) -> float | None:
+    """The device's own measured maximum achievable matmul rate (fraction of dense peak) from
+    ``devices.json``, or None where it has none (its constants file's ``gemm_sustained_fraction``,
+    the A100's, then bounds its GEMMs)."""
+    entry = device_facts().get(device.name) or {}
+    value = entry.get("gemm_sustained_fraction")
+    return None if value is None else float(value)
 
 
 def facts_for(device: DeviceSpec) -> tuple[int, str, str, str]:
@@ -234,4 +248,5 @@ __all__ = [
     "parse_constants",
     "read_constants",
     "shipped_constants",
+    "sustained_fraction_for",
 ]

@@ -158,7 +158,7 @@ def _ceiling_for(target_s: float, base: GpuConstants, path: Path) -> float:
     lo, hi = 0.3, 1.0
 
     def fwd(c: float) -> float:
-        m = GpuComputeModel(dev, dataclasses.replace(base, gemm_ceiling=c), flash_attention=True)
+        m = GpuComputeModel(dev, dataclasses.replace(base, gemm_ceiling=c))
         return compare_file(path, m).predicted_forward_s
 
     if not fwd(hi) <= target_s <= fwd(lo):
@@ -174,9 +174,9 @@ def compute_report(data: str | Path) -> dict[str, Any]:
     aicb = Path(data) / AICB_DIR
     base = GpuConstants.from_file(parse_constants(compute_document(COMPUTE_PRIORS), "priors"))
     fit_path = aicb / AICB_FIT_FILE
-    measured_fwd = compare_file(fit_path, GpuComputeModel(get_device("a100-sxm4-80gb"), base, flash_attention=True))
+    measured_fwd = compare_file(fit_path, GpuComputeModel(get_device("a100-sxm4-80gb"), base))
     ceiling = _ceiling_for(measured_fwd.measured_forward_s, base, fit_path)
-    model = GpuComputeModel(get_device("a100-sxm4-80gb"), dataclasses.replace(base, gemm_ceiling=ceiling), flash_attention=True)
+    model = GpuComputeModel(get_device("a100-sxm4-80gb"), dataclasses.replace(base, gemm_ceiling=ceiling))
     peak = model.device.peak_flops("bf16") / 1e12
     rows, holdout = [], []
     for name in AICB_CASES:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from mindpipe.simulator.costs import DTYPE_BYTES, GEMM_OPERAND_BYTES, NON_GEMM_PRECISION, LayerCost, op_layer_costs
 from mindpipe.simulator.ops import Op
-from mindpipe.simulator.perf.constants import GpuConstants, facts_for, shipped_constants
+from mindpipe.simulator.perf.constants import GpuConstants, facts_for, shipped_constants, sustained_fraction_for
 from mindpipe.simulator.perf.fp8 import Fp8Constants, cast_bytes, is_fp8_gemm, shipped_fp8_constants
 from mindpipe.simulator.perf.kernels import KernelParams, flash_s, gemm_s, memory_s
 from mindpipe.traces.catalog import DeviceSpec
@@ -52,8 +52,6 @@ class GpuComputeModel:
         device: Catalog entry (peak FLOP/s per dtype, memory bandwidth).
         constants: Compute constants; default: the shipped file for the device's family.
         sm_count: SMs; default: ``devices.json`` (A100 108, H100/H200 132).
-        flash_attention: Price attention as FlashAttention-2 kernels instead of Megatron's
-            baddbmm/softmax/bmm (vTrain's Megatron-DeepSpeed runs used the latter).
         host_bound: Apply the host kernel-issue bound (turn off to see GPU time alone).
         fp8: FP8 GEMM constant for plan precision ``fp8`` (:mod:`mindpipe.simulator.perf.fp8`);
             default: the shipped ``fp8.json``.
@@ -62,7 +60,6 @@ class GpuComputeModel:
     device: DeviceSpec
     constants: GpuConstants | None = None
     sm_count: int | None = None
-    flash_attention: bool = False
     host_bound: bool = True
     fp8: Fp8Constants | None = None
     sm_count_source: str = field(default="", init=False)
@@ -104,7 +101,8 @@ class GpuComputeModel:
                 bandwidth_Bps=self.device.memory_bandwidth_GBps * 1e9 * c.memory_bandwidth_efficiency,
                 flash_efficiency=c.flash_attention_efficiency,
                 kernel_overhead_s=c.kernel_overhead_s,
-                sustained_fraction=c.gemm_sustained_fraction,
+                # The device's own measured bound where devices.json has one (H100/H200), else the file's.
+                sustained_fraction=sustained_fraction_for(self.device) or c.gemm_sustained_fraction,
             )
         return p
 
@@ -156,7 +154,7 @@ class GpuComputeModel:
             pt = self.phase_times(ops, plan.precision)
             return pt.forward_s, pt.backward_input_s, pt.backward_weight_s, pt.attention_core_s
 
-        return op_layer_costs(model, plan, price, flash_attention=self.flash_attention)
+        return op_layer_costs(model, plan, price)
 
     def optimizer_step_s(self, params_per_device: int, plan: Plan) -> float:
         """Mixed-precision Adam: memory-bound over the optimizer's bytes per parameter.

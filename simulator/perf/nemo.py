@@ -10,8 +10,8 @@ whole job's token rate).
 Architectures come from NeMo's own model configs (``simulator/perf/data/nemo_models.json``, each
 with its source file and how MindPipe's contracts represent it). The setup is NeMo's performance
 recipe as far as MindPipe's plan can say it: DGX-H100 (8 H100 SXM5 per node), FP8 GEMMs
-(Transformer Engine) → ``precision="fp8"``; FlashAttention (TE's fused attention) → the kernel
-model's flash pricing and, through the Simulator, the memory model's; the distributed optimizer
+(Transformer Engine) → ``precision="fp8"``; FlashAttention (TE's fused attention) →
+``flash_attention=true`` (the kernel model's flash pricing and the memory model's); the distributed optimizer
 → ``zero_stage=1``; gradient reduce-scatter overlapped with the backward →
 ``overlap_grad_reduce=true`` (``overlap_grad_sync``); the parameter all-gather overlapped with the
 next forward → ``overlap_param_gather=true`` (``overlap_param_sync``: true in every launcher file
@@ -156,7 +156,8 @@ def nemo_plan(gpus: int, global_batch: int, micro_batch: int, tp: int, pp: int, 
                 schedule="interleaved_1f1b" if vp > 1 else "1f1b", virtual_stages=vp,
                 recompute=recipe.recompute if recipe is not None else "none",
                 sequence_parallel=tp > 1, zero_stage=1, precision="fp8", overlap_grad_reduce=True,
-                overlap_param_gather=True, tp_comm_overlap=recipe is not None and recipe.tp_comm_overlap and tp > 1)
+                overlap_param_gather=True, tp_comm_overlap=recipe is not None and recipe.tp_comm_overlap and tp > 1,
+                flash_attention=True)
 
 
 def _row(cells: dict[str, str], where: str) -> NemoRow:

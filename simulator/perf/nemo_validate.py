@@ -56,11 +56,11 @@ def without(row: NemoRow, *mechanisms: str) -> NemoRow:
 
 
 def simulate_row(row: NemoRow, fp8: Fp8Constants | None = None) -> Any:
-    """The :class:`~mindpipe.traces.result.SimulationResult` of a row: FlashAttention kernels (and
-    memory, through the Simulator), the shipped FP8 constant unless ``fp8`` is given."""
+    """The :class:`~mindpipe.traces.result.SimulationResult` of a row (its plan runs FlashAttention),
+    the shipped FP8 constant unless ``fp8`` is given."""
     if row.plan is None:
         raise ValueError(f"{row.source}: row is not simulated ({row.unsupported})")
-    compute = GpuComputeModel(get_device(row.cluster.gpu), flash_attention=True, fp8=fp8)
+    compute = GpuComputeModel(get_device(row.cluster.gpu), fp8=fp8)
     return simulate(row.model, row.cluster, row.plan, SimulationOptions(compute=compute))
 
 

@@ -21,7 +21,7 @@ COMPUTE_PRIORS: dict[str, dict[str, Any]] = {
     "gemm_sustained_fraction": {
         "value": 0.859, "unit": 'fraction of dense peak FLOP/s', "method": 'prior',
         "source": 'S. Bekman, Machine Learning Engineering (github.com/stas00/ml-engineering, compute/accelerator/README.md), Maximum Achievable Matmul FLOPS comparison table: NVIDIA A100 SXM 267.9 of 312 TFLOP/s (85.9%), best of a shape scan (6912x16384x2048, CUDA 12.1)',
-        "note": "an upper bound on every GEMM's rate: at the power limit the A100 holds ~1305 MHz, not the 1410 MHz boost of the spec peak (NVIDIA's HPL Rpeak); H100/H200 reuse it (their own MAMF is ~80%, so it is a loose bound there)",
+        "note": "an upper bound on every GEMM's rate: at the power limit the A100 holds ~1305 MHz, not the 1410 MHz boost of the spec peak (NVIDIA's HPL Rpeak); H100/H200 use their own measured value from devices.json instead (H100 SXM 792.1 of 989, 80.1%)",
     },
     "gemm_tiles": {
         "value": [[256, 128, 1.0], [128, 256, 1.0], [128, 128, 0.92], [128, 64, 0.8], [64, 128, 0.8], [64, 64, 0.6]],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.api import simulate
 from mindpipe.simulator.collectives import overlapped_exposed_s
 from mindpipe.simulator.costs import TraceComputeModel
 from mindpipe.simulator.memory import FLASH_STAT_BYTES, activation_bytes_per_layer
@@ -90,22 +90,24 @@ def test_param_gather_overlap_leaves_the_first_bucket_exposed() -> None:
     assert t_off - t_on == pytest.approx(min(sum(gathers[1:]), stages[0].forward_s), rel=1e-6)
 
 
-def test_memory_follows_the_compute_models_flash_attention() -> None:
-    """One owner: GpuComputeModel.flash_attention prices the kernels; the Simulator passes it to memory."""
+def test_memory_and_time_follow_the_plans_flash_attention() -> None:
+    """One owner: the plan's flash_attention decides the kernels the compute model prices and what the memory model keeps."""
     model, cluster = load_model("gpt-1.3b"), load_cluster("h100-sxm5-80gb:1x2")
     plan = Plan(dp=1, tp=2, pp=1, micro_batch_size=2, global_batch_size=2, sequence_parallel=True)
     a, s, b, t = model.num_heads, model.seq_len, plan.micro_batch_size, plan.tp
     unfused = activation_bytes_per_layer(model, plan)
-    flash = activation_bytes_per_layer(model, plan, flash_attention=True)
+    fplan = dataclasses.replace(plan, flash_attention=True)
+    flash = activation_bytes_per_layer(model, fplan)
     mask = 1 if model.dropout else 0
     scores = (2 * 2 + mask if model.dropout else 2) * a * s * s * b / t
     assert unfused - flash == pytest.approx(scores - FLASH_STAT_BYTES * a * s * b / t)
     # Selective recompute drops the attention core's saved tensors under both.
     sel = dataclasses.replace(plan, recompute="selective")
-    assert activation_bytes_per_layer(model, sel) == activation_bytes_per_layer(model, sel, flash_attention=True)
-    dev = get_device(cluster.gpu)
-    with_flash = simulate(model, cluster, plan, SimulationOptions(compute=GpuComputeModel(dev, flash_attention=True)))
-    megatron = simulate(model, cluster, plan, SimulationOptions(compute=GpuComputeModel(dev)))
+    assert activation_bytes_per_layer(model, sel) == activation_bytes_per_layer(
+        model, dataclasses.replace(sel, flash_attention=True))
+    with_flash = simulate(model, cluster, fplan)
+    megatron = simulate(model, cluster, plan)
+    assert with_flash.iteration_time_s < megatron.iteration_time_s
     layers = model.num_layers
     assert (megatron.memory_by_stage_gib[0] - with_flash.memory_by_stage_gib[0]) * 2**30 == pytest.approx(
         layers * (unfused - flash), rel=1e-9)

@@ -54,7 +54,7 @@ def test_cast_bytes_read_bf16_and_write_fp8_copy_and_transpose() -> None:
 
 
 def test_fp8_prices_gemms_at_fp8_peak_and_everything_else_as_bf16() -> None:
-    gpu = GpuComputeModel(H100, flash_attention=True, fp8=Fp8Constants(1.0), host_bound=False)
+    gpu = GpuComputeModel(H100, fp8=Fp8Constants(1.0), host_bound=False)
     ops = block_ops(GPT, 4, 2048, 1, False, 2, flash_attention=True)
     fc1 = next(o for o in ops if o.name == "mlp_fc1")
     # At efficiency 1 a large FP8 GEMM takes half the bf16 time, plus its cast (memory-bound).

@@ -91,7 +91,7 @@ def test_time_grows_with_micro_batch_and_shrinks_with_tensor_parallelism() -> No
 def test_flash_attention_beats_materialised_scores_at_long_sequences() -> None:
     long = dataclasses.replace(GPT13B, seq_len=8192)
     a = GpuComputeModel(A100).layer_costs(long, plan())[1]
-    b = GpuComputeModel(A100, flash_attention=True).layer_costs(long, plan())[1]
+    b = GpuComputeModel(A100).layer_costs(long, dataclasses.replace(plan(), flash_attention=True))[1]
     assert b.forward_s < a.forward_s and b.recompute_selective_s < a.recompute_selective_s
 
 
