@@ -356,6 +356,12 @@ class TraceComputeModel:
             # blocks are timed whole.
             raise ContractError(self.source, "tp_comm_overlap", "tp_comm_overlap=true needs per-GEMM times: "
                                 "simulate it with a hardware compute model, not a trace")
+        if plan.flash_attention != self.trace.flash_attention:
+            how = "with" if self.trace.flash_attention else "without"
+            raise ContractError(self.source, "flash_attention", (
+                f"the trace was profiled {how} flash attention but the plan has flash_attention="
+                f"{str(plan.flash_attention).lower()}: profile again (mindpipe profile"
+                f"{'' if plan.flash_attention else ' without'} --flash-attention) or simulate with a hardware compute model"))
         k = self._scale(plan)
         by_kind: dict[str, list] = {}
         for r in self.trace.layers:

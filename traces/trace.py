@@ -143,7 +143,9 @@ class Trace:
     A supernet's trace (``mindpipe profile supernet-mini``) has ``granularity="candidate"``, the
     supernet in ``supernet`` and one record per candidate operator (``candidate.<name>``, timed
     once: every layer's instance has the same shape) plus ``embedding`` and ``head``; a measured
-    supernet run carries ``supernet`` too.
+    supernet run carries ``supernet`` too. ``flash_attention`` says whether the blocks' attention
+    core ran as one fused kernel (``mindpipe profile --flash-attention``, or a run of a plan with
+    ``flash_attention``); a simulation prices only plans that run attention the same way from it.
     """
 
     device: str
@@ -156,6 +158,7 @@ class Trace:
     seq_len: int | None = None
     tp: int = 1
     sequence_parallel: bool = False
+    flash_attention: bool = False
     granularity: str = "layer"
     backward_split: str = "measured"
     step: StepMeasurement | None = None

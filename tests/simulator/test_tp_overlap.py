@@ -76,6 +76,22 @@ def test_tp_overlap_needs_per_gemm_times() -> None:
         TraceComputeModel(trace).layer_costs(model, dataclasses.replace(TP_PLAN, tp_comm_overlap=True))
 
 
+def test_a_trace_prices_only_plans_that_run_attention_as_it_was_profiled() -> None:
+    model = load_model("gpt-1.3b")
+    rec = [LayerRecord("embedding", "embedding", 1e-3, 1e-3, 0.0), LayerRecord("block.0", "block", 1e-2, 1e-2, 1e-2),
+           LayerRecord("lm_head", "lm_head", 1e-3, 1e-3, 1e-3)]
+    explicit = Trace("a100-sxm4-80gb", "bf16", rec, Provenance("test"), micro_batch_size=2, tp=4)
+    fused = dataclasses.replace(explicit, flash_attention=True)
+    flash_plan = dataclasses.replace(TP_PLAN, flash_attention=True)
+    assert TraceComputeModel(explicit).layer_costs(model, TP_PLAN)
+    assert TraceComputeModel(fused).layer_costs(model, flash_plan)
+    with pytest.raises(ContractError, match="profiled without flash attention") as e:
+        TraceComputeModel(explicit).layer_costs(model, flash_plan)
+    assert e.value.key == "flash_attention"
+    with pytest.raises(ContractError, match="profiled with flash attention"):
+        TraceComputeModel(fused).layer_costs(model, TP_PLAN)
+
+
 def test_param_gather_overlap_leaves_the_first_bucket_exposed() -> None:
     model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:2x8")
     plan = Plan(dp=16, micro_batch_size=1, global_batch_size=32, zero_stage=1, precision="bf16")

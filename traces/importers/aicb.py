@@ -133,6 +133,7 @@ def import_aicb(
             device=device,
             dtype=dtype,
             layers=records,
+            flash_attention=True,  # AICB's AIOB op lists time FlashAttention (``atten_flash``)
             provenance=Provenance(
                 tool="mindpipe import aicb",
                 command=command,
