@@ -42,6 +42,10 @@ TORCH_SCHEDULES = {
     "zbv": "ZBVZeroBubble",
     "dualpipev": "DualPipeV",
 }
+# torch's choice of kernel for scaled_dot_product_attention (traces/torch_gpt.py flash_core).
+FLASH_DROPOUT_CPU_NOTICE = ("flash_attention with attention dropout on a CPU: torch runs its math backend for "
+                            "scaled_dot_product_attention, which saves the a·s² probabilities like the explicit core; "
+                            "the measured activations are not the fused kernel's")
 # (model, plan, catalog device, ranks sharing one device) -> estimated peak GiB per pipeline rank;
 # raises ContractError when a rank does not fit.
 MemoryCheck = Callable[[Model, Plan, DeviceSpec, int], list[float]]
@@ -167,6 +171,8 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
     if plan.zero_stage in (1, 2):
         notes.append(f"zero_stage={plan.zero_stage} runs as FSDP2 without resharding after forward (ZeRO-2 semantics)")
     notes += what_if_notes(plan)
+    if plan.flash_attention and model.dropout and device_kind != "cuda":
+        notes.append(FLASH_DROPOUT_CPU_NOTICE)
     if plan.stage_clocks_mhz is not None:
         if device_kind != "cuda":
             notes.append(CPU_NOTICE)
@@ -266,6 +272,7 @@ def catalog_device(kind: str, cuda_name: str | None = None) -> DeviceSpec | None
 
 
 __all__ = [
+    "FLASH_DROPOUT_CPU_NOTICE",
     "TORCH_SCHEDULES",
     "MemoryCheck",
     "Precheck",

@@ -4,7 +4,8 @@ No parallelism and no torch.distributed: the unsplit GPT or Llama from :func:`mi
 the global batch in micro-batches of ``micro_batch_size`` sequences in order, each micro-batch's
 mean loss divided by the number of micro-batches before ``backward`` (so the gradient is that of
 the global mean loss, which is what pipeline schedules with ``scale_grads`` and a data-parallel
-average compute), and AdamW. The same per-step RNG seeding as the executor keeps dropout equal.
+average compute), and AdamW. The same per-step RNG seeding as the executor keeps dropout equal, and
+the plan's ``flash_attention`` gives it the same attention kernel as every rank.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from mindpipe.traces.torch_models import build_model
 def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, data: str = "synthetic",
                      lr: float = 1e-3, weight_decay: float = 0.0) -> list[float]:
     """Per-step mean loss of ``steps`` fp32 training steps (step numbers 1..steps)."""
-    net = build_model(model, seed=seed, dtype="fp32")
+    net = build_model(model, seed=seed, dtype="fp32", flash_attention=plan.flash_attention)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     source = TokenSource(model, plan, seed, data)
     b = plan.micro_batch_size
@@ -56,7 +57,7 @@ def reference_noise_norms(model: Model, plan: Plan, *, seed: int = 0, data: str 
     split), else the first micro-batch's gradient. Before any optimizer step, so a parallel run's
     first record must match it.
     """
-    net = build_model(model, seed=seed, dtype="fp32")
+    net = build_model(model, seed=seed, dtype="fp32", flash_attention=plan.flash_attention)
     source = TokenSource(model, plan, seed, data)
     b = plan.micro_batch_size
     torch.manual_seed(seed * 7919 + 1)

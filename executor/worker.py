@@ -130,7 +130,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     plan, model = cfg.plan, cfg.model
     mesh = build_mesh(plan, device)
     coords = coordinates(mesh)
-    gpt = build_model(model, seed=cfg.seed, dtype="fp32")
+    gpt = build_model(model, seed=cfg.seed, dtype="fp32", flash_attention=plan.flash_attention)
     permute_qkv_for_tp(gpt, plan.tp)
     modules = build_stage_modules(gpt, plan, coords["pp"])
     del gpt  # blocks of other pipeline ranks are freed here

@@ -6,9 +6,11 @@ residual, LayerNorm → GeLU MLP → residual), a final LayerNorm and an untied 
 
 Attention is written with explicit ops (QKᵀ, softmax, dropout, ·V) rather than a fused kernel so
 that the tensors autograd saves are exactly the ones Korthikanti et al. (2022, arXiv 2205.05198,
-§4.1) count; see :func:`block_activation_bytes`. The head count is taken from the projection's
-local width (``view(..., -1, head_dim)``, as torchtitan does) so DTensor tensor parallelism can
-shard heads without changing this code.
+§4.1) count; see :func:`block_activation_bytes`. A plan's ``flash_attention`` switches the core to
+torch's fused ``scaled_dot_product_attention`` (:func:`flash_core`, set on a built model by
+:func:`mindpipe.traces.torch_models.use_flash_attention`). The head count is taken from the
+projection's local width (``view(..., -1, head_dim)``, as torchtitan does) so DTensor tensor
+parallelism can shard heads without changing this code.
 
 This module imports torch; nothing in ``traces/__init__`` imports it, so the simulator stays
 torch-free.
@@ -37,8 +39,28 @@ class Embedding(nn.Module):
         return F.dropout(x, self.dropout, self.training) if self.dropout else x
 
 
+def flash_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, gqa: bool) -> torch.Tensor:
+    """Causal attention as one fused kernel: ``[b, heads, s, d]`` q against ``[b, kv, s, d]`` k and v.
+
+    torch's ``scaled_dot_product_attention`` with ``is_causal`` (the mask is the kernel's own) and,
+    with ``gqa`` (``kv`` divides ``heads``), ``enable_gqa``: query head ``i`` uses K/V head
+    ``i // (heads/kv)``, the ``repeat_interleave`` order, and K and V are not repeated. ``gqa`` is
+    a Python bool, not a comparison of sizes, so torch.fx records the kernel as one node. The
+    default scale is ``d^-½``, the explicit core's.
+
+    Which kernel runs is torch's choice per device and arguments (FlashAttention-2, Dao 2023, on
+    CUDA). On CPU (torch 2.13) it is ``_scaled_dot_product_flash_attention_for_cpu`` when
+    ``dropout_p`` is 0, which saves for backward only q, k, v, the output and the per-row
+    log-sum-exp (``[b, heads, s]``): no a·s² tensor. With ``dropout_p > 0`` and gradients on, torch
+    falls back to its math backend, which saves the probabilities, the dropout mask and the
+    dropped-out probabilities (three a·s² tensors, as the explicit core does). So a CPU run
+    measures the fused kernel's memory only for a model without attention dropout.
+    """
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
+
+
 class Attention(nn.Module):
-    """Causal multi-head self-attention with explicit softmax (no fused kernel)."""
+    """Causal multi-head self-attention with explicit softmax, or the fused kernel when ``flash``."""
 
     def __init__(self, model: Model) -> None:
         super().__init__()
@@ -47,6 +69,8 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(h, 3 * h)
         self.proj = nn.Linear(h, h)
         self.dropout = model.dropout
+        # The plan's flash_attention (set by mindpipe.traces.torch_models.use_flash_attention).
+        self.flash = False
         # Additive mask: `scores + mask` saves nothing for backward, unlike masked_fill.
         mask = torch.full((model.seq_len, model.seq_len), float("-inf")).triu(1)
         self.causal_mask: torch.Tensor
@@ -56,8 +80,11 @@ class Attention(nn.Module):
         """The attention core, ``[b, heads, s, d]`` in and out: Q·Kᵀ, mask, softmax, dropout, ·V.
 
         A method of its own so selective recompute (Korthikanti et al. 2022 §5) can checkpoint
-        exactly this part, as Megatron does.
+        exactly this part, as Megatron does. With ``self.flash`` it is :func:`flash_core` (the
+        attention dropout only in training, as ``F.dropout`` here).
         """
+        if self.flash:  # a Python bool: torch.fx traces the branch taken
+            return flash_core(q, k, v, self.dropout if self.training else 0.0, gqa=False)
         s = q.size(2)
         scores = torch.matmul(q, k.transpose(-2, -1)) * (self.head_dim**-0.5)
         mask = torch.narrow(torch.narrow(self.causal_mask, 0, 0, s), 1, 0, s)  # fx-traceable slice

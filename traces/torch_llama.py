@@ -13,7 +13,9 @@ of ``g = num_heads / num_kv_heads`` query heads into the rows of one matmul
 (``[b, kv, g·s, d] × [b, kv, d, s]``) instead of repeating K and V ``g`` times, so K and V are
 saved once at their own size. Query head ``i`` uses K/V head ``i // g`` (Meta's and Hugging
 Face's ``repeat_interleave`` order); head counts are read from the projections' local widths, so
-DTensor tensor parallelism that splits query and K/V heads over ``tp`` needs no change here.
+DTensor tensor parallelism that splits query and K/V heads over ``tp`` needs no change here. A
+plan's ``flash_attention`` runs the core as torch's fused kernel instead
+(:func:`mindpipe.traces.torch_gpt.flash_core`, grouped-query through ``enable_gqa``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from mindpipe.traces.config import Model
-from mindpipe.traces.torch_gpt import TORCH_DTYPES, LMHead, PreNormBlock
+from mindpipe.traces.torch_gpt import TORCH_DTYPES, LMHead, PreNormBlock, flash_core
 from torch import nn
 
 # RMSNorm epsilon of Llama 3's config.json (``rms_norm_eps``).
@@ -106,7 +108,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Causal grouped-query self-attention with rotary positions and explicit softmax."""
+    """Causal grouped-query self-attention with rotary positions and explicit softmax (fused when ``flash``)."""
 
     def __init__(self, model: Model) -> None:
         super().__init__()
@@ -117,6 +119,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, kv, bias=False)
         self.wv = nn.Linear(h, kv, bias=False)
         self.proj = nn.Linear(h, h, bias=False)
+        # The plan's flash_attention (set by mindpipe.traces.torch_models.use_flash_attention).
+        self.flash = False
         cos, sin = rope_tables(model.head_dim, model.seq_len, model.rope_base)
         mask = torch.full((model.seq_len, model.seq_len), float("-inf")).triu(1)
         self.rope_cos: torch.Tensor
@@ -127,29 +131,35 @@ class Attention(nn.Module):
         self.register_buffer("causal_mask", mask, persistent=False)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The attention core: q ``[b, kv, g·s, d]``, k and v ``[b, kv, s, d]`` → ``[b, kv, g·s, d]``.
+        """The attention core: q ``[b, heads, s, d]``, k and v ``[b, kv, s, d]`` → ``[b, heads, s, d]``.
 
         Q·Kᵀ, causal mask, softmax, ·V (selective recompute checkpoints exactly this, as in
-        :class:`mindpipe.traces.torch_gpt.Attention`).
+        :class:`mindpipe.traces.torch_gpt.Attention`). The explicit core folds q to
+        ``[b, kv, g·s, d]`` (the g query heads of a K/V head share its rows: head ``i`` uses K/V
+        head ``i // g``) and views the product back. With ``self.flash`` it is
+        :func:`~mindpipe.traces.torch_gpt.flash_core` on q as it comes, a view of the rotated
+        ``[b, s, heads, d]``: the kernel lays its output out as q, so the caller's transpose to
+        ``[b, s, h]`` is free and the output the kernel saves is the projection's input too.
         """
         b, kv, s = k.size(0), k.size(1), k.size(2)
+        if self.flash:  # a Python bool: torch.fx traces the branch taken
+            return flash_core(q, k, v, 0.0, gqa=self.group > 1)
+        q = q.reshape(b, kv, -1, self.head_dim)
         scores = torch.matmul(q, k.transpose(-2, -1)) * (self.head_dim**-0.5)
         mask = torch.narrow(torch.narrow(self.causal_mask, 0, 0, s), 1, 0, s)  # fx-traceable slice
         scores = scores.view(b, kv, self.group, s, s) + mask.to(scores.dtype)
         probs = torch.softmax(scores, dim=-1).view(b, kv, -1, s)
-        return torch.matmul(probs, v)
+        return torch.matmul(probs, v).view(b, -1, s, self.head_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s = x.size(0), x.size(1)
         cos = torch.narrow(self.rope_cos, 0, 0, s)
         sin = torch.narrow(self.rope_sin, 0, 0, s)
         # `-1` head counts: the local heads under tensor parallelism.
-        q = apply_rope(self.wq(x).view(b, s, -1, self.head_dim), cos, sin)
+        q = apply_rope(self.wq(x).view(b, s, -1, self.head_dim), cos, sin).transpose(1, 2)
         k = apply_rope(self.wk(x).view(b, s, -1, self.head_dim), cos, sin).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        # [b, s, a, d] → [b, a, s, d] → [b, kv, g·s, d]: the g query heads of a K/V head share its rows.
-        q = q.transpose(1, 2).reshape(b, k.size(1), -1, self.head_dim)
-        ctx = self.core(q, k, v).view(b, -1, s, self.head_dim).transpose(1, 2).reshape(b, s, -1)
+        ctx = self.core(q, k, v).transpose(1, 2).reshape(b, s, -1)
         out: torch.Tensor = self.proj(ctx)
         return out
 
