@@ -162,7 +162,7 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], back
         provenance=Provenance(tool="mindpipe run", command=command, date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                               torch_version=torch.__version__, host=payloads[0].host, notes="; ".join(notes)),
         model=model, model_name=model.name, micro_batch_size=plan.micro_batch_size, seq_len=model.seq_len, tp=plan.tp,
-        sequence_parallel=plan.sequence_parallel, granularity="layer",
+        sequence_parallel=plan.sequence_parallel, flash_attention=plan.flash_attention, granularity="layer",
         backward_split="measured" if table.split else "combined", measurement=measurement,
     )
 

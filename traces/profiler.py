@@ -53,6 +53,10 @@ class ProfileOptions:
         repeats: Timed repetitions per unit.
         seed: Seed for weights, data and output gradients.
         step_repeats: Timed repetitions of the whole step (0 skips it).
+        flash_attention: Run the blocks' attention core as one fused kernel (what a plan's
+            ``flash_attention`` runs, :func:`mindpipe.traces.torch_models.use_flash_attention`);
+            layer granularity only (an operator graph of a fused block has no explicit softmax to
+            cut around).
     """
 
     micro_batch_size: int = 1
@@ -64,6 +68,7 @@ class ProfileOptions:
     repeats: int = 10
     seed: int = 0
     step_repeats: int = 20
+    flash_attention: bool = False
 
     def check(self, model: Model) -> None:
         """Validate against the model (errors name the option)."""
@@ -74,6 +79,9 @@ class ProfileOptions:
             raise ContractError("profile", "seq_len", f"seq_len={self.seq_len} must be in 1..{model.seq_len}")
         if self.granularity not in ("layer", "op"):
             raise ContractError("profile", "granularity", f"granularity={self.granularity!r} is not layer or op")
+        if self.flash_attention and self.granularity == "op":
+            raise ContractError("profile", "flash_attention", "a fused attention core has no operators to cut "
+                                "between; profile --flash-attention at layer granularity")
         if self.dtype not in ("fp32", "bf16", "fp16"):
             raise ContractError("profile", "dtype", f"dtype={self.dtype!r} is not fp32, bf16 or fp16")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -159,7 +167,7 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
     device = torch.device(opts.device)
     clock = Clock(device)
     seq_len = opts.seq_len or model.seq_len
-    net = build_model(model, seed=opts.seed, dtype=opts.dtype, device=device)
+    net = build_model(model, seed=opts.seed, dtype=opts.dtype, device=device, flash_attention=opts.flash_attention)
     net.train()
     tokens, targets = synthetic_batch(model, opts.micro_batch_size, seed=opts.seed, seq_len=seq_len, device=device)
     buffers = list(net.buffers())
@@ -224,12 +232,14 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
             notes=(
                 f"{'CPU' if device.type == 'cpu' else 'GPU'} trace; median of {opts.repeats} runs after "
                 f"{opts.warmup} warm-up runs; backward split as B=grad(inputs), W=full-B"
+                + ("; attention core fused (scaled_dot_product_attention)" if opts.flash_attention else "")
             ),
         ),
         model=model,
         model_name=model.name,
         micro_batch_size=opts.micro_batch_size,
         seq_len=seq_len,
+        flash_attention=opts.flash_attention,
         granularity=opts.granularity,
         step=step,
     )

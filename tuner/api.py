@@ -88,6 +88,25 @@ def reference(source: str, obj: Trace | Calibration) -> str:
     return f"{source} sha256:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
+def attention_as_profiled(fixes: dict[str, Any], trace: Trace) -> dict[str, Any]:
+    """``fixes`` with ``flash_attention`` pinned to how ``trace`` ran attention (a trace prices only
+    such plans, :class:`mindpipe.simulator.costs.TraceComputeModel`).
+
+    Raises:
+        ContractError: ``--fix flash_attention`` asks for another value than the trace's.
+    """
+    want = trace.flash_attention
+    pinned = fixes.get("flash_attention")
+    if pinned is None:
+        return {**fixes, "flash_attention": want} if want else fixes
+    if any(v != want for v in (pinned if isinstance(pinned, list) else [pinned])):
+        raise ContractError("--fix", "flash_attention", (
+            f"the trace was profiled {'with' if want else 'without'} flash attention, so it prices only "
+            f"flash_attention={str(want).lower()}: profile again{'' if want else ' with --flash-attention'} "
+            "or tune without --trace"))
+    return fixes
+
+
 def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | Sequence[int] | str | None,
                 fixes: dict[str, Any] | Sequence[str] | None, partitioners: Sequence[str],
                 what_if: str | Sequence[str] | None = None) -> SearchSpace:
@@ -180,7 +199,10 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     if subnets is not None and not supernet:
         raise ContractError("--subnets", None, f"--subnets counts subnets of a supernet; {model.label} is a GPT model")
     cfg = config or SweepConfig()
-    space = build_space(model, cluster, global_batch, fixes, partitioners, what_if)
+    fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
+    if trace is not None and not supernet:
+        fixed = attention_as_profiled(fixed, trace)
+    space = build_space(model, cluster, global_batch, fixed, partitioners, what_if)
     if trace is not None:
         if isinstance(model, Supernet):
             check_candidate_trace(trace, model)
@@ -233,4 +255,4 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     return TuneOutcome(info, result, space)
 
 
-__all__ = ["DEFAULT_SUBNETS", "NoFeasiblePlan", "TuneOutcome", "build_space", "default_global_batch", "fingerprint", "reference", "tune"]
+__all__ = ["DEFAULT_SUBNETS", "NoFeasiblePlan", "TuneOutcome", "attention_as_profiled", "build_space", "default_global_batch", "fingerprint", "reference", "tune"]

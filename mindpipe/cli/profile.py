@@ -29,6 +29,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="tokens per sequence (default: the model's)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="parameter/activation dtype")
     p.add_argument("--granularity", default="layer", choices=["layer", "op"], help="layers, or operators inside blocks")
+    p.add_argument("--flash-attention", action="store_true",
+                   help="run the attention core as one fused kernel, as plans with flash_attention=true do "
+                        "(layer granularity; recorded in the trace)")
     p.add_argument("--warmup", type=count(0, MAX_REPEATS), default=3, help="untimed runs per layer (default 3)")
     p.add_argument("--repeats", type=count(1, MAX_REPEATS), default=10,
                    help="timed runs per layer; the median is kept (default 10)")
@@ -104,6 +107,7 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
         device=args.device,
         dtype=args.dtype,
         granularity=args.granularity,
+        flash_attention=args.flash_attention,
         warmup=args.warmup,
         repeats=args.repeats,
         seed=args.seed,

@@ -70,6 +70,30 @@ def test_saved_activations_match_the_simulator(policies):
         assert pool.peak_bytes == 0
 
 
+@pytest.mark.parametrize("policies", [["keep"] * 4, ["keep", "selective", "swap", "recompute"]])
+def test_flash_attention_saves_what_the_simulator_says(policies):
+    """plan.flash_attention: the executor's fused core (torch's flash kernel for CPU, no dropout here)
+    keeps the per-row fp32 log-sum-exp where the explicit core kept the a·s² scores, as the
+    simulator's memory model prices it (one owner of the rule: the plan)."""
+    from mindpipe.traces.torch_models import use_flash_attention
+
+    plan = Plan(micro_batch_size=2, global_batch_size=2, precision="fp32", layer_memory_policy=policies,
+                flash_attention=True)
+    mod = build_stage_modules(build_gpt(MODEL, seed=0), plan, 0)[0]
+    use_flash_attention(mod, True)
+    memory, pool = MemoryAccount([mod], CPU, "pipeline rank 0 (stages [0])"), HostPool(CPU)
+    apply_recompute(mod, block_policies(plan, MODEL.num_layers), pool, memory)
+    x, y = _batch()
+    with memory.saving(1):
+        loss = lm_loss(mod(x), y)
+        held = memory.terms.activations
+        loss.backward()
+    sim = _simulated_activations(plan)
+    assert sim <= held <= 1.02 * sim, (held, sim)
+    explicit = _simulated_activations(dataclasses.replace(plan, flash_attention=False))
+    assert sim < explicit  # the scores are gone wherever a block kept them
+
+
 def test_a_recomputed_block_is_back_whole_a_swapped_one_tensor_by_tensor():
     mod, memory, _, plan = _stage(["keep", "keep", "keep", "recompute"])
     x, y = _batch()

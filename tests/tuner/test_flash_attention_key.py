@@ -1,0 +1,38 @@
+"""The plan's flash_attention in the tuner: pinned with --fix, and pinned to a trace's when tuning on one."""
+
+from __future__ import annotations
+
+import pytest
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.trace import LayerRecord, Provenance, Trace
+from mindpipe.tuner.api import attention_as_profiled, build_space
+from mindpipe.tuner.keys import parse_fixes, plan_of
+
+
+def _trace(flash: bool) -> Trace:
+    rec = [LayerRecord("embedding", "embedding", 1e-3, 1e-3, 0.0), LayerRecord("block.0", "block", 1e-2, 1e-2, 1e-2),
+           LayerRecord("lm_head", "lm_head", 1e-3, 1e-3, 1e-3)]
+    return Trace("cpu", "fp32", rec, Provenance("test"), micro_batch_size=1, flash_attention=flash)
+
+
+def test_default_space_runs_explicit_attention_and_fix_pins_flash() -> None:
+    model, cluster = load_model("gpt-mini"), load_cluster("cpu:1x2")
+    default = build_space(model, cluster, 8, [], ["balanced"])
+    assert {p["flash_attention"] for p in default.points} == {False}
+    pinned = build_space(model, cluster, 8, ["flash_attention=true"], ["balanced"])
+    assert pinned.size == default.size
+    assert all(plan_of(p, pinned.pinned).flash_attention for p in pinned.points)
+    both = build_space(model, cluster, 8, ["flash_attention=false,true"], ["balanced"])
+    assert both.size == 2 * default.size
+
+
+def test_a_trace_pins_the_attention_it_was_profiled_with() -> None:
+    assert attention_as_profiled({}, _trace(False)) == {}
+    assert attention_as_profiled({}, _trace(True)) == {"flash_attention": True}
+    assert attention_as_profiled(parse_fixes(["flash_attention=true"]), _trace(True))["flash_attention"] is True
+    with pytest.raises(ContractError, match="profiled without flash attention") as e:
+        attention_as_profiled(parse_fixes(["flash_attention=true"]), _trace(False))
+    assert e.value.key == "flash_attention"
+    with pytest.raises(ContractError, match="profiled with flash attention"):
+        attention_as_profiled(parse_fixes(["flash_attention=false,true"]), _trace(True))
