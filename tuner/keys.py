@@ -50,6 +50,10 @@ POINT_KEYS = (
     "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "tp_comm_overlap",
     "overlap_param_gather", "flash_attention", "rank_order", "partitioner",
 )
+# Keys a point may leave out, with the value that means (points written before the key existed,
+# or by hand); a point's identity (point_key) names them only when they differ from it, so a sweep
+# stored before the key existed resumes as the same points.
+OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False}
 # The fourth dimension (NASPipe): points of a supernet carry these too; GPT points never do, so their
 # identity (point_key) is unchanged.
 SUPERNET_POINT_KEYS = SUPERNET_PLAN_KEYS
@@ -226,12 +230,15 @@ def parse_global_batch(text: str) -> list[int]:
 
 def point_key(point: Mapping[str, Any]) -> str:
     """Canonical, stable identity of a point (used by the sweep store); a supernet point's subnet keys follow."""
-    keys = (*POINT_KEYS, *(k for k in SUPERNET_POINT_KEYS if k in point))
-    return json.dumps([point[k] for k in keys], separators=(",", ":"))
+    keys = (*(k for k in POINT_KEYS if k not in OPTIONAL_POINT_KEYS), *(k for k in SUPERNET_POINT_KEYS if k in point))
+    values = [point[k] for k in keys]
+    extra = {k: point[k] for k, default in OPTIONAL_POINT_KEYS.items() if point.get(k, default) != default}
+    return json.dumps([*values, extra] if extra else values, separators=(",", ":"))
 
 
 __all__ = [
     "LIST_KEYS",
+    "OPTIONAL_POINT_KEYS",
     "PARTITIONERS",
     "POINT_KEYS",
     "SEARCHED_WHAT_IF_KEYS",

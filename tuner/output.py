@@ -35,7 +35,7 @@ from mindpipe.traces.atomic import open_output, output_dir, save_figure, write_t
 from mindpipe.traces.config import MadeFor, Plan
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.supernet import Supernet
-from mindpipe.tuner.keys import POINT_KEYS, SUPERNET_POINT_KEYS, what_if_used
+from mindpipe.tuner.keys import OPTIONAL_POINT_KEYS, POINT_KEYS, SUPERNET_POINT_KEYS, what_if_used
 from mindpipe.tuner.objectives import Objective, pareto_front
 from mindpipe.tuner.records import ScoredRecord
 from mindpipe.tuner.space import SearchSpace
@@ -65,7 +65,7 @@ def rows(result: SweepResult) -> list[dict[str, Any]]:
                                "code": ev.code.value if ev.code is not None else "", "feasible": r.feasible,
                                "reason": r.verdict.value, "value": r.value, "simulated": ev.simulated,
                                "what_if": ",".join(r.what_if)}
-        row.update({k: r.point[k] for k in POINT_KEYS})
+        row.update({k: r.point.get(k, OPTIONAL_POINT_KEYS.get(k)) for k in POINT_KEYS})
         row.update({k: r.point.get(k) for k in SUPERNET_POINT_KEYS})
         row["equivalent_to_sequential"] = equivalent_to_sequential(r.point)
         row["partition"] = json.dumps(partition) if partition is not None else ""

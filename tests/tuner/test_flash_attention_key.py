@@ -36,3 +36,15 @@ def test_a_trace_pins_the_attention_it_was_profiled_with() -> None:
     assert e.value.key == "flash_attention"
     with pytest.raises(ContractError, match="profiled with flash attention"):
         attention_as_profiled(parse_fixes(["flash_attention=false,true"]), _trace(True))
+
+
+def test_a_point_without_the_key_is_the_same_point_as_one_with_false() -> None:
+    """Sweeps stored before the key existed resume as the same points (tuner.keys.point_key)."""
+    from mindpipe.tuner.keys import point_key
+
+    space = build_space(load_model("gpt-mini"), load_cluster("cpu:1x2"), 8, [], ["balanced"])
+    p = space.points[0]
+    old = {k: v for k, v in p.items() if k != "flash_attention"}
+    assert point_key(old) == point_key(p)
+    assert point_key({**p, "flash_attention": True}) != point_key(p)
+    assert plan_of(old).flash_attention is False
