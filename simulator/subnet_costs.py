@@ -155,10 +155,16 @@ def _conv_ops(c: Candidate, tokens: int, h: int, d: int) -> list[Op]:
 
 
 def candidate_ops(net: Supernet, c: Candidate, plan: Plan) -> list[Op]:
-    """Operators of one candidate (its pre-norm, the op, the residual add) for one micro-batch."""
+    """Operators of one candidate (its pre-norm, the op, the residual add) for one micro-batch.
+
+    An attention candidate's core is the fused kernel: the executor's supernet attention is
+    ``scaled_dot_product_attention`` (:mod:`mindpipe.traces.torch_supernet`) whatever the plan's
+    ``flash_attention`` says.
+    """
     b, s, h, d = plan.micro_batch_size, net.seq_len, net.hidden_size, DTYPE_BYTES[plan.precision]
     if c.op == "attention":
-        return split_ops(block_ops(_gpt_view(net, c.num_heads or 1, 4 * h), b, s, 1, False, d))[0]
+        return split_ops(block_ops(_gpt_view(net, c.num_heads or 1, 4 * h), b, s, 1, False, d,
+                                   flash_attention=True))[0]
     if c.op == "ffn":
         return split_ops(block_ops(_gpt_view(net, 1, c.ffn_hidden_size or 1), b, s, 1, False, d))[1]
     tokens = b * s
@@ -170,12 +176,14 @@ def candidate_activation_bytes(net: Supernet, c: Candidate, plan: Plan) -> float
     """Bytes a candidate saves for its backward (one micro-batch).
 
     Attention and FFN: the attention and MLP parts of Korthikanti et al.'s per-layer count
-    (:func:`~mindpipe.simulator.memory.activation_bytes_per_layer`, no dropout). Convolutions: the
+    (:func:`~mindpipe.simulator.memory.activation_bytes_per_layer`, no dropout; attention with the
+    fused core's per-row statistics in place of the scores, as :func:`candidate_ops`). Convolutions: the
     norm's input and the op's input (standard, lightweight), and the pointwise GEMM's input too
     (separable), d·b·s·h each.
     """
     if c.op == "attention":
-        return activation_bytes_per_layer(_gpt_view(net, c.num_heads or 1, 4 * net.hidden_size), plan, part="attention")
+        return activation_bytes_per_layer(_gpt_view(net, c.num_heads or 1, 4 * net.hidden_size),
+                                          dataclasses.replace(plan, flash_attention=True), part="attention")
     if c.op == "ffn":
         return activation_bytes_per_layer(_gpt_view(net, 1, c.ffn_hidden_size or 1), plan, part="mlp")
     sbh = plan.micro_batch_size * net.seq_len * net.hidden_size * DTYPE_BYTES[plan.precision]
