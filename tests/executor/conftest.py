@@ -85,3 +85,29 @@ def assert_layer_times(trace: Any) -> None:
         assert all(layers[n].stats and layers[n].stats["forward_samples"] > 0 for n in names)
         if trace.backward_split == "measured":
             assert all((layers[n].backward_weight_s > 0) == (span.stage != 0) for n in names), (span, notes)
+
+
+def stage_saved_activations(model: Any, plan: Any) -> tuple[int, Any]:
+    """Build pipeline stage 0 of ``model`` under ``plan`` (its block policies, its ``flash_attention``)
+    in process, run one micro-batch forward and backward under the executor's live-tensor accounting,
+    and return (activation bytes held when the forward ended, the :class:`MemoryAccount`)."""
+    import torch
+    from mindpipe.executor.memory_account import MemoryAccount
+    from mindpipe.executor.offload import HostPool
+    from mindpipe.executor.parallelize import apply_recompute
+    from mindpipe.executor.stages import build_stage_modules
+    from mindpipe.traces.layout import block_policies
+    from mindpipe.traces.torch_gpt import lm_loss, synthetic_batch
+    from mindpipe.traces.torch_models import build_model
+
+    cpu = torch.device("cpu")
+    mod = build_stage_modules(build_model(model, seed=0, flash_attention=plan.flash_attention), plan, 0)[0]
+    memory = MemoryAccount([mod], cpu, "pipeline rank 0 (stages [0])", None)
+    apply_recompute(mod, block_policies(plan, model.num_layers), HostPool(cpu), memory)
+    memory.count_weights()
+    x, y = synthetic_batch(model, plan.micro_batch_size, seed=1)
+    with memory.saving(1):
+        loss = lm_loss(mod(x), y)
+        held = memory.terms.activations
+        loss.backward()
+    return held, memory

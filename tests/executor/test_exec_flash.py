@@ -23,7 +23,7 @@ from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.trace import Trace
 
-from .conftest import TINY, run_plan
+from .conftest import TINY, run_plan, stage_saved_activations
 from .test_exec_llama import LLAMA
 from .test_exec_parity import assert_parity, reference
 
@@ -74,29 +74,12 @@ def test_the_reference_runs_the_plans_attention(monkeypatch):
 @pytest.mark.parametrize("policy", ["keep", "selective", "nongemm", "recompute"])
 def test_a_stage_holds_less_with_flash_attention(policy):
     """The executor's accounting of one stage (the measured.json ``memory`` terms), in process."""
-    from mindpipe.executor.memory_account import MemoryAccount
-    from mindpipe.executor.offload import HostPool
-    from mindpipe.executor.parallelize import apply_recompute
-    from mindpipe.executor.stages import build_stage_modules
-    from mindpipe.traces.layout import block_policies
-    from mindpipe.traces.torch_gpt import lm_loss, synthetic_batch
-    from mindpipe.traces.torch_models import build_model
-
     model = Model(**LONG)
-    cpu = torch.device("cpu")
     peaks = []
     for flash in (False, True):
         plan = Plan(micro_batch_size=2, global_batch_size=2, precision="fp32", layer_memory_policy=[policy] * 2,
                     flash_attention=flash)
-        mod = build_stage_modules(build_model(model, seed=0, flash_attention=flash), plan, 0)[0]
-        memory = MemoryAccount([mod], cpu, "pipeline rank 0 (stages [0])", None)
-        apply_recompute(mod, block_policies(plan, model.num_layers), HostPool(cpu), memory)
-        memory.count_weights()
-        x, y = synthetic_batch(model, 2, seed=1)
-        with memory.saving(1):
-            loss = lm_loss(mod(x), y)
-            held = memory.terms.activations
-            loss.backward()
+        held, memory = stage_saved_activations(model, plan)
         peaks.append((held, memory.peak.total))
     (held_e, peak_e), (held_f, peak_f) = peaks
     assert peak_f < peak_e, peaks

@@ -13,7 +13,7 @@ from mindpipe.traces.torch_gpt import synthetic_batch
 from mindpipe.traces.torch_models import build_model
 from mindpipe.traces.trace import Trace
 
-from .conftest import assert_layer_times, run_plan
+from .conftest import assert_layer_times, run_plan, stage_saved_activations
 from .test_exec_parity import assert_parity, reference
 
 # 4 query heads share 2 K/V heads: tp 2 gives each rank 2 query heads and their one K/V head.
@@ -91,25 +91,12 @@ def test_llama_dp2_tp2_pp2_interleaved_zero3_parity(tmp_path):
 def test_llama_saved_activations_match_the_simulator(policies):
     """The executor's live-tensor accounting of a Llama stage holds what the memory model prices
     (per-token RMSNorm rstd, 1/h of the rest, is the only term the model leaves out)."""
-    from mindpipe.executor.memory_account import MemoryAccount
-    from mindpipe.executor.offload import HostPool
-    from mindpipe.executor.parallelize import apply_recompute
     from mindpipe.simulator.memory import activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
     from mindpipe.traces.layout import block_policies
-    from mindpipe.traces.torch_gpt import lm_loss
 
     model = Model(**{**LLAMA, "hidden_size": 64, "seq_len": 32, "vocab_size": 128})
     plan = Plan(micro_batch_size=2, global_batch_size=2, precision="fp32", layer_memory_policy=policies)
-    cpu = torch.device("cpu")
-    mod = build_stage_modules(build_model(model, seed=0), plan, 0)[0]
-    memory = MemoryAccount([mod], cpu, "pipeline rank 0 (stages [0])", None)
-    apply_recompute(mod, block_policies(plan, model.num_layers), HostPool(cpu), memory)
-    memory.count_weights()
-    x, y = synthetic_batch(model, 2, seed=1)
-    with memory.saving(1):
-        loss = lm_loss(mod(x), y)
-        held = memory.terms.activations
-        loss.backward()
+    held, _ = stage_saved_activations(model, plan)
     sim = sum(activation_bytes_per_layer(model, plan, policy=p, mask_bytes=4) for p in block_policies(plan, 4))
     sim += embedding_activation_bytes(model, plan, mask_bytes=4) + head_activation_bytes(model, plan)
     assert sim <= held <= 1.02 * sim, (held, sim)

@@ -75,19 +75,11 @@ def test_flash_attention_saves_what_the_simulator_says(policies):
     """plan.flash_attention: the executor's fused core (torch's flash kernel for CPU, no dropout here)
     keeps the per-row fp32 log-sum-exp where the explicit core kept the a·s² scores, as the
     simulator's memory model prices it (one owner of the rule: the plan)."""
-    from mindpipe.traces.torch_models import use_flash_attention
+    from .conftest import stage_saved_activations
 
     plan = Plan(micro_batch_size=2, global_batch_size=2, precision="fp32", layer_memory_policy=policies,
                 flash_attention=True)
-    mod = build_stage_modules(build_gpt(MODEL, seed=0), plan, 0)[0]
-    use_flash_attention(mod, True)
-    memory, pool = MemoryAccount([mod], CPU, "pipeline rank 0 (stages [0])"), HostPool(CPU)
-    apply_recompute(mod, block_policies(plan, MODEL.num_layers), pool, memory)
-    x, y = _batch()
-    with memory.saving(1):
-        loss = lm_loss(mod(x), y)
-        held = memory.terms.activations
-        loss.backward()
+    held, _ = stage_saved_activations(MODEL, plan)
     sim = _simulated_activations(plan)
     assert sim <= held <= 1.02 * sim, (held, sim)
     explicit = _simulated_activations(dataclasses.replace(plan, flash_attention=False))
