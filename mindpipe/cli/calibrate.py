@@ -75,10 +75,11 @@ def _calibrate_supernet(args: argparse.Namespace, runs: list[Any], holdout: list
     """The supernet branch: fit :mod:`mindpipe.simulator.calibrate.supernet`, report time per subnet."""
     from mindpipe.cli import loaders
     from mindpipe.simulator.calibrate.fidelity import format_calibration
-    from mindpipe.simulator.calibrate.supernet import calibrate_supernet, supernet_fidelity
+    from mindpipe.simulator.calibrate.supernet import calibrate_supernet, check_profiles, supernet_fidelity
     from mindpipe.traces.calibration import save_calibration
 
     traces = [loaders.trace(t) for t in args.trace]
+    check_profiles(traces, runs)  # before the progress line: a refusal is the only line on stderr
     stderr(f"calibrating the supernet simulator on {len(runs)} measured supernet run(s)"
            + (f" against {len(traces)} per-candidate trace(s)" if traces else ""))
     cal, notes = calibrate_supernet(runs, traces)

@@ -255,6 +255,20 @@ def _trace_for(run: SupernetRun, traces: Sequence[Trace]) -> Trace | None:
     return None
 
 
+def check_profiles(traces: Sequence[Trace], runs: Sequence[SupernetRun]) -> None:
+    """Raise unless every trace is a per-candidate profile (what ``--trace`` takes) and, if any are
+    given, some run is of a supernet and device one of them profiled."""
+    for t in traces:
+        if t.granularity != "candidate" or t.supernet is None:
+            raise ContractError("--trace", "granularity", f"granularity={t.granularity!r}: --trace needs a "
+                                "per-candidate trace (mindpipe profile SUPERNET)")
+    if traces and not any(_trace_for(r, traces) is not None for r in runs):
+        have = "; ".join(f"{t.supernet.label if t.supernet else '?'} on {t.device}" for t in traces)
+        runs_of = "; ".join(sorted({f"{r.supernet.label} on {r.device.name}" for r in runs}))
+        raise ContractError("--trace", "supernet", f"no run is of a supernet and device a trace profiled "
+                            f"(traces: {have}; runs: {runs_of})")
+
+
 def calibrate_supernet(runs: list[SupernetRun], traces: Sequence[Trace] = ()) -> tuple[Calibration, FitNotes]:
     """Fit compute, update and outside-action constants per device and precision (module docstring);
     with ``traces`` (per-candidate profiles, ``mindpipe profile SUPERNET``) also each device and
@@ -266,10 +280,7 @@ def calibrate_supernet(runs: list[SupernetRun], traces: Sequence[Trace] = ()) ->
     """
     if not runs:
         raise ContractError("", "measured", "no measured supernet runs given")
-    for t in traces:
-        if t.granularity != "candidate" or t.supernet is None:
-            raise ContractError("--trace", "granularity", f"granularity={t.granularity!r}: --trace needs a "
-                                "per-candidate trace (mindpipe profile SUPERNET)")
+    check_profiles(traces, runs)
     trace_sum: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     if traces:
         for run in runs:
@@ -279,11 +290,6 @@ def calibrate_supernet(runs: list[SupernetRun], traces: Sequence[Trace] = ()) ->
                 acc = trace_sum[(run.device.name, run.plan.precision)]
                 acc[0] += m
                 acc[1] += p
-        if not any(v[1] > 0 for v in trace_sum.values()):
-            have = "; ".join(f"{t.supernet.label if t.supernet else '?'} on {t.device}" for t in traces)
-            runs_of = "; ".join(sorted({f"{r.supernet.label} on {r.device.name}" for r in runs}))
-            raise ContractError("--trace", "supernet", f"no run is of a supernet and device a trace profiled "
-                                f"(traces: {have}; runs: {runs_of})")
     notes = FitNotes(comm_groups=[], step_residuals_s={}, warnings=[])
     rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
     ys: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -359,5 +365,5 @@ def supernet_fidelity(runs: list[SupernetRun], calibration: Calibration | None,
     return rows
 
 
-__all__ = ["FEATURES", "SupernetRun", "action_rows", "calibrate_supernet", "feature_costs", "load_measured", "median_repeats", "outside_s",
+__all__ = ["FEATURES", "SupernetRun", "action_rows", "calibrate_supernet", "check_profiles", "feature_costs", "load_measured", "median_repeats", "outside_s",
            "supernet_fidelity", "trace_sums", "update_row"]
