@@ -221,10 +221,11 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     if plan.tp_comm_overlap and fwd_comm:
         g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)
         fwd_comm, bwd_comm = with_overlap(fwd_comm, g_fwd), with_overlap(bwd_comm, g_bwd)
-    split = [price(part) for part in split_ops(ops)]
+    halves = split_ops(ops)
+    split = [price(part) for part in halves]
     # The memory-bound operators outside the attention core, priced by the same model: with the
     # core, what the ``nongemm`` policy re-runs.
-    cheap = [price([o for o in part if o.kind == "memory" and not o.attention_core])[0] for part in split_ops(ops)]
+    cheap = [price([o for o in part if o.kind == "memory" and not o.attention_core])[0] for part in halves]
     for k in range(model.num_layers):
         name = f"block.{k}"
         whole = LayerCost(name, "block", f, i, w, core, list(fwd_comm), list(bwd_comm), out_bytes, params[name])
@@ -370,6 +371,9 @@ class TraceComputeModel:
         out_bytes = boundary_bytes(model, plan)
         params = {name: n for name, _, n in layer_params(model, plan.tp)}
         layers: list[LayerCost] = []
+        # Shares of a block's forward in its attention core and its other memory-bound operators
+        # (one operator list for every block: they are the same shape).
+        core_share, memory_share = _attention_core_share(model, plan), _memory_op_share(model, plan)
 
         def from_record(name: str, kind: str, rec: object | None, comm: bool) -> LayerCost:
             if rec is None:
@@ -379,25 +383,26 @@ class TraceComputeModel:
             w = rec.backward_weight_s * k  # type: ignore[attr-defined]
             # Selective recompute re-runs the attention core; a layer trace does not separate it,
             # so estimate its share of the forward from the operator FLOPs/bytes ratio (roofline).
-            core = f * _attention_core_share(model, plan) if kind == "block" else 0.0
+            core = f * core_share if kind == "block" else 0.0
             cost = LayerCost(
                 name, kind, f, i, w, core,
                 list(fwd_comm) if comm else [], list(bwd_comm) if comm else [],
                 out_bytes if kind != "lm_head" else 0, params[name],
             )
             if kind == "block":
-                cost.recompute_nongemm_s = core + f * _memory_op_share(model, plan)
+                cost.recompute_nongemm_s = core + f * memory_share
             return cost
 
         layers.append(from_record("embedding", "embedding", (by_kind.get("embedding") or [None])[0], False))
-        layers += self._block_costs(model, plan, from_record, by_kind.get("block", []))
+        layers += self._block_costs(model, plan, from_record, by_kind.get("block", []), memory_share)
         layers.append(from_record("final_norm", "final_norm", (by_kind.get("final_norm") or [None])[0], False))
         layers.append(from_record("lm_head", "lm_head", (by_kind.get("lm_head") or [None])[0], False))
         return layers
 
     def _block_costs(self, model: Model, plan: Plan, from_record: Callable[..., LayerCost],
-                     records: list[LayerRecord]) -> list[LayerCost]:
-        """Every block's cost with its parts, from block records or from operator units (class docstring)."""
+                     records: list[LayerRecord], memory_share: float) -> list[LayerCost]:
+        """Every block's cost with its parts, from block records or from operator units (class
+        docstring); ``memory_share`` is :func:`_memory_op_share`'s."""
         k = self._scale(plan)
         out: list[LayerCost] = []
         if self.trace.granularity == "op":
@@ -409,7 +414,7 @@ class TraceComputeModel:
                 ob = blocks[j % len(blocks)]
                 whole = from_record(f"block.{j}", "block", ob.whole, True)
                 whole.recompute_selective_s = ob.core_forward_s * k
-                whole.recompute_nongemm_s = whole.recompute_selective_s + whole.forward_s * _memory_op_share(model, plan)
+                whole.recompute_nongemm_s = whole.recompute_selective_s + whole.forward_s * memory_share
                 times = [(p.forward_s * k, p.backward_input_s * k, p.backward_weight_s * k) for p in (ob.attention, ob.mlp)]
                 whole.parts = block_parts(model, plan, whole, times, whole.recompute_selective_s,
                                           round(ob.cut_bytes * byte_scale))

@@ -388,6 +388,20 @@ class StageMemoryModel:
         s, b, t, d = self.seq_len or model.seq_len, plan.micro_batch_size, plan.tp, DTYPE_BYTES[plan.precision]
         return d * b * max(model.num_heads * s * s, s * model.ffn) / t
 
+    def _back_bytes(self, policy: BlockPolicy, part: BlockPart) -> float | None:
+        """What a redone block (or part) brings back at once before its backward; None for a block
+        that stays saved (:meth:`redone_bytes`)."""
+        if policy == "full":
+            return self.block("none", part)
+        if policy == "nongemm":
+            # Everything a kept block saves but the cached GEMM outputs; the input counts again, as
+            # for ``full`` (the re-run detaches it anew).
+            cached = self.block(policy, part) - self.block("full", part) - self.nongemm_unshared(part)
+            return self.block("none", part) - cached
+        if policy == "swap":
+            return self.largest_saved_bytes()
+        return None
+
     def redone_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart], head_bytes: float) -> float:
         """What a recomputed or swapped-in block adds on top of the stage's held activations.
 
@@ -403,13 +417,8 @@ class StageMemoryModel:
         """
         out, after = 0.0, head_bytes
         for p, part in zip(reversed(policies), reversed(parts), strict=True):
-            if p in ("full", "nongemm", "swap"):
-                back = self.block("none", part) if p == "full" else self.largest_saved_bytes()
-                if p == "nongemm":
-                    # Everything a kept block saves but the cached GEMM outputs; the input counts
-                    # again, as for ``full`` (the re-run detaches it anew).
-                    cached = self.block(p, part) - self.block("full", part) - self.nongemm_unshared(part)
-                    back = self.block("none", part) - cached
+            back = self._back_bytes(p, part)
+            if back is not None:
                 out = max(out, back - after)
             after += self.block(p, part)
         return out

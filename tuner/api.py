@@ -109,8 +109,9 @@ def attention_as_profiled(fixes: dict[str, Any], trace: Trace) -> dict[str, Any]
 
 def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | Sequence[int] | str | None,
                 fixes: dict[str, Any] | Sequence[str] | None, partitioners: Sequence[str],
-                what_if: str | Sequence[str] | None = None) -> SearchSpace:
-    """The search space from loose arguments (see :func:`tune`)."""
+                what_if: str | Sequence[str] | None = None, trace: Trace | None = None) -> SearchSpace:
+    """The search space from loose arguments (see :func:`tune`); a GPT model's ``trace`` pins
+    ``flash_attention`` to how it was profiled (:func:`attention_as_profiled`)."""
     if global_batch is None:
         batches = [default_global_batch(cluster)]
     elif isinstance(global_batch, str):
@@ -120,6 +121,8 @@ def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | S
     else:
         batches = sorted(set(global_batch))
     fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
+    if trace is not None and not isinstance(model, Supernet):
+        fixed = attention_as_profiled(fixed, trace)
     return SearchSpace(model, cluster, batches, fixed, tuple(partitioners), parse_what_if(what_if),
                        batch_given=global_batch is not None)
 
@@ -199,10 +202,7 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     if subnets is not None and not supernet:
         raise ContractError("--subnets", None, f"--subnets counts subnets of a supernet; {model.label} is a GPT model")
     cfg = config or SweepConfig()
-    fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
-    if trace is not None and not supernet:
-        fixed = attention_as_profiled(fixed, trace)
-    space = build_space(model, cluster, global_batch, fixed, partitioners, what_if)
+    space = build_space(model, cluster, global_batch, fixes, partitioners, what_if, trace)
     if trace is not None:
         if isinstance(model, Supernet):
             check_candidate_trace(trace, model)

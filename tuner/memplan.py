@@ -216,7 +216,6 @@ class StageModel:
         def time(r: float, k: int) -> float:
             return self._time(fwd, base, r, k)
 
-        redo_of = _REDO
         while not self.fits(stage, pol, parts):
             now = time(redo, swapped)
             best: tuple[float, int, LayerPolicy] | None = None
@@ -239,7 +238,7 @@ class StageModel:
                         freed = self._bytes(stage, part, cur) - self._bytes(stage, part, target)
                         if freed <= 0:
                             continue
-                        r = redo - redo_of[cur](node) + redo_of[target](node)
+                        r = redo - _REDO[cur](node) + _REDO[target](node)
                         k = swapped - (cur == "swap") + (target == "swap")
                         extra = max(0.0, time(r, k) - now)
                         options.append((extra / freed, target))
@@ -250,7 +249,7 @@ class StageModel:
             if best is None or not math.isfinite(best[0]):
                 return StagePlan(tuple(pol), math.inf, False)
             i, target = best[1], best[2]
-            redo += redo_of[target](nodes[i]) - redo_of[pol[i]](nodes[i])
+            redo += _REDO[target](nodes[i]) - _REDO[pol[i]](nodes[i])
             swapped += (target == "swap") - (pol[i] == "swap")
             pol[i] = target
         return StagePlan(tuple(pol), time(redo, swapped), True)

@@ -91,7 +91,8 @@ def nemo_report(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None, seed: 
     """Rows, summary with both halves, and the unsupported rows, as one JSON-ready object."""
     results = validate_nemo(rows, fp8)
     fit, _ = nemo_split(rows, seed)
-    summary = summarize(results, {r.source for r in fit})
+    fit_sources = {r.source for r in fit}
+    summary = summarize(results, fit_sources)
     return {
         **summary,
         "fit_split": f"split_fit_holdout(seed={seed}, fit_fraction=0.5) of the {len(results)} simulated rows",
@@ -99,7 +100,7 @@ def nemo_report(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None, seed: 
         "rows": [{"source": r.source, "model": r.size, "gpus": r.gpus, "tp": r.tp, "pp": r.pp, "dp": r.dp,
                   "micro_batch": r.micro_batch, "global_batch": r.global_batch, "measured_s": r.measured_s,
                   "predicted_s": r.predicted_s, "pct_error": 100 * r.error,
-                  "half": "fit" if r.source in {f.source for f in fit} else "holdout"} for r in results],
+                  "half": "fit" if r.source in fit_sources else "holdout"} for r in results],
         "unsupported": [{"source": r.source, "model": r.name, "cp": r.cp, "reason": r.unsupported}
                         for r in rows if r.plan is None],
     }

@@ -308,6 +308,8 @@ def test_engine_figures_are_unchanged(name: str) -> None:
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
 TIMELINE: dict[str, dict[str, list[float]]] = {
     "1f1b_swap": {
         "B": [32, 2.438731654519591, 30.28353652158965],
