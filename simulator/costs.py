@@ -450,11 +450,17 @@ class TraceComputeModel:
         return 0.0
 
 
+def _plan_block_ops(model: Model, plan: Plan) -> list[Op]:
+    """One block's operators under ``plan`` (its attention core as the plan runs it), which the
+    shares below split a layer trace's block times by."""
+    return block_ops(model, plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel,
+                     DTYPE_BYTES[plan.precision], flash_attention=plan.flash_attention)
+
+
 def _attention_part_shares(model: Model, plan: Plan) -> tuple[float, float, float]:
     """Share of a block's forward, input-gradient and weight-gradient work in its attention part,
     by the operators' FLOPs and bytes weighed as in :func:`_attention_core_share`."""
-    ops = block_ops(model, plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel,
-                    DTYPE_BYTES[plan.precision])
+    ops = _plan_block_ops(model, plan)
     attention, _ = split_ops(ops)
     shares = []
     for phase in ("forward", "backward_input", "backward_weight"):
@@ -466,8 +472,7 @@ def _attention_part_shares(model: Model, plan: Plan) -> tuple[float, float, floa
 
 def _forward_share(model: Model, plan: Plan, chosen: Callable[[Op], bool]) -> float:
     """Share of a block's forward FLOP+byte work in the operators ``chosen`` picks."""
-    ops = [o for o in block_ops(model, plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel,
-                                DTYPE_BYTES[plan.precision]) if o.phase == "forward"]
+    ops = [o for o in _plan_block_ops(model, plan) if o.phase == "forward"]
     # Weigh FLOPs against bytes at a typical GPU machine balance (~150 FLOP/byte); the share only
     # sizes selective recompute, a few percent of the step.
     work = [o.flops + 150.0 * o.bytes for o in ops]

@@ -383,10 +383,12 @@ class StageMemoryModel:
         return n * DTYPE_BYTES[plan.precision] * sbh
 
     def largest_saved_bytes(self) -> float:
-        """The largest single tensor a block saves, one micro-batch: the softmax output or the GeLU input."""
+        """The largest single tensor a block saves, one micro-batch: the softmax output or the GeLU
+        input (FlashAttention saves no softmax output: the GeLU input)."""
         model, plan = self.model, self.plan
         s, b, t, d = self.seq_len or model.seq_len, plan.micro_batch_size, plan.tp, DTYPE_BYTES[plan.precision]
-        return d * b * max(model.num_heads * s * s, s * model.ffn) / t
+        scores = 0 if plan.flash_attention else model.num_heads * s * s
+        return d * b * max(scores, s * model.ffn) / t
 
     def _back_bytes(self, policy: BlockPolicy, part: BlockPart) -> float | None:
         """What a redone block (or part) brings back at once before its backward; None for a block

@@ -127,3 +127,24 @@ def test_memory_and_time_follow_the_plans_flash_attention() -> None:
     layers = model.num_layers
     assert (megatron.memory_by_stage_gib[0] - with_flash.memory_by_stage_gib[0]) * 2**30 == pytest.approx(
         layers * (unfused - flash), rel=1e-9)
+
+
+def test_flash_attention_reaches_a_traces_recompute_shares_and_the_swap_transient() -> None:
+    """A flash trace's block splits its time by the fused core's share; a swapped flash block brings
+    back at most its GeLU input at once (no softmax output exists)."""
+    from mindpipe.simulator.memory import StageMemoryModel
+
+    model = dataclasses.replace(load_model("gpt-1.3b"), seq_len=8192)
+    rec = [LayerRecord("embedding", "embedding", 1e-3, 1e-3, 0.0), LayerRecord("block.0", "block", 1e-2, 1e-2, 1e-2),
+           LayerRecord("lm_head", "lm_head", 1e-3, 1e-3, 1e-3)]
+    plan = Plan(micro_batch_size=1, global_batch_size=1, precision="bf16")
+    explicit = Trace("a100-sxm4-80gb", "bf16", rec, Provenance("test"), micro_batch_size=1)
+    fused = dataclasses.replace(explicit, flash_attention=True)
+    sel_explicit = TraceComputeModel(explicit).layer_costs(model, plan)[1].recompute_selective_s
+    sel_flash = TraceComputeModel(fused).layer_costs(model, dataclasses.replace(plan, flash_attention=True))[1].recompute_selective_s
+    assert 0 < sel_flash < sel_explicit  # the fused core moves less memory than the s²-sized kernels
+    dev = get_device("a100-sxm4-80gb")
+    s, b, d = model.seq_len, 1, 2
+    gelu = d * b * s * model.ffn
+    assert StageMemoryModel(model, dataclasses.replace(plan, flash_attention=True), dev, None, None).largest_saved_bytes() == gelu
+    assert StageMemoryModel(model, plan, dev, None, None).largest_saved_bytes() == d * b * model.num_heads * s * s
