@@ -357,7 +357,7 @@ class MadeFor:
 
 _PLAN_INTEGER_LIMITS = {"dp": "devices", "tp": "devices", "pp": "devices", "micro_batch_size": "micro_batch_size",
                         "global_batch_size": "global_batch_size", "virtual_stages": "virtual_stages",
-                        "subnet_window": "subnet_window"}
+                        "subnet_window": "subnet_window", "loss_chunks": "loss_chunks"}
 _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRECISIONS,
                  "comm_priority": COMM_PRIORITIES, "rank_order": RANK_ORDERS, "subnet_schedule": SUBNET_SCHEDULES}
 # Keys that only supernet plans set; None in every GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
@@ -427,6 +427,12 @@ class Plan:
     the backward (FlashAttention-2, Dao 2023; PyTorch's ``scaled_dot_product_attention``) instead
     of Megatron's explicit kernels that save the a·s² scores; the simulator prices and sizes it
     (:mod:`mindpipe.simulator.ops`, :mod:`mindpipe.simulator.memory`) and the executor runs it.
+    ``loss_chunks`` > 1 runs the cross-entropy over the logits in that many pieces of tokens
+    (torchtune's ``CEWithChunkedOutputLoss``; :func:`mindpipe.traces.torch_gpt.lm_loss`): the loss
+    keeps the logits in the compute dtype and upcasts one piece at a time to fp32, in the forward
+    and again in the backward, instead of keeping the whole fp32 log-softmax (4·s·b·V/t bytes per
+    micro-batch, the largest activation of a big-vocabulary model's last stage). The simulator
+    prices the re-run and sizes the saving (:func:`mindpipe.simulator.memory.head_logit_bytes`).
     """
 
     dp: int = 1
@@ -445,6 +451,7 @@ class Plan:
     tp_comm_overlap: bool = False
     overlap_param_gather: bool = False
     flash_attention: bool = False
+    loss_chunks: int = 1
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
@@ -606,6 +613,9 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
         fail("tie_embeddings", f"tie_embeddings=true needs tp=1 and pp=1 (plan has tp={plan.tp}, pp={plan.pp})")
     if plan.sequence_parallel and model.seq_len % plan.tp:
         fail("sequence_parallel", f"tp={plan.tp} does not divide seq_len={model.seq_len} (sequence parallelism)")
+    if plan.loss_chunks > plan.micro_batch_size * model.seq_len:
+        fail("loss_chunks", f"loss_chunks={plan.loss_chunks} exceeds the micro-batch's tokens "
+                            f"micro_batch_size×seq_len={plan.micro_batch_size * model.seq_len}")
     if plan.num_stages > model.num_layers:
         fail("pp", f"pp×virtual_stages={plan.num_stages} exceeds num_layers={model.num_layers}")
     if plan.partition is not None and sum(plan.partition) != model.num_layers:
