@@ -236,7 +236,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
         layers.append(whole)
     f, i, w, _ = price(final_norm_ops(model, b, s, t, sp, d))
     layers.append(LayerCost("final_norm", "final_norm", f, i, w, output_bytes=out_bytes, param_count=params["final_norm"]))
-    f, i, w, _ = price(lm_head_ops(model, b, s, t, d))
+    f, i, w, _ = price(lm_head_ops(model, b, s, t, d, plan.loss_chunks))
     layers.append(LayerCost("lm_head", "lm_head", f, i, w, output_bytes=0, param_count=params["lm_head"]))
     return layers
 
@@ -396,7 +396,11 @@ class TraceComputeModel:
         layers.append(from_record("embedding", "embedding", (by_kind.get("embedding") or [None])[0], False))
         layers += self._block_costs(model, plan, from_record, by_kind.get("block", []), memory_share)
         layers.append(from_record("final_norm", "final_norm", (by_kind.get("final_norm") or [None])[0], False))
-        layers.append(from_record("lm_head", "lm_head", (by_kind.get("lm_head") or [None])[0], False))
+        head = from_record("lm_head", "lm_head", (by_kind.get("lm_head") or [None])[0], False)
+        # A trace times the loss as the profiler runs it, whole; pieces re-run its forward kernels
+        # in the backward (chunked_cross_entropy_ops): that share of the head's forward, again.
+        head.backward_input_s += head.forward_s * _loss_rerun_share(model, plan)
+        layers.append(head)
         return layers
 
     def _block_costs(self, model: Model, plan: Plan, from_record: Callable[..., LayerCost],
@@ -489,6 +493,18 @@ def _memory_op_share(model: Model, plan: Plan) -> float:
     """Share of a block's forward work in memory-bound operators outside the attention core
     (LayerNorms, GeLU, dropouts, residual adds: with the core, what ``nongemm`` re-runs)."""
     return _forward_share(model, plan, lambda o: o.kind == "memory" and not o.attention_core)
+
+
+def _loss_rerun_share(model: Model, plan: Plan) -> float:
+    """Share of the LM head's forward FLOP+byte work (weighed as :func:`_attention_core_share`) that
+    a plan's pieces of the loss re-run in the backward; 0 for an unchunked loss (``loss_chunks`` 1)."""
+    if plan.loss_chunks == 1:
+        return 0.0
+    ops = lm_head_ops(model, plan.micro_batch_size, model.seq_len, plan.tp, DTYPE_BYTES[plan.precision],
+                      plan.loss_chunks)
+    forward = sum(o.flops + 150.0 * o.bytes for o in ops if o.phase == "forward")
+    rerun = sum(o.flops + 150.0 * o.bytes for o in ops if o.name.endswith("_rerun"))
+    return rerun / forward if forward else 0.0
 
 
 # -- swap copies on a CPU ------------------------------------------------------------------

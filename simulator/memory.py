@@ -66,6 +66,12 @@ term by term, with r = num_kv_heads/num_heads and no dropout (k = 0):
 So a Llama layer keeps s·b·h·d·(4 + 2 + 2r + 4f/h) + d·a·s²·b without parallelism; TP, sequence
 parallelism, selective and full recompute divide and drop terms exactly as for GPT. The
 per-token fp32 rstd of each RMSNorm (8·s·b per block) is left out like LayerNorm's statistics.
+
+The loss (the last stage): torch's ``cross_entropy(logits.float())`` keeps its fp32 log-softmax,
+4·s·b·V/t per micro-batch (Korthikanti §4.3), and its backward holds two more fp32 logits-sized
+gradients at once (:func:`loss_transient_bytes`) — at a 50k vocabulary the largest tensors of the
+last stage, which Korthikanti's count of kept bytes leaves out. The plan's ``loss_chunks`` upcasts
+the logits in pieces instead (:func:`head_logit_bytes`).
 """
 
 from __future__ import annotations
@@ -226,12 +232,33 @@ def head_activation_bytes(model: Model, plan: Plan, *, seq_len: int | None = Non
 
 
 def head_logit_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
-    """The fp32 softmax of the vocabulary-sharded logits the loss keeps, 4·s·b·V/t per micro-batch.
+    """What the loss keeps per micro-batch: the fp32 softmax of the vocabulary-sharded logits,
+    4·s·b·V/t; with ``loss_chunks`` > 1 the logits themselves in the compute dtype, d·s·b·V/t (the
+    pieces upcast one at a time, :func:`mindpipe.traces.torch_gpt.lm_loss`).
 
     It lies on the loss's side of the LM head's weight, so a split backward's ``I`` frees it
     (:meth:`mindpipe.simulator.actions.Schedule.held_timeline`).
     """
-    return LOGIT_BYTES * (seq_len or model.seq_len) * plan.micro_batch_size * model.vocab_size / plan.tp
+    per_logit = DTYPE_BYTES[plan.precision] if plan.loss_chunks > 1 else LOGIT_BYTES
+    return per_logit * (seq_len or model.seq_len) * plan.micro_batch_size * model.vocab_size / plan.tp
+
+
+def loss_transient_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
+    """What the loss's backward allocates beyond what it keeps, per micro-batch.
+
+    Unchunked (``loss_chunks`` 1), ``F.cross_entropy(logits.float(), targets)``'s backward holds two
+    fp32 logits-sized gradients at once (the NLL's, then the log-softmax's), 2·4·s·b·V/t; measured
+    with a dispatch mode that follows every tensor's storage: 12·s·b·V bytes at the peak with the
+    4 kept, in fp32 and in bf16. Chunked: the logits' gradient in the compute dtype, d·s·b·V/t, and
+    one piece's fp32 re-run upcast and its softmax, 2·4·s·b·V/(t·c). The loss's backward runs
+    before any block of the micro-batch is redone, so it competes with the redone blocks for the
+    stage's transient, not on top of them. (Megatron's fused vocabulary-parallel cross-entropy
+    works in place and needs less; the executor runs torch's.)
+    """
+    logits = (seq_len or model.seq_len) * plan.micro_batch_size * model.vocab_size / plan.tp
+    if plan.loss_chunks == 1:
+        return 2 * LOGIT_BYTES * logits
+    return DTYPE_BYTES[plan.precision] * logits + 2 * LOGIT_BYTES * logits / plan.loss_chunks
 
 
 def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
@@ -352,7 +379,8 @@ class StageMemoryModel:
         micro-batch 2: 23.75 MiB measured for one block, 30 MiB counted), plus a swapped block's
         largest tensor while it is unpacked. The first stage is the exception: its input is token
         ids, torch's I there does nothing and its W runs an ordinary backward, so it keeps
-        everything until W and frees block by block as in B.
+        everything until W and frees block by block as in B. The last stage's transient is at
+        least the loss's backward temporaries (:func:`loss_transient_bytes`).
         """
         model, plan, params = self.model, self.plan, self.params
         parts = parts or ["whole"] * len(policies)
@@ -370,8 +398,11 @@ class StageMemoryModel:
                          for p, part in zip(policies, parts, strict=True) if p == "full")
             swap_back = self.largest_saved_bytes() if "swap" in policies else 0.0
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
-            return _StageTerms(acts, sum(layers), max(layers, default=0), reruns + swap_back, acts - logits)
-        return _StageTerms(acts, sum(layers), max(layers, default=0), self.redone_bytes(policies, parts, head), acts)
+            loss = loss_transient_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+            return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss), acts - logits)
+        loss = loss_transient_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+        return _StageTerms(acts, sum(layers), max(layers, default=0),
+                           max(self.redone_bytes(policies, parts, head), loss), acts)
 
     def nongemm_unshared(self, part: BlockPart = "whole") -> float:
         """Bytes a ``nongemm`` block keeps that a kept block does not save: the outputs of the GEMMs
@@ -560,6 +591,7 @@ __all__ = [
     "fits_in_memory",
     "head_activation_bytes",
     "head_logit_bytes",
+    "loss_transient_bytes",
     "model_state_bytes",
     "peak_memory_gib",
     "plan_memory",

@@ -269,13 +269,33 @@ def final_norm_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 
     return _mem("final_norm", local * model.hidden_size, 1, 1, dtype_bytes)
 
 
-def lm_head_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, dtype_bytes: int = 2) -> list[Op]:
-    """Vocabulary-parallel LM head GEMM and the cross-entropy over the logits (fp32 softmax)."""
+def lm_head_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, dtype_bytes: int = 2,
+                loss_chunks: int = 1) -> list[Op]:
+    """Vocabulary-parallel LM head GEMM and the cross-entropy over the logits (fp32 softmax);
+    with ``loss_chunks`` > 1 the cross-entropy of :func:`chunked_cross_entropy_ops`."""
     tokens = micro_batch_size * seq_len
     v_local = -(-model.vocab_size // tp)
     ops = _gemm("lm_head", tokens, v_local, model.hidden_size, dtype_bytes)
-    ops += cross_entropy_ops(tokens, v_local, dtype_bytes)
-    return ops
+    if loss_chunks > 1:
+        return ops + chunked_cross_entropy_ops(tokens, v_local, loss_chunks, dtype_bytes)
+    return ops + cross_entropy_ops(tokens, v_local, dtype_bytes)
+
+
+def chunked_cross_entropy_ops(tokens: int, v_local: int, chunks: int, dtype_bytes: int = 2) -> list[Op]:
+    """The cross-entropy of a plan with ``loss_chunks`` = ``chunks`` > 1, kernel by kernel.
+
+    The tokens go in ``chunks`` pieces (:func:`mindpipe.traces.torch_gpt.lm_loss`); each piece runs
+    :func:`cross_entropy_ops`'s forward kernels, and in the backward the same forward kernels again
+    (the piece's fp32 log-softmax is not kept) before its backward kernels. So the bytes moved
+    grow by one forward pass and the kernel count by ``chunks`` times; the FLOPs stay zero.
+    """
+    out: list[Op] = []
+    for piece in (tokens // chunks + (1 if k < tokens % chunks else 0) for k in range(chunks)):
+        ops = cross_entropy_ops(piece, v_local, dtype_bytes)
+        rerun = [Op(o.name + "_rerun", "backward_input", o.kind, o.flops, o.bytes, out_bytes=o.out_bytes)
+                 for o in ops if o.phase == "forward"]
+        out += [o for o in ops if o.phase == "forward"] + rerun + [o for o in ops if o.phase != "forward"]
+    return out
 
 
 def cross_entropy_ops(tokens: int, v_local: int, dtype_bytes: int = 2) -> list[Op]:
@@ -301,6 +321,7 @@ __all__ = [
     "PHASES",
     "Op",
     "block_ops",
+    "chunked_cross_entropy_ops",
     "cross_entropy_ops",
     "embedding_ops",
     "final_norm_ops",

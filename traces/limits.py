@@ -50,7 +50,7 @@ LIMITS: dict[str, Limit] = {lim.key: lim for lim in (
     Limit("devices", 131_072, "devices (num_nodes × gpus_per_node, dp × tp × pp)"),
     Limit("micro_batch_size", 65_536, "sequences per micro-batch"),
     Limit("global_batch_size", 16_777_216, "sequences per iteration"),
-    Limit("loss_chunks", 65_536, "pieces the loss upcasts the logits in (chunked cross-entropy)"),
+    Limit("loss_chunks", 4_096, "pieces the loss upcasts the logits in (chunked cross-entropy)"),
     Limit("subnet_window", 4_096, "subnets in flight on one pipeline stage (CSP look-ahead window)"),
     Limit("virtual_stages", 64, "model chunks per pipeline rank"),
     Limit("pipeline_stages", 4_096, "pipeline stages (pp × virtual_stages)"),

@@ -48,17 +48,18 @@ PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
 POINT_KEYS = (
     "dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
     "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "tp_comm_overlap",
-    "overlap_param_gather", "flash_attention", "rank_order", "partitioner",
+    "overlap_param_gather", "flash_attention", "loss_chunks", "rank_order", "partitioner",
 )
 # Keys a point may leave out, with the value that means (points written before the key existed,
 # or by hand); a point's identity (point_key) names them only when they differ from it, so a sweep
 # stored before the key existed resumes as the same points.
-OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False}
+OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False, "loss_chunks": 1}
 # The fourth dimension (NASPipe): points of a supernet carry these too; GPT points never do, so their
 # identity (point_key) is unchanged.
 SUPERNET_POINT_KEYS = SUPERNET_PLAN_KEYS
 LIST_KEYS = ("partition", "layer_memory_policy")  # pinned as JSON lists, copied into every plan
-_INT_KEYS = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage", "subnet_window")
+_INT_KEYS = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage", "subnet_window",
+             "loss_chunks")
 _BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention")
 _STR_CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": SCHEDULES, "recompute": RECOMPUTE, "comm_priority": COMM_PRIORITIES, "precision": PRECISIONS,

@@ -252,11 +252,14 @@ class SearchSpace:
         recompute = self.choices("recompute", RECOMPUTE)
         # Explicit attention unless pinned (--fix flash_attention=true, or both with [false,true]).
         flash_choices = self.choices("flash_attention", [False])
+        # The unchunked loss unless pinned (--fix loss_chunks=8, or several: --fix loss_chunks=1,8).
+        chunk_choices = self.choices("loss_chunks", [1])
         product = itertools.product(
             recompute, zero_choices, comm_choices, self.choices("precision", ["bf16"]),
-            ogr_choices, tpo_choices, opg_choices, flash_choices, self.choices("rank_order", ["tp-dp-pp"]), part_choices,
+            ogr_choices, tpo_choices, opg_choices, flash_choices, chunk_choices, self.choices("rank_order", ["tp-dp-pp"]),
+            part_choices,
         )
-        for rc, zero, comm, prec, ogr, tpo, opg, flash, order, part in product:
+        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, order, part in product:
             if part in MEMORY_PARTITIONERS and rc != recompute[0]:
                 continue  # their per-block policy overrides the recompute level: one point, not one per level
             if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
@@ -268,7 +271,7 @@ class SearchSpace:
                 continue
             point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,
                          overlap_grad_reduce=ogr, tp_comm_overlap=tpo, overlap_param_gather=opg, flash_attention=flash,
-                         rank_order=order, partitioner=part)
+                         loss_chunks=chunks, rank_order=order, partitioner=part)
             yield {k: point[k] for k in POINT_KEYS}
 
     def describe(self) -> dict[str, Any]:

@@ -147,7 +147,7 @@ def _point(space: SearchSpace, net: Supernet, dp: int, pp: int, mbs: int, gbs: i
     point: Point = {k: None for k in POINT_KEYS}
     point.update(dp=dp, tp=1, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, schedule="1f1b", virtual_stages=1,
                  recompute="none", sequence_parallel=False, zero_stage=0, comm_priority="fair", precision=precision,
-                 overlap_grad_reduce=False, tp_comm_overlap=False, overlap_param_gather=False, flash_attention=False,
+                 overlap_grad_reduce=False, tp_comm_overlap=False, overlap_param_gather=False, flash_attention=False, loss_chunks=1,
                  rank_order=order, partitioner=part, subnet_schedule=name,
                  subnet_window=window)
     try:

@@ -19,6 +19,7 @@ from mindpipe.simulator.memory import (
     fits_in_memory,
     head_activation_bytes,
     head_logit_bytes,
+    loss_transient_bytes,
     model_state_bytes,
     peak_memory_gib,
     plan_memory,
@@ -245,16 +246,19 @@ def test_layer_memory_policy_and_transients():
     assert [rm.activations_bytes for rm in mem] == [2 * (none + full + emb), none + head]
     # A recomputed block comes back whole, a swapped one tensor by tensor (its largest: here the
     # GeLU input, 2·s·b·4h), less what the backward already freed: on stage 1 the swapped block 2
-    # comes back after block 3 (kept, ``none``) and the head released theirs, so it adds nothing.
-    assert [rm.other_bytes for rm in mem] == [none, 0.0]
+    # comes back after block 3 (kept, ``none``) and the head released theirs, so it adds nothing;
+    # the loss's own backward temporaries (two fp32 logits-sized gradients) are stage 1's transient.
+    loss = loss_transient_bytes(model, base)
+    assert loss == 2 * 4 * 32 * 1 * 128
+    assert [rm.other_bytes for rm in mem] == [none, loss]
     late = dataclasses.replace(base, layer_memory_policy=["keep", "recompute", "keep", "keep"])
     mem = stage_memory(model, late, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
-    assert [rm.other_bytes for rm in mem] == [none, 0.0]
+    assert [rm.other_bytes for rm in mem] == [none, loss]
     swap_last = dataclasses.replace(base, layer_memory_policy=["keep", "swap", "keep", "keep"])
     mem = stage_memory(model, swap_last, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
-    assert [rm.other_bytes for rm in mem] == [2 * 32 * 1 * 4 * 64, 0.0]
+    assert [rm.other_bytes for rm in mem] == [2 * 32 * 1 * 4 * 64, loss]
     kept = stage_memory(model, base, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
-    assert [rm.other_bytes for rm in kept] == [0.0, 0.0]
+    assert [rm.other_bytes for rm in kept] == [0.0, loss]
     with pytest.raises(ContractError, match="layer_memory_policy"):
         stage_memory(model, dataclasses.replace(base, layer_memory_policy=["keep"]), A100,
                      build_schedule("1f1b", 2, 2), [2, 2])
@@ -278,7 +282,7 @@ def test_rank_states_cover_the_model_and_zero3_gathers():
     plan = Plan(pp=2, global_batch_size=2, precision="fp32")
     mem = stage_memory(model, plan, A100, build_schedule("1f1b", 2, 2), [2, 2])
     assert sum(rm.weights_bytes for rm in mem) == 4 * model.param_count()
-    assert all(rm.other_bytes == GPU_RESERVED_BYTES for rm in mem)
+    assert [rm.other_bytes for rm in mem] == [GPU_RESERVED_BYTES, GPU_RESERVED_BYTES + loss_transient_bytes(model, plan)]
     z3 = dataclasses.replace(plan, dp=2, global_batch_size=4, zero_stage=3)
     mem3 = stage_memory(model, z3, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
     assert [rm.weights_bytes for rm in mem3] == [rm.weights_bytes / 2 for rm in mem]
@@ -290,7 +294,7 @@ def test_rank_states_cover_the_model_and_zero3_gathers():
     sizes = {k: n for _, k, n in layer_params(wide, 1)}
     mem3 = stage_memory(wide, z3, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
     assert mem3[0].other_bytes == 2 * 4 * sizes["embedding"]
-    assert mem3[1].other_bytes == 2 * 4 * max(sizes["block"], sizes["lm_head"])
+    assert mem3[1].other_bytes == 2 * 4 * max(sizes["block"], sizes["lm_head"]) + loss_transient_bytes(wide, z3)
 
 
 def test_cpu_device_masks_and_reserve():
@@ -298,7 +302,7 @@ def test_cpu_device_masks_and_reserve():
     model = Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128, dropout=0.1)
     plan = Plan(global_batch_size=1, precision="fp32")
     (rm,) = stage_memory(model, plan, CPU, build_schedule("1f1b", 1, 1), [2])
-    assert rm.other_bytes == 0
+    assert rm.other_bytes == loss_transient_bytes(model, plan)  # the loss's backward; no framework reserve
     assert rm.activations_bytes == (2 * activation_bytes_per_layer(model, plan, mask_bytes=4)
                                     + embedding_activation_bytes(model, plan, mask_bytes=4)
                                     + head_activation_bytes(model, plan))
