@@ -21,7 +21,7 @@ from typing import Any
 from mindpipe.executor.precheck import TORCH_SCHEDULES
 from mindpipe.executor.torch_pipelining import named_schedule, schedule_orders, table_schedule
 from mindpipe.traces.config import Plan
-from mindpipe.traces.torch_gpt import lm_loss
+from mindpipe.traces.torch_gpt import plan_loss
 from torch.distributed.pipelining import PipelineStage
 
 
@@ -38,18 +38,19 @@ def make_schedule(plan: Plan, stages: list[PipelineStage], source: str) -> tuple
     """Build this rank's schedule; also return the per-rank compute orders it follows.
 
     Args:
-        plan: The plan (schedule name, pp, micro-batches, virtual stages).
+        plan: The plan (schedule name, pp, micro-batches, virtual stages; ``loss_chunks`` for
+            the loss the last stage computes, :func:`mindpipe.traces.torch_gpt.plan_loss`).
         stages: This rank's pipeline stages, ascending stage index.
         source: ``torch`` or ``simulator`` (already resolved).
     """
-    m = plan.num_microbatches
+    m, loss = plan.num_microbatches, plan_loss(plan)
     if source == "simulator":
         with tempfile.TemporaryDirectory(prefix="mindpipe-table-") as tmp:
             path = Path(tmp) / f"{plan.schedule}.csv"
             write_simulator_table(plan, path)
-            schedule = table_schedule(path, stages, m, lm_loss)
+            schedule = table_schedule(path, stages, m, loss)
     else:
-        schedule = named_schedule(TORCH_SCHEDULES[plan.schedule], stages, m, lm_loss)
+        schedule = named_schedule(TORCH_SCHEDULES[plan.schedule], stages, m, loss)
     return schedule, schedule_orders(schedule)
 
 

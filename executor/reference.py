@@ -5,7 +5,8 @@ the global batch in micro-batches of ``micro_batch_size`` sequences in order, ea
 mean loss divided by the number of micro-batches before ``backward`` (so the gradient is that of
 the global mean loss, which is what pipeline schedules with ``scale_grads`` and a data-parallel
 average compute), and AdamW. The same per-step RNG seeding as the executor keeps dropout equal, and
-the plan's ``flash_attention`` gives it the same attention kernel as every rank.
+the plan's ``flash_attention`` gives it the same attention kernel as every rank, and its
+``loss_chunks`` the same loss as the last stage (:func:`mindpipe.traces.torch_gpt.plan_loss`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 from mindpipe.executor.data import TokenSource
 from mindpipe.traces.config import Model, Plan
-from mindpipe.traces.torch_gpt import lm_loss
+from mindpipe.traces.torch_gpt import plan_loss
 from mindpipe.traces.torch_models import build_model
 
 
@@ -23,7 +24,7 @@ def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, dat
     net = build_model(model, seed=seed, dtype="fp32", flash_attention=plan.flash_attention)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     source = TokenSource(model, plan, seed, data)
-    b = plan.micro_batch_size
+    b, lm_loss = plan.micro_batch_size, plan_loss(plan)
     n = plan.global_batch_size // b
     losses = []
     for step in range(1, steps + 1):
@@ -40,8 +41,9 @@ def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, dat
     return losses
 
 
-def _sq_norm_of_grad(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, b: int) -> float:
-    """|∇ mean loss|² over rows ``x, y`` taken in micro-batches of ``b`` (each micro-batch's mean, averaged)."""
+def _sq_norm_of_grad(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, plan: Plan) -> float:
+    """|∇ mean loss|² over rows ``x, y`` taken in the plan's micro-batches (each micro-batch's mean, averaged)."""
+    b, lm_loss = plan.micro_batch_size, plan_loss(plan)
     net.zero_grad(set_to_none=True)
     n = x.shape[0] // b
     for i in range(n):
@@ -62,13 +64,13 @@ def reference_noise_norms(model: Model, plan: Plan, *, seed: int = 0, data: str 
     b = plan.micro_batch_size
     torch.manual_seed(seed * 7919 + 1)
     x, y = source.global_batch_at(1)
-    big = _sq_norm_of_grad(net, x, y, b)
+    big = _sq_norm_of_grad(net, x, y, plan)
     if plan.dp > 1:
         rows = plan.global_batch_size // plan.dp
-        small = sum(_sq_norm_of_grad(net, x[d * rows:(d + 1) * rows], y[d * rows:(d + 1) * rows], b)
+        small = sum(_sq_norm_of_grad(net, x[d * rows:(d + 1) * rows], y[d * rows:(d + 1) * rows], plan)
                     for d in range(plan.dp)) / plan.dp
     else:
-        small = _sq_norm_of_grad(net, x[:b], y[:b], b)
+        small = _sq_norm_of_grad(net, x[:b], y[:b], plan)
     return small, big
 
 

@@ -4,8 +4,9 @@ A stage keeps the parent's module objects and names: the first virtual stage own
 every stage a slice of ``blocks`` (a ModuleDict keyed by the *global* block index), the last
 ``final_norm`` and ``lm_head``. Parameter names therefore match the unsplit model's
 (``blocks.5.attn.qkv.weight`` wherever block 5 lives), which keeps checkpoints independent of
-the partition (torchtitan's convention). The loss (``lm_loss``) is applied by the pipeline
-schedule on the last stage. :meth:`StageModule.layers` lists the stage's pipeline layers in
+the partition (torchtitan's convention). The loss (``lm_loss`` in the plan's ``loss_chunks``
+pieces, :func:`mindpipe.traces.torch_gpt.plan_loss`) is applied by the pipeline schedule on the
+last stage. :meth:`StageModule.layers` lists the stage's pipeline layers in
 forward order, the units the executor times (:mod:`mindpipe.executor.layer_timing`).
 
 Which blocks a stage holds and which rank runs it are the plan rules of

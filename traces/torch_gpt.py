@@ -18,10 +18,15 @@ torch-free.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
-from mindpipe.traces.config import Model
+from mindpipe.traces.config import Model, Plan
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 
 class Embedding(nn.Module):
@@ -195,9 +200,88 @@ class GPT(nn.Module):
         return out
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over all positions."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy over ``[..., V]`` logits, upcast to fp32 one piece of tokens at a time.
+
+    torchtune's ``CEWithChunkedOutputLoss`` (``torchtune/modules/loss/ce_chunked_output_loss.py``)
+    upcasts the logits to fp32 chunk by chunk so that no fp32 copy of the whole ``[tokens, V]``
+    tensor exists at once; this is the same idea with the backward written out, so that autograd
+    keeps only what a plan's ``loss_chunks`` says it keeps (:class:`mindpipe.traces.config.Plan`).
+
+    Memory, per micro-batch of ``N = s·b`` tokens and ``V`` logits per token, ``d`` bytes per
+    logit (the compute dtype: 2 under bf16, 4 under fp32):
+
+    * **kept** from the forward to the backward: the logits themselves (``save_for_backward``,
+      ``d·N·V`` bytes, a tensor the LM head produced anyway) and the integer targets. Nothing
+      fp32 of size ``N·V`` is saved, where :func:`lm_loss` unchunked keeps the fp32 log-softmax
+      (``4·N·V``) through autograd.
+    * **transient** in the forward: one piece's fp32 copy and its log-softmax inside
+      ``F.cross_entropy`` (``~2·4·N·V/chunks``), under no grad, freed piece by piece.
+    * **transient** in the backward: the gradient of the logits in their dtype (``d·N·V``, what
+      the LM head's backward consumes) plus one piece's fp32 softmax (``4·N·V/chunks``), which is
+      turned into the piece's gradient in place and cast into its slice.
+
+    The backward re-runs the softmax of every piece (the forward's log-softmax is not kept): the
+    price of the memory, one more pass over ``N·V`` logits. Pieces are contiguous runs of the
+    flattened tokens in ``torch.tensor_split`` order (sizes differ by at most one).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, chunks: int) -> torch.Tensor:
+        """The mean over all tokens of the pieces' fp32 cross-entropies (autograd is off here)."""
+        flat, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+        # The flattened targets, as the unchunked ``nll_loss`` saves them: a micro-batch's slice of
+        # a non-contiguous batch is copied (s·b integers), not kept with the whole batch's storage.
+        ctx.save_for_backward(logits, flat_targets)
+        ctx.chunks = chunks
+        # Per-token fp32 losses (the unchunked loss's own terms) summed in fp64: the pieces add no
+        # rounding of their own, so the mean agrees with the unchunked ``nll_loss``'s to fp32 rounding.
+        total = torch.zeros((), dtype=torch.float64, device=logits.device)
+        for piece, t in zip(torch.tensor_split(flat, chunks), torch.tensor_split(flat_targets, chunks), strict=True):
+            total += F.cross_entropy(piece.float(), t, reduction="none").sum(dtype=torch.float64)
+        return (total / flat.shape[0]).float()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        """d(mean CE)/d logits = (softmax − one-hot(target)) · grad_output / N, piece by piece."""
+        logits, targets = ctx.saved_tensors
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        flat, flat_grad = logits.reshape(-1, logits.shape[-1]), grad.view(-1, logits.shape[-1])
+        scale = grad_output.float() / flat.shape[0]
+        pieces = zip(torch.tensor_split(flat, ctx.chunks), torch.tensor_split(targets, ctx.chunks),
+                     torch.tensor_split(flat_grad, ctx.chunks), strict=True)
+        for piece, t, out in pieces:
+            probs = torch.softmax(piece.float(), dim=-1)
+            probs[torch.arange(t.shape[0], device=t.device), t] -= 1.0
+            out.copy_(probs.mul_(scale))
+        return grad, None, None
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, chunks: int = 1) -> torch.Tensor:
+    """Mean next-token cross-entropy over all positions, in fp32.
+
+    Args:
+        logits: ``[..., V]`` scores in the compute dtype.
+        targets: Integer targets, one per position of ``logits``.
+        chunks: A plan's ``loss_chunks``. 1 upcasts the whole logits to fp32 and lets autograd
+            keep the fp32 log-softmax; more runs :class:`ChunkedCrossEntropy`, which keeps the
+            logits in their dtype and upcasts that many pieces of tokens one at a time. Plans
+            keep ``chunks`` at most the micro-batch's tokens (:func:`mindpipe.traces.config.check_plan`);
+            beyond that the extra pieces are empty and add nothing.
+    """
+    if chunks == 1:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    return ChunkedCrossEntropy.apply(logits, targets, chunks)
+
+
+def plan_loss(plan: Plan) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss a run of ``plan`` computes: :func:`lm_loss` in the plan's ``loss_chunks`` pieces.
+
+    One owner for the executor's pipeline schedules (:mod:`mindpipe.executor.pipeline`) and the
+    single-process reference they are compared with (:mod:`mindpipe.executor.reference`).
+    """
+    return functools.partial(lm_loss, chunks=plan.loss_chunks)
 
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

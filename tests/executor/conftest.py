@@ -89,15 +89,16 @@ def assert_layer_times(trace: Any) -> None:
 
 def stage_saved_activations(model: Any, plan: Any) -> tuple[int, Any]:
     """Build pipeline stage 0 of ``model`` under ``plan`` (its block policies, its ``flash_attention``)
-    in process, run one micro-batch forward and backward under the executor's live-tensor accounting,
-    and return (activation bytes held when the forward ended, the :class:`MemoryAccount`)."""
+    in process, run one micro-batch forward and its loss (the plan's ``loss_chunks``) and backward
+    under the executor's live-tensor accounting, and return (activation bytes held when the forward
+    ended, the :class:`MemoryAccount`)."""
     import torch
     from mindpipe.executor.memory_account import MemoryAccount
     from mindpipe.executor.offload import HostPool
     from mindpipe.executor.parallelize import apply_recompute
     from mindpipe.executor.stages import build_stage_modules
     from mindpipe.traces.layout import block_policies
-    from mindpipe.traces.torch_gpt import lm_loss, synthetic_batch
+    from mindpipe.traces.torch_gpt import plan_loss, synthetic_batch
     from mindpipe.traces.torch_models import build_model
 
     cpu = torch.device("cpu")
@@ -107,7 +108,7 @@ def stage_saved_activations(model: Any, plan: Any) -> tuple[int, Any]:
     memory.count_weights()
     x, y = synthetic_batch(model, plan.micro_batch_size, seed=1)
     with memory.saving(1):
-        loss = lm_loss(mod(x), y)
+        loss = plan_loss(plan)(mod(x), y)
         held = memory.terms.activations
         loss.backward()
     return held, memory
