@@ -19,7 +19,9 @@ What is counted — the same terms the simulator's memory model prices per pipel
   its recompute (:meth:`MemoryAccount.cached`), from its forward until its backward frees them;
 * **transient**: tensors that exist only for a block's backward: what a recomputed forward saves
   for the backward (a ``TorchDispatchMode`` in the checkpoint's recompute context sees the
-  checkpoint keep them) and the copies a swapped block brings back, each until it is freed.
+  checkpoint keep them) and the copies a swapped block brings back, each until it is freed; and
+  every tensor the loss's backward makes, from the loss down to the logits' gradient (the fp32
+  gradients of torch's cross-entropy, or a chunked loss's pieces: :meth:`MemoryAccount.counting_loss`).
 
 Not counted: the forward torch's pipelining runs once, on the first step, to infer the shapes a
 stage sends (:func:`mindpipe.executor.torch_pipelining.around_metadata_inference`; it is not
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +111,48 @@ class _RecomputeOutputs(TorchDispatchMode):
         if func is torch.ops.aten.detach.default and isinstance(out, torch.Tensor) and not is_weight(args[0]):
             self.account.transient(out)
         return out
+
+
+class _AllOutputs(TorchDispatchMode):
+    """Counts every tensor an operator makes as transient, until it is freed."""
+
+    def __init__(self, account: MemoryAccount) -> None:
+        super().__init__()
+        self.account = account
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.account.transient(t)
+        return out
+
+
+class _CountedLoss(torch.autograd.Function):
+    """A loss whose backward runs under :class:`_AllOutputs` (:meth:`MemoryAccount.counting_loss`).
+
+    The forward builds the loss's graph on a detached alias of the logits (same storage; what
+    the loss saves passes the account's saved-tensor hooks as before) and the backward walks it
+    with ``torch.autograd.grad`` inside the mode: autograd restores each node's thread-local
+    state, so a mode must live inside one node to see the loss's whole backward.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor,
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], account: MemoryAccount) -> torch.Tensor:
+        x = logits.detach().requires_grad_(True)
+        with torch.enable_grad():
+            loss = loss_fn(x, targets)
+        ctx.inner, ctx.account = (x, loss), account
+        return loss.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        x, loss = ctx.inner
+        del ctx.inner
+        with _AllOutputs(ctx.account):
+            (g,) = torch.autograd.grad(loss, x, grad)
+        return g, None, None, None
 
 
 class MemoryAccount:
@@ -244,6 +288,21 @@ class MemoryAccount:
             return
         self._hold("transient", *s)
         weakref.finalize(local, self._release, "transient", s[0]).atexit = False  # nothing to do at exit
+
+    def counting_loss(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                      ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """``loss_fn`` with its backward's temporaries counted as transient.
+
+        Every tensor an operator makes in the loss's backward, down to the logits' gradient, is
+        transient until freed (torch's cross-entropy: the NLL's and the log-softmax's fp32
+        gradients; a chunked loss: its gradient and each piece's fp32 work): the simulator prices
+        the same (:func:`mindpipe.simulator.memory.loss_transient_bytes`).
+        """
+        def counted(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = _CountedLoss.apply(logits, targets, loss_fn, self)
+            return out
+
+        return counted
 
     def cached(self, t: torch.Tensor, owner: object) -> None:
         """Count ``t`` as an activation until ``owner`` is freed: an output torch's selective

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from mindpipe.executor.precheck import TORCH_SCHEDULES
 from mindpipe.executor.torch_pipelining import named_schedule, schedule_orders, table_schedule
 from mindpipe.traces.config import Plan
 from mindpipe.traces.torch_gpt import plan_loss
+from torch import Tensor
 from torch.distributed.pipelining import PipelineStage
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
 def write_simulator_table(plan: Plan, path: str | Path) -> None:
@@ -34,7 +38,8 @@ def write_simulator_table(plan: Plan, path: str | Path) -> None:
     write_csv(schedule, path)
 
 
-def make_schedule(plan: Plan, stages: list[PipelineStage], source: str) -> tuple[Any, dict[int, list[str]]]:
+def make_schedule(plan: Plan, stages: list[PipelineStage], source: str,
+                  wrap_loss: Callable[[LossFn], LossFn] | None = None) -> tuple[Any, dict[int, list[str]]]:
     """Build this rank's schedule; also return the per-rank compute orders it follows.
 
     Args:
@@ -42,8 +47,12 @@ def make_schedule(plan: Plan, stages: list[PipelineStage], source: str) -> tuple
             the loss the last stage computes, :func:`mindpipe.traces.torch_gpt.plan_loss`).
         stages: This rank's pipeline stages, ascending stage index.
         source: ``torch`` or ``simulator`` (already resolved).
+        wrap_loss: Wraps the loss (the memory account counts its backward's temporaries,
+            :meth:`mindpipe.executor.memory_account.MemoryAccount.counting_loss`).
     """
     m, loss = plan.num_microbatches, plan_loss(plan)
+    if wrap_loss is not None:
+        loss = wrap_loss(loss)
     if source == "simulator":
         with tempfile.TemporaryDirectory(prefix="mindpipe-table-") as tmp:
             path = Path(tmp) / f"{plan.schedule}.csv"

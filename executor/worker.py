@@ -156,7 +156,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     if probe is not None:
         for st, mod in zip(stages, parts, strict=True):
             probe.wrap_stage(st, mod)
-    schedule, orders = make_schedule(plan, stages, pre.schedule_source)
+    schedule, orders = make_schedule(plan, stages, pre.schedule_source, memory.counting_loss)
     try:
         optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
     except ValueError as e:  # torch's own check of the hyper-parameters (e.g. a NaN learning rate)

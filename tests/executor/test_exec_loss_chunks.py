@@ -125,6 +125,11 @@ def test_launched_bf16_last_stage_holds_less(tmp_path):
     n = _logit_elems(Model(**WIDE), Plan(**PP2_BF16))
     assert whole[0].activations_bytes == chunked[0].activations_bytes  # type: ignore[union-attr]
     dropped = whole[1].activations_bytes - chunked[1].activations_bytes  # type: ignore[union-attr]
-    assert dropped == 4 * n + NLL_TOTAL_WEIGHT - 2 * n, (whole[1], chunked[1])
+    # Up to the int64 targets' copy (8·s·b) and nll_loss's scalar, which the paths keep differently.
+    assert abs(dropped - (4 * n - 2 * n)) <= 8 * n // Model(**WIDE).vocab_size + NLL_TOTAL_WEIGHT, (whole[1], chunked[1])
+    # The loss's backward temporaries are counted: two fp32 gradients whole, the bf16 gradient and
+    # a piece's fp32 work chunked (mindpipe.simulator.memory.loss_transient_bytes).
+    assert whole[1].transient_bytes >= 8 * n  # type: ignore[union-attr]
+    assert 2 * n <= chunked[1].transient_bytes < 8 * n  # type: ignore[union-attr]
     a, b = (t.measurement.losses for t in traces)
     assert max(abs(x - y) / y for x, y in zip(a, b, strict=True)) <= 1e-4  # bf16 training, chunked or not
