@@ -15,8 +15,8 @@ schedule implementation").
 from __future__ import annotations
 
 import tempfile
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mindpipe.executor.precheck import TORCH_SCHEDULES
