@@ -114,7 +114,8 @@ class _RecomputeOutputs(TorchDispatchMode):
 
 
 class _AllOutputs(TorchDispatchMode):
-    """Counts every tensor an operator makes as transient, until it is freed."""
+    """Counts every tensor an operator makes as transient, until it is freed; an alias of a
+    saved activation (autograd unpacking what the loss saved) is already counted."""
 
     def __init__(self, account: MemoryAccount) -> None:
         super().__init__()
@@ -123,7 +124,7 @@ class _AllOutputs(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and not self.account.is_activation(t):
                 self.account.transient(t)
         return out
 
@@ -288,6 +289,11 @@ class MemoryAccount:
             return
         self._hold("transient", *s)
         weakref.finalize(local, self._release, "transient", s[0]).atexit = False  # nothing to do at exit
+
+    def is_activation(self, t: torch.Tensor) -> bool:
+        """True when ``t``'s storage is held as an activation now."""
+        s = _storage(t)
+        return s is not None and s[0] in self._counts["activations"]
 
     def counting_loss(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
                       ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

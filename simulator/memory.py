@@ -399,7 +399,12 @@ class StageMemoryModel:
             swap_back = self.largest_saved_bytes() if "swap" in policies else 0.0
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
             loss = loss_transient_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
-            return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss), acts - logits)
+            # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
+            # of the stage's intermediate outputs that W needs): d·s·b·V/t until W.
+            tokens = (self.seq_len or model.seq_len) * plan.micro_batch_size
+            grad = DTYPE_BYTES[plan.precision] * tokens * model.vocab_size / plan.tp if has_head else 0.0
+            return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss),
+                               acts - logits + grad)
         loss = loss_transient_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
         return _StageTerms(acts, sum(layers), max(layers, default=0),
                            max(self.redone_bytes(policies, parts, head), loss), acts)
