@@ -230,7 +230,11 @@ def test_split_backward_holds_what_the_simulator_says_until_w(policies):
         del groups
     # Per-token LayerNorm statistics (1/h of the rest) are the only bytes the model leaves out.
     assert terms.per_microbatch_bytes <= after_f <= 1.02 * terms.per_microbatch_bytes, (after_f, terms)
-    assert terms.after_input_bytes <= after_i <= 1.02 * terms.after_input_bytes, (after_i, terms)
+    # The model's held bytes after I also count the logits' gradient I keeps for W (4·s·b·V here):
+    # a stored gradient, not a saved tensor, so these activations do not see it (memory_fidelity's
+    # zb_h1 runs measure it through the account's loss transient).
+    held = terms.after_input_bytes - 4 * MODEL.seq_len * 2 * MODEL.vocab_size
+    assert held <= after_i <= 1.02 * held, (after_i, terms)
     assert after_i < after_f  # I freed the log-softmax
     if policies[0] == "recompute":
         one_block = activation_bytes_per_layer(MODEL, plan, policy="none", mask_bytes=4)
