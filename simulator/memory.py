@@ -240,7 +240,12 @@ def head_logit_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) ->
     (:meth:`mindpipe.simulator.actions.Schedule.held_timeline`).
     """
     per_logit = DTYPE_BYTES[plan.precision] if plan.loss_chunks > 1 else LOGIT_BYTES
-    return per_logit * (seq_len or model.seq_len) * plan.micro_batch_size * model.vocab_size / plan.tp
+    return per_logit * logit_count(model, plan, seq_len=seq_len)
+
+
+def logit_count(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
+    """Logits of one micro-batch on one tensor-parallel rank (vocabulary-sharded), s·b·V/t."""
+    return (seq_len or model.seq_len) * plan.micro_batch_size * model.vocab_size / plan.tp
 
 
 def loss_transient_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
@@ -255,7 +260,7 @@ def loss_transient_bytes(model: Model, plan: Plan, *, seq_len: int | None = None
     stage's transient, not on top of them. (Megatron's fused vocabulary-parallel cross-entropy
     works in place and needs less; the executor runs torch's.)
     """
-    logits = (seq_len or model.seq_len) * plan.micro_batch_size * model.vocab_size / plan.tp
+    logits = logit_count(model, plan, seq_len=seq_len)
     if plan.loss_chunks == 1:
         return 2 * LOGIT_BYTES * logits
     return DTYPE_BYTES[plan.precision] * logits + 2 * LOGIT_BYTES * logits / plan.loss_chunks
@@ -387,6 +392,7 @@ class StageMemoryModel:
         acts = sum(self.block(p, part) for p, part in zip(policies, parts, strict=True))
         layers = [self.part_params[part] for part in parts]
         head = head_activation_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+        loss = loss_transient_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
         if has_embedding:
             acts += embedding_activation_bytes(model, plan, seq_len=self.seq_len, mask_bytes=self.mask)
             layers.append(params["embedding"])
@@ -398,14 +404,11 @@ class StageMemoryModel:
                          for p, part in zip(policies, parts, strict=True) if p == "full")
             swap_back = self.largest_saved_bytes() if "swap" in policies else 0.0
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
-            loss = loss_transient_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
             # of the stage's intermediate outputs that W needs): d·s·b·V/t until W.
-            tokens = (self.seq_len or model.seq_len) * plan.micro_batch_size
-            grad = DTYPE_BYTES[plan.precision] * tokens * model.vocab_size / plan.tp if has_head else 0.0
+            grad = DTYPE_BYTES[plan.precision] * logit_count(model, plan, seq_len=self.seq_len) if has_head else 0.0
             return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss),
                                acts - logits + grad)
-        loss = loss_transient_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
         return _StageTerms(acts, sum(layers), max(layers, default=0),
                            max(self.redone_bytes(policies, parts, head), loss), acts)
 
@@ -596,6 +599,7 @@ __all__ = [
     "fits_in_memory",
     "head_activation_bytes",
     "head_logit_bytes",
+    "logit_count",
     "loss_transient_bytes",
     "model_state_bytes",
     "peak_memory_gib",

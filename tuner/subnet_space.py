@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from mindpipe.traces.config import SEQUENTIAL_EQUIVALENT_SCHEDULES, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet, check_supernet_plan
-from mindpipe.tuner.keys import POINT_KEYS, SUPERNET_POINT_KEYS, Point, plan_of
+from mindpipe.tuner.keys import OPTIONAL_POINT_KEYS, POINT_KEYS, SUPERNET_POINT_KEYS, Point, plan_of
 from mindpipe.tuner.rules import Rule
 from mindpipe.tuner.subnet_partition import SUPERNET_PARTITIONERS
 
@@ -144,10 +144,10 @@ def supernet_points(space: SearchSpace) -> Iterator[Point]:
 def _point(space: SearchSpace, net: Supernet, dp: int, pp: int, mbs: int, gbs: int, name: str,
            window: int | None, precision: str, order: str, part: str) -> Point | None:
     """One point, or None (counted) when a rule's owner refuses its plan."""
-    point: Point = {k: None for k in POINT_KEYS}
+    point: Point = {k: OPTIONAL_POINT_KEYS.get(k) for k in POINT_KEYS}
     point.update(dp=dp, tp=1, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, schedule="1f1b", virtual_stages=1,
                  recompute="none", sequence_parallel=False, zero_stage=0, comm_priority="fair", precision=precision,
-                 overlap_grad_reduce=False, tp_comm_overlap=False, overlap_param_gather=False, flash_attention=False, loss_chunks=1,
+                 overlap_grad_reduce=False, tp_comm_overlap=False, overlap_param_gather=False,
                  rank_order=order, partitioner=part, subnet_schedule=name,
                  subnet_window=window)
     try:
