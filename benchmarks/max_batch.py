@@ -124,29 +124,31 @@ def tuner_check(work: Path, budget: int) -> dict[str, Any]:
     return out
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
-    """Max batch (log) and throughput at the max batch per planner and setup."""
+def plot(tables: dict[str, dict[str, Any]], path: Path) -> None:
+    """Max batch (log) and throughput at the max batch per planner and setup, one row per loss."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    setups = list(results)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, grid = plt.subplots(len(tables), 2, figsize=(12, 4.2 * len(tables)), squeeze=False)
     width = 0.8 / len(PLANNERS)
-    for k, name in enumerate(PLANNERS):
-        xs = [i + (k - 1.5) * width for i in range(len(setups))]
-        batch = [max(results[s]["rows"][name]["global_batch_size"], 0.5) for s in setups]
-        thr = [results[s]["rows"][name]["throughput_samples_per_s"] or 0.0 for s in setups]
-        axes[0].bar(xs, batch, width, label=name)
-        axes[1].bar(xs, thr, width, label=name)
-    axes[0].set_yscale("log")
-    axes[0].set_ylabel("max global batch (m = pp micro-batches; 0.5 = none fits)")
-    axes[1].set_ylabel("simulated samples/s at the max batch")
-    for ax in axes:
-        ax.set_xticks(range(len(setups)))
-        ax.set_xticklabels([s.split(",")[0].replace(" on ", "\n") for s in setups], fontsize=8)
-        ax.legend(fontsize=8)
+    for axes, (title, results) in zip(grid, tables.items(), strict=True):
+        setups = list(results)
+        for k, name in enumerate(PLANNERS):
+            xs = [i + (k - 1.5) * width for i in range(len(setups))]
+            batch = [max(results[s]["rows"][name]["global_batch_size"], 0.5) for s in setups]
+            thr = [results[s]["rows"][name]["throughput_samples_per_s"] or 0.0 for s in setups]
+            axes[0].bar(xs, batch, width, label=name)
+            axes[1].bar(xs, thr, width, label=name)
+        axes[0].set_yscale("log")
+        axes[0].set_ylabel("max global batch (m = pp; 0.5: none fits)")
+        axes[1].set_ylabel("simulated samples/s at the max batch")
+        for ax in axes:
+            ax.set_title(title, fontsize=10)
+            ax.set_xticks(range(len(setups)))
+            ax.set_xticklabels([s.split(",")[0].replace(" on ", "\n") for s in setups], fontsize=8)
+            ax.legend(fontsize=8)
     fig.suptitle("Maximum trainable batch per planner (simulated)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -180,7 +182,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     if results:
-        plot(results, args.out.with_suffix(".png"))
+        plot({"torch's cross-entropy": results, f"loss_chunks={LOSS_CHUNKS}": chunked}, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 

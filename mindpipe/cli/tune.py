@@ -268,6 +268,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, calibration: Any) -> int:
     """``--objective max_batch`` (:func:`mindpipe.tuner.maxbatch.tune_max_batch`)."""
+    from mindpipe.traces.config import plan_value
+    from mindpipe.tuner.keys import OPTIONAL_POINT_KEYS
     from mindpipe.tuner.maxbatch import tune_max_batch
 
     info = tune_max_batch(args.model, args.cluster, out=args.out, partitioners=partitioners, fixes=args.fix,
@@ -277,12 +279,15 @@ def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, ca
     else:
         plan = info["best_plan"]
         thr = info["throughput_samples_per_s"]
+        # Keys that change what fits, named when pinned away from their defaults (--fix loss_chunks=16).
+        pinned = "".join(f", {k}={plan_value(plan[k])}" for k, default in OPTIONAL_POINT_KEYS.items()
+                         if plan.get(k, default) != default)
         print("\n".join([
             "objective        max_batch (largest global batch that fits)",
             f"best value       {info['best_value']} (micro_batch_size {info['micro_batch_size']} x "
             f"{info['num_microbatches']} micro-batches x dp {plan['dp']})",
             f"best plan        partitioner={info['partitioner']}, dp={plan['dp']}, tp={plan['tp']}, pp={plan['pp']}, "
-            f"partition={plan.get('partition')}",
+            f"partition={plan.get('partition')}{pinned}",
             f"throughput       {thr:.6g} samples/s at that batch; peak memory {info['peak_memory_gib']:.2f} GiB",
             f"outputs          {info['out']}/best_plan.json, max_batch.json",
         ]))
