@@ -17,11 +17,13 @@ from hypothesis import strategies as st
 from mindpipe.simulator.api import Simulator
 from mindpipe.simulator.build import assign_layers, build_work
 from mindpipe.simulator.calibrate.features import action_collectives, stage_structure
+from mindpipe.simulator.costs import DTYPE_BYTES
 from mindpipe.simulator.memory import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
     head_activation_bytes,
     head_logit_bytes,
+    logit_count,
     stage_memory,
 )
 from mindpipe.traces.builtin import load_cluster, load_model
@@ -92,14 +94,17 @@ def test_simulator_memory_and_calibration_follow_the_layout(case: tuple[Model, P
             assert len(colls[(span.stage, "F")]) == fwd_tp
     # Memory: each rank's activations are Σ in-flight × (its blocks under their policies + extras);
     # between a split backward's I and W a micro-batch holds the same less the loss's log-softmax,
-    # which I frees (not on the first stage, whose I does nothing).
+    # which I frees, plus the logits' gradient the LM head's W needs (not on the first stage, whose
+    # I does nothing).
     per_mb, after_input = [], []
     for span in layout:
         acts = sum(activation_bytes_per_layer(model, plan, policy=policies[b], mask_bytes=MASK_CPU) for b in span.blocks)
         acts += embedding_activation_bytes(model, plan, mask_bytes=MASK_CPU) if span.has_embedding else 0.0
         acts += head_activation_bytes(model, plan) if span.has_head else 0.0
         per_mb.append(acts)
-        after_input.append(acts - (head_logit_bytes(model, plan) if span.has_head and not span.has_embedding else 0.0))
+        grad = DTYPE_BYTES[plan.precision] * logit_count(model, plan)
+        after_input.append(acts - (head_logit_bytes(model, plan) - grad if span.has_head and not span.has_embedding
+                                   else 0.0))
     schedule = sim.schedule(plan)
     for rm in sim.memory(plan):
         timeline = schedule.held_timeline(rm.rank)
