@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _exit(code: int) -> None:
+def exit_without_teardown(code: int) -> None:
     """Leave the process without running C++ static destructors.
 
     On gloo, torch's teardown at interpreter exit aborts now and then (SIGABRT, "terminate called
@@ -104,4 +104,4 @@ def _exit(code: int) -> None:
 
 
 if __name__ == "__main__":
-    _exit(main())
+    exit_without_teardown(main())
