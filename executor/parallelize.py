@@ -4,10 +4,13 @@ Order as torchtitan's ``parallelize_llama``: tensor parallelism (DTensor) → ac
 checkpointing → data parallelism (FSDP2 ``fully_shard`` for ``zero_stage`` ≥ 1, FSDP2-style
 ``replicate`` for ``zero_stage`` 0), with ``reshard_after_forward = not pp_enabled``.
 
-Tensor parallelism is Megatron's layout (Shoeybi et al. 2019): QKV and fc1 column-parallel,
+Tensor parallelism is Megatron's layout (Shoeybi et al. 2019): the token table row-parallel over the
+vocabulary, QKV and fc1 column-parallel,
 projection and fc2 row-parallel (Llama: Q, K, V, gate and up column-parallel, output projection
 and down row-parallel; K/V heads split over tp), the LM head column-parallel over the vocabulary with its logits
-gathered. With sequence parallelism (Korthikanti et al. 2022, §4.2.2) LayerNorms and the residual
+left vocabulary-parallel: each rank's loss is Megatron's vocabulary-parallel cross-entropy over its
+columns (:class:`mindpipe.traces.torch_gpt.VocabShard`), so no rank holds the whole ``[s, b, V]``
+logits (the simulator's memory model divides them by t: :func:`mindpipe.simulator.memory.logit_count`). With sequence parallelism (Korthikanti et al. 2022, §4.2.2) LayerNorms and the residual
 stream are split along the sequence (``Shard(1)``); the attention and MLP inputs are all-gathered
 and the row-parallel outputs reduce-scattered, as in torchtitan's plan.
 
@@ -25,6 +28,7 @@ pool on CPU).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -34,11 +38,12 @@ from mindpipe.executor.offload import HostPool, swapping
 from mindpipe.executor.stages import StageModule
 from mindpipe.traces.config import Plan
 from mindpipe.traces.layout import BlockPolicy, block_policies, data_parallel_units, reshards_after_forward
+from mindpipe.traces.torch_gpt import VocabShard, vocab_parallel_embedding
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -85,15 +90,30 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
         # A block cut by a stage boundary holds only its attention or its MLP half (executor/stages.py).
         held = {name for name, _ in block.named_modules()}
         parallelize_module(block, tp_mesh, {k: v for k, v in layout.items() if k in held})
-    if stage.embedding is not None and sp:
-        # The embedding stays replicated; its output is cut along the sequence (no communication).
-        parallelize_module(stage.embedding, tp_mesh, PrepareModuleOutput(
-            output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True))
+    if stage.embedding is not None:
+        # Megatron's vocabulary-parallel token table (vocab_parallel_embedding): each rank looks
+        # up the tokens of its rows, zeros elsewhere, and the partial outputs are all-reduced. GPT's position table stays replicated (s·h). With sequence
+        # parallelism the embedding's output is then cut along the sequence (no communication).
+        tok: Any = stage.embedding.tok
+        tok.weight = nn.Parameter(distribute_tensor(tok.weight.data, tp_mesh, [Shard(0)]))
+        tok.forward = functools.partial(vocab_parallel_embedding, tok, _vocab_shard(tok.weight, tp_mesh))
+        if sp:
+            parallelize_module(stage.embedding, tp_mesh, PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True))
     if stage.lm_head is not None and stage.final_norm is not None:
         if sp:
             parallelize_module(stage.final_norm, tp_mesh, SequenceParallel())
         parallelize_module(stage.lm_head, tp_mesh, {
-            "out": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(), use_local_output=True)})
+            "out": ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=True)})
+        _vocab_shard(stage.lm_head.out.weight, tp_mesh)
+
+
+def _vocab_shard(weight: Any, tp_mesh: DeviceMesh) -> VocabShard:
+    """The :class:`VocabShard` of a ``Shard(0)`` vocabulary table, checked against the rows torch gave it."""
+    rows, shard = weight.to_local().shape[0], VocabShard.of(weight.shape[0], tp_mesh.get_group())
+    if rows != shard.width:  # VocabShard's split rule is no longer torch's Shard(0): lookups and the loss would be wrong
+        raise RuntimeError(f"a vocabulary shard holds {rows} rows, VocabShard.of expects {shard.width}")
+    return shard
 
 
 def _checkpointed(forward: Callable[..., Any], memory: MemoryAccount | None) -> Callable[..., Any]:

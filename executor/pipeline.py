@@ -22,7 +22,7 @@ from typing import Any
 from mindpipe.executor.precheck import TORCH_SCHEDULES
 from mindpipe.executor.torch_pipelining import named_schedule, schedule_orders, table_schedule
 from mindpipe.traces.config import Plan
-from mindpipe.traces.torch_gpt import plan_loss
+from mindpipe.traces.torch_gpt import VocabShard, plan_loss
 from torch import Tensor
 from torch.distributed.pipelining import PipelineStage
 
@@ -39,7 +39,8 @@ def write_simulator_table(plan: Plan, path: str | Path) -> None:
 
 
 def make_schedule(plan: Plan, stages: list[PipelineStage], source: str,
-                  wrap_loss: Callable[[LossFn], LossFn] | None = None) -> tuple[Any, dict[int, list[str]]]:
+                  wrap_loss: Callable[[LossFn], LossFn] | None = None,
+                  shard: VocabShard | None = None) -> tuple[Any, dict[int, list[str]]]:
     """Build this rank's schedule; also return the per-rank compute orders it follows.
 
     Args:
@@ -49,8 +50,10 @@ def make_schedule(plan: Plan, stages: list[PipelineStage], source: str,
         source: ``torch`` or ``simulator`` (already resolved).
         wrap_loss: Wraps the loss (the memory account counts its backward's temporaries,
             :meth:`mindpipe.executor.memory_account.MemoryAccount.counting_loss`).
+        shard: Under tensor parallelism, the slice of the vocabulary this rank's LM head computes
+            (its loss is vocabulary-parallel); None otherwise.
     """
-    m, loss = plan.num_microbatches, plan_loss(plan)
+    m, loss = plan.num_microbatches, plan_loss(plan, shard)
     if wrap_loss is not None:
         loss = wrap_loss(loss)
     if source == "simulator":

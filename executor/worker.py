@@ -39,6 +39,7 @@ from mindpipe.executor.torch_pipelining import timed_p2p_waits
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.noise_scale import NoiseEmaState
 from mindpipe.traces.schema import to_dict
+from mindpipe.traces.torch_gpt import VocabShard
 from mindpipe.traces.torch_models import build_model
 from torch.distributed.pipelining import PipelineStage
 
@@ -156,7 +157,9 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     if probe is not None:
         for st, mod in zip(stages, parts, strict=True):
             probe.wrap_stage(st, mod)
-    schedule, orders = make_schedule(plan, stages, pre.schedule_source, memory.counting_loss)
+    # Under tensor parallelism the LM head's logits stay vocabulary-parallel (executor/parallelize.py).
+    shard = VocabShard.of(model.vocab_size, mesh.get_group("tp")) if plan.tp > 1 else None
+    schedule, orders = make_schedule(plan, stages, pre.schedule_source, memory.counting_loss, shard)
     try:
         optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
     except ValueError as e:  # torch's own check of the hyper-parameters (e.g. a NaN learning rate)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -200,6 +201,105 @@ class GPT(nn.Module):
         return out
 
 
+@dataclass(frozen=True)
+class VocabShard:
+    """This rank's slice of a vocabulary-parallel LM head's logits (Megatron's layout,
+    Shoeybi et al. 2019 §3): the head's weight is split by rows over the tensor-parallel ``group``
+    and the rank's logits are the columns ``offset`` .. ``offset + width`` of the whole ``[..., V]``.
+
+    Built by :meth:`of`, which follows torch's ``Shard(0)`` split (``torch.chunk``: every rank
+    but the last holds ⌈V/t⌉ rows), so that an uneven vocabulary (GPT-2's 50,257 at tp 2) works.
+    """
+
+    group: Any  # torch.distributed.ProcessGroup
+    offset: int
+    width: int
+
+    @classmethod
+    def of(cls, vocab_size: int, group: Any) -> VocabShard:
+        """The slice rank ``dist.get_rank(group)`` holds of a ``vocab_size`` vocabulary."""
+        import torch.distributed as dist
+
+        t, r = dist.get_world_size(group), dist.get_rank(group)
+        per = -(-vocab_size // t)
+        lo = min(r * per, vocab_size)
+        return cls(group, lo, min(per, vocab_size - lo))
+
+    def local_targets(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(targets shifted into this slice, with :data:`IGNORED` where the target is another
+        rank's; the mask of those in this slice)."""
+        local = targets - self.offset
+        inside = (local >= 0) & (local < self.width)
+        return torch.where(inside, local, IGNORED), inside
+
+
+IGNORED = -100  # ``F.nll_loss``'s default ``ignore_index``
+
+
+def _all_reduce(t: torch.Tensor, shard: VocabShard, op: str) -> torch.Tensor:
+    import torch.distributed as dist
+
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=shard.group)
+    return t
+
+
+def vocab_log_softmax(x: torch.Tensor, shard: VocabShard) -> torch.Tensor:
+    """Log-softmax over the whole vocabulary of fp32 logits ``x`` that hold only ``shard``'s
+    columns (no autograd): the row maximum and the sum of exponentials are all-reduced over the
+    tensor-parallel group, as Megatron's ``vocab_parallel_cross_entropy`` does. Besides ``x``
+    and the result, one ``x``-sized temporary lives at a time."""
+    m = _all_reduce(x.amax(dim=-1, keepdim=True), shard, "MAX")
+    sum_exp = _all_reduce((x - m).exp_().sum(dim=-1, keepdim=True), shard, "SUM")
+    return x - (m + sum_exp.log_())
+
+
+class _VocabParallelLogSoftmax(torch.autograd.Function):
+    """:func:`vocab_log_softmax` with autograd: saves its fp32 output, as torch's ``log_softmax``
+    does, and its backward is torch's ``g − softmax·Σg`` with ``Σg`` all-reduced over the group."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, shard: VocabShard) -> torch.Tensor:
+        out = vocab_log_softmax(x, shard)
+        ctx.save_for_backward(out)
+        ctx.shard = shard
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (out,) = ctx.saved_tensors
+        total = _all_reduce(grad.sum(dim=-1, keepdim=True), ctx.shard, "SUM")
+        return out.exp().mul_(total).neg_().add_(grad), None
+
+
+class _SumOverGroup(torch.autograd.Function):
+    """All-reduce (sum) in the forward, identity in the backward: every rank of the group computes
+    the same loss from the sum, so each rank's share gets the loss's gradient once (Megatron's
+    ``reduce_from_tensor_model_parallel_region``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, shard: VocabShard) -> torch.Tensor:
+        return _all_reduce(x.clone(), shard, "SUM")
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def vocab_parallel_embedding(table: nn.Embedding, shard: VocabShard, tokens: torch.Tensor) -> torch.Tensor:
+    """Megatron's ``VocabParallelEmbedding`` forward: ``table.weight`` is a DTensor holding this
+    rank's ``shard`` of the rows; each rank looks up the tokens in its slice, zeros the others, and
+    the partial outputs are summed over the group (backward: identity, :class:`_SumOverGroup`).
+
+    Written out rather than torch's ``RowwiseParallel`` on the embedding, whose backward (torch
+    2.13) produces a *replicated* full ``[V, h]`` weight gradient on every rank; here the gradient
+    reaches the parameter through ``to_local`` as this rank's ``[V/t, h]`` shard, the bytes the
+    simulator prices (:func:`mindpipe.simulator.costs.layer_params`)."""
+    local, inside = shard.local_targets(tokens)
+    out = F.embedding(torch.where(inside, local, 0), table.weight.to_local())  # type: ignore[operator]
+    return _SumOverGroup.apply(out.masked_fill_(~inside.unsqueeze(-1), 0.0), shard)
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy over ``[..., V]`` logits, upcast to fp32 one piece of tokens at a time.
 
@@ -224,64 +324,96 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     The backward re-runs the softmax of every piece (the forward's log-softmax is not kept): the
     price of the memory, one more pass over ``N·V`` logits. Pieces are contiguous runs of the
     flattened tokens in ``torch.tensor_split`` order (sizes differ by at most one).
+
+    With a :class:`VocabShard` the logits are one tensor-parallel rank's columns and each piece's
+    softmax is :func:`vocab_log_softmax` (``V`` above is then the slice's width); the loss is the
+    same on every rank of the group.
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, chunks: int) -> torch.Tensor:
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, chunks: int,
+                shard: VocabShard | None = None) -> torch.Tensor:
         """The mean over all tokens of the pieces' fp32 cross-entropies (autograd is off here)."""
         flat, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
         # The flattened targets, as the unchunked ``nll_loss`` saves them: a micro-batch's slice of
         # a non-contiguous batch is copied (s·b integers), not kept with the whole batch's storage.
         ctx.save_for_backward(logits, flat_targets)
-        ctx.chunks = chunks
+        ctx.chunks, ctx.shard = chunks, shard
         # Per-token fp32 losses (the unchunked loss's own terms) summed in fp64: the pieces add no
         # rounding of their own, so the mean agrees with the unchunked ``nll_loss``'s to fp32 rounding.
         total = torch.zeros((), dtype=torch.float64, device=logits.device)
         for piece, t in zip(torch.tensor_split(flat, chunks), torch.tensor_split(flat_targets, chunks), strict=True):
-            total += F.cross_entropy(piece.float(), t, reduction="none").sum(dtype=torch.float64)
+            if shard is None:
+                total += F.cross_entropy(piece.float(), t, reduction="none").sum(dtype=torch.float64)
+            else:
+                local, _ = shard.local_targets(t)
+                total += F.nll_loss(vocab_log_softmax(piece.float(), shard), local, reduction="none",
+                                    ignore_index=IGNORED).sum(dtype=torch.float64)
+        if shard is not None:
+            _all_reduce(total, shard, "SUM")
         return (total / flat.shape[0]).float()
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         """d(mean CE)/d logits = (softmax − one-hot(target)) · grad_output / N, piece by piece."""
         logits, targets = ctx.saved_tensors
+        shard: VocabShard | None = ctx.shard
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         flat, flat_grad = logits.reshape(-1, logits.shape[-1]), grad.view(-1, logits.shape[-1])
         scale = grad_output.float() / flat.shape[0]
         pieces = zip(torch.tensor_split(flat, ctx.chunks), torch.tensor_split(targets, ctx.chunks),
                      torch.tensor_split(flat_grad, ctx.chunks), strict=True)
         for piece, t, out in pieces:
-            probs = torch.softmax(piece.float(), dim=-1)
-            probs[torch.arange(t.shape[0], device=t.device), t] -= 1.0
+            if shard is None:
+                probs = torch.softmax(piece.float(), dim=-1)
+                rows = torch.arange(t.shape[0], device=t.device)
+            else:
+                probs = vocab_log_softmax(piece.float(), shard).exp_()
+                t, inside = shard.local_targets(t)
+                rows = torch.arange(t.shape[0], device=t.device)[inside]
+                t = t[inside]
+            probs[rows, t] -= 1.0
             out.copy_(probs.mul_(scale))
-        return grad, None, None
+        return grad, None, None, None
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, chunks: int = 1) -> torch.Tensor:
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, chunks: int = 1, shard: VocabShard | None = None) -> torch.Tensor:
     """Mean next-token cross-entropy over all positions, in fp32.
 
     Args:
-        logits: ``[..., V]`` scores in the compute dtype.
+        logits: ``[..., V]`` scores in the compute dtype (with ``shard``, this rank's columns).
         targets: Integer targets, one per position of ``logits``.
         chunks: A plan's ``loss_chunks``. 1 upcasts the whole logits to fp32 and lets autograd
             keep the fp32 log-softmax; more runs :class:`ChunkedCrossEntropy`, which keeps the
             logits in their dtype and upcasts that many pieces of tokens one at a time. Plans
             keep ``chunks`` at most the micro-batch's tokens (:func:`mindpipe.traces.config.check_plan`);
             beyond that the extra pieces are empty and add nothing.
+        shard: Set under tensor parallelism: the logits are vocabulary-parallel (Megatron's
+            cross-entropy: the LM head's logits are never gathered). Unchunked, the loss is
+            torch's two steps with the log-softmax taken over the group
+            (:class:`_VocabParallelLogSoftmax`, which keeps its fp32 output as torch's does, then
+            ``nll_loss`` on this rank's targets), so it keeps and allocates what torch's keeps and
+            allocates on a 1/t slice (:func:`mindpipe.simulator.memory.loss_transient_bytes`).
     """
-    if chunks == 1:
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
-    return ChunkedCrossEntropy.apply(logits, targets, chunks)
+    if chunks > 1:
+        return ChunkedCrossEntropy.apply(logits, targets, chunks, shard)
+    flat, flat_targets = logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
+    if shard is None:
+        return F.cross_entropy(flat, flat_targets)
+    local, _ = shard.local_targets(flat_targets)
+    total = F.nll_loss(_VocabParallelLogSoftmax.apply(flat, shard), local, reduction="sum", ignore_index=IGNORED)
+    return _SumOverGroup.apply(total, shard) / flat.shape[0]
 
 
-def plan_loss(plan: Plan) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The loss a run of ``plan`` computes: :func:`lm_loss` in the plan's ``loss_chunks`` pieces.
+def plan_loss(plan: Plan, shard: VocabShard | None = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss a run of ``plan`` computes: :func:`lm_loss` in the plan's ``loss_chunks`` pieces,
+    vocabulary-parallel over ``shard``'s group when the LM head is tensor-parallel.
 
     One owner for the executor's pipeline schedules (:mod:`mindpipe.executor.pipeline`) and the
-    single-process reference they are compared with (:mod:`mindpipe.executor.reference`).
+    single-process reference they are compared with (:mod:`mindpipe.executor.reference`, no shard).
     """
-    return functools.partial(lm_loss, chunks=plan.loss_chunks)
+    return functools.partial(lm_loss, chunks=plan.loss_chunks, shard=shard)
 
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

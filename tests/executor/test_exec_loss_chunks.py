@@ -133,3 +133,27 @@ def test_launched_bf16_last_stage_holds_less(tmp_path):
     assert 2 * n <= chunked[1].transient_bytes < 8 * n  # type: ignore[union-attr]
     a, b = (t.measurement.losses for t in traces)
     assert max(abs(x - y) / y for x, y in zip(a, b, strict=True)) <= 1e-4  # bf16 training, chunked or not
+
+
+# V = 511 over tp 2: rows 0..255 and 256..510 (torch's Shard(0) split), an uneven vocabulary as GPT-2's.
+ODD: dict[str, Any] = {**WIDE, "vocab_size": 511, "name": "tiny4-v511"}
+TP2_WIDE = {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "sequence_parallel": True, "precision": "fp32"}
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_tensor_parallel_loss_is_vocabulary_parallel(tmp_path, chunks):
+    """Under tp2 each rank's token table, LM head and loss work on its half of the vocabulary
+    (Megatron's vocabulary-parallel embedding and cross-entropy,
+    :class:`mindpipe.traces.torch_gpt.VocabShard`): the losses are the single process's, and each
+    rank's measured peak is the simulator's, whose vocabulary terms are divided by t
+    (:func:`mindpipe.simulator.costs.layer_params`, :func:`mindpipe.simulator.memory.logit_count`).
+    A rank that gathered the whole logits (or kept the whole table's gradient) would hold ≥ 10 %
+    more than predicted here, where they are the largest tensors on the rank."""
+    from .test_exec_memory_runs import assert_memory_matches_simulator
+
+    plan = {**TP2_WIDE, "loss_chunks": chunks}
+    trace = _launched(tmp_path, plan, ODD)
+    assert_parity(trace.measurement.losses, reference(plan, ODD))
+    assert_memory_matches_simulator(trace, ODD, rel=0.03)
+    for r in trace.measurement.ranks:  # torch's Shard(0) split of 511 rows: 256 on rank 0, 255 on rank 1
+        assert r.memory is not None and r.memory.gradients_bytes <= r.memory.weights_bytes, r.memory  # at the peak
