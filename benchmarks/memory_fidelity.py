@@ -15,7 +15,8 @@ pre-check) the ranks must stop when their accounted memory exceeds the budget.
 Target: every run within 10 % (goal 5 %). Writes ``benchmarks/results/memory_fidelity.json``.
 
     .venv/bin/python benchmarks/memory_fidelity.py [--steps 3] [--out benchmarks/results/memory_fidelity.json]
-        [--schedule S | --policy P]   (only part 1's plans of schedule S / with a block of policy P)
+        [--schedule S | --policy P | --tp]   (only part 1's plans of schedule S / with a block of policy P /
+        tensor-parallel; a partial run replaces its plans' rows in the results file and keeps the rest)
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
                                                "keep"], **FP32}),
     ("gpt-mini-8", 4, {"pp": 4, "micro_batch_size": 2, "global_batch_size": 16, "schedule": "zb_h1",
                        "layer_memory_policy": ["keep", "recompute", "swap", "keep", "recompute", "keep", "keep", "swap"],
+                       **FP32}),
+    # Tensor parallelism: the token table, the LM head and the loss vocabulary-parallel
+    # (traces/torch_gpt.py VocabShard), as the simulator divides them by t.
+    ("gpt-mini", 2, {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "sequence_parallel": True,
+                     "recompute": "selective", **FP32}),
+    ("gpt-mini-8", 4, {"tp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 16, "schedule": "1f1b",
+                       "layer_memory_policy": ["keep", "recompute", "swap", "keep", "keep", "swap", "recompute", "keep"],
                        **FP32}),
 ]
 # (model, ranks, plan at micro-batch size 1, budget GiB): the batch search at a budget.
@@ -141,11 +149,14 @@ def compare(trace: Trace, model: Model) -> list[dict[str, Any]]:
              "terms": {k: getattr(terms[row.rank], k) for k in keys}} for row in memory_rows(m, model)]
 
 
-def fidelity(steps: int, tmp: Path, schedule: str | None = None, policy: str | None = None) -> list[dict[str, Any]]:
+def fidelity(steps: int, tmp: Path, schedule: str | None = None, policy: str | None = None,
+             tp: bool = False) -> list[dict[str, Any]]:
     """Part 1 over ``FIDELITY`` (only the plans of ``schedule`` when given, 1f1b when a plan names none;
-    only those with a block of ``policy`` when given)."""
+    only those with a block of ``policy`` when given; only tensor-parallel ones with ``tp``)."""
     out = []
     for name, nproc, plan in FIDELITY:
+        if tp and plan.get("tp", 1) == 1:
+            continue
         if schedule is not None and plan.get("schedule", "1f1b") != schedule:
             continue
         if policy is not None and policy not in plan.get("layer_memory_policy", []):
@@ -211,11 +222,18 @@ def main() -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "memory_fidelity.json"))
     ap.add_argument("--schedule", help="run only part 1's plans of this schedule (e.g. zb_h1); no budget cases")
     ap.add_argument("--policy", help="run only part 1's plans with a block of this policy (e.g. nongemm); no budget cases")
+    ap.add_argument("--tp", action="store_true", help="run only part 1's tensor-parallel plans; no budget cases")
     args = ap.parse_args()
+    only = args.schedule is not None or args.policy is not None or args.tp
     with tempfile.TemporaryDirectory(prefix="memory-fidelity-") as d:
-        runs = fidelity(args.steps, Path(d), args.schedule, args.policy)
-        only = args.schedule is not None or args.policy is not None
+        runs = fidelity(args.steps, Path(d), args.schedule, args.policy, args.tp)
         budgets = budget_cases(args.steps, Path(d)) if not only else []
+    if only and Path(args.out).exists():
+        # A partial run replaces its own plans' rows in the results file and keeps the rest.
+        kept = json.loads(Path(args.out).read_text())
+        done = {(r["model"], json.dumps(r["plan"], sort_keys=True)) for r in runs}
+        runs = [r for r in kept["runs"] if (r["model"], json.dumps(r["plan"], sort_keys=True)) not in done] + runs
+        budgets = kept["budgets"]
     errors = [abs(r["rel_error"]) for run in runs for r in run["per_rank"]]
     errors += [abs(r["rel_error"]) for case in budgets for r in case["fit_run_per_rank"]]
     summary = {
