@@ -135,6 +135,30 @@ def tp_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> tupl
     return [Collective("allreduce", nbytes)] * 2, [Collective("allreduce", nbytes)] * 2
 
 
+def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None
+                      ) -> tuple[tuple[list[Collective], list[Collective]], tuple[list[Collective], list[Collective]]]:
+    """Megatron's TP collectives of the vocabulary-parallel layers, ((embedding forward, backward),
+    (LM head + loss forward, backward)).
+
+    Embedding (``VocabParallelEmbedding``): each rank looks up its rows and the partial outputs are
+    all-reduced, or reduce-scattered along the sequence under sequence parallelism (whose backward
+    is the conjugate all-gather). Cross-entropy (``vocab_parallel_cross_entropy``): three
+    all-reduces of one fp32 value per token in the forward (row maximum, target logit, sum of
+    exponentials), none in the backward. The executor's embedding all-reduces and then cuts the
+    sequence under sequence parallelism (:func:`mindpipe.traces.torch_gpt.vocab_parallel_embedding`):
+    twice a reduce-scatter's bytes, once per micro-batch.
+    """
+    if plan.tp == 1:
+        return ([], []), ([], [])
+    tokens = plan.micro_batch_size * (seq_len or model.seq_len)
+    nbytes = tokens * model.hidden_size * DTYPE_BYTES[plan.precision]
+    if plan.sequence_parallel:
+        emb = [Collective("reducescatter", nbytes)], [Collective("allgather", nbytes)]
+    else:
+        emb = [Collective("allreduce", nbytes)], []
+    return emb, ([Collective("allreduce", 4 * tokens)] * 3, [])
+
+
 # The GEMM each TP collective of a block pipelines with under ``tp_comm_overlap``, in the order of
 # :func:`tp_collectives` (attention half, then MLP half), as Transformer Engine's userbuffers pair
 # them (``transformer_engine/pytorch/module/{layernorm_linear,linear,layernorm_mlp}.py``; the
@@ -214,8 +238,9 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     fwd_comm, bwd_comm = tp_collectives(model, plan)
     out_bytes = boundary_bytes(model, plan)
     params = {name: n for name, _, n in layer_params(model, t)}
+    (emb_fwd, emb_bwd), (head_fwd, head_bwd) = vocab_collectives(model, plan)
     f, i, w, _ = price(embedding_ops(model, b, s, t, d))
-    layers = [LayerCost("embedding", "embedding", f, i, w, output_bytes=out_bytes, param_count=params["embedding"])]
+    layers = [LayerCost("embedding", "embedding", f, i, w, 0.0, emb_fwd, emb_bwd, out_bytes, params["embedding"])]
     ops = block_ops(model, b, s, t, sp, d, flash_attention=plan.flash_attention)
     f, i, w, core = price(ops)
     if plan.tp_comm_overlap and fwd_comm:
@@ -237,7 +262,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     f, i, w, _ = price(final_norm_ops(model, b, s, t, sp, d))
     layers.append(LayerCost("final_norm", "final_norm", f, i, w, output_bytes=out_bytes, param_count=params["final_norm"]))
     f, i, w, _ = price(lm_head_ops(model, b, s, t, d, plan.loss_chunks))
-    layers.append(LayerCost("lm_head", "lm_head", f, i, w, output_bytes=0, param_count=params["lm_head"]))
+    layers.append(LayerCost("lm_head", "lm_head", f, i, w, 0.0, head_fwd, head_bwd, 0, params["lm_head"]))
     return layers
 
 
@@ -375,20 +400,21 @@ class TraceComputeModel:
         # (one operator list for every block: they are the same shape).
         core_share, memory_share = _attention_core_share(model, plan), _memory_op_share(model, plan)
 
+        vocab_comm = dict(zip(("embedding", "lm_head"), vocab_collectives(model, plan), strict=True))
+
         def from_record(name: str, kind: str, rec: object | None, comm: bool) -> LayerCost:
+            fwd, bwd = (fwd_comm, bwd_comm) if comm else vocab_comm.get(kind, ([], []))
             if rec is None:
-                return LayerCost(name, kind, 0.0, 0.0, 0.0, output_bytes=out_bytes, param_count=params[name])
+                return LayerCost(name, kind, 0.0, 0.0, 0.0, 0.0, list(fwd), list(bwd),
+                                 out_bytes if kind != "lm_head" else 0, params[name])
             f = rec.forward_s * k  # type: ignore[attr-defined]
             i = rec.backward_input_s * k  # type: ignore[attr-defined]
             w = rec.backward_weight_s * k  # type: ignore[attr-defined]
             # Selective recompute re-runs the attention core; a layer trace does not separate it,
             # so estimate its share of the forward from the operator FLOPs/bytes ratio (roofline).
             core = f * core_share if kind == "block" else 0.0
-            cost = LayerCost(
-                name, kind, f, i, w, core,
-                list(fwd_comm) if comm else [], list(bwd_comm) if comm else [],
-                out_bytes if kind != "lm_head" else 0, params[name],
-            )
+            cost = LayerCost(name, kind, f, i, w, core, list(fwd), list(bwd), out_bytes if kind != "lm_head" else 0,
+                             params[name])
             if kind == "block":
                 cost.recompute_nongemm_s = core + f * memory_share
             return cost
@@ -593,5 +619,6 @@ __all__ = [
     "swap_weight_reread_bytes",
     "tp_collectives",
     "tp_overlap_gemms",
+    "vocab_collectives",
     "with_overlap",
 ]
