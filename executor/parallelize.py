@@ -12,7 +12,9 @@ left vocabulary-parallel: each rank's loss is Megatron's vocabulary-parallel cro
 columns (:class:`mindpipe.traces.torch_gpt.VocabShard`), so no rank holds the whole ``[s, b, V]``
 logits (the simulator's memory model divides them by t: :func:`mindpipe.simulator.memory.logit_count`). With sequence parallelism (Korthikanti et al. 2022, §4.2.2) LayerNorms and the residual
 stream are split along the sequence (``Shard(1)``); the attention and MLP inputs are all-gathered
-and the row-parallel outputs reduce-scattered, as in torchtitan's plan.
+and the row-parallel outputs reduce-scattered, as in torchtitan's plan; the GEMMs after the
+all-gather save only the rank's sequence shard of their input and gather it again in the backward,
+as Megatron does (:mod:`mindpipe.executor.sp_linear`).
 
 Recompute wraps a block's ``forward`` (instance attribute, so parameter names stay unchanged):
 ``full`` checkpoints the whole block; ``selective`` checkpoints only the attention core (Q·Kᵀ,
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 from mindpipe.executor.memory_account import MemoryAccount
 from mindpipe.executor.offload import HostPool, swapping
+from mindpipe.executor.sp_linear import keep_sequence_shard
 from mindpipe.executor.stages import StageModule
 from mindpipe.traces.config import Plan
 from mindpipe.traces.layout import BlockPolicy, block_policies, data_parallel_units, reshards_after_forward
@@ -89,6 +92,11 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
             })
         # A block cut by a stage boundary holds only its attention or its MLP half (executor/stages.py).
         held = {name for name, _ in block.named_modules()}
+        if sp:  # the gathered input's first GEMMs keep only this rank's shard of it (executor/sp_linear.py)
+            for part, names in (("attn", ("qkv", "wq", "wk", "wv")), ("mlp", ("fc1", "gate", "up"))):
+                mine = [n for n in names if f"{part}.{n}" in held]
+                if part in held and keep_sequence_shard(block.get_submodule(part), mine, tp_mesh):
+                    held -= {f"{part}.{n}" for n in mine}
         parallelize_module(block, tp_mesh, {k: v for k, v in layout.items() if k in held})
     if stage.embedding is not None:
         # Megatron's vocabulary-parallel token table (vocab_parallel_embedding): each rank looks

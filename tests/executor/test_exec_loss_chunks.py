@@ -154,6 +154,6 @@ def test_tensor_parallel_loss_is_vocabulary_parallel(tmp_path, chunks):
     plan = {**TP2_WIDE, "loss_chunks": chunks}
     trace = _launched(tmp_path, plan, ODD)
     assert_parity(trace.measurement.losses, reference(plan, ODD))
-    assert_memory_matches_simulator(trace, ODD, rel=0.03)
+    assert_memory_matches_simulator(trace, ODD, rel=0.01)
     for r in trace.measurement.ranks:  # torch's Shard(0) split of 511 rows: 256 on rank 0, 255 on rank 1
         assert r.memory is not None and r.memory.gradients_bytes <= r.memory.weights_bytes, r.memory  # at the peak
