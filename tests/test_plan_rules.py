@@ -88,9 +88,11 @@ def test_simulator_memory_and_calibration_follow_the_layout(case: tuple[Model, P
                      for c, p in zip(blocks, own, strict=True))
         assert work.recompute_s == pytest.approx(expect, rel=1e-12, abs=1e-18)
         if span.stage > 0:  # stage 0's I does nothing under a split backward (its W is the whole backward)
-            fwd_tp = sum(len(c.forward_comm) for c in blocks)
+            # Every layer of the stage: the blocks' and the vocabulary-parallel layers' (costs.vocab_collectives).
+            layers = [by_name[n] for n in span.layer_names()]
+            fwd_tp = sum(len(c.forward_comm) for c in layers)
             redone = sum(len(c.forward_comm) for c, p in zip(blocks, own, strict=True) if p == "full")
-            assert len(colls[(span.stage, "B")]) == redone + sum(len(c.backward_comm) for c in blocks)
+            assert len(colls[(span.stage, "B")]) == redone + sum(len(c.backward_comm) for c in layers)
             assert len(colls[(span.stage, "F")]) == fwd_tp
     # Memory: each rank's activations are Σ in-flight × (its blocks under their policies + extras);
     # between a split backward's I and W a micro-batch holds the same less the loss's log-softmax,

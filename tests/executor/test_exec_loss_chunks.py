@@ -157,3 +157,16 @@ def test_tensor_parallel_loss_is_vocabulary_parallel(tmp_path, chunks):
     assert_memory_matches_simulator(trace, ODD, rel=0.01)
     for r in trace.measurement.ranks:  # torch's Shard(0) split of 511 rows: 256 on rank 0, 255 on rank 1
         assert r.memory is not None and r.memory.gradients_bytes <= r.memory.weights_bytes, r.memory  # at the peak
+
+
+def test_sequence_parallel_gemms_keep_their_shard_under_recompute_and_swap(tmp_path):
+    """The shard-saving column-parallel GEMMs (:mod:`mindpipe.executor.sp_linear`) inside a fully
+    recomputed block (its forward runs twice) and a swapped one (the shard goes to the host pool):
+    the single process's losses, and the simulator's peak within 1 %."""
+    from .test_exec_memory_runs import assert_memory_matches_simulator
+
+    plan = {**TP2_WIDE, "layer_memory_policy": ["recompute", "swap", "keep", "recompute"]}
+    trace = _launched(tmp_path, plan, ODD)
+    assert_parity(trace.measurement.losses, reference(plan, ODD))
+    assert_memory_matches_simulator(trace, ODD, rel=0.01)
+    assert all(r.memory is not None and r.memory.host_pool_peak_bytes > 0 for r in trace.measurement.ranks)
