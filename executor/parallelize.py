@@ -4,13 +4,14 @@ Order as torchtitan's ``parallelize_llama``: tensor parallelism (DTensor) → ac
 checkpointing → data parallelism (FSDP2 ``fully_shard`` for ``zero_stage`` ≥ 1, FSDP2-style
 ``replicate`` for ``zero_stage`` 0), with ``reshard_after_forward = not pp_enabled``.
 
-Tensor parallelism is Megatron's layout (Shoeybi et al. 2019): the token table row-parallel over the
-vocabulary, QKV and fc1 column-parallel,
-projection and fc2 row-parallel (Llama: Q, K, V, gate and up column-parallel, output projection
-and down row-parallel; K/V heads split over tp), the LM head column-parallel over the vocabulary with its logits
-left vocabulary-parallel: each rank's loss is Megatron's vocabulary-parallel cross-entropy over its
-columns (:class:`mindpipe.traces.torch_gpt.VocabShard`), so no rank holds the whole ``[s, b, V]``
-logits (the simulator's memory model divides them by t: :func:`mindpipe.simulator.memory.logit_count`). With sequence parallelism (Korthikanti et al. 2022, §4.2.2) LayerNorms and the residual
+Tensor parallelism is Megatron's layout (Shoeybi et al. 2019): the token table row-parallel over
+the vocabulary, QKV and fc1 column-parallel, projection and fc2 row-parallel (Llama: Q, K, V, gate
+and up column-parallel, output projection and down row-parallel; K/V heads split over tp), the LM
+head column-parallel over the vocabulary with its logits left vocabulary-parallel: each rank's loss
+is Megatron's vocabulary-parallel cross-entropy over its columns
+(:class:`mindpipe.traces.torch_gpt.VocabShard`), so no rank holds the whole ``[s, b, V]`` logits
+(the simulator's memory model divides them by t: :func:`mindpipe.simulator.memory.logit_count`).
+With sequence parallelism (Korthikanti et al. 2022, §4.2.2) LayerNorms and the residual
 stream are split along the sequence (``Shard(1)``); the attention and MLP inputs are all-gathered
 and the row-parallel outputs reduce-scattered, as in torchtitan's plan; the GEMMs after the
 all-gather save only the rank's sequence shard of their input and gather it again in the backward,
@@ -100,8 +101,9 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
         parallelize_module(block, tp_mesh, {k: v for k, v in layout.items() if k in held})
     if stage.embedding is not None:
         # Megatron's vocabulary-parallel token table (vocab_parallel_embedding): each rank looks
-        # up the tokens of its rows, zeros elsewhere, and the partial outputs are all-reduced. GPT's position table stays replicated (s·h). With sequence
-        # parallelism the embedding's output is then cut along the sequence (no communication).
+        # up the tokens of its rows, zeros elsewhere, and the partial outputs are all-reduced.
+        # GPT's position table stays replicated (s·h). With sequence parallelism the embedding's
+        # output is then cut along the sequence (no communication).
         tok: Any = stage.embedding.tok
         tok.weight = nn.Parameter(distribute_tensor(tok.weight.data, tp_mesh, [Shard(0)]))
         tok.forward = functools.partial(vocab_parallel_embedding, tok, _vocab_shard(tok.weight, tp_mesh))

@@ -135,10 +135,9 @@ def tp_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> tupl
     return [Collective("allreduce", nbytes)] * 2, [Collective("allreduce", nbytes)] * 2
 
 
-def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None
-                      ) -> tuple[tuple[list[Collective], list[Collective]], tuple[list[Collective], list[Collective]]]:
-    """Megatron's TP collectives of the vocabulary-parallel layers, ((embedding forward, backward),
-    (LM head + loss forward, backward)).
+def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> dict[str, tuple[list[Collective], list[Collective]]]:
+    """Megatron's TP collectives of the vocabulary-parallel layers, (forward, input-gradient pass)
+    by layer kind (``embedding``, ``lm_head``; empty for every kind at tp 1).
 
     Embedding (``VocabParallelEmbedding``): each rank looks up its rows and the partial outputs are
     all-reduced, or reduce-scattered along the sequence under sequence parallelism (whose backward
@@ -149,14 +148,14 @@ def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None
     twice a reduce-scatter's bytes, once per micro-batch.
     """
     if plan.tp == 1:
-        return ([], []), ([], [])
+        return {}
     tokens = plan.micro_batch_size * (seq_len or model.seq_len)
     nbytes = tokens * model.hidden_size * DTYPE_BYTES[plan.precision]
     if plan.sequence_parallel:
         emb = [Collective("reducescatter", nbytes)], [Collective("allgather", nbytes)]
     else:
         emb = [Collective("allreduce", nbytes)], []
-    return emb, ([Collective("allreduce", 4 * tokens)] * 3, [])
+    return {"embedding": emb, "lm_head": ([Collective("allreduce", 4 * tokens)] * 3, [])}
 
 
 # The GEMM each TP collective of a block pipelines with under ``tp_comm_overlap``, in the order of
@@ -238,7 +237,9 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     fwd_comm, bwd_comm = tp_collectives(model, plan)
     out_bytes = boundary_bytes(model, plan)
     params = {name: n for name, _, n in layer_params(model, t)}
-    (emb_fwd, emb_bwd), (head_fwd, head_bwd) = vocab_collectives(model, plan)
+    vocab = vocab_collectives(model, plan)
+    emb_fwd, emb_bwd = vocab.get("embedding", ([], []))
+    head_fwd, head_bwd = vocab.get("lm_head", ([], []))
     f, i, w, _ = price(embedding_ops(model, b, s, t, d))
     layers = [LayerCost("embedding", "embedding", f, i, w, 0.0, emb_fwd, emb_bwd, out_bytes, params["embedding"])]
     ops = block_ops(model, b, s, t, sp, d, flash_attention=plan.flash_attention)
@@ -400,16 +401,13 @@ class TraceComputeModel:
         # (one operator list for every block: they are the same shape).
         core_share, memory_share = _attention_core_share(model, plan), _memory_op_share(model, plan)
 
-        vocab_comm = dict(zip(("embedding", "lm_head"), vocab_collectives(model, plan), strict=True))
+        vocab_comm = vocab_collectives(model, plan)
 
         def from_record(name: str, kind: str, rec: object | None, comm: bool) -> LayerCost:
             fwd, bwd = (fwd_comm, bwd_comm) if comm else vocab_comm.get(kind, ([], []))
-            if rec is None:
-                return LayerCost(name, kind, 0.0, 0.0, 0.0, 0.0, list(fwd), list(bwd),
-                                 out_bytes if kind != "lm_head" else 0, params[name])
-            f = rec.forward_s * k  # type: ignore[attr-defined]
-            i = rec.backward_input_s * k  # type: ignore[attr-defined]
-            w = rec.backward_weight_s * k  # type: ignore[attr-defined]
+            f = rec.forward_s * k if rec is not None else 0.0  # type: ignore[attr-defined]
+            i = rec.backward_input_s * k if rec is not None else 0.0  # type: ignore[attr-defined]
+            w = rec.backward_weight_s * k if rec is not None else 0.0  # type: ignore[attr-defined]
             # Selective recompute re-runs the attention core; a layer trace does not separate it,
             # so estimate its share of the forward from the operator FLOPs/bytes ratio (roofline).
             core = f * core_share if kind == "block" else 0.0
