@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mindpipe.traces.layout import loop_stage_to_rank, v_stage_to_rank
 
@@ -57,6 +58,25 @@ class Action:
         return Action(int(m["stage"]), m["kind"], int(m["mb"]))
 
 
+class Held(NamedTuple):
+    """What one stage of a rank holds after an action (:meth:`Schedule.held_timeline`).
+
+    Attributes:
+        awaiting_input: Micro-batches past their ``F`` awaiting their input gradient (``B`` or ``I``).
+        awaiting_weight: Micro-batches past their ``I`` awaiting their ``W`` (split backward only).
+        has_grads: 1 once the stage's weight gradients exist in this iteration (after its first
+            ``B``, or its first ``W`` under a split backward), else 0.
+        backward_next: 1 when the rank's next action (on any of its stages) is a backward (``B``,
+            ``I`` or ``W``), whose transients (a redone block, the loss's gradients) then come on
+            top of what is held here; else 0.
+    """
+
+    awaiting_input: int
+    awaiting_weight: int
+    has_grads: int
+    backward_next: int = 0
+
+
 @dataclass
 class Schedule:
     """Per-rank ordered compute actions of one iteration.
@@ -86,9 +106,8 @@ class Schedule:
         """Virtual stages placed on ``rank``, ascending."""
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
-    def held_timeline(self, rank: int) -> list[dict[int, tuple[int, int]]]:
-        """After each action of ``rank``, per local stage: (micro-batches past their ``F`` awaiting
-        their input gradient, micro-batches past their ``I`` awaiting ``W``).
+    def held_timeline(self, rank: int) -> list[dict[int, Held]]:
+        """After each action of ``rank``, per local stage: what it holds (:class:`Held`).
 
         A micro-batch's activations for stage s are held from its ``F`` until the backward that
         frees them. ``B`` frees them all. Under a split backward, torch's ``stage_backward_input``
@@ -99,29 +118,38 @@ class Schedule:
         :mod:`mindpipe.executor.memory_account`). Qi et al. (ICLR'24) count ZB-H1 memory as if
         ``I`` freed everything; that is not what torch runs. Which bytes each phase holds is
         :class:`mindpipe.simulator.memory.StageMemoryModel`'s; this only counts micro-batches.
+
+        Weight gradients exist from the stage's first ``B`` (or ``W``) of the iteration on: torch
+        frees them at the step (``zero_grad(set_to_none=True)``) and autograd allocates them in the
+        backward, so the forwards of a warm-up (1F1B's first stage at m ≤ p, any plan with one
+        micro-batch) hold their activations without them.
         """
         stages = self.stages_of_rank(rank)
-        cur = {s: [0, 0] for s in stages}
-        out: list[dict[int, tuple[int, int]]] = []
-        for a in self.orders[rank]:
+        cur = {s: [0, 0, 0] for s in stages}
+        out: list[dict[int, Held]] = []
+        order = self.orders[rank]
+        for i, a in enumerate(order):
             c = cur[a.stage]
             if a.kind == "F":
                 c[0] += 1
             elif a.kind == "B":
                 c[0] -= 1
+                c[2] = 1
             elif a.kind == "I":
                 c[0] -= 1
                 c[1] += 1
             else:  # W
                 c[1] -= 1
-            out.append({s: (v[0], v[1]) for s, v in cur.items()})
+                c[2] = 1
+            nxt = int(i + 1 < len(order) and order[i + 1].kind != "F")
+            out.append({s: Held(*v, nxt) for s, v in cur.items()})
         return out
 
     def in_flight_timeline(self, rank: int) -> list[dict[int, int]]:
         """After each action of ``rank``, the micro-batches per local stage whose activations are
         held: from their ``F`` until their ``B``, or ``W`` under a split backward
         (:meth:`held_timeline`)."""
-        return [{s: a + w for s, (a, w) in held.items()} for held in self.held_timeline(rank)]
+        return [{s: h.awaiting_input + h.awaiting_weight for s, h in held.items()} for held in self.held_timeline(rank)]
 
     def in_flight_peak(self) -> list[list[int]]:
         """Peak number of micro-batches whose activations are held, per rank and per local stage.
@@ -147,4 +175,4 @@ class Schedule:
 
 
 # loop_stage_to_rank and v_stage_to_rank are the plan rules of traces.layout, re-exported for the schedules.
-__all__ = ["KINDS", "Action", "Schedule", "loop_stage_to_rank", "v_stage_to_rank"]
+__all__ = ["KINDS", "Action", "Held", "Schedule", "loop_stage_to_rank", "v_stage_to_rank"]

@@ -79,7 +79,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass
 
-from mindpipe.simulator.actions import Schedule
+from mindpipe.simulator.actions import Held, Schedule
 from mindpipe.simulator.block_parts import part_params
 from mindpipe.simulator.build import GRAD_BYTES
 from mindpipe.simulator.costs import DTYPE_BYTES, layer_params
@@ -464,19 +464,34 @@ class StageMemoryModel:
             after += self.block(p, part)
         return out
 
-    def rank(self, rank: int, terms: dict[int, _StageTerms], held: list[dict[int, tuple[int, int]]]) -> RankMemory:
+    def rank(self, rank: int, terms: dict[int, _StageTerms], held: list[dict[int, Held]]) -> RankMemory:
         """Peak memory of a pipeline rank holding the stages of ``terms`` (virtual stage → terms).
 
         ``held`` is the rank's :meth:`Schedule.held_timeline`: per stage after each of its actions,
-        micro-batches awaiting their input gradient and micro-batches awaiting their W.
+        micro-batches awaiting their input gradient, micro-batches awaiting their W, and whether
+        the stage's weight gradients exist yet. The peak is over that timeline of the activations
+        plus the gradients that exist at that point (torch allocates them in the first backward and
+        frees them at the step), so a warm-up's forwards hold no gradients. The gradients of the
+        first backward, allocated while it frees the activations, are left out as the executor's
+        accounting leaves them out (it re-reads them after each backward action): on a GPU the
+        allocator's peak can be higher by part of them.
         """
         plan = self.plan
-        acts = max((sum(a * terms[s].per_microbatch_bytes + w * terms[s].after_input_bytes for s, (a, w) in h.items())
-                    for h in held), default=0.0)
-        weights, grads, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
-        # The re-materialised block sits on top of the peak: in 1F1B's steady state the oldest
-        # micro-batch's backward runs while the newest forward's activations are still held.
-        other = self.reserve + max((t.transient_bytes for t in terms.values()), default=0.0)
+        grads_of = {s: model_state_bytes(t.params, plan)[1] for s, t in terms.items()}
+        # A backward's transient (a re-materialised block, the loss's gradients) sits on top of what
+        # is held when it starts: in 1F1B's steady state the oldest micro-batch's backward runs
+        # while the newest forward's activations are still held.
+        transient = max((t.transient_bytes for t in terms.values()), default=0.0)
+
+        def point(h: dict[int, Held]) -> tuple[float, float, float]:
+            acts = sum(x.awaiting_input * terms[s].per_microbatch_bytes + x.awaiting_weight * terms[s].after_input_bytes
+                       for s, x in h.items())
+            grads = sum((grads_of[s] for s, x in h.items() if x.has_grads), 0.0)
+            return acts, grads, transient if any(x.backward_next for x in h.values()) else 0.0
+
+        acts, grads, redo = max((point(h) for h in held), key=sum, default=(0.0, 0.0, 0.0))
+        weights, _, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
+        other = self.reserve + redo
         if plan.zero_stage == 3 and plan.dp > 1:
             # FSDP-style: the layer being computed and the prefetched next one are gathered whole.
             other += 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision]
@@ -532,10 +547,12 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     """Most blocks each stage can hold in device memory, for a partitioner; None when not separable.
 
     With one stage per rank and one policy for every block, a rank's total in :func:`stage_memory`
-    is affine in its block count n ≥ 1 (model states and held activations grow by one block's
-    worth per block), so the cap is read off the same arithmetic at n = 1 and n = 2. Several chunks
-    per rank couple their stages, and per-block policies (or a boundary inside a block) depend on
-    where the cut falls: None there (the memory check after partitioning still decides).
+    grows with its block count n (model states and held activations by one block's worth per
+    block at every point of the schedule; the peak is the largest of those affine totals, so convex
+    in n: a warm-up without gradients can give way to a steady state with them), and the cap is the
+    largest n whose total fits, found by bisection on the same arithmetic. Several chunks per rank
+    couple their stages, and per-block policies (or a boundary inside a block) depend on where the
+    cut falls: None there (the memory check after partitioning still decides).
     """
     if plan.virtual_stages != 1 or plan.layer_memory_policy is not None or plan.cuts_inside_blocks:
         return None
@@ -547,16 +564,20 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     for s in range(schedule.num_stages):
         timeline = schedule.held_timeline(schedule.stage_to_rank[s])
 
-        def total(n: int, s: int = s, timeline: list[dict[int, tuple[int, int]]] = timeline) -> float:
-            return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last)}, timeline).total_bytes
+        def fits(n: int, s: int = s, timeline: list[dict[int, Held]] = timeline) -> bool:
+            return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last)}, timeline).total_bytes <= cap
 
-        one, two = total(1), total(2)
-        if one > cap:
-            out.append(0)
-        elif two <= one:
-            out.append(model.num_layers)
-        else:
-            out.append(min(model.num_layers, 1 + int((cap - one) // (two - one))))
+        lo, hi = 0, model.num_layers  # fits(lo) holds (or lo is 0); find the largest such n
+        if fits(hi):
+            out.append(hi)
+            continue
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        out.append(lo)
     return out
 
 

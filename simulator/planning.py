@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mindpipe.simulator.actions import Schedule
+from mindpipe.simulator.actions import Held, Schedule
 from mindpipe.simulator.memory import RankMemory, StageMemoryModel, activation_bytes_per_layer
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
@@ -37,8 +37,8 @@ class StageBudget:
     Attributes:
         stage: Virtual stage (= pipeline rank: one stage per rank).
         in_flight: Peak micro-batches the stage holds under the schedule (1F1B: min(p − s, m)).
-        held: The distinct (awaiting I or B, awaiting W) micro-batch counts of the stage over the
-            schedule (:meth:`~mindpipe.simulator.actions.Schedule.held_timeline`).
+        held: The distinct states of the stage over the schedule (micro-batches awaiting I or B,
+            awaiting W, gradients present: :meth:`~mindpipe.simulator.actions.Schedule.held_timeline`).
         capacity_bytes: The device's memory.
         has_embedding, has_head: The stage holds the embedding (first) or the head (last).
     """
@@ -48,7 +48,7 @@ class StageBudget:
     capacity_bytes: float
     has_embedding: bool
     has_head: bool
-    held: tuple[tuple[int, int], ...]
+    held: tuple[Held, ...]
     _mm: StageMemoryModel
     _totals: dict[tuple[tuple[tuple[str, str], int], ...], float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -93,8 +93,9 @@ def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedu
     last = schedule.num_stages - 1
     out = []
     for s in range(schedule.num_stages):
-        held = tuple(sorted({t.get(s, (0, 0)) for t in schedule.held_timeline(s)}))
-        out.append(StageBudget(s, max((a + w for a, w in held), default=0), float(device.memory_capacity_bytes),
+        held = tuple(sorted({t.get(s, Held(0, 0, 0)) for t in schedule.held_timeline(s)}))
+        out.append(StageBudget(s, max((h.awaiting_input + h.awaiting_weight for h in held), default=0),
+                               float(device.memory_capacity_bytes),
                                s == 0, s == last, held, mm))
     return out
 

@@ -171,8 +171,10 @@ def test_first_stage_holds_all_layers_in_1f1b(p):
 
 
 def test_hand_built_1f1b_and_gpipe_in_flight():
-    """1F1B: stage s of p holds p − s micro-batches; GPipe: all m (orders written by hand)."""
-    m = Model(kind="gpt", num_layers=6, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    """1F1B: stage s of p holds p − s micro-batches; GPipe: all m (orders written by hand). The
+    sequence is long enough that a micro-batch's activations outweigh the stage's gradients, so the
+    peak is where the most micro-batches are held, gradients or not."""
+    m = Model(kind="gpt", num_layers=6, hidden_size=64, num_heads=4, seq_len=512, vocab_size=128)
     plan = Plan(pp=3, global_batch_size=4)
     per = activation_bytes_per_layer(m, plan)
     emb, head = embedding_activation_bytes(m, plan), head_activation_bytes(m, plan)
@@ -193,7 +195,7 @@ def test_hand_built_1f1b_and_gpipe_in_flight():
 
 @pytest.mark.parametrize(("p", "m_"), [(4, 2), (4, 8), (3, 7)])
 def test_built_schedules_in_flight(p, m_):
-    model = Model(kind="gpt", num_layers=2 * p, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    model = Model(kind="gpt", num_layers=2 * p, hidden_size=64, num_heads=4, seq_len=512, vocab_size=128)
     plan = Plan(pp=p, global_batch_size=m_)
     per = activation_bytes_per_layer(model, plan)
     one = _acts(model, plan, build_schedule("1f1b", p, m_), [2] * p)
@@ -238,7 +240,7 @@ def test_interleaved_matches_megatron_warmup(p, v):
 
 
 def test_layer_memory_policy_and_transients():
-    model = Model(kind="gpt", num_layers=4, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128, dropout=0.1)
+    model = Model(kind="gpt", num_layers=4, hidden_size=64, num_heads=4, seq_len=512, vocab_size=128, dropout=0.1)
     base = Plan(pp=2, global_batch_size=2)
     plan = dataclasses.replace(base, layer_memory_policy=["keep", "recompute", "swap", "keep"])
     none = activation_bytes_per_layer(model, base)
@@ -247,18 +249,18 @@ def test_layer_memory_policy_and_transients():
     mem = stage_memory(model, plan, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
     assert [rm.activations_bytes for rm in mem] == [2 * (none + full + emb), none + head]
     # A recomputed block comes back whole, a swapped one tensor by tensor (its largest: here the
-    # GeLU input, 2·s·b·4h), less what the backward already freed: on stage 1 the swapped block 2
+    # softmax output, 2·a·s²·b), less what the backward already freed: on stage 1 the swapped block 2
     # comes back after block 3 (kept, ``none``) and the head released theirs, so it adds nothing;
     # the loss's own backward temporaries (two fp32 logits-sized gradients) are stage 1's transient.
     loss = loss_transient_bytes(model, base)
-    assert loss == 2 * 4 * 32 * 1 * 128
+    assert loss == 2 * 4 * 512 * 1 * 128
     assert [rm.other_bytes for rm in mem] == [none, loss]
     late = dataclasses.replace(base, layer_memory_policy=["keep", "recompute", "keep", "keep"])
     mem = stage_memory(model, late, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
     assert [rm.other_bytes for rm in mem] == [none, loss]
     swap_last = dataclasses.replace(base, layer_memory_policy=["keep", "swap", "keep", "keep"])
     mem = stage_memory(model, swap_last, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
-    assert [rm.other_bytes for rm in mem] == [2 * 32 * 1 * 4 * 64, loss]
+    assert [rm.other_bytes for rm in mem] == [2 * 4 * 512 * 512 * 1, loss]  # the softmax output, d·a·s²·b > d·s·b·4h
     kept = stage_memory(model, base, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
     assert [rm.other_bytes for rm in kept] == [0.0, loss]
     with pytest.raises(ContractError, match="layer_memory_policy"):
@@ -301,7 +303,7 @@ def test_rank_states_cover_the_model_and_zero3_gathers():
 
 def test_cpu_device_masks_and_reserve():
     """On a CPU the torch model keeps dtype-sized masks and no framework reserve."""
-    model = Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128, dropout=0.1)
+    model = Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=512, vocab_size=128, dropout=0.1)
     plan = Plan(global_batch_size=1, precision="fp32")
     (rm,) = stage_memory(model, plan, CPU, build_schedule("1f1b", 1, 1), [2])
     assert rm.other_bytes == loss_transient_bytes(model, plan)  # the loss's backward; no framework reserve
@@ -387,3 +389,34 @@ def test_nongemm_keeps_the_input_and_the_gemm_outputs(dropout, kind, per_sbh):
     assert got == pytest.approx(per_sbh * sbh(model, 2))
     assert activation_bytes_per_layer(model, plan, policy="full") < got < activation_bytes_per_layer(
         model, plan, policy="selective")
+
+
+def test_gradients_exist_from_the_first_backward():
+    """torch allocates the weight gradients in the backward and frees them at the step, so the
+    forwards before a stage's first backward hold their activations without them: a plan of one
+    micro-batch peaks with no gradients (or at its gradients alone, after the backward), and so
+    does 1F1B's first stage when m = p; with m > p its steady state holds p micro-batches with them."""
+    model = Model(kind="gpt", num_layers=4, hidden_size=64, num_heads=4, seq_len=512, vocab_size=128)
+    one = Plan(global_batch_size=1, precision="fp32")
+    (rm,) = stage_memory(model, one, CPU, build_schedule("1f1b", 1, 1), [4])
+    weights, grads, optim = model_state_bytes(sum(n for _, _, n in layer_params(model, 1)), one)
+    acts = (4 * activation_bytes_per_layer(model, one, mask_bytes=4) + embedding_activation_bytes(model, one, mask_bytes=4)
+            + head_activation_bytes(model, one))
+    assert acts + loss_transient_bytes(model, one) > grads
+    assert (rm.gradients_bytes, rm.activations_bytes, rm.other_bytes) == (0.0, acts, loss_transient_bytes(model, one))
+    assert rm.total_bytes == weights + optim + acts + loss_transient_bytes(model, one)
+    # A model whose gradients outweigh one micro-batch peaks after its backward, with nothing else held.
+    tiny = dataclasses.replace(model, seq_len=8)
+    (rm,) = stage_memory(tiny, one, CPU, build_schedule("1f1b", 1, 1), [4])
+    w, g, o = model_state_bytes(sum(n for _, _, n in layer_params(tiny, 1)), one)
+    assert (rm.activations_bytes, rm.other_bytes, rm.total_bytes) == (0.0, 0.0, w + g + o)
+    # 1F1B, p = 2: the first stage holds 2 micro-batches before its first backward (no gradients) at
+    # m = 2, and 2 with its gradients in the steady state at m = 4.
+    for m_, with_grads in ((2, False), (4, True)):
+        plan = Plan(pp=2, global_batch_size=m_)
+        per = 2 * activation_bytes_per_layer(model, plan) + embedding_activation_bytes(model, plan)
+        first = stage_memory(model, plan, A100, build_schedule("1f1b", 2, m_), [2, 2], reserved_bytes=0)[0]
+        sizes = dict((name, n) for name, _, n in layer_params(model, 1))
+        g0 = model_state_bytes(sizes["embedding"] + sizes["block.0"] + sizes["block.1"], plan)[1]
+        assert first.activations_bytes == 2 * per
+        assert first.gradients_bytes == (g0 if with_grads else 0.0)

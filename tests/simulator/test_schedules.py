@@ -127,7 +127,7 @@ def test_in_flight_peaks(pp, m):
     zb = build_schedule("zb_h1", pp, m)
     # Qi et al. (§3) count ZB-H1 at 1F1B's memory, as if I freed what W does not need: that is the
     # count of micro-batches awaiting their input gradient.
-    awaiting_input = [max(sum(a for a, _ in t.values()) for t in zb.held_timeline(r)) for r in range(pp)]
+    awaiting_input = [max(sum(h.awaiting_input for h in t.values()) for t in zb.held_timeline(r)) for r in range(pp)]
     assert awaiting_input == one
     # torch's I keeps the graph for W (retain_graph), so activations are held until W, and W's
     # deferred by p − 1 − r slots keep every rank at the first rank's count (changed in issue 16:
