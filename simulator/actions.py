@@ -142,7 +142,7 @@ class Schedule:
                 c[1] -= 1
                 c[2] = 1
             nxt = int(i + 1 < len(order) and order[i + 1].kind != "F")
-            out.append({s: Held(*v, nxt) for s, v in cur.items()})
+            out.append({s: Held(v[0], v[1], v[2], nxt) for s, v in cur.items()})
         return out
 
     def in_flight_timeline(self, rank: int) -> list[dict[int, int]]:
