@@ -64,17 +64,17 @@ class Held(NamedTuple):
     Attributes:
         awaiting_input: Micro-batches past their ``F`` awaiting their input gradient (``B`` or ``I``).
         awaiting_weight: Micro-batches past their ``I`` awaiting their ``W`` (split backward only).
-        has_grads: 1 once the stage's weight gradients exist in this iteration (after its first
-            ``B``, or its first ``W`` under a split backward), else 0.
-        backward_next: 1 when the rank's next action (on any of its stages) is a backward (``B``,
-            ``I`` or ``W``), whose transients (a redone block, the loss's gradients) then come on
-            top of what is held here; else 0.
+        has_grads: The stage's weight gradients exist in this iteration (after its first ``B``, or
+            its first ``W`` under a split backward).
+        backward_next: The rank's next action (on any of its stages) is a backward (``B``, ``I``
+            or ``W``), whose transients (a redone block, the loss's gradients) then come on top of
+            what is held here.
     """
 
     awaiting_input: int
     awaiting_weight: int
-    has_grads: int
-    backward_next: int = 0
+    has_grads: bool
+    backward_next: bool = False
 
 
 @dataclass
@@ -125,24 +125,22 @@ class Schedule:
         micro-batch) hold their activations without them.
         """
         stages = self.stages_of_rank(rank)
-        cur = {s: [0, 0, 0] for s in stages}
+        awaiting_input, awaiting_weight = dict.fromkeys(stages, 0), dict.fromkeys(stages, 0)
+        with_grads: set[int] = set()
         out: list[dict[int, Held]] = []
         order = self.orders[rank]
         for i, a in enumerate(order):
-            c = cur[a.stage]
             if a.kind == "F":
-                c[0] += 1
-            elif a.kind == "B":
-                c[0] -= 1
-                c[2] = 1
-            elif a.kind == "I":
-                c[0] -= 1
-                c[1] += 1
+                awaiting_input[a.stage] += 1
+            elif a.kind in ("B", "I"):
+                awaiting_input[a.stage] -= 1
+                awaiting_weight[a.stage] += a.kind == "I"
             else:  # W
-                c[1] -= 1
-                c[2] = 1
-            nxt = int(i + 1 < len(order) and order[i + 1].kind != "F")
-            out.append({s: Held(v[0], v[1], v[2], nxt) for s, v in cur.items()})
+                awaiting_weight[a.stage] -= 1
+            if a.kind in ("B", "W"):
+                with_grads.add(a.stage)
+            nxt = i + 1 < len(order) and order[i + 1].kind != "F"
+            out.append({s: Held(awaiting_input[s], awaiting_weight[s], s in with_grads, nxt) for s in stages})
         return out
 
     def in_flight_timeline(self, rank: int) -> list[dict[int, int]]:

@@ -93,7 +93,7 @@ def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedu
     last = schedule.num_stages - 1
     out = []
     for s in range(schedule.num_stages):
-        held = tuple(sorted({t.get(s, Held(0, 0, 0)) for t in schedule.held_timeline(s)}))
+        held = tuple(sorted({t.get(s, Held(0, 0, False)) for t in schedule.held_timeline(s)}))
         out.append(StageBudget(s, max((h.awaiting_input + h.awaiting_weight for h in held), default=0),
                                float(device.memory_capacity_bytes),
                                s == 0, s == last, held, mm))
