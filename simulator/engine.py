@@ -14,7 +14,9 @@ synchronously inside the layer, so the rank waits for them); under ``tp_comm_ove
 Engine's userbuffers) the part of each collective its GEMM hides
 (:func:`~mindpipe.simulator.collectives.overlapped_exposed_s`, priced alone) is taken off the
 action. Full or selective recompute adds the re-run forward (and, for full, its collectives) before
-the input-gradient work. Pipeline sends are asynchronous for the sender. Gradients of a stage are
+the input-gradient work. Pipeline sends are asynchronous for the sender (torch.distributed.pipelining),
+or under ``blocking_p2p`` (Megatron-LM, which waits on each batched send/recv) the sender starts its
+next action only when the send has landed. Gradients of a stage are
 reduced over data parallelism in buckets issued while the stage's last backward computes (Megatron
 ``--overlap-grad-reduce``, PyTorch DDP bucketing); with ZeRO ≥ 1 they are reduce-scattered, ZeRO-1/2
 all-gather the updated parameters after the optimizer step (under ``overlap_param_gather`` only the
@@ -254,40 +256,57 @@ class Engine:
             self.last_compute_end[r] = end
             if self.timeline is not None:
                 self._record(r, "compute", str(a), start, end, kind)
-            self._after(r, a, st)
+            sent = self._after(r, a, st)
+            if sent is not None and self.opt.blocking_p2p:
+                # Megatron waits on the batched send/recv before its next action (not busy: blocked).
+                yield sent
         self.busy[r], self.compute[r], self.comm_busy[r] = busy, compute, comm_busy
         self.compute_done[r].succeed()
 
-    def _after(self, r: int, a: Action, st: StageWork) -> None:
-        """Post the sends that action ``a`` enables."""
+    def _after(self, r: int, a: Action, st: StageWork) -> simpy.Event | None:
+        """Post the sends that action ``a`` enables; the event of its pipeline send, if one crosses ranks."""
         s = a.stage
         if a.kind == "F":
             if st.swap_out:
                 self.env.process(self._comm(r, st.swap_out, f"swap-out {a}", "swap", False))
             if s + 1 < self.schedule.num_stages:
-                self._send(r, st.send_fwd, 0, (s + 1) * self._m + a.microbatch, a, s + 1)
+                return self._send(r, st.send_fwd, 0, (s + 1) * self._m + a.microbatch, a, s + 1)
         elif a.kind != "W" and s > 0:
-            self._send(r, st.send_bwd, 1, (s - 1) * self._m + a.microbatch, a, s - 1)
+            return self._send(r, st.send_bwd, 1, (s - 1) * self._m + a.microbatch, a, s - 1)
+        return None
 
-    def _send(self, r: int, phases: list[Phase] | None, grad: int, i: int, a: Action, dst: int) -> None:
-        """Send action ``a``'s output (``grad`` 0) or input gradient (1) to stage ``dst``, as input ``i``."""
+    def _send(self, r: int, phases: list[Phase] | None, grad: int, i: int, a: Action, dst: int) -> simpy.Event | None:
+        """Send action ``a``'s output (``grad`` 0) or input gradient (1) to stage ``dst``, as input ``i``.
+
+        Returns an event that fires when the send has landed (None when the stages share a rank); only
+        ``blocking_p2p`` waits for it.
+        """
         if not phases:
             self._land(grad, i)
-            return
+            return None
+        done = self.env.event() if self.opt.blocking_p2p else None
         if self.timeline is None and not self._on_cores:
-            self.tr.run(phases, 0, lambda: self._land(grad, i))
-            return
+            def arrived() -> None:
+                self._land(grad, i)
+                if done is not None:
+                    done.succeed()
+
+            self.tr.run(phases, 0, arrived)
+            return done
         start = self.env.now
         label = f"send {'B' if grad else 'F'}{a.microbatch} {a.stage}->{dst}"
 
         def landed() -> None:
             self._record(r, "comm", label, start, self.env.now, "p2p")
             self._land(grad, i)
+            if done is not None:
+                done.succeed()
 
         if self._on_cores:
             self._host_copy(r, phases).callbacks.append(lambda _e: landed())
-            return
+            return done
         self.tr.run(phases, self._prio(True), landed)
+        return done
 
     def _prefetch(self, nxt: Action) -> None:
         """vPipe-style swap-in of the next backward's activations while this action runs."""

@@ -306,6 +306,7 @@ class Simulator:
                            and self.cluster.num_nodes == 1),
             step_host_s=host.step_host_s,
             record=timeline,
+            blocking_p2p=plan.blocking_p2p,
         )
         res = Engine(schedule, stages, ranks, network, opts).run()
         result = self._result(plan, schedule, res, params_by_rank, hourly, busy_w)

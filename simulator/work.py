@@ -96,6 +96,8 @@ class EngineOptions:
         step_host_s: Host CPU time per iteration on the shared cores outside the actions, split
             like ``step_overhead_s`` (a slice before each action, one after the optimizer).
         record: Keep a timeline of every compute action and transfer.
+        blocking_p2p: A rank waits for each pipeline send to land before its next action
+            (Megatron-LM; ``Plan.blocking_p2p``); else sends stay in flight while it goes on.
     """
 
     overlap_grad_reduce: bool = True
@@ -106,6 +108,7 @@ class EngineOptions:
     comm_on_cores: bool = False
     step_host_s: float = 0.0
     record: bool = False
+    blocking_p2p: bool = False
 
 
 @dataclass

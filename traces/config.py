@@ -51,9 +51,12 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # ``tune --what-if`` searches these four. ``action_clocks_mhz`` (a clock per forward/backward of each
 # micro-batch, Perseus's plan) needs a thread switching NVML clocks around every action, while the
 # executor locks one clock per rank; only the clock planner (tuner.frequency, ``perseus_action``) sets it.
+# ``blocking_p2p=true`` is Megatron-LM's pipeline (each batched send/recv waited on, then a device
+# synchronize), while torch.distributed.pipelining's runtime waits for its sends at the step's end;
+# it only ever costs time, so nothing searches it: the validation of Megatron's published runs sets it.
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
                                          "tp_comm_overlap": False, "overlap_param_gather": False}
-WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None}
+WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
@@ -362,7 +365,8 @@ _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRE
                  "comm_priority": COMM_PRIORITIES, "rank_order": RANK_ORDERS, "subnet_schedule": SUBNET_SCHEDULES}
 # Keys that only supernet plans set; None in every GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
 SUPERNET_PLAN_KEYS = ("subnet_schedule", "subnet_window")
-_PLAN_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention")
+_PLAN_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention",
+                   "blocking_p2p")
 PLAN_SCALAR_KEYS = (*_PLAN_INTEGER_LIMITS, *_PLAN_BOOL_KEYS, *_PLAN_CHOICES, "zero_stage")
 """The plan keys whose rule holds on their own (:func:`check_plan_key`); the rules between keys are :class:`Plan`'s."""
 
@@ -433,6 +437,14 @@ class Plan:
     and again in the backward, instead of keeping the whole fp32 log-softmax (4·s·b·V/t bytes per
     micro-batch, the largest activation of a big-vocabulary model's last stage). The simulator
     prices the re-run and sizes the saving (:func:`mindpipe.simulator.memory.head_logit_bytes`).
+    ``blocking_p2p`` makes every pipeline send blocking for its sender, as Megatron-LM's schedules
+    are: ``p2p_communication._communicate`` waits on its batched isend/irecv requests and then
+    synchronizes the device (``batch_p2p_sync``), so a rank starts its next action only once its
+    activation or gradient has landed on the neighbouring stage, and each transfer sits on the
+    critical path of every micro-batch. Megatron-core's interleaved schedule with
+    ``overlap_p2p_comm`` (NeMo's recipes) and torch.distributed.pipelining's runtime (the executor)
+    leave sends in flight; it is a what-if knob (:data:`WHAT_IF_KEYS`), set by the validation of
+    Megatron's published runs (:mod:`mindpipe.simulator.perf.vtrain`).
     """
 
     dp: int = 1
@@ -452,6 +464,7 @@ class Plan:
     overlap_param_gather: bool = False
     flash_attention: bool = False
     loss_chunks: int = 1
+    blocking_p2p: bool = False
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
@@ -564,7 +577,8 @@ class Plan:
 
 def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
     """The what-if knobs a plan (or a point of plan keys) sets to a value the executor does not carry out."""
-    get = plan.get if isinstance(plan, Mapping) else lambda k: getattr(plan, k)
+    # A point may leave a knob out (one the tuner never searches): that is the executor's value.
+    get = (lambda k: plan.get(k, WHAT_IF_KEYS[k])) if isinstance(plan, Mapping) else lambda k: getattr(plan, k)
     return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run]
 
 

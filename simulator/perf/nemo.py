@@ -16,11 +16,13 @@ recipe as far as MindPipe's plan can say it: DGX-H100 (8 H100 SXM5 per node), FP
 ``overlap_grad_reduce=true`` (``overlap_grad_sync``); the parameter all-gather overlapped with the
 next forward → ``overlap_param_gather=true`` (``overlap_param_sync``: true in every launcher file
 read); sequence parallelism whenever tp > 1; interleaved 1F1B with the
-table's ``vp`` chunks when vp > 1, else 1F1B. Per model (``recipe`` in ``nemo_models.json``, each
+table's ``vp`` chunks when vp > 1, else 1F1B; pipeline sends in flight under the interleaved
+schedule (``overlap_p2p_comm: true``, ``batch_p2p_comm: false`` in the launcher files), blocking
+otherwise (Megatron-core's 1F1B: ``blocking_p2p``; no row of the table has pp > 1 with vp = 1). Per model (``recipe`` in ``nemo_models.json``, each
 with the NeMo-Framework-Launcher file it was read from): Transformer Engine's userbuffers overlap of
 the TP collectives with the GEMMs → ``tp_comm_overlap=true`` (when tp > 1), and the activation
 recompute level (``selective`` for the GPT-3 20B and 175B recipes, else none).
-``overlap_grad_reduce``, ``overlap_param_gather`` and ``tp_comm_overlap`` are what-if knobs: the
+``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap`` and ``blocking_p2p`` are what-if knobs: the
 simulator models them, MindPipe's executor does not run them. What the plan cannot say is left out
 and reported by the error: the gradient reduce-scatter in bf16 (``grad_sync_dtype: bf16`` in some
 recipes; the plan reduces fp32 main gradients), TE's extra all-gather of the normed input for the
@@ -157,7 +159,10 @@ def nemo_plan(gpus: int, global_batch: int, micro_batch: int, tp: int, pp: int, 
                 recompute=recipe.recompute if recipe is not None else "none",
                 sequence_parallel=tp > 1, zero_stage=1, precision="fp8", overlap_grad_reduce=True,
                 overlap_param_gather=True, tp_comm_overlap=recipe is not None and recipe.tp_comm_overlap and tp > 1,
-                flash_attention=True)
+                flash_attention=True,
+                # Megatron-core blocks on its pipeline sends except in the interleaved schedule with
+                # overlap_p2p_comm, which NeMo's recipes set (with batch_p2p_comm false) whenever vp > 1.
+                blocking_p2p=pp > 1 and vp == 1)
 
 
 def _row(cells: dict[str, str], where: str) -> NemoRow:

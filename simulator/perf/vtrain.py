@@ -9,8 +9,10 @@ parallelism, pipeline parallelism, iteration time (ms)``; the multi-node file st
 checkpointing of every layer (``use_checkpoint: true`` → ``recompute="full"``), 1F1B, no gradient
 bucketing (``use_gradient_bucket: false`` → no overlap of the data-parallel all-reduce), 8 GPUs
 per node, 800 Gbit/s per node between nodes, GPT-2 vocabulary 50,257 — padded as
-Megatron-DeepSpeed pads it, to a multiple of 128 × tp (``_vocab_size_with_padding``) — and
-Megatron's default dropout 0.1. The micro-batch size is the measured row's (vTrain's simulator
+Megatron-DeepSpeed pads it, to a multiple of 128 × tp (``_vocab_size_with_padding``) —,
+Megatron's default dropout 0.1, and Megatron's blocking pipeline sends (``blocking_p2p``:
+``p2p_communication._communicate`` waits on its ``batch_isend_irecv`` requests and calls
+``torch.cuda.synchronize()``, so each activation or gradient transfer delays its sender). The micro-batch size is the measured row's (vTrain's simulator
 replaces it by global/dp when pp = 1; Megatron ran the listed value). Rows with fewer
 micro-batches than pipeline stages (96 single-node rows) get ``schedule="gpipe"``: Megatron's
 1F1B degenerates to GPipe's order there.
@@ -114,7 +116,8 @@ def _row(cells: dict[str, str], where: str, gpu: str) -> VTrainRow:
         # and makespan. MindPipe's 1f1b requires m >= pp, hence gpipe for those rows.
         schedule = "1f1b" if micro >= pp else "gpipe"
         plan = Plan(dp=dp, tp=tp, pp=pp, micro_batch_size=v["micro batch"], global_batch_size=v["global batch"],
-                    schedule=schedule, recompute="full", precision="fp16", overlap_grad_reduce=False)
+                    schedule=schedule, recompute="full", precision="fp16", overlap_grad_reduce=False,
+                    blocking_p2p=True)
         check_plan(plan, model, cluster, source=where)
     except ContractError as e:
         raise ContractError(where, e.key, e.rule) from None

@@ -91,3 +91,5 @@ def test_made_for_checks_and_what_if_notes():
     assert note.startswith("what-if knobs the simulator models but the executor does not carry out: ")
     assert "comm_priority=pp_first" in note and "overlap_grad_reduce=true" in note
     assert what_if_notes(Plan(dp=2, global_batch_size=2, overlap_grad_reduce=False)) == []
+    (note,) = what_if_notes(Plan(pp=2, global_batch_size=2, blocking_p2p=True))
+    assert "blocking_p2p=true (torch.distributed.pipelining's runtime leaves sends in flight" in note

@@ -77,3 +77,46 @@ def test_zb_h1_bubble_follows_qi_et_al(p: int, m: int) -> None:
     assert bubble == pytest.approx((p - 1) * (f + i - w), abs=1e-9)
     one_f_one_b = _run("1f1b", p, m, cost=Uniform(f, i + w, 0.0))
     assert r.iteration_time_s < one_f_one_b.iteration_time_s
+
+
+class P2pLatency(FreeComm):
+    """Pipeline sends take ``c`` seconds (latency; the few-KB boundaries add ~1e-8 s); the rest is free."""
+
+    def __init__(self, c: float) -> None:
+        self.c = c
+
+    def latency_s(self, op: str, group_size: int, link: str) -> float:
+        return self.c if op == "p2p" else 0.0
+
+
+def _p2p_run(blocking: bool, c: float, p: int = 2, m: int = 2, record: bool = False):
+    model = Model(kind="gpt", num_layers=p, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=p)
+    plan = Plan(pp=p, micro_batch_size=1, global_batch_size=m, schedule="1f1b", blocking_p2p=blocking)
+    opts = SimulationOptions(compute=Uniform(1.0, 2.0, 0.0), comm=P2pLatency(c), timeline=record)
+    return simulate(model, cluster, plan, opts)
+
+
+def test_blocking_p2p_holds_the_sender_until_its_send_lands() -> None:
+    # 1F1B, p = 2, m = 2, F = 1, B = 2, each send 0.5 (worked by hand).
+    # In flight: stage 1 runs F1 right after B0 (act 1 landed at 2.5), so the step is 10.0.
+    # Blocking (Megatron): stage 1 waits for grad 0 to land (4.5 → 5.0) before F1, so B1's gradient
+    # reaches stage 0 at 8.5 and the step ends at 10.5.
+    assert _p2p_run(False, 0.5).iteration_time_s == pytest.approx(10.0, abs=1e-6)
+    assert _p2p_run(True, 0.5).iteration_time_s == pytest.approx(10.5, abs=1e-6)
+    # Free sends: nothing to wait for, both semantics give (m + p − 1)(F + B).
+    assert _p2p_run(True, 0.0).iteration_time_s == pytest.approx(_p2p_run(False, 0.0).iteration_time_s, abs=1e-6)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8)])
+def test_blocking_p2p_timeline_no_action_starts_before_the_previous_send_lands(p: int, m: int) -> None:
+    r = _p2p_run(True, 0.25, p, m, record=True)
+    sends = 0
+    for rank in range(p):
+        mine = sorted((e for e in r.timeline if e["rank"] == rank), key=lambda e: e["start_s"])
+        for e in (x for x in mine if x["category"] == "p2p"):
+            sends += 1
+            nxt = [x for x in mine if x["thread"] == "compute" and x["start_s"] >= e["start_s"]]
+            assert not nxt or nxt[0]["start_s"] >= e["end_s"] - 1e-9, (rank, e, nxt[0])
+    assert sends == 2 * (p - 1) * m
+    assert r.iteration_time_s > _p2p_run(False, 0.25, p, m).iteration_time_s

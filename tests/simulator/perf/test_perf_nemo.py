@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mindpipe.simulator.perf.constants import read_constants
 from mindpipe.simulator.perf.fp8 import FP8_KEY
-from mindpipe.simulator.perf.nemo import COLUMNS, load_nemo, nemo_models
+from mindpipe.simulator.perf.nemo import COLUMNS, load_nemo, nemo_models, nemo_plan
 from mindpipe.simulator.perf.nemo_validate import nemo_report, nemo_split
 from mindpipe.traces.config import what_if_used
 from mindpipe.traces.errors import ContractError
@@ -127,3 +127,7 @@ def test_recipes_come_from_the_launcher_configs_and_reach_the_plans(tmp_path: Pa
     assert (twenty.tp_comm_overlap, twenty.sequence_parallel, twenty.recompute) == (True, True, "selective")
     assert (big.tp_comm_overlap, big.recompute) == (True, "none")
     assert set(what_if_used(big)) == {"overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather"}
+    # vp > 1: Megatron-core's interleaved schedule with overlap_p2p_comm leaves sends in flight; a
+    # 1F1B pipeline (vp = 1) blocks on them; no pipeline, nothing to send.
+    assert not big.blocking_p2p and not five.blocking_p2p
+    assert nemo_plan(64, 256, 1, 2, 4, 1).blocking_p2p and not nemo_plan(64, 256, 1, 2, 4, 2).blocking_p2p
