@@ -57,7 +57,7 @@ def by_parallelism(rows: list[VTrainRow], results: list[RowResult]) -> dict[str,
     for row, res in zip(rows, results, strict=True):
         key = f"h{row.model.hidden_size} {'tp>1' if res.tp > 1 else 'tp1'} {'pp>1' if res.pp > 1 else 'pp1'}"
         groups.setdefault(key, []).append(res)
-    return {k: error_stats(v) for k, v in sorted(groups.items())}
+    return {k: error_stats(v).to_dict() for k, v in sorted(groups.items())}
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -115,7 +115,8 @@ def main() -> None:
         t0 = time.perf_counter()
         results = validate_rows(rows, constants)
         wall = time.perf_counter() - t0
-        summary = summarize(results, {r.source for r in fit})
+        typed = summarize(results, {r.source for r in fit})
+        summary = typed.to_dict()
         if name == "vtrain-single":
             summary["by_parallelism"] = by_parallelism(rows, results)
             summary["per_microbatch_lines"] = per_microbatch_lines(rows, results)
@@ -140,7 +141,7 @@ def main() -> None:
                     d_mb = statistics.median(g["predicted_per_microbatch_ms"] - g["measured_per_microbatch_ms"] for g in sel)
                     print(f"   {label} {pp_label}: {len(sel)} configurations, predicted - measured (median): fixed "
                           f"{d_fix:+.1f} ms, per micro-batch {d_mb:+.2f} ms")
-        for line in format_ranking(summary["ranking"], summary["ranking_summary"]):
+        for line in format_ranking(typed.ranking, typed.ranking_summary):
             print("   " + line)
         if name == "vtrain-multi":
             multi_rows = rows

@@ -108,7 +108,7 @@ def _validate_vtrain(args: argparse.Namespace, calibration: Calibration | None) 
     results = validate_rows(rows, progress=progress, calibration=calibration)
     summary = summarize(results, fit_sources)
     if args.json:
-        out = {"dataset": args.dataset, "data": data, "gpu": device.name, **summary,
+        out = {"dataset": args.dataset, "data": data, "gpu": device.name, **summary.to_dict(),
                "fit_split": "split_fit_holdout(seed=0, fit_fraction=0.5) of vtrain-single; nothing fitted on vtrain-multi",
                "rows": [{"source": r.source, "size": r.size, "gpus": r.gpus, "tp": r.tp, "pp": r.pp, "dp": r.dp,
                          "micro_batch": r.micro_batch, "global_batch": r.global_batch, "measured_s": r.measured_s,

@@ -94,7 +94,7 @@ def nemo_report(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None, seed: 
     fit_sources = {r.source for r in fit}
     summary = summarize(results, fit_sources)
     return {
-        **summary,
+        **summary.to_dict(),
         "fit_split": f"split_fit_holdout(seed={seed}, fit_fraction=0.5) of the {len(results)} simulated rows",
         "echo_published_error_pct": ECHO_PUBLISHED_ERROR_PCT,
         "rows": [{"source": r.source, "model": r.size, "gpus": r.gpus, "tp": r.tp, "pp": r.pp, "dp": r.dp,

@@ -29,9 +29,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mindpipe.simulator.perf.accuracy import ErrorStats, ValidationSummary
 from mindpipe.simulator.perf.constants import GpuConstants, data_text, parse_constants, shipped_constants
 
 T = TypeVar("T")
@@ -121,7 +123,33 @@ MULTI_FILE = "validation/vtrain_a100_multi_node.csv"
 _HOST_SCAN_S = tuple(k * 1e-5 for k in range(1, 11))
 
 
-def fit_vtrain(data_dir: str | Path, seed: int = 0, log: Callable[[str], None] = print) -> tuple[GpuConstants, dict[str, Any]]:
+@dataclass(frozen=True)
+class VTrainFit:
+    """What :func:`fit_vtrain` fitted on and measured.
+
+    Attributes:
+        seed: Seed of the fit/hold-out split.
+        fit_rows: ``source`` of every fit row.
+        scan: Fit-half MAPE (percent) at each host overhead of the coarse scan (seconds per kernel).
+        fit_mape: Fit-half MAPE of the fitted constants (percent).
+        summary: Every single-node row simulated with them, split into the fit and hold-out halves.
+    """
+
+    seed: int
+    fit_rows: list[str]
+    scan: dict[float, float]
+    fit_mape: float
+    summary: ValidationSummary
+
+    @property
+    def holdout(self) -> ErrorStats:
+        """The hold-out half's errors."""
+        if self.summary.holdout_half is None:  # summarize was given the fit rows, so never
+            raise ValueError("the summary has no hold-out half")
+        return self.summary.holdout_half
+
+
+def fit_vtrain(data_dir: str | Path, seed: int = 0, log: Callable[[str], None] = print) -> tuple[GpuConstants, VTrainFit]:
     """Fit :data:`VTRAIN_FIELDS` on the fit half of the single-node file (see module docstring).
 
     Returns:
@@ -146,10 +174,10 @@ def fit_vtrain(data_dir: str | Path, seed: int = 0, log: Callable[[str], None] =
     fitted, fit_mape = fit_compute_constants(fit, lambda c, r: predict_s(r, c), lambda r: r.measured_iteration_time_s,
                                            VTRAIN_FIELDS, start)
     summary = summarize(validate_rows(rows, fitted), {r.source for r in fit})
+    fit_half, hold = summary.fit_half, summary.holdout_half
     log(f"fitted {', '.join(f'{f}={getattr(fitted, f):.6g}' for f in VTRAIN_FIELDS)}; MAPE fit half "
-        f"{summary['fit_half']['mape']:.2f}%, hold-out half {summary['holdout_half']['mape']:.2f}%")
-    report = {"seed": seed, "fit_rows": [r.source for r in fit], "scan": scan, "fit_mape": fit_mape, "summary": summary}
-    return fitted, report
+        f"{fit_half.mape if fit_half else float('nan'):.2f}%, hold-out half {hold.mape if hold else float('nan'):.2f}%")
+    return fitted, VTrainFit(seed, [r.source for r in fit], scan, fit_mape, summary)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,12 +191,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     fitted, report = fit_vtrain(args.data, args.seed)
     if args.write:
-        fit_desc = f"{SINGLE_FILE}: the {len(report['fit_rows'])} rows of split_fit_holdout(seed={args.seed}, fit_fraction=0.5)"
-        hold_desc = [f"{SINGLE_FILE}: the other {report['summary']['holdout_half']['n']} rows", f"{MULTI_FILE}: all rows"]
+        fit_desc = f"{SINGLE_FILE}: the {len(report.fit_rows)} rows of split_fit_holdout(seed={args.seed}, fit_fraction=0.5)"
+        hold_desc = [f"{SINGLE_FILE}: the other {report.holdout.n} rows", f"{MULTI_FILE}: all rows"]
         how = ("end to end through simulate(): coarse scan of host_overhead_per_kernel_s, then bounded least squares "
                "on log(predicted/measured) over host_overhead_per_kernel_s, gemm_efficiency_ceiling, "
                "memory_bandwidth_efficiency and optimizer_bandwidth_efficiency (simulator/perf/refit.py)")
-        doc = refit_document(fitted, VTRAIN_FIELDS, [fit_desc], hold_desc, report["summary"]["holdout_half"]["mape"], how)
+        doc = refit_document(fitted, VTRAIN_FIELDS, [fit_desc], hold_desc, report.holdout.mape or 0.0, how)
         doc["regenerate"] = (".venv/bin/python -m simulator.perf.fit --data ../shared/data --write && "
                              f".venv/bin/python -m simulator.perf.refit --data ../shared/data --seed {args.seed} --write")
         path = Path(__file__).parent / "data" / "a100.json"
@@ -177,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COMPUTE_BOUNDS", "VTRAIN_FIELDS", "fit_compute_constants", "fit_vtrain", "main", "refit_document"]
+__all__ = ["COMPUTE_BOUNDS", "VTRAIN_FIELDS", "VTrainFit", "fit_compute_constants", "fit_vtrain", "main", "refit_document"]
 
 
 if __name__ == "__main__":

@@ -48,14 +48,15 @@ def test_single_node_sample_mape_pinned() -> None:
     # Only hold-out rows: the shipped constants never saw them (simulator/perf/refit.py).
     sample = random.Random(0).sample(hold, 100)
     stats = error_stats(validate_rows(sample))
-    assert stats["n"] == 100
-    assert stats["mape"] <= 8.0, f"single-node hold-out sample MAPE {stats['mape']:.2f}% (7.08% when pinned; 7.09% with the MAMF bound of issue 19)"
+    assert stats.n == 100 and stats.mape is not None
+    assert stats.mape <= 8.0, f"single-node hold-out sample MAPE {stats.mape:.2f}% (7.08% when pinned; 7.09% with the MAMF bound of issue 19)"
 
 
 @needs_data
 def test_multi_node_sample_mape_pinned() -> None:
     stats = error_stats(validate_rows(_sample(MULTI, 20)))
-    assert stats["mape"] <= 10.0, f"multi-node sample MAPE {stats['mape']:.2f}% (7.14% when pinned; 6.29% with the MAMF bound of issue 19)"
+    assert stats.mape is not None
+    assert stats.mape <= 10.0, f"multi-node sample MAPE {stats.mape:.2f}% (7.14% when pinned; 6.29% with the MAMF bound of issue 19)"
 
 
 @needs_data
@@ -153,37 +154,43 @@ def test_ranking_stats_regret_of_predicted_best() -> None:
     rows = [_rr(10.0, 5.0), _rr(8.0, 6.0), _rr(9.0, 7.0)]
     st = ranking_stats(rows)
     # The simulator ranks the 10 s plan first; the best measured is 8 s: regret 10/8 - 1 = 25 %.
-    assert st["n"] == 3 and st["regret_pct"] == pytest.approx(25.0)
-    assert st["predicted_best"]["measured_s"] == 10.0 and st["measured_best"]["measured_s"] == 8.0
-    assert st["spearman_rho"] == pytest.approx(-0.5)
+    assert st.n == 3 and st.regret_pct == pytest.approx(25.0)
+    assert st.predicted_best is not None and st.measured_best is not None
+    assert st.predicted_best.measured_s == 10.0 and st.measured_best.measured_s == 8.0
+    assert st.spearman_rho == pytest.approx(-0.5)
 
 
 def test_ranking_stats_tie_for_first_counts_the_slowest() -> None:
     rows = [_rr(8.0, 5.0), _rr(12.0, 5.0), _rr(9.0, 6.0)]
-    assert ranking_stats(rows)["regret_pct"] == pytest.approx(50.0)
+    assert ranking_stats(rows).regret_pct == pytest.approx(50.0)
 
 
 def test_ranking_stats_single_row_and_empty() -> None:
     st = ranking_stats([_rr(3.0, 2.0)])
-    assert st["n"] == 1 and st["spearman_rho"] is None and st["regret_pct"] == 0.0
-    assert ranking_stats([])["regret_pct"] is None
+    assert st.n == 1 and st.spearman_rho is None and st.regret_pct == 0.0
+    assert ranking_stats([]).regret_pct is None
 
 
 def test_ranking_groups_split_by_model_gpus_and_batch() -> None:
     rows = [_rr(1.0, 1.0, "a", 8, 64), _rr(2.0, 2.0, "a", 8, 64), _rr(3.0, 1.0, "a", 8, 128), _rr(4.0, 4.0, "b", 4, 64)]
     groups = ranking_groups(rows)
-    assert [(g["size"], g["gpus"], g["global_batch"], g["n"]) for g in groups] == [
+    assert [(g.size, g.gpus, g.global_batch, g.stats.n) for g in groups] == [
         ("a", 8, 64, 2), ("a", 8, 128, 1), ("b", 4, 64, 1)]
     summ = ranking_summary(groups)
     # Only groups with at least two rows are ranked.
-    assert summ["groups"] == 1 and summ["min_spearman_rho"] == pytest.approx(1.0) and summ["max_regret_pct"] == 0.0
-    assert summ["groups_rho_at_least_0_9"] == 1 and summ["groups_regret_at_most_1pct"] == 1
+    assert summ.groups == 1 and summ.min_spearman_rho == pytest.approx(1.0) and summ.max_regret_pct == 0.0
+    assert summ.groups_rho_at_least_0_9 == 1 and summ.groups_regret_at_most_1pct == 1
 
 
 def test_summary_and_report_carry_the_ranking() -> None:
     rows = [_rr(10.0, 5.0, tp=2), _rr(8.0, 6.0, tp=4), _rr(9.0, 7.0, tp=8)]
     summ = summarize(rows)
-    assert summ["ranking"][0]["regret_pct"] == pytest.approx(25.0)
+    assert summ.ranking[0].stats.regret_pct == pytest.approx(25.0)
+    # The JSON keeps its flat shape: a group's keys beside its size, GPUs and batch.
+    flat = summ.to_dict()
+    assert flat["ranking"][0]["regret_pct"] == pytest.approx(25.0) and flat["ranking"][0]["predicted_best"]["tp"] == 2
+    assert list(flat) == ["n", "mape", "max_abs_pct_error", "median_signed_pct_error", "by_model_size", "ranking",
+                          "ranking_summary"]
     text = format_report("demo", rows, summ, rows_shown=False)
     assert "Spearman" in text and "regret" in text and "25.0%" in text and "tp2 pp1 dp4 mb1" in text
 
