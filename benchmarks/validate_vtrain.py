@@ -14,14 +14,16 @@ summarised per parallelism group (hidden size, tp > 1, pp > 1: ``by_parallelism`
 looked for the terms behind the error. Writes ``benchmarks/results/validate_vtrain.json``.
 ``--constants FILE`` simulates with another A100 compute constants file (e.g. an older commit's
 ``simulator/perf/data/a100.json``, to measure what one change moved) and writes nothing unless
-``--out`` is given.
+``--out`` is given; ``--async-p2p`` likewise simulates every row with its pipeline sends in flight
+instead of Megatron's blocking exchanges (``Plan.blocking_p2p``), to show what that term moved.
 
-    .venv/bin/python benchmarks/validate_vtrain.py [--data ../shared/data] [--constants FILE --out FILE]
+    .venv/bin/python benchmarks/validate_vtrain.py [--data ../shared/data] [--constants FILE | --async-p2p] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -102,15 +104,21 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON to write (default: benchmarks/results/validate_vtrain.json, "
                                                "none with --constants)")
     ap.add_argument("--constants", default=None, metavar="FILE", help="A100 compute constants file to simulate with")
+    ap.add_argument("--async-p2p", action="store_true",
+                    help="simulate the rows with pipeline sends in flight (blocking_p2p=false) instead of Megatron's "
+                         "blocking exchanges, to see what that term moves; writes nothing unless --out is given")
     args = ap.parse_args()
     constants = GpuConstants.from_file(read_constants(args.constants)) if args.constants else None
-    if args.out is None and constants is None:
+    one_change = constants is not None or args.async_p2p
+    if args.out is None and not one_change:
         args.out = str(Path(__file__).parent / "results" / "validate_vtrain.json")
     out: dict[str, object] = {"seed": 0, "split": "split_fit_holdout(rows, seed=0, fit_fraction=0.5)",
                               "fitted_on": "vtrain-single fit half only (simulator/perf/refit.py)"}
     multi_rows = []
     for name, rel in FILES.items():
         rows = load_vtrain(Path(args.data) / rel)
+        if args.async_p2p:
+            rows = [dataclasses.replace(r, plan=dataclasses.replace(r.plan, blocking_p2p=False)) for r in rows]
         fit, _ = split_fit_holdout(rows, seed=0)
         t0 = time.perf_counter()
         results = validate_rows(rows, constants)
@@ -145,9 +153,10 @@ def main() -> None:
             print("   " + line)
         if name == "vtrain-multi":
             multi_rows = rows
-    if constants is not None:
+    if one_change:
         if args.out:
-            Path(args.out).write_text(json.dumps({**out, "constants": args.constants}, indent=1) + "\n")
+            Path(args.out).write_text(json.dumps({**out, "constants": args.constants, "async_p2p": args.async_p2p},
+                                                 indent=1) + "\n")
             print(f"wrote {args.out}")
         return
     base = {r.source: r.predicted_s for r in validate_rows(multi_rows)}
