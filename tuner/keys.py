@@ -14,7 +14,10 @@ stage's gradients after it; ``tp_comm_overlap=true`` needs Transformer Engine's 
 ``overlap_param_gather=true`` the distributed optimizer's all-gather from the next forward's
 pre-hooks, which DTensor and FSDP2 do not have. ``mindpipe tune --what-if`` searches these four
 (``SEARCHED_WHAT_IF_KEYS``); the fifth, ``action_clocks_mhz``, only the clock planner sets
-(:mod:`mindpipe.tuner.frequency`). Every output marks a plan that uses one (:func:`what_if_used`).
+(:mod:`mindpipe.tuner.frequency`); the sixth, ``blocking_p2p`` (Megatron's blocking pipeline
+exchanges), ``--what-if blocking_p2p --fix blocking_p2p=true`` pins to plan for a Megatron-LM
+deployment (``all`` leaves it out: it only costs time). Every output marks a plan that uses one
+(:func:`what_if_used`).
 """
 
 from __future__ import annotations
@@ -48,19 +51,24 @@ PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
 POINT_KEYS = (
     "dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
     "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "tp_comm_overlap",
-    "overlap_param_gather", "flash_attention", "loss_chunks", "rank_order", "partitioner",
+    "overlap_param_gather", "flash_attention", "loss_chunks", "blocking_p2p", "rank_order", "partitioner",
 )
 # Keys a point may leave out, with the value that means (points written before the key existed,
 # or by hand); a point's identity (point_key) names them only when they differ from it, so a sweep
 # stored before the key existed resumes as the same points.
-OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False, "loss_chunks": 1}
+OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False, "loss_chunks": 1, "blocking_p2p": False}
+# What-if knobs ``--what-if`` may name to pin them (``--fix KEY=VALUE``) though ``all`` leaves them out:
+# ``blocking_p2p=true`` only ever costs time, so searching it is never wanted, but pinning it plans for
+# a Megatron-LM deployment (blocking pipeline exchanges) instead of the executor's.
+PIN_ONLY_WHAT_IF_KEYS = ("blocking_p2p",)
 # The fourth dimension (NASPipe): points of a supernet carry these too; GPT points never do, so their
 # identity (point_key) is unchanged.
 SUPERNET_POINT_KEYS = SUPERNET_PLAN_KEYS
 LIST_KEYS = ("partition", "layer_memory_policy")  # pinned as JSON lists, copied into every plan
 _INT_KEYS = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage", "subnet_window",
              "loss_chunks")
-_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention")
+_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention",
+              "blocking_p2p")
 _STR_CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": SCHEDULES, "recompute": RECOMPUTE, "comm_priority": COMM_PRIORITIES, "precision": PRECISIONS,
     "rank_order": RANK_ORDERS, "partitioner": PARTITIONERS, "subnet_schedule": SUBNET_SCHEDULES,
@@ -99,11 +107,12 @@ def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
     items = [v for v in items if v]
     if not items or items == ["all"]:
         return tuple(SEARCHED_WHAT_IF_KEYS)
+    known = (*SEARCHED_WHAT_IF_KEYS, *PIN_ONLY_WHAT_IF_KEYS)
     for key in items:
-        if key not in SEARCHED_WHAT_IF_KEYS:
+        if key not in known:
             what = ("is a what-if knob only the clock planner sets" if key in WHAT_IF_KEYS else "is not a what-if knob")
-            raise ContractError("--what-if", key, f"{key} {what} (known: all, {', '.join(SEARCHED_WHAT_IF_KEYS)})")
-    return tuple(k for k in SEARCHED_WHAT_IF_KEYS if k in items)
+            raise ContractError("--what-if", key, f"{key} {what} (known: all, {', '.join(known)})")
+    return tuple(k for k in known if k in items)
 
 
 def _parse_scalar(key: str, text: str) -> Any:
@@ -241,6 +250,7 @@ __all__ = [
     "LIST_KEYS",
     "OPTIONAL_POINT_KEYS",
     "PARTITIONERS",
+    "PIN_ONLY_WHAT_IF_KEYS",
     "POINT_KEYS",
     "SEARCHED_WHAT_IF_KEYS",
     "SUPERNET_POINT_KEYS",

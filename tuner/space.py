@@ -64,7 +64,8 @@ DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_INTERLEAVE = (2, 4)  # virtual stages tried for interleaved_1f1b (Megatron uses 2-4 chunks)
 # Every value of each what-if knob (searched only when the knob is named in ``what_if``).
 _WHAT_IF_VALUES: dict[str, tuple[Any, ...]] = {"comm_priority": COMM_PRIORITIES, "overlap_grad_reduce": (False, True),
-                                               "tp_comm_overlap": (False, True), "overlap_param_gather": (False, True)}
+                                               "tp_comm_overlap": (False, True), "overlap_param_gather": (False, True),
+                                               "blocking_p2p": (False, True)}
 
 
 def _divisors(n: int) -> list[int]:
@@ -241,6 +242,9 @@ class SearchSpace:
         comm_choices = self._knob("comm_priority")
         if pp == 1 and not self._pinned("comm_priority"):
             comm_choices = comm_choices[:1]
+        p2p_choices = self._knob("blocking_p2p")
+        if pp * v == 1:  # no pipeline sends to block on
+            p2p_choices = p2p_choices[:1]
         part_choices = list(self.partitioners)
         if pp * v == 1:
             # One stage: only the memory-aware partitioners differ (they choose per-block policies).
@@ -256,10 +260,10 @@ class SearchSpace:
         chunk_choices = self.choices("loss_chunks", [1])
         product = itertools.product(
             recompute, zero_choices, comm_choices, self.choices("precision", ["bf16"]),
-            ogr_choices, tpo_choices, opg_choices, flash_choices, chunk_choices, self.choices("rank_order", ["tp-dp-pp"]),
-            part_choices,
+            ogr_choices, tpo_choices, opg_choices, flash_choices, chunk_choices, p2p_choices,
+            self.choices("rank_order", ["tp-dp-pp"]), part_choices,
         )
-        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, order, part in product:
+        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, p2p, order, part in product:
             if part in MEMORY_PARTITIONERS and rc != recompute[0]:
                 continue  # their per-block policy overrides the recompute level: one point, not one per level
             if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
@@ -271,7 +275,7 @@ class SearchSpace:
                 continue
             point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,
                          overlap_grad_reduce=ogr, tp_comm_overlap=tpo, overlap_param_gather=opg, flash_attention=flash,
-                         loss_chunks=chunks, rank_order=order, partitioner=part)
+                         loss_chunks=chunks, blocking_p2p=p2p, rank_order=order, partitioner=part)
             yield {k: point[k] for k in POINT_KEYS}
 
     def describe(self) -> dict[str, Any]:

@@ -49,7 +49,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--what-if", nargs="?", const="all", default=None, metavar="KEY[,KEY]",
                    help=f"also search what-if knobs, which only the simulator models (the executor runs "
                         f"{', '.join(f'{k}={json.dumps(v)}' for k, v in SEARCHED_WHAT_IF_KEYS.items())}): all of them, or "
-                        "the ones named; plans that use one are marked in every output")
+                        "the ones named; plans that use one are marked in every output. blocking_p2p (Megatron's "
+                        "blocking pipeline exchanges) is not in all: name it with --fix blocking_p2p=true to plan "
+                        "for a Megatron-LM deployment")
     p.add_argument("--partitioner", default="balanced",
                    help="balanced, pipedream, even, vpipe or dawnpiper (the last two choose per-block keep/recompute/swap "
                         "with the partition), or a comma list searched as a dimension (default balanced)")
@@ -150,7 +152,7 @@ def _format(info: dict[str, Any]) -> str:
     keys: tuple[str, ...] = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages",
                              "recompute", "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce",
                              "tp_comm_overlap", "overlap_param_gather", "flash_attention", "loss_chunks",
-                             "partition")
+                             "blocking_p2p", "partition")
     net = info.get("supernet")
     if net is not None:
         keys = ("dp", "pp", "micro_batch_size", "global_batch_size", "subnet_schedule", "subnet_window", "partition")

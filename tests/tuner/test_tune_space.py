@@ -140,6 +140,25 @@ def test_what_if_knob_pinned_off_the_executor_needs_what_if():
         parse_what_if("tp")
 
 
+def test_blocking_p2p_is_pinned_by_name_and_never_in_all():
+    """Megatron's blocking pipeline exchanges: ``all`` leaves them out (they only cost time); naming the
+    knob with ``--fix blocking_p2p=true`` plans for a Megatron deployment; without a pipeline there is
+    nothing to block on, so an unpinned search keeps pp = 1 points at the executor's value."""
+    model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
+    assert "blocking_p2p" not in parse_what_if("all") and parse_what_if("blocking-p2p") == ("blocking_p2p",)
+    with pytest.raises(ContractError, match="--what-if blocking_p2p"):
+        SearchSpace(model, cluster, [64], parse_fixes(["blocking_p2p=true"]))
+    pinned = SearchSpace(model, cluster, [64], parse_fixes(["blocking_p2p=true", "pp=2"]), what_if=("blocking_p2p",))
+    assert pinned.size > 0 and all(p["blocking_p2p"] is True for p in pinned.points)
+    assert all(plan_of(p).blocking_p2p and what_if_used(plan_of(p)) == ["blocking_p2p"] for p in pinned.points)
+    searched = SearchSpace(model, cluster, [64], what_if=parse_what_if("blocking_p2p"))
+    assert {p["blocking_p2p"] for p in searched.points if p["pp"] > 1} == {False, True}
+    assert {p["blocking_p2p"] for p in searched.points if p["pp"] * p["virtual_stages"] == 1} == {False}
+    # A point stored before the key existed keeps its identity.
+    plain = SearchSpace(model, cluster, [64]).points[0]
+    assert point_key(plain) == point_key({k: v for k, v in plain.items() if k != "blocking_p2p"})
+
+
 def test_every_point_satisfies_the_issue_rules():
     model, cluster = load_model("gpt-13b"), load_cluster("a100-sxm4-80gb:8x8")
     space = SearchSpace(model, cluster, [128, 256])
