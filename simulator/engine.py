@@ -285,27 +285,20 @@ class Engine:
             self._land(grad, i)
             return None
         done = self.env.event() if self.opt.blocking_p2p else None
-        if self.timeline is None and not self._on_cores:
-            def arrived() -> None:
-                self._land(grad, i)
-                if done is not None:
-                    done.succeed()
-
-            self.tr.run(phases, 0, arrived)
-            return done
         start = self.env.now
-        label = f"send {'B' if grad else 'F'}{a.microbatch} {a.stage}->{dst}"
 
         def landed() -> None:
-            self._record(r, "comm", label, start, self.env.now, "p2p")
+            if self.timeline is not None:
+                self._record(r, "comm", f"send {'B' if grad else 'F'}{a.microbatch} {a.stage}->{dst}", start,
+                             self.env.now, "p2p")
             self._land(grad, i)
             if done is not None:
                 done.succeed()
 
         if self._on_cores:
             self._host_copy(r, phases).callbacks.append(lambda _e: landed())
-            return done
-        self.tr.run(phases, self._prio(True), landed)
+        else:
+            self.tr.run(phases, self._prio(True), landed)
         return done
 
     def _prefetch(self, nxt: Action) -> None:

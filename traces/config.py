@@ -53,7 +53,8 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # executor locks one clock per rank; only the clock planner (tuner.frequency, ``perseus_action``) sets it.
 # ``blocking_p2p=true`` is Megatron-LM's pipeline (each batched send/recv waited on, then a device
 # synchronize), while torch.distributed.pipelining's runtime waits for its sends at the step's end;
-# it only ever costs time, so nothing searches it: the validation of Megatron's published runs sets it.
+# it only ever costs time, so ``--what-if all`` leaves it out: the validation of Megatron's published
+# runs sets it, and ``tune --what-if blocking_p2p --fix blocking_p2p=true`` pins it (tuner.keys).
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
                                          "tp_comm_overlap": False, "overlap_param_gather": False}
 WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False}
