@@ -76,6 +76,10 @@ FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
     ("gpt-mini-8", 4, {"pp": 4, "micro_batch_size": 2, "global_batch_size": 16, "schedule": "zb_h1",
                        "layer_memory_policy": ["keep", "recompute", "swap", "keep", "recompute", "keep", "keep", "swap"],
                        **FP32}),
+    # Two recomputed blocks on one stage under a split backward: W re-runs both in one pass.
+    ("gpt-mini-8", 2, {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "zb_h1",
+                       "layer_memory_policy": ["keep", "recompute", "keep", "keep", "recompute", "recompute", "keep",
+                                               "keep"], **FP32}),
     # Tensor parallelism: the token table, the LM head and the loss vocabulary-parallel
     # (traces/torch_gpt.py VocabShard), as the simulator divides them by t.
     ("gpt-mini", 2, {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "sequence_parallel": True,

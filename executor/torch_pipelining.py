@@ -18,6 +18,10 @@ Two private pieces are used, both checked against the torch versions this code w
   until the backward's metadata inference. :func:`around_metadata_inference` runs a context
   around both, so memory accounting can leave this one-time work out (it is not training).
 
+* ``PipelineStage.backward_state``: what a split backward's I keeps for W, per micro-batch
+  (``(inputs, param_groups, outputs, output_grads)``). :func:`one_weight_pass` merges its
+  parameter groups into one, so that W takes one autograd pass instead of one per group.
+
 One behaviour of the public ``PipelineStage`` is relied on as well, for per-layer timing: under a
 split backward, a first stage's I does nothing and its W runs the whole backward
 (:func:`weight_pass_runs_whole_backward`).
@@ -115,6 +119,44 @@ def weight_pass_runs_whole_backward(stage: PipelineStage) -> bool:
     built with a custom ``dw_builder`` runs the full backward in I instead (not used here).
     """
     return stage.stage_index == 0 and getattr(stage, "dw_builder", None) is None
+
+
+def one_weight_pass(stage: PipelineStage) -> None:
+    """Make ``stage``'s W (split backward) take one autograd pass over all its parameters.
+
+    torch's ``stage_backward_weight`` takes one ``autograd.grad`` pass per parameter group (a
+    LayerNorm's or a Linear's weights: six per GPT block), and each pass is a new graph task, so
+    a checkpointed (recomputed) block re-runs its forward once per group — six re-runs per block
+    and micro-batch, each kept until W ends. One pass over the merged groups re-runs each
+    recomputed block once. The gradients are the same bit for bit: every parameter is still
+    reached only from its own group's intermediates, whose incoming gradients torch clamps to the
+    ones I saved (``tests/executor/test_one_weight_pass.py``). The first stage is left as torch
+    runs it (its I does nothing and its W is the whole backward: one pass already).
+    """
+    original = stage.backward_one_chunk
+
+    def backward_one_chunk(bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
+                           last_backward: bool = False) -> Any:
+        out = original(bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
+        state = stage.backward_state.get(bwd_chunk_id) if not full_backward else None
+        if state is not None and mergeable(state[1]):
+            stage.backward_state[bwd_chunk_id] = (state[0], [merged_param_group(state[1])], *state[2:])
+        return out
+
+    stage.backward_one_chunk = backward_one_chunk  # type: ignore[method-assign]
+
+
+def mergeable(groups: list[dict[str, Any]] | None) -> bool:
+    """True for two or more groups whose I saved a gradient tuple for every intermediate (torch's
+    W would fail on any other, so those are left to it)."""
+    return groups is not None and len(groups) > 1 and all(
+        len(g.get("grads") or ()) == len(g["intermediates"]) and all(x is not None for x in g["grads"]) for g in groups)
+
+
+def merged_param_group(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """One parameter group holding every group's parameters, intermediates and saved gradients
+    (torch's group keys ``params``, ``intermediates``, ``grads``, in the groups' order)."""
+    return {key: [x for g in groups for x in g[key]] for key in ("params", "intermediates", "grads")}
 
 
 @contextlib.contextmanager

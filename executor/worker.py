@@ -35,7 +35,7 @@ from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
 from mindpipe.executor.rundir import record_error, record_finished
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
-from mindpipe.executor.torch_pipelining import timed_p2p_waits
+from mindpipe.executor.torch_pipelining import one_weight_pass, timed_p2p_waits
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.noise_scale import NoiseEmaState
 from mindpipe.traces.schema import to_dict
@@ -146,6 +146,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
             convert_to_fp8(mod, device)
         parallelize_stage(mod, mesh, plan, model.num_layers, pool, memory)
         stages.append(PipelineStage(mod, s, plan.num_stages, device, group=mesh.get_group("pp")))
+        one_weight_pass(stages[-1])
     memory.count_weights()
     recorder = Recorder(device, origin=0.0)
     for st, mod in zip(stages, parts, strict=True):

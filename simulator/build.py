@@ -6,7 +6,11 @@ re-run forward before the input gradient: ``full`` re-runs the block's forward (
 tensor-parallel collectives — Megatron's checkpointed layers re-issue them), ``selective`` only
 the attention core (Korthikanti et al. §5), ``nongemm`` every operator but the GEMMs (the core,
 LayerNorms, GeLU, dropouts, residual adds; ``LayerCost.recompute_nongemm_s``); ``swap`` copies the block's activations to the host
-after F and back before I over PCIe; ``none`` stores them.
+after F and back before I over PCIe; ``none`` stores them. Under a split backward (I and W) W
+re-runs the recomputed part once more on every stage but the first: torch's non-reentrant
+checkpoint recomputes in each autograd pass, and the executor's W is one pass
+(:func:`mindpipe.executor.torch_pipelining.one_weight_pass`; the first stage's I does nothing and
+its W is the whole backward).
 
 Gradient reduction: bucket size as Megatron's DDP (max(40M, 1M × dp) parameters), all-reduce
 without ZeRO, reduce-scatter with ZeRO ≥ 1 (Megatron's distributed optimizer is ZeRO-1);
@@ -121,6 +125,7 @@ def build_work(
     swap_bytes_per_block: float = 0.0,
     dp_unit_s: float = 0.0,
     swap_on_compute: tuple[float, float, float] | None = None,
+    split_backward: bool = False,
 ) -> tuple[list[StageWork], list[RankWork], list[int]]:
     """Per-stage work, per-rank work and per-rank parameter counts for the engine.
 
@@ -131,7 +136,8 @@ def build_work(
     ``swap_on_compute`` (CPU ranks, whose swap is a synchronous copy on the rank's thread:
     :func:`mindpipe.simulator.costs.cpu_copy_s`) is the seconds per swapped block added to the
     forward, to the input gradient (I, and so B) and to the weight gradient (W); the copies then
-    use no link.
+    use no link. ``split_backward`` (the schedule has I and W actions): W re-runs the recomputed
+    blocks of every stage but the first (:attr:`StageWork.weight_rerun_s`).
     """
     stages = assign_layers(costs, model, plan)
     policies = block_policies(plan, model.num_layers)
@@ -148,6 +154,7 @@ def build_work(
         fwd_comm = [x for c in layers for x in c.forward_comm]
         bwd_comm = [x for c in layers for x in c.backward_comm]
         recompute, re_comm, swapped = stage_recompute(layers, [policies[b] for b in spans[s].blocks])
+        rerun = split_backward and s > 0
         hooks = dp_unit_s * data_parallel_units(plan, spans[s].num_blocks)
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
         on_compute = swap_on_compute or (0.0, 0.0, 0.0)
@@ -163,6 +170,8 @@ def build_work(
             input_s=i + hooks + swapped * on_compute[1],
             weight_s=w + swapped * on_compute[2],
             recompute_s=recompute,
+            weight_rerun_s=recompute if rerun else 0.0,
+            rerun_tp=_tp_phases(topo, re_comm, rank) if rerun else [],
             fwd_tp=_tp_phases(topo, fwd_comm, rank),
             bwd_tp=_tp_phases(topo, re_comm + bwd_comm, rank),
             send_fwd=topo.p2p(rank, nxt, out_bytes) if nxt is not None and nxt != rank else None,

@@ -211,7 +211,8 @@ class Engine:
                 if st.mb_stretch is not None:
                     comp *= st.mb_stretch[mb][0]
             elif kind == "W":
-                comp, phases, alone, hidden = st.weight_s, None, 0.0, 0.0
+                phases = st.rerun_tp or None
+                comp, alone, hidden = st.weight_action_s, (None if phases else 0.0), 0.0
                 if st.mb_stretch is not None:
                     comp *= st.mb_stretch[mb][1]
             else:

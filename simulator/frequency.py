@@ -186,6 +186,7 @@ def apply_clocks(stages: list[StageWork], table: StageClockTable, clocks: Sequen
         st.recompute_s *= bwd.stretch
         st.input_s *= bwd.stretch
         st.weight_s *= bwd.stretch
+        st.weight_rerun_s *= bwd.stretch
         st.fwd_tp_overlap = [dataclasses.replace(o, gemm_s=o.gemm_s * fwd.stretch) for o in st.fwd_tp_overlap]
         st.bwd_tp_overlap = [dataclasses.replace(o, gemm_s=o.gemm_s * bwd.stretch) for o in st.bwd_tp_overlap]
 
@@ -197,7 +198,7 @@ def rank_busy_power_w(stages: list[StageWork], table: StageClockTable, clocks: S
     for s, st in enumerate(stages):
         r = stage_to_rank[s]
         fwd, bwd = table.at(s, clocks[s])
-        for t, ph in ((st.forward_s, fwd), (st.recompute_s + st.input_s + st.weight_s, bwd)):
+        for t, ph in ((st.forward_s, fwd), (st.backward_compute_s, bwd)):
             energy[r] += power.busy_power_w(clocks[s], ph.compute_share) * t
             seconds[r] += t
     return [e / t if t > 0 else power.max_power_W for e, t in zip(energy, seconds, strict=True)]
@@ -219,7 +220,7 @@ def action_busy_power_w(stages: list[StageWork], table: StageClockTable, action_
     energy, seconds = [0.0] * pp, [0.0] * pp
     for s, st in enumerate(stages):
         r = stage_to_rank[s]
-        back = st.recompute_s + st.input_s + st.weight_s
+        back = st.backward_compute_s
         for k, row in enumerate(action_clocks[s]):
             base = st.forward_s if k == 0 else back
             for mhz in row:

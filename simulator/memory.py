@@ -118,9 +118,6 @@ FLASH_STAT_BYTES = 4
 # Framework overhead on a GPU: CUDA context with torch's kernels (~0.5 GiB) plus NCCL
 # communicator buffers and allocator slack; a rough, documented figure. CPUs: 0.
 GPU_RESERVED_BYTES = 1 * GIB
-# Parameter groups torch's ``stage_backward_weight`` takes one autograd pass each for, per block
-# (or part of a block): a LayerNorm and two Linears per part (mindpipe.traces.torch_gpt.Block).
-WEIGHT_GROUPS: dict[BlockPart, int] = {"whole": 6, "attention": 3, "mlp": 3}
 
 
 def _level(plan: Plan, policy: str | None) -> BlockPolicy:
@@ -377,12 +374,12 @@ class StageMemoryModel:
         torch's I keeps the stage's graph for W (``retain_graph``): from I to W a micro-batch still
         holds everything it saved, less the loss's log-softmax (:func:`head_logit_bytes`). Nothing
         is freed while I runs. A recomputed block is re-run in I (its re-run tensors are freed with
-        I), and again in W once per weight group — torch's ``stage_backward_weight`` takes an
-        autograd pass per parameter group, and each pass makes the non-reentrant checkpoint
-        recompute the block — with every re-run kept until W ends, less what each pass consumed.
-        The transient counts those ``WEIGHT_GROUPS`` re-runs whole, an upper bound (gpt-mini,
-        micro-batch 2: 23.75 MiB measured for one block, 30 MiB counted), plus a swapped block's
-        largest tensor while it is unpacked. The first stage is the exception: its input is token
+        I), and again in W, which the executor runs as one autograd pass over all the stage's
+        parameters (:func:`mindpipe.executor.torch_pipelining.one_weight_pass`): the pass goes
+        through the blocks last to first and has released one block's re-run before it re-runs
+        the next, so the transient is the largest recomputed block's ``block("none")`` (gpt-mini-8,
+        micro-batch 2: 5.02 MiB measured for one and for two recomputed blocks on a stage, 5 MiB
+        counted), plus a swapped block's largest tensor while it is unpacked. The first stage is the exception: its input is token
         ids, torch's I there does nothing and its W runs an ordinary backward, so it keeps
         everything until W and frees block by block as in B. The last stage's transient is at
         least the loss's backward temporaries (:func:`loss_transient_bytes`).
@@ -400,8 +397,8 @@ class StageMemoryModel:
             acts += head
             layers += [params["final_norm"], params["lm_head"]]
         if self.split_backward and not has_embedding:
-            reruns = sum(WEIGHT_GROUPS[part] * self.block("none", part)
-                         for p, part in zip(policies, parts, strict=True) if p == "full")
+            reruns = max((self.block("none", part) for p, part in zip(policies, parts, strict=True) if p == "full"),
+                         default=0.0)
             swap_back = self.largest_saved_bytes() if "swap" in policies else 0.0
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients

@@ -253,7 +253,8 @@ class Simulator:
         stages, ranks, params_by_rank = build_work(self.model, plan, self.layer_costs(plan), self.compute, topo,
                                                    schedule.stage_to_rank, swap_bytes_per_block=swap,
                                                    dp_unit_s=self._dp_unit_s(plan),
-                                                   swap_on_compute=self._swap_on_compute(plan, schedule, swap))
+                                                   swap_on_compute=self._swap_on_compute(plan, schedule, swap),
+                                                   split_backward=schedule.split_backward)
         return schedule, topo, stages, ranks, params_by_rank
 
     def run(self, plan: Plan, *, timeline: bool = False,

@@ -28,7 +28,7 @@ from mindpipe.simulator.memory import (
 )
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.catalog import get_device
-from mindpipe.traces.config import V_SCHEDULES, Cluster, Model, Plan
+from mindpipe.traces.config import SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES, Cluster, Model, Plan
 from mindpipe.traces.layout import block_policies, stage_layout
 
 MASK_CPU = 4  # fp32 plans on the CPU keep dtype-sized dropout masks
@@ -78,10 +78,17 @@ def test_simulator_memory_and_calibration_follow_the_layout(case: tuple[Model, P
     assert [[c.name for c in layers] for layers in stage_structure(model, plan)] == names
     assert sim.schedule(plan).stage_to_rank == [span.rank for span in layout]
     # Block policies: the engine's re-run forward and the calibration's re-issued TP collectives.
-    stages, _, _ = build_work(model, plan, costs, sim.compute, sim.topology(plan), sim.schedule(plan).stage_to_rank)
+    schedule = sim.schedule(plan)
+    stages, _, _ = build_work(model, plan, costs, sim.compute, sim.topology(plan), schedule.stage_to_rank,
+                              split_backward=schedule.split_backward)
+    assert schedule.split_backward == (plan.schedule in SPLIT_BACKWARD_SCHEDULES)
     by_name = {c.name: c for c in costs}
     colls = action_collectives(model, plan)
     for span, work in zip(layout, stages, strict=True):
+        # W re-runs the recomputed part (and its TP collectives) on every stage but the first, as
+        # the executor's one-pass W does.
+        rerun = schedule.split_backward and span.stage > 0
+        assert work.weight_rerun_s == (work.recompute_s if rerun else 0.0)
         own = [policies[b] for b in span.blocks]
         blocks = [by_name[f"block.{b}"] for b in span.blocks]
         expect = sum(c.forward_s if p == "full" else c.recompute_selective_s if p == "selective" else 0.0
@@ -93,6 +100,8 @@ def test_simulator_memory_and_calibration_follow_the_layout(case: tuple[Model, P
             fwd_tp = sum(len(c.forward_comm) for c in layers)
             redone = sum(len(c.forward_comm) for c, p in zip(blocks, own, strict=True) if p == "full")
             assert len(colls[(span.stage, "B")]) == redone + sum(len(c.backward_comm) for c in layers)
+            assert len(colls[(span.stage, "W")]) == redone  # calibration's W features: the re-run's collectives
+            assert bool(work.rerun_tp) == (schedule.split_backward and redone > 0)
             assert len(colls[(span.stage, "F")]) == fwd_tp
     # Memory: each rank's activations are Σ in-flight × (its blocks under their policies + extras);
     # between a split backward's I and W a micro-batch holds the same less the loss's log-softmax,

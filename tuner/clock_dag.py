@@ -70,7 +70,7 @@ class ClockDag:
             orders=[list(o) for o in schedule.orders], stage_to_rank=list(schedule.stage_to_rank),
             num_microbatches=schedule.num_microbatches,
             compute_f=[st.forward_s for st in stages], compute_i=[st.recompute_s + st.input_s for st in stages],
-            compute_w=[st.weight_s for st in stages], tp_f=[alone(st.fwd_tp) for st in stages],
+            compute_w=[st.weight_action_s for st in stages], tp_f=[alone(st.fwd_tp) for st in stages],
             tp_b=[alone(st.bwd_tp) for st in stages], send_f=[alone(st.send_fwd) for st in stages],
             send_b=[alone(st.send_bwd) for st in stages], table=sim.clock_table(plan, set(clocks)), power=sim.power,
             devices_per_rank=plan.dp * plan.tp)

@@ -63,7 +63,8 @@ def constants(cal: ComputeCalibration) -> list[float]:
 
 
 def _stage_sums(layers: list[LayerCost], policies: list[BlockPolicy]) -> dict[str, float]:
-    """Per action kind, the summed phase value of a stage's layers (the re-run forward added to B and I).
+    """Per action kind, the summed phase value of a stage's layers (the re-run forward added to B and
+    I, and to W, which re-runs it again: :attr:`mindpipe.simulator.work.StageWork.weight_rerun_s`).
 
     ``policies`` are the stage's blocks' policies; the re-run part is the engine's own rule
     (:func:`mindpipe.simulator.build.stage_recompute`).
@@ -72,7 +73,7 @@ def _stage_sums(layers: list[LayerCost], policies: list[BlockPolicy]) -> dict[st
     i = sum(c.backward_input_s for c in layers)
     w = sum(c.backward_weight_s for c in layers)
     re = stage_recompute(layers, policies)[0]
-    return {"F": f, "B": re + i + w, "I": re + i, "W": w}
+    return {"F": f, "B": re + i + w, "I": re + i, "W": re + w}
 
 
 def _stage_policies(model: Model, plan: Plan) -> list[list[BlockPolicy]]:
@@ -161,7 +162,7 @@ def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[C
         re = stage_recompute(layers, policies)[1]
         out[(s, "F")] = fwd
         out[(s, "B")] = out[(s, "I")] = re + bwd
-        out[(s, "W")] = []
+        out[(s, "W")] = list(re)  # W's re-run issues them again
     _first_stage_backward_in_w(out, [])
     return out
 
@@ -184,8 +185,9 @@ def rank_host_features(model: Model, plan: Plan, cluster: Cluster, device: Devic
     backend = backend_of(device)
     topo = Topology(plan, cluster, device, rank_order=plan.rank_order)
     owner = stage_to_rank(plan)
+    split = any(kind in ("I", "W") for per_rank in actions_per_step.values() for _, kind in per_rank)
     stages, ranks, _ = build_work(model, plan, stage_structure_costs(model, plan), _NoOptimizer(), topo,  # type: ignore[arg-type]
-                                  owner)
+                                  owner, split_backward=split)
     last = len(stages) - 1
     ops = {key: row[FEATURES.index("ops")] for key, row in action_features(model, plan, ReferenceOpTime(device)).items()}
     out: dict[int, list[float]] = {}
@@ -211,6 +213,8 @@ def rank_host_features(model: Model, plan: Plan, cluster: Cluster, device: Devic
                 add(acc, st.send_bwd, 0.5 * n)
                 if s < last:
                     add(acc, stages[s + 1].send_bwd, 0.5 * n)
+            elif kind == "W":
+                add(acc, st.rerun_tp, n)
         for s, st in enumerate(stages):
             if owner[s] == r:
                 for phases in st.dp_buckets + st.gather_buckets:
