@@ -161,12 +161,15 @@ def _format(info: dict[str, Any]) -> str:
     rules = by_reason.pop("rules", 0)
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) or "none evaluated"
     searched, uses = info["what_if"]["searched"], info["what_if"]["best_plan_uses"]
-    if not searched:
+    pinned = info["what_if"].get("pinned", {})
+    if not searched and not pinned:
         what_if = "none searched: every plan is one the executor runs"
     else:
         used = (", ".join(f"{k}={json.dumps(plan.get(k))}" for k in uses) + " (simulated only; the executor "
                 "runs " + ", ".join(f"{k}={json.dumps(WHAT_IF_KEYS[k])}" for k in uses) + ")") if uses else "none"
-        what_if = f"searched {', '.join(searched)}; the best plan uses {used}"
+        said = ([f"searched {', '.join(searched)}"] if searched else []) + (
+            [f"pinned {', '.join(f'{k}={json.dumps(v)}' for k, v in pinned.items())}"] if pinned else [])
+        what_if = f"{'; '.join(said)}; the best plan uses {used}"
     shifted = _format_timeshift(info) if "timeshift" in info else []
     if net is not None:
         same = net["best_plan_equivalent_to_sequential"]

@@ -87,7 +87,7 @@ def test_cli_grid_sweep_writes_every_output(grid_sweep, capsys):
     assert plan.made_for.model == load_model(SMALL) and plan.made_for.cluster == load_cluster(CLUSTER)
     assert plan.made_for.trace is None and plan.made_for.calibration is None and plan.made_for.what_if == []
     assert csv["what_if"].isna().all()  # the default space: no plan uses a what-if knob
-    assert summary["what_if"] == {"searched": [], "best_plan_uses": []}
+    assert summary["what_if"] == {"searched": [], "pinned": {}, "best_plan_uses": []}
     assert mindpipe_main(["simulate", "--model", SMALL, "--cluster", CLUSTER, "--plan", str(out / "best_plan.json"),
                           "--json"]) == 0
     sim = json.loads(capsys.readouterr().out)
@@ -341,6 +341,15 @@ def test_what_if_sweep_marks_every_output(tmp_path, capsys):
     plan = load_plan(str(out / "best_plan.json"))
     assert plan.made_for is not None and plan.made_for.what_if == what_if_used(plan)
     assert summary["what_if"]["best_plan_uses"] == plan.made_for.what_if
+    assert summary["what_if"]["pinned"] == {}
+    # A knob named and pinned is said to be pinned, not searched.
+    pinned = tmp_path / "p"
+    argv[argv.index("--out") + 1] = str(pinned)
+    assert mindpipe_main([*argv, "--what-if", "blocking_p2p,comm_priority", "--fix", "blocking_p2p=true"]) == 0
+    assert "what-if knobs    searched comm_priority; pinned blocking_p2p=true; " in capsys.readouterr().out
+    summary = json.loads((pinned / "summary.json").read_text())
+    assert summary["what_if"]["searched"] == ["comm_priority"]
+    assert summary["what_if"]["pinned"] == {"blocking_p2p": True}
 
 
 def test_trace_and_calibration_are_named_in_made_for(tmp_path):
