@@ -1,9 +1,9 @@
 """Issue 7's acceptance: the calibrated simulator predicts held-out CPU runs of the executor.
 
-Thirteen ``gpt-mini`` plans (global batch 32, fp32) run on this machine's CPU with ``mindpipe run``
+Fourteen ``gpt-mini`` plans (global batch 32, fp32) run on this machine's CPU with ``mindpipe run``
 (gloo; 2 or 4 ranks sharing the 2 cores; 10 steps, 2 warm-up, the last profiled): five to fit the
-calibration on, eight held out, differing in dp/tp/pp, schedule (1F1B, GPipe, interleaved,
-ZB-H1), micro-batch size, ZeRO-3 and sequence parallelism. The calibration is fitted on the five
+calibration on, nine held out, differing in dp/tp/pp, schedule (1F1B, GPipe, interleaved,
+ZB-H1, with and without full recompute), micro-batch size, ZeRO-3 and sequence parallelism. The calibration is fitted on the five
 (``mindpipe calibrate``), then every held-out plan is predicted before and after calibration and
 compared with its measured iteration time (median of the clean steps).
 
@@ -65,6 +65,8 @@ HOLDOUT = {
     "ho_pp2_interleaved": _plan(pp=2, micro_batch_size=4, schedule="interleaved_1f1b", virtual_stages=2),
     "ho_tp4": _plan(tp=4, micro_batch_size=8),
     "ho_pp2_zbh1": _plan(pp=2, micro_batch_size=4, schedule="zb_h1"),
+    # A split backward with full recompute: W re-runs the recomputed blocks (StageWork.weight_rerun_s).
+    "ho_pp2_zbh1_full": _plan(pp=2, micro_batch_size=4, schedule="zb_h1", recompute="full"),
     "ho_dp2_pp2_gpipe_mb2": _plan(dp=2, pp=2, micro_batch_size=2, schedule="gpipe"),
     "ho_dp2_zero3": _plan(dp=2, micro_batch_size=8, zero_stage=3),
     "ho_tp2_pp2_sp_sel": _plan(tp=2, pp=2, micro_batch_size=4, sequence_parallel=True, recompute="selective"),

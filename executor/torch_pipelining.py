@@ -19,7 +19,7 @@ Two private pieces are used, both checked against the torch versions this code w
   around both, so memory accounting can leave this one-time work out (it is not training).
 
 * ``PipelineStage.backward_state``: what a split backward's I keeps for W, per micro-batch
-  (``(inputs, param_groups, outputs, output_grads)``). :func:`one_weight_pass` merges its
+  (``(inputs, param_groups, outputs, output_grads)``). :func:`merge_weight_passes` merges its
   parameter groups into one, so that W takes one autograd pass instead of one per group.
 
 One behaviour of the public ``PipelineStage`` is relied on as well, for per-layer timing: under a
@@ -121,17 +121,17 @@ def weight_pass_runs_whole_backward(stage: PipelineStage) -> bool:
     return stage.stage_index == 0 and getattr(stage, "dw_builder", None) is None
 
 
-def one_weight_pass(stage: PipelineStage) -> None:
+def merge_weight_passes(stage: PipelineStage) -> None:
     """Make ``stage``'s W (split backward) take one autograd pass over all its parameters.
 
     torch's ``stage_backward_weight`` takes one ``autograd.grad`` pass per parameter group (a
     LayerNorm's or a Linear's weights: six per GPT block), and each pass is a new graph task, so
     a checkpointed (recomputed) block re-runs its forward once per group — six re-runs per block
     and micro-batch, each kept until W ends. One pass over the merged groups re-runs each
-    recomputed block once. The gradients are the same bit for bit: every parameter is still
-    reached only from its own group's intermediates, whose incoming gradients torch clamps to the
-    ones I saved (``tests/executor/test_one_weight_pass.py``). The first stage is left as torch
-    runs it (its I does nothing and its W is the whole backward: one pass already).
+    recomputed block once, but walks the input-gradient path between the groups again (torch
+    clamps each intermediate's gradient to the one I saved, so the results are the same bit for
+    bit, ``tests/executor/test_one_weight_pass.py``, but the work is done). The executor merges
+    where that pays (:func:`mindpipe.traces.layout.one_weight_pass`, which the simulator prices).
     """
     original = stage.backward_one_chunk
 

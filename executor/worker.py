@@ -35,8 +35,9 @@ from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
 from mindpipe.executor.rundir import record_error, record_finished
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
-from mindpipe.executor.torch_pipelining import one_weight_pass, timed_p2p_waits
+from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_waits
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import block_policies, one_weight_pass, stage_layout
 from mindpipe.traces.noise_scale import NoiseEmaState
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.torch_gpt import VocabShard
@@ -139,6 +140,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     budget = None if cfg.memory_budget_gib is None else int(cfg.memory_budget_gib * GIB)
     memory = MemoryAccount(parts, device, f"pipeline rank {coords['pp']} (stages {sorted(modules)})", budget)
     pool = HostPool(device)
+    spans, policies = stage_layout(plan, model), block_policies(plan, model.num_layers)
     stages = []
     for s, mod in sorted(modules.items()):
         mod.to(device)
@@ -146,7 +148,8 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
             convert_to_fp8(mod, device)
         parallelize_stage(mod, mesh, plan, model.num_layers, pool, memory)
         stages.append(PipelineStage(mod, s, plan.num_stages, device, group=mesh.get_group("pp")))
-        one_weight_pass(stages[-1])
+        if one_weight_pass(model, spans[s], policies):  # acts only on a split backward's I and W
+            merge_weight_passes(stages[-1])
     memory.count_weights()
     recorder = Recorder(device, origin=0.0)
     for st, mod in zip(stages, parts, strict=True):

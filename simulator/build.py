@@ -7,10 +7,10 @@ tensor-parallel collectives — Megatron's checkpointed layers re-issue them), `
 the attention core (Korthikanti et al. §5), ``nongemm`` every operator but the GEMMs (the core,
 LayerNorms, GeLU, dropouts, residual adds; ``LayerCost.recompute_nongemm_s``); ``swap`` copies the block's activations to the host
 after F and back before I over PCIe; ``none`` stores them. Under a split backward (I and W) W
-re-runs the recomputed part once more on every stage but the first: torch's non-reentrant
-checkpoint recomputes in each autograd pass, and the executor's W is one pass
-(:func:`mindpipe.executor.torch_pipelining.one_weight_pass`; the first stage's I does nothing and
-its W is the whole backward).
+does more on every stage but the first (whose I does nothing and whose W is the whole backward):
+torch's non-reentrant checkpoint recomputes in each autograd pass, and W takes one pass per
+parameter group, or one pass in all where the executor merges them
+(:func:`mindpipe.traces.layout.one_weight_pass`; :func:`weight_pass_extra`).
 
 Gradient reduction: bucket size as Megatron's DDP (max(40M, 1M × dp) parameters), all-reduce
 without ZeRO, reduce-scatter with ZeRO ≥ 1 (Megatron's distributed optimizer is ZeRO-1);
@@ -30,10 +30,13 @@ from mindpipe.simulator.work import TpOverlap
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import (
     BlockPolicy,
+    StageSpan,
     block_policies,
     data_parallel_units,
+    one_weight_pass,
     reshards_after_forward,
     stage_layout,
+    weight_groups,
 )
 
 GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2, "fp8": 4}  # fp8: bf16 mixed precision's fp32 main_grad
@@ -71,6 +74,36 @@ def stage_recompute(layers: list[LayerCost], policies: list[BlockPolicy]) -> tup
         elif policy == "swap":
             swapped += 1
     return seconds, comm, swapped
+
+
+def weight_pass_extra(model: Model, span: StageSpan, layers: list[LayerCost], policies: list[BlockPolicy],
+                      split_backward: bool) -> tuple[float, list[Collective]]:
+    """(seconds, TP collectives) a split backward's W of stage ``span`` runs beyond its weight gradients.
+
+    ``layers`` are the stage's layer costs, ``policies`` the plan's block policies. Nothing without a
+    split backward or on the first stage. Where the executor takes one W pass
+    (:func:`mindpipe.traces.layout.one_weight_pass`): the stage's re-run forward once more
+    (:func:`stage_recompute`: full blocks, selective cores) and the blocks' input gradients, which
+    the pass walks again, with their collectives. Otherwise torch's pass per parameter group: a
+    fully recomputed block (or part) re-runs its forward once per group
+    (:func:`mindpipe.traces.layout.weight_groups`); a selective block's core is not on any group's
+    path and is not re-run.
+    """
+    if not split_backward or span.stage == 0:
+        return 0.0, []
+    own = [policies[b] for b in span.blocks]
+    blocks = [c for c in layers if c.kind == "block"]
+    if one_weight_pass(model, span, policies):
+        seconds, comm, _ = stage_recompute(layers, own)
+        return (seconds + sum(c.backward_input_s for c in blocks),
+                comm + [x for c in blocks for x in c.backward_comm])
+    seconds, comm = 0.0, []
+    for c, policy, (_, part) in zip(blocks, own, span.parts(), strict=True):
+        if policy == "full":
+            k = weight_groups(model, part)
+            seconds += k * c.forward_s
+            comm += list(c.forward_comm) * k
+    return seconds, comm
 
 
 def optimizer_shard(plan: Plan, params: float) -> float:
@@ -136,8 +169,8 @@ def build_work(
     ``swap_on_compute`` (CPU ranks, whose swap is a synchronous copy on the rank's thread:
     :func:`mindpipe.simulator.costs.cpu_copy_s`) is the seconds per swapped block added to the
     forward, to the input gradient (I, and so B) and to the weight gradient (W); the copies then
-    use no link. ``split_backward`` (the schedule has I and W actions): W re-runs the recomputed
-    blocks of every stage but the first (:attr:`StageWork.weight_rerun_s`).
+    use no link. ``split_backward`` (the schedule has I and W actions): W's extra work
+    (:func:`weight_pass_extra`, :attr:`StageWork.weight_rerun_s`).
     """
     stages = assign_layers(costs, model, plan)
     policies = block_policies(plan, model.num_layers)
@@ -154,7 +187,7 @@ def build_work(
         fwd_comm = [x for c in layers for x in c.forward_comm]
         bwd_comm = [x for c in layers for x in c.backward_comm]
         recompute, re_comm, swapped = stage_recompute(layers, [policies[b] for b in spans[s].blocks])
-        rerun = split_backward and s > 0
+        rerun, rerun_comm = weight_pass_extra(model, spans[s], layers, policies, split_backward)
         hooks = dp_unit_s * data_parallel_units(plan, spans[s].num_blocks)
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
         on_compute = swap_on_compute or (0.0, 0.0, 0.0)
@@ -170,8 +203,8 @@ def build_work(
             input_s=i + hooks + swapped * on_compute[1],
             weight_s=w + swapped * on_compute[2],
             recompute_s=recompute,
-            weight_rerun_s=recompute if rerun else 0.0,
-            rerun_tp=_tp_phases(topo, re_comm, rank) if rerun else [],
+            weight_rerun_s=rerun,
+            rerun_tp=_tp_phases(topo, rerun_comm, rank),
             fwd_tp=_tp_phases(topo, fwd_comm, rank),
             bwd_tp=_tp_phases(topo, re_comm + bwd_comm, rank),
             send_fwd=topo.p2p(rank, nxt, out_bytes) if nxt is not None and nxt != rank else None,
@@ -196,4 +229,4 @@ def build_work(
 
 
 __all__ = ["GRAD_BYTES", "assign_layers", "bucket_params", "build_work", "optimizer_shard", "rank_params",
-           "stage_recompute"]
+           "stage_recompute", "weight_pass_extra"]

@@ -88,7 +88,15 @@ from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.config import stage_layers as plan_stage_layers
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import BLOCK_POLICIES, BlockPart, BlockPolicy, block_policies, stage_layout
+from mindpipe.traces.layout import (
+    BLOCK_POLICIES,
+    BlockPart,
+    BlockPolicy,
+    block_policies,
+    merged_weight_pass,
+    stage_layout,
+    weight_groups,
+)
 
 GIB = 2**30
 # Bool dropout mask of CUDA's fused dropout (Korthikanti et al. §4.1 count 1 byte per element).
@@ -374,12 +382,15 @@ class StageMemoryModel:
         torch's I keeps the stage's graph for W (``retain_graph``): from I to W a micro-batch still
         holds everything it saved, less the loss's log-softmax (:func:`head_logit_bytes`). Nothing
         is freed while I runs. A recomputed block is re-run in I (its re-run tensors are freed with
-        I), and again in W, which the executor runs as one autograd pass over all the stage's
-        parameters (:func:`mindpipe.executor.torch_pipelining.one_weight_pass`): the pass goes
-        through the blocks last to first and has released one block's re-run before it re-runs
-        the next, so the transient is the largest recomputed block's ``block("none")`` (gpt-mini-8,
-        micro-batch 2: 5.02 MiB measured for one and for two recomputed blocks on a stage, 5 MiB
-        counted), plus a swapped block's largest tensor while it is unpacked. The first stage is the exception: its input is token
+        I), and again in W. Where the executor runs W as one autograd pass
+        (:func:`mindpipe.traces.layout.merged_weight_pass`) the pass goes through the blocks last to
+        first and has released one block's re-run before it re-runs the next: the transient is the
+        largest recomputed block's ``block("none")`` (gpt-mini-8, micro-batch 2: 5.02 MiB measured
+        for one and for two recomputed blocks on a stage, 5 MiB counted). Otherwise torch's pass per
+        parameter group re-runs the block once per group (:func:`mindpipe.traces.layout.weight_groups`),
+        each kept until W ends less what its pass consumed; counted whole, an upper bound (gpt-mini,
+        micro-batch 2: 23.75 MiB measured for one block, 30 MiB counted). Plus a swapped block's
+        largest tensor while it is unpacked. The first stage is the exception: its input is token
         ids, torch's I there does nothing and its W runs an ordinary backward, so it keeps
         everything until W and frees block by block as in B. The last stage's transient is at
         least the loss's backward temporaries (:func:`loss_transient_bytes`).
@@ -397,8 +408,11 @@ class StageMemoryModel:
             acts += head
             layers += [params["final_norm"], params["lm_head"]]
         if self.split_backward and not has_embedding:
-            reruns = max((self.block("none", part) for p, part in zip(policies, parts, strict=True) if p == "full"),
-                         default=0.0)
+            full = [part for p, part in zip(policies, parts, strict=True) if p == "full"]
+            if merged_weight_pass(model, policies, parts):
+                reruns = max((self.block("none", part) for part in full), default=0.0)
+            else:
+                reruns = sum(weight_groups(model, part) * self.block("none", part) for part in full)
             swap_back = self.largest_saved_bytes() if "swap" in policies else 0.0
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients

@@ -19,11 +19,11 @@ class StageWork:
     Attributes:
         forward_s, input_s, weight_s: Compute of F, I (input gradient) and W (weight gradient).
         recompute_s: Forward compute re-run before I (recompute policy).
-        weight_rerun_s: Forward compute a split backward's W re-runs (the same recomputed blocks
-            again: torch's checkpoint recomputes in every autograd pass, and W is one,
-            :func:`mindpipe.executor.torch_pipelining.one_weight_pass`); 0 on the first stage, whose
-            I does nothing and whose W is the whole backward, and without a split backward.
-        rerun_tp: TP collectives W's re-run issues again (full recompute under TP).
+        weight_rerun_s: Compute a split backward's W runs beyond the weight gradients (re-runs of
+            recomputed blocks, and the input-gradient path a merged pass walks again:
+            :func:`mindpipe.simulator.build.weight_pass_extra`); 0 on the first stage and without a
+            split backward.
+        rerun_tp: TP collectives that extra work issues.
         fwd_tp: TP collective phases of a forward.
         bwd_tp: TP collective phases of the input-gradient pass (with recomputed forward ones).
         send_fwd: Phases moving the output to the next stage (None: same rank or last stage).
@@ -62,12 +62,12 @@ class StageWork:
 
     @property
     def weight_action_s(self) -> float:
-        """Compute of one W action: the weight gradients and W's re-run."""
+        """Compute of one W action: the weight gradients and W's extra work."""
         return self.weight_s + self.weight_rerun_s
 
     @property
     def backward_compute_s(self) -> float:
-        """All backward compute of one micro-batch: re-run, input and weight gradients, W's re-run."""
+        """All backward compute of one micro-batch: re-run, input and weight gradients, W's extra work."""
         return self.recompute_s + self.input_s + self.weight_s + self.weight_rerun_s
 
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from mindpipe.simulator.api import Simulator
-from mindpipe.simulator.build import assign_layers, build_work
+from mindpipe.simulator.build import assign_layers, build_work, weight_pass_extra
 from mindpipe.simulator.calibrate.features import action_collectives, stage_structure
 from mindpipe.simulator.costs import DTYPE_BYTES
 from mindpipe.simulator.memory import (
@@ -29,7 +29,7 @@ from mindpipe.simulator.memory import (
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES, Cluster, Model, Plan
-from mindpipe.traces.layout import block_policies, stage_layout
+from mindpipe.traces.layout import block_layer_name, block_policies, one_weight_pass, stage_layout, weight_groups
 
 MASK_CPU = 4  # fp32 plans on the CPU keep dtype-sized dropout masks
 
@@ -85,10 +85,19 @@ def test_simulator_memory_and_calibration_follow_the_layout(case: tuple[Model, P
     by_name = {c.name: c for c in costs}
     colls = action_collectives(model, plan)
     for span, work in zip(layout, stages, strict=True):
-        # W re-runs the recomputed part (and its TP collectives) on every stage but the first, as
-        # the executor's one-pass W does.
-        rerun = schedule.split_backward and span.stage > 0
-        assert work.weight_rerun_s == (work.recompute_s if rerun else 0.0)
+        # A split backward's W (every stage but the first): one pass re-runs the recomputed part and
+        # walks the blocks' input gradients again; torch's pass per group re-runs a full block per group.
+        own_blocks = [by_name[block_layer_name(b, part)] for b, part in span.parts()]
+        if not schedule.split_backward or span.stage == 0:
+            assert work.weight_rerun_s == 0.0
+        elif one_weight_pass(model, span, policies):
+            assert work.weight_rerun_s == pytest.approx(
+                work.recompute_s + sum(c.backward_input_s for c in own_blocks), rel=1e-12, abs=1e-18)
+        else:
+            assert work.weight_rerun_s == pytest.approx(sum(
+                weight_groups(model, part) * c.forward_s
+                for c, (b, part) in zip(own_blocks, span.parts(), strict=True) if policies[b] == "full"),
+                rel=1e-12, abs=1e-18)
         own = [policies[b] for b in span.blocks]
         blocks = [by_name[f"block.{b}"] for b in span.blocks]
         expect = sum(c.forward_s if p == "full" else c.recompute_selective_s if p == "selective" else 0.0
@@ -100,8 +109,9 @@ def test_simulator_memory_and_calibration_follow_the_layout(case: tuple[Model, P
             fwd_tp = sum(len(c.forward_comm) for c in layers)
             redone = sum(len(c.forward_comm) for c, p in zip(blocks, own, strict=True) if p == "full")
             assert len(colls[(span.stage, "B")]) == redone + sum(len(c.backward_comm) for c in layers)
-            assert len(colls[(span.stage, "W")]) == redone  # calibration's W features: the re-run's collectives
-            assert bool(work.rerun_tp) == (schedule.split_backward and redone > 0)
+            extra = weight_pass_extra(model, span, [by_name[n] for n in span.layer_names()], policies, True)[1]
+            assert colls[(span.stage, "W")] == extra  # calibration's W features: the engine's W collectives
+            assert bool(work.rerun_tp) == (schedule.split_backward and bool(extra))
             assert len(colls[(span.stage, "F")]) == fwd_tp
     # Memory: each rank's activations are Σ in-flight × (its blocks under their policies + extras);
     # between a split backward's I and W a micro-batch holds the same less the loss's log-softmax,

@@ -60,6 +60,7 @@ give a cut block one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -90,6 +91,37 @@ def block_policies(plan: Plan, num_layers: int) -> list[BlockPolicy]:
 def recomputes(policy: BlockPolicy) -> bool:
     """True when the block's forward (all or part) runs again before its backward."""
     return policy in ("selective", "nongemm", "full")
+
+
+def weight_groups(model: Model, part: BlockPart = "whole") -> int:
+    """Parameter groups of a block (or part) under a split backward: one per module with parameters
+    (GPT: LayerNorm, QKV, projection | LayerNorm, fc1, fc2; Llama: RMSNorm, wq, wk, wv, wo | RMSNorm,
+    gate, up, down). torch's ``stage_backward_weight`` takes one autograd pass per group, and a
+    fully recomputed block re-runs its forward in each (``tests/executor/test_one_weight_pass.py``
+    checks the counts on the executor's blocks)."""
+    attention, mlp = (5, 4) if model.is_llama else (3, 3)
+    return {"whole": attention + mlp, "attention": attention, "mlp": mlp}[part]
+
+
+def one_weight_pass(model: Model, span: StageSpan, policies: Sequence[BlockPolicy]) -> bool:
+    """Whether the executor runs a split backward's W of stage ``span`` as one autograd pass
+    (:func:`mindpipe.executor.torch_pipelining.merge_weight_passes`) instead of torch's pass per
+    parameter group; ``policies`` are the plan's block policies (:func:`block_policies`).
+
+    Per group, a fully recomputed block (or part) re-runs its forward once per group
+    (:func:`weight_groups`); one pass re-runs it once but walks the input-gradient path of every
+    block below the stage's top group again (torch clamps the gradients, not the work): about one
+    forward per block or part. One pass is taken when the re-runs it saves outnumber the blocks it
+    walks again. Never on the first stage, whose W is already the whole backward in one pass.
+    """
+    return span.stage > 0 and merged_weight_pass(model, [policies[b] for b in span.blocks], [p for _, p in span.parts()])
+
+
+def merged_weight_pass(model: Model, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart]) -> bool:
+    """:func:`one_weight_pass`'s rule for a stage other than the first holding blocks (or parts, ``parts``)
+    with ``policies``: the fully recomputed ones' saved re-runs outnumber the blocks."""
+    saved = sum(weight_groups(model, part) - 1 for p, part in zip(policies, parts, strict=True) if p == "full")
+    return saved > len(policies)
 
 
 def reshards_after_forward(plan: Plan) -> bool:

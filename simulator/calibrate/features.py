@@ -36,7 +36,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from mindpipe.simulator.build import assign_layers, build_work, stage_recompute
+from mindpipe.simulator.build import assign_layers, build_work, stage_recompute, weight_pass_extra
 from mindpipe.simulator.calibrate.models import ReferenceOpTime, backend_of, host_terms, tp_wire_bytes
 from mindpipe.simulator.costs import Collective, LayerCost, op_layer_costs, swap_weight_reread_bytes
 from mindpipe.simulator.ops import Op
@@ -45,7 +45,14 @@ from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.traces.calibration import OP_KINDS, ComputeCalibration
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
-from mindpipe.traces.layout import BlockPolicy, block_policies, data_parallel_units, stage_layout, stage_to_rank
+from mindpipe.traces.layout import (
+    BlockPolicy,
+    StageSpan,
+    block_policies,
+    data_parallel_units,
+    stage_layout,
+    stage_to_rank,
+)
 from mindpipe.traces.measured import ActionRecord
 
 # Per-operator features (summed over a stage's operators), then per-action ones.
@@ -62,18 +69,19 @@ def constants(cal: ComputeCalibration) -> list[float]:
     return [cal.scale.get(f, 1.0) if f in OP_KINDS else named[f] for f in FEATURES]
 
 
-def _stage_sums(layers: list[LayerCost], policies: list[BlockPolicy]) -> dict[str, float]:
+def _stage_sums(model: Model, span: StageSpan, layers: list[LayerCost], policies: list[BlockPolicy]) -> dict[str, float]:
     """Per action kind, the summed phase value of a stage's layers (the re-run forward added to B and
-    I, and to W, which re-runs it again: :attr:`mindpipe.simulator.work.StageWork.weight_rerun_s`).
+    I; W's extra work under a split backward added to W).
 
-    ``policies`` are the stage's blocks' policies; the re-run part is the engine's own rule
-    (:func:`mindpipe.simulator.build.stage_recompute`).
+    ``policies`` are the plan's block policies; the re-run part and W's extra are the engine's own
+    rules (:func:`mindpipe.simulator.build.stage_recompute`, :func:`~mindpipe.simulator.build.weight_pass_extra`).
     """
     f = sum(c.forward_s for c in layers)
     i = sum(c.backward_input_s for c in layers)
     w = sum(c.backward_weight_s for c in layers)
-    re = stage_recompute(layers, policies)[0]
-    return {"F": f, "B": re + i + w, "I": re + i, "W": re + w}
+    re = stage_recompute(layers, [policies[b] for b in span.blocks])[0]
+    extra = weight_pass_extra(model, span, layers, policies, True)[0]
+    return {"F": f, "B": re + i + w, "I": re + i, "W": w + extra}
 
 
 def _stage_policies(model: Model, plan: Plan) -> list[list[BlockPolicy]]:
@@ -85,7 +93,7 @@ def _stage_policies(model: Model, plan: Plan) -> list[list[BlockPolicy]]:
 def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tuple[int, str], list[float]]:
     """Feature vector (``FEATURES`` order) of every (virtual stage, action kind) of ``plan``."""
     per_feature: list[list[dict[str, float]]] = []
-    policies = _stage_policies(model, plan)
+    spans, every = stage_layout(plan, model), block_policies(plan, model.num_layers)
     for feature in OP_FEATURES:
 
         def price(ops: Sequence[Op], feature: str = feature) -> tuple[float, float, float, float]:
@@ -106,7 +114,7 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
             return out["forward"], out["backward_input"], out["backward_weight"], core
 
         stages = assign_layers(op_layer_costs(model, plan, price), model, plan)
-        per_feature.append([_stage_sums(layers, pol) for layers, pol in zip(stages, policies, strict=True)])
+        per_feature.append([_stage_sums(model, span, layers, every) for span, layers in zip(spans, stages, strict=True)])
     n_stages = len(per_feature[0])
     colls = action_collectives(model, plan)
     units = [data_parallel_units(plan, span.num_blocks) for span in stage_layout(plan, model)]
@@ -156,13 +164,15 @@ def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[C
     """Tensor-parallel collectives issued inside each (virtual stage, action kind)."""
     stages = stage_structure(model, plan)
     out: dict[tuple[int, str], list[Collective]] = {}
-    for s, (layers, policies) in enumerate(zip(stages, _stage_policies(model, plan), strict=True)):
+    every = block_policies(plan, model.num_layers)
+    for s, (span, layers, policies) in enumerate(zip(stage_layout(plan, model), stages, _stage_policies(model, plan),
+                                                     strict=True)):
         fwd = [c for layer in layers for c in layer.forward_comm]
         bwd = [c for layer in layers for c in layer.backward_comm]
         re = stage_recompute(layers, policies)[1]
         out[(s, "F")] = fwd
         out[(s, "B")] = out[(s, "I")] = re + bwd
-        out[(s, "W")] = list(re)  # W's re-run issues them again
+        out[(s, "W")] = weight_pass_extra(model, span, layers, every, True)[1]
     _first_stage_backward_in_w(out, [])
     return out
 

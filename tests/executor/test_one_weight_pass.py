@@ -1,17 +1,20 @@
-"""W in one autograd pass (executor/torch_pipelining.py: one_weight_pass, merged_param_group).
+"""W in one autograd pass (executor/torch_pipelining.py: merge_weight_passes, merged_param_group).
 
 torch's ``stage_backward_weight`` takes one pass per parameter group, and a checkpointed block
-re-runs its forward in each; the merged group must re-run each block once and give the same
-weight gradients bit for bit. Checked on two GPT blocks (the executor's own Block) checkpointed
-as the executor checkpoints them, with torch's I and W functions.
+re-runs its forward in each (``traces.layout.weight_groups`` times, which the simulator prices);
+the merged group must re-run each block once and give the same weight gradients bit for bit.
+Checked on two blocks of the executor's own GPT and Llama, checkpointed as the executor
+checkpoints them, with torch's I and W functions.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from mindpipe.executor.torch_pipelining import mergeable, merged_param_group
 from mindpipe.traces.builtin import load_model
-from mindpipe.traces.torch_gpt import Block
+from mindpipe.traces.layout import weight_groups
+from mindpipe.traces.torch_models import build_model
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.utils.checkpoint import checkpoint
@@ -32,10 +35,12 @@ class Counted(nn.Module):
         return checkpoint(self._run, x, use_reentrant=False, preserve_rng_state=True)
 
 
-def _split_backward(merge: bool) -> tuple[list[torch.Tensor], torch.Tensor, int, int]:
-    model = load_model("gpt-mini")
+def _split_backward(merge: bool, name: str = "gpt-mini") -> tuple[list[torch.Tensor], torch.Tensor, int, int]:
+    model = load_model(name)
     torch.manual_seed(0)
-    blocks = nn.Sequential(Counted(Block(model)), Counted(Block(model)))
+    gpt = build_model(model, seed=0, dtype="fp32")
+    made = [m for _, kind, m in gpt.layers() if kind == "block"][:2]
+    blocks = nn.Sequential(*(Counted(b) for b in made))
     torch.manual_seed(1)
     x = torch.randn(2, 16, model.hidden_size, requires_grad=True)
     y = blocks(x)
@@ -54,10 +59,11 @@ def _split_backward(merge: bool) -> tuple[list[torch.Tensor], torch.Tensor, int,
     return grads, dx[0].clone(), after_w - after_i, len(groups)
 
 
-def test_merged_weight_pass_reruns_each_block_once_with_identical_gradients():
-    per_group, dx_a, reruns_a, groups_a = _split_backward(merge=False)
-    merged, dx_b, reruns_b, groups_b = _split_backward(merge=True)
-    assert groups_a >= 4 and groups_b == 1
+@pytest.mark.parametrize("name", ["gpt-mini", "llama-tiny"])
+def test_merged_weight_pass_reruns_each_block_once_with_identical_gradients(name):
+    per_group, dx_a, reruns_a, groups_a = _split_backward(False, name)
+    merged, dx_b, reruns_b, groups_b = _split_backward(True, name)
+    assert groups_a == 2 * weight_groups(load_model(name)) and groups_b == 1
     assert reruns_a == groups_a  # torch alone: one re-run of some block per group
     assert reruns_b == 2  # merged: each of the two blocks once
     assert torch.equal(dx_a, dx_b)

@@ -15,9 +15,6 @@ CPU cases are unchanged (checked when re-pinning).
 Re-pinned (issue 16/19, vocabulary-parallel layers): under tp the embedding's all-reduce (reduce-scatter
 and all-gather under sequence parallelism) and the cross-entropy's three per-token all-reduces are
 priced (``simulator.costs.vocab_collectives``): every tp > 1 case moves by ≤ 0.15 %, tp = 1 ones not.
-Re-pinned (issue 16, W's re-run): under a split backward W re-runs the recomputed blocks once more
-(``StageWork.weight_rerun_s``; the executor's W is one autograd pass, ``one_weight_pass``): only
-``zb_h1`` (selective recompute) moves, 1.3928 → 1.4151 s (+1.6 %).
 """
 
 from __future__ import annotations
@@ -160,11 +157,11 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "bytes_by_link_type": {'nvlink': 27011514368.0, 'nic': 28612976639.99997},
     },
     "zb_h1": {
-        "iteration_time_s": 1.4151125308961592,
-        "bubble_fraction": 0.18564533130457006,
-        "pipeline_time_s": 1.1163460934603873,
-        "rank_end_s": [1.4151125308961592, 1.3716634986200673, 1.3547657430667888, 1.3687657182773765],
-        "bytes_by_link_type": {'nvlink': 27011514368.0, 'nic': 27270799359.99999},
+        "iteration_time_s": 1.3928140281184498,
+        "bubble_fraction": 0.19961991929765588,
+        "pipeline_time_s": 1.0940475906826779,
+        "rank_end_s": [1.3928140281184498, 1.3436510045055696, 1.3211786232578637, 1.329613695958375],
+        "bytes_by_link_type": {'nvlink': 27011514368.0, 'nic': 27270799359.999985},
     },
     "zbv": {
         "iteration_time_s": 1.1785174256752964,
