@@ -36,7 +36,7 @@ import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch.distributed.pipelining import PipelineStage, schedules
@@ -146,17 +146,29 @@ def merge_weight_passes(stage: PipelineStage) -> None:
     stage.backward_one_chunk = backward_one_chunk  # type: ignore[method-assign]
 
 
-def mergeable(groups: list[dict[str, Any]] | None) -> bool:
+class ParamGroup(TypedDict, total=False):
+    """One parameter group as torch's ``stage_backward_input`` returns it for W (``params``: the
+    group's parameters, ``intermediates``: the autograd nodes W starts from, ``grads``: per
+    intermediate, the gradient tuple I saved; absent when I saw none)."""
+
+    params: Any
+    intermediates: list[Any]
+    grads: list[Any]
+
+
+def mergeable(groups: list[ParamGroup] | None) -> bool:
     """True for two or more groups whose I saved a gradient tuple for every intermediate (torch's
     W would fail on any other, so those are left to it)."""
     return groups is not None and len(groups) > 1 and all(
         len(g.get("grads") or ()) == len(g["intermediates"]) and all(x is not None for x in g["grads"]) for g in groups)
 
 
-def merged_param_group(groups: list[dict[str, Any]]) -> dict[str, Any]:
-    """One parameter group holding every group's parameters, intermediates and saved gradients
-    (torch's group keys ``params``, ``intermediates``, ``grads``, in the groups' order)."""
-    return {key: [x for g in groups for x in g[key]] for key in ("params", "intermediates", "grads")}
+def merged_param_group(groups: list[ParamGroup]) -> ParamGroup:
+    """One parameter group holding every group's parameters, intermediates and saved gradients, in
+    the groups' order."""
+    return ParamGroup(params=[p for g in groups for p in g["params"]],
+                      intermediates=[n for g in groups for n in g["intermediates"]],
+                      grads=[t for g in groups for t in g["grads"]])
 
 
 @contextlib.contextmanager

@@ -161,7 +161,7 @@ def _format(info: dict[str, Any]) -> str:
     rules = by_reason.pop("rules", 0)
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) or "none evaluated"
     searched, uses = info["what_if"]["searched"], info["what_if"]["best_plan_uses"]
-    pinned = info["what_if"].get("pinned", {})
+    pinned = info["what_if"]["pinned"]
     if not searched and not pinned:
         what_if = "none searched: every plan is one the executor runs"
     else:

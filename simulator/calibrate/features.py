@@ -117,7 +117,7 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
         per_feature.append([_stage_sums(model, span, layers, every) for span, layers in zip(spans, stages, strict=True)])
     n_stages = len(per_feature[0])
     colls = action_collectives(model, plan)
-    units = [data_parallel_units(plan, span.num_blocks) for span in stage_layout(plan, model)]
+    units = [data_parallel_units(plan, span.num_blocks) for span in spans]
     swap = stage_swap_bytes(model, plan, ref.device)
     out = {(s, kind): [per_feature[k][s][kind] for k in range(len(OP_FEATURES))]
            + [tp_wire_bytes(colls[(s, kind)], plan.tp, backend_of(ref.device)) if plan.tp > 1 else 0.0,
@@ -165,11 +165,10 @@ def action_collectives(model: Model, plan: Plan) -> dict[tuple[int, str], list[C
     stages = stage_structure(model, plan)
     out: dict[tuple[int, str], list[Collective]] = {}
     every = block_policies(plan, model.num_layers)
-    for s, (span, layers, policies) in enumerate(zip(stage_layout(plan, model), stages, _stage_policies(model, plan),
-                                                     strict=True)):
+    for s, (span, layers) in enumerate(zip(stage_layout(plan, model), stages, strict=True)):
         fwd = [c for layer in layers for c in layer.forward_comm]
         bwd = [c for layer in layers for c in layer.backward_comm]
-        re = stage_recompute(layers, policies)[1]
+        re = stage_recompute(layers, [every[b] for b in span.blocks])[1]
         out[(s, "F")] = fwd
         out[(s, "B")] = out[(s, "I")] = re + bwd
         out[(s, "W")] = weight_pass_extra(model, span, layers, every, True)[1]
