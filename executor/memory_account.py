@@ -4,7 +4,10 @@ What is counted — the same terms the simulator's memory model prices per pipel
 (:func:`mindpipe.simulator.memory.stage_memory`), so the two compare term by term:
 
 * **weights**: the local storage of every parameter of the rank's stage modules (the local shard
-  under TP or ZeRO-3), counted once after the model is built;
+  under TP or ZeRO), counted once after the model is built; and the whole weights FSDP2 gathers
+  (``zero_stage`` ≥ 1) while they exist (:meth:`MemoryAccount.watch_gathered`: re-read around each
+  wrapped module's forward and after each backward action) — kept for the whole step unless ZeRO-3
+  frees them after each forward (:func:`mindpipe.traces.layout.keeps_gathered_weights`);
 * **gradients**: the local ``.grad`` of every parameter, re-read after each backward action (0
   after ``zero_grad(set_to_none=True)`` at the start of a step, as in torch);
 * **optimizer**: every tensor in the optimizers' state (AdamW ``exp_avg``, ``exp_avg_sq``,
@@ -50,6 +53,7 @@ from mindpipe.executor.offload import local_tensor as _local
 from mindpipe.executor.torch_pipelining import around_metadata_inference
 from mindpipe.traces.errors import ContractError
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.utils._python_dispatch import TorchDispatchMode
 
 GIB = 2**30
@@ -174,6 +178,8 @@ class MemoryAccount:
         self._bytes: dict[str, dict[int, int]] = {"activations": {}, "transient": {}}
         self.terms = self.peak = MemoryTerms()
         self._weights: set[int] = set()
+        self._shard_bytes = 0
+        self._gathered = False
         self._cached: dict[int, int] = {}  # storages of outputs selective checkpointing caches (:meth:`cached`)
         self._paused = 0
         self.exceeded: ContractError | None = None
@@ -213,10 +219,38 @@ class MemoryAccount:
         """
         self._weights = {s[0] for p in self._params() if (s := _storage(p)) is not None}
         self._weights |= {s[0] for m in self.modules for b in m.buffers() if (s := _storage(b)) is not None}
-        self._set(weights=self._param_bytes())
+        self._shard_bytes = self._param_bytes()
+        self._set(weights=self._shard_bytes)
+
+    def watch_gathered(self) -> None:
+        """Count the whole weights FSDP2 gathers, beside their local shards, while they exist.
+
+        While gathered, a wrapped module's parameters are the full tensors (FSDP2 swaps them in
+        for the compute); their storages are not the shards :meth:`count_weights` recorded. They
+        are re-read before and after each wrapped module's forward (FSDP2's own hooks, registered
+        first, gather and free them) and after each backward action (:meth:`refresh_gradients`).
+        Nothing is watched without FSDP2 modules.
+        """
+        for mod in self.modules:
+            for m in mod.modules():
+                if isinstance(m, FSDPModule):  # after FSDP2's own hooks: gathered before, maybe freed after
+                    self._gathered = True
+                    m.register_forward_pre_hook(lambda *_: self._refresh_gathered())
+                    m.register_forward_hook(lambda *_: self._refresh_gathered())
+
+    def _refresh_gathered(self) -> None:
+        seen: dict[int, int] = {}
+        for p in self._params():
+            s = _storage(p)
+            if s is not None and s[0] not in self._weights:
+                seen[s[0]] = s[1]
+        self._set(weights=self._shard_bytes + sum(seen.values()))
 
     def refresh_gradients(self) -> None:
-        """Re-read the gradients' bytes (after a backward action, and after ``zero_grad``)."""
+        """Re-read the gradients' bytes (after a backward action, and after ``zero_grad``), and the
+        gathered weights where they are watched (:meth:`watch_gathered`)."""
+        if self._gathered:
+            self._refresh_gathered()
         self._set(gradients=sum(s[1] for p in self._params() if p.grad is not None and (s := _storage(p.grad))))
 
     def refresh_optimizer(self, optimizers: list[torch.optim.Optimizer]) -> None:

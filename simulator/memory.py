@@ -92,8 +92,11 @@ from mindpipe.traces.layout import (
     BLOCK_POLICIES,
     BlockPart,
     BlockPolicy,
+    accumulates_whole_gradients,
     block_policies,
+    keeps_gathered_weights,
     merged_weight_pass,
+    reshards_after_forward,
     stage_layout,
     weight_groups,
 )
@@ -276,11 +279,18 @@ def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
 
     ZeRO (Rajbhandari et al. 2020): stage 1 shards optimizer states over dp (= Megatron's
     distributed optimizer, 6 + 12/dp B/param under bf16), stage 2 also gradients, stage 3 also
-    weights.
+    weights (gradients only with one micro-batch per step:
+    :func:`mindpipe.traces.layout.accumulates_whole_gradients`). Where FSDP2 keeps the weights it gathers for the whole step
+    (:func:`mindpipe.traces.layout.keeps_gathered_weights`: ZeRO-1/2, and ZeRO-3 under pipelining)
+    the rank holds them whole beside their shards; under mixed precision a shard is the fp32
+    master copy (in ``OPTIMIZER_BYTES``), under fp32 it is a copy of its own (1/dp more).
     """
     p, dp, z = plan.precision, plan.dp, plan.zero_stage
-    weights = params * (DTYPE_BYTES[p] + FP8_WEIGHT_CACHE_BYTES.get(p, 0)) / (dp if z >= 3 else 1)
-    grads = params * GRAD_BYTES[p] / (dp if z >= 2 else 1)
+    whole = keeps_gathered_weights(plan)
+    weights = params * (DTYPE_BYTES[p] + FP8_WEIGHT_CACHE_BYTES.get(p, 0)) / (dp if z >= 3 and not whole else 1)
+    if whole and p == "fp32":
+        weights += params * DTYPE_BYTES[p] / dp
+    grads = params * GRAD_BYTES[p] / (dp if z >= 2 and not accumulates_whole_gradients(plan) else 1)
     optim = params * OPTIMIZER_BYTES[p] / (dp if z >= 1 else 1)
     return weights, grads, optim
 
@@ -503,7 +513,7 @@ class StageMemoryModel:
         acts, grads, redo = max((point(h) for h in held), key=sum, default=(0.0, 0.0, 0.0))
         weights, _, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
         other = self.reserve + redo
-        if plan.zero_stage == 3 and plan.dp > 1:
+        if reshards_after_forward(plan):
             # FSDP-style: the layer being computed and the prefetched next one are gathered whole.
             other += 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision]
         total = weights + grads + optim + acts + other

@@ -135,6 +135,22 @@ def reshards_after_forward(plan: Plan) -> bool:
     return plan.zero_stage == 3 and plan.dp > 1 and plan.pp == 1
 
 
+def keeps_gathered_weights(plan: Plan) -> bool:
+    """FSDP2 (``zero_stage`` ≥ 1 over dp > 1) gathers every weight before a layer's first forward and
+    keeps the whole copy for the step unless it frees it after each forward
+    (:func:`reshards_after_forward`): the rank then holds the gathered weights beside their shards.
+    """
+    return plan.zero_stage >= 1 and plan.dp > 1 and not reshards_after_forward(plan)
+
+
+def accumulates_whole_gradients(plan: Plan) -> bool:
+    """Under ZeRO-2/3 FSDP2 reduce-scatters a step's gradients only after its last micro-batch: the
+    earlier backwards accumulate them whole (torch's pipelining runtime turns gradient sync off for
+    every backward but the last), so the rank holds unsharded gradients until the step ends.
+    """
+    return plan.zero_stage >= 2 and plan.dp > 1 and plan.num_microbatches > 1
+
+
 def data_parallel_units(plan: Plan, num_blocks: int) -> int:
     """Modules of a stage of ``num_blocks`` blocks that the data-parallel wrapper hooks.
 
@@ -253,9 +269,11 @@ __all__ = [
     "BlockPart",
     "BlockPolicy",
     "StageSpan",
+    "accumulates_whole_gradients",
     "block_layer_name",
     "block_policies",
     "data_parallel_units",
+    "keeps_gathered_weights",
     "loop_stage_to_rank",
     "rank_stages",
     "recomputes",

@@ -101,3 +101,20 @@ def test_budget_exceeded_mid_run_stops_and_keeps_the_last_checkpoint(tmp_path):
     assert "at step 2" in res.stderr and "over the budget of" in res.stderr
     assert not (tmp_path / "m.json").exists()
     assert check_resume(ckpt, to_dict(Model(**TINY)), 1) == 1  # step 1's checkpoint, whole and trusted
+
+
+@pytest.mark.parametrize("plan,nproc", [
+    ({"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 1, "precision": "fp32"}, 2),
+    ({"dp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 2, "precision": "fp32"}, 4),
+])
+def test_zero_gathered_weights_and_whole_gradients_are_counted(tmp_path, plan, nproc):
+    # FSDP2 keeps the weights it gathers beside their fp32 shards for the whole step, and
+    # accumulates whole gradients until the step's last micro-batch: both sides count them.
+    trace = launched(tmp_path, plan, nproc)
+    assert_parity(trace.measurement.losses, reference(plan))
+    assert_memory_matches_simulator(trace, TINY, rel=0.01)
+    from mindpipe.simulator.simulator import Simulator
+
+    sim = Simulator(Model(**TINY), Cluster(gpu="cpu", num_nodes=1, gpus_per_node=nproc))
+    for r in trace.measurement.ranks:  # weights: the gathered whole copy and the 1/dp shard
+        assert r.memory.weights_bytes == pytest.approx(sim.memory(trace.measurement.plan)[r.pp_rank].weights_bytes, rel=1e-3)

@@ -287,18 +287,38 @@ def test_rank_states_cover_the_model_and_zero3_gathers():
     mem = stage_memory(model, plan, A100, build_schedule("1f1b", 2, 2), [2, 2])
     assert sum(rm.weights_bytes for rm in mem) == 4 * model.param_count()
     assert [rm.other_bytes for rm in mem] == [GPU_RESERVED_BYTES, GPU_RESERVED_BYTES + loss_transient_bytes(model, plan)]
+    # Under pipelining FSDP2 keeps ZeRO-3's gathered weights for the step: the whole copy and the
+    # fp32 shard beside it; no per-layer gathers on top.
     z3 = dataclasses.replace(plan, dp=2, global_batch_size=4, zero_stage=3)
     mem3 = stage_memory(model, z3, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
-    assert [rm.weights_bytes for rm in mem3] == [rm.weights_bytes / 2 for rm in mem]
+    assert [rm.weights_bytes for rm in mem3] == [1.5 * rm.weights_bytes for rm in mem]
+    assert [rm.other_bytes for rm in mem3] == [0.0, loss_transient_bytes(model, z3)]
+    # Without pipelining it frees them after each forward: the shard, and two layers gathered.
+    flat = Plan(dp=2, global_batch_size=4, zero_stage=3, precision="fp32")
+    one = stage_memory(model, flat, A100, build_schedule("1f1b", 1, 2), [4], reserved_bytes=0)[0]
+    assert one.weights_bytes == 4 * model.param_count() / 2
     sizes = {k: n for _, k, n in layer_params(model, 1)}
     # The layer being computed and the prefetched one are gathered whole (largest layer of the rank).
     assert sizes["block"] > sizes["embedding"] > sizes["lm_head"]
-    assert mem3[0].other_bytes == 2 * 4 * sizes["block"]
+    assert one.other_bytes == 2 * 4 * sizes["block"] + loss_transient_bytes(model, flat)
     wide = dataclasses.replace(model, vocab_size=4096)
     sizes = {k: n for _, k, n in layer_params(wide, 1)}
-    mem3 = stage_memory(wide, z3, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
-    assert mem3[0].other_bytes == 2 * 4 * sizes["embedding"]
-    assert mem3[1].other_bytes == 2 * 4 * max(sizes["block"], sizes["lm_head"]) + loss_transient_bytes(wide, z3)
+    one = stage_memory(wide, flat, A100, build_schedule("1f1b", 1, 2), [4], reserved_bytes=0)[0]
+    assert one.other_bytes == 2 * 4 * sizes["embedding"] + loss_transient_bytes(wide, flat)
+
+
+def test_fsdp_keeps_gathered_weights_and_whole_gradients():
+    """ZeRO-1/2 under FSDP2: the gathered weights stay for the step beside their shards (a copy of
+    its own in fp32, the master copy under mixed precision); ZeRO-2/3 accumulate whole gradients
+    over a step's micro-batches and reduce-scatter after the last."""
+    P = 1_000_000
+    z1 = Plan(dp=2, global_batch_size=4, zero_stage=1, precision="fp32")
+    assert model_state_bytes(P, z1) == (4 * P + 4 * P / 2, 4 * P, 8 * P / 2)
+    assert model_state_bytes(P, dataclasses.replace(z1, precision="bf16")) == (2 * P, 4 * P, 12 * P / 2)
+    z2 = dataclasses.replace(z1, zero_stage=2)
+    assert model_state_bytes(P, z2)[1] == 4 * P  # two micro-batches: whole gradients
+    assert model_state_bytes(P, dataclasses.replace(z2, global_batch_size=2))[1] == 4 * P / 2
+    assert model_state_bytes(P, dataclasses.replace(z1, dp=1, global_batch_size=2)) == (4 * P, 4 * P, 8 * P)
 
 
 def test_cpu_device_masks_and_reserve():
