@@ -229,7 +229,9 @@ class MemoryAccount:
         for the compute); their storages are not the shards :meth:`count_weights` recorded. They
         are re-read before and after each wrapped module's forward (FSDP2's own hooks, registered
         first, gather and free them) and after each backward action (:meth:`refresh_gradients`).
-        Nothing is watched without FSDP2 modules.
+        Called for ``fully_shard`` (ZeRO ≥ 1) only: under ``replicate`` (ZeRO-0) the parameters
+        FSDP2 swaps in for the compute also have storages of their own (measured: twice the weights
+        on gpt-mini dp2), which the memory model does not count yet.
         """
         for mod in self.modules:
             for m in mod.modules():

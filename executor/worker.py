@@ -151,7 +151,8 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         if one_weight_pass(model, spans[s], policies):  # acts only on a split backward's I and W
             merge_weight_passes(stages[-1])
     memory.count_weights()
-    memory.watch_gathered()  # the weights FSDP2 gathers, where it wraps modules
+    if plan.zero_stage >= 1:  # fully_shard (replicate's copies are not modelled: see watch_gathered)
+        memory.watch_gathered()
     recorder = Recorder(device, origin=0.0)
     for st, mod in zip(stages, parts, strict=True):
         recorder.wrap_stage(st, mod.layers())
