@@ -179,7 +179,8 @@ class MemoryAccount:
         self.terms = self.peak = MemoryTerms()
         self._weights: set[int] = set()
         self._shard_bytes = 0
-        self._gathered = False
+        self._groups: list[list[nn.Module]] = []  # per watched FSDP2 module, the modules whose parameters it gathers
+        self._gathered: list[dict[int, int]] = []  # per group, its gathered storages' bytes
         self._cached: dict[int, int] = {}  # storages of outputs selective checkpointing caches (:meth:`cached`)
         self._paused = 0
         self.exceeded: ContractError | None = None
@@ -226,9 +227,10 @@ class MemoryAccount:
         """Count the whole weights FSDP2 gathers, beside their local shards, while they exist.
 
         While gathered, a wrapped module's parameters are the full tensors (FSDP2 swaps them in
-        for the compute); their storages are not the shards :meth:`count_weights` recorded. They
-        are re-read before and after each wrapped module's forward (FSDP2's own hooks, registered
-        first, gather and free them) and after each backward action (:meth:`refresh_gradients`).
+        for the compute); their storages are not the shards :meth:`count_weights` recorded. Each
+        wrapped module's own parameters (those of no wrapped module inside it) are re-read before
+        and after its forward (FSDP2's own hooks, registered first, gather and free them); all are
+        re-read after each backward action (:meth:`refresh_gradients`).
         Called for ``fully_shard`` (ZeRO ≥ 1) only: under ``replicate`` (ZeRO-0) the parameters
         FSDP2 swaps in for the compute also have storages of their own (measured: twice the weights
         on gpt-mini dp2), which the memory model does not count yet.
@@ -236,23 +238,32 @@ class MemoryAccount:
         for mod in self.modules:
             for m in mod.modules():
                 if isinstance(m, FSDPModule):  # after FSDP2's own hooks: gathered before, maybe freed after
-                    self._gathered = True
-                    m.register_forward_pre_hook(lambda *_: self._refresh_gathered())
-                    m.register_forward_hook(lambda *_: self._refresh_gathered())
+                    owned, todo = [], [m]
+                    while todo:
+                        x = todo.pop()
+                        owned.append(x)
+                        todo += [c for c in x.children() if not isinstance(c, FSDPModule)]
+                    self._groups.append(owned)
+                    self._gathered.append({})
+                    k = len(self._groups) - 1
+                    m.register_forward_pre_hook(lambda *_, k=k: self._refresh_gathered(k))
+                    m.register_forward_hook(lambda *_, k=k: self._refresh_gathered(k))
 
-    def _refresh_gathered(self) -> None:
+    def _refresh_gathered(self, *groups: int) -> None:
+        """Re-read the gathered storages of ``groups`` (indices into the watched modules' groups)."""
+        for k in groups:
+            self._gathered[k] = {s[0]: s[1] for x in self._groups[k] for p in x.parameters(recurse=False)
+                                 if (s := _storage(p)) is not None and s[0] not in self._weights}
         seen: dict[int, int] = {}
-        for p in self._params():
-            s = _storage(p)
-            if s is not None and s[0] not in self._weights:
-                seen[s[0]] = s[1]
+        for g in self._gathered:  # a storage shared by two groups counts once
+            seen.update(g)
         self._set(weights=self._shard_bytes + sum(seen.values()))
 
     def refresh_gradients(self) -> None:
         """Re-read the gradients' bytes (after a backward action, and after ``zero_grad``), and the
         gathered weights where they are watched (:meth:`watch_gathered`)."""
-        if self._gathered:
-            self._refresh_gathered()
+        if self._groups:
+            self._refresh_gathered(*range(len(self._groups)))
         self._set(gradients=sum(s[1] for p in self._params() if p.grad is not None and (s := _storage(p.grad))))
 
     def refresh_optimizer(self, optimizers: list[torch.optim.Optimizer]) -> None:
