@@ -93,6 +93,15 @@ FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
     ("gpt-mini-8", 4, {"tp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 16, "schedule": "1f1b",
                        "layer_memory_policy": ["keep", "recompute", "swap", "keep", "keep", "swap", "recompute", "keep"],
                        **FP32}),
+    # ZeRO under FSDP2 (traces/layout.py keeps_gathered_weights, accumulates_whole_gradients):
+    # replicate's and fully_shard's gathered copies, mixed precision's fp32 accumulated gradients.
+    ("gpt-mini", 2, {"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 0, "precision": "bf16"}),
+    ("gpt-mini", 2, {"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 1, "precision": "bf16"}),
+    ("gpt-mini", 4, {"dp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b",
+                     "zero_stage": 2, **FP32}),
+    ("gpt-mini", 4, {"dp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b",
+                     "zero_stage": 3, "precision": "bf16"}),
+    ("gpt-mini", 2, {"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 3, **FP32}),
 ]
 # (model, ranks, plan at micro-batch size 1, budget GiB): the batch search at a budget.
 BUDGET: list[tuple[str, int, dict[str, Any], float]] = [

@@ -5,7 +5,7 @@ What is counted — the same terms the simulator's memory model prices per pipel
 
 * **weights**: the local storage of every parameter of the rank's stage modules (the local shard
   under TP or ZeRO), counted once after the model is built; and the whole weights FSDP2 gathers
-  (``zero_stage`` ≥ 1) while they exist (:meth:`MemoryAccount.watch_gathered`: re-read around each
+  (``fully_shard`` and ``replicate`` alike) while they exist (:meth:`MemoryAccount.watch_gathered`: re-read around each
   wrapped module's forward and after each backward action) — kept for the whole step unless ZeRO-3
   frees them after each forward (:func:`mindpipe.traces.layout.keeps_gathered_weights`);
 * **gradients**: the local ``.grad`` of every parameter, re-read after each backward action (0
@@ -83,6 +83,13 @@ def _storage(t: torch.Tensor) -> tuple[int, int] | None:
     except (RuntimeError, NotImplementedError):
         return None
     return (st.data_ptr(), st.nbytes()) if st.nbytes() else None
+
+
+def _fsdp_params(module: FSDPModule) -> list[Any]:
+    """The ``FSDPParam``s of a ``fully_shard``/``replicate`` module's own parameter group (none
+    where torch's private state is not where torch 2.6–2.14 keep it)."""
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    return list(getattr(group, "fsdp_params", None) or [])
 
 
 class _Held:
@@ -181,6 +188,7 @@ class MemoryAccount:
         self._shard_bytes = 0
         self._groups: list[list[nn.Module]] = []  # per watched FSDP2 module, the modules whose parameters it gathers
         self._gathered: list[dict[int, int]] = []  # per group, its gathered storages' bytes
+        self._fsdp_params: list[Any] = []  # the watched modules' FSDPParams (their accumulated gradients)
         self._cached: dict[int, int] = {}  # storages of outputs selective checkpointing caches (:meth:`cached`)
         self._paused = 0
         self.exceeded: ContractError | None = None
@@ -231,9 +239,9 @@ class MemoryAccount:
         wrapped module's own parameters (those of no wrapped module inside it) are re-read before
         and after its forward (FSDP2's own hooks, registered first, gather and free them); all are
         re-read after each backward action (:meth:`refresh_gradients`).
-        Called for ``fully_shard`` (ZeRO ≥ 1) only: under ``replicate`` (ZeRO-0) the parameters
-        FSDP2 swaps in for the compute also have storages of their own (measured: twice the weights
-        on gpt-mini dp2), which the memory model does not count yet.
+        Called wherever the data-parallel wrapper is applied: under ``replicate`` (ZeRO-0) the
+        parameters FSDP2 swaps in for the compute are copies too, not the replica's storage
+        (:func:`mindpipe.traces.layout.keeps_gathered_weights`).
         """
         for mod in self.modules:
             for m in mod.modules():
@@ -244,6 +252,7 @@ class MemoryAccount:
                         owned.append(x)
                         todo += [c for c in x.children() if not isinstance(c, FSDPModule)]
                     self._groups.append(owned)
+                    self._fsdp_params += _fsdp_params(m)
                     self._gathered.append({})
                     k = len(self._groups) - 1
                     m.register_forward_pre_hook(lambda *_, k=k: self._refresh_gathered(k))
@@ -261,10 +270,21 @@ class MemoryAccount:
 
     def refresh_gradients(self) -> None:
         """Re-read the gradients' bytes (after a backward action, and after ``zero_grad``), and the
-        gathered weights where they are watched (:meth:`watch_gathered`)."""
+        gathered weights where they are watched (:meth:`watch_gathered`).
+
+        Besides each parameter's ``.grad``: under mixed precision, a backward that does not reduce
+        (every micro-batch but the step's last) leaves FSDP2's whole gradient in a buffer of the
+        reduce dtype (fp32) on the parameter's ``FSDPParam`` (``unsharded_accumulated_grad``), not
+        on any parameter; those buffers are gradients too.
+        """
         if self._groups:
             self._refresh_gathered(*range(len(self._groups)))
-        self._set(gradients=sum(s[1] for p in self._params() if p.grad is not None and (s := _storage(p.grad))))
+        grads = {s[0]: s[1] for p in self._params() if p.grad is not None and (s := _storage(p.grad))}
+        for fp in self._fsdp_params:
+            acc = getattr(fp, "unsharded_accumulated_grad", None)
+            if isinstance(acc, torch.Tensor) and (s := _storage(acc)) is not None:
+                grads[s[0]] = s[1]
+        self._set(gradients=sum(grads.values()))
 
     def refresh_optimizer(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """Re-read the optimizers' state bytes (after their step)."""

@@ -37,7 +37,7 @@ from mindpipe.executor.rundir import record_error, record_finished
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_waits
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import block_policies, one_weight_pass, stage_layout
+from mindpipe.traces.layout import block_policies, data_parallel_units, one_weight_pass, stage_layout
 from mindpipe.traces.noise_scale import NoiseEmaState
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.torch_gpt import VocabShard
@@ -151,7 +151,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         if one_weight_pass(model, spans[s], policies):  # acts only on a split backward's I and W
             merge_weight_passes(stages[-1])
     memory.count_weights()
-    if plan.zero_stage >= 1:  # fully_shard (replicate's copies are not modelled: see watch_gathered)
+    if data_parallel_units(plan, 1):  # FSDP2's fully_shard or replicate: both gather into buffers of their own
         memory.watch_gathered()
     recorder = Recorder(device, origin=0.0)
     for st, mod in zip(stages, parts, strict=True):

@@ -281,15 +281,21 @@ def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
     distributed optimizer, 6 + 12/dp B/param under bf16), stage 2 also gradients, stage 3 also
     weights (gradients only with one micro-batch per step:
     :func:`mindpipe.traces.layout.accumulates_whole_gradients`). Where FSDP2 keeps the weights it gathers for the whole step
-    (:func:`mindpipe.traces.layout.keeps_gathered_weights`: ZeRO-1/2, and ZeRO-3 under pipelining)
-    the rank holds them whole beside their shards; under mixed precision a shard is the fp32
-    master copy (in ``OPTIMIZER_BYTES``), under fp32 it is a copy of its own (1/dp more).
+    (:func:`mindpipe.traces.layout.keeps_gathered_weights`: ZeRO-0/1/2 over dp > 1, and ZeRO-3
+    under pipelining) the rank holds them whole beside their local storage; under mixed precision
+    that storage is the fp32 master copy (in ``OPTIMIZER_BYTES``), under fp32 it is a copy of its
+    own (1/dp more under ZeRO ≥ 1; a whole second copy for ZeRO-0's replica).
     """
     p, dp, z = plan.precision, plan.dp, plan.zero_stage
     whole = keeps_gathered_weights(plan)
-    weights = params * (DTYPE_BYTES[p] + FP8_WEIGHT_CACHE_BYTES.get(p, 0)) / (dp if z >= 3 and not whole else 1)
+    if reshards_after_forward(plan):
+        # At rest only the shards: fp32's own; under mixed precision the fp32 master shard (in
+        # OPTIMIZER_BYTES) is the parameter and the bf16 copy exists only gathered (StageMemoryModel.rank).
+        weights = params * ((DTYPE_BYTES[p] if p == "fp32" else 0) + FP8_WEIGHT_CACHE_BYTES.get(p, 0)) / dp
+    else:
+        weights = params * (DTYPE_BYTES[p] + FP8_WEIGHT_CACHE_BYTES.get(p, 0))
     if whole and p == "fp32":
-        weights += params * DTYPE_BYTES[p] / dp
+        weights += params * DTYPE_BYTES[p] / (dp if z >= 1 else 1)
     grads = params * GRAD_BYTES[p] / (dp if z >= 2 and not accumulates_whole_gradients(plan) else 1)
     optim = params * OPTIMIZER_BYTES[p] / (dp if z >= 1 else 1)
     return weights, grads, optim
@@ -353,7 +359,9 @@ class _StageTerms:
     per_microbatch_bytes: float  # activations held per micro-batch from its F until its B or I
     params: float  # parameters on one device
     largest_layer_params: float  # ZeRO-3 gathers the layer being computed whole
-    transient_bytes: float  # one block's full activations while recomputed or swapped back
+    transient_bytes: float  # one block's full activations while recomputed or swapped back, or the loss's
+    # backward temporaries, whichever is larger
+    redone_bytes: float  # the recomputed or swapped-back block's part of transient_bytes
     # Under a split backward, held per micro-batch from its I until its W (StageMemoryModel.stage).
     after_input_bytes: float = 0.0
 
@@ -429,9 +437,9 @@ class StageMemoryModel:
             # of the stage's intermediate outputs that W needs): d·s·b·V/t until W.
             grad = DTYPE_BYTES[plan.precision] * logit_count(model, plan, seq_len=self.seq_len) if has_head else 0.0
             return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss),
-                               acts - logits + grad)
-        return _StageTerms(acts, sum(layers), max(layers, default=0),
-                           max(self.redone_bytes(policies, parts, head), loss), acts)
+                               reruns + swap_back, acts - logits + grad)
+        redone = self.redone_bytes(policies, parts, head)
+        return _StageTerms(acts, sum(layers), max(layers, default=0), max(redone, loss), redone, acts)
 
     def nongemm_unshared(self, part: BlockPart = "whole") -> float:
         """Bytes a ``nongemm`` block keeps that a kept block does not save: the outputs of the GEMMs
@@ -510,12 +518,20 @@ class StageMemoryModel:
             grads = sum((grads_of[s] for s, x in h.items() if x.has_grads), 0.0)
             return acts, grads, transient if any(x.backward_next for x in h.values()) else 0.0
 
-        acts, grads, redo = max((point(h) for h in held), key=sum, default=(0.0, 0.0, 0.0))
-        weights, _, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
-        other = self.reserve + redo
+        gathered = redone = 0.0
         if reshards_after_forward(plan):
-            # FSDP-style: the layer being computed and the prefetched next one are gathered whole.
-            other += 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision]
+            # FSDP-style: the layer being computed and the prefetched next one are gathered whole —
+            # during a block's forward or backward (a recomputed block's re-run included), not at the
+            # loss: FSDP2 frees the stage's gathered weights when its forward ends (measured on CPU).
+            gathered = 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision]
+            redone = max(t.redone_bytes for t in terms.values())
+
+        def extra(redo: float) -> float:
+            return max(gathered + (redone if redo else 0.0), redo)
+
+        acts, grads, redo = max((point(h) for h in held), key=lambda x: x[0] + x[1] + extra(x[2]), default=(0.0, 0.0, 0.0))
+        weights, _, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
+        other = self.reserve + extra(redo)
         total = weights + grads + optim + acts + other
         cap = float(self.device.memory_capacity_bytes)
         return RankMemory(rank, weights, grads, optim, acts, other, total, cap, total <= cap)

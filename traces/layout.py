@@ -136,11 +136,15 @@ def reshards_after_forward(plan: Plan) -> bool:
 
 
 def keeps_gathered_weights(plan: Plan) -> bool:
-    """FSDP2 (``zero_stage`` ≥ 1 over dp > 1) gathers every weight before a layer's first forward and
-    keeps the whole copy for the step unless it frees it after each forward
-    (:func:`reshards_after_forward`): the rank then holds the gathered weights beside their shards.
+    """FSDP2 over dp > 1 gathers every weight before a layer's first forward into a buffer of its
+    own and keeps the whole copy for the step unless ZeRO-3 frees it after each forward
+    (:func:`reshards_after_forward`): the rank then holds the gathered weights beside their local
+    storage. This holds for ``replicate`` (``zero_stage`` 0) too: FSDP2's replication is sharding
+    over a mesh dimension of size one, and its "all-gather" still copies each parameter into a new
+    buffer (checked on CPU/gloo: the unsharded parameter's storage is not the replica's), so an
+    fp32 replica holds its weights twice during the step.
     """
-    return plan.zero_stage >= 1 and plan.dp > 1 and not reshards_after_forward(plan)
+    return plan.dp > 1 and not reshards_after_forward(plan)
 
 
 def accumulates_whole_gradients(plan: Plan) -> bool:

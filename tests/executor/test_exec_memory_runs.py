@@ -106,15 +106,24 @@ def test_budget_exceeded_mid_run_stops_and_keeps_the_last_checkpoint(tmp_path):
 @pytest.mark.parametrize("plan,nproc", [
     ({"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 1, "precision": "fp32"}, 2),
     ({"dp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 2, "precision": "fp32"}, 4),
+    # replicate's gathered copy (fp32: a second whole copy), and under bf16 the fp32 gradients FSDP2
+    # accumulates off the parameters between a step's micro-batches
+    ({"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 0, "precision": "fp32"}, 2),
+    ({"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 1, "precision": "bf16"}, 2),
 ])
 def test_zero_gathered_weights_and_whole_gradients_are_counted(tmp_path, plan, nproc):
     # FSDP2 keeps the weights it gathers beside their fp32 shards for the whole step, and
     # accumulates whole gradients until the step's last micro-batch: both sides count them.
     trace = launched(tmp_path, plan, nproc)
-    assert_parity(trace.measurement.losses, reference(plan))
+    if plan["precision"] == "fp32":  # bf16's parity with one process is test_exec_parity's (a looser bound)
+        assert_parity(trace.measurement.losses, reference(plan))
     assert_memory_matches_simulator(trace, TINY, rel=0.01)
     from mindpipe.simulator.simulator import Simulator
 
     sim = Simulator(Model(**TINY), Cluster(gpu="cpu", num_nodes=1, gpus_per_node=nproc)).memory(trace.measurement.plan)
     for r in trace.measurement.ranks:  # weights: the gathered whole copy and the 1/dp shard
-        assert r.memory.weights_bytes == pytest.approx(sim[r.pp_rank].weights_bytes, rel=1e-3)
+        m, p = r.memory, sim[r.pp_rank]
+        if plan["precision"] == "fp32":
+            assert m.weights_bytes == pytest.approx(p.weights_bytes, rel=1e-3)
+        else:  # the fp32 shard is the parameter the account sees and the master copy the model prices
+            assert m.weights_bytes + m.optimizer_bytes == pytest.approx(p.weights_bytes + p.optimizer_bytes, rel=1e-3)
