@@ -41,7 +41,13 @@ from mindpipe.executor.offload import HostPool, swapping
 from mindpipe.executor.sp_linear import keep_sequence_shard
 from mindpipe.executor.stages import StageModule
 from mindpipe.traces.config import Plan
-from mindpipe.traces.layout import BlockPolicy, block_policies, data_parallel_units, reshards_after_forward
+from mindpipe.traces.layout import (
+    BlockPolicy,
+    block_policies,
+    data_parallel_units,
+    reduces_every_microbatch,
+    reshards_after_forward,
+)
 from mindpipe.traces.torch_gpt import VocabShard, vocab_parallel_embedding
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -250,7 +256,21 @@ def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, plan: Plan) -> 
     for block in stage.blocks.values():
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(stage, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    if reduces_every_microbatch(plan):
+        _keep_gradient_sync(stage)
     return stage
+
+
+def _keep_gradient_sync(stage: nn.Module) -> None:
+    """Keep FSDP2's reduce-scatter in every backward (:func:`mindpipe.traces.layout.reduces_every_microbatch`).
+
+    torch's pipelining runtime, which also runs a single stage, turns gradient sync and
+    resharding after backward off (recursively) before each backward and on again for one final
+    reduction; shadowing those setters on the stage leaves FSDP2's defaults: each micro-batch's
+    gradients are reduce-scattered as its backward produces them and accumulate in the shards.
+    """
+    for name in ("set_requires_gradient_sync", "set_reshard_after_backward", "set_is_last_backward"):
+        setattr(stage, name, lambda *args, **kwargs: None)
 
 
 def parallelize_stage(stage: StageModule, mesh: DeviceMesh, plan: Plan, num_layers: int, pool: HostPool | None = None,

@@ -34,6 +34,7 @@ from mindpipe.traces.layout import (
     block_policies,
     data_parallel_units,
     one_weight_pass,
+    reduces_every_microbatch,
     reshards_after_forward,
     stage_layout,
     weight_groups,
@@ -198,6 +199,7 @@ def build_work(
         prv = stage_to_rank[s - 1] if s > 0 else None
         zero = plan.zero_stage
         gathers = _buckets(topo, "allgather", params, dbytes, bucket, rank) if zero == 3 else []
+        every = reduces_every_microbatch(plan)
         work = StageWork(
             forward_s=f + hooks + swapped * on_compute[0],
             input_s=i + hooks + swapped * on_compute[1],
@@ -212,6 +214,8 @@ def build_work(
             dp_buckets=_buckets(topo, "allreduce" if zero == 0 else "reducescatter", params, gbytes, bucket, rank),
             gather_buckets=gathers,
             regather_buckets=gathers if reshards_after_forward(plan) else [],
+            forward_regather_buckets=_buckets(topo, "allgather", params, dbytes, bucket, rank) if every else [],
+            reduce_every_backward=every,
             swap_out=topo.swap(rank, swap) if swap > 0 else [],
             swap_in=topo.swap(rank, swap) if swap > 0 else [],
             fwd_tp_overlap=_tp_overlaps(topo, fwd_comm, rank),

@@ -23,7 +23,9 @@ all-gather the updated parameters after the optimizer step (under ``overlap_para
 first bucket and what one micro-batch's forward cannot cover count: the rest runs under the next
 iteration's forward) and ZeRO-3 gathers each stage's parameters before its first forward (FSDP2
 under PP keeps them unsharded for the step; torchtitan), and without pipelining again before every
-backward (:func:`mindpipe.traces.layout.reshards_after_forward`). The iteration ends when the
+backward (:func:`mindpipe.traces.layout.reshards_after_forward`). Without pipelining ZeRO-2/3
+reduce-scatter in every backward as it produces the gradients and gather the weights again before
+every forward but the first (:func:`mindpipe.traces.layout.reduces_every_microbatch`). The iteration ends when the
 slowest rank has finished its optimizer step.
 
 Cost (issue 14: 1,024 GPUs, m·p = 2,048 in about 0.05 s on one core): a rank's tensor-parallel
@@ -206,6 +208,12 @@ class Engine:
                     yield self._wait_input(0, s * m + mb)
                 if st.gather_buckets and not self.params_ready[s].processed:
                     yield self.params_ready[s]
+                if mb > 0:
+                    for k, gather in enumerate(st.forward_regather_buckets):
+                        t0 = env.now
+                        yield self._transfer(r, gather)
+                        if self.timeline is not None:
+                            self._record(r, "comm", f"param-gather stage {s} bucket {k}", t0, env.now, "dp")
                 comp, phases, alone = st.forward_s, st.fwd_tp, solo[s][0]
                 hidden = hidden_s[s][0]
                 if st.mb_stretch is not None:
@@ -235,7 +243,7 @@ class Engine:
             start = env.now
             if self._has_swap and idx + 1 < len(order):
                 self._prefetch(order[idx + 1])
-            if st.dp_buckets and idx == last_grad.get(s):
+            if st.dp_buckets and (idx == last_grad.get(s) or (st.reduce_every_backward and kind in ("B", "W"))):
                 self._dp_waiters[r].append(env.process(self._reduce_grads(r, s, start, comp)))
             # tp_comm_overlap: the collectives' hidden part runs under the GEMMs, so the action
             # spends that much less (counted as compute, not as TP communication).
@@ -319,7 +327,9 @@ class Engine:
         buckets = self.stages[s].dp_buckets
         n = len(buckets)
         for k, phases in enumerate(buckets):
-            if self.opt.overlap_grad_reduce:
+            # FSDP2 reducing in every backward issues each module's reduce-scatter as its gradients
+            # are produced, as overlap_grad_reduce does.
+            if self.opt.overlap_grad_reduce or self.stages[s].reduce_every_backward:
                 ready = t0 + duration * (k + 1) / n
                 if env.now < ready:
                     yield env.timeout(ready - env.now)

@@ -32,6 +32,10 @@ class StageWork:
         gather_buckets: ZeRO-3 parameter all-gather phases per bucket (before the stage's first forward).
         regather_buckets: ZeRO-3 gathers again before each backward (weights freed after the forward,
             :func:`mindpipe.traces.layout.reshards_after_forward`); empty otherwise.
+        forward_regather_buckets: Gathers before each forward but the step's first, where the weights
+            are freed after each backward (:func:`mindpipe.traces.layout.reduces_every_microbatch`).
+        reduce_every_backward: ``dp_buckets`` are reduce-scattered in every backward, as it produces
+            them (:func:`mindpipe.traces.layout.reduces_every_microbatch`), not once per step.
         swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
         fwd_tp_overlap, bwd_tp_overlap: Under ``tp_comm_overlap``, the collectives of ``fwd_tp`` /
             ``bwd_tp`` that pipeline with a GEMM (:class:`TpOverlap`); the engine takes back the part
@@ -54,6 +58,8 @@ class StageWork:
     dp_buckets: list[list[Phase]] = field(default_factory=list)
     gather_buckets: list[list[Phase]] = field(default_factory=list)
     regather_buckets: list[list[Phase]] = field(default_factory=list)
+    forward_regather_buckets: list[list[Phase]] = field(default_factory=list)
+    reduce_every_backward: bool = False
     swap_out: list[Phase] = field(default_factory=list)
     swap_in: list[Phase] = field(default_factory=list)
     fwd_tp_overlap: list[TpOverlap] = field(default_factory=list)

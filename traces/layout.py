@@ -129,8 +129,8 @@ def reshards_after_forward(plan: Plan) -> bool:
     backward — except under pipelining, where they stay gathered for the whole step (torchtitan's
     ``reshard_after_forward = not pp_enabled``: re-gathering per micro-batch costs more than it saves).
 
-    With gradient accumulation the weights stay gathered after a backward, so a step of m
-    micro-batches gathers them m + 1 times (before the first forward and before each backward).
+    With gradient accumulation the weights are freed after each backward too
+    (:func:`reduces_every_microbatch`), so a step of m micro-batches gathers them 2·m times.
     """
     return plan.zero_stage == 3 and plan.dp > 1 and plan.pp == 1
 
@@ -147,12 +147,25 @@ def keeps_gathered_weights(plan: Plan) -> bool:
     return plan.dp > 1 and not reshards_after_forward(plan)
 
 
-def accumulates_whole_gradients(plan: Plan) -> bool:
-    """Under ZeRO-2/3 FSDP2 reduce-scatters a step's gradients only after its last micro-batch: the
-    earlier backwards accumulate them whole (torch's pipelining runtime turns gradient sync off for
-    every backward but the last), so the rank holds unsharded gradients until the step ends.
+def reduces_every_microbatch(plan: Plan) -> bool:
+    """ZeRO-2/3 without pipelining reduce-scatter each micro-batch's gradients during its backward
+    (FSDP2's default, torchtitan's gradient accumulation): the rank keeps only its gradient shard,
+    for one reduce-scatter per micro-batch instead of one per step, and the weights are resharded
+    after each backward, so they are gathered again before the next micro-batch's forward (and,
+    under ZeRO-3, before each backward). Under pipelining torch's runtime reduces once per step
+    (:func:`accumulates_whole_gradients`).
     """
-    return plan.zero_stage >= 2 and plan.dp > 1 and plan.num_microbatches > 1
+    return plan.zero_stage >= 2 and plan.dp > 1 and plan.pp == 1 and plan.num_microbatches > 1
+
+
+def accumulates_whole_gradients(plan: Plan) -> bool:
+    """Under ZeRO-2/3 with pipelining FSDP2 reduce-scatters a step's gradients only after its last
+    micro-batch: the earlier backwards accumulate them whole (torch's pipelining runtime turns
+    gradient sync off for every backward but the last), so the rank holds unsharded gradients until
+    the step ends. Without pipelining the executor keeps FSDP2's per-micro-batch reduction
+    (:func:`reduces_every_microbatch`).
+    """
+    return plan.zero_stage >= 2 and plan.dp > 1 and plan.num_microbatches > 1 and not reduces_every_microbatch(plan)
 
 
 def data_parallel_units(plan: Plan, num_blocks: int) -> int:
@@ -281,6 +294,7 @@ __all__ = [
     "loop_stage_to_rank",
     "rank_stages",
     "recomputes",
+    "reduces_every_microbatch",
     "reshards_after_forward",
     "stage_layout",
     "stage_to_rank",

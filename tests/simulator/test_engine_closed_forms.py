@@ -120,3 +120,27 @@ def test_blocking_p2p_timeline_no_action_starts_before_the_previous_send_lands(p
             assert not nxt or nxt[0]["start_s"] >= e["end_s"] - 1e-9, (rank, e, nxt[0])
     assert sends == 2 * (p - 1) * m
     assert r.iteration_time_s > _p2p_run(False, 0.25, p, m).iteration_time_s
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero_without_pipelining_reduces_every_microbatch_and_gathers_again(zero: int) -> None:
+    """FSDP2's per-micro-batch reduction (traces/layout.py reduces_every_microbatch): one
+    reduce-scatter of the stage's buckets in every backward, and the weights gathered again before
+    every forward but the first (ZeRO-3 also before every backward). With pipelining, one per step."""
+    model = Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=4)
+    m = 3
+    plan = Plan(dp=2, micro_batch_size=1, global_batch_size=2 * m, zero_stage=zero)
+    r = simulate(model, Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=2), plan,
+                 SimulationOptions(timeline=True))
+    names = [e["name"] for e in r.timeline if e["category"] == "dp"]
+    reduces = [n for n in names if n.startswith("grad-reduce")]
+    gathers = [n for n in names if n.startswith("param-gather stage")]  # not the post-step gather
+    buckets = len({n for n in reduces})
+    assert buckets >= 1 and len(reduces) == m * buckets
+    # ZeRO-2: m − 1 gathers in the step (the first forward's is the previous step's); ZeRO-3: m + m.
+    assert len(gathers) == (m - 1 if zero == 2 else 2 * m) * buckets
+    piped = simulate(model, cluster, Plan(dp=2, pp=2, micro_batch_size=1, global_batch_size=2 * m, zero_stage=zero),
+                     SimulationOptions(timeline=True))
+    issued = [(e["rank"], e["name"]) for e in piped.timeline if e["category"] == "dp" and e["name"].startswith("grad-reduce")]
+    assert issued and len(issued) == len(set(issued))  # each stage's buckets once per step

@@ -327,9 +327,11 @@ def test_fsdp_keeps_gathered_weights_and_whole_gradients():
     z1 = Plan(dp=2, global_batch_size=4, zero_stage=1, precision="fp32")
     assert model_state_bytes(P, z1) == (4 * P + 4 * P / 2, 4 * P, 8 * P / 2)
     assert model_state_bytes(P, dataclasses.replace(z1, precision="bf16")) == (2 * P, 4 * P, 12 * P / 2)
-    z2 = dataclasses.replace(z1, zero_stage=2)
-    assert model_state_bytes(P, z2)[1] == 4 * P  # two micro-batches: whole gradients
+    z2 = dataclasses.replace(z1, zero_stage=2, pp=2, global_batch_size=8)
+    assert model_state_bytes(P, z2)[1] == 4 * P  # pipelined, two micro-batches: whole gradients
     assert model_state_bytes(P, dataclasses.replace(z2, global_batch_size=2))[1] == 4 * P / 2
+    # Without pipelining every micro-batch is reduce-scattered (FSDP2's default): the shard only.
+    assert model_state_bytes(P, dataclasses.replace(z1, zero_stage=2))[1] == 4 * P / 2
     assert model_state_bytes(P, dataclasses.replace(z1, dp=1, global_batch_size=2)) == (4 * P, 4 * P, 8 * P)
     # ZeRO-0 is FSDP2's replicate: its gathered copy is a buffer of its own beside the whole replica
     # (twice the weights in fp32; under bf16 the replica is the master copy in the optimizer's bytes).
