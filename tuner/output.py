@@ -183,6 +183,8 @@ def summary(result: SweepResult, objective: Objective, space: SearchSpace, out: 
         "what_if": {"searched": [k for k in space.what_if if k not in space.fixes],
                     "pinned": {k: space.fixes[k] for k in space.what_if if k in space.fixes},
                     "best_plan_uses": plan.made_for.what_if if plan is not None and plan.made_for else []},
+        # Attention kernels the search covered: explicit ones only unless --fix (or a trace) says otherwise.
+        "flash_attention_searched": sorted({bool(p.get("flash_attention", False)) for p in space.points}),
         "evaluations": result.simulations,
         "evaluated_points": len(result.records),
         "reused": result.reused,

@@ -178,6 +178,9 @@ def _format(info: dict[str, Any]) -> str:
                       "is NOT equivalent to sequential training (sync/async)"))
     front = ([f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)"] if net is None
              else [])
+    if net is None and info.get("flash_attention_searched") == [False]:  # say what the search left out
+        front.append("attention        explicit kernels only (Megatron's default): add --fix flash_attention=false,true "
+                     "to search FlashAttention too")
     critical = info.get("critical_batch")
     return "\n".join([
         f"objective        {info['objective']}",

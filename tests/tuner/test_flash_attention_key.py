@@ -48,3 +48,14 @@ def test_a_point_without_the_key_is_the_same_point_as_one_with_false() -> None:
     assert point_key(old) == point_key(p)
     assert point_key({**p, "flash_attention": True}) != point_key(p)
     assert plan_of(old).flash_attention is False
+
+
+def test_the_summary_says_which_attention_the_search_covered(tmp_path) -> None:
+    from mindpipe.tuner.api import tune
+    from mindpipe.tuner.sweep import SweepConfig
+
+    for fixes, searched in (([], [False]), (["flash_attention=true"], [True]), (["flash_attention=false,true"], [False, True])):
+        out = tmp_path / "-".join(fixes or ["default"])
+        outcome = tune("gpt-mini", "cpu:1x2", global_batch=8, fixes=fixes, out=out, plots=False,
+                       config=SweepConfig(optimizer="random", budget=2))
+        assert outcome.summary["flash_attention_searched"] == searched

@@ -88,6 +88,7 @@ def test_cli_grid_sweep_writes_every_output(grid_sweep, capsys):
     assert plan.made_for.trace is None and plan.made_for.calibration is None and plan.made_for.what_if == []
     assert csv["what_if"].isna().all()  # the default space: no plan uses a what-if knob
     assert summary["what_if"] == {"searched": [], "pinned": {}, "best_plan_uses": []}
+    assert summary["flash_attention_searched"] == [False]  # explicit attention unless pinned (said in the output)
     assert mindpipe_main(["simulate", "--model", SMALL, "--cluster", CLUSTER, "--plan", str(out / "best_plan.json"),
                           "--json"]) == 0
     sim = json.loads(capsys.readouterr().out)
