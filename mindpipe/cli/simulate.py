@@ -59,7 +59,8 @@ def format_result(result: SimulationResult) -> str:
         f"iteration time        {result.iteration_time_s:.6g} s  ({e.get('schedule')}, {e.get('num_microbatches')} micro-batches)",
         f"throughput            {result.throughput_samples_per_s:.6g} samples/s, {result.throughput_tokens_per_s:.6g} tokens/s",
         f"per device            {result.tflops_per_gpu:.4g} TFLOP/s, MFU {100 * result.mfu:.1f}%",
-        f"pipeline bubble       {100 * result.bubble_fraction:.1f}% of the pipeline span",
+        (f"pipeline bubble       {100 * result.bubble_fraction:.1f}% of the pipeline span" if len(e.get("rank_end_s", [])) != 1
+         else f"idle between actions  {100 * result.bubble_fraction:.1f}% of the span (one stage: no pipeline bubble)"),
         f"exposed DP comm       {e.get('exposed_dp_comm_s', 0.0):.4g} s",
         "memory by stage (GiB) " + ", ".join(f"{m:.2f}" for m in result.memory_by_stage_gib)
         + ("" if result.fits_in_memory else "   ** does not fit in device memory **"),
