@@ -198,8 +198,9 @@ def build_work(
         nxt = stage_to_rank[s + 1] if s + 1 < len(stages) else None
         prv = stage_to_rank[s - 1] if s > 0 else None
         zero = plan.zero_stage
-        gathers = _buckets(topo, "allgather", params, dbytes, bucket, rank) if zero == 3 else []
         every = reduces_every_microbatch(plan)
+        allgather = _buckets(topo, "allgather", params, dbytes, bucket, rank) if zero == 3 or every else []
+        gathers = allgather if zero == 3 else []
         work = StageWork(
             forward_s=f + hooks + swapped * on_compute[0],
             input_s=i + hooks + swapped * on_compute[1],
@@ -214,7 +215,7 @@ def build_work(
             dp_buckets=_buckets(topo, "allreduce" if zero == 0 else "reducescatter", params, gbytes, bucket, rank),
             gather_buckets=gathers,
             regather_buckets=gathers if reshards_after_forward(plan) else [],
-            forward_regather_buckets=_buckets(topo, "allgather", params, dbytes, bucket, rank) if every else [],
+            forward_regather_buckets=allgather if every else [],
             reduce_every_backward=every,
             swap_out=topo.swap(rank, swap) if swap > 0 else [],
             swap_in=topo.swap(rank, swap) if swap > 0 else [],

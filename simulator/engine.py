@@ -208,12 +208,8 @@ class Engine:
                     yield self._wait_input(0, s * m + mb)
                 if st.gather_buckets and not self.params_ready[s].processed:
                     yield self.params_ready[s]
-                if mb > 0:
-                    for k, gather in enumerate(st.forward_regather_buckets):
-                        t0 = env.now
-                        yield self._transfer(r, gather)
-                        if self.timeline is not None:
-                            self._record(r, "comm", f"param-gather stage {s} bucket {k}", t0, env.now, "dp")
+                if mb > 0 and st.forward_regather_buckets:
+                    yield from self._gather(r, s, st.forward_regather_buckets)
                 comp, phases, alone = st.forward_s, st.fwd_tp, solo[s][0]
                 hidden = hidden_s[s][0]
                 if st.mb_stretch is not None:
@@ -230,11 +226,8 @@ class Engine:
                     ev = self.swapped_in.get((s, mb))
                     if ev is not None and not ev.processed:
                         yield ev
-                for k, gather in enumerate(st.regather_buckets):
-                    t0 = env.now
-                    yield self._transfer(r, gather)
-                    if self.timeline is not None:
-                        self._record(r, "comm", f"param-gather stage {s} bucket {k}", t0, env.now, "dp")
+                if st.regather_buckets:
+                    yield from self._gather(r, s, st.regather_buckets)
                 comp = st.recompute_s + st.input_s + (st.weight_s if kind == "B" else 0.0)
                 if st.mb_stretch is not None:
                     comp *= st.mb_stretch[mb][1]
@@ -340,12 +333,16 @@ class Engine:
             if self.timeline is not None:
                 self._record(r, "comm", f"grad-reduce stage {s} bucket {k}", start, env.now, "dp")
 
-    def _gather_params(self, r: int, s: int):
-        for k, phases in enumerate(self.stages[s].gather_buckets):
+    def _gather(self, r: int, s: int, buckets: list[list[Phase]]):
+        """All-gather stage ``s``'s parameters bucket by bucket, on rank ``r``'s links."""
+        for k, phases in enumerate(buckets):
             start = self.env.now
             yield self._transfer(r, phases)
             if self.timeline is not None:
                 self._record(r, "comm", f"param-gather stage {s} bucket {k}", start, self.env.now, "dp")
+
+    def _gather_params(self, r: int, s: int):
+        yield from self._gather(r, s, self.stages[s].gather_buckets)
         self.params_ready[s].succeed()
 
     def run(self) -> EngineResult:
