@@ -12,7 +12,10 @@ For each planner (``even``, ``pipedream``, ``vpipe``, ``dawnpiper``): the larges
 fits at m = pp micro-batches (:mod:`mindpipe.tuner.maxbatch`), the throughput there, and the
 throughput at ``vpipe``'s and at ``pipedream``'s maximum batch. Issue 16's targets: ``dawnpiper``
 ≥ 4× ``pipedream`` and ≥ 1.5× ``vpipe`` in maximum batch, and ≥ 1.2× ``vpipe``'s throughput at
-``vpipe``'s maximum batch. Every figure is reported, met or not.
+``vpipe``'s maximum batch. Every figure is reported, met or not. Each table is made with three
+losses, the same for every planner (``LOSSES``): torch's cross-entropy, the loss upcast in 16
+pieces (``loss_chunks``), and the LM head fused into those pieces (``fused_head_loss``, tp = 1
+setups only).
 
 Tuner check: ``mindpipe tune`` for gpt3-175b on 1,024 A100-40GB (global batch 1536, tp = 8 without
 sequence parallelism, so that keeping every activation does not always fit; ZeRO-1, 1F1B;
@@ -23,7 +26,8 @@ Run from the repository root (a few minutes on 2 cores)::
 
     .venv/bin/python benchmarks/max_batch.py
 
-Writes ``benchmarks/results/max_batch.json`` and ``benchmarks/results/max_batch.png``.
+Writes ``benchmarks/results/max_batch.json`` (tables ``planners``, ``planners_loss_chunks_16``,
+``planners_fused_head_loss_16``) and ``benchmarks/results/max_batch.png``.
 """
 
 from __future__ import annotations
@@ -46,10 +50,17 @@ from mindpipe.tuner.sweep import SweepConfig
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "max_batch.json"
 PLANNERS = ("even", "pipedream", "vpipe", "dawnpiper")
-# Every table is made twice: with torch's cross-entropy, whose fp32 log-softmax and backward
-# gradients are the last stage's largest tensors at a 50k vocabulary, and with the loss upcast in
-# pieces (plan key ``loss_chunks``, the same for every planner).
+# Every table is made three times: with torch's cross-entropy, whose fp32 log-softmax and backward
+# gradients are the last stage's largest tensors at a 50k vocabulary; with the loss upcast in
+# pieces (plan key ``loss_chunks``); and with the LM head's GEMM fused into those pieces (plan key
+# ``fused_head_loss``: no logits kept; tp = 1 setups only, the vocabulary-parallel head is not
+# fused). The same loss for every planner of a table.
 LOSS_CHUNKS = 16
+LOSSES: dict[str, dict[str, Any]] = {
+    "torch's cross-entropy": {},
+    f"loss_chunks={LOSS_CHUNKS}": {"loss_chunks": LOSS_CHUNKS},
+    f"fused_head_loss, loss_chunks={LOSS_CHUNKS}": {"loss_chunks": LOSS_CHUNKS, "fused_head_loss": True},
+}
 GPT2_XL = Model(kind="gpt", num_layers=48, hidden_size=1600, num_heads=25, seq_len=1024, vocab_size=50257,
                 name="gpt2-xl-shape")
 SETUPS: dict[str, tuple[Model | str, str, dict[str, Any]]] = {
@@ -162,18 +173,22 @@ def main() -> None:
     parser.add_argument("--only-tuner", action="store_true", help="only the tuner check")
     parser.add_argument("--budget", type=int, default=200, help="grid evaluations per tuner run (the whole space)")
     args = parser.parse_args()
-    results: dict[str, Any] = {}
-    chunked: dict[str, Any] = {}
+    tables: dict[str, dict[str, Any]] = {loss: {} for loss in LOSSES}
     for label, (model, cluster, fixes) in ({} if args.only_tuner else SETUPS).items():
-        for table, extra, note in ((results, {}, ""), (chunked, {"loss_chunks": LOSS_CHUNKS}, f" [loss_chunks={LOSS_CHUNKS}]")):
+        for loss, extra in LOSSES.items():
+            if extra.get("fused_head_loss") and fixes["tp"] > 1:
+                continue  # fused_head_loss needs tp = 1 (traces.config.fused_head_loss_refusal)
+            table = tables[loss]
             table[label] = planner_table(model, cluster, {**fixes, **extra})
-            print(label + note, json.dumps(table[label]["ratios"]), json.dumps(table[label]["targets_met"]), flush=True)
+            print(f"{label} [{loss}]", json.dumps(table[label]["ratios"]), json.dumps(table[label]["targets_met"]), flush=True)
             for name, r in table[label]["rows"].items():
                 print(f"  {name:10s} max batch {r['global_batch_size']:6d} (mbs {r['micro_batch_size']}) "
                       f"thr {r['throughput_samples_per_s']} at-vpipe-max {r['throughput_at_vpipe_max']} "
                       f"partition {r['partition']} cuts {r['stage_cuts']} policies {r['policy_counts']} "
                       f"[{r['search_s']} s]", flush=True)
-    payload: dict[str, Any] = {"planners": results, f"planners_loss_chunks_{LOSS_CHUNKS}": chunked,
+    results = tables["torch's cross-entropy"]
+    payload: dict[str, Any] = {"planners": results, f"planners_loss_chunks_{LOSS_CHUNKS}": tables[f"loss_chunks={LOSS_CHUNKS}"],
+                               f"planners_fused_head_loss_{LOSS_CHUNKS}": tables[f"fused_head_loss, loss_chunks={LOSS_CHUNKS}"],
                                "microbatches": "pp (the fewest that fill a 1F1B pipeline)"}
     if not args.skip_tuner:
         with tempfile.TemporaryDirectory() as tmp:
@@ -182,7 +197,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     if results:
-        plot({"torch's cross-entropy": results, f"loss_chunks={LOSS_CHUNKS}": chunked}, args.out.with_suffix(".png"))
+        plot({loss: t for loss, t in tables.items() if t}, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 

@@ -15,8 +15,9 @@ pre-check) the ranks must stop when their accounted memory exceeds the budget.
 Target: every run within 10 % (goal 5 %). Writes ``benchmarks/results/memory_fidelity.json``.
 
     .venv/bin/python benchmarks/memory_fidelity.py [--steps 3] [--out benchmarks/results/memory_fidelity.json]
-        [--schedule S | --policy P | --tp]   (only part 1's plans of schedule S / with a block of policy P /
-        tensor-parallel; a partial run replaces its plans' rows in the results file and keeps the rest)
+        [--schedule S | --policy P | --tp | --fused]   (only part 1's plans of schedule S / with a block of
+        policy P / tensor-parallel / with fused_head_loss; a partial run replaces its plans' rows in the
+        results file and keeps the rest)
 """
 
 from __future__ import annotations
@@ -102,6 +103,12 @@ FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
     ("gpt-mini", 4, {"dp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b",
                      "zero_stage": 3, "precision": "bf16"}),
     ("gpt-mini", 2, {"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 3, **FP32}),
+    # The LM head fused into the chunked loss (fused_head_loss, traces/torch_head_loss.py): no logits
+    # kept; the last stage's forward ends in the loss, under FSDP2 gathered with the stage.
+    ("gpt-tiny-8k", 2, {"pp": 2, "micro_batch_size": 4, "global_batch_size": 16, "schedule": "1f1b",
+                        "loss_chunks": 8, "fused_head_loss": True, "precision": "bf16"}),
+    ("gpt-tiny-8k", 2, {"dp": 2, "micro_batch_size": 4, "global_batch_size": 16, "zero_stage": 3,
+                        "loss_chunks": 8, "fused_head_loss": True, **FP32}),
 ]
 # (model, ranks, plan at micro-batch size 1, budget GiB): the batch search at a budget.
 BUDGET: list[tuple[str, int, dict[str, Any], float]] = [
@@ -169,12 +176,15 @@ def compare(trace: Trace, model: Model) -> list[dict[str, Any]]:
 
 
 def fidelity(steps: int, tmp: Path, schedule: str | None = None, policy: str | None = None,
-             tp: bool = False) -> list[dict[str, Any]]:
+             tp: bool = False, fused: bool = False) -> list[dict[str, Any]]:
     """Part 1 over ``FIDELITY`` (only the plans of ``schedule`` when given, 1f1b when a plan names none;
-    only those with a block of ``policy`` when given; only tensor-parallel ones with ``tp``)."""
+    only those with a block of ``policy`` when given; only tensor-parallel ones with ``tp``; only
+    those with ``fused_head_loss`` with ``fused``)."""
     out = []
     for name, nproc, plan in FIDELITY:
         if tp and plan.get("tp", 1) == 1:
+            continue
+        if fused and not plan.get("fused_head_loss"):
             continue
         if schedule is not None and plan.get("schedule", "1f1b") != schedule:
             continue
@@ -242,10 +252,11 @@ def main() -> int:
     ap.add_argument("--schedule", help="run only part 1's plans of this schedule (e.g. zb_h1); no budget cases")
     ap.add_argument("--policy", help="run only part 1's plans with a block of this policy (e.g. nongemm); no budget cases")
     ap.add_argument("--tp", action="store_true", help="run only part 1's tensor-parallel plans; no budget cases")
+    ap.add_argument("--fused", action="store_true", help="run only part 1's fused_head_loss plans; no budget cases")
     args = ap.parse_args()
-    only = args.schedule is not None or args.policy is not None or args.tp
+    only = args.schedule is not None or args.policy is not None or args.tp or args.fused
     with tempfile.TemporaryDirectory(prefix="memory-fidelity-") as d:
-        runs = fidelity(args.steps, Path(d), args.schedule, args.policy, args.tp)
+        runs = fidelity(args.steps, Path(d), args.schedule, args.policy, args.tp, args.fused)
         budgets = budget_cases(args.steps, Path(d)) if not only else []
     if only and Path(args.out).exists():
         # A partial run replaces its own plans' rows in the results file and keeps the rest.

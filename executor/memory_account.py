@@ -24,7 +24,10 @@ What is counted — the same terms the simulator's memory model prices per pipel
   for the backward (a ``TorchDispatchMode`` in the checkpoint's recompute context sees the
   checkpoint keep them) and the copies a swapped block brings back, each until it is freed; and
   every tensor the loss's backward makes, from the loss down to the logits' gradient (the fp32
-  gradients of torch's cross-entropy, or a chunked loss's pieces: :meth:`MemoryAccount.counting_loss`).
+  gradients of torch's cross-entropy, or a chunked loss's pieces: :meth:`MemoryAccount.counting_loss`),
+  or down to the head's input under ``fused_head_loss`` (each piece's logits and softmax, the head's
+  input and weight gradients; a weight gradient that stays as the parameter's ``.grad`` is a
+  gradient from the next re-read on, and one accumulated in place is not counted twice).
 
 Not counted: the forward torch's pipelining runs once, on the first step, to infer the shapes a
 stage sends (:func:`mindpipe.executor.torch_pipelining.around_metadata_inference`; it is not
@@ -145,8 +148,13 @@ class _CountedLoss(torch.autograd.Function):
 
     The forward builds the loss's graph on a detached alias of the logits (same storage; what
     the loss saves passes the account's saved-tensor hooks as before) and the backward walks it
-    with ``torch.autograd.grad`` inside the mode: autograd restores each node's thread-local
-    state, so a mode must live inside one node to see the loss's whole backward.
+    with ``torch.autograd.backward`` inside the mode: autograd restores each node's thread-local
+    state, so a mode must live inside one node to see the loss's whole backward. ``backward``,
+    not ``grad``: a loss that holds parameters (the LM head fused into it, ``fused_head_loss``)
+    accumulates their gradients as any backward does; the alias's gradient is the input's. The
+    exception is torch's one-time metadata inference (the account is paused then), which asks for
+    the stage inputs' gradients only, from a forward of uninitialised tensors: nothing may reach
+    the parameters' gradients there.
     """
 
     @staticmethod
@@ -162,8 +170,15 @@ class _CountedLoss(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         x, loss = ctx.inner
         del ctx.inner
+        # FSDP2's pre-backward hook (on the stage's output) has just gathered what the loss's
+        # backward needs (a fused head's weight under ZeRO-3): count it with the temporaries.
+        ctx.account.refresh_gathered()
         with _AllOutputs(ctx.account):
-            (g,) = torch.autograd.grad(loss, x, grad)
+            if ctx.account.paused_now:
+                (g,) = torch.autograd.grad(loss, x, grad)
+            else:
+                torch.autograd.backward(loss, grad)
+                g, x.grad = x.grad, None
         return g, None, None, None
 
 
@@ -190,6 +205,7 @@ class MemoryAccount:
         self._gathered: list[dict[int, int]] = []  # per group, its gathered storages' bytes
         self._fsdp_params: list[Any] = []  # the watched modules' FSDPParams (their accumulated gradients)
         self._cached: dict[int, int] = {}  # storages of outputs selective checkpointing caches (:meth:`cached`)
+        self._grads: set[int] = set()  # the gradients' storages at the last refresh_gradients
         self._paused = 0
         self.exceeded: ContractError | None = None
 
@@ -258,6 +274,11 @@ class MemoryAccount:
                     m.register_forward_pre_hook(lambda *_, k=k: self._refresh_gathered(k))
                     m.register_forward_hook(lambda *_, k=k: self._refresh_gathered(k))
 
+    def refresh_gathered(self) -> None:
+        """Re-read every watched module's gathered storages (nothing when none is watched)."""
+        if self._groups:
+            self._refresh_gathered(*range(len(self._groups)))
+
     def _refresh_gathered(self, *groups: int) -> None:
         """Re-read the gathered storages of ``groups`` (indices into the watched modules' groups)."""
         for k in groups:
@@ -277,13 +298,17 @@ class MemoryAccount:
         reduce dtype (fp32) on the parameter's ``FSDPParam`` (``unsharded_accumulated_grad``), not
         on any parameter; those buffers are gradients too.
         """
-        if self._groups:
-            self._refresh_gathered(*range(len(self._groups)))
+        self.refresh_gathered()
         grads = {s[0]: s[1] for p in self._params() if p.grad is not None and (s := _storage(p.grad))}
         for fp in self._fsdp_params:
             acc = getattr(fp, "unsharded_accumulated_grad", None)
             if isinstance(acc, torch.Tensor) and (s := _storage(acc)) is not None:
                 grads[s[0]] = s[1]
+        # A gradient the loss's backward made (the fused head's weight gradient on a stage's first
+        # backward, kept as the parameter's .grad) is a gradient from here on, no longer transient.
+        for key in grads.keys() & self._counts["transient"].keys():
+            self._adopt(key)
+        self._grads = set(grads)
         self._set(gradients=sum(grads.values()))
 
     def refresh_optimizer(self, optimizers: list[torch.optim.Optimizer]) -> None:
@@ -302,8 +327,15 @@ class MemoryAccount:
             self._bytes[term][key] = nbytes
             self._set(**{term: getattr(self.terms, term) + nbytes})
 
+    def _adopt(self, key: int) -> None:
+        """Stop counting transient storage ``key`` (it became a gradient); its finalizer then finds nothing."""
+        self._counts["transient"][key] = 1
+        self._release("transient", key)
+
     def _release(self, term: str, key: int) -> None:
         counts = self._counts[term]
+        if key not in counts:  # adopted as a gradient (_adopt) before its tensor was freed
+            return
         counts[key] -= 1
         if counts[key] == 0:
             del counts[key]
@@ -352,7 +384,11 @@ class MemoryAccount:
         """
         local = _local(t)
         s = _storage(local) if local.device.type == self.device_type else None
-        if s is None or s[0] in self._weights or s[0] in self._cached:
+        # A gradient accumulated in place (a fused head's weight gradient, a later micro-batch) is
+        # the gradient's storage, counted as a gradient already; a gathered weight a loss unpacks
+        # (a fused head's) is counted as weights.
+        if s is None or s[0] in self._weights or s[0] in self._cached or s[0] in self._grads \
+                or any(s[0] in g for g in self._gathered):
             return
         self._hold("transient", *s)
         weakref.finalize(local, self._release, "transient", s[0]).atexit = False  # nothing to do at exit
@@ -414,6 +450,11 @@ class MemoryAccount:
         stage.backward_one_chunk = backward_one_chunk
         stage.backward_weight_one_chunk = backward_weight_one_chunk
         around_metadata_inference(stage, self.paused)
+
+    @property
+    def paused_now(self) -> bool:
+        """True inside :meth:`paused` (torch's metadata inference)."""
+        return self._paused > 0
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

@@ -52,10 +52,17 @@ def make_schedule(plan: Plan, stages: list[PipelineStage], source: str,
             :meth:`mindpipe.executor.memory_account.MemoryAccount.counting_loss`).
         shard: Under tensor parallelism, the slice of the vocabulary this rank's LM head computes
             (its loss is vocabulary-parallel); None otherwise.
+
+    Under ``fused_head_loss`` the last stage's output is its loss already
+    (:class:`mindpipe.executor.stages.StageModule`): the schedule's loss passes it through, unwrapped.
     """
-    m, loss = plan.num_microbatches, plan_loss(plan, shard)
-    if wrap_loss is not None:
-        loss = wrap_loss(loss)
+    m = plan.num_microbatches
+    if plan.fused_head_loss:
+        loss: LossFn = _stage_output_is_the_loss
+    else:
+        loss = plan_loss(plan, shard)
+        if wrap_loss is not None:
+            loss = wrap_loss(loss)
     if source == "simulator":
         with tempfile.TemporaryDirectory(prefix="mindpipe-table-") as tmp:
             path = Path(tmp) / f"{plan.schedule}.csv"
@@ -64,6 +71,10 @@ def make_schedule(plan: Plan, stages: list[PipelineStage], source: str,
     else:
         schedule = named_schedule(TORCH_SCHEDULES[plan.schedule], stages, m, loss)
     return schedule, schedule_orders(schedule)
+
+
+def _stage_output_is_the_loss(output: Tensor, target: Tensor) -> Tensor:
+    return output
 
 
 __all__ = ["make_schedule", "write_simulator_table"]

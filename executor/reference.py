@@ -6,7 +6,7 @@ mean loss divided by the number of micro-batches before ``backward`` (so the gra
 the global mean loss, which is what pipeline schedules with ``scale_grads`` and a data-parallel
 average compute), and AdamW. The same per-step RNG seeding as the executor keeps dropout equal, and
 the plan's ``flash_attention`` gives it the same attention kernel as every rank, and its
-``loss_chunks`` the same loss as the last stage (:func:`mindpipe.traces.torch_gpt.plan_loss`).
+``loss_chunks`` and ``fused_head_loss`` the same loss as the last stage (:func:`mindpipe.traces.torch_gpt.plan_loss`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from mindpipe.executor.data import TokenSource
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.torch_gpt import plan_loss
-from mindpipe.traces.torch_models import build_model
+from mindpipe.traces.torch_models import TransformerLM, build_model
 
 
 def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, data: str = "synthetic",
@@ -24,7 +24,7 @@ def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, dat
     net = build_model(model, seed=seed, dtype="fp32", flash_attention=plan.flash_attention)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     source = TokenSource(model, plan, seed, data)
-    b, lm_loss = plan.micro_batch_size, plan_loss(plan)
+    b, lm_loss = plan.micro_batch_size, plan_loss(plan, head=net.lm_head)
     n = plan.global_batch_size // b
     losses = []
     for step in range(1, steps + 1):
@@ -33,7 +33,7 @@ def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, dat
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for i in range(n):
-            loss = lm_loss(net(x[i * b:(i + 1) * b]), y[i * b:(i + 1) * b])
+            loss = lm_loss(_output(net, x[i * b:(i + 1) * b], plan), y[i * b:(i + 1) * b])
             (loss / n).backward()
             total += float(loss.detach())
         opt.step()
@@ -41,13 +41,25 @@ def reference_losses(model: Model, plan: Plan, steps: int, *, seed: int = 0, dat
     return losses
 
 
+def _output(net: TransformerLM, x: torch.Tensor, plan: Plan) -> torch.Tensor:
+    """What the loss takes: the logits, or under ``fused_head_loss`` the final norm's output (the
+    loss calls the head, as on the last stage)."""
+    if not plan.fused_head_loss:
+        out: torch.Tensor = net(x)
+        return out
+    for _, kind, layer in net.layers():
+        if kind != "lm_head":
+            x = layer(x)
+    return x
+
+
 def _sq_norm_of_grad(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, plan: Plan) -> float:
     """|∇ mean loss|² over rows ``x, y`` taken in the plan's micro-batches (each micro-batch's mean, averaged)."""
-    b, lm_loss = plan.micro_batch_size, plan_loss(plan)
+    b, lm_loss = plan.micro_batch_size, plan_loss(plan, head=net.lm_head)
     net.zero_grad(set_to_none=True)
     n = x.shape[0] // b
     for i in range(n):
-        (lm_loss(net(x[i * b:(i + 1) * b]), y[i * b:(i + 1) * b]) / n).backward()
+        (lm_loss(_output(net, x[i * b:(i + 1) * b], plan), y[i * b:(i + 1) * b]) / n).backward()
     return float(sum(p.grad.double().pow(2).sum() for p in net.parameters() if p.grad is not None))
 
 

@@ -6,7 +6,9 @@ every stage a slice of ``blocks`` (a ModuleDict keyed by the *global* block inde
 (``blocks.5.attn.qkv.weight`` wherever block 5 lives), which keeps checkpoints independent of
 the partition (torchtitan's convention). The loss (``lm_loss`` in the plan's ``loss_chunks``
 pieces, :func:`mindpipe.traces.torch_gpt.plan_loss`) is applied by the pipeline schedule on the
-last stage. :meth:`StageModule.layers` lists the stage's pipeline layers in
+last stage; under ``fused_head_loss`` the last stage's forward computes the loss itself (the head's
+GEMM fused into it, given the targets), so the head's weight is gathered with the stage's by a
+data-parallel wrapper, and the schedule's loss passes that output through. :meth:`StageModule.layers` lists the stage's pipeline layers in
 forward order, the units the executor times (:mod:`mindpipe.executor.layer_timing`).
 
 Which blocks a stage holds and which rank runs it are the plan rules of
@@ -20,10 +22,12 @@ on exactly one stage; only the residual stream crosses the cut, one tensor as be
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import BlockPart, block_layer_name, rank_stages, stage_layout
-from mindpipe.traces.torch_gpt import GPT, Block
+from mindpipe.traces.torch_gpt import GPT, Block, plan_loss
 from mindpipe.traces.torch_llama import Block as LlamaBlock
 from mindpipe.traces.torch_models import TransformerLM
 from torch import nn
@@ -53,8 +57,12 @@ class StageModule(nn.Module):
     ``first_part`` / ``last_part`` say what it runs of its first and last block (``whole`` by default)."""
 
     def __init__(self, gpt: TransformerLM, first: int, count: int, is_first: bool, is_last: bool,
-                 first_part: BlockPart = "whole", last_part: BlockPart = "whole") -> None:
+                 first_part: BlockPart = "whole", last_part: BlockPart = "whole", fused_head: bool = False) -> None:
         super().__init__()
+        # Under a plan's fused_head_loss the last stage's forward ends in the loss (head_loss, set
+        # by build_stage_modules): its output is the loss, and its forward is given the targets.
+        self.fused_head = fused_head
+        self.head_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self.embedding = gpt.embedding if is_first else None
         parts = {first: first_part, first + count - 1: last_part}
         self.blocks = nn.ModuleDict({
@@ -65,14 +73,21 @@ class StageModule(nn.Module):
         self.final_norm = gpt.final_norm if is_last else None
         self.lm_head = gpt.lm_head if is_last else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The stage's output: the hidden state it sends, the logits, or under ``fused_head_loss``
+        the loss of ``targets`` (torch's schedules pass the targets to every stage of the rank
+        that holds the last one; the others ignore them)."""
         if self.embedding is not None:
             x = self.embedding(x)
         for block in self.blocks.values():
             x = block(x)
-        if self.final_norm is not None and self.lm_head is not None:
-            x = self.lm_head(self.final_norm(x))
-        return x
+        if self.final_norm is None or self.lm_head is None:
+            return x
+        if self.fused_head:
+            if self.head_loss is None or targets is None:
+                raise ValueError("fused_head_loss: the last stage's forward needs its loss and the targets")
+            return self.head_loss(self.final_norm(x), targets)
+        return self.lm_head(self.final_norm(x))
 
     def layers(self) -> list[tuple[str, str, nn.Module]]:
         """The stage's pipeline layers as ``(name, kind, module)`` in forward order (as ``GPT.layers``)."""
@@ -92,13 +107,18 @@ def block_ranges(plan: Plan, model: Model) -> list[tuple[int, int]]:
 
 
 def build_stage_modules(gpt: TransformerLM, plan: Plan, pp_rank: int) -> dict[int, StageModule]:
-    """The stage modules of ``pp_rank``, keyed by virtual stage index."""
+    """The stage modules of ``pp_rank``, keyed by virtual stage index (a fused head's loss set on
+    the last stage: :func:`mindpipe.traces.torch_gpt.plan_loss`)."""
     layout = stage_layout(plan, gpt.config)
-    return {
+    out = {
         s: StageModule(gpt, layout[s].first_block, layout[s].num_blocks, layout[s].has_embedding, layout[s].has_head,
-                       layout[s].first_part, layout[s].last_part)
+                       layout[s].first_part, layout[s].last_part, fused_head=plan.fused_head_loss)
         for s in rank_stages(plan, pp_rank)
     }
+    for mod in out.values():
+        if mod.fused_head and mod.lm_head is not None:
+            mod.head_loss = plan_loss(plan, head=mod.lm_head)  # type: ignore[arg-type]
+    return out
 
 
 def head_major_qkv(weight: torch.Tensor, tp: int) -> torch.Tensor:

@@ -165,6 +165,9 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
             probe.wrap_stage(st, mod)
     # Under tensor parallelism the LM head's logits stay vocabulary-parallel (executor/parallelize.py).
     shard = VocabShard.of(model.vocab_size, mesh.get_group("tp")) if plan.tp > 1 else None
+    for mod in parts:  # a fused head's loss runs in the last stage's forward: count its backward there
+        if mod.head_loss is not None:
+            mod.head_loss = memory.counting_loss(mod.head_loss)
     schedule, orders = make_schedule(plan, stages, pre.schedule_source, memory.counting_loss, shard)
     try:
         optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
@@ -204,6 +207,8 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         mb_losses: list[torch.Tensor] = []
         args = (x,) if has_first else ()
         kwargs: dict[str, Any] = {"target": y, "losses": mb_losses} if has_last else {}
+        if has_last and plan.fused_head_loss:  # the last stage's forward computes the loss
+            kwargs["targets"] = y
         recorder.begin_step(step)
         cpu0 = cpu_seconds() if skip_profiled_cpu and step == cfg.profile_step else None
         with profiled(step == cfg.profile_step, recorder, mesh), timed_p2p_waits(recorder.p2p_wait):

@@ -262,7 +262,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
         layers.append(whole)
     f, i, w, _ = price(final_norm_ops(model, b, s, t, sp, d))
     layers.append(LayerCost("final_norm", "final_norm", f, i, w, output_bytes=out_bytes, param_count=params["final_norm"]))
-    f, i, w, _ = price(lm_head_ops(model, b, s, t, d, plan.loss_chunks))
+    f, i, w, _ = price(lm_head_ops(model, b, s, t, d, plan.loss_chunks, plan.fused_head_loss))
     layers.append(LayerCost("lm_head", "lm_head", f, i, w, 0.0, head_fwd, head_bwd, 0, params["lm_head"]))
     return layers
 
@@ -422,7 +422,8 @@ class TraceComputeModel:
         layers.append(from_record("final_norm", "final_norm", (by_kind.get("final_norm") or [None])[0], False))
         head = from_record("lm_head", "lm_head", (by_kind.get("lm_head") or [None])[0], False)
         # A trace times the loss as the profiler runs it, whole; pieces re-run its forward kernels
-        # in the backward (chunked_cross_entropy_ops): that share of the head's forward, again.
+        # in the backward (chunked_cross_entropy_ops), and a fused head its GEMM as well
+        # (fused_head_loss_ops): that share of the head's forward, again.
         head.backward_input_s += head.forward_s * _loss_rerun_share(model, plan)
         layers.append(head)
         return layers
@@ -521,11 +522,12 @@ def _memory_op_share(model: Model, plan: Plan) -> float:
 
 def _loss_rerun_share(model: Model, plan: Plan) -> float:
     """Share of the LM head's forward FLOP+byte work (weighed as :func:`_attention_core_share`) that
-    a plan's pieces of the loss re-run in the backward; 0 for an unchunked loss (``loss_chunks`` 1)."""
-    if plan.loss_chunks == 1:
+    a plan's pieces of the loss re-run in the backward (with ``fused_head_loss``, the head's GEMM
+    too); 0 for an unchunked, unfused loss (``loss_chunks`` 1)."""
+    if plan.loss_chunks == 1 and not plan.fused_head_loss:
         return 0.0
     ops = lm_head_ops(model, plan.micro_batch_size, model.seq_len, plan.tp, DTYPE_BYTES[plan.precision],
-                      plan.loss_chunks)
+                      plan.loss_chunks, plan.fused_head_loss)
     forward = sum(o.flops + 150.0 * o.bytes for o in ops if o.phase == "forward")
     rerun = sum(o.flops + 150.0 * o.bytes for o in ops if o.name.endswith("_rerun"))
     return rerun / forward if forward else 0.0

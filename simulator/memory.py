@@ -242,11 +242,14 @@ def head_activation_bytes(model: Model, plan: Plan, *, seq_len: int | None = Non
 def head_logit_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
     """What the loss keeps per micro-batch: the fp32 softmax of the vocabulary-sharded logits,
     4·s·b·V/t; with ``loss_chunks`` > 1 the logits themselves in the compute dtype, d·s·b·V/t (the
-    pieces upcast one at a time, :func:`mindpipe.traces.torch_gpt.lm_loss`).
+    pieces upcast one at a time, :func:`mindpipe.traces.torch_gpt.lm_loss`); with
+    ``fused_head_loss`` nothing (the head's input, which it keeps, is counted with the head).
 
     It lies on the loss's side of the LM head's weight, so a split backward's ``I`` frees it
     (:meth:`mindpipe.simulator.actions.Schedule.held_timeline`).
     """
+    if plan.fused_head_loss:
+        return 0.0
     per_logit = DTYPE_BYTES[plan.precision] if plan.loss_chunks > 1 else LOGIT_BYTES
     return per_logit * logit_count(model, plan, seq_len=seq_len)
 
@@ -266,12 +269,20 @@ def loss_transient_bytes(model: Model, plan: Plan, *, seq_len: int | None = None
     one piece's fp32 re-run upcast and its softmax, 2·4·s·b·V/(t·c). The loss's backward runs
     before any block of the micro-batch is redone, so it competes with the redone blocks for the
     stage's transient, not on top of them. (Megatron's fused vocabulary-parallel cross-entropy
-    works in place and needs less; the executor runs torch's.)
+    works in place and needs less; the executor runs torch's.) Fused with the head
+    (``fused_head_loss``): the head's input and weight gradients it returns, d·(s·b·h + V·h)/t,
+    and one piece's fp32 logits and fp32 softmax, 2·4·s·b·V/(t·c) (the logits in a 16-bit dtype are
+    freed once upcast; :mod:`mindpipe.traces.torch_head_loss`).
     """
     logits = logit_count(model, plan, seq_len=seq_len)
+    d = DTYPE_BYTES[plan.precision]
+    if plan.fused_head_loss:
+        h = model.hidden_size
+        tokens = (seq_len or model.seq_len) * plan.micro_batch_size
+        return d * (tokens * h + model.vocab_size * h / plan.tp) + 2 * LOGIT_BYTES * logits / plan.loss_chunks
     if plan.loss_chunks == 1:
         return 2 * LOGIT_BYTES * logits
-    return DTYPE_BYTES[plan.precision] * logits + 2 * LOGIT_BYTES * logits / plan.loss_chunks
+    return d * logits + 2 * LOGIT_BYTES * logits / plan.loss_chunks
 
 
 def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
@@ -419,6 +430,11 @@ class StageMemoryModel:
         layers = [self.part_params[part] for part in parts]
         head = head_activation_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
         loss = loss_transient_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+        if has_head and plan.fused_head_loss and reshards_after_forward(plan):
+            # The fused loss runs inside the stage's forward and backward: FSDP2 has the stage's own
+            # layers (the final norm, the head and any embedding) gathered whole beside its temporaries.
+            own = params["final_norm"] + params["lm_head"] + (params["embedding"] if has_embedding else 0)
+            loss += DTYPE_BYTES[plan.precision] * own
         if has_embedding:
             acts += embedding_activation_bytes(model, plan, seq_len=self.seq_len, mask_bytes=self.mask)
             layers.append(params["embedding"])

@@ -270,11 +270,15 @@ def final_norm_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 
 
 
 def lm_head_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, dtype_bytes: int = 2,
-                loss_chunks: int = 1) -> list[Op]:
+                loss_chunks: int = 1, fused: bool = False) -> list[Op]:
     """Vocabulary-parallel LM head GEMM and the cross-entropy over the logits (fp32 softmax);
-    with ``loss_chunks`` > 1 the cross-entropy of :func:`chunked_cross_entropy_ops`."""
+    with ``loss_chunks`` > 1 the cross-entropy of :func:`chunked_cross_entropy_ops`; ``fused``
+    (a plan's ``fused_head_loss``) the head and the loss together piece by piece
+    (:func:`fused_head_loss_ops`)."""
     tokens = micro_batch_size * seq_len
     v_local = -(-model.vocab_size // tp)
+    if fused:
+        return fused_head_loss_ops(tokens, v_local, model.hidden_size, loss_chunks, dtype_bytes)
     ops = _gemm("lm_head", tokens, v_local, model.hidden_size, dtype_bytes)
     if loss_chunks > 1:
         return ops + chunked_cross_entropy_ops(tokens, v_local, loss_chunks, dtype_bytes)
@@ -295,6 +299,27 @@ def chunked_cross_entropy_ops(tokens: int, v_local: int, chunks: int, dtype_byte
         rerun = [Op(o.name + "_rerun", "backward_input", o.kind, o.flops, o.bytes, out_bytes=o.out_bytes)
                  for o in ops if o.phase == "forward"]
         out += [o for o in ops if o.phase == "forward"] + rerun + [o for o in ops if o.phase != "forward"]
+    return out
+
+
+def fused_head_loss_ops(tokens: int, v_local: int, hidden: int, chunks: int, dtype_bytes: int = 2) -> list[Op]:
+    """The LM head and the cross-entropy fused over ``chunks`` pieces of tokens, kernel by kernel
+    (:class:`mindpipe.traces.torch_head_loss.LinearCrossEntropy`).
+
+    Per piece of n tokens: the forward is the head's ``[n, h]×[h, V]`` GEMM and
+    :func:`cross_entropy_ops`'s forward kernels; the backward (input-gradient phase) runs both
+    again — the logits are not kept — then the loss's backward kernels and the head's input
+    gradient; the weight-gradient phase holds the head's weight gradient, one ``[h, n]×[n, V]``
+    GEMM per piece accumulated in place. Against the unfused head: one more head GEMM and one more
+    pass of the loss's forward kernels per micro-batch, and GEMMs of n = tokens/chunks rows.
+    """
+    out: list[Op] = []
+    for piece in (tokens // chunks + (1 if k < tokens % chunks else 0) for k in range(chunks)):
+        ops = _gemm("lm_head", piece, v_local, hidden, dtype_bytes) + cross_entropy_ops(piece, v_local, dtype_bytes)
+        forward = [o for o in ops if o.phase == "forward"]
+        rerun = [Op(o.name + "_rerun", "backward_input", o.kind, o.flops, o.bytes, o.gemm_mnk, o.batch,
+                    out_bytes=o.out_bytes) for o in forward]
+        out += forward + rerun + [o for o in ops if o.phase != "forward"]
     return out
 
 
@@ -326,6 +351,7 @@ __all__ = [
     "embedding_ops",
     "final_norm_ops",
     "forward_flops_per_token",
+    "fused_head_loss_ops",
     "fused_softmax_available",
     "gemm_ops",
     "lm_head_ops",

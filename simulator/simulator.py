@@ -67,7 +67,7 @@ from mindpipe.traces.trace import Trace
 GIB = 2**30
 # Plan fields that change per-layer costs (micro-batch shape, sharding, dtype); the cost cache key.
 COST_FIELDS = ("tp", "micro_batch_size", "sequence_parallel", "precision", "tp_comm_overlap", "flash_attention",
-               "loss_chunks")
+               "loss_chunks", "fused_head_loss")
 
 
 @dataclass

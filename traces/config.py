@@ -367,7 +367,7 @@ _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRE
 # Keys that only supernet plans set; None in every GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
 SUPERNET_PLAN_KEYS = ("subnet_schedule", "subnet_window")
 _PLAN_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention",
-                   "blocking_p2p")
+                   "blocking_p2p", "fused_head_loss")
 PLAN_SCALAR_KEYS = (*_PLAN_INTEGER_LIMITS, *_PLAN_BOOL_KEYS, *_PLAN_CHOICES, "zero_stage")
 """The plan keys whose rule holds on their own (:func:`check_plan_key`); the rules between keys are :class:`Plan`'s."""
 
@@ -438,6 +438,11 @@ class Plan:
     and again in the backward, instead of keeping the whole fp32 log-softmax (4·s·b·V/t bytes per
     micro-batch, the largest activation of a big-vocabulary model's last stage). The simulator
     prices the re-run and sizes the saving (:func:`mindpipe.simulator.memory.head_logit_bytes`).
+    ``fused_head_loss`` runs the LM head's GEMM inside the loss, over the same ``loss_chunks``
+    pieces (torchtitan's ``ChunkedLossWrapper``, Liger-Kernel's ``FusedLinearCrossEntropy``;
+    :class:`mindpipe.traces.torch_head_loss.LinearCrossEntropy`): no logits are kept at all, and
+    the backward computes each piece's logits again (one more LM-head GEMM). It needs tp = 1, a
+    schedule without a split backward and an untied head (:func:`fused_head_loss_refusal`).
     ``blocking_p2p`` makes every pipeline send blocking for its sender, as Megatron-LM's schedules
     are: ``p2p_communication._communicate`` waits on its batched isend/irecv requests and then
     synchronizes the device (``batch_p2p_sync``), so a rank starts its next action only once its
@@ -465,6 +470,7 @@ class Plan:
     overlap_param_gather: bool = False
     flash_attention: bool = False
     loss_chunks: int = 1
+    fused_head_loss: bool = False
     blocking_p2p: bool = False
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
@@ -510,6 +516,10 @@ class Plan:
             # also asks for --overlap-grad-reduce; the two are separate mechanisms here.
             raise ContractError("", "overlap_param_gather", f"overlap_param_gather=true needs zero_stage 1 or 2 "
                                 f"(the distributed optimizer's all-gather), got {self.zero_stage}")
+        if self.fused_head_loss:
+            refusal = fused_head_loss_refusal(self.tp, self.schedule)
+            if refusal:
+                raise ContractError("", "fused_head_loss", refusal)
         within_limit("pp", self.num_stages, "pipeline_stages", "pp×virtual_stages")
         # m >= 1 here: global_batch_size is a positive multiple of micro_batch_size×dp.
         within_limit("global_batch_size", self.num_microbatches, "micro_batches", "m")
@@ -626,6 +636,10 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
     if model.tie_embeddings and plan.world_size > plan.dp:
         # The executor keeps one shared table: no copy on a last stage, no vocabulary-parallel split.
         fail("tie_embeddings", f"tie_embeddings=true needs tp=1 and pp=1 (plan has tp={plan.tp}, pp={plan.pp})")
+    if plan.fused_head_loss and model.tie_embeddings:
+        # The head's weight would be the token table, gathered by the data-parallel wrapper of the
+        # embedding and of the fused head alike.
+        fail("fused_head_loss", "fused_head_loss=true needs an untied LM head (tie_embeddings=false)")
     if plan.sequence_parallel and model.seq_len % plan.tp:
         fail("sequence_parallel", f"tp={plan.tp} does not divide seq_len={model.seq_len} (sequence parallelism)")
     if plan.loss_chunks > plan.micro_batch_size * model.seq_len:
@@ -705,6 +719,23 @@ def nongemm_refusal(plan: Plan) -> str | None:
     return None
 
 
+def fused_head_loss_refusal(tp: int, schedule: str) -> str | None:
+    """Why a plan with ``tp`` and ``schedule`` cannot fuse the LM head into the loss
+    (``fused_head_loss``), or None (the tuner asks before it builds the plan).
+
+    Under TP the head is vocabulary-parallel (Megatron's layout) and the fused loss does not
+    reduce over the group; a split backward (zero-bubble schedules) asks the loss's backward for
+    the input gradient and the weight gradient in two passes, and the fused backward would
+    re-compute every piece's logits in both.
+    """
+    if tp > 1:
+        return f"fused_head_loss=true needs tp=1 (plan has tp={tp}): the vocabulary-parallel head is not fused"
+    if schedule in SPLIT_BACKWARD_SCHEDULES:
+        return (f"fused_head_loss=true cannot run under schedule {schedule!r}: its split backward would "
+                "re-compute the logits in I and again in W")
+    return None
+
+
 def stage_layers(plan: Plan, model: Model) -> list[int]:
     """Layers per virtual stage: the plan's partition, or an even split."""
     return list(plan.partition) if plan.partition is not None else even_partition(model.num_layers, plan.num_stages)
@@ -731,6 +762,7 @@ __all__ = [
     "check_plan_key",
     "check_precision",
     "even_partition",
+    "fused_head_loss_refusal",
     "knob_value",
     "nongemm_refusal",
     "plan_value",

@@ -353,6 +353,8 @@ def check_supernet_plan(plan: Plan, supernet: Supernet, cluster: Cluster | None 
         fail("zero_stage", "zero_stage > 0 is not supported for supernets yet")
     if plan.loss_chunks != 1:
         fail("loss_chunks", "loss_chunks > 1 is not supported for supernets yet")
+    if plan.fused_head_loss:
+        fail("fused_head_loss", "fused_head_loss=true is not supported for supernets yet")
     if what_if_used(plan):
         fail(what_if_used(plan)[0], "what-if knobs are not modelled for supernets")
     if plan.global_batch_size != plan.micro_batch_size * plan.dp:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.torch_head_loss import linear_cross_entropy
 from torch import nn
 from torch.autograd.function import once_differentiable
 
@@ -164,14 +165,22 @@ class Block(PreNormBlock):
 
 
 class LMHead(nn.Module):
-    """Untied output projection to the vocabulary."""
+    """Untied output projection to the vocabulary.
+
+    Called with ``targets`` it returns the loss instead of the logits, the head's GEMM fused into
+    the cross-entropy over ``chunks`` pieces of tokens (a plan's ``fused_head_loss``;
+    :mod:`mindpipe.traces.torch_head_loss`). The loss is then computed inside this module's
+    forward, so a data-parallel wrapper of the head gathers its weight for it as for the logits.
+    """
 
     def __init__(self, model: Model) -> None:
         super().__init__()
         self.out = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(x)
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, chunks: int = 1) -> torch.Tensor:
+        if targets is None:
+            return self.out(x)
+        return linear_cross_entropy(x, self.out.weight, targets, chunks)
 
 
 class GPT(nn.Module):
@@ -406,14 +415,26 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, chunks: int = 1, shard:
     return _SumOverGroup.apply(total, shard) / flat.shape[0]
 
 
-def plan_loss(plan: Plan, shard: VocabShard | None = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def plan_loss(plan: Plan, shard: VocabShard | None = None,
+              head: LMHead | None = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The loss a run of ``plan`` computes: :func:`lm_loss` in the plan's ``loss_chunks`` pieces,
-    vocabulary-parallel over ``shard``'s group when the LM head is tensor-parallel.
+    vocabulary-parallel over ``shard``'s group when the LM head is tensor-parallel; under
+    ``fused_head_loss``, ``head`` called on the final norm's output with the targets (the head's
+    GEMM and the loss fused piece by piece, :meth:`LMHead.forward`).
 
     One owner for the executor's pipeline schedules (:mod:`mindpipe.executor.pipeline`) and the
     single-process reference they are compared with (:mod:`mindpipe.executor.reference`, no shard).
     """
+    if plan.fused_head_loss:
+        return functools.partial(_fused_head_loss, head, chunks=plan.loss_chunks)
     return functools.partial(lm_loss, chunks=plan.loss_chunks, shard=shard)
+
+
+def _fused_head_loss(head: LMHead | None, hidden: torch.Tensor, targets: torch.Tensor, chunks: int) -> torch.Tensor:
+    if head is None:  # a rank without the last stage never computes the loss
+        raise ValueError("fused_head_loss: the loss runs on the stage that holds the LM head")
+    loss: torch.Tensor = head(hidden, targets=targets, chunks=chunks)
+    return loss
 
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -51,12 +51,14 @@ PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
 POINT_KEYS = (
     "dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
     "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "tp_comm_overlap",
-    "overlap_param_gather", "flash_attention", "loss_chunks", "blocking_p2p", "rank_order", "partitioner",
+    "overlap_param_gather", "flash_attention", "loss_chunks", "fused_head_loss", "blocking_p2p", "rank_order",
+    "partitioner",
 )
 # Keys a point may leave out, with the value that means (points written before the key existed,
 # or by hand); a point's identity (point_key) names them only when they differ from it, so a sweep
 # stored before the key existed resumes as the same points.
-OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False, "loss_chunks": 1, "blocking_p2p": False}
+OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False, "loss_chunks": 1, "fused_head_loss": False,
+                                       "blocking_p2p": False}
 # What-if knobs ``--what-if`` may name to pin them (``--fix KEY=VALUE``) though ``all`` leaves them out:
 # ``blocking_p2p=true`` only ever costs time, so searching it is never wanted, but pinning it plans for
 # a Megatron-LM deployment (blocking pipeline exchanges) instead of the executor's.
@@ -68,7 +70,7 @@ LIST_KEYS = ("partition", "layer_memory_policy")  # pinned as JSON lists, copied
 _INT_KEYS = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage", "subnet_window",
              "loss_chunks")
 _BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention",
-              "blocking_p2p")
+              "blocking_p2p", "fused_head_loss")
 _STR_CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": SCHEDULES, "recompute": RECOMPUTE, "comm_priority": COMM_PRIORITIES, "precision": PRECISIONS,
     "rank_order": RANK_ORDERS, "partitioner": PARTITIONERS, "subnet_schedule": SUBNET_SCHEDULES,

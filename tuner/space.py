@@ -43,6 +43,7 @@ from mindpipe.traces.config import (
     Model,
     check_plan,
     check_precision,
+    fused_head_loss_refusal,
 )
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet
@@ -258,12 +259,14 @@ class SearchSpace:
         flash_choices = self.choices("flash_attention", [False])
         # The unchunked loss unless pinned (--fix loss_chunks=8, or several: --fix loss_chunks=1,8).
         chunk_choices = self.choices("loss_chunks", [1])
+        # The head outside the loss unless pinned (--fix fused_head_loss=true, or false,true).
+        fused_choices = self.choices("fused_head_loss", [False])
         product = itertools.product(
             recompute, zero_choices, comm_choices, self.choices("precision", ["bf16"]),
-            ogr_choices, tpo_choices, opg_choices, flash_choices, chunk_choices, p2p_choices,
+            ogr_choices, tpo_choices, opg_choices, flash_choices, chunk_choices, fused_choices, p2p_choices,
             self.choices("rank_order", ["tp-dp-pp"]), part_choices,
         )
-        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, p2p, order, part in product:
+        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, fused, p2p, order, part in product:
             if part in MEMORY_PARTITIONERS and rc != recompute[0]:
                 continue  # their per-block policy overrides the recompute level: one point, not one per level
             if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
@@ -273,9 +276,14 @@ class SearchSpace:
                 if self._pinned("overlap_param_gather"):
                     self.rejected[Rule.PLAN] += 1
                 continue
+            if fused and fused_head_loss_refusal(base["tp"], base["schedule"]):  # Plan's rule
+                if self._pinned("fused_head_loss"):
+                    self.rejected[Rule.PLAN] += 1
+                continue
             point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,
                          overlap_grad_reduce=ogr, tp_comm_overlap=tpo, overlap_param_gather=opg, flash_attention=flash,
-                         loss_chunks=chunks, blocking_p2p=p2p, rank_order=order, partitioner=part)
+                         loss_chunks=chunks, fused_head_loss=fused, blocking_p2p=p2p, rank_order=order,
+                         partitioner=part)
             yield {k: point[k] for k in POINT_KEYS}
 
     def describe(self) -> dict[str, Any]:

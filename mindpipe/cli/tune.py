@@ -152,7 +152,7 @@ def _format(info: dict[str, Any]) -> str:
     keys: tuple[str, ...] = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages",
                              "recompute", "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce",
                              "tp_comm_overlap", "overlap_param_gather", "flash_attention", "loss_chunks",
-                             "blocking_p2p", "partition")
+                             "fused_head_loss", "blocking_p2p", "partition")
     net = info.get("supernet")
     if net is not None:
         keys = ("dp", "pp", "micro_batch_size", "global_batch_size", "subnet_schedule", "subnet_window", "partition")
