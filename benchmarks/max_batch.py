@@ -14,8 +14,7 @@ throughput at ``vpipe``'s and at ``pipedream``'s maximum batch. Issue 16's targe
 ≥ 4× ``pipedream`` and ≥ 1.5× ``vpipe`` in maximum batch, and ≥ 1.2× ``vpipe``'s throughput at
 ``vpipe``'s maximum batch. Every figure is reported, met or not. Each table is made with three
 losses, the same for every planner (``LOSSES``): torch's cross-entropy, the loss upcast in 16
-pieces (``loss_chunks``), and the LM head fused into those pieces (``fused_head_loss``, tp = 1
-setups only).
+pieces (``loss_chunks``), and the LM head fused into those pieces (``fused_head_loss``).
 
 Tuner check: ``mindpipe tune`` for gpt3-175b on 1,024 A100-40GB (global batch 1536, tp = 8 without
 sequence parallelism, so that keeping every activation does not always fit; ZeRO-1, 1F1B;
@@ -53,8 +52,8 @@ PLANNERS = ("even", "pipedream", "vpipe", "dawnpiper")
 # Every table is made three times: with torch's cross-entropy, whose fp32 log-softmax and backward
 # gradients are the last stage's largest tensors at a 50k vocabulary; with the loss upcast in
 # pieces (plan key ``loss_chunks``); and with the LM head's GEMM fused into those pieces (plan key
-# ``fused_head_loss``: no logits kept; tp = 1 setups only, the vocabulary-parallel head is not
-# fused). The same loss for every planner of a table.
+# ``fused_head_loss``: no logits kept; vocabulary-parallel under TP). The same loss for every
+# planner of a table.
 LOSS_CHUNKS = 16
 LOSSES: dict[str, dict[str, Any]] = {
     "torch's cross-entropy": {},
@@ -176,8 +175,6 @@ def main() -> None:
     tables: dict[str, dict[str, Any]] = {loss: {} for loss in LOSSES}
     for label, (model, cluster, fixes) in ({} if args.only_tuner else SETUPS).items():
         for loss, extra in LOSSES.items():
-            if extra.get("fused_head_loss") and fixes["tp"] > 1:
-                continue  # fused_head_loss needs tp = 1 (traces.config.fused_head_loss_refusal)
             table = tables[loss]
             table[label] = planner_table(model, cluster, {**fixes, **extra})
             print(f"{label} [{loss}]", json.dumps(table[label]["ratios"]), json.dumps(table[label]["targets_met"]), flush=True)

@@ -109,6 +109,8 @@ FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
                         "loss_chunks": 8, "fused_head_loss": True, "precision": "bf16"}),
     ("gpt-tiny-8k", 2, {"dp": 2, "micro_batch_size": 4, "global_batch_size": 16, "zero_stage": 3,
                         "loss_chunks": 8, "fused_head_loss": True, **FP32}),
+    ("gpt-tiny-8k", 2, {"tp": 2, "micro_batch_size": 4, "global_batch_size": 16, "sequence_parallel": True,
+                        "loss_chunks": 8, "fused_head_loss": True, **FP32}),
 ]
 # (model, ranks, plan at micro-batch size 1, budget GiB): the batch search at a budget.
 BUDGET: list[tuple[str, int, dict[str, Any], float]] = [

@@ -119,6 +119,14 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
     if stage.lm_head is not None and stage.final_norm is not None:
         if sp:
             parallelize_module(stage.final_norm, tp_mesh, SequenceParallel())
+        if stage.fused_head:
+            # fused_head_loss: the loss runs the head's GEMM over its rows itself, vocabulary-parallel
+            # (mindpipe.traces.torch_head_loss), on the final norm's output (a sequence shard under SP).
+            out: Any = stage.lm_head.out
+            out.weight = nn.Parameter(distribute_tensor(out.weight.data, tp_mesh, [Shard(0)]))
+            stage.lm_head.shard = _vocab_shard(out.weight, tp_mesh)
+            stage.lm_head.sequence_parallel = sp
+            return
         parallelize_module(stage.lm_head, tp_mesh, {
             "out": ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=True)})
         _vocab_shard(stage.lm_head.out.weight, tp_mesh)

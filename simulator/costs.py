@@ -145,7 +145,11 @@ def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> d
     all-reduces of one fp32 value per token in the forward (row maximum, target logit, sum of
     exponentials), none in the backward. The executor's embedding all-reduces and then cuts the
     sequence under sequence parallelism (:func:`mindpipe.traces.torch_gpt.vocab_parallel_embedding`):
-    twice a reduce-scatter's bytes, once per micro-batch.
+    twice a reduce-scatter's bytes, once per micro-batch. The LM head fused into the loss
+    (``fused_head_loss``, :mod:`mindpipe.traces.torch_head_loss`): per piece, the row maximum and the
+    sum of exponentials in the forward and again in the backward, the loss's sum once; the input
+    gradient's partial sums all-reduced, or under sequence parallelism the input all-gathered in
+    the forward and again in the backward and its gradient reduce-scattered.
     """
     if plan.tp == 1:
         return {}
@@ -155,7 +159,13 @@ def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> d
         emb = [Collective("reducescatter", nbytes)], [Collective("allgather", nbytes)]
     else:
         emb = [Collective("allreduce", nbytes)], []
-    return {"embedding": emb, "lm_head": ([Collective("allreduce", 4 * tokens)] * 3, [])}
+    if not plan.fused_head_loss:
+        return {"embedding": emb, "lm_head": ([Collective("allreduce", 4 * tokens)] * 3, [])}
+    c = plan.loss_chunks
+    pieces = [Collective("allreduce", 4 * tokens / c)] * (2 * c)
+    gather = [Collective("allgather", nbytes)] if plan.sequence_parallel else []
+    grad = Collective("reducescatter" if plan.sequence_parallel else "allreduce", nbytes)
+    return {"embedding": emb, "lm_head": (gather + pieces + [Collective("allreduce", 8)], gather + pieces + [grad])}
 
 
 # The GEMM each TP collective of a block pipelines with under ``tp_comm_overlap``, in the order of

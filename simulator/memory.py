@@ -270,16 +270,19 @@ def loss_transient_bytes(model: Model, plan: Plan, *, seq_len: int | None = None
     before any block of the micro-batch is redone, so it competes with the redone blocks for the
     stage's transient, not on top of them. (Megatron's fused vocabulary-parallel cross-entropy
     works in place and needs less; the executor runs torch's.) Fused with the head
-    (``fused_head_loss``): the head's input and weight gradients it returns, d·(s·b·h + V·h)/t,
-    and one piece's fp32 logits and fp32 softmax, 2·4·s·b·V/(t·c) (the logits in a 16-bit dtype are
-    freed once upcast; :mod:`mindpipe.traces.torch_head_loss`).
+    (``fused_head_loss``): the head's input gradient (all tokens: its partial sum over the
+    vocabulary slice), d·s·b·h, and its weight gradient, d·V·h/t, one piece's fp32 logits and fp32
+    softmax, 2·4·s·b·V/(t·c) (the logits in a 16-bit dtype are freed once upcast), and under
+    sequence parallelism the input all-gathered again, d·s·b·h (:mod:`mindpipe.traces.torch_head_loss`).
     """
     logits = logit_count(model, plan, seq_len=seq_len)
     d = DTYPE_BYTES[plan.precision]
     if plan.fused_head_loss:
         h = model.hidden_size
         tokens = (seq_len or model.seq_len) * plan.micro_batch_size
-        return d * (tokens * h + model.vocab_size * h / plan.tp) + 2 * LOGIT_BYTES * logits / plan.loss_chunks
+        gathered = d * tokens * h if plan.sequence_parallel else 0.0
+        return (d * (tokens * h + model.vocab_size * h / plan.tp) + gathered
+                + 2 * LOGIT_BYTES * logits / plan.loss_chunks)
     if plan.loss_chunks == 1:
         return 2 * LOGIT_BYTES * logits
     return d * logits + 2 * LOGIT_BYTES * logits / plan.loss_chunks

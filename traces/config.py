@@ -441,8 +441,9 @@ class Plan:
     ``fused_head_loss`` runs the LM head's GEMM inside the loss, over the same ``loss_chunks``
     pieces (torchtitan's ``ChunkedLossWrapper``, Liger-Kernel's ``FusedLinearCrossEntropy``;
     :class:`mindpipe.traces.torch_head_loss.LinearCrossEntropy`): no logits are kept at all, and
-    the backward computes each piece's logits again (one more LM-head GEMM). It needs tp = 1, a
-    schedule without a split backward and an untied head (:func:`fused_head_loss_refusal`).
+    the backward computes each piece's logits again (one more LM-head GEMM); vocabulary-parallel
+    under TP. It needs a schedule without a split backward and an untied head
+    (:func:`fused_head_loss_refusal`).
     ``blocking_p2p`` makes every pipeline send blocking for its sender, as Megatron-LM's schedules
     are: ``p2p_communication._communicate`` waits on its batched isend/irecv requests and then
     synchronizes the device (``batch_p2p_sync``), so a rank starts its next action only once its
@@ -517,7 +518,7 @@ class Plan:
             raise ContractError("", "overlap_param_gather", f"overlap_param_gather=true needs zero_stage 1 or 2 "
                                 f"(the distributed optimizer's all-gather), got {self.zero_stage}")
         if self.fused_head_loss:
-            refusal = fused_head_loss_refusal(self.tp, self.schedule)
+            refusal = fused_head_loss_refusal(self.schedule)
             if refusal:
                 raise ContractError("", "fused_head_loss", refusal)
         within_limit("pp", self.num_stages, "pipeline_stages", "pp×virtual_stages")
@@ -719,17 +720,14 @@ def nongemm_refusal(plan: Plan) -> str | None:
     return None
 
 
-def fused_head_loss_refusal(tp: int, schedule: str) -> str | None:
-    """Why a plan with ``tp`` and ``schedule`` cannot fuse the LM head into the loss
-    (``fused_head_loss``), or None (the tuner asks before it builds the plan).
+def fused_head_loss_refusal(schedule: str) -> str | None:
+    """Why a plan with ``schedule`` cannot fuse the LM head into the loss (``fused_head_loss``), or
+    None (the tuner asks before it builds the plan).
 
-    Under TP the head is vocabulary-parallel (Megatron's layout) and the fused loss does not
-    reduce over the group; a split backward (zero-bubble schedules) asks the loss's backward for
-    the input gradient and the weight gradient in two passes, and the fused backward would
-    re-compute every piece's logits in both.
+    A split backward (zero-bubble schedules) asks the loss's backward for the input gradient and
+    the weight gradient in two passes, and the fused backward would re-compute every piece's
+    logits in both.
     """
-    if tp > 1:
-        return f"fused_head_loss=true needs tp=1 (plan has tp={tp}): the vocabulary-parallel head is not fused"
     if schedule in SPLIT_BACKWARD_SCHEDULES:
         return (f"fused_head_loss=true cannot run under schedule {schedule!r}: its split backward would "
                 "re-compute the logits in I and again in W")

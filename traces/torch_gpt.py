@@ -171,16 +171,23 @@ class LMHead(nn.Module):
     the cross-entropy over ``chunks`` pieces of tokens (a plan's ``fused_head_loss``;
     :mod:`mindpipe.traces.torch_head_loss`). The loss is then computed inside this module's
     forward, so a data-parallel wrapper of the head gathers its weight for it as for the logits.
+    Under tensor parallelism the executor sets ``shard`` (the weight is then a ``Shard(0)`` DTensor
+    of this rank's rows) and ``sequence_parallel`` (the input is this rank's sequence shard).
     """
 
     def __init__(self, model: Model) -> None:
         super().__init__()
         self.out = nn.Linear(model.hidden_size, model.vocab_size, bias=False)
+        self.shard: VocabShard | None = None
+        self.sequence_parallel = False
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, chunks: int = 1) -> torch.Tensor:
         if targets is None:
             return self.out(x)
-        return linear_cross_entropy(x, self.out.weight, targets, chunks)
+        w: Any = self.out.weight
+        local_w = w.to_local() if hasattr(w, "to_local") else w
+        local_x = x.to_local() if hasattr(x, "to_local") else x  # type: ignore[operator]
+        return linear_cross_entropy(local_x, local_w, targets, chunks, self.shard, self.sequence_parallel)
 
 
 class GPT(nn.Module):

@@ -276,7 +276,7 @@ class SearchSpace:
                 if self._pinned("overlap_param_gather"):
                     self.rejected[Rule.PLAN] += 1
                 continue
-            if fused and fused_head_loss_refusal(base["tp"], base["schedule"]):  # Plan's rule
+            if fused and fused_head_loss_refusal(base["schedule"]):  # Plan's rule
                 if self._pinned("fused_head_loss"):
                     self.rejected[Rule.PLAN] += 1
                 continue

@@ -2,8 +2,9 @@
 GEMM fused into it piece by piece (:class:`mindpipe.traces.torch_head_loss.LinearCrossEntropy`).
 
 Parity: pp2 1F1B, interleaved pp2, dp2 under ZeRO-3 (the head gathered and resharded by FSDP2
-with the stage) and a Llama under dp2 ZeRO-1 reproduce the single process's losses within 1e-5,
-fused and unfused. Memory: every rank's accounted peak (:mod:`mindpipe.executor.memory_account`)
+with the stage), a Llama under dp2 ZeRO-1 and the vocabulary-parallel head under tp2 (with and
+without sequence parallelism, on an uneven 511-token vocabulary) reproduce the single process's
+losses within 1e-5, fused and unfused. Memory: every rank's accounted peak (:mod:`mindpipe.executor.memory_account`)
 is the simulator's within 1 %, and under bf16 the last stage no longer holds the logits
 (d·s·b·V per micro-batch) that ``loss_chunks`` alone keeps.
 """
@@ -22,6 +23,8 @@ from .test_exec_parity import assert_parity, reference
 
 # V = 512: the loss's tensors are the largest the last stage holds.
 WIDE: dict[str, Any] = {**TINY, "vocab_size": 512, "name": "tiny4-v512"}
+# V = 511 over tp 2: rows 0..255 and 256..510, an uneven vocabulary as GPT-2's.
+ODD: dict[str, Any] = {**TINY, "vocab_size": 511, "name": "tiny4-v511"}
 LLAMA: dict[str, Any] = {"kind": "llama", "num_layers": 4, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
                          "ffn_hidden_size": 64, "seq_len": 16, "vocab_size": 512, "name": "llama-tiny4-v512"}
 FUSED = {"precision": "fp32", "loss_chunks": 4, "fused_head_loss": True}
@@ -32,6 +35,9 @@ PLANS = {
     "dp2_zero3": ({"dp": 2, "zero_stage": 3, "micro_batch_size": 2, "global_batch_size": 8, **FUSED}, WIDE),
     "llama_dp2_zero1": ({"dp": 2, "zero_stage": 1, "micro_batch_size": 2, "global_batch_size": 8, **FUSED,
                          "loss_chunks": 3}, LLAMA),
+    "tp2": ({"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, **FUSED}, ODD),
+    "tp2_sequence_parallel": ({"tp": 2, "sequence_parallel": True, "micro_batch_size": 2, "global_batch_size": 8,
+                               **FUSED}, ODD),
 }
 
 

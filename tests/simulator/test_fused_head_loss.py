@@ -81,8 +81,7 @@ def test_a_trace_prices_the_rerun_of_the_whole_head_forward():
 
 
 def test_fused_head_loss_rules():
-    with pytest.raises(ContractError, match="fused_head_loss=true needs tp=1"):
-        Plan(tp=2, fused_head_loss=True)
+    check_plan(Plan(tp=2, sequence_parallel=True, fused_head_loss=True), MODEL)  # vocabulary-parallel
     with pytest.raises(ContractError, match="cannot run under schedule 'zb_h1'"):
         Plan(pp=2, micro_batch_size=1, global_batch_size=2, schedule="zb_h1", fused_head_loss=True)
     with pytest.raises(ContractError, match=r"fused_head_loss=.* must be true or false"):
@@ -111,7 +110,24 @@ def test_the_tuner_searches_it_only_when_pinned():
     assert {p["fused_head_loss"] for p in _points()} == {False}
     both = _points("fused_head_loss=false,true")
     assert {p["fused_head_loss"] for p in both} == {False, True}
-    # The fused points are those its rules allow: tp = 1, no split backward.
-    assert all(p["tp"] == 1 and p["schedule"] not in ("zb_h1", "zbv", "dualpipev") for p in both if p["fused_head_loss"])
+    # The fused points are those its rules allow: no split backward; vocabulary-parallel under TP.
+    fused = [p for p in both if p["fused_head_loss"]]
+    assert all(p["schedule"] not in ("zb_h1", "zbv", "dualpipev") for p in fused) and {p["tp"] for p in fused} > {1}
+    assert {p["schedule"] for p in both if not p["fused_head_loss"]} >= {"zb_h1"}
     pinned = _points("fused_head_loss=true")
-    assert pinned and all(p["fused_head_loss"] and p["tp"] == 1 for p in pinned)
+    assert pinned and all(p["fused_head_loss"] for p in pinned)
+
+
+def test_tensor_parallel_collectives_of_the_fused_head():
+    from mindpipe.simulator.costs import vocab_collectives
+
+    plan = Plan(tp=2, micro_batch_size=2, global_batch_size=2, loss_chunks=4, fused_head_loss=True)
+    fwd, bwd = vocab_collectives(MODEL, plan)["lm_head"]
+    hidden = 2 * 32 * 64 * 2  # tokens × h × bf16
+    assert [c.op for c in fwd] == ["allreduce"] * 9 and sum(c.nbytes for c in fwd[:-1]) == 2 * 4 * 64
+    assert bwd[-1].op == "allreduce" and bwd[-1].nbytes == hidden  # the input gradient's partial sums
+    sp = dataclasses.replace(plan, sequence_parallel=True)
+    fwd, bwd = vocab_collectives(MODEL, sp)["lm_head"]
+    assert (fwd[0].op, bwd[0].op, bwd[-1].op) == ("allgather", "allgather", "reducescatter")
+    # Memory: the input all-gathered again in the backward under sequence parallelism.
+    assert loss_transient_bytes(MODEL, sp) - loss_transient_bytes(MODEL, plan) == hidden
