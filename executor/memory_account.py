@@ -148,38 +148,41 @@ class _CountedLoss(torch.autograd.Function):
 
     The forward builds the loss's graph on a detached alias of the logits (same storage; what
     the loss saves passes the account's saved-tensor hooks as before) and the backward walks it
-    with ``torch.autograd.backward`` inside the mode: autograd restores each node's thread-local
-    state, so a mode must live inside one node to see the loss's whole backward. ``backward``,
-    not ``grad``: a loss that holds parameters (the LM head fused into it, ``fused_head_loss``)
-    accumulates their gradients as any backward does; the alias's gradient is the input's. The
-    exception is torch's one-time metadata inference (the account is paused then), which asks for
-    the stage inputs' gradients only, from a forward of uninitialised tensors: nothing may reach
-    the parameters' gradients there.
+    with ``torch.autograd.grad`` inside the mode: autograd restores each node's thread-local
+    state, so a mode must live inside one node to see the loss's whole backward.
+
+    A loss that holds parameters (``with_weights``: the LM head fused into it, ``fused_head_loss``)
+    is walked with ``torch.autograd.backward`` instead, so that their gradients accumulate as in
+    any backward (the alias's gradient is the input's), after re-reading the weights FSDP2's
+    pre-backward hook has just gathered for it (under ZeRO-3). The exception is torch's one-time
+    metadata inference (the account is paused then), which asks for the stage inputs' gradients
+    only, from a forward of uninitialised tensors: nothing may reach the parameters' gradients there.
     """
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor,
-                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], account: MemoryAccount) -> torch.Tensor:
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], account: MemoryAccount,
+                with_weights: bool) -> torch.Tensor:
         x = logits.detach().requires_grad_(True)
         with torch.enable_grad():
             loss = loss_fn(x, targets)
-        ctx.inner, ctx.account = (x, loss), account
+        ctx.inner, ctx.account, ctx.with_weights = (x, loss), account, with_weights
         return loss.detach()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         x, loss = ctx.inner
         del ctx.inner
-        # FSDP2's pre-backward hook (on the stage's output) has just gathered what the loss's
-        # backward needs (a fused head's weight under ZeRO-3): count it with the temporaries.
-        ctx.account.refresh_gathered()
+        accumulate = ctx.with_weights and not ctx.account.paused_now
+        if accumulate:
+            ctx.account.refresh_gathered()
         with _AllOutputs(ctx.account):
-            if ctx.account.paused_now:
-                (g,) = torch.autograd.grad(loss, x, grad)
-            else:
+            if accumulate:
                 torch.autograd.backward(loss, grad)
                 g, x.grad = x.grad, None
-        return g, None, None, None
+            else:
+                (g,) = torch.autograd.grad(loss, x, grad)
+        return g, None, None, None, None
 
 
 class MemoryAccount:
@@ -398,17 +401,18 @@ class MemoryAccount:
         s = _storage(t)
         return s is not None and s[0] in self._counts["activations"]
 
-    def counting_loss(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-                      ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def counting_loss(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                      with_weights: bool = False) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """``loss_fn`` with its backward's temporaries counted as transient.
 
         Every tensor an operator makes in the loss's backward, down to the logits' gradient, is
         transient until freed (torch's cross-entropy: the NLL's and the log-softmax's fp32
         gradients; a chunked loss: its gradient and each piece's fp32 work): the simulator prices
-        the same (:func:`mindpipe.simulator.memory.loss_transient_bytes`).
+        the same (:func:`mindpipe.simulator.memory.loss_transient_bytes`). ``with_weights``: the
+        loss holds parameters whose gradients it must accumulate (a fused head, :class:`_CountedLoss`).
         """
         def counted(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = _CountedLoss.apply(logits, targets, loss_fn, self)
+            out: torch.Tensor = _CountedLoss.apply(logits, targets, loss_fn, self, with_weights)
             return out
 
         return counted

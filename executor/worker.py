@@ -167,7 +167,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     shard = VocabShard.of(model.vocab_size, mesh.get_group("tp")) if plan.tp > 1 else None
     for mod in parts:  # a fused head's loss runs in the last stage's forward: count its backward there
         if mod.head_loss is not None:
-            mod.head_loss = memory.counting_loss(mod.head_loss)
+            mod.head_loss = memory.counting_loss(mod.head_loss, with_weights=True)
     schedule, orders = make_schedule(plan, stages, pre.schedule_source, memory.counting_loss, shard)
     try:
         optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
