@@ -8,9 +8,11 @@ model is involved. Parameters and output bytes are counted on the rank's own ten
 What cannot be split is not split by guess: under a split backward torch runs the first stage's
 whole backward in its W actions, so that stage's layers keep their whole backward in
 ``backward_input_s`` with ``backward_weight_s`` 0 (the trace contract's convention for a backward
-that was not split), and the provenance notes name them. A layer with no segment of a phase
-(a hook that never fired) gets 0 there and is named in the notes too; ``stats`` gives the sample
-count and inter-quartile range of each phase.
+that was not split), and the provenance notes name them. The LM head fused into the loss
+(``fused_head_loss``) takes its weight gradient in the loss's backward, in I: its W is 0 by
+construction, not untimed. Any other layer with no segment of a phase (a hook that never fired)
+gets 0 there and is named in the notes too; ``stats`` gives the sample count and inter-quartile
+range of each phase.
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ def _median(name: str, phase: str, values: list[float] | None, stats: dict[str, 
     return median
 
 
-def layer_table(payloads: list[RankPayload]) -> LayerTable:
-    """The per-layer records of a run from every rank's payload (see module docstring)."""
+def layer_table(payloads: list[RankPayload], fused_head: bool = False) -> LayerTable:
+    """The per-layer records of a run from every rank's payload (see module docstring);
+    ``fused_head``: the plan's ``fused_head_loss``."""
     samples = _samples(payloads)
     split = any(got.get("backward_weight") for got in samples.values())
     records: list[LayerRecord] = []
@@ -87,6 +90,8 @@ def layer_table(payloads: list[RankPayload]) -> LayerTable:
         if got.get("backward") and not (bi and bw):  # a whole backward: a B, or a first stage's W
             bi, bw = got["backward"], None
             whole += [info.name] if split else []
+        elif fused_head and info.kind == "lm_head":
+            bw = None  # its weight gradient is part of its I (the fused loss's one backward pass)
         stats: dict[str, float] = {}
         records.append(LayerRecord(
             name=info.name, kind=info.kind, forward_s=_median(info.name, "forward", got.get("forward", []), stats, untimed),

@@ -147,7 +147,7 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], back
     plan, model = cfg.plan, cfg.model
     payloads = sorted(payloads, key=lambda p: p.rank)
     measurement = _measurement(cfg, pre, payloads, backend, device, spec, timeline_file)
-    table = layer_table(payloads)
+    table = layer_table(payloads, fused_head=plan.fused_head_loss)
     notes = [f"measured with mindpipe run: {plan.world_size} ranks, schedule {plan.schedule} ({pre.schedule_source})"]
     if plan.recompute != "none" or plan.layer_memory_policy:
         notes.append(f"recompute={plan.recompute}: backward times include the recomputed forward")

@@ -453,8 +453,13 @@ class StageMemoryModel:
             swap_back = self.largest_saved_bytes() if "swap" in policies else 0.0
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
-            # of the stage's intermediate outputs that W needs): d·s·b·V/t until W.
-            grad = DTYPE_BYTES[plan.precision] * logit_count(model, plan, seq_len=self.seq_len) if has_head else 0.0
+            # of the stage's intermediate outputs that W needs): d·s·b·V/t until W. A head fused
+            # into the loss takes its dW in I instead and releases its input there.
+            d = DTYPE_BYTES[plan.precision]
+            grad = d * logit_count(model, plan, seq_len=self.seq_len) if has_head else 0.0
+            if has_head and plan.fused_head_loss:
+                seq_shard = plan.tp if plan.sequence_parallel else 1
+                grad = -d * (self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size / seq_shard
             return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss),
                                reruns + swap_back, acts - logits + grad)
         redone = self.redone_bytes(policies, parts, head)

@@ -20,6 +20,7 @@ backward recomputes the scores (2.5× the forward FLOPs: five s²-sized matmuls 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from mindpipe.traces.config import Model
@@ -307,11 +308,13 @@ def fused_head_loss_ops(tokens: int, v_local: int, hidden: int, chunks: int, dty
     (:class:`mindpipe.traces.torch_head_loss.LinearCrossEntropy`).
 
     Per piece of n tokens: the forward is the head's ``[n, h]×[h, V]`` GEMM and
-    :func:`cross_entropy_ops`'s forward kernels; the backward (input-gradient phase) runs both
-    again — the logits are not kept — then the loss's backward kernels and the head's input
-    gradient; the weight-gradient phase holds the head's weight gradient, one ``[h, n]×[n, V]``
-    GEMM per piece accumulated in place. Against the unfused head: one more head GEMM and one more
-    pass of the loss's forward kernels per micro-batch, and GEMMs of n = tokens/chunks rows.
+    :func:`cross_entropy_ops`'s forward kernels; the backward runs both again — the logits are not
+    kept — then the loss's backward kernels, the head's input gradient and its weight gradient,
+    one ``[h, n]×[n, V]`` GEMM per piece accumulated in place. All of it is one pass (the
+    input-gradient phase): the weight gradient needs each piece's logit gradient, which is not
+    kept, so a split backward's W has nothing of the head left to do. Against the unfused head:
+    one more head GEMM and one more pass of the loss's forward kernels per micro-batch, and GEMMs
+    of n = tokens/chunks rows.
     """
     out: list[Op] = []
     for piece in (tokens // chunks + (1 if k < tokens % chunks else 0) for k in range(chunks)):
@@ -319,7 +322,8 @@ def fused_head_loss_ops(tokens: int, v_local: int, hidden: int, chunks: int, dty
         forward = [o for o in ops if o.phase == "forward"]
         rerun = [Op(o.name + "_rerun", "backward_input", o.kind, o.flops, o.bytes, o.gemm_mnk, o.batch,
                     out_bytes=o.out_bytes) for o in forward]
-        out += forward + rerun + [o for o in ops if o.phase != "forward"]
+        backward = [dataclasses.replace(o, phase="backward_input") for o in ops if o.phase != "forward"]
+        out += forward + rerun + backward
     return out
 
 

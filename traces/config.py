@@ -441,9 +441,9 @@ class Plan:
     ``fused_head_loss`` runs the LM head's GEMM inside the loss, over the same ``loss_chunks``
     pieces (torchtitan's ``ChunkedLossWrapper``, Liger-Kernel's ``FusedLinearCrossEntropy``;
     :class:`mindpipe.traces.torch_head_loss.LinearCrossEntropy`): no logits are kept at all, and
-    the backward computes each piece's logits again (one more LM-head GEMM); vocabulary-parallel
-    under TP. It needs a schedule without a split backward and an untied head
-    (:func:`fused_head_loss_refusal`).
+    the backward computes each piece's logits again (one more LM-head GEMM) and takes the head's
+    weight gradient in the same pass (under a split backward, in I); vocabulary-parallel under TP.
+    It needs an untied head (:func:`check_plan`).
     ``blocking_p2p`` makes every pipeline send blocking for its sender, as Megatron-LM's schedules
     are: ``p2p_communication._communicate`` waits on its batched isend/irecv requests and then
     synchronizes the device (``batch_p2p_sync``), so a rank starts its next action only once its
@@ -517,10 +517,6 @@ class Plan:
             # also asks for --overlap-grad-reduce; the two are separate mechanisms here.
             raise ContractError("", "overlap_param_gather", f"overlap_param_gather=true needs zero_stage 1 or 2 "
                                 f"(the distributed optimizer's all-gather), got {self.zero_stage}")
-        if self.fused_head_loss:
-            refusal = fused_head_loss_refusal(self.schedule)
-            if refusal:
-                raise ContractError("", "fused_head_loss", refusal)
         within_limit("pp", self.num_stages, "pipeline_stages", "pp×virtual_stages")
         # m >= 1 here: global_batch_size is a positive multiple of micro_batch_size×dp.
         within_limit("global_batch_size", self.num_microbatches, "micro_batches", "m")
@@ -720,20 +716,6 @@ def nongemm_refusal(plan: Plan) -> str | None:
     return None
 
 
-def fused_head_loss_refusal(schedule: str) -> str | None:
-    """Why a plan with ``schedule`` cannot fuse the LM head into the loss (``fused_head_loss``), or
-    None (the tuner asks before it builds the plan).
-
-    A split backward (zero-bubble schedules) asks the loss's backward for the input gradient and
-    the weight gradient in two passes, and the fused backward would re-compute every piece's
-    logits in both.
-    """
-    if schedule in SPLIT_BACKWARD_SCHEDULES:
-        return (f"fused_head_loss=true cannot run under schedule {schedule!r}: its split backward would "
-                "re-compute the logits in I and again in W")
-    return None
-
-
 def stage_layers(plan: Plan, model: Model) -> list[int]:
     """Layers per virtual stage: the plan's partition, or an even split."""
     return list(plan.partition) if plan.partition is not None else even_partition(model.num_layers, plan.num_stages)
@@ -760,7 +742,6 @@ __all__ = [
     "check_plan_key",
     "check_precision",
     "even_partition",
-    "fused_head_loss_refusal",
     "knob_value",
     "nongemm_refusal",
     "plan_value",

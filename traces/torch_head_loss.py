@@ -14,7 +14,10 @@ unfused head keeps as well), the weight (a parameter) and the integer targets. I
 re-computes each piece's logits — one more ``[N/c, h]×[h, V]`` GEMM per piece, the price of the
 memory (torchtitan and Liger instead run the head's backward inside the loss's forward, which
 needs no re-computation but moves the head's weight gradient into the forward; a pipeline
-schedule's F, B and W would then no longer be what the simulator's split of the head says).
+schedule's F, B and W would then no longer be what the simulator's split of the head says). The
+weight gradient is taken in the same backward pass as the input gradient — it needs each piece's
+logit gradient, which is not kept — so under a split backward (zero-bubble schedules) the head's
+W is done in I (:func:`mindpipe.simulator.ops.fused_head_loss_ops` prices it there).
 
 Memory, per micro-batch (N tokens, V logits per token, h hidden, d bytes per element of the
 compute dtype, c pieces; :func:`mindpipe.simulator.memory.loss_transient_bytes` prices the same):

@@ -43,7 +43,6 @@ from mindpipe.traces.config import (
     Model,
     check_plan,
     check_precision,
-    fused_head_loss_refusal,
 )
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet
@@ -274,10 +273,6 @@ class SearchSpace:
                 continue
             if opg and zero not in (1, 2):  # no distributed-optimizer all-gather to overlap (Plan's rule)
                 if self._pinned("overlap_param_gather"):
-                    self.rejected[Rule.PLAN] += 1
-                continue
-            if fused and fused_head_loss_refusal(base["schedule"]):  # Plan's rule
-                if self._pinned("fused_head_loss"):
                     self.rejected[Rule.PLAN] += 1
                 continue
             point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,

@@ -1,7 +1,7 @@
 """``Plan.fused_head_loss`` in the executor: the last stage's forward ends in the loss, the LM head's
 GEMM fused into it piece by piece (:class:`mindpipe.traces.torch_head_loss.LinearCrossEntropy`).
 
-Parity: pp2 1F1B, interleaved pp2, dp2 under ZeRO-3 (the head gathered and resharded by FSDP2
+Parity: pp2 1F1B, interleaved pp2, zero-bubble pp2 (``zb_h1``, ``zbv``), dp2 under ZeRO-3 (the head gathered and resharded by FSDP2
 with the stage), a Llama under dp2 ZeRO-1 and the vocabulary-parallel head under tp2 (with and
 without sequence parallelism, on an uneven 511-token vocabulary) reproduce the single process's
 losses within 1e-5, fused and unfused. Memory: every rank's accounted peak (:mod:`mindpipe.executor.memory_account`)
@@ -30,6 +30,10 @@ LLAMA: dict[str, Any] = {"kind": "llama", "num_layers": 4, "hidden_size": 32, "n
 FUSED = {"precision": "fp32", "loss_chunks": 4, "fused_head_loss": True}
 PLANS = {
     "pp2_1f1b": ({"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, **FUSED}, WIDE),
+    # Zero-bubble: the fused loss's backward takes the head's weight gradient in I; W has none of it.
+    "pp2_zb_h1": ({"pp": 2, "schedule": "zb_h1", "micro_batch_size": 2, "global_batch_size": 8, **FUSED}, WIDE),
+    "pp2_zbv": ({"pp": 2, "schedule": "zbv", "virtual_stages": 2, "micro_batch_size": 1, "global_batch_size": 4,
+                 **FUSED}, WIDE),
     "pp2_interleaved": ({"pp": 2, "virtual_stages": 2, "schedule": "interleaved_1f1b", "micro_batch_size": 1,
                          "global_batch_size": 4, **FUSED}, WIDE),
     "dp2_zero3": ({"dp": 2, "zero_stage": 3, "micro_batch_size": 2, "global_batch_size": 8, **FUSED}, WIDE),

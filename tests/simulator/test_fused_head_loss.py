@@ -31,8 +31,9 @@ def test_fused_ops_run_the_head_gemm_again_in_the_backward():
     ops = fused_head_loss_ops(tokens, v, h, 3)
     gemm = 2.0 * tokens * v * h
     assert _gemm_flops(ops, "forward") == pytest.approx(gemm)
-    assert _gemm_flops(ops, "backward_input") == pytest.approx(2 * gemm)  # the logits again, then dX
-    assert _gemm_flops(ops, "backward_weight") == pytest.approx(gemm)
+    # One backward pass: the logits again, dX and dW (a split backward's W has none of the head).
+    assert _gemm_flops(ops, "backward_input") == pytest.approx(3 * gemm)
+    assert _gemm_flops(ops, "backward_weight") == 0
     assert sum(o.kind == "gemm" and o.phase == "forward" for o in ops) == 3  # one GEMM per piece
     assert [o.gemm_mnk for o in ops if o.kind == "gemm" and o.phase == "forward"] == [(34, v, h), (33, v, h), (33, v, h)]
     plain = cross_entropy_ops(tokens, v)
@@ -62,9 +63,23 @@ def test_fused_loss_lowers_the_last_stage_peak_and_costs_one_head_gemm():
     assert chunked_mem[1].activations_bytes - fused_mem[1].activations_bytes == 2 * logits  # bf16 logits
     roof = RooflineComputeModel(A100)
     head, head_f = roof.layer_costs(MODEL, plan)[-1], roof.layer_costs(MODEL, fused)[-1]
-    assert head_f.backward_input_s > head.backward_input_s
-    # The same dW FLOPs, but each piece reads and writes the [V, h] accumulator again.
-    assert head_f.backward_weight_s >= head.backward_weight_s
+    assert head_f.backward_weight_s == 0
+    assert head_f.backward_input_s > head.backward_input_s + head.backward_weight_s  # the head GEMM again
+
+
+def test_under_a_split_backward_the_fused_head_frees_its_input_at_i():
+    """zb_h1: I takes the fused head's dW, so the last stage keeps neither the logits' gradient (the
+    unfused head's, for W) nor the head's input until W."""
+    from mindpipe.simulator.memory import StageMemoryModel
+
+    plan = Plan(pp=2, global_batch_size=4, micro_batch_size=2, loss_chunks=4, schedule="zb_h1")
+    fused = dataclasses.replace(plan, fused_head_loss=True)
+    for p in (plan, fused):
+        terms = StageMemoryModel(MODEL, p, A100, 0.0, None, split_backward=True).stage(["none"] * 2, False, True)
+        logits, grad = head_logit_bytes(MODEL, p), 2 * 32 * 2 * 1000
+        head_input = 2 * 32 * 2 * 64
+        want = terms.per_microbatch_bytes - (head_input if p.fused_head_loss else logits - grad)
+        assert terms.after_input_bytes == want
 
 
 def test_a_trace_prices_the_rerun_of_the_whole_head_forward():
@@ -82,8 +97,7 @@ def test_a_trace_prices_the_rerun_of_the_whole_head_forward():
 
 def test_fused_head_loss_rules():
     check_plan(Plan(tp=2, sequence_parallel=True, fused_head_loss=True), MODEL)  # vocabulary-parallel
-    with pytest.raises(ContractError, match="cannot run under schedule 'zb_h1'"):
-        Plan(pp=2, micro_batch_size=1, global_batch_size=2, schedule="zb_h1", fused_head_loss=True)
+    check_plan(Plan(pp=2, micro_batch_size=1, global_batch_size=2, schedule="zb_h1", fused_head_loss=True), MODEL)
     with pytest.raises(ContractError, match=r"fused_head_loss=.* must be true or false"):
         Plan(fused_head_loss=1)  # type: ignore[arg-type]
     tied = Model(kind="llama", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, ffn_hidden_size=128,
@@ -110,10 +124,8 @@ def test_the_tuner_searches_it_only_when_pinned():
     assert {p["fused_head_loss"] for p in _points()} == {False}
     both = _points("fused_head_loss=false,true")
     assert {p["fused_head_loss"] for p in both} == {False, True}
-    # The fused points are those its rules allow: no split backward; vocabulary-parallel under TP.
     fused = [p for p in both if p["fused_head_loss"]]
-    assert all(p["schedule"] not in ("zb_h1", "zbv", "dualpipev") for p in fused) and {p["tp"] for p in fused} > {1}
-    assert {p["schedule"] for p in both if not p["fused_head_loss"]} >= {"zb_h1"}
+    assert {p["tp"] for p in fused} > {1} and {p["schedule"] for p in fused} >= {"zb_h1", "1f1b"}
     pinned = _points("fused_head_loss=true")
     assert pinned and all(p["fused_head_loss"] for p in pinned)
 
