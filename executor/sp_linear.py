@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from mindpipe.traces.torch_head_loss import gather_sequence
 from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.distributed.device_mesh import DeviceMesh
@@ -51,9 +52,7 @@ class _Kept:
         """The whole input, all-gathered from the shards; released after the last linear's backward."""
         full = self.full
         if full is None:
-            parts = [torch.empty_like(shard) for _ in range(dist.get_world_size(self.group))]
-            dist.all_gather(parts, shard.contiguous(), group=self.group)
-            full = torch.cat(parts, dim=1)
+            full = gather_sequence(shard, self.group)
         self.used += 1
         self.full = None if self.used >= self.consumers else full
         return full

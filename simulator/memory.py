@@ -233,10 +233,14 @@ def head_activation_bytes(model: Model, plan: Plan, *, seq_len: int | None = Non
     fp32 softmax of the vocabulary-sharded logits (:func:`head_logit_bytes`): Korthikanti §4.3's
     4·s·b·h/t·(1 + V/h) at d = 2 with sequence parallelism.
     """
-    s, b, h = seq_len or model.seq_len, plan.micro_batch_size, model.hidden_size
+    return 2 * head_input_bytes(model, plan, seq_len=seq_len) + head_logit_bytes(model, plan, seq_len=seq_len)
+
+
+def head_input_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
+    """The LM head's saved input per micro-batch, d·s·b·h (÷t with sequence parallelism: the rank's
+    shard); the final LayerNorm keeps as much again."""
     seq_shard = plan.tp if plan.sequence_parallel else 1
-    d = DTYPE_BYTES[plan.precision]
-    return 2 * d * s * b * h / seq_shard + head_logit_bytes(model, plan, seq_len=seq_len)
+    return DTYPE_BYTES[plan.precision] * (seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size / seq_shard
 
 
 def head_logit_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
@@ -455,13 +459,12 @@ class StageMemoryModel:
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
             # of the stage's intermediate outputs that W needs): d·s·b·V/t until W. A head fused
             # into the loss takes its dW in I instead and releases its input there.
-            d = DTYPE_BYTES[plan.precision]
-            grad = d * logit_count(model, plan, seq_len=self.seq_len) if has_head else 0.0
-            if has_head and plan.fused_head_loss:
-                seq_shard = plan.tp if plan.sequence_parallel else 1
-                grad = -d * (self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size / seq_shard
+            until_w = 0.0
+            if has_head:
+                until_w = (-head_input_bytes(model, plan, seq_len=self.seq_len) if plan.fused_head_loss
+                           else DTYPE_BYTES[plan.precision] * logit_count(model, plan, seq_len=self.seq_len))
             return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss),
-                               reruns + swap_back, acts - logits + grad)
+                               reruns + swap_back, acts - logits + until_w)
         redone = self.redone_bytes(policies, parts, head)
         return _StageTerms(acts, sum(layers), max(layers, default=0), max(redone, loss), redone, acts)
 
@@ -680,6 +683,7 @@ __all__ = [
     "embedding_activation_bytes",
     "fits_in_memory",
     "head_activation_bytes",
+    "head_input_bytes",
     "head_logit_bytes",
     "logit_count",
     "loss_transient_bytes",

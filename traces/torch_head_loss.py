@@ -64,8 +64,9 @@ def _pieces(flat: torch.Tensor, chunks: int) -> tuple[torch.Tensor, ...]:
     return torch.tensor_split(flat, chunks)
 
 
-def _gather_sequence(shard: torch.Tensor, group: Any) -> torch.Tensor:
-    """``[b, s/t, h]`` shards of the group → the whole ``[b, s, h]`` (rank order along dim 1)."""
+def gather_sequence(shard: torch.Tensor, group: Any) -> torch.Tensor:
+    """``[b, s/t, h]`` shards of the group → the whole ``[b, s, h]`` (rank order along dim 1): the
+    sequence-parallel all-gather of a saved shard (here and :mod:`mindpipe.executor.sp_linear`)."""
     parts = [torch.empty_like(shard) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, shard.contiguous(), group=group)
     return torch.cat(parts, dim=1)
@@ -102,7 +103,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunks: int,
                 shard: VocabShard | None = None, sequence_parallel: bool = False) -> torch.Tensor:
         """The mean over all tokens of the pieces' fp32 cross-entropies (autograd is off here)."""
-        full = _gather_sequence(hidden, shard.group) if shard is not None and sequence_parallel else hidden
+        full = gather_sequence(hidden, shard.group) if shard is not None and sequence_parallel else hidden
         flat, flat_targets = full.reshape(-1, full.shape[-1]), targets.reshape(-1)
         ctx.save_for_backward(hidden, weight, flat_targets)
         ctx.chunks, ctx.shard, ctx.sequence_parallel = chunks, shard, sequence_parallel
@@ -129,7 +130,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         hidden, weight, targets = ctx.saved_tensors
         shard: VocabShard | None = ctx.shard
         sp = shard is not None and ctx.sequence_parallel
-        full = _gather_sequence(hidden, shard.group) if sp else hidden  # type: ignore[union-attr]
+        full = gather_sequence(hidden, shard.group) if sp else hidden  # type: ignore[union-attr]
         flat = full.reshape(-1, full.shape[-1])
         grad_full = torch.empty_like(flat)
         grad_weight = torch.zeros_like(weight)
@@ -169,4 +170,4 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     return out
 
 
-__all__ = ["LinearCrossEntropy", "linear_cross_entropy"]
+__all__ = ["LinearCrossEntropy", "gather_sequence", "linear_cross_entropy"]
