@@ -88,11 +88,20 @@ def _storage(t: torch.Tensor) -> tuple[int, int] | None:
     return (st.data_ptr(), st.nbytes()) if st.nbytes() else None
 
 
+def fsdp_param_groups(state: Any) -> list[Any]:
+    """The parameter groups of one FSDP2 state (``fully_shard``'s or ``replicate``'s): torch ≥ 2.12
+    keeps a list ``_fsdp_param_groups``, earlier releases one ``_fsdp_param_group`` (or None)."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
+
+
 def _fsdp_params(module: FSDPModule) -> list[Any]:
-    """The ``FSDPParam``s of a ``fully_shard``/``replicate`` module's own parameter group (none
+    """The ``FSDPParam``s of a ``fully_shard``/``replicate`` module's own parameter groups (none
     where torch's private state is not where torch 2.6–2.14 keep it)."""
-    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
-    return list(getattr(group, "fsdp_params", None) or [])
+    return [fp for g in fsdp_param_groups(module._get_fsdp_state()) for fp in getattr(g, "fsdp_params", None) or []]
 
 
 class _Held:
@@ -474,4 +483,4 @@ class MemoryAccount:
         return contextlib.nullcontext(), _RecomputeOutputs(self)
 
 
-__all__ = ["GIB", "MemoryAccount", "MemoryTerms"]
+__all__ = ["GIB", "MemoryAccount", "MemoryTerms", "fsdp_param_groups"]

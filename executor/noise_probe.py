@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mindpipe.executor.memory_account import fsdp_param_groups
 from mindpipe.traces.config import Plan
 from mindpipe.traces.noise_scale import GradientNoise, NoiseScaleEstimator, NoiseStepRecord
 from torch.distributed.fsdp import FSDPModule
@@ -73,7 +74,7 @@ def _unreduced_grads(module: torch.nn.Module) -> Iterator[torch.Tensor]:
 
     state = replicate.state(module) if isinstance(module, ReplicateModule) else fully_shard.state(module)  # type: ignore[attr-defined,arg-type]
     for st in state._state_ctx.all_states:
-        for group in st._fsdp_param_groups:
+        for group in fsdp_param_groups(st):
             for fp in group.fsdp_params:
                 if not hasattr(fp, "_unsharded_param"):
                     continue

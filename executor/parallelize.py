@@ -62,6 +62,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -174,23 +175,32 @@ def _nongemm(forward: Callable[..., Any], policy: Callable[..., CheckpointPolicy
     def contexts() -> tuple[Any, Any]:
         if memory is None:
             return create_selective_checkpoint_contexts(policy)
-        recompute: list[Any] = []
-
-        def counted(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-            out = policy(ctx, func, *args, **kwargs)
-            if out == CheckpointPolicy.MUST_SAVE and not ctx.is_recompute and isinstance(ctx.op_output, torch.Tensor):
-                memory.cached(ctx.op_output, recompute[0])
-            return out
-
-        fwd, rec = create_selective_checkpoint_contexts(counted)
-        recompute.append(rec)
-        # The accounting's mode below the cache: outputs the cache hands back never reach it.
-        return fwd, _Stacked(memory.recompute_contexts()[1], rec)
+        fwd, rec = create_selective_checkpoint_contexts(policy)
+        # Below the caching mode (entered first), a mode that sees each operator the cache runs and
+        # counts the outputs the policy keeps (torch's policy context carries the output only from
+        # torch 2.12 on); the accounting's mode below the recompute's cache, so that outputs the
+        # cache hands back never reach it.
+        return _Stacked(_KeptOutputs(policy, memory, rec), fwd), _Stacked(memory.recompute_contexts()[1], rec)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts, **kwargs)
 
     return run
+
+
+class _KeptOutputs(TorchDispatchMode):
+    """Counts, in a selectively checkpointed forward, the outputs ``policy`` keeps as activations
+    held until ``owner`` (the checkpoint's recompute context) is freed."""
+
+    def __init__(self, policy: Callable[..., CheckpointPolicy], memory: MemoryAccount, owner: object) -> None:
+        super().__init__()
+        self.policy, self.memory, self.owner = policy, memory, owner
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and self.policy(None, func, *args, **(kwargs or {})) == CheckpointPolicy.MUST_SAVE:
+            self.memory.cached(out, self.owner)
+        return out
 
 
 class _Stacked:

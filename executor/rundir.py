@@ -141,11 +141,24 @@ def register_rank() -> None:
     (pids / str(os.getpid())).write_text(f"{os.getpid()} {'-' if start is None else start}\n", encoding="utf-8")
 
 
-def _one_line(e: BaseException) -> tuple[Literal["input", "failure"], str]:
-    if isinstance(e, ContractError):
-        return "input", next((ln for ln in str(e).splitlines() if ln.strip()), "input error")
+def _first_line(e: BaseException) -> str:
     first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
-    return "failure", f"{type(e).__name__}: {first[:500]}" if first else type(e).__name__
+    return f"{type(e).__name__}: {first[:500]}" if first else type(e).__name__
+
+
+def _one_line(e: BaseException) -> tuple[Literal["input", "failure"], str]:
+    """The error's kind and one line. A wrapper such as torch pipelining's "[Stage 0] failed to run
+    forward:" (raised ``from`` the real error) is followed by its innermost cause, the error a
+    user can act on; a contract error anywhere in the chain makes it an input error."""
+    cause, seen = e, {id(e)}
+    while cause.__cause__ is not None and id(cause.__cause__) not in seen:
+        cause = cause.__cause__
+        seen.add(id(cause))
+    if isinstance(cause, ContractError):
+        return "input", next((ln for ln in str(cause).splitlines() if ln.strip()), "input error")
+    if cause is e:
+        return "failure", _first_line(e)
+    return "failure", f"{_first_line(e)} ← {_first_line(cause)}"
 
 
 def record_error(rank: int, e: BaseException) -> None:

@@ -127,8 +127,28 @@ GEMM_INPUT_BYTES = {"fp8": 1}
 # FlashAttention's saved softmax statistics: one fp32 log-sum-exp per query row and head (module docstring).
 FLASH_STAT_BYTES = 4
 # Framework overhead on a GPU: CUDA context with torch's kernels (~0.5 GiB) plus NCCL
-# communicator buffers and allocator slack; a rough, documented figure. CPUs: 0.
+# communicator buffers and allocator slack; a rough, documented figure. CPUs: 0. Of it, what the
+# caching allocator itself holds is the cuBLAS workspaces (:func:`allocator_overhead_bytes`).
 GPU_RESERVED_BYTES = 1 * GIB
+# torch's default cuBLAS workspace per handle and stream (CUBLAS_WORKSPACE_CONFIG ":4096:2:16:8",
+# 2 × 4 MiB + 8 × 16 KiB) where devices.json gives none (Hopper: 32 MiB).
+DEFAULT_CUBLAS_WORKSPACE_BYTES = 2 * 4 * 2**20 + 8 * 16 * 2**10
+# A training step uses cuBLAS from two host threads, each with its own handle and workspace: the
+# one running the forward and autograd's device thread running the backward.
+CUBLAS_THREADS = 2
+
+
+def allocator_overhead_bytes(device: DeviceSpec) -> float:
+    """The part of :data:`GPU_RESERVED_BYTES` the caching allocator holds (so its peak counts it):
+    the cuBLAS workspaces of the forward's and the backward's threads. Measured on an H100 (torch
+    2.11, ``benchmarks/gpu_check_report.py``): the allocator's peak exceeds the live tensors by
+    69 MiB plus a batch-dependent part, against 2 × 32 MiB here. 0 on a CPU."""
+    if device.kind == "cpu":
+        return 0.0
+    from mindpipe.simulator.perf.constants import device_facts  # the GPU facts file, only for GPUs
+
+    per = (device_facts().get(device.name) or {}).get("cublas_workspace_bytes", DEFAULT_CUBLAS_WORKSPACE_BYTES)
+    return float(CUBLAS_THREADS * int(per))
 
 
 def _level(plan: Plan, policy: str | None) -> BlockPolicy:
@@ -671,6 +691,8 @@ def fits_in_memory(
 
 
 __all__ = [
+    "CUBLAS_THREADS",
+    "DEFAULT_CUBLAS_WORKSPACE_BYTES",
     "FLASH_STAT_BYTES",
     "FP8_WEIGHT_CACHE_BYTES",
     "GEMM_INPUT_BYTES",
@@ -679,6 +701,7 @@ __all__ = [
     "RankMemory",
     "StageMemoryModel",
     "activation_bytes_per_layer",
+    "allocator_overhead_bytes",
     "block_caps",
     "embedding_activation_bytes",
     "fits_in_memory",

@@ -146,9 +146,11 @@ class Simulator:
             costs = self._costs[key] = self.compute.layer_costs(self.model, plan)
         return costs
 
-    def memory(self, plan: Plan) -> list[RankMemory]:
-        """Peak memory of every pipeline rank (:func:`mindpipe.simulator.memory.stage_memory`)."""
-        return stage_memory(self.model, plan, self.device, self.schedule(plan), stage_layers(plan, self.model))
+    def memory(self, plan: Plan, reserved_bytes: float | None = None) -> list[RankMemory]:
+        """Peak memory of every pipeline rank (:func:`mindpipe.simulator.memory.stage_memory`;
+        ``reserved_bytes`` replaces the framework overhead it adds on a GPU)."""
+        return stage_memory(self.model, plan, self.device, self.schedule(plan), stage_layers(plan, self.model),
+                            reserved_bytes=reserved_bytes)
 
     def refuse_unless_fits(self, plan: Plan, ranks_per_device: int = 1, source: str = "plan") -> list[float]:
         """Per-rank peak memory in GiB; raise when a rank (times the ranks sharing its device) does not fit.

@@ -21,11 +21,53 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 Outputs = tuple[torch.Tensor, ...]
+
+
+def _gqa_formulas() -> dict[Any, Any]:
+    """FLOP formulas for the fused attention kernels under grouped-query attention, for torch
+    releases whose own ones refuse K/V with fewer heads than Q (torch < 2.12 asserts "query/key/value
+    shapes are incompatible"): K and V are counted as broadcast to the query's heads, as the
+    kernels do, with torch's own formulas. Empty where torch's formulas accept GQA."""
+    from torch.utils import flop_counter as fcm
+
+    try:
+        fcm.sdpa_flop_count((1, 4, 2, 8), (1, 2, 2, 8), (1, 2, 2, 8))
+        return {}
+    except AssertionError:
+        pass
+
+    def wide(kv: Any, q: Any) -> tuple[int, ...]:
+        return (kv[0], q[1], *kv[2:])
+
+    def fwd(q: Any, k: Any, v: Any, *_args: Any, **_kwargs: Any) -> int:
+        return int(fcm.sdpa_flop_count(q, wide(k, q), wide(v, q)))
+
+    def bwd(g: Any, q: Any, k: Any, v: Any, *_args: Any, **_kwargs: Any) -> int:
+        return int(fcm.sdpa_backward_flop_count(g, q, wide(k, q), wide(v, q)))
+
+    aten = torch.ops.aten
+    names = {"_scaled_dot_product_flash_attention": fwd, "_scaled_dot_product_efficient_attention": fwd,
+             "_scaled_dot_product_cudnn_attention": fwd, "_scaled_dot_product_flash_attention_backward": bwd,
+             "_scaled_dot_product_efficient_attention_backward": bwd,
+             "_scaled_dot_product_cudnn_attention_backward": bwd}
+    return {getattr(aten, n): f for n, f in names.items() if hasattr(aten, n)}
+
+
+_GQA_FORMULAS: dict[Any, Any] | None = None
+
+
+def flop_counter() -> FlopCounterMode:
+    """torch's FLOP counter, able to count grouped-query attention on every supported torch."""
+    global _GQA_FORMULAS
+    if _GQA_FORMULAS is None:
+        _GQA_FORMULAS = _gqa_formulas()
+    return FlopCounterMode(display=False, custom_mapping=_GQA_FORMULAS)
 
 
 class Clock:
@@ -155,17 +197,17 @@ def measure_unit(
         for p in weights:
             p.grad = None
 
-    with FlopCounterMode(display=False) as fc:
+    with flop_counter() as fc:
         o = forward()
     fwd_flops = fc.get_total_flops()
-    with FlopCounterMode(display=False) as fc:
+    with flop_counter() as fc:
         torch.autograd.backward(o, grads)
     bwd_flops = fc.get_total_flops()
     zero()
     b_flops = 0
     if grad_inputs and outs:
         o = forward()
-        with FlopCounterMode(display=False) as fc:
+        with flop_counter() as fc:
             torch.autograd.grad(o, grad_inputs, grads, allow_unused=True)
         b_flops = fc.get_total_flops()
 

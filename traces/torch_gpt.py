@@ -495,7 +495,8 @@ def dropout_mask_bytes(device_type: str, dtype_bytes: int) -> int:
 
 
 def block_activation_bytes(
-    model: Model, micro_batch_size: int, seq_len: int, dtype_bytes: int, mask_bytes: int | None
+    model: Model, micro_batch_size: int, seq_len: int, dtype_bytes: int, mask_bytes: int | None,
+    stats_bytes: int | None = None,
 ) -> int:
     """Bytes one :class:`Block` saves for backward, derived op by op.
 
@@ -507,7 +508,9 @@ def block_activation_bytes(
     dropout output d → ``2·d + k`` (= 5). Without dropout (``mask_bytes=None``) the masks vanish
     and the softmax output is the one tensor ``probs·V`` saves, so the terms become ``16·d`` and
     ``d``. One term the paper omits: each LayerNorm keeps its per-token mean and rstd
-    (2 × d bytes × s·b, twice per block). For ``ffn ≠ 4h`` the two 4d terms scale by ffn/h.
+    (2 × ``stats_bytes`` × s·b, twice per block): torch's CPU kernel keeps them in the input's
+    dtype (the default, ``d``), its CUDA kernel in fp32 (``stats_bytes=4``, measured on an H100).
+    For ``ffn ≠ 4h`` the two 4d terms scale by ffn/h.
     """
     s, b, h, a = seq_len, micro_batch_size, model.hidden_size, model.num_heads
     d = dtype_bytes
@@ -515,7 +518,7 @@ def block_activation_bytes(
     k = mask_bytes or 0
     per_sbh = (8 + 2 * f_ratio) * d + 2 * k
     per_as2b = (2 * d + k) if mask_bytes else d
-    ln_stats = 2 * 2 * d * s * b
+    ln_stats = 2 * 2 * (stats_bytes or d) * s * b
     return round(per_sbh * s * b * h + per_as2b * a * s * s * b) + ln_stats
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mindpipe.simulator.memory import allocator_overhead_bytes
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.config import Cluster, Model
 from mindpipe.traces.measured import Measurement
@@ -49,12 +50,17 @@ class MemoryRow:
 def memory_rows(measurement: Measurement, model: Model, cluster: Cluster | None = None) -> list[MemoryRow]:
     """Per rank of ``measurement`` (those that recorded memory), predicted vs measured peak bytes.
 
-    ``cluster`` defaults to one node holding every rank on the measurement's catalog device.
+    ``cluster`` defaults to one node holding every rank on the measurement's catalog device. On a
+    GPU the measured peak is the caching allocator's, which does not see the CUDA context or
+    NCCL's buffers: of the framework overhead the memory model reserves (``GPU_RESERVED_BYTES``)
+    the prediction keeps only what the allocator holds (:func:`~mindpipe.simulator.memory.allocator_overhead_bytes`).
     """
     plan = measurement.plan
     if cluster is None:
         cluster = Cluster(gpu=measurement.device_name, num_nodes=1, gpus_per_node=measurement.world_size)
-    predicted = [r.total_bytes for r in Simulator(model, cluster).memory(plan)]
+    allocator = any(r.memory is not None and r.memory.source == "cuda_allocator" for r in measurement.ranks)
+    sim = Simulator(model, cluster)
+    predicted = [r.total_bytes for r in sim.memory(plan, allocator_overhead_bytes(sim.device) if allocator else None)]
     return [MemoryRow(r.rank, r.pp_rank, list(r.stages), predicted[r.pp_rank], r.memory.peak_bytes, r.memory.source)
             for r in sorted(measurement.ranks, key=lambda r: r.rank) if r.memory is not None]
 

@@ -181,3 +181,25 @@ def test_schedule_source_resolution():
     assert resolve_schedule_source("torch", Plan(pp=2, global_batch_size=2)) == "torch"
     assert resolve_schedule_source("auto", Plan(pp=1)) == "torch"
     assert resolve_schedule_source("auto", Plan(pp=2, global_batch_size=2)) == "simulator"
+
+
+def test_a_wrapped_error_is_reported_with_its_root_cause(tmp_path, monkeypatch):
+    """torch pipelining re-raises a stage's error as "[Stage 0] failed to run forward:" plus debug
+    text; the one line must carry the error underneath, and a contract error there stays an input error."""
+    from mindpipe.executor.rundir import RUN_DIR_ENV, read_errors, record_error
+
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
+    for rank, inner in ((0, AttributeError("'Ctx' object has no attribute 'op_output'")),
+                        (1, ContractError("--memory-budget-gib", None, "rank 1 needs 3 GiB, over 2 GiB"))):
+        try:
+            try:
+                raise inner
+            except Exception as e:
+                raise RuntimeError("[Stage 0] failed to run forward:\nstage debug info") from e
+        except RuntimeError as e:
+            record_error(rank, e)
+    got = read_errors(tmp_path)
+    assert got[0].kind == "failure"
+    assert got[0].error == ("RuntimeError: [Stage 0] failed to run forward: ← "
+                            "AttributeError: 'Ctx' object has no attribute 'op_output'")
+    assert (got[1].kind, got[1].error) == ("input", "--memory-budget-gib: rank 1 needs 3 GiB, over 2 GiB")

@@ -102,5 +102,30 @@ def test_cuda_profile(model):
     assert trace.device != "cpu"
     blk = trace.layers[1]
     assert blk.forward_s > 0 and blk.backward_input_s > 0
-    # CUDA keeps 1-byte dropout masks; without dropout the bytes are the dtype's.
-    assert blk.activation_bytes == block_activation_bytes(model, 2, 32, 2, None)
+    # Without dropout the bytes are the dtype's, except LayerNorm's statistics: fp32 on CUDA.
+    assert blk.activation_bytes == block_activation_bytes(model, 2, 32, 2, None, stats_bytes=4)
+
+
+def test_gqa_attention_flops_where_torch_has_no_gqa_formula(monkeypatch):
+    """torch < 2.12's FLOP formula for the fused attention kernels asserts that K/V have as many heads
+    as Q (seen on an H100 with torch 2.11 profiling llama3-8b); the profiler's counter then counts
+    grouped-query attention with K/V broadcast to the query's heads, as the kernels compute it."""
+    from mindpipe.traces import timing
+    from torch.utils import flop_counter as fcm
+
+    real_fwd, real_bwd = fcm.sdpa_flop_count, fcm.sdpa_backward_flop_count
+
+    def no_gqa(real):
+        def formula(*shapes):
+            q, k = shapes[-3], shapes[-2]
+            assert q[1] == k[1], "sdpa_flop_count: query/key/value shapes are incompatible"
+            return real(*shapes)
+        return formula
+
+    monkeypatch.setattr(fcm, "sdpa_flop_count", no_gqa(real_fwd))
+    monkeypatch.setattr(fcm, "sdpa_backward_flop_count", no_gqa(real_bwd))
+    formulas = timing._gqa_formulas()
+    aten = torch.ops.aten
+    q, kv, wide = (2, 8, 16, 4), (2, 2, 16, 4), (2, 8, 16, 4)
+    assert formulas[aten._scaled_dot_product_flash_attention](q, kv, kv) == real_fwd(q, wide, wide) > 0
+    assert formulas[aten._scaled_dot_product_efficient_attention_backward](q, q, kv, kv) == real_bwd(q, q, wide, wide)

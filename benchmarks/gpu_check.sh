@@ -1,0 +1,38 @@
+#!/bin/bash
+# The CUDA path on one GPU, in one go (about 5 minutes on an H100): the GPU-marked tests, a
+# profile of a Llama-3-8B-shaped and a GPT-3-175B-shaped slice, and single-GPU training runs of a
+# 4-block GPT under every memory policy and precision, with the allocator's peak per run.
+#
+#   bash benchmarks/gpu_check.sh [OUT_DIR]          (default benchmarks/results/gpu)
+#   .venv/bin/python benchmarks/gpu_check_report.py [OUT_DIR]    (on any machine: the figures)
+#
+# Needs mindpipe installed with a CUDA build of torch (and torchao for the fp8 run). It leaves the
+# GPU's clocks alone: the NVML clock-lock test is skipped here (it changes a device setting).
+set -u
+OUT=${1:-benchmarks/results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+t0=$(date +%s); el() { echo "=== [$(( $(date +%s) - t0 ))s] $*"; }
+el "gpu"; nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv
+el "GPU-marked tests"
+python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 150 -k "not gpu_lock" \
+  tests/traces/test_profiler.py tests/executor/test_exec_gpu.py tests/executor/test_exec_fp8.py \
+  tests/executor/test_exec_memory.py tests/executor/test_supernet_exec.py
+el "profiles (bf16, fused attention)"
+mindpipe profile '{"kind":"llama","num_layers":2,"hidden_size":4096,"num_heads":32,"num_kv_heads":8,"ffn_hidden_size":14336,"vocab_size":128256,"seq_len":8192,"name":"llama3-8b-2l"}' \
+  --device cuda --dtype bf16 --flash-attention --warmup 2 --repeats 5 --out "$OUT/profile_llama3-8b-2l.json"
+mindpipe profile '{"kind":"gpt","num_layers":1,"hidden_size":12288,"num_heads":96,"vocab_size":51200,"seq_len":2048,"name":"gpt3-175b-1l"}' \
+  --device cuda --dtype bf16 --flash-attention --warmup 2 --repeats 5 --out "$OUT/profile_gpt3-175b-1l.json"
+MODEL='{"kind":"gpt","num_layers":4,"hidden_size":1024,"num_heads":16,"seq_len":512,"vocab_size":8192,"name":"gpt-1k"}'
+run() {
+  el "run $1"
+  mindpipe run "$2" --nproc 1 --steps 4 --device cuda --model "$MODEL" --out "$OUT/run_$1.json" --run-timeout 120
+}
+run fp32_mbs4_keep '{"micro_batch_size":4,"global_batch_size":8,"precision":"fp32"}'
+run fp32_mbs2_keep '{"micro_batch_size":2,"global_batch_size":8,"precision":"fp32"}'
+run bf16_mbs4_keep '{"micro_batch_size":4,"global_batch_size":8,"precision":"bf16"}'
+run bf16_mbs4_mixed '{"micro_batch_size":4,"global_batch_size":8,"precision":"bf16","layer_memory_policy":["keep","recompute","swap","nongemm"]}'
+run bf16_mbs4_swap '{"micro_batch_size":4,"global_batch_size":8,"precision":"bf16","layer_memory_policy":["swap","swap","swap","swap"]}'
+run bf16_mbs4_fused_head '{"micro_batch_size":4,"global_batch_size":8,"precision":"bf16","fused_head_loss":true,"loss_chunks":4}'
+run fp8_mbs4_keep '{"micro_batch_size":4,"global_batch_size":8,"precision":"fp8"}'
+el done
