@@ -55,7 +55,7 @@ def compute_table(d: Path) -> list[dict[str, Any]]:
     rows = []
     for f in sorted(d.glob("profile_*.json")):
         t = Trace.load(f)
-        if t.model is None:
+        if t.model is None or t.granularity != "layer":
             continue
         plan = Plan(micro_batch_size=t.micro_batch_size, global_batch_size=t.micro_batch_size, precision=t.dtype,
                     flash_attention=t.flash_attention)
@@ -68,6 +68,19 @@ def compute_table(d: Path) -> list[dict[str, Any]]:
                          "predicted_over_measured": sum(pred) / sum(meas),
                          "measured_tflops": (layer.forward_flops + (layer.backward_flops or 0)) / sum(meas) / 1e12
                          if layer.forward_flops else None})
+    return rows
+
+
+def op_table(d: Path) -> list[dict[str, Any]]:
+    """Operator-granularity profiles: each operator's measured forward / B / W milliseconds."""
+    rows = []
+    for f in sorted(d.glob("profile_*.json")):
+        t = Trace.load(f)
+        if t.granularity != "op":
+            continue
+        rows += [{"profile": f.stem[8:], "op": r.name, "kind": r.kind,
+                  "measured_ms": [round(x * 1e3, 3) for x in (r.forward_s, r.backward_input_s, r.backward_weight_s)]}
+                 for r in t.layers]
     return rows
 
 
@@ -88,9 +101,14 @@ def main() -> None:
         tf = f"{r['measured_tflops']:.0f} TFLOP/s" if r["measured_tflops"] else ""
         print(f"  {r['profile']:<16} {r['layer']:<11} measured F/B/W {r['measured_ms']} ms  predicted {r['predicted_ms']} ms  "
               f"ratio {float(r['predicted_over_measured']):.3f}  {tf}")
+    ops = op_table(d)
+    if ops:
+        print("operator-granularity profiles (measured F/B/W ms)")
+        for r in ops:
+            print(f"  {r['profile']:<16} {r['op']:<28} {r['kind']:<14} {r['measured_ms']}")
     worst = max((abs(float(r["error_vs_allocator"])) for r in mem), default=None)
     out = Path(args.out) if args.out else d / "report.json"
-    out.write_text(json.dumps({"memory": mem, "compute": comp, "worst_abs_memory_error_vs_allocator": worst},
+    out.write_text(json.dumps({"memory": mem, "compute": comp, "ops": ops, "worst_abs_memory_error_vs_allocator": worst},
                               indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out}")
 
