@@ -57,4 +57,10 @@ mindpipe profile '{"kind":"llama","num_layers":1,"hidden_size":4096,"num_heads":
 # and whether the allocator's remaining gap is the logits or the attention scores (here V != a*s).
 MODEL='{"kind":"gpt","num_layers":4,"hidden_size":1024,"num_heads":16,"seq_len":512,"vocab_size":32768,"name":"gpt-1k-v32k"}'
 run bf16_mbs4_keep_v32k '{"micro_batch_size":4,"global_batch_size":8,"precision":"bf16"}'
+# Runs large enough for the GPU's time to dominate the host's (at h 1024 `mindpipe calibrate` put it
+# all in a per-iteration overhead): swap and recompute costs to calibrate on.
+MODEL='{"kind":"gpt","num_layers":4,"hidden_size":4096,"num_heads":32,"seq_len":2048,"vocab_size":32768,"name":"gpt-4k"}'
+run h4k_bf16_mbs2_keep '{"micro_batch_size":2,"global_batch_size":4,"precision":"bf16"}'
+run h4k_bf16_mbs2_swap '{"micro_batch_size":2,"global_batch_size":4,"precision":"bf16","layer_memory_policy":["swap","swap","swap","swap"]}'
+run h4k_bf16_mbs2_full '{"micro_batch_size":2,"global_batch_size":4,"precision":"bf16","recompute":"full"}'
 el done
