@@ -203,3 +203,17 @@ def test_a_wrapped_error_is_reported_with_its_root_cause(tmp_path, monkeypatch):
     assert got[0].error == ("RuntimeError: [Stage 0] failed to run forward: ← "
                             "AttributeError: 'Ctx' object has no attribute 'op_output'")
     assert (got[1].kind, got[1].error) == ("input", "--memory-budget-gib: rank 1 needs 3 GiB, over 2 GiB")
+
+
+def test_fsdp_param_groups_reads_both_torch_layouts():
+    """torch >= 2.12 keeps FSDP2's parameter groups in a list; torch 2.11 (seen on an H100) one
+    group or None: every bf16 run failed in the noise probe before this helper read both."""
+    from types import SimpleNamespace
+
+    from mindpipe.executor.memory_account import fsdp_param_groups
+
+    a, b = object(), object()
+    assert fsdp_param_groups(SimpleNamespace(_fsdp_param_groups=[a, b])) == [a, b]
+    assert fsdp_param_groups(SimpleNamespace(_fsdp_param_group=a)) == [a]
+    assert fsdp_param_groups(SimpleNamespace(_fsdp_param_group=None)) == []
+    assert fsdp_param_groups(SimpleNamespace()) == []
