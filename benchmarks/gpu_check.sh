@@ -50,6 +50,19 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
     torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
 print(sorted({e.name[:90] for e in prof.events() if "attn" in e.name.lower() or "fmha" in e.name.lower() or "flash" in e.name.lower()}))
 PY
+# what the 1 GiB the memory model reserves per GPU is made of outside the allocator (CUDA context,
+# NCCL's communicator buffers): device memory in use before any tensor, after NCCL, after a matmul,
+el "memory outside the allocator"
+MASTER_ADDR=127.0.0.1 MASTER_PORT=29533 RANK=0 WORLD_SIZE=1 python3 - <<'PY'
+import torch, torch.distributed as dist
+def used(): free, total = torch.cuda.mem_get_info(); return (total - free) / 2**20
+torch.cuda.init(); torch.zeros(1, device="cuda"); a = used()
+dist.init_process_group("nccl", device_id=torch.device("cuda", 0)); x = torch.ones(1 << 20, device="cuda"); dist.all_reduce(x)
+torch.cuda.synchronize(); b = used()
+y = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16); (y @ y).sum().item(); c = used()
+print(f"context {a:.0f} MiB; + NCCL {b - a:.0f} MiB; + cuBLAS {c - b:.0f} MiB; allocator reserved {torch.cuda.memory_reserved() / 2**20:.0f} MiB")
+dist.destroy_process_group()
+PY
 # where the Llama block's time goes (operator granularity),
 el "op-granularity profile"
 mindpipe profile '{"kind":"llama","num_layers":1,"hidden_size":4096,"num_heads":32,"num_kv_heads":8,"ffn_hidden_size":14336,"vocab_size":32000,"seq_len":8192,"name":"llama3-8b-1l"}' \
