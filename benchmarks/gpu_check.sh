@@ -1,9 +1,10 @@
 #!/bin/bash
-# The CUDA path on one GPU, in one go (about 6 minutes on an H100): the GPU-marked tests, a
+# The CUDA path on one GPU, in one go (about 8 minutes on an H100): the GPU-marked tests, a
 # profile of a Llama-3-8B-shaped and a GPT-3-175B-shaped slice, and single-GPU training runs of a
-# 4-block GPT under every memory policy and precision, with the allocator's peak per run; then
-# three checks of what the first results left open (the attention kernel, an operator-level
-# profile, a run whose vocabulary differs from a·s).
+# 4-block GPT under every memory policy and precision, with the allocator's peak per run (what
+# 2026-11-27's two device runs did); then what those results left open: the attention kernel
+# SDPA runs, the memory outside the allocator, an operator-level profile, a run whose vocabulary
+# differs from a·s, and runs at h 4096 to calibrate swap and recompute on.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]          (default benchmarks/results/gpu)
 #   .venv/bin/python benchmarks/gpu_check_report.py [OUT_DIR]    (on any machine: the figures)
