@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mindpipe.cli.output import check_outputs
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.errors import ContractError
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -29,11 +31,40 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Validate the plan, launch torchrun and wait (the executor's :func:`~mindpipe.executor.launch.cmd_run`)."""
+    """Validate the plan, launch torchrun and wait (the executor's :func:`~mindpipe.executor.launch.cmd_run`);
+    then, unless ``--json``, each pipeline rank's measured peak memory against the simulator's."""
     from mindpipe.executor.launch import cmd_run as run_plan
 
     check_outputs([args.out, args.timeline])  # rank 0 writes them at the end: refused now, not after training
-    return run_plan(args, argv, memory_check=memory_check)
+    code = run_plan(args, argv, memory_check=memory_check)
+    if code == 0 and not args.json and Path(args.out).is_file():
+        for line in memory_lines(Path(args.out)):
+            print(line)
+    return code
+
+
+def memory_lines(measured: Path) -> list[str]:
+    """One line per pipeline rank of a measured run: its peak memory (the largest of its replicas)
+    and the simulator's for the same plan (:func:`~mindpipe.simulator.calibrate.memory_fidelity.memory_rows`)."""
+    from mindpipe.simulator.calibrate.memory_fidelity import memory_rows
+    from mindpipe.traces.trace import Trace
+
+    trace = Trace.load(measured)
+    m = trace.measurement
+    if m is None or trace.model is None or trace.supernet is not None:
+        return []
+    try:
+        rows = memory_rows(m, trace.model)
+    except ContractError as e:  # a device the catalog does not know: the run stands, the comparison cannot be made
+        return [f"memory: not compared with the simulator ({e})"]
+    source = {"cuda_allocator": "CUDA allocator's peak", "tensor_accounting": "live-tensor accounting"}
+    lines = []
+    for pp in sorted({r.pp_rank for r in rows}):
+        r = max((x for x in rows if x.pp_rank == pp), key=lambda x: x.measured_bytes)
+        lines.append(f"memory, pipeline rank {pp}: measured {r.measured_bytes / 2**20:.1f} MiB "
+                     f"({source.get(r.source, r.source)}), simulated {r.predicted_bytes / 2**20:.1f} MiB "
+                     f"({100 * r.rel_error:+.1f} %)")
+    return lines
 
 
 def memory_check(model: Model, plan: Plan, device: DeviceSpec, ranks_per_device: int) -> list[float]:
@@ -47,4 +78,4 @@ def memory_check(model: Model, plan: Plan, device: DeviceSpec, ranks_per_device:
     return Simulator(model, cluster, catalog={device.name.lower(): device}).refuse_unless_fits(plan, ranks_per_device)
 
 
-__all__ = ["add_parser", "cmd_run", "memory_check"]
+__all__ = ["add_parser", "cmd_run", "memory_check", "memory_lines"]

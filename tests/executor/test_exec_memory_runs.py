@@ -43,9 +43,14 @@ def assert_memory_matches_simulator(trace: Trace, model: dict, rel: float = 0.05
 
 
 def test_swap_pp2_parity_and_memory(tmp_path):
-    trace = launched(tmp_path, SWAP_PP2, 2)
+    res = run_plan(tmp_path, SWAP_PP2, 2)
+    assert res.returncode == 0, res.stderr[-4000:]
+    trace = Trace.load(tmp_path / "measured.json")
     assert_parity(trace.measurement.losses, reference(SWAP_PP2))
     assert_memory_matches_simulator(trace, TINY)
+    # `mindpipe run` ends with each pipeline rank's measured peak against the simulator's.
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("memory, pipeline rank")]
+    assert len(lines) == 2 and all("(live-tensor accounting), simulated" in ln and ln.endswith("%)") for ln in lines)
 
 
 def test_per_layer_recompute_and_swap_dp2_parity_and_memory(tmp_path):
