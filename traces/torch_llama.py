@@ -26,7 +26,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from mindpipe.traces.config import Model
-from mindpipe.traces.torch_gpt import TORCH_DTYPES, LMHead, PreNormBlock, flash_core
+from mindpipe.traces.torch_gpt import TORCH_DTYPES, LMHead, PreNormBlock, causal_mask, flash_core
 from torch import nn
 
 # RMSNorm epsilon of Llama 3's config.json (``rms_norm_eps``).
@@ -122,13 +122,10 @@ class Attention(nn.Module):
         # The plan's flash_attention (set by mindpipe.traces.torch_models.use_flash_attention).
         self.flash = False
         cos, sin = rope_tables(model.head_dim, model.seq_len, model.rope_base)
-        mask = torch.full((model.seq_len, model.seq_len), float("-inf")).triu(1)
         self.rope_cos: torch.Tensor
         self.rope_sin: torch.Tensor
-        self.causal_mask: torch.Tensor
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.register_buffer("causal_mask", mask, persistent=False)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The attention core: q ``[b, heads, s, d]``, k and v ``[b, kv, s, d]`` → ``[b, heads, s, d]``.
@@ -146,8 +143,7 @@ class Attention(nn.Module):
             return flash_core(q, k, v, 0.0, gqa=self.group > 1)
         q = q.reshape(b, kv, -1, self.head_dim)
         scores = torch.matmul(q, k.transpose(-2, -1)) * (self.head_dim**-0.5)
-        mask = torch.narrow(torch.narrow(self.causal_mask, 0, 0, s), 1, 0, s)  # fx-traceable slice
-        scores = scores.view(b, kv, self.group, s, s) + mask.to(scores.dtype)
+        scores = scores.view(b, kv, self.group, s, s) + causal_mask(s, scores)
         probs = torch.softmax(scores, dim=-1).view(b, kv, -1, s)
         return torch.matmul(probs, v).view(b, -1, s, self.head_dim)
 
