@@ -64,6 +64,10 @@ y = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16); (y @ y).sum().
 print(f"context {a:.0f} MiB; + NCCL {b - a:.0f} MiB; + cuBLAS {c - b:.0f} MiB; allocator reserved {torch.cuda.memory_reserved() / 2**20:.0f} MiB")
 dist.destroy_process_group()
 PY
+# which category holds what the allocator sees beyond the memory model (torch's MemTracker at the peak),
+el "MemTracker at the peak"
+python3 benchmarks/mem_tracker_peak.py --device cuda
+python3 benchmarks/mem_tracker_peak.py --device cuda --vocab 32768
 # where the Llama block's time goes (operator granularity),
 el "op-granularity profile"
 mindpipe profile '{"kind":"llama","num_layers":1,"hidden_size":4096,"num_heads":32,"num_kv_heads":8,"ffn_hidden_size":14336,"vocab_size":32000,"seq_len":8192,"name":"llama3-8b-1l"}' \
