@@ -55,7 +55,9 @@ def main() -> None:
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     measured = {str(k).split(".")[-1].lower(): v / MIB for k, v in peak.items()}
     spec = catalog_device(dev.type, torch.cuda.get_device_name(dev) if dev.type == "cuda" else None)
-    gpu = spec.name if spec is not None else "h100-sxm5-80gb"
+    if spec is None:
+        raise SystemExit(f"mem_tracker_peak: {torch.cuda.get_device_name(dev)} is not in the hardware catalog")
+    gpu = spec.name
     plan = Plan(micro_batch_size=args.micro_batch, global_batch_size=args.micro_batch, precision="fp32")
     rank = Simulator(model, Cluster(gpu=gpu, num_nodes=1, gpus_per_node=1)).memory(plan, reserved_bytes=0.0)[0]
     simulated = {"weights": rank.weights_bytes / MIB, "gradients": rank.gradients_bytes / MIB,

@@ -197,8 +197,9 @@ class _KeptOutputs(TorchDispatchMode):
         self.policy, self.memory, self.owner = policy, memory, owner
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor) and self.policy(None, func, *args, **(kwargs or {})) == CheckpointPolicy.MUST_SAVE:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and self.policy(None, func, *args, **kwargs) == CheckpointPolicy.MUST_SAVE:
             self.memory.cached(out, self.owner)
         return out
 

@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 Outputs = tuple[torch.Tensor, ...]
 
 
+@cache
 def _gqa_formulas() -> dict[Any, Any]:
     """FLOP formulas for the fused attention kernels under grouped-query attention, for torch
     releases whose own ones refuse K/V with fewer heads than Q (torch < 2.12 asserts "query/key/value
@@ -59,15 +60,9 @@ def _gqa_formulas() -> dict[Any, Any]:
     return {getattr(aten, n): f for n, f in names.items() if hasattr(aten, n)}
 
 
-_GQA_FORMULAS: dict[Any, Any] | None = None
-
-
 def flop_counter() -> FlopCounterMode:
     """torch's FLOP counter, able to count grouped-query attention on every supported torch."""
-    global _GQA_FORMULAS
-    if _GQA_FORMULAS is None:
-        _GQA_FORMULAS = _gqa_formulas()
-    return FlopCounterMode(display=False, custom_mapping=_GQA_FORMULAS)
+    return FlopCounterMode(display=False, custom_mapping=_gqa_formulas())
 
 
 class Clock:

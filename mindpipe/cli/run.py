@@ -46,7 +46,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def memory_lines(measured: Path) -> list[str]:
     """One line per pipeline rank of a measured run: its peak memory (the largest of its replicas)
     and the simulator's for the same plan (:func:`~mindpipe.simulator.calibrate.memory_fidelity.memory_rows`)."""
-    from mindpipe.simulator.calibrate.memory_fidelity import memory_rows
+    from mindpipe.simulator.calibrate.memory_fidelity import largest_replica, memory_rows
     from mindpipe.traces.trace import Trace
 
     trace = Trace.load(measured)
@@ -58,13 +58,9 @@ def memory_lines(measured: Path) -> list[str]:
     except ContractError as e:  # a device the catalog does not know: the run stands, the comparison cannot be made
         return [f"memory: not compared with the simulator ({e})"]
     source = {"cuda_allocator": "CUDA allocator's peak", "tensor_accounting": "live-tensor accounting"}
-    lines = []
-    for pp in sorted({r.pp_rank for r in rows}):
-        r = max((x for x in rows if x.pp_rank == pp), key=lambda x: x.measured_bytes)
-        lines.append(f"memory, pipeline rank {pp}: measured {r.measured_bytes / 2**20:.1f} MiB "
-                     f"({source.get(r.source, r.source)}), simulated {r.predicted_bytes / 2**20:.1f} MiB "
-                     f"({100 * r.rel_error:+.1f} %)")
-    return lines
+    return [f"memory, pipeline rank {r.pp_rank}: measured {r.measured_bytes / 2**20:.1f} MiB "
+            f"({source.get(r.source, r.source)}), simulated {r.predicted_bytes / 2**20:.1f} MiB ({100 * r.rel_error:+.1f} %)"
+            for r in largest_replica(rows)]
 
 
 def memory_check(model: Model, plan: Plan, device: DeviceSpec, ranks_per_device: int) -> list[float]:

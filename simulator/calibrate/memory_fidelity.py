@@ -66,15 +66,21 @@ def memory_rows(measurement: Measurement, model: Model, cluster: Cluster | None 
             for r in sorted(measurement.ranks, key=lambda r: r.rank) if r.memory is not None]
 
 
+def largest_replica(rows: list[MemoryRow]) -> list[MemoryRow]:
+    """Per pipeline rank, in order, the row of its replica with the largest measured peak."""
+    return [max((r for r in rows if r.pp_rank == pp), key=lambda r: r.measured_bytes)
+            for pp in sorted({r.pp_rank for r in rows})]
+
+
 def memory_table_markdown(rows_by_plan: dict[str, list[MemoryRow]]) -> str:
     """A Markdown table: per plan and pipeline rank, predicted vs measured MiB (largest replica)."""
     lines = ["| plan | pipeline rank | predicted MiB | measured MiB | error |", "|---|---:|---:|---:|---:|"]
     for plan, rows in rows_by_plan.items():
-        for pp in sorted({r.pp_rank for r in rows}):
-            worst = max((r for r in rows if r.pp_rank == pp), key=lambda r: r.measured_bytes)
+        for worst in largest_replica(rows):
+            pp = worst.pp_rank
             lines.append(f"| {plan} | {pp} | {worst.predicted_bytes / MIB:.1f} | {worst.measured_bytes / MIB:.1f} | "
                          f"{100 * worst.rel_error:+.1f} % |")
     return "\n".join(lines)
 
 
-__all__ = ["MemoryRow", "memory_rows", "memory_table_markdown"]
+__all__ = ["MemoryRow", "largest_replica", "memory_rows", "memory_table_markdown"]

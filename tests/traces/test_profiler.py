@@ -124,7 +124,11 @@ def test_gqa_attention_flops_where_torch_has_no_gqa_formula(monkeypatch):
 
     monkeypatch.setattr(fcm, "sdpa_flop_count", no_gqa(real_fwd))
     monkeypatch.setattr(fcm, "sdpa_backward_flop_count", no_gqa(real_bwd))
-    formulas = timing._gqa_formulas()
+    timing._gqa_formulas.cache_clear()  # decided once per process: decide again against the patched torch
+    try:
+        formulas = timing._gqa_formulas()
+    finally:
+        timing._gqa_formulas.cache_clear()
     aten = torch.ops.aten
     q, kv, wide = (2, 8, 16, 4), (2, 2, 16, 4), (2, 8, 16, 4)
     assert formulas[aten._scaled_dot_product_flash_attention](q, kv, kv) == real_fwd(q, wide, wide) > 0
