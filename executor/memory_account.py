@@ -31,7 +31,7 @@ What is counted — the same terms the simulator's memory model prices per pipel
 
 Not counted: the forward torch's pipelining runs once, on the first step, to infer the shapes a
 stage sends (:func:`mindpipe.executor.torch_pipelining.around_metadata_inference`; it is not
-training and it is released by the first backward), the pipeline's send/receive buffers and stage outputs, the causal-mask buffers,
+training and it is released by the first backward), the pipeline's send/receive buffers and stage outputs, the causal masks and rotary tables made per call,
 temporaries of the forward and backward that autograd does not keep, communication buffers and
 allocator slack. On CUDA the measured peak is the allocator's (``torch.cuda.max_memory_allocated``),
 which includes them; the accounting is recorded beside it.

@@ -56,7 +56,7 @@ term by term, with r = num_kv_heads/num_heads and no dropout (k = 0):
 * kept whole: RMSNorm-1 input (d), Q/K/V input (d), RMSNorm-2 input (d), gate/up input (d):
   ``4d`` per s·b·h, as GPT's without masks (an RMSNorm keeps its input like a LayerNorm);
 * split over t, attention: Q (d), K and V (r·d each: grouped-query attention shrinks them; the
-  rotary embedding keeps only its cos/sin tables), output-projection input (d) → ``(2 + 2r)·d``
+  rotary embedding keeps nothing: its backward re-makes the cos/sin tables), output-projection input (d) → ``(2 + 2r)·d``
   (GPT's 4d at r = 1);
 * split over t, MLP: SwiGLU keeps four f-wide tensors, the gate output (SiLU's input), the SiLU
   output and the up output (the product's factors) and the down input → ``4d·f/h`` (GeLU: 2d·f/h;

@@ -85,26 +85,72 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(head_dim: int, seq_len: int, theta: float, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles, ``[seq_len, 1, head_dim]`` (Su et al. 2021, Eq. 34).
 
     Frequencies θ^(−2i/d) for the pairs (i, i + d/2), the half-split layout of Hugging Face's
-    Llama (``rotate_half``), each table repeated over both halves.
+    Llama (``rotate_half``), each table repeated over both halves. The angles are computed in
+    fp64, rounded to fp32, then cast to ``dtype``.
     """
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64, device=device), inv)
     angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float().unsqueeze(1), angles.sin().float().unsqueeze(1)
+    return (angles.cos().float().to(dtype).unsqueeze(1), angles.sin().float().to(dtype).unsqueeze(1))
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (``[b, s, heads, d]``) by the position angles: x·cos + rotate_half(x)·sin."""
-    # Tables in x's dtype: under FSDP mixed precision the parameters (not the buffers) are cast.
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + R(x)·sin with R the half swap ``(x1, x2) → (−x2, x1)``."""
     x1, x2 = x.chunk(2, dim=-1)
-    # addcmul rather than `+`: a block's only `add` nodes stay the mask and the residuals, so the
-    # operator graph's cut unit (traces/layout.py CUT_UNITS) is the same as GPT's.
+    # addcmul rather than `+`: a block's only `add` nodes stay the mask and the residuals.
     return torch.addcmul(x * cos, torch.cat([-x2, x1], dim=-1), sin)
+
+
+def _unrotate(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The transpose of :func:`_rotate`: g·cos + Rᵀ(g)·sin, Rᵀ: ``(g1, g2) → (g2, −g1)``.
+
+    Multiplied and added as autograd does for the composite (no fused multiply-add), so the
+    gradients are the composite's bit for bit.
+    """
+    g1, g2 = g.chunk(2, dim=-1)
+    return g * cos + torch.cat([g2, -g1], dim=-1) * sin
+
+
+class _RotaryFunction(torch.autograd.Function):
+    """Rotate Q and K (``[b, s, heads, d]``) by the position angles; keeps nothing for backward.
+
+    The rotation is linear and orthogonal, so its backward is the inverse rotation of the incoming
+    gradients — the transposed half swap, by the same tables (equal on both halves, so they
+    commute with the swap). The tables are made from ``(s, d, θ)`` in the inputs' dtype, once in
+    the forward and once in the backward, and are transients of each: no module holds them (they
+    used to be an fp32 buffer pair in every attention module — 8 MiB per block at s = 8,192 that
+    no memory model counted) and autograd saves no copy of them (the composite ``x·cos +
+    R(x)·sin`` under mixed precision saved bf16 casts of both tables for Q and for K, per
+    micro-batch). Same values and gradients as the composite.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.theta = theta
+        cos, sin = rope_tables(q.size(-1), q.size(1), theta, q.dtype, q.device)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    @staticmethod
+    def backward(ctx: Any, gq: torch.Tensor, gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        cos, sin = rope_tables(gq.size(-1), gq.size(1), ctx.theta, gq.dtype, gq.device)
+        return _unrotate(gq, cos, sin), _unrotate(gk, cos, sin), None
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q and K (``[b, s, heads, d]``) rotated by the angles of positions 0..s−1 (:class:`_RotaryFunction`).
+
+    One function torch.fx records as one node (operator-level profiles), like :func:`rms_norm`.
+    """
+    out: tuple[torch.Tensor, torch.Tensor] = _RotaryFunction.apply(q, k, theta)  # type: ignore[no-untyped-call]
+    return out
+
+
+torch.fx.wrap("apply_rope")
 
 
 class Attention(nn.Module):
@@ -121,11 +167,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(h, h, bias=False)
         # The plan's flash_attention (set by mindpipe.traces.torch_models.use_flash_attention).
         self.flash = False
-        cos, sin = rope_tables(model.head_dim, model.seq_len, model.rope_base)
-        self.rope_cos: torch.Tensor
-        self.rope_sin: torch.Tensor
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.rope_base = model.rope_base
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The attention core: q ``[b, heads, s, d]``, k and v ``[b, kv, s, d]`` → ``[b, heads, s, d]``.
@@ -149,11 +191,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s = x.size(0), x.size(1)
-        cos = torch.narrow(self.rope_cos, 0, 0, s)
-        sin = torch.narrow(self.rope_sin, 0, 0, s)
         # `-1` head counts: the local heads under tensor parallelism.
-        q = apply_rope(self.wq(x).view(b, s, -1, self.head_dim), cos, sin).transpose(1, 2)
-        k = apply_rope(self.wk(x).view(b, s, -1, self.head_dim), cos, sin).transpose(1, 2)
+        q, k = apply_rope(self.wq(x).view(b, s, -1, self.head_dim), self.wk(x).view(b, s, -1, self.head_dim),
+                          self.rope_base)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         ctx = self.core(q, k, v).transpose(1, 2).reshape(b, s, -1)
         out: torch.Tensor = self.proj(ctx)
@@ -229,8 +270,8 @@ class Llama(nn.Module):
 def build_llama(model: Model, *, seed: int = 0, dtype: str = "fp32", device: str | torch.device = "cpu") -> Llama:
     """Build the Llama for ``model`` with deterministic initialisation (N(0, 0.02) weights, unit norm gains).
 
-    The rotary tables and the mask follow the parameters' dtype (``.to``), so the rotation's
-    multiplications save no cast copies for backward.
+    The model holds no buffers: the rotary tables (:func:`apply_rope`) and the causal mask are made
+    per call in the activations' dtype.
     """
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
@@ -251,7 +292,7 @@ def block_activation_bytes(model: Model, micro_batch_size: int, seq_len: int, dt
 
     Per s·b·h with ``d``-byte activations, r = num_kv_heads/num_heads and f the SwiGLU width:
     RMSNorm-1 input d, Q/K/V input d (one tensor, the norm's output), Q d, K r·d, V r·d (rotated
-    K and the folded Q are what Q·Kᵀ keeps; the rotation keeps only its cos/sin tables), output
+    K and the folded Q are what Q·Kᵀ keeps; the rotation keeps nothing, :func:`apply_rope`), output
     projection input d, RMSNorm-2 input d, gate/up input d, and per f/h: gate output (SiLU's
     input), SiLU output and up output (the product's two factors), down input → 4·d·f/h. Per
     a·s²·b: the softmax output d. Each RMSNorm also keeps a per-token fp32 rstd (4 B × s·b, twice
