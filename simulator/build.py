@@ -45,7 +45,7 @@ GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2, "fp8": 4}  # fp8: bf16 mixed prec
 
 def bucket_params(plan: Plan) -> int:
     """Parameters per gradient bucket (Megatron DDP default: max(40M, 1M × dp))."""
-    return max(40_000_000, 1_000_000 * plan.dp)
+    return max(40_000_000, 1_000_000 * plan.grad_replicas)
 
 
 def assign_layers(costs: list[LayerCost], model: Model, plan: Plan) -> list[list[LayerCost]]:
@@ -109,7 +109,7 @@ def weight_pass_extra(model: Model, span: StageSpan, layers: list[LayerCost], po
 
 def optimizer_shard(plan: Plan, params: float) -> float:
     """Parameters whose optimizer step one device runs: all of its own, or a 1/dp shard under ZeRO ≥ 1."""
-    return params / plan.dp if plan.zero_stage >= 1 else params
+    return params / plan.grad_replicas if plan.zero_stage >= 1 else params
 
 
 def rank_params(stages: list[list[LayerCost]], stage_to_rank: list[int], pp: int) -> list[int]:
@@ -120,29 +120,30 @@ def rank_params(stages: list[list[LayerCost]], stage_to_rank: list[int], pp: int
     return out
 
 
-def _merge(colls: list[Collective]) -> list[tuple[str, int, int]]:
-    """Collapse back-to-back collectives of one kind and size into (op, bytes, count)."""
-    counts = Counter((c.op, c.nbytes) for c in colls)
-    return [(op, n, k) for (op, n), k in counts.items()]
+def _merge(colls: list[Collective]) -> list[tuple[str, int, str, int]]:
+    """Collapse back-to-back collectives of one kind, size and group into (op, bytes, axis, count)."""
+    counts = Counter((c.op, c.nbytes, c.axis) for c in colls)
+    return [(op, n, axis, k) for (op, n, axis), k in counts.items()]
 
 
 def _tp_phases(topo: Topology, colls: list[Collective], rank: int) -> list[Phase]:
     out: list[Phase] = []
-    for op, nbytes, count in _merge(colls):
-        out += topo.collective(op, nbytes, "tp", rank, count=count)
+    for op, nbytes, axis, count in _merge(colls):
+        out += topo.collective(op, nbytes, axis, rank, count=count)
     return out
 
 
 def _tp_overlaps(topo: Topology, colls: list[Collective], rank: int) -> list[TpOverlap]:
-    """The collectives of ``colls`` that pipeline with a GEMM (``tp_comm_overlap``), equal ones merged;
-    each in ``tp`` chunks (TE's ring exchange splits the GEMM into one chunk per TP rank)."""
-    counts = Counter((c.op, c.nbytes, c.overlap_s) for c in colls if c.overlap_s > 0)
-    return [TpOverlap(topo.collective(op, nbytes, "tp", rank), g, topo.plan.tp, k)
-            for (op, nbytes, g), k in counts.items()]
+    """The collectives of ``colls`` that pipeline with compute, equal ones merged: a TP collective with
+    its GEMM under ``tp_comm_overlap``, in ``tp`` chunks (TE's ring exchange splits the GEMM into one
+    chunk per TP rank); context parallelism's K/V ring with the attention core, in ``cp`` steps."""
+    counts = Counter((c.op, c.nbytes, c.axis, c.overlap_s) for c in colls if c.overlap_s > 0)
+    return [TpOverlap(topo.collective(op, nbytes, axis, rank), g, topo.plan.cp if axis == "cp" else topo.plan.tp, k)
+            for (op, nbytes, axis, g), k in counts.items()]
 
 
 def _buckets(topo: Topology, op: str, total_params: int, bytes_per_param: int, bucket: int, rank: int) -> list[list[Phase]]:
-    if total_params <= 0 or topo.plan.dp == 1:
+    if total_params <= 0 or topo.plan.grad_replicas == 1:
         return []
     n = max(1, math.ceil(total_params / bucket))
     per = total_params / n

@@ -38,15 +38,18 @@ NON_GEMM_PRECISION = {"fp8": "bf16"}
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """A tensor-parallel collective a layer issues; ``nbytes`` is the full buffer on each rank.
+    """A collective a layer issues inside its compute; ``nbytes`` is the full buffer on each rank.
 
-    ``overlap_s`` is the GEMM it pipelines with under ``tp_comm_overlap`` (seconds of that GEMM on
-    one rank; :func:`tp_overlap_gemms`), 0 when it runs on its own as Megatron issues it.
+    ``overlap_s`` is the compute it pipelines with (seconds on one rank): the GEMM beside a
+    tensor-parallel collective under ``tp_comm_overlap`` (:func:`tp_overlap_gemms`), the attention
+    core under a context-parallel ring (:func:`cp_collectives`); 0 when it runs on its own as
+    Megatron issues it. ``axis`` is the group: ``tp``, or ``cp`` for context parallelism's K/V ring.
     """
 
     op: str
     nbytes: int
     overlap_s: float = 0.0
+    axis: str = "tp"
 
 
 @dataclass(slots=True)
@@ -133,6 +136,24 @@ def tp_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> tupl
         one = [Collective("allgather", nbytes), Collective("reducescatter", nbytes)]
         return one * 2, one * 2
     return [Collective("allreduce", nbytes)] * 2, [Collective("allreduce", nbytes)] * 2
+
+
+def cp_collectives(model: Model, plan: Plan, seq_len: int, core_s: tuple[float, float] = (0.0, 0.0)
+                   ) -> tuple[list[Collective], list[Collective]]:
+    """Context parallelism's K/V ring of one block (forward, input-gradient pass), on the ``cp`` group.
+
+    Transformer Engine's ``AttnFuncWithCPAndKVP2P`` (Megatron-core ``--context-parallel-size``):
+    in the forward each rank passes its K and V chunk (``seq_len`` tokens, the local K/V heads) to
+    the next rank cp − 1 times, so every rank sees every chunk — the bytes of an all-gather of
+    the whole sequence's K and V; in the backward K and V go round again and the partial dK and dV
+    come back to their owners — an all-gather and a reduce-scatter, an all-reduce's bytes. Each
+    step's exchange runs under the previous step's attention kernel: ``core_s`` is the core's
+    (forward, backward) seconds on one rank, which the ring pipelines with in cp chunks.
+    """
+    if plan.cp == 1:
+        return [], []
+    kv = 2 * plan.micro_batch_size * seq_len * plan.cp * (model.kv_width // plan.tp) * DTYPE_BYTES[plan.precision]
+    return ([Collective("allgather", kv, core_s[0], "cp")], [Collective("allreduce", kv, core_s[1], "cp")])
 
 
 def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> dict[str, tuple[list[Collective], list[Collective]]]:
@@ -241,22 +262,33 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     ``price(ops)`` returns the (forward, input-gradient, weight-gradient, attention-core forward)
     seconds of one layer's operators (:mod:`mindpipe.simulator.ops`); this function adds the layer
     structure, the TP collectives, the pipeline boundary bytes and the parameters.
+
+    Under context parallelism (``plan.cp`` > 1) a rank is priced as the model at s/cp tokens —
+    every layer but the attention core, which attends over the whole sequence
+    (:func:`~mindpipe.simulator.ops.block_ops`) — plus each block's K/V ring
+    (:func:`cp_collectives`).
     """
     d = DTYPE_BYTES[plan.precision]
-    b, s, t, sp = plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel
-    fwd_comm, bwd_comm = tp_collectives(model, plan)
-    out_bytes = boundary_bytes(model, plan)
+    b, s, t, sp = plan.micro_batch_size, model.seq_len // plan.cp, plan.tp, plan.sequence_parallel
+    fwd_comm, bwd_comm = tp_collectives(model, plan, s)
+    out_bytes = boundary_bytes(model, plan, s)
     params = {name: n for name, _, n in layer_params(model, t)}
-    vocab = vocab_collectives(model, plan)
+    vocab = vocab_collectives(model, plan, s)
     emb_fwd, emb_bwd = vocab.get("embedding", ([], []))
     head_fwd, head_bwd = vocab.get("lm_head", ([], []))
     f, i, w, _ = price(embedding_ops(model, b, s, t, d))
     layers = [LayerCost("embedding", "embedding", f, i, w, 0.0, emb_fwd, emb_bwd, out_bytes, params["embedding"])]
-    ops = block_ops(model, b, s, t, sp, d, flash_attention=plan.flash_attention)
+    ops = block_ops(model, b, s, t, sp, d, flash_attention=plan.flash_attention, cp=plan.cp)
     f, i, w, core = price(ops)
     if plan.tp_comm_overlap and fwd_comm:
         g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)
         fwd_comm, bwd_comm = with_overlap(fwd_comm, g_fwd), with_overlap(bwd_comm, g_bwd)
+    # Per half (attention, mlp): the TP collectives, with the K/V ring in the attention half.
+    core_bwd = price([o for o in ops if o.attention_core and o.phase == "backward_input"])[1]
+    cp_fwd, cp_bwd = cp_collectives(model, plan, s, (core, core_bwd))
+    (fa, fm), (ba, bm) = split_halves(fwd_comm), split_halves(bwd_comm)
+    comm_halves = ((fa + cp_fwd, fm), (ba + cp_bwd, bm))
+    fwd_comm, bwd_comm = fa + cp_fwd + fm, ba + cp_bwd + bm
     halves = split_ops(ops)
     split = [price(part) for part in halves]
     # The memory-bound operators outside the attention core, priced by the same model: with the
@@ -266,11 +298,11 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
         name = f"block.{k}"
         whole = LayerCost(name, "block", f, i, w, core, list(fwd_comm), list(bwd_comm), out_bytes, params[name])
         whole.recompute_nongemm_s = core + sum(cheap)
-        whole.parts = block_parts(model, plan, whole, [x[:3] for x in split], split[0][3], out_bytes)
+        whole.parts = block_parts(model, plan, whole, [x[:3] for x in split], split[0][3], out_bytes, comm_halves)
         whole.parts[0].recompute_nongemm_s = split[0][3] + cheap[0]
         whole.parts[1].recompute_nongemm_s = cheap[1]
         layers.append(whole)
-    f, i, w, _ = price(final_norm_ops(model, b, s, t, sp, d))
+    f, i, w, _ = price(final_norm_ops(model, b, s, t, sp, d))  # s: a context-parallel rank's tokens
     layers.append(LayerCost("final_norm", "final_norm", f, i, w, output_bytes=out_bytes, param_count=params["final_norm"]))
     f, i, w, _ = price(lm_head_ops(model, b, s, t, d, plan.loss_chunks, plan.fused_head_loss))
     layers.append(LayerCost("lm_head", "lm_head", f, i, w, 0.0, head_fwd, head_bwd, 0, params["lm_head"]))
@@ -278,14 +310,17 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
 
 
 def block_parts(model: Model, plan: Plan, whole: LayerCost, times: Sequence[Sequence[float]], core_s: float,
-                cut_bytes: int) -> tuple[LayerCost, LayerCost]:
+                cut_bytes: int, comm_halves: tuple[tuple[list[Collective], list[Collective]],
+                                                   tuple[list[Collective], list[Collective]]] | None = None
+                ) -> tuple[LayerCost, LayerCost]:
     """The (attention, mlp) parts of the block ``whole`` (:mod:`mindpipe.simulator.block_parts`).
 
     ``times`` are each part's (forward, input-gradient, weight-gradient) seconds, ``core_s`` the
     attention core's forward (selective recompute re-runs it, all in the attention part) and
-    ``cut_bytes`` what a boundary after the attention part sends.
+    ``cut_bytes`` what a boundary after the attention part sends. ``comm_halves`` gives each part's
+    (forward, backward) collectives; by default ``whole``'s, split in half (one per sub-layer).
     """
-    fwd, bwd = split_halves(whole.forward_comm), split_halves(whole.backward_comm)
+    fwd, bwd = (split_halves(whole.forward_comm), split_halves(whole.backward_comm)) if comm_halves is None else comm_halves
     params = part_params(model, plan.tp)
     (fa, ia, wa), (fm, im, wm) = times
     attention = LayerCost(f"{whole.name}.attention", "block", fa, ia, wa, core_s, fwd[0], bwd[0], cut_bytes,
@@ -388,6 +423,10 @@ class TraceComputeModel:
 
     def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
         """Per-layer costs from the trace (see class docstring)."""
+        if plan.cp > 1:
+            # A context-parallel rank's layers run at s/cp tokens, its attention over all s keys.
+            raise ContractError(self.source, "cp", f"cp={plan.cp} needs the attention priced at a rank's share of "
+                                "the sequence: simulate it with a hardware compute model, not a trace")
         if plan.tp_comm_overlap:
             # The overlap pairs each collective with one GEMM's time (tp_overlap_gemms); a trace's
             # blocks are timed whole.

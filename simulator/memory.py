@@ -324,7 +324,8 @@ def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
     that storage is the fp32 master copy (in ``OPTIMIZER_BYTES``), under fp32 it is a copy of its
     own (1/dp more under ZeRO ≥ 1; a whole second copy for ZeRO-0's replica).
     """
-    p, dp, z = plan.precision, plan.dp, plan.zero_stage
+    # The ranks that shard a distributed optimizer: dp·cp (context-parallel ranks hold the same weights).
+    p, dp, z = plan.precision, plan.grad_replicas, plan.zero_stage
     whole = keeps_gathered_weights(plan)
     if reshards_after_forward(plan):
         # At rest only the shards: fp32's own; under mixed precision the fp32 master shard (in
@@ -413,6 +414,10 @@ class StageMemoryModel:
 
     def __init__(self, model: Model, plan: Plan, device: DeviceSpec, reserved_bytes: float | None,
                  seq_len: int | None, *, split_backward: bool = False) -> None:
+        # A context-parallel rank holds the activations of its s/cp tokens (the attention core's
+        # are FlashAttention's per-row statistics of its own queries: plan.cp needs flash_attention).
+        if plan.cp > 1:
+            seq_len = (seq_len or model.seq_len) // plan.cp
         self.model, self.plan, self.device, self.seq_len = model, plan, device, seq_len
         self.split_backward = split_backward
         cpu = device.kind == "cpu"

@@ -66,7 +66,7 @@ from mindpipe.traces.trace import Trace
 
 GIB = 2**30
 # Plan fields that change per-layer costs (micro-batch shape, sharding, dtype); the cost cache key.
-COST_FIELDS = ("tp", "micro_batch_size", "sequence_parallel", "precision", "tp_comm_overlap", "flash_attention",
+COST_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "precision", "tp_comm_overlap", "flash_attention",
                "loss_chunks", "fused_head_loss")
 
 
@@ -243,7 +243,7 @@ class Simulator:
         """
         topo = self.topology(plan)
         p2p = topo.p2p_bandwidth_Bps(0, 1) if plan.pp > 1 else 0.0
-        return p2p, topo.group_bandwidth_Bps("dp", 0) if plan.dp > 1 else 0.0
+        return p2p, topo.group_bandwidth_Bps("dp", 0) if plan.grad_replicas > 1 else 0.0
 
     # -- simulation ----------------------------------------------------------------------------
     def work(self, plan: Plan) -> tuple[Schedule, Topology, list[StageWork], list[RankWork], list[int]]:
@@ -373,7 +373,7 @@ class Simulator:
             intensity = (hourly_intensity(series, when, t), f"hourly series, mean over {stamp(when)} + {t:.6g} s")
         else:
             intensity = annual_intensity(cluster.region)
-        energy = energy_report(device, t, list(res.compute_s), plan.dp * plan.tp, cluster.pue, intensity, busy_w)
+        energy = energy_report(device, t, list(res.compute_s), plan.grad_replicas * plan.tp, cluster.pue, intensity, busy_w)
         extra: dict[str, Any] = {
             "schedule": schedule.name,
             "num_microbatches": plan.num_microbatches,

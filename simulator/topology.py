@@ -3,6 +3,9 @@
 Ranks are placed on nodes in Megatron's default order — tensor-parallel innermost, then data,
 then pipeline (``rank_order="tp-dp-pp"``; Narayanan et al. SC'21 §3.2: keep TP inside a node) —
 unless the plan names another order. Global rank ``g`` lives on node ``g // gpus_per_node``.
+Under context parallelism the ``dp`` axis holds dp·cp ranks, the cp ranks of one replica
+consecutive (Megatron-core's ``tp-cp-dp-pp``): gradients are reduced over the whole axis, the
+``cp`` group is its first cp members.
 
 Links (capacities in bytes/s, one direction):
 
@@ -70,7 +73,7 @@ class Topology:
         axes = tuple(self.rank_order.split("-"))
         if sorted(axes) != sorted(AXES):
             raise ValueError(f"rank_order {self.rank_order!r} must order tp, dp and pp, e.g. tp-dp-pp")
-        sizes = {"tp": self.plan.tp, "dp": self.plan.dp, "pp": self.plan.pp}
+        sizes = {"tp": self.plan.tp, "dp": self.plan.grad_replicas, "pp": self.plan.pp}
         stride = 1
         self._stride: dict[str, int] = {}
         for ax in axes:
@@ -113,7 +116,7 @@ class Topology:
         if members is None:
             base, sd, st = self.global_rank(pp_rank), self._stride["dp"], self._stride["tp"]
             members = self._members_memo[pp_rank] = [
-                (d, t, base + d * sd + t * st) for d in range(self.plan.dp) for t in range(self.plan.tp)]
+                (d, t, base + d * sd + t * st) for d in range(self.plan.grad_replicas) for t in range(self.plan.tp)]
         return members
 
     # -- link capacities ----------------------------------------------------------------------
@@ -160,7 +163,7 @@ class Topology:
         return [Phase("p2p", 2, "nic", (flow,), nbytes)]
 
     def collective(self, op: str, nbytes: float, axis: str, pp_rank: int, count: int = 1) -> list[Phase]:
-        """Phases of a ring collective over the ``axis`` ("dp" or "tp") group of the representative.
+        """Phases of a ring collective over the ``axis`` ("dp", "tp" or "cp") group of the representative.
 
         ``count`` back-to-back collectives of ``nbytes`` each are merged into one set of phases
         (the bytes add up, and so do the latencies).
@@ -176,11 +179,11 @@ class Topology:
         return list(phases)
 
     def _collective(self, op: str, nbytes: float, axis: str, pp_rank: int, count: int) -> list[Phase]:
-        size = self.plan.dp if axis == "dp" else self.plan.tp
+        size = {"dp": self.plan.grad_replicas, "cp": self.plan.cp, "tp": self.plan.tp}[axis]
         if size == 1 or nbytes <= 0:
             return []
-        members = [self.global_rank(pp_rank, d, 0) for d in range(size)] if axis == "dp" else [
-            self.global_rank(pp_rank, 0, t) for t in range(size)]
+        members = [self.global_rank(pp_rank, 0, t) for t in range(size)] if axis == "tp" else [
+            self.global_rank(pp_rank, d, 0) for d in range(size)]
         rep = members[0]
         n0 = self.node(rep)
         nodes = sorted({self.node(g) for g in members})

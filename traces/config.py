@@ -55,9 +55,13 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # synchronize), while torch.distributed.pipelining's runtime waits for its sends at the step's end;
 # it only ever costs time, so ``--what-if all`` leaves it out: the validation of Megatron's published
 # runs sets it, and ``tune --what-if blocking_p2p --fix blocking_p2p=true`` pins it (tuner.keys).
+# ``cp`` > 1 (context parallelism: each sequence split over cp ranks, K and V passed round a ring
+# under the attention, Megatron-core with Transformer Engine) needs attention that exchanges K/V
+# between ranks, which the executor's attention does not do; the simulator prices it (``mindpipe
+# simulate``, ``validate nemo-h100``) and the tuner never proposes it.
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
                                          "tp_comm_overlap": False, "overlap_param_gather": False}
-WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False}
+WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False, "cp": 1}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
@@ -359,7 +363,7 @@ class MadeFor:
         return f"{self.label} on {where} ({c.world_size} device{'s' if c.world_size != 1 else ''})"
 
 
-_PLAN_INTEGER_LIMITS = {"dp": "devices", "tp": "devices", "pp": "devices", "micro_batch_size": "micro_batch_size",
+_PLAN_INTEGER_LIMITS = {"dp": "devices", "tp": "devices", "pp": "devices", "cp": "devices", "micro_batch_size": "micro_batch_size",
                         "global_batch_size": "global_batch_size", "virtual_stages": "virtual_stages",
                         "subnet_window": "subnet_window", "loss_chunks": "loss_chunks"}
 _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRECISIONS,
@@ -452,6 +456,16 @@ class Plan:
     ``overlap_p2p_comm`` (NeMo's recipes) and torch.distributed.pipelining's runtime (the executor)
     leave sends in flight; it is a what-if knob (:data:`WHAT_IF_KEYS`), set by the validation of
     Megatron's published runs (:mod:`mindpipe.simulator.perf.vtrain`).
+    ``cp`` is context parallelism (Megatron-core ``--context-parallel-size`` with Transformer
+    Engine's attention, the p2p ring): each sequence is split over ``cp`` ranks, which hold the
+    same weights; every layer but the attention core works on their s/cp tokens, and the causal
+    core of each rank attends its query chunks (two of 2·cp, balanced: chunk i and 2·cp−1−i) over
+    every key, K and V passing round the ring of cp ranks step by step under the core's compute,
+    their gradients likewise in the backward; gradients are reduced, and a distributed optimizer
+    sharded, over dp·cp ranks. Ranks are laid out tp-cp-dp-pp (Megatron-core's order: the cp
+    ranks of one data-parallel replica are neighbours inside the ``dp`` axis). It needs
+    ``flash_attention`` (TE's fused kernel is the one CP supports) and s divisible by 2·cp; it is a
+    what-if knob (the executor runs cp = 1), priced by the simulator only.
     """
 
     dp: int = 1
@@ -473,6 +487,7 @@ class Plan:
     loss_chunks: int = 1
     fused_head_loss: bool = False
     blocking_p2p: bool = False
+    cp: int = 1
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
@@ -488,7 +503,7 @@ class Plan:
         check_format_version(self.format_version, PLAN_FORMAT_VERSION, "plans")
         for key in PLAN_SCALAR_KEYS:
             check_plan_key(key, getattr(self, key))
-        within_limit("dp", self.world_size, "devices", "dp×tp×pp")
+        within_limit("dp", self.world_size, "devices", "dp×tp×pp" if self.cp == 1 else "dp×tp×pp×cp")
         per_step = self.micro_batch_size * self.dp
         if self.global_batch_size % per_step:
             raise ContractError(
@@ -517,6 +532,10 @@ class Plan:
             # also asks for --overlap-grad-reduce; the two are separate mechanisms here.
             raise ContractError("", "overlap_param_gather", f"overlap_param_gather=true needs zero_stage 1 or 2 "
                                 f"(the distributed optimizer's all-gather), got {self.zero_stage}")
+        if self.cp > 1 and not self.flash_attention:
+            # Megatron-core: context parallelism runs in Transformer Engine's DotProductAttention only.
+            raise ContractError("", "cp", f"cp={self.cp} needs flash_attention=true (context parallelism runs in "
+                                "the fused attention kernel)")
         within_limit("pp", self.num_stages, "pipeline_stages", "pp×virtual_stages")
         # m >= 1 here: global_batch_size is a positive multiple of micro_batch_size×dp.
         within_limit("global_batch_size", self.num_microbatches, "micro_batches", "m")
@@ -579,8 +598,13 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        """Devices the plan needs: dp·tp·pp."""
-        return self.dp * self.tp * self.pp
+        """Devices the plan needs: dp·tp·pp·cp."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def grad_replicas(self) -> int:
+        """Ranks that hold the same weights and reduce their gradients together: dp·cp."""
+        return self.dp * self.cp
 
 
 def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
@@ -639,6 +663,11 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
         fail("fused_head_loss", "fused_head_loss=true needs an untied LM head (tie_embeddings=false)")
     if plan.sequence_parallel and model.seq_len % plan.tp:
         fail("sequence_parallel", f"tp={plan.tp} does not divide seq_len={model.seq_len} (sequence parallelism)")
+    if plan.cp > 1 and model.seq_len % (2 * plan.cp):
+        fail("cp", f"2×cp={2 * plan.cp} does not divide seq_len={model.seq_len} (context parallelism's balanced chunks)")
+    if plan.cp > 1 and plan.sequence_parallel and (model.seq_len // plan.cp) % plan.tp:
+        fail("sequence_parallel", f"tp={plan.tp} does not divide a context-parallel rank's "
+                                  f"seq_len/cp={model.seq_len // plan.cp} tokens (sequence parallelism)")
     if plan.loss_chunks > plan.micro_batch_size * model.seq_len:
         fail("loss_chunks", f"loss_chunks={plan.loss_chunks} exceeds the micro-batch's tokens "
                             f"micro_batch_size×seq_len={plan.micro_batch_size * model.seq_len}")
@@ -661,9 +690,11 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
     if plan.schedule == "interleaved_1f1b" and plan.pp > 1 and m % plan.pp:
         fail("global_batch_size", f"interleaved_1f1b needs micro-batches m={m} to be a multiple of pp={plan.pp}")
     if cluster is not None and plan.world_size != cluster.world_size:
+        mesh = (f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}" if plan.cp == 1
+                else f"dp×tp×pp×cp={plan.dp}×{plan.tp}×{plan.pp}×{plan.cp}")
         fail(
             "dp",
-            f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} does not equal the cluster's "
+            f"{mesh}={plan.world_size} does not equal the cluster's "
             f"{cluster.num_nodes}×{cluster.gpus_per_node}={cluster.world_size} devices",
         )
     if cluster is not None:

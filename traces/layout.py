@@ -132,7 +132,7 @@ def reshards_after_forward(plan: Plan) -> bool:
     With gradient accumulation the weights are freed after each backward too
     (:func:`reduces_every_microbatch`), so a step of m micro-batches gathers them 2·m times.
     """
-    return plan.zero_stage == 3 and plan.dp > 1 and plan.pp == 1
+    return plan.zero_stage == 3 and plan.grad_replicas > 1 and plan.pp == 1
 
 
 def keeps_gathered_weights(plan: Plan) -> bool:
@@ -144,7 +144,7 @@ def keeps_gathered_weights(plan: Plan) -> bool:
     buffer (checked on CPU/gloo: the unsharded parameter's storage is not the replica's), so an
     fp32 replica holds its weights twice during the step.
     """
-    return plan.dp > 1 and not reshards_after_forward(plan)
+    return plan.grad_replicas > 1 and not reshards_after_forward(plan)
 
 
 def reduces_every_microbatch(plan: Plan) -> bool:
@@ -155,7 +155,7 @@ def reduces_every_microbatch(plan: Plan) -> bool:
     under ZeRO-3, before each backward). Under pipelining torch's runtime reduces once per step
     (:func:`accumulates_whole_gradients`).
     """
-    return plan.zero_stage >= 2 and plan.dp > 1 and plan.pp == 1 and plan.num_microbatches > 1
+    return plan.zero_stage >= 2 and plan.grad_replicas > 1 and plan.pp == 1 and plan.num_microbatches > 1
 
 
 def accumulates_whole_gradients(plan: Plan) -> bool:
@@ -165,7 +165,7 @@ def accumulates_whole_gradients(plan: Plan) -> bool:
     the step ends. Without pipelining the executor keeps FSDP2's per-micro-batch reduction
     (:func:`reduces_every_microbatch`).
     """
-    return plan.zero_stage >= 2 and plan.dp > 1 and plan.num_microbatches > 1 and not reduces_every_microbatch(plan)
+    return plan.zero_stage >= 2 and plan.grad_replicas > 1 and plan.num_microbatches > 1 and not reduces_every_microbatch(plan)
 
 
 def data_parallel_units(plan: Plan, num_blocks: int) -> int:
@@ -176,7 +176,7 @@ def data_parallel_units(plan: Plan, num_blocks: int) -> int:
     (ZeRO ≥ 1). Each wrapped module runs hooks around its forward and backward (unshard, reshard,
     gradient bookkeeping), a host cost calibration fits per module.
     """
-    if plan.dp == 1 and plan.precision == "fp32":
+    if plan.grad_replicas == 1 and plan.precision == "fp32":
         return 0
     return 1 if plan.zero_stage == 0 else num_blocks + 1
 

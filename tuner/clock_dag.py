@@ -73,7 +73,7 @@ class ClockDag:
             compute_w=[st.weight_action_s for st in stages], tp_f=[alone(st.fwd_tp) for st in stages],
             tp_b=[alone(st.bwd_tp) for st in stages], send_f=[alone(st.send_fwd) for st in stages],
             send_b=[alone(st.send_bwd) for st in stages], table=sim.clock_table(plan, set(clocks)), power=sim.power,
-            devices_per_rank=plan.dp * plan.tp)
+            devices_per_rank=plan.grad_replicas * plan.tp)
         default = dag.power.spec.default_sm_clock_MHz
         span = dag.span([default] * plan.pp)[0]
         dag.tail_s = max(0.0, sim.run(dataclasses.replace(plan, stage_clocks_mhz=None)).iteration_time_s - span)

@@ -16,8 +16,9 @@ pre-hooks, which DTensor and FSDP2 do not have. ``mindpipe tune --what-if`` sear
 (``SEARCHED_WHAT_IF_KEYS``); the fifth, ``action_clocks_mhz``, only the clock planner sets
 (:mod:`mindpipe.tuner.frequency`); the sixth, ``blocking_p2p`` (Megatron's blocking pipeline
 exchanges), ``--what-if blocking_p2p --fix blocking_p2p=true`` pins to plan for a Megatron-LM
-deployment (``all`` leaves it out: it only costs time). Every output marks a plan that uses one
-(:func:`what_if_used`).
+deployment (``all`` leaves it out: it only costs time); the seventh, ``cp`` (context
+parallelism), changes the devices a plan needs and is priced by ``mindpipe simulate`` only: the
+tuner never proposes it. Every output marks a plan that uses one (:func:`what_if_used`).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
     known = (*SEARCHED_WHAT_IF_KEYS, *PIN_ONLY_WHAT_IF_KEYS)
     for key in items:
         if key not in known:
-            what = ("is a what-if knob only the clock planner sets" if key in WHAT_IF_KEYS else "is not a what-if knob")
+            what = ("is priced by mindpipe simulate only; the tuner does not search it" if key == "cp" else
+                    "is a what-if knob only the clock planner sets" if key in WHAT_IF_KEYS else "is not a what-if knob")
             raise ContractError("--what-if", key, f"{key} {what} (known: all, {', '.join(known)})")
     return tuple(k for k in known if k in items)
 
@@ -165,6 +167,9 @@ def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
         elif key in POINT_KEYS or key in SUPERNET_POINT_KEYS:
             values = [_parse_scalar(key, v) for v in value.split(",")]
             out[key] = values[0] if len(values) == 1 else values
+        elif key == "cp":
+            raise ContractError("--fix", key, "cp: context parallelism is priced by mindpipe simulate only; the tuner "
+                                "does not search it (its plans run in the executor, which runs cp=1)")
         else:
             known = ", ".join((*POINT_KEYS, *SUPERNET_POINT_KEYS, *LIST_KEYS))
             raise ContractError("--fix", key, f"{key}: not a plan key (known: {known})")

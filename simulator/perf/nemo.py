@@ -28,9 +28,10 @@ and reported by the error: the gradient reduce-scatter in bf16 (``grad_sync_dtyp
 recipes; the plan reduces fp32 main gradients), TE's extra all-gather of the normed input for the
 weight gradient, and the userbuffers' SM sharing.
 
-Context parallelism (``cp`` > 1, two Llama 3 rows) is not a MindPipe plan dimension: those rows
-load with ``plan=None`` and ``unsupported="context_parallel"``; ``mindpipe validate nemo-h100``
-lists them and leaves them out of every error figure.
+Context parallelism (``cp`` > 1, the two Llama 3 rows) is the plan's ``cp`` (a what-if knob the
+simulator prices: each rank's s/cp tokens, the attention over the whole sequence with the K/V
+ring under it; Megatron-core's ``context_parallel_size`` with TE's p2p attention); those rows are
+in the hold-out half (:func:`mindpipe.simulator.perf.nemo_validate.nemo_split`).
 """
 
 from __future__ import annotations
@@ -100,23 +101,21 @@ class NemoRow:
     Attributes:
         name: The table's model name (``GPT3-175B``).
         model, cluster: MindPipe contracts for the run.
-        plan: The plan, or None for a row MindPipe cannot express (``unsupported`` says why).
+        plan: The plan.
         measured_iteration_time_s: Derived from the published tokens/s per GPU (module docstring).
         source: ``<file>:<line>`` of the row.
-        cp: Context-parallel degree of the row.
+        cp: Context-parallel degree of the row (the plan's ``cp``).
         model_tflops_per_gpu: As published.
-        unsupported: None, or ``"context_parallel"``.
     """
 
     name: str
     model: Model
     cluster: Cluster
-    plan: Plan | None
+    plan: Plan
     measured_iteration_time_s: float
     source: str
     cp: int
     model_tflops_per_gpu: float
-    unsupported: str | None = None
 
 
 @functools.lru_cache(maxsize=1)
@@ -150,11 +149,11 @@ def _fields(model: Model) -> dict[str, Any]:
 
 
 def nemo_plan(gpus: int, global_batch: int, micro_batch: int, tp: int, pp: int, vp: int,
-              recipe: NemoRecipe | None = None) -> Plan:
-    """The MindPipe plan of a NeMo performance-recipe row without context parallelism (module docstring);
-    without ``recipe``, no TP overlap and no recompute."""
-    dp = gpus // (tp * pp)
-    return Plan(dp=dp, tp=tp, pp=pp, micro_batch_size=micro_batch, global_batch_size=global_batch,
+              recipe: NemoRecipe | None = None, cp: int = 1) -> Plan:
+    """The MindPipe plan of a NeMo performance-recipe row (module docstring); without ``recipe``, no
+    TP overlap and no recompute."""
+    dp = gpus // (tp * pp * cp)
+    return Plan(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch_size=micro_batch, global_batch_size=global_batch,
                 schedule="interleaved_1f1b" if vp > 1 else "1f1b", virtual_stages=vp,
                 recompute=recipe.recompute if recipe is not None else "none",
                 sequence_parallel=tp > 1, zero_stage=1, precision="fp8", overlap_grad_reduce=True,
@@ -185,18 +184,15 @@ def _row(cells: dict[str, str], where: str) -> NemoRow:
     try:
         model = _model(name, v["seq_len"], tp)
         cluster = load_cluster(f"{GPU}:{gpus // per_node}x{per_node}")
-        plan = None
-        if cp == 1:
-            plan = nemo_plan(gpus, v["global_batch"], v["micro_batch"], tp, pp, v["vp"], models[name].recipe)
-            check_plan(plan, model, cluster, source=where)
+        plan = nemo_plan(gpus, v["global_batch"], v["micro_batch"], tp, pp, v["vp"], models[name].recipe, cp)
+        check_plan(plan, model, cluster, source=where)
     except ContractError as e:
         raise ContractError(where, e.key, e.rule) from None
-    return NemoRow(name, model, cluster, plan, seconds, where, cp, tflops,
-                   None if plan is not None else "context_parallel")
+    return NemoRow(name, model, cluster, plan, seconds, where, cp, tflops)
 
 
 def load_nemo(path: str | Path) -> list[NemoRow]:
-    """Read a NeMo performance CSV (header checked; ``cp`` > 1 rows kept with ``plan=None``).
+    """Read a NeMo performance CSV (header checked).
 
     Raises:
         ContractError: naming ``<file>:<line>`` and the column for a bad header or row.

@@ -64,7 +64,7 @@ def constants_doc(value: float, holdout_mape: float, data: str, fit_rows: Sequen
             "fit_files": [f"validation/{name}: " + ", ".join(f"{r.name} (line {r.source.rsplit(':', 1)[1]})"
                                                              for r in fit_rows)
                           + f" = nemo_split(seed={SPLIT_SEED})"],
-            "holdout_files": [f"validation/{name}: the other simulated rows (context-parallel rows excluded)"],
+            "holdout_files": [f"validation/{name}: the other rows (the context-parallel ones among them)"],
             "holdout_mape_percent": round(holdout_mape, 2),
         }},
     }

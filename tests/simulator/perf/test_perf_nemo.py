@@ -39,7 +39,9 @@ def test_interleaved_and_context_parallel_rows(tmp_path: Path) -> None:
     rows = load_nemo(_csv(tmp_path, "GPT3-175B,128,256,1,2048,4,8,1,6,726,782", "LLAMA3-8B,8,128,1,8192,1,1,2,1,12036,697"))
     p = rows[0].plan
     assert p is not None and (p.schedule, p.virtual_stages, p.sequence_parallel, p.dp) == ("interleaved_1f1b", 6, True, 4)
-    assert rows[1].plan is None and rows[1].unsupported == "context_parallel" and rows[1].cp == 2
+    q = rows[1].plan
+    assert rows[1].cp == 2 and (q.cp, q.dp, q.tp, q.pp, q.flash_attention) == (2, 4, 1, 1, True)
+    assert q.world_size == 8
 
 
 @pytest.mark.parametrize(("row", "head", "match"), [
@@ -78,12 +80,12 @@ def test_architectures_have_their_nominal_size(name: str, billions: float) -> No
 
 
 @needs_data
-def test_split_fits_on_at_most_half_and_excludes_cp_rows() -> None:
+def test_split_fits_on_at_most_half_and_holds_the_cp_rows_out() -> None:
     rows = load_nemo(CSV)
     fit, hold = nemo_split(rows)
-    assert len(rows) == 12 and len(fit) == 5 and len(hold) == 5
+    assert len(rows) == 12 and len(fit) == 5 and len(hold) == 7
     assert not {r.source for r in fit} & {r.source for r in hold}
-    assert all(r.plan is not None for r in fit + hold)
+    assert all(r.cp == 1 for r in fit) and {r.name for r in hold if r.cp > 1} == {"LLAMA3-8B", "LLAMA3-70B"}
 
 
 @needs_data
@@ -91,8 +93,8 @@ def test_report_matches_the_shipped_fit_record() -> None:
     """The shipped fp8.json's hold-out MAPE is what the command reports (re-fit when the model changes)."""
     report = nemo_report(load_nemo(CSV))
     record = read_constants(shipped="fp8.json").records[FP8_KEY]
-    assert report["n"] == 10 and len(report["unsupported"]) == 2
-    assert report["fit_half"]["n"] + report["holdout_half"]["n"] == 10
+    assert report["n"] == 12
+    assert report["fit_half"]["n"] + report["holdout_half"]["n"] == 12
     if record.method == "fit":
         assert report["holdout_half"]["mape"] == pytest.approx(record.holdout_mape_percent, abs=0.01)
 
@@ -101,8 +103,9 @@ def test_report_matches_the_shipped_fit_record() -> None:
 def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "nemo-h100", "--data", str(CSV), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["dataset"] == "nemo-h100" and out["precision"] == "fp8" and out["n"] == 10
-    assert {u["model"] for u in out["unsupported"]} == {"LLAMA3-8B", "LLAMA3-70B"}
+    assert out["dataset"] == "nemo-h100" and out["precision"] == "fp8" and out["n"] == 12
+    assert {r["model"] for r in out["rows"] if r["cp"] == 2} == {"LLAMA3-8B", "LLAMA3-70B"}
+    assert {r["half"] for r in out["rows"] if r["cp"] == 2} == {"holdout"}
     assert {r["half"] for r in out["rows"]} == {"fit", "holdout"}
 
 

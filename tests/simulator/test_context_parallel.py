@@ -1,0 +1,145 @@
+"""Context parallelism (the plan's ``cp``): contract, per-rank costs, the K/V ring, placement, memory, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from mindpipe.simulator.api import simulate
+from mindpipe.simulator.costs import TraceComputeModel, cp_collectives, op_layer_costs, roofline_time
+from mindpipe.simulator.memory import model_state_bytes
+from mindpipe.simulator.ops import block_ops
+from mindpipe.simulator.topology import Topology
+from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.catalog import get_device
+from mindpipe.traces.config import Cluster, Model, Plan, check_plan, what_if_used
+from mindpipe.traces.errors import ContractError
+
+LLAMA = load_model("llama3-8b")  # s 8192, GQA 32/8
+H100x8 = load_cluster("h100-sxm5-80gb:1x8")
+
+
+def _plan(**kw) -> Plan:
+    base = {"dp": 2, "tp": 2, "pp": 1, "cp": 2, "micro_batch_size": 1, "global_batch_size": 4, "flash_attention": True,
+            "precision": "bf16"}
+    return Plan(**{**base, **kw})
+
+
+def test_contract_world_size_and_what_if() -> None:
+    p = _plan()
+    assert p.world_size == 8 and p.grad_replicas == 4 and p.num_microbatches == 2
+    assert what_if_used(p) == ["cp"] and p.as_executed().cp == 1
+    check_plan(p, LLAMA, H100x8)
+    with pytest.raises(ContractError, match="cp=2 needs flash_attention=true"):
+        _plan(flash_attention=False)
+    with pytest.raises(ContractError, match="cp=0 must be"):
+        _plan(cp=0)
+    odd = dataclasses.replace(LLAMA, seq_len=8190)
+    with pytest.raises(ContractError, match=r"2×cp=4 does not divide seq_len=8190"):
+        check_plan(_plan(), odd, H100x8)
+    with pytest.raises(ContractError, match=r"dp×tp×pp×cp=2×2×1×2=8 does not equal the cluster's 2×8=16"):
+        check_plan(_plan(), LLAMA, load_cluster("h100-sxm5-80gb:2x8"))
+
+
+def test_a_rank_prices_its_share_of_the_sequence_and_the_whole_attention() -> None:
+    s, cp = LLAMA.seq_len, 2
+    whole = block_ops(LLAMA, 1, s, 2, flash_attention=True)
+    share = block_ops(LLAMA, 1, s // cp, 2, flash_attention=True, cp=cp)
+
+    def flops(ops, core: bool) -> float:
+        return sum(o.flops for o in ops if o.attention_core == core)
+
+    assert flops(share, False) == pytest.approx(flops(whole, False) / cp)  # GEMMs on s/cp tokens
+    assert flops(share, True) == pytest.approx(flops(whole, True) / cp)  # balanced causal chunks
+    # One fused kernel per step of the ring, in each direction.
+    assert sum(o.kind == "flash" for o in share) == 2 * cp and sum(o.kind == "flash" for o in whole) == 2
+    with pytest.raises(ValueError, match="fused attention kernel only"):
+        block_ops(LLAMA, 1, s // cp, 2, flash_attention=False, cp=cp)
+
+
+def test_kv_ring_bytes_and_group() -> None:
+    p = _plan()
+    s_local = LLAMA.seq_len // 2
+    fwd, bwd = cp_collectives(LLAMA, p, s_local, (1e-3, 2e-3))
+    kv = 2 * 1 * LLAMA.seq_len * (LLAMA.kv_width // 2) * 2  # K and V of the whole sequence, local heads, bf16
+    assert [(c.op, c.nbytes, c.axis, c.overlap_s) for c in fwd] == [("allgather", kv, "cp", 1e-3)]
+    assert [(c.op, c.nbytes, c.axis, c.overlap_s) for c in bwd] == [("allreduce", kv, "cp", 2e-3)]
+    assert cp_collectives(LLAMA, dataclasses.replace(p, cp=1), s_local) == ([], [])
+    # The block's layer costs carry the ring in its attention part.
+    layers = op_layer_costs(LLAMA, p, lambda ops: roofline_time(ops, 1e15, 2e12))
+    block = next(c for c in layers if c.kind == "block")
+    assert [c.axis for c in block.forward_comm].count("cp") == 1
+    attention, mlp = block.parts
+    # tp 2 without sequence parallelism: one all-reduce per sub-layer, the ring with the attention's.
+    assert [(c.op, c.axis) for c in attention.forward_comm] == [("allreduce", "tp"), ("allgather", "cp")]
+    assert [(c.op, c.axis) for c in mlp.forward_comm] == [("allreduce", "tp")]
+    assert [(c.op, c.axis) for c in attention.backward_comm] == [("allreduce", "tp"), ("allreduce", "cp")]
+
+
+def test_cp_ranks_are_neighbours_inside_the_data_parallel_axis() -> None:
+    p = _plan()
+    t = Topology(p, H100x8, get_device(H100x8.gpu))
+    # tp-cp-dp-pp: rank = tp + 2·(cp + 2·dp); the cp peer of rank 0 is rank 2, the dp peer rank 4.
+    assert [t.global_rank(0, d, 0) for d in range(p.grad_replicas)] == [0, 2, 4, 6]
+    ring = t.collective("allgather", 1000.0, "cp", 0)
+    assert len(ring) == 1 and ring[0].link_type == "nvlink" and ring[0].group_size == 2
+    assert ring[0].flows[0].links == (("nvout", 0), ("nvin", 2))
+    assert t.collective("allreduce", 1000.0, "dp", 0)[0].group_size == 4  # gradients over dp·cp
+
+
+def test_optimizer_shards_over_dp_times_cp() -> None:
+    assert model_state_bytes(1e9, _plan(zero_stage=1)) == model_state_bytes(
+        1e9, dataclasses.replace(_plan(zero_stage=1), cp=1, dp=4))
+
+
+def test_simulated_memory_and_time_of_a_long_sequence() -> None:
+    """Llama 3 8B at s 8192 on 8 H100: cp 2 holds half the activations of cp 1 at the same dp·cp."""
+    cp2 = Plan(dp=4, cp=2, micro_batch_size=1, global_batch_size=32, flash_attention=True, zero_stage=1)
+    cp1 = dataclasses.replace(cp2, cp=1, dp=8)
+    a, b = simulate(LLAMA, H100x8, cp2), simulate(LLAMA, H100x8, cp1)
+    acts = [s["activations_bytes"] for s in (a.extra["memory_by_stage"][0], b.extra["memory_by_stage"][0])]
+    assert acts[0] == pytest.approx(acts[1] / 2, rel=0.02)
+    assert a.peak_memory_gib < b.peak_memory_gib
+    # Same work per device (dp·cp equal), plus the ring's exposed part: a little slower, not more.
+    assert b.iteration_time_s < a.iteration_time_s < 1.2 * b.iteration_time_s
+    assert a.extra["params_per_device_by_rank"] == b.extra["params_per_device_by_rank"]
+
+
+def test_a_trace_cannot_price_cp() -> None:
+    from mindpipe.traces.trace import LayerRecord, Provenance, Trace
+
+    model = Model(kind="gpt", num_layers=1, hidden_size=64, num_heads=4, seq_len=64, vocab_size=128)
+    recs = [LayerRecord(name=n, kind=k, forward_s=1e-3, backward_input_s=1e-3, backward_weight_s=1e-3)
+            for n, k in (("embedding", "embedding"), ("block.0", "block"), ("lm_head", "lm_head"))]
+    trace = Trace("a100-sxm4-80gb", "bf16", recs, Provenance("test"), micro_batch_size=1, seq_len=64,
+                  flash_attention=True)
+    with pytest.raises(ContractError, match="cp=2 needs the attention priced"):
+        TraceComputeModel(trace).layer_costs(model, Plan(dp=1, cp=2, flash_attention=True))
+
+
+def test_the_executor_refuses_cp() -> None:
+    from mindpipe.executor.precheck import check_run
+
+    model = Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=64, vocab_size=128)
+    plan = Plan(dp=1, cp=2, flash_attention=True)
+    with pytest.raises(ContractError, match="cp=2: context parallelism is simulated only"):
+        check_run(model, plan, 2, "cpu", get_device("cpu"))
+
+
+def test_supernet_plans_refuse_cp() -> None:
+    from mindpipe.traces.builtin import load_supernet
+    from mindpipe.traces.supernet import check_supernet_plan
+
+    net = load_supernet("supernet-mini")
+    plan = Plan(dp=1, cp=2, flash_attention=True, subnet_schedule="csp", subnet_window=2)
+    with pytest.raises(ContractError, match="what-if knobs are not modelled for supernets"):
+        check_supernet_plan(plan, net, Cluster(gpu="cpu", num_nodes=1, gpus_per_node=2))
+
+
+def test_the_tuner_does_not_search_cp() -> None:
+    from mindpipe.tuner.keys import parse_fixes, parse_what_if
+
+    with pytest.raises(ContractError, match="cp is priced by mindpipe simulate only"):
+        parse_what_if("cp")
+    with pytest.raises(ContractError, match="cp: context parallelism is priced by mindpipe simulate only"):
+        parse_fixes(["cp=2"])
