@@ -47,7 +47,7 @@ LIMITS: dict[str, Limit] = {lim.key: lim for lim in (
     Limit("vocab_size", 4_194_304, "vocabulary entries"),
     Limit("num_nodes", 16_384, "nodes"),
     Limit("gpus_per_node", 1_024, "devices per node"),
-    Limit("devices", 131_072, "devices (num_nodes × gpus_per_node, dp × tp × pp)"),
+    Limit("devices", 131_072, "devices (num_nodes × gpus_per_node, dp × tp × pp × cp)"),
     Limit("micro_batch_size", 65_536, "sequences per micro-batch"),
     Limit("global_batch_size", 16_777_216, "sequences per iteration"),
     Limit("loss_chunks", 4_096, "pieces the loss upcasts the logits in (chunked cross-entropy)"),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from mindpipe.cli import loaders
 from mindpipe.cli.output import check_outputs, print_json, stderr
-from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, knob_value, plan_value, what_if_used
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.supernet import Supernet
@@ -52,8 +52,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def format_result(result: SimulationResult) -> str:
-    """Human-readable summary of a simulation result."""
+def format_result(result: SimulationResult, plan: Plan | None = None) -> str:
+    """Human-readable summary of a simulation result; with ``plan``, a line naming its what-if knobs
+    (values the simulator prices and the executor does not carry out)."""
     e = result.extra
     lines = [
         f"iteration time        {result.iteration_time_s:.6g} s  ({e.get('schedule')}, {e.get('num_microbatches')} micro-batches)",
@@ -76,6 +77,11 @@ def format_result(result: SimulationResult) -> str:
             + cal["notes"]))
     if "warning" in e:
         lines.append(f"warning: {e['warning']}")
+    knobs = what_if_used(plan) if plan is not None else []
+    if knobs:
+        lines.append("what-if knobs         " + ", ".join(f"{k}={knob_value(k, getattr(plan, k))}" for k in knobs)
+                     + " (simulated only: mindpipe run carries out " + ", ".join(
+                         f"{k}={plan_value(WHAT_IF_KEYS[k])}" for k in knobs) + ")")
     return "\n".join(lines)
 
 
@@ -125,7 +131,7 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         payload.pop("timeline", None)
         print_json(payload)
     else:
-        print(format_result(result))
+        print(format_result(result, plan))
     return 0
 
 

@@ -143,3 +143,14 @@ def test_the_tuner_does_not_search_cp() -> None:
         parse_what_if("cp")
     with pytest.raises(ContractError, match="cp: context parallelism is priced by mindpipe simulate only"):
         parse_fixes(["cp=2"])
+
+
+def test_simulate_names_the_what_if_knobs(capsys: pytest.CaptureFixture[str]) -> None:
+    from mindpipe.cli import main
+
+    assert main(["simulate", "--model", "gpt-mini", "--cluster", "cpu:1x2", "--plan",
+                 '{"cp": 2, "flash_attention": true}']) == 0
+    assert "what-if knobs         cp=2 (simulated only: mindpipe run carries out cp=1)" in capsys.readouterr().out
+    assert main(["simulate", "--model", "gpt-mini", "--cluster", "cpu:1x2", "--plan",
+                 '{"dp": 2, "global_batch_size": 2}']) == 0
+    assert "what-if" not in capsys.readouterr().out
