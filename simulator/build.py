@@ -44,7 +44,7 @@ GRAD_BYTES = {"fp32": 4, "bf16": 4, "fp16": 2, "fp8": 4}  # fp8: bf16 mixed prec
 
 
 def bucket_params(plan: Plan) -> int:
-    """Parameters per gradient bucket (Megatron DDP default: max(40M, 1M × dp))."""
+    """Parameters per gradient bucket (Megatron DDP default: max(40M, 1M × dp), dp counting the cp ranks)."""
     return max(40_000_000, 1_000_000 * plan.grad_replicas)
 
 
@@ -58,7 +58,7 @@ def assign_layers(costs: list[LayerCost], model: Model, plan: Plan) -> list[list
 
 
 def stage_recompute(layers: list[LayerCost], policies: list[BlockPolicy]) -> tuple[float, list[Collective], int]:
-    """(re-run forward seconds, re-issued TP collectives, swapped blocks) of a stage's blocks.
+    """(re-run forward seconds, re-issued collectives, swapped blocks) of a stage's blocks.
 
     ``policies`` are the stage's blocks' policies in order (:func:`mindpipe.traces.layout.block_policies`).
     """
@@ -68,10 +68,10 @@ def stage_recompute(layers: list[LayerCost], policies: list[BlockPolicy]) -> tup
         if policy == "full":
             seconds += c.forward_s
             comm += c.forward_comm
-        elif policy == "selective":
-            seconds += c.recompute_selective_s
-        elif policy == "nongemm":
-            seconds += c.recompute_nongemm_s
+        elif policy in ("selective", "nongemm"):
+            seconds += c.recompute_selective_s if policy == "selective" else c.recompute_nongemm_s
+            # The attention core runs again, so under context parallelism its K/V ring does too.
+            comm += [x for x in c.forward_comm if x.axis == "cp"]
         elif policy == "swap":
             swapped += 1
     return seconds, comm, swapped
@@ -108,7 +108,7 @@ def weight_pass_extra(model: Model, span: StageSpan, layers: list[LayerCost], po
 
 
 def optimizer_shard(plan: Plan, params: float) -> float:
-    """Parameters whose optimizer step one device runs: all of its own, or a 1/dp shard under ZeRO ≥ 1."""
+    """Parameters whose optimizer step one device runs: all of its own, or a 1/(dp·cp) shard under ZeRO ≥ 1."""
     return params / plan.grad_replicas if plan.zero_stage >= 1 else params
 
 

@@ -154,3 +154,14 @@ def test_simulate_names_the_what_if_knobs(capsys: pytest.CaptureFixture[str]) ->
     assert main(["simulate", "--model", "gpt-mini", "--cluster", "cpu:1x2", "--plan",
                  '{"dp": 2, "global_batch_size": 2}']) == 0
     assert "what-if" not in capsys.readouterr().out
+
+
+def test_recomputing_the_core_runs_the_ring_again() -> None:
+    from mindpipe.simulator.build import stage_recompute
+
+    layers = op_layer_costs(LLAMA, _plan(), lambda ops: roofline_time(ops, 1e15, 2e12))
+    blocks = [c for c in layers if c.kind == "block"][:2]
+    for policy, axes in (("selective", ["cp"]), ("nongemm", ["cp"]), ("full", ["tp", "cp", "tp"])):
+        _, comm, _ = stage_recompute(blocks, [policy] * 2)
+        assert [c.axis for c in comm] == axes * 2, policy
+    assert stage_recompute(blocks, ["none"] * 2)[1] == []
