@@ -284,7 +284,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
         g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)
         fwd_comm, bwd_comm = with_overlap(fwd_comm, g_fwd), with_overlap(bwd_comm, g_bwd)
     # Per half (attention, mlp): the TP collectives, with the K/V ring in the attention half.
-    core_bwd = price([o for o in ops if o.attention_core and o.phase == "backward_input"])[1]
+    core_bwd = price([o for o in ops if o.attention_core and o.phase == "backward_input"])[1] if plan.cp > 1 else 0.0
     cp_fwd, cp_bwd = cp_collectives(model, plan, s, (core, core_bwd))
     (fa, fm), (ba, bm) = split_halves(fwd_comm), split_halves(bwd_comm)
     comm_halves = ((fa + cp_fwd, fm), (ba + cp_bwd, bm))

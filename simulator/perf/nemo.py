@@ -104,7 +104,6 @@ class NemoRow:
         plan: The plan.
         measured_iteration_time_s: Derived from the published tokens/s per GPU (module docstring).
         source: ``<file>:<line>`` of the row.
-        cp: Context-parallel degree of the row (the plan's ``cp``).
         model_tflops_per_gpu: As published.
     """
 
@@ -114,8 +113,12 @@ class NemoRow:
     plan: Plan
     measured_iteration_time_s: float
     source: str
-    cp: int
     model_tflops_per_gpu: float
+
+    @property
+    def cp(self) -> int:
+        """Context-parallel degree of the row (its plan's ``cp``)."""
+        return self.plan.cp
 
 
 @functools.lru_cache(maxsize=1)
@@ -188,7 +191,7 @@ def _row(cells: dict[str, str], where: str) -> NemoRow:
         check_plan(plan, model, cluster, source=where)
     except ContractError as e:
         raise ContractError(where, e.key, e.rule) from None
-    return NemoRow(name, model, cluster, plan, seconds, where, cp, tflops)
+    return NemoRow(name, model, cluster, plan, seconds, where, tflops)
 
 
 def load_nemo(path: str | Path) -> list[NemoRow]:
