@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from mindpipe.simulator.block_parts import OpBlock, UnitSums, op_blocks, part_params, split_halves, split_ops
 from mindpipe.simulator.collectives import ring_steps
@@ -49,7 +49,7 @@ class Collective:
     op: str
     nbytes: int
     overlap_s: float = 0.0
-    axis: str = "tp"
+    axis: Literal["tp", "cp"] = "tp"
 
 
 @dataclass(slots=True)
@@ -269,7 +269,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     (:func:`cp_collectives`).
     """
     d = DTYPE_BYTES[plan.precision]
-    b, s, t, sp = plan.micro_batch_size, model.seq_len // plan.cp, plan.tp, plan.sequence_parallel
+    b, s, t, sp = plan.micro_batch_size, plan.rank_seq_len(model.seq_len), plan.tp, plan.sequence_parallel
     fwd_comm, bwd_comm = tp_collectives(model, plan, s)
     out_bytes = boundary_bytes(model, plan, s)
     params = {name: n for name, _, n in layer_params(model, t)}

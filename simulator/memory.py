@@ -67,6 +67,10 @@ So a Llama layer keeps s·b·h·d·(4 + 2 + 2r + 4f/h) + d·a·s²·b without pa
 parallelism, selective and full recompute divide and drop terms exactly as for GPT. The
 per-token fp32 rstd of each RMSNorm (8·s·b per block) is left out like LayerNorm's statistics.
 
+Under context parallelism (``plan.cp``) every s above is a rank's share, s/cp
+(:meth:`mindpipe.traces.config.Plan.rank_seq_len`, which the cost model uses too); ``cp`` needs
+FlashAttention, so the attention core keeps only its own queries' statistics.
+
 The loss (the last stage): torch's ``cross_entropy(logits.float())`` keeps its fp32 log-softmax,
 4·s·b·V/t per micro-batch (Korthikanti §4.3), and its backward holds two more fp32 logits-sized
 gradients at once (:func:`loss_transient_bytes`) — at a 50k vocabulary the largest tensors of the
@@ -194,7 +198,7 @@ def activation_bytes_per_layer(
     level = _level(plan, policy)
     if level == "swap":
         return 0.0
-    s, b, h, a = seq_len or model.seq_len, plan.micro_batch_size, model.hidden_size, model.num_heads
+    s, b, h, a = plan.rank_seq_len(seq_len or model.seq_len), plan.micro_batch_size, model.hidden_size, model.num_heads
     t, d, k = plan.tp, DTYPE_BYTES[plan.precision], _mask_bytes(model, mask_bytes)
     # A GEMM's saved input (QKV, projection, fc1/gate-up, fc2/down): its FP8 cast under fp8.
     g = GEMM_INPUT_BYTES.get(plan.precision, d)
@@ -241,7 +245,7 @@ def embedding_activation_bytes(
 ) -> float:
     """Bytes the first stage keeps outside its blocks per micro-batch: token ids and the
     embedding-dropout mask (Korthikanti §4.3's s·b·h/t with sequence parallelism; replicated without)."""
-    s, b = seq_len or model.seq_len, plan.micro_batch_size
+    s, b = plan.rank_seq_len(seq_len or model.seq_len), plan.micro_batch_size
     seq_shard = plan.tp if plan.sequence_parallel else 1
     return TOKEN_ID_BYTES * s * b + _mask_bytes(model, mask_bytes) * s * b * model.hidden_size / seq_shard
 
@@ -260,7 +264,7 @@ def head_input_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) ->
     """The LM head's saved input per micro-batch, d·s·b·h (÷t with sequence parallelism: the rank's
     shard); the final LayerNorm keeps as much again."""
     seq_shard = plan.tp if plan.sequence_parallel else 1
-    return DTYPE_BYTES[plan.precision] * (seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size / seq_shard
+    return DTYPE_BYTES[plan.precision] * plan.rank_seq_len(seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size / seq_shard
 
 
 def head_logit_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
@@ -280,7 +284,7 @@ def head_logit_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) ->
 
 def logit_count(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
     """Logits of one micro-batch on one tensor-parallel rank (vocabulary-sharded), s·b·V/t."""
-    return (seq_len or model.seq_len) * plan.micro_batch_size * model.vocab_size / plan.tp
+    return plan.rank_seq_len(seq_len or model.seq_len) * plan.micro_batch_size * model.vocab_size / plan.tp
 
 
 def loss_transient_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
@@ -303,7 +307,7 @@ def loss_transient_bytes(model: Model, plan: Plan, *, seq_len: int | None = None
     d = DTYPE_BYTES[plan.precision]
     if plan.fused_head_loss:
         h = model.hidden_size
-        tokens = (seq_len or model.seq_len) * plan.micro_batch_size
+        tokens = plan.rank_seq_len(seq_len or model.seq_len) * plan.micro_batch_size
         gathered = d * tokens * h if plan.sequence_parallel else 0.0
         return (d * (tokens * h + model.vocab_size * h / plan.tp) + gathered
                 + 2 * LOGIT_BYTES * logits / plan.loss_chunks)
@@ -414,10 +418,6 @@ class StageMemoryModel:
 
     def __init__(self, model: Model, plan: Plan, device: DeviceSpec, reserved_bytes: float | None,
                  seq_len: int | None, *, split_backward: bool = False) -> None:
-        # A context-parallel rank holds the activations of its s/cp tokens (the attention core's
-        # are FlashAttention's per-row statistics of its own queries: plan.cp needs flash_attention).
-        if plan.cp > 1:
-            seq_len = (seq_len or model.seq_len) // plan.cp
         self.model, self.plan, self.device, self.seq_len = model, plan, device, seq_len
         self.split_backward = split_backward
         cpu = device.kind == "cpu"
@@ -498,7 +498,7 @@ class StageMemoryModel:
         before a residual add (the projection's; fc2's with dropout), which nothing else keeps.
         A re-run re-saves the rest of ``block("none")`` on top of what the block kept."""
         model, plan = self.model, self.plan
-        sbh = (self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
+        sbh = plan.rank_seq_len(self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
         n = (part != "mlp") + (1 if model.dropout and part != "attention" else 0)
         return n * DTYPE_BYTES[plan.precision] * sbh
 
@@ -506,7 +506,7 @@ class StageMemoryModel:
         """The largest single tensor a block saves, one micro-batch: the softmax output or the GeLU
         input (FlashAttention saves no softmax output: the GeLU input)."""
         model, plan = self.model, self.plan
-        s, b, t, d = self.seq_len or model.seq_len, plan.micro_batch_size, plan.tp, DTYPE_BYTES[plan.precision]
+        s, b, t, d = plan.rank_seq_len(self.seq_len or model.seq_len), plan.micro_batch_size, plan.tp, DTYPE_BYTES[plan.precision]
         scores = 0 if plan.flash_attention else model.num_heads * s * s
         return d * b * max(scores, s * model.ffn) / t
 

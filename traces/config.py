@@ -601,6 +601,10 @@ class Plan:
         """Devices the plan needs: dp·tp·pp·cp."""
         return self.dp * self.tp * self.pp * self.cp
 
+    def rank_seq_len(self, seq_len: int) -> int:
+        """Tokens of a ``seq_len``-token sequence one rank holds: seq_len/cp under context parallelism."""
+        return seq_len // self.cp
+
     @property
     def grad_replicas(self) -> int:
         """Ranks that hold the same weights and reduce their gradients together: dp·cp."""

@@ -165,3 +165,10 @@ def test_recomputing_the_core_runs_the_ring_again() -> None:
         _, comm, _ = stage_recompute(blocks, [policy] * 2)
         assert [c.axis for c in comm] == axes * 2, policy
     assert stage_recompute(blocks, ["none"] * 2)[1] == []
+
+
+def test_a_swapped_block_copies_its_share_of_the_sequence() -> None:
+    from mindpipe.simulator.planning import swap_bytes_per_block
+
+    cp2 = _plan(dp=1)
+    assert swap_bytes_per_block(LLAMA, cp2) == pytest.approx(swap_bytes_per_block(LLAMA, dataclasses.replace(cp2, cp=1)) / 2)
