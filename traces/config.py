@@ -58,7 +58,7 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # ``cp`` > 1 (context parallelism: each sequence split over cp ranks, K and V passed round a ring
 # under the attention, Megatron-core with Transformer Engine) needs attention that exchanges K/V
 # between ranks, which the executor's attention does not do; the simulator prices it (``mindpipe
-# simulate``, ``validate nemo-h100``) and the tuner never proposes it.
+# simulate``, ``validate nemo-h100``) and ``tune --what-if cp`` searches it (named only: tuner.keys).
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
                                          "tp_comm_overlap": False, "overlap_param_gather": False}
 WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False, "cp": 1}

@@ -121,9 +121,13 @@ def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | S
     else:
         batches = sorted(set(global_batch))
     fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
+    knobs = parse_what_if(what_if)
     if trace is not None and not isinstance(model, Supernet):
         fixed = attention_as_profiled(fixed, trace)
-    return SearchSpace(model, cluster, batches, fixed, tuple(partitioners), parse_what_if(what_if),
+        if "cp" in knobs:  # the trace compute model's own refusal, before any point is proposed
+            raise ContractError("--what-if", "cp", "cp: a trace's layers ran whole sequences, so it cannot price "
+                                "context parallelism; tune cp without --trace (the hardware model)")
+    return SearchSpace(model, cluster, batches, fixed, tuple(partitioners), knobs,
                        batch_given=global_batch is not None)
 
 

@@ -17,8 +17,9 @@ pre-hooks, which DTensor and FSDP2 do not have. ``mindpipe tune --what-if`` sear
 (:mod:`mindpipe.tuner.frequency`); the sixth, ``blocking_p2p`` (Megatron's blocking pipeline
 exchanges), ``--what-if blocking_p2p --fix blocking_p2p=true`` pins to plan for a Megatron-LM
 deployment (``all`` leaves it out: it only costs time); the seventh, ``cp`` (context
-parallelism), changes the devices a plan needs and is priced by ``mindpipe simulate`` only: the
-tuner never proposes it. Every output marks a plan that uses one (:func:`what_if_used`).
+parallelism), changes how a plan's devices are split: ``--what-if cp`` searches it (``all`` leaves
+it out: it multiplies the meshes), each cp > 1 point with FlashAttention, which the simulator's cp
+rule needs. Every output marks a plan that uses one (:func:`what_if_used`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from mindpipe.traces.reading import parse_json
 PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
 # Keys a point (and --fix) may carry; order fixes the column order of the output tables.
 POINT_KEYS = (
-    "dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
+    "dp", "tp", "pp", "cp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
     "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "tp_comm_overlap",
     "overlap_param_gather", "flash_attention", "loss_chunks", "fused_head_loss", "blocking_p2p", "rank_order",
     "partitioner",
@@ -59,16 +60,17 @@ POINT_KEYS = (
 # or by hand); a point's identity (point_key) names them only when they differ from it, so a sweep
 # stored before the key existed resumes as the same points.
 OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False, "loss_chunks": 1, "fused_head_loss": False,
-                                       "blocking_p2p": False}
-# What-if knobs ``--what-if`` may name to pin them (``--fix KEY=VALUE``) though ``all`` leaves them out:
-# ``blocking_p2p=true`` only ever costs time, so searching it is never wanted, but pinning it plans for
-# a Megatron-LM deployment (blocking pipeline exchanges) instead of the executor's.
-PIN_ONLY_WHAT_IF_KEYS = ("blocking_p2p",)
+                                       "blocking_p2p": False, "cp": 1}
+# What-if knobs ``--what-if`` searches (or lets ``--fix KEY=VALUE`` pin) only when it names them, though
+# ``all`` leaves them out: ``blocking_p2p=true`` only ever costs time, so searching it is never wanted,
+# but pinning it plans for a Megatron-LM deployment (blocking pipeline exchanges) instead of the
+# executor's; ``cp`` (context parallelism) multiplies the device meshes, so it is searched on request.
+NAMED_WHAT_IF_KEYS = ("blocking_p2p", "cp")
 # The fourth dimension (NASPipe): points of a supernet carry these too; GPT points never do, so their
 # identity (point_key) is unchanged.
 SUPERNET_POINT_KEYS = SUPERNET_PLAN_KEYS
 LIST_KEYS = ("partition", "layer_memory_policy")  # pinned as JSON lists, copied into every plan
-_INT_KEYS = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage", "subnet_window",
+_INT_KEYS = ("dp", "tp", "pp", "cp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage", "subnet_window",
              "loss_chunks")
 _BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention",
               "blocking_p2p", "fused_head_loss")
@@ -110,11 +112,10 @@ def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
     items = [v for v in items if v]
     if not items or items == ["all"]:
         return tuple(SEARCHED_WHAT_IF_KEYS)
-    known = (*SEARCHED_WHAT_IF_KEYS, *PIN_ONLY_WHAT_IF_KEYS)
+    known = (*SEARCHED_WHAT_IF_KEYS, *NAMED_WHAT_IF_KEYS)
     for key in items:
         if key not in known:
-            what = ("is priced by mindpipe simulate only; the tuner does not search it" if key == "cp" else
-                    "is a what-if knob only the clock planner sets" if key in WHAT_IF_KEYS else "is not a what-if knob")
+            what = "is a what-if knob only the clock planner sets" if key in WHAT_IF_KEYS else "is not a what-if knob"
             raise ContractError("--what-if", key, f"{key} {what} (known: all, {', '.join(known)})")
     return tuple(k for k in known if k in items)
 
@@ -167,9 +168,6 @@ def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
         elif key in POINT_KEYS or key in SUPERNET_POINT_KEYS:
             values = [_parse_scalar(key, v) for v in value.split(",")]
             out[key] = values[0] if len(values) == 1 else values
-        elif key == "cp":
-            raise ContractError("--fix", key, "cp: context parallelism is priced by mindpipe simulate only; the tuner "
-                                "does not search it (its plans run in the executor, which runs cp=1)")
         else:
             known = ", ".join((*POINT_KEYS, *SUPERNET_POINT_KEYS, *LIST_KEYS))
             raise ContractError("--fix", key, f"{key}: not a plan key (known: {known})")
@@ -255,9 +253,9 @@ def point_key(point: Mapping[str, Any]) -> str:
 
 __all__ = [
     "LIST_KEYS",
+    "NAMED_WHAT_IF_KEYS",
     "OPTIONAL_POINT_KEYS",
     "PARTITIONERS",
-    "PIN_ONLY_WHAT_IF_KEYS",
     "POINT_KEYS",
     "SEARCHED_WHAT_IF_KEYS",
     "SUPERNET_POINT_KEYS",

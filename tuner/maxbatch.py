@@ -33,7 +33,7 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.trace import Trace
-from mindpipe.tuner.keys import PARTITIONERS, Point, parse_fixes
+from mindpipe.tuner.keys import PARTITIONERS, WHAT_IF_KEYS, Point, parse_fixes
 from mindpipe.tuner.materialize import Materialized, Problem, materialize
 
 
@@ -216,6 +216,10 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
 
     model, cluster = load_model(model), load_cluster(cluster)
     fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
+    for key, run in WHAT_IF_KEYS.items():  # the meshes here are dp·tp·pp, the plans the executor runs
+        if key in fixed and any(v != run for v in (fixed[key] if isinstance(fixed[key], list) else [fixed[key]])):
+            raise ContractError("--fix", key, f"{key} is a what-if knob (the executor runs only {key}="
+                                f"{json.dumps(run)}); --objective max_batch searches the plans the executor runs")
     for name in partitioners:
         if name not in PARTITIONERS or name == "given":
             raise ContractError("--partitioner", None, f"{name!r} is not one of {', '.join(PARTITIONERS[:-1])}")

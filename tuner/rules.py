@@ -1,7 +1,8 @@
 """Why a combination of plan keys is not a plan: one code per rule, the wording derived from it.
 
 The rules themselves have owners elsewhere — the :class:`~mindpipe.traces.config.Plan` contract
-(batch multiple, virtual stages per schedule, sequence parallelism needs tp > 1),
+(batch multiple, virtual stages per schedule, sequence parallelism needs tp > 1, context
+parallelism needs FlashAttention),
 :func:`~mindpipe.traces.config.check_plan` (heads, layers, mesh, micro-batches per schedule) and
 :func:`~mindpipe.simulator.schedules.schedule_rule` (the schedules' own micro-batch rules). The
 tuner asks them and turns what they reject into a :class:`Rule` from the *key* the owner names
@@ -27,6 +28,7 @@ class Rule(StrEnum):
     SCHEDULE = "schedule"
     VIRTUAL_STAGES = "virtual_stages"
     SEQUENCE_PARALLEL = "sequence_parallel"
+    CONTEXT_PARALLEL = "context_parallel"
     PINNED = "pinned"
     PARTITION = "partition"
     MEMORY_POLICY = "memory_policy"
@@ -39,7 +41,7 @@ class Rule(StrEnum):
 
 
 _TEXT = {
-    Rule.MESH: "dp·tp·pp must equal the device count",
+    Rule.MESH: "dp·tp·pp·cp must equal the device count",
     Rule.TP_PER_NODE: "tp must not exceed devices per node",
     Rule.HEADS: "tp must divide num_heads, num_kv_heads and ffn_hidden_size",
     Rule.LAYERS: "pp×virtual_stages must not exceed num_layers",
@@ -47,7 +49,8 @@ _TEXT = {
     Rule.SCHEDULE: "the schedule's micro-batch rules (m ≥ pp; interleaved_1f1b: m a multiple of pp; "
                    "dualpipev: m ≥ 2·pp)",
     Rule.VIRTUAL_STAGES: "the schedule fixes virtual_stages (1 for gpipe, 1f1b, zb_h1; 2 for zbv, dualpipev)",
-    Rule.SEQUENCE_PARALLEL: "sequence_parallel needs tp > 1 dividing seq_len",
+    Rule.SEQUENCE_PARALLEL: "sequence_parallel needs tp > 1 dividing seq_len (seq_len/cp under cp)",
+    Rule.CONTEXT_PARALLEL: "cp > 1 needs flash_attention=true and 2·cp dividing seq_len",
     Rule.PINNED: "outside the values pinned by --fix",
     Rule.PARTITION: "the pinned partition needs pp×virtual_stages entries summing to num_layers",
     Rule.MEMORY_POLICY: "the pinned layer_memory_policy needs one entry per layer",
@@ -59,6 +62,7 @@ _TEXT = {
 # check_plan does (both name that key).
 _CHECK_RULES = {
     "dp": Rule.MESH, "tp": Rule.HEADS, "pp": Rule.LAYERS, "sequence_parallel": Rule.SEQUENCE_PARALLEL,
+    "cp": Rule.CONTEXT_PARALLEL,
     "partition": Rule.PARTITION, "layer_memory_policy": Rule.MEMORY_POLICY, "global_batch_size": Rule.SCHEDULE,
     "num_microbatches": Rule.SCHEDULE, "schedule": Rule.SCHEDULE, "virtual_stages": Rule.VIRTUAL_STAGES,
 }

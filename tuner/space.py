@@ -2,7 +2,7 @@
 
 The space lists every point (:mod:`mindpipe.tuner.keys`) that the rules' owners accept (issue 6,
 point 1): the :class:`~mindpipe.traces.config.Plan` contract and
-:func:`~mindpipe.traces.config.check_plan` (dp·tp·pp = devices, tp dividing the heads and the MLP
+:func:`~mindpipe.traces.config.check_plan` (dp·tp·pp·cp = devices, tp dividing the heads and the MLP
 width, pp·v ≤ layers, global batch a multiple of micro-batch × dp, micro-batches per schedule,
 sequence parallelism) and :func:`~mindpipe.simulator.schedules.schedule_rule` (the schedules' own
 rules). The space adds two of its own: tp ≤ devices per node, and the values ``--fix`` pins.
@@ -13,13 +13,15 @@ Dimensions that cannot change the result are not multiplied out (the first allow
 kept): the schedule, virtual stages, partitioner (but for the memory-aware ones, which choose
 per-block policies) and ``comm_priority`` when there is one pipeline stage, the recompute level
 for the memory-aware partitioners (their per-block policy overrides it), the ZeRO stage,
-``overlap_grad_reduce`` and ``overlap_param_gather`` when dp = 1, sequence parallelism when tp = 1,
-``tp_comm_overlap`` without sequence parallelism; ``overlap_param_gather`` is only paired with
-ZeRO 1 and 2 (the Plan's rule). The memory-aware
+``overlap_grad_reduce`` and ``overlap_param_gather`` when dp·cp = 1 (no gradient replicas),
+sequence parallelism when tp = 1, ``tp_comm_overlap`` without sequence parallelism;
+``overlap_param_gather`` is only paired with ZeRO 1 and 2 (the Plan's rule). The memory-aware
 partitioners plan one stage per rank, so they are left out of interleaved and V schedules.
 What-if knobs (:data:`~mindpipe.tuner.keys.WHAT_IF_KEYS`) keep the value the executor runs unless
-``what_if`` names them. ``--fix KEY=VALUE`` pins a key (``KEY=A,B`` restricts it to a set); pinned
-keys are never dropped by the rules above, only restricted.
+``what_if`` names them; context parallelism (``cp``, named) splits each mesh's data-parallel
+devices into dp × cp, and its points carry FlashAttention (the Plan's cp rule). ``--fix KEY=VALUE``
+pins a key (``KEY=A,B`` restricts it to a set); pinned keys are never dropped by the rules above,
+only restricted.
 
 A supernet (NASPipe) has its own points — dp × pp, micro-batch, ``subnet_schedule``,
 ``subnet_window`` and the supernet partitioner — enumerated by :mod:`mindpipe.tuner.subnet_space`.
@@ -158,7 +160,8 @@ class SearchSpace:
 
     # -- enumeration ---------------------------------------------------------------------------
 
-    def _meshes(self) -> Iterator[tuple[int, int, int]]:
+    def _meshes(self) -> Iterator[tuple[int, int, int, int]]:
+        """(dp, tp, pp, cp) with dp·tp·pp·cp = devices; cp = 1 unless ``what_if`` names it."""
         world = self.cluster.world_size
         for tp in self.choices("tp", _divisors(world)):
             if world % tp:
@@ -171,11 +174,16 @@ class SearchSpace:
                 if (world // tp) % pp:
                     self.rejected[Rule.MESH] += 1
                     continue
-                dp = world // (tp * pp)
-                if self._pinned("dp") and dp not in self.choices("dp", []):
-                    self.rejected[Rule.PINNED] += 1
-                    continue
-                yield dp, tp, pp
+                rest = world // (tp * pp)
+                for cp in self.choices("cp", _divisors(rest) if "cp" in self.what_if else [WHAT_IF_KEYS["cp"]]):
+                    if rest % cp:
+                        self.rejected[Rule.MESH] += 1
+                        continue
+                    dp = rest // cp
+                    if self._pinned("dp") and dp not in self.choices("dp", []):
+                        self.rejected[Rule.PINNED] += 1
+                        continue
+                    yield dp, tp, pp, cp
 
     def _schedules(self, pp: int) -> list[tuple[str, int]]:
         """(schedule, virtual stages) pairs to try with pp stages."""
@@ -208,13 +216,16 @@ class SearchSpace:
 
     def _bases(self) -> Iterator[Point]:
         """Valid points of the keys the rules look at (mesh, batch, schedule, sequence parallelism)."""
-        for dp, tp, pp in self._meshes():
+        for dp, tp, pp, cp in self._meshes():
             sp_choices = self.choices("sequence_parallel", [False, True] if tp > 1 else [False])
+            # Context parallelism needs FlashAttention (the Plan's rule): a cp > 1 point carries it,
+            # unless --fix flash_attention=false leaves the rule to refuse it.
+            flash = {"flash_attention": True in self.choices("flash_attention", [True])} if cp > 1 else {}
             for mbs, gbs, (schedule, v), sp in itertools.product(
                     self.choices("micro_batch_size", DEFAULT_MICRO_BATCHES),
                     self.choices("global_batch_size", self.global_batches), self._schedules(pp), sp_choices):
-                base = dict(dp=dp, tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, schedule=schedule,
-                            virtual_stages=v, sequence_parallel=sp)
+                base = dict(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch_size=mbs, global_batch_size=gbs, schedule=schedule,
+                            virtual_stages=v, sequence_parallel=sp, **flash)
                 rule = self._broken_rule(base)
                 if rule is not None:
                     self.rejected[rule] += 1
@@ -227,17 +238,18 @@ class SearchSpace:
 
     def _rest(self, base: Point) -> Iterator[Point]:
         """The base point times the keys no rule looks at (irrelevant ones collapsed)."""
-        dp, pp, v = base["dp"], base["pp"], base["virtual_stages"]
+        pp, v = base["pp"], base["virtual_stages"]
+        replicas = base["dp"] * base["cp"]  # ranks that reduce gradients together (Plan.grad_replicas)
         zero_choices = self.choices("zero_stage", [0, 1, 2, 3])
         ogr_choices = self._knob("overlap_grad_reduce")
-        if dp == 1:  # no data-parallel group: nothing to shard or to reduce
+        if replicas == 1:  # no data-parallel group: nothing to shard or to reduce
             zero_choices = zero_choices if self._pinned("zero_stage") else zero_choices[:1]
             ogr_choices = ogr_choices if self._pinned("overlap_grad_reduce") else ogr_choices[:1]
         tpo_choices = self._knob("tp_comm_overlap")
         if not base["sequence_parallel"] and not self._pinned("tp_comm_overlap"):
             tpo_choices = tpo_choices[:1]  # no sequence-parallel collectives to overlap (Plan's rule)
         opg_choices = self._knob("overlap_param_gather")
-        if dp == 1 and not self._pinned("overlap_param_gather"):
+        if replicas == 1 and not self._pinned("overlap_param_gather"):
             opg_choices = opg_choices[:1]
         comm_choices = self._knob("comm_priority")
         if pp == 1 and not self._pinned("comm_priority"):
@@ -254,8 +266,12 @@ class SearchSpace:
             self.rejected[Rule.VIRTUAL_STAGES] += len(memory)
             part_choices = [p for p in part_choices if p not in MEMORY_PARTITIONERS]
         recompute = self.choices("recompute", RECOMPUTE)
-        # Explicit attention unless pinned (--fix flash_attention=true, or both with [false,true]).
-        flash_choices = self.choices("flash_attention", [False])
+        # Explicit attention unless pinned (--fix flash_attention=true, or both with [false,true]); a cp > 1
+        # point carries FlashAttention (its base), and searching cp tries cp = 1 with it too, so that
+        # context parallelism is weighed against plans with the same attention kernels.
+        flash_default = [False, True] if "cp" in self.what_if else [False]
+        flash_choices = [base["flash_attention"]] if "flash_attention" in base else self.choices("flash_attention",
+                                                                                                  flash_default)
         # The unchunked loss unless pinned (--fix loss_chunks=8, or several: --fix loss_chunks=1,8).
         chunk_choices = self.choices("loss_chunks", [1])
         # The head outside the loss unless pinned (--fix fused_head_loss=true, or false,true).

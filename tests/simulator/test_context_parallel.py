@@ -136,13 +136,15 @@ def test_supernet_plans_refuse_cp() -> None:
         check_supernet_plan(plan, net, Cluster(gpu="cpu", num_nodes=1, gpus_per_node=2))
 
 
-def test_the_tuner_does_not_search_cp() -> None:
-    from mindpipe.tuner.keys import parse_fixes, parse_what_if
+def test_the_tuner_pins_cp_only_when_it_searches_it() -> None:
+    from mindpipe.tuner.keys import check_fixes_what_if, parse_fixes, parse_what_if
 
-    with pytest.raises(ContractError, match="cp is priced by mindpipe simulate only"):
-        parse_what_if("cp")
-    with pytest.raises(ContractError, match="cp: context parallelism is priced by mindpipe simulate only"):
-        parse_fixes(["cp=2"])
+    assert parse_what_if("cp") == ("cp",) and "cp" not in parse_what_if("all")  # named, not in all
+    fixes = parse_fixes(["cp=2"])
+    assert fixes == {"cp": 2}
+    with pytest.raises(ContractError, match=r"cp=2 is a what-if knob \(the executor runs only cp=1\): add --what-if cp"):
+        check_fixes_what_if(fixes, ())
+    check_fixes_what_if(fixes, ("cp",))
 
 
 def test_simulate_names_the_what_if_knobs(capsys: pytest.CaptureFixture[str]) -> None:
