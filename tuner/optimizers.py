@@ -51,7 +51,7 @@ from mindpipe.tuner.keys import POINT_KEYS, Point
 
 OPTIMIZERS = ("bo", "random", "grid")
 SURROGATES = ("gp", "rf", "et")
-_LOG_KEYS = ("tp", "pp", "dp", "micro_batch_size", "global_batch_size", "virtual_stages")
+_LOG_KEYS = ("tp", "pp", "dp", "cp", "micro_batch_size", "global_batch_size", "virtual_stages")
 _ACQ_CACHE_SIZE = 8  # acquisitions kept: one per pick of a batch (constant liar) is what gets reused
 
 
