@@ -5,7 +5,9 @@ the simulator (and later the executor, from ``best_plan.json``) use the same spl
 the partitioners and the memory check need — per-layer costs, block caps, link bandwidths, per-rank
 memory — comes from the problem's :class:`~mindpipe.simulator.simulator.Simulator`, built once per
 worker process and sweep; the memory check runs before the (much more expensive) event simulation,
-so plans that cannot fit are filtered without simulating.
+so plans that cannot fit are filtered without simulating. When ``balanced`` offers several
+partitions (several chunks per rank: :func:`~mindpipe.tuner.partition.balanced_candidates`), each
+that fits is simulated and the fastest kept, with its simulation.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import block_policies
+from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.keys import Point, plan_of
@@ -80,10 +83,15 @@ class Problem:
 
 @dataclass
 class Materialized:
-    """A point made concrete: the plan with its partition and the memory verdict."""
+    """A point made concrete: the plan with its partition and the memory verdict.
+
+    ``result`` is the plan's simulation when choosing the partition already ran it (``balanced``
+    with several candidates), so the evaluation need not run it again.
+    """
 
     plan: Plan
     memory: list[RankMemory]
+    result: SimulationResult | None = None
 
     @property
     def fits(self) -> bool:
@@ -133,14 +141,31 @@ def materialize(problem: Problem, point: Point, sim: Simulator | None = None) ->
         if name == "balanced" and problem.memory_caps:
             caps = sim.block_caps(plan)
             fits = _policy_fits(sim, plan) if caps is None else None
+        simulated: dict[tuple[int, ...], tuple[list[RankMemory], SimulationResult | None]] = {}
+
+        def fastest(candidates: list[list[int]]) -> list[int]:
+            """The candidate partition that fits and simulates fastest (the evaluation's own verdicts)."""
+            def verdict(part: list[int]) -> tuple[bool, float]:
+                cand = plan_of(point, problem.pinned, part)
+                memory = sim.memory(cand)
+                result = sim.run(cand) if all(rm.fits for rm in memory) else None
+                simulated[tuple(part)] = (memory, result)
+                return (result is None or not result.fits_in_memory,
+                        result.iteration_time_s if result is not None else float("inf"))
+            return min(candidates, key=verdict)
+
         try:
             partition = make_partition(name, costs, plan, num_layers=model.num_layers, stage_to_rank=stage_to_rank,
-                                       bandwidths=sim.link_bandwidths(plan), caps=caps, fits=fits)
+                                       bandwidths=sim.link_bandwidths(plan), caps=caps, fits=fits, choose=fastest)
         except ContractError:
             if caps is None and fits is None:
                 raise
             # No split fits under the caps: balance time alone; the memory check reports the overflow.
-            partition = make_partition(name, costs, plan, num_layers=model.num_layers, stage_to_rank=stage_to_rank)
+            partition = make_partition(name, costs, plan, num_layers=model.num_layers, stage_to_rank=stage_to_rank,
+                                       choose=fastest)
+        if tuple(partition) in simulated:
+            memory, result = simulated[tuple(partition)]
+            return Materialized(plan_of(point, problem.pinned, partition), memory, result)
     plan = plan_of(point, problem.pinned, partition)
     return Materialized(plan, sim.memory(plan))
 

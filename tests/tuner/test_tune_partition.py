@@ -150,3 +150,39 @@ def test_memory_caps_turn_an_overflowing_split_into_one_that_fits():
     assert capped.fits and sum(capped.plan.partition) == 24
     # The simulator's own memory model agrees with the partitioner's caps.
     assert simulate(model, cluster, capped.plan).fits_in_memory
+
+
+def test_several_chunks_per_rank_offer_the_descent_from_equal_chunks_too():
+    from mindpipe.tuner.partition import balanced_candidates
+
+    costs = _costs([1.0] * 80, first=0.15, last=1.4)
+    loop = [s % 4 for s in range(20)]  # interleaved, 4 ranks x 5 chunks
+    assert len(balanced_candidates(costs, 4, ["none"] * 80, list(range(4)))) == 1  # one chunk per rank
+    first, second = balanced_candidates(costs, 20, ["none"] * 80, loop)
+    assert first == balanced_partition(costs, 20, ["none"] * 80, loop)
+    assert min(first[:4]) == 1  # the min-max fill leaves the first chunks one block
+    assert max(second) - min(second) <= 2  # the descent from equal chunks keeps them nearly equal
+    loads = [1.0] * 80
+    assert max(rank_loads(second, loads, 0.15, 1.4, loop)) == pytest.approx(max(rank_loads(first, loads, 0.15, 1.4, loop)))
+    # Equal chunks that break the memory caps are not offered.
+    assert len(balanced_candidates(costs, 20, ["none"] * 80, loop, caps=[3] * 10 + [6] * 10)) == 1
+
+
+def test_the_tuner_keeps_the_faster_candidate_with_its_simulation():
+    from mindpipe.traces.builtin import load_model
+    from mindpipe.tuner.keys import plan_of
+
+    problem = Problem(load_model("llama3-70b"), load_cluster("h100-sxm5-80gb:8x8"))
+    sim = problem.simulator()
+    point = dict(dp=2, tp=4, pp=4, cp=2, micro_batch_size=1, global_batch_size=128, schedule="interleaved_1f1b",
+                 virtual_stages=5, sequence_parallel=True, zero_stage=1, flash_attention=True, partitioner="balanced")
+    mat = materialize(problem, point, sim)
+    plan = plan_of(point)
+    costs, s2r = sim.layer_costs(plan), sim.schedule(plan).stage_to_rank
+    from mindpipe.tuner.partition import balanced_candidates
+
+    candidates = balanced_candidates(costs, 20, ["none"] * 80, s2r, sim.block_caps(plan))
+    assert len(candidates) == 2 and mat.plan.partition in candidates
+    times = [sim.run(plan_of(point, None, c)).iteration_time_s for c in candidates]
+    assert mat.result is not None and mat.result.iteration_time_s == pytest.approx(min(times), rel=1e-12)
+    assert mat.plan.partition == candidates[times.index(min(times))]
