@@ -139,9 +139,11 @@ class SearchSpace:
     def _pinned(self, key: str) -> bool:
         return key in self.fixes
 
-    def _knob(self, key: str) -> list[Any]:
-        """Values of a what-if knob: all of them when searched, else the one the executor runs."""
-        return self.choices(key, _WHAT_IF_VALUES[key] if key in self.what_if else [WHAT_IF_KEYS[key]])
+    def _knob(self, key: str, values: Iterable[Any] | None = None) -> list[Any]:
+        """Values of a what-if knob: all of them (``values``, else its fixed set) when searched, else the
+        one the executor runs."""
+        searched = _WHAT_IF_VALUES[key] if values is None else values
+        return self.choices(key, searched if key in self.what_if else [WHAT_IF_KEYS[key]])
 
     @property
     def pinned(self) -> dict[str, list[Any]]:
@@ -175,7 +177,7 @@ class SearchSpace:
                     self.rejected[Rule.MESH] += 1
                     continue
                 rest = world // (tp * pp)
-                for cp in self.choices("cp", _divisors(rest) if "cp" in self.what_if else [WHAT_IF_KEYS["cp"]]):
+                for cp in self._knob("cp", _divisors(rest)):
                     if rest % cp:
                         self.rejected[Rule.MESH] += 1
                         continue
