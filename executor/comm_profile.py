@@ -9,7 +9,8 @@ what calibration needs for a latency/bandwidth fit per backend.
 
 The event names do not carry the process group, so the mesh axis is inferred: sends/receives are
 ``pp``; other collectives belong to the only non-pipeline axis with more than one rank, or, when
-both ``dp`` and ``tp`` have several, are marked ``unknown``. Start times are aligned to the run's
+both ``dp`` and ``tp`` have several, are marked ``unknown``, as they are under context parallelism
+(the K/V all-gathers of the ``cp`` group and the gradient reduction over dp·cp use the same ops). Start times are aligned to the run's
 origin through the host clock read when profiling starts (the profiler's own time base is
 relative to that moment), good to a fraction of a millisecond.
 """
@@ -53,6 +54,8 @@ def axis_of(op: str, mesh_sizes: dict[str, int]) -> str:
     """The mesh axis a collective ran on, as far as the op and the mesh tell (see module doc)."""
     if op in ("send", "recv"):
         return "pp"
+    if mesh_sizes.get("cp", 1) > 1:
+        return "unknown"
     several = [a for a in ("dp", "tp") if mesh_sizes.get(a, 1) > 1]
     return several[0] if len(several) == 1 else "unknown"
 

@@ -7,7 +7,10 @@ with NCCL is used when a GPU is present, CPU with gloo otherwise.
 
 The mesh has named axes in Megatron order, outermost first: ``("pp", "dp", "tp")`` for the default
 ``rank_order`` ``tp-dp-pp`` (tp innermost, so tensor-parallel peers are neighbours on a node).
-Other ``rank_order`` values permute the axes; names stay the same.
+Other ``rank_order`` values permute the axes; names stay the same. A plan with context parallelism
+(``cp`` > 1) has a ``cp`` axis right inside ``dp`` (Megatron-core's ``tp-cp-dp-pp``): the cp ranks of
+one replica are consecutive along the replicas, as the simulator's topology lays them out, and the
+gradients are reduced over dp·cp (:func:`replica_mesh`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-AXES = ("pp", "dp", "tp")
+AXES = ("pp", "dp", "tp", "cp")
 
 
 @dataclass
@@ -78,21 +81,39 @@ def init_process_group(env: RankEnv, backend: str, device: torch.device, timeout
 
 
 def mesh_shape(plan: Plan) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Mesh sizes and axis names, outermost first, from ``plan.rank_order`` (innermost first)."""
-    order = list(reversed(plan.rank_order.split("-")))
-    sizes = {"pp": plan.pp, "dp": plan.dp, "tp": plan.tp}
+    """Mesh sizes and axis names, outermost first, from ``plan.rank_order`` (innermost first); ``cp``
+    right inside ``dp`` when the plan has context parallelism."""
+    inner_first = plan.rank_order.split("-")
+    if plan.cp > 1:
+        inner_first.insert(inner_first.index("dp"), "cp")
+    order = list(reversed(inner_first))
+    sizes = {"pp": plan.pp, "dp": plan.dp, "tp": plan.tp, "cp": plan.cp}
     return tuple(sizes[a] for a in order), tuple(order)
 
 
 def build_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
-    """The (pp, dp, tp) DeviceMesh over all ranks."""
+    """The (pp, dp, tp[, cp]) DeviceMesh over all ranks."""
     shape, names = mesh_shape(plan)
     return init_device_mesh(device.type, shape, mesh_dim_names=names)
 
 
+def replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The ranks that hold the same weights and reduce their gradients together: the ``dp`` axis,
+    or ``dp`` and ``cp`` flattened into one (``dp_cp``) under context parallelism (torchtitan's
+    ``dp_shard_cp``). Made once per mesh (torch keeps the flattened mesh on its root)."""
+    names = mesh.mesh_dim_names or ()
+    if "cp" not in names:
+        return mesh["dp"]
+    try:
+        return mesh["dp_cp"]
+    except KeyError:
+        return mesh["dp", "cp"]._flatten("dp_cp")
+
+
 def coordinates(mesh: DeviceMesh) -> dict[str, int]:
-    """This rank's index along each named axis."""
-    return {a: mesh.get_local_rank(a) for a in AXES}
+    """This rank's index along each named axis (``cp`` 0 when the mesh has none)."""
+    names = mesh.mesh_dim_names or ()
+    return {a: mesh.get_local_rank(a) if a in names else 0 for a in AXES}
 
 
 def host_name() -> str:
@@ -100,4 +121,4 @@ def host_name() -> str:
     return socket.gethostname()
 
 
-__all__ = ["AXES", "RankEnv", "build_mesh", "coordinates", "init_process_group", "mesh_shape", "pick_device", "rank_env"]
+__all__ = ["AXES", "RankEnv", "build_mesh", "coordinates", "init_process_group", "mesh_shape", "pick_device", "rank_env", "replica_mesh"]

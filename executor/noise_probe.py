@@ -38,7 +38,11 @@ from torch.distributed.tensor import DTensor, Replicate
 
 
 def noise_method(plan: Plan) -> str | None:
-    """``data_parallel``, ``microbatch`` or None (one replica and one micro-batch: nothing to compare)."""
+    """``data_parallel``, ``microbatch`` or None (one replica and one micro-batch: nothing to compare;
+    or context parallelism, where a rank's gradient is over part of each sequence, not over a batch
+    of whole samples, so neither norm is the estimator's small-batch gradient)."""
+    if plan.cp > 1:
+        return None
     if plan.dp > 1:
         return "data_parallel"
     return "microbatch" if plan.num_microbatches > 1 else None

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from mindpipe.executor.distributed import replica_mesh
 from mindpipe.executor.memory_account import MemoryAccount
 from mindpipe.executor.offload import HostPool, swapping
 from mindpipe.executor.sp_linear import keep_sequence_shard
@@ -255,7 +256,8 @@ def apply_recompute(stage: StageModule, policies: list[BlockPolicy], pool: HostP
 
 
 def apply_data_parallel(stage: StageModule, dp_mesh: DeviceMesh, plan: Plan) -> nn.Module:
-    """FSDP2 (``zero_stage`` ≥ 1: per block, then the stage) or replication (``zero_stage`` 0).
+    """FSDP2 (``zero_stage`` ≥ 1: per block, then the stage) or replication (``zero_stage`` 0) over
+    ``dp_mesh``, the gradient replicas (dp·cp ranks under context parallelism: ``replica_mesh``).
 
     bf16 (and fp8, whose non-GEMM work is bf16: :mod:`mindpipe.executor.fp8`) keeps fp32 master weights and
     reduces gradients in fp32 (MixedPrecisionPolicy). With
@@ -301,7 +303,7 @@ def parallelize_stage(stage: StageModule, mesh: DeviceMesh, plan: Plan, num_laye
     if plan.tp > 1:
         apply_tensor_parallel(stage, mesh["tp"], plan.sequence_parallel)
     apply_recompute(stage, block_policies(plan, num_layers), pool, memory)
-    return apply_data_parallel(stage, mesh["dp"], plan)
+    return apply_data_parallel(stage, replica_mesh(mesh), plan)
 
 
 __all__ = ["apply_data_parallel", "apply_recompute", "apply_tensor_parallel", "parallelize_stage"]

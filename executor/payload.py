@@ -111,11 +111,12 @@ class LayerInfo:
 
 @dataclass(frozen=True, slots=True)
 class Coords:
-    """A rank's place on the (pp, dp, tp) mesh."""
+    """A rank's place on the (pp, dp, tp, cp) mesh (cp 0 without context parallelism)."""
 
     pp: int
     dp: int
     tp: int
+    cp: int = 0
 
 
 @dataclass

@@ -148,13 +148,9 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
         raise ContractError(source, key, rule)
 
     check_plan(plan, model, None, source=source)
-    if plan.cp > 1:
-        # A what-if knob that changes the world size: not run as something else, refused.
-        fail("cp", f"cp={plan.cp}: context parallelism is simulated only (mindpipe simulate); the executor's "
-             "attention does not exchange K and V between ranks, so it runs cp=1 plans")
     check_made_for(plan, world_size, device_kind, source)
     if plan.world_size != world_size:
-        fail("dp", f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} ranks needed, the launch has {world_size}")
+        fail("dp", f"{plan.mesh_text}={plan.world_size} ranks needed, the launch has {world_size}")
     if plan.precision == "fp16":
         fail("precision", "precision 'fp16' needs loss scaling, which the executor does not do; use bf16 or fp32")
     fp8 = fp8_refusal(plan, device_kind, device)

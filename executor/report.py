@@ -95,7 +95,7 @@ def _rank_record(p: RankPayload, n_steps: int) -> RankRecord:
         return sum(x.end_s - x.start_s for x in spans if x.step >= first and (kind is None or x.kind == kind)) / n_steps
 
     return RankRecord(
-        rank=p.rank, pp_rank=p.coords.pp, dp_rank=p.coords.dp, tp_rank=p.coords.tp, stages=p.stages, host=p.host,
+        rank=p.rank, pp_rank=p.coords.pp, dp_rank=p.coords.dp, tp_rank=p.coords.tp, cp_rank=p.coords.cp, stages=p.stages, host=p.host,
         compute_s=per_step(p.spans.actions), p2p_wait_s=per_step(p.spans.comms, "p2p_wait"),
         dp_sync_s=per_step(p.spans.comms, "dp_sync"), optimizer_s=per_step(p.spans.optimizer),
         peak_memory_bytes=p.peak_memory_bytes, memory_source=p.memory_source, cpu_time_s=p.cpu_per_step,

@@ -40,8 +40,9 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import block_policies, data_parallel_units, one_weight_pass, stage_layout
 from mindpipe.traces.noise_scale import NoiseEmaState
 from mindpipe.traces.schema import to_dict
+from mindpipe.traces.torch_context_parallel import ContextShard
 from mindpipe.traces.torch_gpt import VocabShard
-from mindpipe.traces.torch_models import build_model
+from mindpipe.traces.torch_models import build_model, use_context_parallel
 from torch.distributed.pipelining import PipelineStage
 
 # Fault injection for the failure tests: "RANK:STEP[:raise|contract|exit|hang]" makes that rank raise
@@ -133,6 +134,9 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     mesh = build_mesh(plan, device)
     coords = coordinates(mesh)
     gpt = build_model(model, seed=cfg.seed, dtype="fp32", flash_attention=plan.flash_attention)
+    # Context parallelism: the rank's share of each sequence, attention over the cp group.
+    context = ContextShard.of(mesh.get_group("cp")) if plan.cp > 1 else None
+    use_context_parallel(gpt, context)
     permute_qkv_for_tp(gpt, plan.tp)
     modules = build_stage_modules(gpt, plan, coords["pp"])
     del gpt  # blocks of other pipeline ranks are freed here
@@ -200,7 +204,10 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         if step == first_measured:
             marks = {"cpu": cpu_seconds(), "energy": energy.read()}
         torch.manual_seed(cfg.seed * 7919 + step)  # dropout streams depend on the step only
-        x, y = (t.to(device) for t in source.local_batch_at(step, coords["dp"]))
+        x, y = source.local_batch_at(step, coords["dp"])
+        if context is not None:
+            x, y = context.take(x), context.take(y)
+        x, y = x.to(device), y.to(device)
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         memory.refresh_gradients()

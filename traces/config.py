@@ -55,13 +55,9 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # synchronize), while torch.distributed.pipelining's runtime waits for its sends at the step's end;
 # it only ever costs time, so ``--what-if all`` leaves it out: the validation of Megatron's published
 # runs sets it, and ``tune --what-if blocking_p2p --fix blocking_p2p=true`` pins it (tuner.keys).
-# ``cp`` > 1 (context parallelism: each sequence split over cp ranks, K and V passed round a ring
-# under the attention, Megatron-core with Transformer Engine) needs attention that exchanges K/V
-# between ranks, which the executor's attention does not do; the simulator prices it (``mindpipe
-# simulate``, ``validate nemo-h100``) and ``tune --what-if cp`` searches it (named only: tuner.keys).
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
                                          "tp_comm_overlap": False, "overlap_param_gather": False}
-WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False, "cp": 1}
+WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
@@ -464,8 +460,9 @@ class Plan:
     their gradients likewise in the backward; gradients are reduced, and a distributed optimizer
     sharded, over dp·cp ranks. Ranks are laid out tp-cp-dp-pp (Megatron-core's order: the cp
     ranks of one data-parallel replica are neighbours inside the ``dp`` axis). It needs
-    ``flash_attention`` (TE's fused kernel is the one CP supports) and s divisible by 2·cp; it is a
-    what-if knob (the executor runs cp = 1), priced by the simulator only.
+    ``flash_attention`` (TE's fused kernel is the one CP supports) and s divisible by 2·cp. The
+    executor runs it with the same chunks, layout and bytes, K and V all-gathered instead of passed
+    round the ring (Llama 3's context parallelism: :mod:`mindpipe.traces.torch_context_parallel`).
     """
 
     dp: int = 1
@@ -601,6 +598,13 @@ class Plan:
         """Devices the plan needs: dp·tp·pp·cp."""
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def mesh_text(self) -> str:
+        """The mesh as messages write it: ``dp×tp×pp=2×4×8``, or ``dp×tp×pp×cp=1×2×8×4`` with cp."""
+        if self.cp == 1:
+            return f"dp×tp×pp={self.dp}×{self.tp}×{self.pp}"
+        return f"dp×tp×pp×cp={self.dp}×{self.tp}×{self.pp}×{self.cp}"
+
     def rank_seq_len(self, seq_len: int) -> int:
         """Tokens of a ``seq_len``-token sequence one rank holds: seq_len/cp under context parallelism."""
         return seq_len // self.cp
@@ -694,11 +698,9 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
     if plan.schedule == "interleaved_1f1b" and plan.pp > 1 and m % plan.pp:
         fail("global_batch_size", f"interleaved_1f1b needs micro-batches m={m} to be a multiple of pp={plan.pp}")
     if cluster is not None and plan.world_size != cluster.world_size:
-        mesh = (f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}" if plan.cp == 1
-                else f"dp×tp×pp×cp={plan.dp}×{plan.tp}×{plan.pp}×{plan.cp}")
         fail(
             "dp",
-            f"{mesh}={plan.world_size} does not equal the cluster's "
+            f"{plan.mesh_text}={plan.world_size} does not equal the cluster's "
             f"{cluster.num_nodes}×{cluster.gpus_per_node}={cluster.world_size} devices",
         )
     if cluster is not None:

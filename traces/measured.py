@@ -176,7 +176,8 @@ class RankRecord:
     """Per-rank totals over the measured steps (warm-up excluded), as means per step.
 
     Attributes:
-        rank: Global rank; ``pp_rank``, ``dp_rank``, ``tp_rank`` its mesh coordinates.
+        rank: Global rank; ``pp_rank``, ``dp_rank``, ``tp_rank`` (and ``cp_rank`` under context
+            parallelism) its mesh coordinates.
         stages: Virtual pipeline stages this rank runs.
         host: Host name.
         compute_s: F/B/I/W time per step.
@@ -207,10 +208,11 @@ class RankRecord:
     cpu_time_s: float | None = None
     energy_j: float | None = None
     memory: StageMemory | None = None
+    cp_rank: int = 0
 
     def __post_init__(self) -> None:
         one_of("memory_source", self.memory_source, MEMORY_SOURCES)
-        for key in ("rank", "pp_rank", "dp_rank", "tp_rank", "compute_s", "p2p_wait_s", "dp_sync_s",
+        for key in ("rank", "pp_rank", "dp_rank", "tp_rank", "cp_rank", "compute_s", "p2p_wait_s", "dp_sync_s",
                     "optimizer_s", "peak_memory_bytes", "cpu_time_s", "energy_j"):
             non_negative(key, getattr(self, key))
 
@@ -374,7 +376,7 @@ class Measurement:
                 raise ContractError("", key, f"{key}={getattr(self, key)} must be >= 1")
         if self.world_size != self.plan.world_size:
             raise ContractError(
-                "", "world_size", f"world_size={self.world_size} differs from the plan's dp×tp×pp={self.plan.world_size}"
+                "", "world_size", f"world_size={self.world_size} differs from the plan's {self.plan.mesh_text}={self.plan.world_size}"
             )
         for key in ("warmup_steps", "tokens_per_s", "model_flops_per_iteration", "peak_flops_per_s", "mfu",
                     "energy_j_per_iteration"):

@@ -357,6 +357,9 @@ def check_supernet_plan(plan: Plan, supernet: Supernet, cluster: Cluster | None 
         fail("fused_head_loss", "fused_head_loss=true is not supported for supernets yet")
     if what_if_used(plan):
         fail(what_if_used(plan)[0], "what-if knobs are not modelled for supernets")
+    if plan.cp > 1:
+        fail("cp", f"cp={plan.cp}: context parallelism is not modelled for supernets (their subnets' attention "
+             "runs whole sequences)")
     if plan.global_batch_size != plan.micro_batch_size * plan.dp:
         fail("global_batch_size", f"global_batch_size={plan.global_batch_size}: a subnet trains one micro-batch per "
              f"replica, so it must equal micro_batch_size×dp={plan.micro_batch_size * plan.dp}")

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.torch_context_parallel import ContextShard, context_attention
 from mindpipe.traces.torch_head_loss import linear_cross_entropy
 from torch import nn
 from torch.autograd.function import once_differentiable
@@ -39,9 +40,12 @@ class Embedding(nn.Module):
         self.tok = nn.Embedding(model.vocab_size, model.hidden_size)
         self.pos = nn.Embedding(model.seq_len, model.hidden_size)
         self.dropout = model.dropout
+        # The plan's context parallelism: the tokens' global positions (use_context_parallel).
+        self.context: ContextShard | None = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[-1], device=tokens.device)
+        positions = (torch.arange(tokens.shape[-1], device=tokens.device) if self.context is None
+                     else self.context.positions(tokens.shape[-1], tokens.device))
         x = self.tok(tokens) + self.pos(positions)
         return F.dropout(x, self.dropout, self.training) if self.dropout else x
 
@@ -89,14 +93,19 @@ class Attention(nn.Module):
         self.dropout = model.dropout
         # The plan's flash_attention (set by mindpipe.traces.torch_models.use_flash_attention).
         self.flash = False
+        # The plan's context parallelism (mindpipe.traces.torch_models.use_context_parallel).
+        self.context: ContextShard | None = None
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The attention core, ``[b, heads, s, d]`` in and out: Q·Kᵀ, mask, softmax, dropout, ·V.
 
         A method of its own so selective recompute (Korthikanti et al. 2022 §5) can checkpoint
         exactly this part, as Megatron does. With ``self.flash`` it is :func:`flash_core` (the
-        attention dropout only in training, as ``F.dropout`` here).
+        attention dropout only in training, as ``F.dropout`` here); under context parallelism,
+        :func:`~mindpipe.traces.torch_context_parallel.context_attention` (a fused kernel too).
         """
+        if self.context is not None:
+            return context_attention(q, k, v, self.context, self.dropout if self.training else 0.0)
         if self.flash:  # a Python bool: torch.fx traces the branch taken
             return flash_core(q, k, v, self.dropout if self.training else 0.0, gqa=False)
         s = q.size(2)

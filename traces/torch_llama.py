@@ -26,6 +26,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from mindpipe.traces.config import Model
+from mindpipe.traces.torch_context_parallel import ContextShard, context_attention
 from mindpipe.traces.torch_gpt import TORCH_DTYPES, LMHead, PreNormBlock, causal_mask, flash_core
 from torch import nn
 
@@ -86,15 +87,18 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float, dtype: torch.dtype = torch.float32,
-                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+                device: torch.device | str = "cpu", positions: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles, ``[seq_len, 1, head_dim]`` (Su et al. 2021, Eq. 34).
 
     Frequencies θ^(−2i/d) for the pairs (i, i + d/2), the half-split layout of Hugging Face's
     Llama (``rotate_half``), each table repeated over both halves. The angles are computed in
-    fp64, rounded to fp32, then cast to ``dtype``.
+    fp64, rounded to fp32, then cast to ``dtype``. ``positions`` (``[seq_len]``, default 0..seq_len−1)
+    are the tokens' global positions (a rank's share of the sequence under context parallelism).
     """
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64, device=device), inv)
+    pos = torch.arange(seq_len, device=device) if positions is None else positions
+    angles = torch.outer(pos.to(torch.float64), inv)
     angles = torch.cat([angles, angles], dim=-1)
     return (angles.cos().float().to(dtype).unsqueeze(1), angles.sin().float().to(dtype).unsqueeze(1))
 
@@ -130,23 +134,26 @@ class _RotaryFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.theta = theta
-        cos, sin = rope_tables(q.size(-1), q.size(1), theta, q.dtype, q.device)
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, theta: float,
+                positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.theta, ctx.positions = theta, positions
+        cos, sin = rope_tables(q.size(-1), q.size(1), theta, q.dtype, q.device, positions)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
     @staticmethod
-    def backward(ctx: Any, gq: torch.Tensor, gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-        cos, sin = rope_tables(gq.size(-1), gq.size(1), ctx.theta, gq.dtype, gq.device)
-        return _unrotate(gq, cos, sin), _unrotate(gk, cos, sin), None
+    def backward(ctx: Any, gq: torch.Tensor, gk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        cos, sin = rope_tables(gq.size(-1), gq.size(1), ctx.theta, gq.dtype, gq.device, ctx.positions)
+        return _unrotate(gq, cos, sin), _unrotate(gk, cos, sin), None, None
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q and K (``[b, s, heads, d]``) rotated by the angles of positions 0..s−1 (:class:`_RotaryFunction`).
+def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float,
+               positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q and K (``[b, s, heads, d]``) rotated by the angles of ``positions`` (default 0..s−1; a
+    rank's global positions under context parallelism) (:class:`_RotaryFunction`).
 
     One function torch.fx records as one node (operator-level profiles), like :func:`rms_norm`.
     """
-    out: tuple[torch.Tensor, torch.Tensor] = _RotaryFunction.apply(q, k, theta)  # type: ignore[no-untyped-call]
+    out: tuple[torch.Tensor, torch.Tensor] = _RotaryFunction.apply(q, k, theta, positions)  # type: ignore[no-untyped-call]
     return out
 
 
@@ -168,6 +175,8 @@ class Attention(nn.Module):
         # The plan's flash_attention (set by mindpipe.traces.torch_models.use_flash_attention).
         self.flash = False
         self.rope_base = model.rope_base
+        # The plan's context parallelism (mindpipe.traces.torch_models.use_context_parallel).
+        self.context: ContextShard | None = None
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The attention core: q ``[b, heads, s, d]``, k and v ``[b, kv, s, d]`` → ``[b, heads, s, d]``.
@@ -181,6 +190,8 @@ class Attention(nn.Module):
         ``[b, s, h]`` is free and the output the kernel saves is the projection's input too.
         """
         b, kv, s = k.size(0), k.size(1), k.size(2)
+        if self.context is not None:  # the whole sequence's K/V over the cp group (a fused kernel)
+            return context_attention(q, k, v, self.context, 0.0, gqa=self.group > 1)
         if self.flash:  # a Python bool: torch.fx traces the branch taken
             return flash_core(q, k, v, 0.0, gqa=self.group > 1)
         q = q.reshape(b, kv, -1, self.head_dim)
@@ -192,8 +203,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s = x.size(0), x.size(1)
         # `-1` head counts: the local heads under tensor parallelism.
+        positions = None if self.context is None else self.context.positions(s, x.device)
         q, k = apply_rope(self.wq(x).view(b, s, -1, self.head_dim), self.wk(x).view(b, s, -1, self.head_dim),
-                          self.rope_base)
+                          self.rope_base, positions)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         ctx = self.core(q, k, v).transpose(1, 2).reshape(b, s, -1)

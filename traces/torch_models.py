@@ -13,6 +13,7 @@ from typing import TypeAlias
 import torch
 from mindpipe.traces import torch_gpt, torch_llama
 from mindpipe.traces.config import Model
+from mindpipe.traces.torch_context_parallel import ContextShard
 from mindpipe.traces.torch_gpt import GPT, build_gpt
 from mindpipe.traces.torch_llama import Llama, build_llama
 from torch import nn
@@ -40,6 +41,16 @@ def use_flash_attention(module: nn.Module, on: bool) -> None:
             m.flash = on
 
 
+def use_context_parallel(module: nn.Module, shard: ContextShard | None) -> None:
+    """Give every attention module and GPT position embedding in ``module`` the plan's context
+    parallelism (:mod:`mindpipe.traces.torch_context_parallel`): attention over the whole sequence
+    spread on the cp group, positions of the rank's share; None switches it off. Like
+    :func:`use_flash_attention`, it changes no parameter."""
+    for m in module.modules():
+        if isinstance(m, (*_ATTENTION, torch_gpt.Embedding)):
+            m.context = shard
+
+
 def build_model(model: Model, *, seed: int = 0, dtype: str = "fp32", device: str | torch.device = "cpu",
                 flash_attention: bool = False) -> TransformerLM:
     """Build the network ``model`` describes, deterministically (same seed ⇒ same weights on every rank).
@@ -58,4 +69,4 @@ def build_model(model: Model, *, seed: int = 0, dtype: str = "fp32", device: str
     return net
 
 
-__all__ = ["TransformerLM", "build_model", "use_flash_attention"]
+__all__ = ["TransformerLM", "build_model", "use_context_parallel", "use_flash_attention"]

@@ -34,7 +34,7 @@ from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.evaluate import evaluate
-from mindpipe.tuner.keys import parse_fixes, parse_global_batch, parse_what_if
+from mindpipe.tuner.keys import parse_fixes, parse_global_batch, parse_search, parse_what_if
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective
 from mindpipe.tuner.output import write_outputs
@@ -109,7 +109,8 @@ def attention_as_profiled(fixes: dict[str, Any], trace: Trace) -> dict[str, Any]
 
 def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | Sequence[int] | str | None,
                 fixes: dict[str, Any] | Sequence[str] | None, partitioners: Sequence[str],
-                what_if: str | Sequence[str] | None = None, trace: Trace | None = None) -> SearchSpace:
+                what_if: str | Sequence[str] | None = None, trace: Trace | None = None,
+                search: str | Sequence[str] | None = None) -> SearchSpace:
     """The search space from loose arguments (see :func:`tune`); a GPT model's ``trace`` pins
     ``flash_attention`` to how it was profiled (:func:`attention_as_profiled`)."""
     if global_batch is None:
@@ -121,14 +122,16 @@ def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | S
     else:
         batches = sorted(set(global_batch))
     fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
-    knobs = parse_what_if(what_if)
+    knobs, opened = parse_what_if(what_if), parse_search(search)
     if trace is not None and not isinstance(model, Supernet):
         fixed = attention_as_profiled(fixed, trace)
-        if "cp" in knobs:  # the trace compute model's own refusal, before any point is proposed
-            raise ContractError("--what-if", "cp", "cp: a trace's layers ran whole sequences, so it cannot price "
+        if "cp" in opened:  # the trace compute model's own refusal, before any point is proposed
+            raise ContractError("--search", "cp", "cp: a trace's layers ran whole sequences, so it cannot price "
                                 "context parallelism; tune cp without --trace (the hardware model)")
+    if opened and isinstance(model, Supernet):
+        raise ContractError("--search", opened[0], f"{opened[0]} is not searched for supernets")
     return SearchSpace(model, cluster, batches, fixed, tuple(partitioners), knobs,
-                       batch_given=global_batch is not None)
+                       batch_given=global_batch is not None, search=opened)
 
 
 def target_identity(obj: Objective) -> dict[str, Any]:
@@ -166,7 +169,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
          calibration: Calibration | None = None, trace_source: str = "trace",
          calibration_source: str = "calibration", config: SweepConfig | None = None, resume: bool = False,
          progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate,
-         subnets: int | None = None, front: FrontConfig | None = None) -> TuneOutcome:
+         subnets: int | None = None, front: FrontConfig | None = None,
+         search: str | Sequence[str] | None = None) -> TuneOutcome:
     """Search for the best plan of ``model`` on ``cluster`` and write the outputs to ``out``.
 
     Args:
@@ -180,6 +184,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
         partitioners: Partitioners to try (``balanced``, ``pipedream``, ``even``).
         what_if: What-if knobs to search as well (:data:`mindpipe.tuner.keys.WHAT_IF_KEYS`):
             ``"all"``, ``"comm_priority"``, a list; None searches only what the executor runs.
+        search: Plan keys the default space leaves at one value, to search as well
+            (:data:`mindpipe.tuner.keys.SEARCH_ON_REQUEST_KEYS`: ``"cp"``).
         trace: Per-layer trace for the compute model (default: the hardware model).
         calibration: Constants fitted from measured runs (``mindpipe calibrate``).
         trace_source, calibration_source: Their file or name, for ``best_plan.json``'s ``made_for``.
@@ -206,7 +212,7 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     if subnets is not None and not supernet:
         raise ContractError("--subnets", None, f"--subnets counts subnets of a supernet; {model.label} is a GPT model")
     cfg = config or SweepConfig()
-    space = build_space(model, cluster, global_batch, fixes, partitioners, what_if, trace)
+    space = build_space(model, cluster, global_batch, fixes, partitioners, what_if, trace, search)
     if trace is not None:
         if isinstance(model, Supernet):
             check_candidate_trace(trace, model)
@@ -229,6 +235,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
         identity["timeshift"] = obj.shift.identity()
     if supernet:  # likewise: GPT sweeps' identity is unchanged
         identity["subnets"] = problem.num_subnets
+    if space.search:  # likewise
+        identity["search"] = list(space.search)
     if obj.target is not None:
         identity["target"] = target_identity(obj)
     out_dir = Path(out)

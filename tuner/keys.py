@@ -16,10 +16,14 @@ pre-hooks, which DTensor and FSDP2 do not have. ``mindpipe tune --what-if`` sear
 (``SEARCHED_WHAT_IF_KEYS``); the fifth, ``action_clocks_mhz``, only the clock planner sets
 (:mod:`mindpipe.tuner.frequency`); the sixth, ``blocking_p2p`` (Megatron's blocking pipeline
 exchanges), ``--what-if blocking_p2p --fix blocking_p2p=true`` pins to plan for a Megatron-LM
-deployment (``all`` leaves it out: it only costs time); the seventh, ``cp`` (context
-parallelism), changes how a plan's devices are split: ``--what-if cp`` searches it (``all`` leaves
-it out: it multiplies the meshes), each cp > 1 point with FlashAttention, which the simulator's cp
-rule needs. Every output marks a plan that uses one (:func:`what_if_used`).
+deployment (``all`` leaves it out: it only costs time). Every output marks a plan that uses one
+(:func:`what_if_used`).
+
+Keys searched on request (``--search``, :data:`SEARCH_ON_REQUEST_KEYS`) are plan keys the executor
+runs but the default space leaves at one value: ``cp`` (context parallelism) splits each mesh's
+data-parallel devices into dp × cp, which multiplies the meshes, and each cp > 1 point needs
+FlashAttention (the Plan's cp rule), so ``--search cp`` tries cp = 1 with it too. ``--fix cp=N``
+pins it without ``--search``, like any plan key.
 """
 
 from __future__ import annotations
@@ -64,8 +68,11 @@ OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False, "loss_chunks": 
 # What-if knobs ``--what-if`` searches (or lets ``--fix KEY=VALUE`` pin) only when it names them, though
 # ``all`` leaves them out: ``blocking_p2p=true`` only ever costs time, so searching it is never wanted,
 # but pinning it plans for a Megatron-LM deployment (blocking pipeline exchanges) instead of the
-# executor's; ``cp`` (context parallelism) multiplies the device meshes, so it is searched on request.
-NAMED_WHAT_IF_KEYS = ("blocking_p2p", "cp")
+# executor's.
+NAMED_WHAT_IF_KEYS = ("blocking_p2p",)
+# Plan keys the executor runs that the default space leaves at their OPTIONAL_POINT_KEYS value and
+# ``--search`` opens: ``cp`` (context parallelism) multiplies the device meshes.
+SEARCH_ON_REQUEST_KEYS = ("cp",)
 # The fourth dimension (NASPipe): points of a supernet carry these too; GPT points never do, so their
 # identity (point_key) is unchanged.
 SUPERNET_POINT_KEYS = SUPERNET_PLAN_KEYS
@@ -114,10 +121,32 @@ def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
         return tuple(SEARCHED_WHAT_IF_KEYS)
     known = (*SEARCHED_WHAT_IF_KEYS, *NAMED_WHAT_IF_KEYS)
     for key in items:
+        if key in SEARCH_ON_REQUEST_KEYS:
+            raise ContractError("--what-if", key, f"{key} is not a what-if knob: mindpipe run carries it out; "
+                                f"search it with --search {key}")
         if key not in known:
             what = "is a what-if knob only the clock planner sets" if key in WHAT_IF_KEYS else "is not a what-if knob"
             raise ContractError("--what-if", key, f"{key} {what} (known: all, {', '.join(known)})")
     return tuple(k for k in known if k in items)
+
+
+def parse_search(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """``--search KEY[,KEY]`` into the plan keys to search beyond the default space (:data:`SEARCH_ON_REQUEST_KEYS`).
+
+    Raises:
+        ContractError: a key that is not one of them.
+    """
+    if value is None:
+        return ()
+    items = [v.strip().replace("-", "_") for v in (value.split(",") if isinstance(value, str) else value)]
+    items = [v for v in items if v]
+    if not items:
+        raise ContractError("--search", None, f"--search needs a key (known: {', '.join(SEARCH_ON_REQUEST_KEYS)})")
+    for key in items:
+        if key not in SEARCH_ON_REQUEST_KEYS:
+            what = f"{key} is searched by default" if key in POINT_KEYS else f"{shown(key)} is not a plan key"
+            raise ContractError("--search", None, f"{what} (--search takes: {', '.join(SEARCH_ON_REQUEST_KEYS)})")
+    return tuple(k for k in SEARCH_ON_REQUEST_KEYS if k in items)
 
 
 def _parse_scalar(key: str, text: str) -> Any:
@@ -258,12 +287,14 @@ __all__ = [
     "PARTITIONERS",
     "POINT_KEYS",
     "SEARCHED_WHAT_IF_KEYS",
+    "SEARCH_ON_REQUEST_KEYS",
     "SUPERNET_POINT_KEYS",
     "WHAT_IF_KEYS",
     "Point",
     "check_fixes_what_if",
     "parse_fixes",
     "parse_global_batch",
+    "parse_search",
     "parse_what_if",
     "plan_of",
     "point_key",

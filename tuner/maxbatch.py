@@ -220,6 +220,9 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
         if key in fixed and any(v != run for v in (fixed[key] if isinstance(fixed[key], list) else [fixed[key]])):
             raise ContractError("--fix", key, f"{key} is a what-if knob (the executor runs only {key}="
                                 f"{json.dumps(run)}); --objective max_batch searches the plans the executor runs")
+    if any(v != 1 for v in (fixed["cp"] if isinstance(fixed.get("cp"), list) else [fixed.get("cp", 1)])):
+        raise ContractError("--fix", "cp", "--objective max_batch searches dp x tp x pp meshes (cp=1); "
+                            "context parallelism is searched by the other objectives")
     for name in partitioners:
         if name not in PARTITIONERS or name == "given":
             raise ContractError("--partitioner", None, f"{name!r} is not one of {', '.join(PARTITIONERS[:-1])}")

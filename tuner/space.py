@@ -18,8 +18,10 @@ sequence parallelism when tp = 1, ``tp_comm_overlap`` without sequence paralleli
 ``overlap_param_gather`` is only paired with ZeRO 1 and 2 (the Plan's rule). The memory-aware
 partitioners plan one stage per rank, so they are left out of interleaved and V schedules.
 What-if knobs (:data:`~mindpipe.tuner.keys.WHAT_IF_KEYS`) keep the value the executor runs unless
-``what_if`` names them; context parallelism (``cp``, named) splits each mesh's data-parallel
-devices into dp × cp, and its points carry FlashAttention (the Plan's cp rule). ``--fix KEY=VALUE``
+``what_if`` names them. Keys searched on request (``search``,
+:data:`~mindpipe.tuner.keys.SEARCH_ON_REQUEST_KEYS`) keep their default unless named or pinned:
+context parallelism (``cp``) splits each mesh's data-parallel devices into dp × cp, and its points
+carry FlashAttention (the Plan's cp rule). ``--fix KEY=VALUE``
 pins a key (``KEY=A,B`` restricts it to a set); pinned keys are never dropped by the rules above,
 only restricted.
 
@@ -50,8 +52,10 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.keys import (
     LIST_KEYS,
+    OPTIONAL_POINT_KEYS,
     PARTITIONERS,
     POINT_KEYS,
+    SEARCH_ON_REQUEST_KEYS,
     SUPERNET_POINT_KEYS,
     WHAT_IF_KEYS,
     Point,
@@ -89,6 +93,7 @@ class SearchSpace:
         partitioners: Partitioners to try (a dimension when more than one).
         what_if: What-if knobs to search (:func:`mindpipe.tuner.keys.parse_what_if`); the others
             keep the value the executor runs.
+        search: Plan keys searched on request (:func:`mindpipe.tuner.keys.parse_search`: ``cp``).
         batch_given: Whether ``global_batches`` was asked for (else a default; a supernet sweep
             with a pinned micro-batch then leaves the batch free).
         points: The valid points, in a stable enumeration order.
@@ -102,6 +107,7 @@ class SearchSpace:
     partitioners: tuple[str, ...] = ("balanced",)
     what_if: tuple[str, ...] = ()
     batch_given: bool = True
+    search: tuple[str, ...] = ()
     points: list[Point] = field(default_factory=list, init=False)
     rejected: Counter[Rule] = field(default_factory=Counter, init=False)
 
@@ -124,6 +130,10 @@ class SearchSpace:
         if unknown:
             raise ContractError("--what-if", unknown[0], f"{unknown[0]} is not a what-if knob")
         check_fixes_what_if(self.fixes, self.what_if)
+        unknown = [k for k in self.search if k not in SEARCH_ON_REQUEST_KEYS]
+        if unknown:
+            raise ContractError("--search", unknown[0], f"{unknown[0]} is not searched on request "
+                                f"(known: {', '.join(SEARCH_ON_REQUEST_KEYS)})")
         # The default space searches bf16 only; a pinned precision the devices lack (fp8 on an
         # A100 or a CPU) is refused here, by the plan rule's owner, instead of in every simulation.
         for prec in self.choices("precision", []):
@@ -139,11 +149,14 @@ class SearchSpace:
     def _pinned(self, key: str) -> bool:
         return key in self.fixes
 
-    def _knob(self, key: str, values: Iterable[Any] | None = None) -> list[Any]:
-        """Values of a what-if knob: all of them (``values``, else its fixed set) when searched, else the
-        one the executor runs."""
-        searched = _WHAT_IF_VALUES[key] if values is None else values
-        return self.choices(key, searched if key in self.what_if else [WHAT_IF_KEYS[key]])
+    def _knob(self, key: str) -> list[Any]:
+        """Values of a what-if knob: all of them when searched, else the one the executor runs."""
+        return self.choices(key, _WHAT_IF_VALUES[key] if key in self.what_if else [WHAT_IF_KEYS[key]])
+
+    def _on_request(self, key: str, values: Iterable[Any]) -> list[Any]:
+        """Values of a key searched on request: ``values`` when ``search`` names it, else its default
+        (:data:`~mindpipe.tuner.keys.OPTIONAL_POINT_KEYS`); pinned values win either way."""
+        return self.choices(key, values if key in self.search else [OPTIONAL_POINT_KEYS[key]])
 
     @property
     def pinned(self) -> dict[str, list[Any]]:
@@ -163,7 +176,7 @@ class SearchSpace:
     # -- enumeration ---------------------------------------------------------------------------
 
     def _meshes(self) -> Iterator[tuple[int, int, int, int]]:
-        """(dp, tp, pp, cp) with dp·tp·pp·cp = devices; cp = 1 unless ``what_if`` names it."""
+        """(dp, tp, pp, cp) with dp·tp·pp·cp = devices; cp = 1 unless searched or pinned."""
         world = self.cluster.world_size
         for tp in self.choices("tp", _divisors(world)):
             if world % tp:
@@ -177,7 +190,7 @@ class SearchSpace:
                     self.rejected[Rule.MESH] += 1
                     continue
                 rest = world // (tp * pp)
-                for cp in self._knob("cp", _divisors(rest)):
+                for cp in self._on_request("cp", _divisors(rest)):
                     if rest % cp:
                         self.rejected[Rule.MESH] += 1
                         continue
@@ -271,7 +284,7 @@ class SearchSpace:
         # Explicit attention unless pinned (--fix flash_attention=true, or both with [false,true]); a cp > 1
         # point carries FlashAttention (its base), and searching cp tries cp = 1 with it too, so that
         # context parallelism is weighed against plans with the same attention kernels.
-        flash_default = [False, True] if "cp" in self.what_if else [False]
+        flash_default = [False, True] if "cp" in self.search else [False]
         flash_choices = [base["flash_attention"]] if "flash_attention" in base else self.choices("flash_attention",
                                                                                                   flash_default)
         # The unchunked loss unless pinned (--fix loss_chunks=8, or several: --fix loss_chunks=1,8).
@@ -311,7 +324,7 @@ class SearchSpace:
             values[key] = seen
         return {"size": self.size, "rejected": self.rejected_total,
                 "rejected_by_rule": {rule.value: n for rule, n in self.rejected.most_common()},
-                "values": values, "what_if": list(self.what_if)}
+                "values": values, "what_if": list(self.what_if), "search": list(self.search)}
 
 
 __all__ = ["DEFAULT_MICRO_BATCHES", "SearchSpace"]

@@ -49,10 +49,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--what-if", nargs="?", const="all", default=None, metavar="KEY[,KEY]",
                    help=f"also search what-if knobs, which only the simulator models (the executor runs "
                         f"{', '.join(f'{k}={json.dumps(v)}' for k, v in SEARCHED_WHAT_IF_KEYS.items())}): all of them, or "
-                        "the ones named; plans that use one are marked in every output. Not in all: cp (context "
-                        "parallelism: each mesh's data-parallel devices split into dp x cp, with FlashAttention), "
-                        "and blocking_p2p (Megatron's blocking pipeline exchanges: name it with --fix "
-                        "blocking_p2p=true to plan for a Megatron-LM deployment)")
+                        "the ones named; plans that use one are marked in every output. Not in all: blocking_p2p "
+                        "(Megatron's blocking pipeline exchanges: name it with --fix blocking_p2p=true to plan "
+                        "for a Megatron-LM deployment)")
+    p.add_argument("--search", default=None, metavar="KEY[,KEY]",
+                   help="also search plan keys the default space leaves at one value: cp (context parallelism: "
+                        "each mesh's data-parallel devices split into dp x cp, with FlashAttention; cp=1 is then "
+                        "tried with FlashAttention too)")
     p.add_argument("--partitioner", default="balanced",
                    help="balanced, pipedream, even, vpipe or dawnpiper (the last two choose per-block keep/recompute/swap "
                         "with the partition), or a comma list searched as a dimension (default balanced)")
@@ -157,7 +160,7 @@ def _format(info: dict[str, Any]) -> str:
     net = info.get("supernet")
     if net is not None:
         keys = ("dp", "pp", "micro_batch_size", "global_batch_size", "subnet_schedule", "subnet_window", "partition")
-    if plan.get("cp", 1) != 1:  # context parallelism (--what-if cp), named only where a plan uses it
+    if plan.get("cp", 1) != 1:  # context parallelism (--search cp), named only where a plan uses it
         keys = (*keys[:3], "cp", *keys[3:])
     shown = ", ".join(f"{k}={plan.get(k)}" for k in keys if k in plan)
     by_reason = dict(info["infeasible_by_reason"])
@@ -238,6 +241,11 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
             raise ContractError("--what-if", None, "--objective max_batch searches the plans the executor runs; "
                                 "what-if knobs are searched by the other objectives")
+        if args.search is not None:
+            from mindpipe.traces.errors import ContractError
+
+            raise ContractError("--search", None, "--objective max_batch searches dp x tp x pp meshes (cp=1); "
+                                "--search is for the other objectives")
         return _max_batch(args, partitioners, trace, calibration)
     trace_source = Path(args.trace).name if args.trace else "trace"
     calibration_source = os.path.basename(args.calibration) if args.calibration else "calibration"
@@ -257,7 +265,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         outcome = tune(model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
                        fixes=args.fix, partitioners=partitioners,
-                       what_if=args.what_if, trace=trace, calibration=calibration, trace_source=trace_source,
+                       what_if=args.what_if, search=args.search, trace=trace, calibration=calibration, trace_source=trace_source,
                        calibration_source=calibration_source, config=cfg, resume=args.resume, progress=bar,
                        plots=not args.no_plots, subnets=args.subnets,
                        front=tune_target.front_config(args) if to_target else None)

@@ -63,14 +63,14 @@ class MeasuredRun:
 
 
 def measured_events(run: MeasuredRun, step: int | None = None) -> list[dict[str, Any]]:
-    """Timeline events of one clean step of the representative pipeline (dp 0, tp 0).
+    """Timeline events of one clean step of the representative pipeline (dp 0, tp 0, cp 0).
 
     Ranks are numbered by pipeline position, as the simulator's timeline numbers them, and
     times start at the step's first action, so the two can be drawn on one axis.
     """
     meas = run.measurement
     step = step if step is not None else run.clean_steps[len(run.clean_steps) // 2]
-    pipe = {r.rank: r.pp_rank for r in meas.ranks if r.dp_rank == 0 and r.tp_rank == 0}
+    pipe = {r.rank: r.pp_rank for r in meas.ranks if r.dp_rank == 0 and r.tp_rank == 0 and r.cp_rank == 0}
     acts = [a for a in meas.actions if a.step == step and a.rank in pipe]
     comms = [c for c in meas.comms if c.step == step and c.rank in pipe and c.kind != "collective"]
     if not acts:

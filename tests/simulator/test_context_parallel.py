@@ -28,7 +28,7 @@ def _plan(**kw) -> Plan:
 def test_contract_world_size_and_what_if() -> None:
     p = _plan()
     assert p.world_size == 8 and p.grad_replicas == 4 and p.num_microbatches == 2
-    assert what_if_used(p) == ["cp"] and p.as_executed().cp == 1
+    assert what_if_used(p) == [] and p.as_executed().cp == 2  # the executor runs it
     check_plan(p, LLAMA, H100x8)
     with pytest.raises(ContractError, match="cp=2 needs flash_attention=true"):
         _plan(flash_attention=False)
@@ -117,13 +117,16 @@ def test_a_trace_cannot_price_cp() -> None:
         TraceComputeModel(trace).layer_costs(model, Plan(dp=1, cp=2, flash_attention=True))
 
 
-def test_the_executor_refuses_cp() -> None:
+def test_the_executor_takes_cp_and_its_rules() -> None:
     from mindpipe.executor.precheck import check_run
 
     model = Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=64, vocab_size=128)
-    plan = Plan(dp=1, cp=2, flash_attention=True)
-    with pytest.raises(ContractError, match="cp=2: context parallelism is simulated only"):
-        check_run(model, plan, 2, "cpu", get_device("cpu"))
+    check_run(model, Plan(dp=1, cp=2, flash_attention=True), 2, "cpu", get_device("cpu"))
+    with pytest.raises(ContractError, match=r"dp×tp×pp×cp=1×1×1×2=2 ranks needed, the launch has 4"):
+        check_run(model, Plan(dp=1, cp=2, flash_attention=True), 4, "cpu", get_device("cpu"))
+    with pytest.raises(ContractError, match=r"2×cp=8 does not divide seq_len=60"):
+        check_run(dataclasses.replace(model, seq_len=60), Plan(dp=1, cp=4, flash_attention=True), 4, "cpu",
+                  get_device("cpu"))
 
 
 def test_supernet_plans_refuse_cp() -> None:
@@ -132,27 +135,30 @@ def test_supernet_plans_refuse_cp() -> None:
 
     net = load_supernet("supernet-mini")
     plan = Plan(dp=1, cp=2, flash_attention=True, subnet_schedule="csp", subnet_window=2)
-    with pytest.raises(ContractError, match="what-if knobs are not modelled for supernets"):
+    with pytest.raises(ContractError, match="context parallelism is not modelled for supernets"):
         check_supernet_plan(plan, net, Cluster(gpu="cpu", num_nodes=1, gpus_per_node=2))
 
 
-def test_the_tuner_pins_cp_only_when_it_searches_it() -> None:
-    from mindpipe.tuner.keys import check_fixes_what_if, parse_fixes, parse_what_if
+def test_the_tuner_searches_cp_on_request_and_pins_it_like_any_plan_key() -> None:
+    from mindpipe.tuner.keys import check_fixes_what_if, parse_fixes, parse_search, parse_what_if
 
-    assert parse_what_if("cp") == ("cp",) and "cp" not in parse_what_if("all")  # named, not in all
+    assert parse_search("cp") == ("cp",) and "cp" not in parse_what_if("all")
+    with pytest.raises(ContractError, match="cp is not a what-if knob: mindpipe run carries it out; search it with --search cp"):
+        parse_what_if("cp")
+    with pytest.raises(ContractError, match="tp is searched by default"):
+        parse_search("tp")
     fixes = parse_fixes(["cp=2"])
     assert fixes == {"cp": 2}
-    with pytest.raises(ContractError, match=r"cp=2 is a what-if knob \(the executor runs only cp=1\): add --what-if cp"):
-        check_fixes_what_if(fixes, ())
-    check_fixes_what_if(fixes, ("cp",))
+    check_fixes_what_if(fixes, ())  # not a what-if knob
 
 
 def test_simulate_names_the_what_if_knobs(capsys: pytest.CaptureFixture[str]) -> None:
     from mindpipe.cli import main
 
     assert main(["simulate", "--model", "gpt-mini", "--cluster", "cpu:1x2", "--plan",
-                 '{"cp": 2, "flash_attention": true}']) == 0
-    assert "what-if knobs         cp=2 (simulated only: mindpipe run carries out cp=1)" in capsys.readouterr().out
+                 '{"cp": 2, "flash_attention": true, "blocking_p2p": true}']) == 0
+    out = capsys.readouterr().out
+    assert "what-if knobs         blocking_p2p=true (simulated only" in out and "cp=2" not in out.split("what-if")[1]
     assert main(["simulate", "--model", "gpt-mini", "--cluster", "cpu:1x2", "--plan",
                  '{"dp": 2, "global_batch_size": 2}']) == 0
     assert "what-if" not in capsys.readouterr().out
