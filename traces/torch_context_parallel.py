@@ -13,8 +13,8 @@ with a boolean mask). What autograd keeps is what a FlashAttention rank keeps �
 and v, no s²-sized tensor and no gathered K/V: :class:`_ContextAttention` gathers K and V again in
 the backward and re-runs the rank's attention forward there (FlashAttention's backward recomputes
 the probabilities too, from a saved log-sum-exp this public kernel does not return), then sums
-each rank's chunks of the K/V gradients back to it (a reduce-scatter; an all-reduce on gloo,
-which has none). Forward all-gather and backward all-gather plus reduce-scatter are the bytes
+each rank's chunks of the K/V gradients back to it (a reduce-scatter; an all-reduce where an
+older gloo has none). Forward all-gather and backward all-gather plus reduce-scatter are the bytes
 the simulator prices for the cp group (:func:`mindpipe.simulator.costs.cp_collectives`);
 Transformer Engine's ring moves the same bytes in cp − 1 steps under the attention kernels, which
 this blocking all-gather does not overlap.
@@ -80,12 +80,16 @@ class ContextShard:
         n = 2 * self.size
         # Rank-major: rank j's two chunks next to each other, ranks in order.
         by_rank = torch.cat([torch.cat([parts[j], parts[n - 1 - j]], dim=dim) for j in range(self.size)], dim=dim)
-        if dist.get_backend(self.group) == "nccl":
-            out = torch.empty_like(by_rank.chunk(self.size, dim=dim)[0]).movedim(dim, 0).contiguous()
+        out = torch.empty_like(by_rank.chunk(self.size, dim=dim)[0]).movedim(dim, 0).contiguous()
+        try:
             dist.reduce_scatter_tensor(out, by_rank.movedim(dim, 0).contiguous(), group=self.group)
-            return out.movedim(0, dim)
-        dist.all_reduce(by_rank, group=self.group)  # gloo has no reduce-scatter
-        return by_rank.chunk(self.size, dim=dim)[self.rank].contiguous()
+        except (NotImplementedError, RuntimeError):
+            if dist.get_backend(self.group) == "nccl":
+                raise
+            # an older gloo has no reduce-scatter: the sum everywhere, then this rank's part.
+            dist.all_reduce(by_rank, group=self.group)
+            return by_rank.chunk(self.size, dim=dim)[self.rank].contiguous()
+        return out.movedim(0, dim)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shard: ContextShard, dropout_p: float,

@@ -118,7 +118,8 @@ class FrontPoint:
 
 
 def _label(plan: Plan) -> str:
-    return (f"dp{plan.dp} tp{plan.tp} pp{plan.pp} mb{plan.micro_batch_size} gb{plan.global_batch_size} "
+    return (f"dp{plan.dp} tp{plan.tp} pp{plan.pp}" + (f" cp{plan.cp}" if plan.cp > 1 else "")
+            + f" mb{plan.micro_batch_size} gb{plan.global_batch_size} "
             f"{plan.schedule}" + (f" v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""))
 
 

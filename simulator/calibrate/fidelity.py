@@ -22,8 +22,9 @@ from mindpipe.traces.config import Plan
 
 
 def plan_label(plan: Plan) -> str:
-    """A short human label of a plan: ``dp2·tp1·pp2 1f1b mb4`` (``cuts a|a`` for boundaries inside blocks)."""
-    label = f"dp{plan.dp}·tp{plan.tp}·pp{plan.pp} {plan.schedule}"
+    """A short human label of a plan: ``dp2·tp1·pp2 1f1b mb4`` (``·cp2`` under context parallelism, ``cuts
+    a|a`` for boundaries inside blocks)."""
+    label = f"dp{plan.dp}·tp{plan.tp}·pp{plan.pp}" + (f"·cp{plan.cp}" if plan.cp > 1 else "") + f" {plan.schedule}"
     if plan.virtual_stages > 1:
         label += f" v{plan.virtual_stages}"
     label += f" mb{plan.micro_batch_size}"

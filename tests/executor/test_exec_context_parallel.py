@@ -30,7 +30,26 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 
 
+def test_a_rank_holds_two_balanced_chunks_at_their_global_positions() -> None:
+    import torch
+    from mindpipe.executor.distributed import mesh_shape
+    from mindpipe.traces.torch_context_parallel import ContextShard
+
+    seq = torch.arange(16).view(1, 16)
+    shares = [ContextShard(None, r, 4).take(seq) for r in range(4)]
+    assert [s.tolist()[0] for s in shares] == [[0, 1, 14, 15], [2, 3, 12, 13], [4, 5, 10, 11], [6, 7, 8, 9]]
+    for r, share in enumerate(shares):  # the positions are the tokens' own
+        assert ContextShard(None, r, 4).positions(4, torch.device("cpu")).tolist() == share.tolist()[0]
+    # cp sits right inside dp (Megatron-core's tp-cp-dp-pp), whatever the rank order.
+    assert mesh_shape(Plan(dp=2, tp=2, pp=2, cp=2, global_batch_size=2, flash_attention=True)) == \
+        ((2, 2, 2, 2), ("pp", "dp", "cp", "tp"))
+    assert mesh_shape(Plan(dp=2, tp=2, cp=4, global_batch_size=2, flash_attention=True, rank_order="dp-tp-pp"))[1] == \
+        ("pp", "tp", "dp", "cp")
+    assert mesh_shape(Plan(dp=2, global_batch_size=2))[1] == ("pp", "dp", "tp")  # no cp axis without cp
+
+
 def _run(tmp, plan: dict[str, Any], model: dict[str, Any], *extra: str) -> Trace:
+    tmp.mkdir(parents=True, exist_ok=True)
     res = run_plan(tmp, plan, Plan(**plan).world_size, *extra, model=model)
     assert res.returncode == 0, res.stderr[-4000:]
     trace = Trace.load(tmp / "measured.json")
@@ -46,3 +65,19 @@ def test_context_parallel_parity(tmp_path, name: str) -> None:
     assert_parity(trace.measurement.losses, reference(plan, model))
     p = Plan(**plan)
     assert sorted(r.cp_rank for r in trace.measurement.ranks) == sorted(list(range(p.cp)) * (p.world_size // p.cp))
+
+
+@pytest.mark.slow
+def test_a_cp_run_resumes_exactly_and_says_what_it_did_not_measure(tmp_path) -> None:
+    plan = {**BASE, "cp": 2, "zero_stage": 1}
+    ckpt = str(tmp_path / "ckpt")
+    full = _run(tmp_path / "full", plan, TINY, "--checkpoint-dir", ckpt, "--checkpoint-every", "4", "--profile-step", "3")
+    assert_parity(full.measurement.losses, reference(plan, TINY))
+    # The K/V all-gathers (cp) and the gradient reduction (dp·cp) share op names: the axis is not guessed.
+    collectives = [c for c in full.measurement.comms if c.kind == "collective"]
+    assert collectives and {c.axis for c in collectives} == {"unknown"}
+    # A rank's gradient is over part of each sequence: no noise-scale estimate is made from it.
+    assert full.measurement.gradient_noise is None
+    resumed = _run(tmp_path / "resumed", plan, TINY, "--checkpoint-dir", ckpt, "--resume-from", "4")
+    assert [s.step for s in resumed.measurement.steps] == list(range(5, 11))
+    assert resumed.measurement.losses == full.measurement.losses[4:]  # bit for bit
