@@ -194,6 +194,8 @@ def summary(result: SweepResult, objective: Objective, space: SearchSpace, out: 
         "pareto_points": pareto_count,
         "out": str(out),
         **_supernet_summary(space, plan),
+        # --search: the values each key took in the space (absent without it, so other summaries are unchanged).
+        **({"search": {k: sorted({p.get(k) for p in space.points}) for k in space.search}} if space.search else {}),
     }
 
 

@@ -67,3 +67,15 @@ def test_tune_returns_a_cp_plan_priced_as_simulate_prices_it(tmp_path) -> None:
     again = simulate(MODEL, CLUSTER, plan_of({k: v for k, v in best.items() if k not in ("partition", "made_for")},
                                              partition=best["partition"]))
     assert info["best_value"] == pytest.approx(again.throughput_samples_per_s, rel=1e-9)
+
+
+def test_the_cli_says_what_search_opened(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mindpipe.cli import main
+
+    assert main(["tune", "--model", "gpt-mini", "--cluster", "cpu:1x4", "--search", "cp", "--budget", "3", "--workers",
+                 "1", "--quiet", "--no-plots", "--out", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "also searched    cp = 1, 2, 4 (--search)" in out
+    assert "what-if knobs    none searched: every plan is one the executor runs" in out
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert summary["search"] == {"cp": [1, 2, 4]}
