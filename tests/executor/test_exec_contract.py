@@ -55,7 +55,7 @@ def test_roundtrip_through_the_trace(tmp_path):
         (lambda m: m["actions"][0].update(kind="X"), "kind='X' is not one of F, B, I, W"),
         (lambda m: m["comms"][0].update(axis="ep"), "axis='ep' is not one of"),
         (lambda m: m["steps"][1].update(step=3), "step numbers must be consecutive"),
-        (lambda m: m.update(world_size=4), "differs from the plan's dp×tp×pp=2"),
+        (lambda m: m.update(world_size=4), "differs from the plan's dp×tp×pp=1×1×2=2"),
         (lambda m: m["actions"][0].update(rank=2), "actions[0].rank=2 >= world_size=2"),
         (lambda m: m.update(format_version=2), "format_version=2 is not supported"),
         (lambda m: m.update(energy_source="guess"), "energy_source='guess' is not one of"),
