@@ -9,10 +9,11 @@ what calibration needs for a latency/bandwidth fit per backend.
 
 The event names do not carry the process group, so the mesh axis is inferred: sends/receives are
 ``pp``; other collectives belong to the only non-pipeline axis with more than one rank, or, when
-both ``dp`` and ``tp`` have several, are marked ``unknown``, as they are under context parallelism
-(the K/V all-gathers of the ``cp`` group and the gradient reduction over dp·cp use the same ops). Start times are aligned to the run's
-origin through the host clock read when profiling starts (the profiler's own time base is
-relative to that moment), good to a fraction of a millisecond.
+both ``dp`` and ``tp`` have several, are marked ``unknown``, as they are under context
+parallelism (the K/V all-gathers of the ``cp`` group and the gradient reduction over dp·cp use the
+same ops). Start times are aligned to the run's origin through the host clock read when profiling
+starts (the profiler's own time base is relative to that moment), good to a fraction of a
+millisecond.
 """
 
 from __future__ import annotations
