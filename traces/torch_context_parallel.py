@@ -108,9 +108,8 @@ class _ContextAttention(torch.autograd.Function):
                 dropout_p: float, gqa: bool) -> torch.Tensor:
         ctx.shard, ctx.dropout_p, ctx.gqa = shard, dropout_p, gqa
         ctx.rng = _rng_state(q.device) if dropout_p else None
-        ctx.save_for_backward(q, k, v)
-        with torch.no_grad():
-            return _attend(q, shard.gather(k, 2), shard.gather(v, 2), shard, dropout_p, gqa)
+        ctx.save_for_backward(q, k, v)  # a Function's forward records no graph: the gathered K/V are transients
+        return _attend(q, shard.gather(k, 2), shard.gather(v, 2), shard, dropout_p, gqa)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
