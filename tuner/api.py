@@ -128,8 +128,6 @@ def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | S
         if "cp" in opened:  # the trace compute model's own refusal, before any point is proposed
             raise ContractError("--search", "cp", "cp: a trace's layers ran whole sequences, so it cannot price "
                                 "context parallelism; tune cp without --trace (the hardware model)")
-    if opened and isinstance(model, Supernet):
-        raise ContractError("--search", opened[0], f"{opened[0]} is not searched for supernets")
     return SearchSpace(model, cluster, batches, fixed, tuple(partitioners), knobs,
                        batch_given=global_batch is not None, search=opened)
 

@@ -115,6 +115,8 @@ class SearchSpace:
         if "partition" in self.fixes:
             self.partitioners = ("given",)
         if isinstance(self.model, Supernet):
+            if self.search:
+                raise ContractError("--search", self.search[0], f"{self.search[0]} is not searched for supernets")
             check_supernet_fixes(self.model, self.fixes, self.what_if, self.partitioners)
             self.points = list(supernet_points(self))
             return
