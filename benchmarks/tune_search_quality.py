@@ -146,7 +146,7 @@ def bo_search(space: SearchSpace, cache: dict[str, Any], seed: int, budget: int,
     with tempfile.TemporaryDirectory() as tmp:
         store = SweepStore(tmp, {}, resume=False)
         start = time.perf_counter()
-        res = run_sweep(problem, space, Objective("throughput"), cfg, store, evaluator=CachedEvaluator(cache))
+        res = run_sweep(problem, space, Objective("throughput"), cfg, store, evaluator=CachedEvaluator(cache), screen=None)
         store.close()
     return {"records": res.records, "best": res.best.value if res.best else None, "simulations": res.simulations,
             "search_s": time.perf_counter() - start}

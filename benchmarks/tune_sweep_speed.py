@@ -49,9 +49,10 @@ def git_commit(path: Path) -> str | None:
     return res.stdout.strip() or None if res.returncode == 0 else None
 
 
-def run_sweep(checkout: Path, python: str, out: Path, budget: int, extra: list[str]) -> dict[str, Any]:
+def run_sweep(checkout: Path, python: str, out: Path, budget: int, extra: list[str], model: str = MODEL,
+              cluster: str = CLUSTER) -> dict[str, Any]:
     """One ``mindpipe tune`` run of ``checkout``: wall time, exit status and its summary."""
-    cmd = [python, "-m", "mindpipe.cli", "tune", "--model", MODEL, "--cluster", CLUSTER, "--budget", str(budget),
+    cmd = [python, "-m", "mindpipe.cli", "tune", "--model", model, "--cluster", cluster, "--budget", str(budget),
            "--out", str(out), "--json", "--quiet", *extra]
     env = dict(os.environ, PYTHONPATH=str(checkout))
     load_before = os.getloadavg()
@@ -65,7 +66,8 @@ def run_sweep(checkout: Path, python: str, out: Path, budget: int, extra: list[s
         out_info["stderr_tail"] = res.stderr[-2000:]
         return out_info
     summary = json.loads(res.stdout)
-    out_info.update({k: summary.get(k) for k in ("best_value", "evaluations", "evaluated_points", "space_size")})
+    out_info.update({k: summary.get(k) for k in ("best_value", "evaluations", "evaluated_points", "space_size",
+                                                  "infeasible_by_reason")})
     plan = summary.get("best_plan") or {}
     out_info["best_plan"] = {k: plan.get(k) for k in ("dp", "tp", "pp", "micro_batch_size", "schedule",
                                                         "virtual_stages", "recompute", "zero_stage", "comm_priority",
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", required=True, help="path of the baseline checkout (e.g. a worktree of 067639e)")
     ap.add_argument("--python", default=sys.executable, help="interpreter for both runs (default: this one)")
     ap.add_argument("--budget", type=int, default=BUDGET)
+    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--cluster", default=CLUSTER)
     ap.add_argument("--repeats", type=int, default=1, help="baseline/current pairs, alternating")
     ap.add_argument("--arg", action="append", default=[], help="extra argument for both runs (repeatable)")
     ap.add_argument("--current-arg", action="append", default=[],
@@ -91,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.repeats):
             for label in ("baseline", "current"):
                 extra = args.arg + (args.current_arg if label == "current" else [])
-                info = run_sweep(checkouts[label], args.python, Path(tmp) / f"{label}{rep}", args.budget, extra)
+                info = run_sweep(checkouts[label], args.python, Path(tmp) / f"{label}{rep}", args.budget, extra,
+                                 args.model, args.cluster)
                 runs[label].append(info)
                 print(json.dumps({"run": label, "repeat": rep, **info}), file=sys.stderr, flush=True)
     ok = all(r["returncode"] == 0 for rs in runs.values() for r in rs)
@@ -101,9 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         "command": ".venv/bin/python benchmarks/tune_sweep_speed.py --baseline " + str(args.baseline)
                    + (f" --repeats {args.repeats}" if args.repeats != 1 else "")
                    + (f" --budget {args.budget}" if args.budget != BUDGET else "")
+                   + (f" --model {args.model}" if args.model != MODEL else "")
+                   + (f" --cluster {args.cluster}" if args.cluster != CLUSTER else "")
+                   + "".join(f" --arg={a}" for a in args.arg)
                    + "".join(f" --current-arg={a}" for a in args.current_arg)
                    + (f" --out {args.out}" if Path(args.out).resolve() != OUT else ""),
-        "sweep": f"mindpipe tune --model {MODEL} --cluster {CLUSTER} --budget {args.budget} --out DIR --json --quiet"
+        "sweep": f"mindpipe tune --model {args.model} --cluster {args.cluster} --budget {args.budget} --out DIR --json --quiet"
                  + "".join(f" {a}" for a in args.arg),
         "current_only_args": args.current_arg,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple
 
 from mindpipe.traces.layout import loop_stage_to_rank, v_stage_to_rank
@@ -77,6 +78,45 @@ class Held(NamedTuple):
     backward_next: bool = False
 
 
+def _timeline(order: tuple[Action, ...], stages: tuple[int, ...]) -> list[tuple[Held, ...]]:
+    """Per action of ``order``, what each of ``stages`` holds (:meth:`Schedule.held_timeline`)."""
+    awaiting_input, awaiting_weight = dict.fromkeys(stages, 0), dict.fromkeys(stages, 0)
+    with_grads: set[int] = set()
+    out: list[tuple[Held, ...]] = []
+    for i, a in enumerate(order):
+        if a.kind == "F":
+            awaiting_input[a.stage] += 1
+        elif a.kind in ("B", "I"):
+            awaiting_input[a.stage] -= 1
+            awaiting_weight[a.stage] += a.kind == "I"
+        else:  # W
+            awaiting_weight[a.stage] -= 1
+        if a.kind in ("B", "W"):
+            with_grads.add(a.stage)
+        nxt = i + 1 < len(order) and order[i + 1].kind != "F"
+        out.append(tuple(Held(awaiting_input[s], awaiting_weight[s], s in with_grads, nxt) for s in stages))
+    return out
+
+
+@lru_cache(maxsize=256)
+def _undominated(order: tuple[Action, ...], stages: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[Held, ...]], ...]:
+    """Distinct timeline entries no other entry dominates (:meth:`Schedule.held_states`), first-seen order."""
+    def covers(b: tuple[Held, ...], a: tuple[Held, ...]) -> bool:
+        return all(y.awaiting_weight == x.awaiting_weight and y.awaiting_input >= x.awaiting_input
+                   and y.has_grads >= x.has_grads and y.backward_next >= x.backward_next for x, y in zip(a, b, strict=True))
+
+    distinct = list(dict.fromkeys(_timeline(order, stages)))
+    # Pareto filter: in this order an entry's dominators come before it (they are no smaller in
+    # every sum), and one that a dropped entry dominates is dominated by a kept one (transitivity).
+    frontier: list[tuple[Held, ...]] = []
+    for a in sorted(distinct, key=lambda e: (sum(h.awaiting_input for h in e), sum(h.has_grads for h in e),
+                                             e[0].backward_next), reverse=True):
+        if not any(covers(b, a) for b in frontier):
+            frontier.append(a)
+    kept = set(frontier)
+    return tuple((stages, a) for a in distinct if a in kept)
+
+
 @dataclass
 class Schedule:
     """Per-rank ordered compute actions of one iteration.
@@ -124,24 +164,24 @@ class Schedule:
         backward, so the forwards of a warm-up (1F1B's first stage at m ≤ p, any plan with one
         micro-batch) hold their activations without them.
         """
-        stages = self.stages_of_rank(rank)
-        awaiting_input, awaiting_weight = dict.fromkeys(stages, 0), dict.fromkeys(stages, 0)
-        with_grads: set[int] = set()
-        out: list[dict[int, Held]] = []
-        order = self.orders[rank]
-        for i, a in enumerate(order):
-            if a.kind == "F":
-                awaiting_input[a.stage] += 1
-            elif a.kind in ("B", "I"):
-                awaiting_input[a.stage] -= 1
-                awaiting_weight[a.stage] += a.kind == "I"
-            else:  # W
-                awaiting_weight[a.stage] -= 1
-            if a.kind in ("B", "W"):
-                with_grads.add(a.stage)
-            nxt = i + 1 < len(order) and order[i + 1].kind != "F"
-            out.append({s: Held(awaiting_input[s], awaiting_weight[s], s in with_grads, nxt) for s in stages})
-        return out
+        stages = tuple(self.stages_of_rank(rank))
+        return [dict(zip(stages, state, strict=True)) for state in _timeline(tuple(self.orders[rank]), stages)]
+
+    def held_states(self, rank: int) -> list[dict[int, Held]]:
+        """The entries of :meth:`held_timeline` a peak can be at, in the order they first occur.
+
+        A memory peak over the timeline (what :class:`mindpipe.simulator.memory.StageMemoryModel`
+        computes) is non-decreasing in every stage's micro-batches awaiting their input gradient,
+        in its gradients being present and in a backward coming next — each adds non-negative
+        bytes. So an entry that another one matches or exceeds in all of those, with the same
+        micro-batches awaiting W on every stage (their bytes are left unsigned here), cannot be
+        above it; only distinct, undominated entries are kept. A long schedule repeats or climbs
+        through many entries (GPipe at m micro-batches has 2·m, 1F1B's steady state repeats a few),
+        and the tuner checks memory for every candidate plan, so this is m/pp times less work on the
+        same peak.
+        """
+        return [dict(zip(stages, state, strict=True)) for stages, state in
+                _undominated(tuple(self.orders[rank]), tuple(self.stages_of_rank(rank)))]
 
     def in_flight_timeline(self, rank: int) -> list[dict[int, int]]:
         """After each action of ``rank``, the micro-batches per local stage whose activations are

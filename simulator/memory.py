@@ -548,9 +548,10 @@ class StageMemoryModel:
     def rank(self, rank: int, terms: dict[int, _StageTerms], held: list[dict[int, Held]]) -> RankMemory:
         """Peak memory of a pipeline rank holding the stages of ``terms`` (virtual stage → terms).
 
-        ``held`` is the rank's :meth:`Schedule.held_timeline`: per stage after each of its actions,
-        micro-batches awaiting their input gradient, micro-batches awaiting their W, and whether
-        the stage's weight gradients exist yet. The peak is over that timeline of the activations
+        ``held`` is the rank's :meth:`Schedule.held_timeline` (or its distinct states,
+        :meth:`Schedule.held_states`): per stage after each of its actions, micro-batches awaiting
+        their input gradient, micro-batches awaiting their W, and whether the stage's weight
+        gradients exist yet. The peak is over that timeline of the activations
         plus the gradients that exist at that point (torch allocates them in the first backward and
         frees them at the step), so a warm-up's forwards hold no gradients. The gradients of the
         first backward, allocated while it frees the activations, are left out as the executor's
@@ -627,7 +628,7 @@ def stage_memory(
     spans = stage_layout(dataclasses.replace(plan, partition=list(stage_layers)), model)
     terms = [mm.stage([policies[b] for b in span.blocks], span.has_embedding, span.has_head,
                       [span.part(b) for b in span.blocks]) for span in spans]
-    return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_timeline(r))
+    return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_states(r))
             for r in range(schedule.pp)]
 
 
@@ -651,7 +652,7 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     last = schedule.num_stages - 1
     out = []
     for s in range(schedule.num_stages):
-        timeline = schedule.held_timeline(schedule.stage_to_rank[s])
+        timeline = schedule.held_states(schedule.stage_to_rank[s])
 
         def fits(n: int, s: int = s, timeline: list[dict[int, Held]] = timeline) -> bool:
             return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last)}, timeline).total_bytes <= cap

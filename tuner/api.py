@@ -34,13 +34,14 @@ from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.evaluate import evaluate
+from mindpipe.tuner.evaluate import screen as screen_memory
 from mindpipe.tuner.keys import parse_fixes, parse_global_batch, parse_search, parse_what_if
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective
 from mindpipe.tuner.output import write_outputs
 from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.store import SweepStore
-from mindpipe.tuner.sweep import Evaluator, Progress, SweepConfig, SweepResult, run_sweep
+from mindpipe.tuner.sweep import Evaluator, Progress, Screener, SweepConfig, SweepResult, run_sweep
 from mindpipe.tuner.target import Placement, TrainingTarget
 from mindpipe.tuner.target_front import FrontConfig, run_front
 
@@ -167,6 +168,7 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
          calibration: Calibration | None = None, trace_source: str = "trace",
          calibration_source: str = "calibration", config: SweepConfig | None = None, resume: bool = False,
          progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate,
+         screen: Screener | None = screen_memory,
          subnets: int | None = None, front: FrontConfig | None = None,
          search: str | Sequence[str] | None = None) -> TuneOutcome:
     """Search for the best plan of ``model`` on ``cluster`` and write the outputs to ``out``.
@@ -192,6 +194,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
         progress: Per-evaluation callback (e.g. :class:`mindpipe.tuner.progress.ProgressBar`).
         plots: Write the PNG plots.
         evaluator: Evaluation function (tests and benchmarks substitute recorded results).
+        screen: What refuses a point before it is proposed (default: the memory model's refusal,
+            :func:`mindpipe.tuner.evaluate.screen`); None proposes every point the searcher picks.
         subnets: Supernets only: subnets each plan is simulated for (default
             :data:`DEFAULT_SUBNETS`; a ``sync`` plan needs a multiple of its window).
         front: For ``carbon_to_target``: the plans × clocks × start times front's width
@@ -240,7 +244,7 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     out_dir = Path(out)
     store = SweepStore(out_dir, identity, resume)
     try:
-        result = run_sweep(problem, space, obj, cfg, store, progress=progress, evaluator=evaluator)
+        result = run_sweep(problem, space, obj, cfg, store, progress=progress, evaluator=evaluator, screen=screen)
     finally:
         store.close()
     made_for = MadeFor(None if isinstance(model, Supernet) else model, cluster, tool="mindpipe tune",

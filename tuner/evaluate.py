@@ -14,7 +14,7 @@ import traceback
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.keys import Point, point_key
-from mindpipe.tuner.materialize import Problem, materialize
+from mindpipe.tuner.materialize import Materialized, Problem, materialize
 from mindpipe.tuner.records import EvaluationRecord, MemoryCode, Metrics, Status
 from mindpipe.tuner.rules import rule_of
 from mindpipe.tuner.subnet_evaluate import evaluate_supernet
@@ -39,11 +39,7 @@ def evaluate(problem: Problem, point: Point) -> EvaluationRecord:
         mat = materialize(problem, point, sim)
         rec.plan = mat.plan
         if not mat.fits:
-            worst = max(mat.memory, key=lambda rm: rm.total_bytes)
-            rec.status, rec.code = Status.OUT_OF_MEMORY, MemoryCode.ESTIMATE
-            rec.metrics = Metrics(peak_memory_gib=mat.peak_memory_gib)
-            rec.message = (f"rank {worst.rank} needs {worst.total_bytes / 2**30:.1f} GiB of "
-                           f"{worst.capacity_bytes / 2**30:.1f} GiB")
+            _refused(rec, mat)
         else:
             result = mat.result if mat.result is not None else sim.run(mat.plan)
             rec.simulated = True
@@ -60,4 +56,39 @@ def evaluate(problem: Problem, point: Point) -> EvaluationRecord:
     return rec
 
 
-__all__ = ["evaluate"]
+def _refused(rec: EvaluationRecord, mat: Materialized) -> None:
+    """Make ``rec`` the record of a plan the memory model refuses before simulating."""
+    worst = max(mat.memory, key=lambda rm: rm.total_bytes)
+    rec.status, rec.code = Status.OUT_OF_MEMORY, MemoryCode.ESTIMATE
+    rec.metrics = Metrics(peak_memory_gib=mat.peak_memory_gib)
+    rec.message = f"rank {worst.rank} needs {worst.total_bytes / 2**30:.1f} GiB of {worst.capacity_bytes / 2**30:.1f} GiB"
+
+
+def screen(problem: Problem, point: Point) -> EvaluationRecord | None:
+    """The record :func:`evaluate` returns for a point the memory model refuses before simulating,
+    found without simulating anything; None when the point may fit (then evaluate it).
+
+    The partition a point gets is :func:`evaluate`'s: when none of ``balanced``'s candidates fits,
+    both take the first, so the refusal (plan, peak, message) is the same record; which fitting
+    candidate simulates fastest — what costs an evaluation its time — does not change whether
+    one fits. This is what lets the sweep drop the plans that cannot fit in the searcher's own
+    process at a few milliseconds each, instead of a round of proposals and evaluations (on a
+    space of large models on few devices most proposals are such plans). Supernets, and points
+    whose evaluation fails otherwise, are left to :func:`evaluate`.
+    """
+    if isinstance(problem.model, Supernet):
+        return None
+    start = time.perf_counter()
+    try:
+        mat = materialize(problem, point, problem.simulator(), simulate=False)
+    except Exception:  # evaluate() records it, with its verdict
+        return None
+    if mat.fits:
+        return None
+    rec = EvaluationRecord(key=point_key(point), point=dict(point), plan=mat.plan)
+    _refused(rec, mat)
+    rec.eval_s = time.perf_counter() - start
+    return rec
+
+
+__all__ = ["evaluate", "screen"]

@@ -113,12 +113,14 @@ def _policy_fits(sim: Simulator, plan: Plan) -> StageFits | None:
     return lambda s, lo, hi: budgets[s].fits(policies[lo:hi])
 
 
-def materialize(problem: Problem, point: Point, sim: Simulator | None = None) -> Materialized:
+def materialize(problem: Problem, point: Point, sim: Simulator | None = None, *, simulate: bool = True) -> Materialized:
     """Partition the point's plan by its partitioner and check its memory.
 
     The memory-aware partitioners (``vpipe``, ``dawnpiper``) write their per-block policy into the
     plan's ``layer_memory_policy`` as well, and ``dawnpiper`` its boundaries inside blocks into
-    ``stage_cuts``.
+    ``stage_cuts``. Among several ``balanced`` candidates the fastest that fits is chosen by
+    simulating them; with ``simulate=False`` the first that fits (the memory verdict is the same:
+    whether any candidate fits; :func:`mindpipe.tuner.evaluate.screen`).
 
     Raises:
         ContractError: the point breaks a plan rule (should not happen for points of a space).
@@ -148,6 +150,9 @@ def materialize(problem: Problem, point: Point, sim: Simulator | None = None) ->
             def verdict(part: list[int]) -> tuple[bool, float]:
                 cand = plan_of(point, problem.pinned, part)
                 memory = sim.memory(cand)
+                if not simulate:
+                    simulated[tuple(part)] = (memory, None)
+                    return not all(rm.fits for rm in memory), 0.0
                 result = sim.run(cand) if all(rm.fits for rm in memory) else None
                 simulated[tuple(part)] = (memory, result)
                 return (result is None or not result.fits_in_memory,

@@ -36,13 +36,22 @@ per set of told results, not once per pick of a batch (the picks of a batch see 
 only the classifier's seed differs from a per-pick refit). On the search-quality landscape
 (``benchmarks/tune_search_quality.py``) the proposals with one pick per batch are the per-pick
 refit's, seed for seed, and the median evaluations to the target with two picks per batch match.
+
+Points that cannot fit are refused before they are proposed when the caller passes a ``screen``
+(the sweep passes the memory model's refusal, :func:`mindpipe.tuner.evaluate.screen`): ``bo``
+walks on in the acquisition's order past every refused point, and ends the ask after
+:data:`WALK` refusals so that the classifier, told about them, steers the next ask. On a space
+where most plans are out of memory (Llama 3 70B on 64 H100 with ``--search cp``: 35,148 points,
+about 97 % of the proposals refused) a 60-simulation sweep went from 6.4 min to 54 s, with the
+same best plan, because a refusal costs a memory check (milliseconds) instead of a classifier
+fit, an acquisition and an evaluation round.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -53,13 +62,20 @@ OPTIMIZERS = ("bo", "random", "grid")
 SURROGATES = ("gp", "rf", "et")
 _LOG_KEYS = ("tp", "pp", "dp", "cp", "micro_batch_size", "global_batch_size", "virtual_stages")
 _ACQ_CACHE_SIZE = 8  # acquisitions kept: one per pick of a batch (constant liar) is what gets reused
+WALK = 64  # refusals by the screen one ask may walk past before the classifier is refitted
+
+
+Screen = Callable[[int], bool]
+"""Says, cheaply and for sure, that a point cannot be feasible (True: refused, never proposed)."""
 
 
 class Searcher(Protocol):
     """Proposes points of a finite space and learns from their losses."""
 
-    def ask(self, n: int) -> list[int]:
-        """Up to ``n`` indices never proposed before (fewer when the space runs out)."""
+    def ask(self, n: int, screen: Screen | None = None) -> list[int]:
+        """Up to ``n`` indices never proposed before (fewer when the space runs out, or when ``bo``
+        ended a long walk past refused points: ask again). A point ``screen`` refuses is used
+        up without being proposed; the caller tells its loss (None) before the next ask."""
         ...
 
     def tell(self, indices: Sequence[int], losses: Sequence[float | None]) -> None:
@@ -74,10 +90,14 @@ class GridSearch:
         self._order = list(range(size))
         self._next = 0
 
-    def ask(self, n: int) -> list[int]:
-        """The next ``n`` points in order."""
-        out = self._order[self._next:self._next + n]
-        self._next += len(out)
+    def ask(self, n: int, screen: Screen | None = None) -> list[int]:
+        """The next ``n`` points in order that ``screen`` does not refuse."""
+        out: list[int] = []
+        while len(out) < n and self._next < len(self._order):
+            i = self._order[self._next]
+            self._next += 1
+            if screen is None or not screen(i):
+                out.append(i)
         return out
 
     def tell(self, indices: Sequence[int], losses: Sequence[float | None]) -> None:
@@ -221,31 +241,61 @@ class BayesSearch:
         self._pf = (len(self._told), pf)
         return pf
 
-    def ask(self, n: int) -> list[int]:
-        """Random picks until ``n_initial`` were proposed, then expected improvement (with lies)."""
+    def ask(self, n: int, screen: Screen | None = None) -> list[int]:
+        """Random picks until ``n_initial`` were proposed, then expected improvement (with lies).
+
+        A pick ``screen`` refuses is dropped and the next is taken: the next random one, or the
+        next in the acquisition's order, for at most :data:`WALK` refusals per ask — then the ask
+        ends early so that the feasibility classifier learns from them before walking on.
+        """
         from threadpoolctl import threadpool_limits
 
         out: list[int] = []
         feasible = any(y is not None for _, y in self._told)
+        refused = 0
         # The surrogates work on at most a few hundred points: BLAS threads only add synchronisation
         # (5x slower fits on a busy 2-core machine), so they run on one.
         with threadpool_limits(limits=1):
-            while len(out) < n and self._remaining:
+            while len(out) < n and self._remaining and refused < WALK:
                 if self._asked < self.n_initial or not feasible or not self.dims:
-                    j = int(self._rng.integers(len(self._remaining)))
+                    i = self._remaining.pop(int(self._rng.integers(len(self._remaining))))
+                    if screen is not None and screen(i):
+                        refused += 1
+                        continue
                 else:
-                    j = self._best_candidate(out)
-                out.append(self._remaining.pop(j))
+                    passed, pick = self._best_candidate(out, screen, WALK - refused)
+                    refused += len(passed)
+                    if passed:
+                        gone = set(passed)
+                        self._remaining = [j for j in self._remaining if j not in gone]
+                    if pick is None:
+                        break
+                    self._remaining.remove(pick)
+                    i = pick
+                out.append(i)
                 self._asked += 1
         return out
 
-    def _best_candidate(self, pending: list[int]) -> int:
+    def _best_candidate(self, pending: list[int], screen: Screen | None = None,
+                        walk: int = 1) -> tuple[list[int], int | None]:
+        """The pick in the acquisition's order and the pool indices ``screen`` refused before it
+        (no pick when ``walk`` of them were refused)."""
         idx, ys = self._feasible()
         # Constant liar: pending picks of this batch count as already at the best loss.
         idx, ys = idx + pending, ys + [min(ys)] * len(pending)
         ei = self._acquisition(idx, ys)
         remaining = np.asarray(self._remaining)
-        return int(np.argmax(ei[remaining] * self._p_feasible()[remaining]))
+        score = ei[remaining] * self._p_feasible()[remaining]
+        if screen is None:
+            return [], int(remaining[int(np.argmax(score))])
+        passed: list[int] = []
+        # Stable: equal scores in the order of the pool, so the first pick is argmax's.
+        for k in np.argsort(-score, kind="stable")[:walk]:
+            i = int(remaining[k])
+            if not screen(i):
+                return passed, i
+            passed.append(i)
+        return passed, None
 
     def tell(self, indices: Sequence[int], losses: Sequence[float | None]) -> None:
         """Record losses; the surrogate is refitted at the next ask."""
@@ -268,5 +318,5 @@ def make_searcher(name: str, points: Sequence[Point], seed: int, *, surrogate: s
     raise ContractError("--optimizer", None, f"{name!r} is not one of {', '.join(OPTIMIZERS)}")
 
 
-__all__ = ["OPTIMIZERS", "SURROGATES", "BayesSearch", "GridSearch", "RandomSearch", "Searcher", "encode_points",
-           "make_searcher"]
+__all__ = ["OPTIMIZERS", "SURROGATES", "WALK", "BayesSearch", "GridSearch", "RandomSearch", "Screen", "Searcher",
+           "encode_points", "make_searcher"]

@@ -11,6 +11,10 @@ the same search and takes results already in the store instead of evaluating the
 ``budget`` counts simulations (evaluations that ran the event simulator, or tried to and failed
 with an error — a simulator bug must not let a sweep run through its whole space); points
 rejected by the memory check before simulating cost no budget but are counted as infeasible.
+The memory check runs here, in the searcher's process, as the searcher picks (``screen``): a point
+it refuses is stored and told at once with the record the evaluation would have made, and never
+goes to a worker, so a space where most plans cannot fit costs milliseconds per such plan, not a
+round of proposals and evaluations.
 """
 
 from __future__ import annotations
@@ -24,15 +28,17 @@ from typing import Any
 
 from mindpipe.traces.errors import ContractError
 from mindpipe.tuner.evaluate import evaluate
+from mindpipe.tuner.evaluate import screen as screen_memory
 from mindpipe.tuner.keys import point_key
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective
 from mindpipe.tuner.optimizers import OPTIMIZERS, make_searcher
-from mindpipe.tuner.records import EvaluationRecord, ScoredRecord, Status, Verdict
+from mindpipe.tuner.records import EvaluationRecord, MemoryCode, ScoredRecord, Status, Verdict
 from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.store import SweepStore
 
 Evaluator = Callable[[Problem, dict[str, Any]], EvaluationRecord]
+Screener = Callable[[Problem, dict[str, Any]], EvaluationRecord | None]
 Progress = Callable[[int, int, float | None], None]
 
 
@@ -156,7 +162,8 @@ def open_executor(cfg: SweepConfig) -> tuple[cf.Executor, Callable[[], None]]:
 
 
 def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: SweepConfig, store: SweepStore,
-              *, progress: Progress | None = None, evaluator: Evaluator = evaluate) -> SweepResult:
+              *, progress: Progress | None = None, evaluator: Evaluator = evaluate,
+              screen: Screener | None = screen_memory) -> SweepResult:
     """Search ``space`` for the best plan under ``objective``.
 
     Args:
@@ -168,6 +175,11 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
         progress: Called after every finished evaluation with (simulations, budget, best value).
         evaluator: The evaluation function (default :func:`mindpipe.tuner.evaluate.evaluate`); must be
             picklable for process and Dask executors.
+        screen: Run here, before a point is proposed: the record of a point that cannot fit
+            (default :func:`mindpipe.tuner.evaluate.screen`, the memory model's refusal, without
+            simulating), or None. Refused points are stored and told as the evaluator's would be,
+            without a round of proposals and evaluations each; None turns it off (an evaluator
+            that replays recorded results must).
 
     Raises:
         ContractError: an empty space, or ``grid`` over more points than the budget.
@@ -185,10 +197,34 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
     records: list[ScoredRecord] = []
     best: ScoredRecord | None = None
     simulations = reused = 0
+    refused: list[tuple[int, EvaluationRecord]] = []
+
+    def refuse(i: int) -> bool:
+        nonlocal reused
+        stored = store.get(point_key(points[i]))
+        if stored is not None:  # a resumed sweep: the stored verdict (whoever made it) decides
+            rec = stored if stored.status is Status.OUT_OF_MEMORY and stored.code is MemoryCode.ESTIMATE else None
+            reused += rec is not None
+        else:
+            rec = screen(problem, points[i]) if screen is not None else None
+            if rec is not None:
+                store.add(rec)
+        if rec is not None:
+            refused.append((i, rec))
+        return rec is not None
+
     try:
         while simulations < cfg.budget:
-            batch = searcher.ask(min(batch_size, cfg.budget - simulations))
+            batch = searcher.ask(min(batch_size, cfg.budget - simulations), refuse if screen is not None else None)
+            walked = len(refused)
+            if refused:  # told first, in the order they were refused: the searcher learns from them
+                told = [annotate(rec, objective, len(records) + j) for j, (_, rec) in enumerate(refused)]
+                records += told
+                searcher.tell([i for i, _ in refused], [r.loss for r in told])
+                refused.clear()
             if not batch:
+                if walked:  # a walk past refused points ended the ask: ask again
+                    continue
                 break
             done: dict[int, EvaluationRecord] = {}
             pending: dict[cf.Future[Any], int] = {}
