@@ -5,7 +5,8 @@ The sweep: ``mindpipe tune --model gpt-13b --cluster a100-sxm4-80gb:8x8 --budget
 back to back, with the same interpreter and settings, each in a fresh output directory. The baseline
 is a checkout given by path (issue 14 measured against commit 067639e, whose packages are top-level
 ``simulator``, ``tuner`` …): it runs as ``PYTHONPATH=<checkout> <python> -m mindpipe.cli tune ...``
-from inside that checkout, so its own modules are imported, not this checkout's. ``--repeats N``
+from inside it (a checkout whose sub-packages are folders mapped under ``mindpipe.*`` runs from a
+tree of links to them, :func:`import_root`), so its own modules are imported, not this checkout's. ``--repeats N``
 alternates the two (baseline first) N times.
 
 This checkout's default space pins the what-if knobs to what the executor runs (``comm_priority``,
@@ -49,15 +50,47 @@ def git_commit(path: Path) -> str | None:
     return res.stdout.strip() or None if res.returncode == 0 else None
 
 
+SUBPACKAGES = ("traces", "simulator", "tuner", "executor")
+
+
+def import_root(checkout: Path, tmp: Path) -> Path:
+    """A directory whose ``mindpipe`` package is the checkout's own code, for ``PYTHONPATH``.
+
+    Since the packages moved under ``mindpipe.*`` (``pyproject.toml``'s ``package-dir``: folder
+    ``tuner`` is ``mindpipe.tuner``), a checkout on ``PYTHONPATH`` provides only its ``mindpipe``
+    folder, and the interpreter's editable install supplies every sub-package from *this*
+    checkout — a baseline run would time this code. So the checkout's layout is rebuilt of
+    symbolic links: ``mindpipe/*`` and ``mindpipe/<sub> → <checkout>/<sub>``. Older checkouts (top-level
+    packages) are used as they are.
+    """
+    if not all((checkout / sub).is_dir() for sub in SUBPACKAGES) or (checkout / "mindpipe" / "tuner").exists():
+        return checkout
+    root = tmp / f"import-{abs(hash(str(checkout)))}"
+    if not root.exists():
+        pkg = root / "mindpipe"
+        pkg.mkdir(parents=True)
+        for entry in (checkout / "mindpipe").iterdir():
+            (pkg / entry.name).symlink_to(entry)
+        for sub in SUBPACKAGES:
+            (pkg / sub).symlink_to(checkout / sub)
+    return root
+
+
 def run_sweep(checkout: Path, python: str, out: Path, budget: int, extra: list[str], model: str = MODEL,
               cluster: str = CLUSTER) -> dict[str, Any]:
     """One ``mindpipe tune`` run of ``checkout``: wall time, exit status and its summary."""
     cmd = [python, "-m", "mindpipe.cli", "tune", "--model", model, "--cluster", cluster, "--budget", str(budget),
            "--out", str(out), "--json", "--quiet", *extra]
-    env = dict(os.environ, PYTHONPATH=str(checkout))
+    root = import_root(checkout, out.parent)
+    # From inside ``root``: the working directory comes first on ``sys.path``, before PYTHONPATH.
+    check = subprocess.run([python, "-c", "import mindpipe.tuner.sweep as m; print(m.__file__)"], cwd=root,
+                           env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True)
+    if not Path(check.stdout.strip()).resolve().is_relative_to(checkout.resolve()):
+        raise SystemExit(f"{checkout} would not run its own code (mindpipe.tuner from {check.stdout.strip()!r})")
+    env = dict(os.environ, PYTHONPATH=str(root))
     load_before = os.getloadavg()
     start = time.perf_counter()
-    res = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
+    res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     out_info: dict[str, Any] = {"wall_s": round(wall, 1), "returncode": res.returncode,
                                 "load_avg_before": [round(x, 2) for x in load_before],

@@ -42,9 +42,9 @@ Points that cannot fit are refused before they are proposed when the caller pass
 walks on in the acquisition's order past every refused point, and ends the ask after
 :data:`WALK` refusals so that the classifier, told about them, steers the next ask. On a space
 where most plans are out of memory (Llama 3 70B on 64 H100 with ``--search cp``: 35,148 points,
-about 97 % of the proposals refused) a 60-simulation sweep went from 6.4 min to 54 s, with the
-same best plan, because a refusal costs a memory check (milliseconds) instead of a classifier
-fit, an acquisition and an evaluation round.
+about 97 % of the proposals refused) a 60-simulation sweep went from 425 s to 56 s, with the
+same best plan (``benchmarks/tune_sweep_speed.py``), because a refusal costs a memory check
+(milliseconds) instead of a classifier fit, an acquisition and an evaluation round.
 """
 
 from __future__ import annotations
