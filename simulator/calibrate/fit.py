@@ -10,7 +10,9 @@ Three fits, in order, each on what the executor recorded (:mod:`mindpipe.traces.
    prices every transfer on that link. Point-to-point events are left out: a gloo send completes
    when the peer has received (its time is mostly the peer's), and a receive whose data had
    already arrived times only the final copy. All-gathers are left out because the profiler's
-   input shapes do not say whether a size is the shard or the gathered tensor.
+   input shapes do not say whether a size is the shard or the gathered tensor. Groups inside one
+   node fit that node's link; on several nodes, all-reduces over data- or tensor-parallel groups
+   that span nodes then fit the NICs, as the simulator's topology splits them (:func:`fit_comm`).
 2. **Compute** (per device and precision): the work of every compute action of the clean steps —
    what it would take alone — is its process CPU time where the executor recorded it (CPU ranks;
    divided by the threads per rank), else its duration less the modelled time of the TP
@@ -57,6 +59,7 @@ from mindpipe.simulator.calibrate.models import ReferenceOpTime, as_run
 from mindpipe.simulator.calibrate.noise import fit_noise
 from mindpipe.simulator.calibrate.runs import MeasuredRun, profiled_steps
 from mindpipe.simulator.collectives import ring_steps, wire_bytes
+from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.traces.calibration import (
     OP_KINDS,
     Calibration,
@@ -139,34 +142,66 @@ def _fit_compute_constants(rows: list[list[float]], targets: list[float]) -> tup
     return x, mape
 
 
-def _intra_link(run: MeasuredRun) -> str | None:
-    """The link type one node's collectives use; None for multi-node runs (not fitted yet)."""
-    if run.measurement.nodes != 1:
-        return None
+def _intra_link(run: MeasuredRun) -> str:
+    """The link type collectives inside one node use."""
     return "local" if run.device.kind == "cpu" else "nvlink"
 
 
+def _spanning(run: MeasuredRun, axis: str, n: int, k: int, rank: int) -> list[Phase] | None:
+    """The phases of an all-reduce of ``n`` bytes over ``rank``'s ``axis`` group when that group
+    spans nodes (:meth:`Topology.collective`: reduce-scatter inside each node, a ring over the
+    NICs, all-gather inside each node); None for a group inside one node, or one the plan's
+    mesh does not describe (``k`` other than the axis's size)."""
+    plan = run.plan
+    if run.measurement.nodes == 1 or axis not in ("dp", "tp") or k != (plan.tp if axis == "tp" else plan.grad_replicas):
+        return None
+    topo = Topology(plan, run.cluster, run.device)
+    phases = topo.collective("allreduce", float(n), axis, rank // (plan.tp * plan.grad_replicas))
+    return phases if any(ph.link_type == "nic" for ph in phases) else None
+
+
 def fit_comm(runs: list[MeasuredRun]) -> tuple[dict[str, dict[str, LinkCalibration]], list[dict[str, float | int | str]]]:
-    """α-β per backend and link type from the profiled collectives (module docstring, step 1)."""
+    """α-β per backend and link type from the profiled collectives (module docstring, step 1).
+
+    Collectives inside one node fit the node's link (NVLink, or a CPU host's loopback). Those
+    whose group spans nodes then fit the NICs: what the fitted intra-node link does not explain
+    of such an all-reduce (its reduce-scatter and all-gather inside each node) is the ring over
+    the node's NICs, ``steps(op, nodes) · α + wire_bytes · flows / β`` with ``flows`` the groups
+    of the stage that cross the same NIC at once (as the simulator's topology shares it), so β
+    is the node's achieved NIC bandwidth.
+    """
     groups: dict[tuple[str, str, str, int, int], list[float]] = defaultdict(list)
+    spanning: dict[tuple[str, int, tuple[Phase, ...]], list[float]] = defaultdict(list)
     for run in runs:
         link = _intra_link(run)
-        if link is None:
-            continue
         meas, plan = run.measurement, run.plan
-        sizes = {"dp": plan.dp, "tp": plan.tp, "pp": 2}
+        sizes = {"dp": plan.grad_replicas, "tp": plan.tp, "pp": 2}
         for c in meas.comms:
             if c.kind != "collective" or not c.size_bytes or c.op != "allreduce" or not c.duration_s > 0:
                 continue  # a 0 s collective was not timed; it cannot weigh a relative fit
             k = c.group_size or sizes.get(c.axis)
             if not k or k < 2:
                 continue
-            groups[(meas.backend, link, c.op, c.size_bytes, k)].append(c.duration_s)
+            if meas.nodes > 1 and c.axis not in ("dp", "tp"):
+                continue  # which links a group of another axis crosses is not known
+            phases = _spanning(run, c.axis, c.size_bytes, k, c.rank)
+            if phases is None:
+                groups[(meas.backend, link, c.op, c.size_bytes, k)].append(c.duration_s)
+            else:
+                spanning[(meas.backend, c.size_bytes, tuple(phases))].append(c.duration_s)
     out: dict[str, dict[str, LinkCalibration]] = {}
     table: list[dict[str, float | int | str]] = []
     by_link: dict[tuple[str, str], list[tuple[str, int, int, float, int]]] = defaultdict(list)
     for (backend, link, op, n, k), durations in groups.items():
         by_link[(backend, link)].append((op, n, k, _quantile(durations, COMM_QUANTILE), len(durations)))
+    _fit_links(by_link, out, table)
+    _fit_nics(spanning, out, table)
+    return out, table
+
+
+def _fit_links(by_link: dict[tuple[str, str], list[tuple[str, int, int, float, int]]],
+               out: dict[str, dict[str, LinkCalibration]], table: list[dict[str, float | int | str]]) -> None:
+    """α-β of each (backend, link) from its groups' times (at least two message sizes)."""
     for (backend, link), samples in sorted(by_link.items()):
         if len({(op, n) for op, n, *_ in samples}) < 2:
             continue  # one message size cannot separate latency from bandwidth
@@ -180,7 +215,43 @@ def fit_comm(runs: list[MeasuredRun]) -> tuple[dict[str, dict[str, LinkCalibrati
         for (op, n, k, t, count), row in zip(samples, rows, strict=True):
             table.append({"backend": backend, "link": link, "op": op, "size_bytes": n, "group_size": k, "events": count,
                           "measured_s": t, "fitted_s": float(row[0] * x[0] + row[1] * x[1])})
-    return out, table
+
+
+def _fit_nics(spanning: dict[tuple[str, int, tuple[Phase, ...]], list[float]],
+              out: dict[str, dict[str, LinkCalibration]], table: list[dict[str, float | int | str]]) -> None:
+    """α-β of the NICs from all-reduces over groups that span nodes (:func:`fit_comm`)."""
+    by_backend: dict[str, list[tuple[list[float], float, float, int, int, int]]] = defaultdict(list)
+    for (backend, size, phases), durations in spanning.items():
+        t = _quantile(durations, COMM_QUANTILE)
+        inside = 0.0
+        row: list[float] = []
+        nodes = 0
+        for ph in phases:
+            if ph.link_type == "nic":
+                flow = ph.flows[0]
+                row = [float(ring_steps(ph.op, ph.group_size) * ph.count), flow.nbytes * max(flow.multiplicity)]
+                nodes = ph.group_size
+                continue
+            cal = out.get(backend, {}).get(ph.link_type)
+            if cal is None:
+                inside = float("nan")  # the intra-node part is not known: this group cannot be split
+                break
+            inside += (ring_steps(ph.op, ph.group_size) * ph.count * cal.step_latency_s
+                       + sum(f.nbytes for f in ph.flows) / cal.bandwidth_Bps)
+        if row and inside == inside and t - inside > 0:
+            by_backend[backend].append((row, t - inside, t, size, nodes, len(durations)))
+    for backend, samples in sorted(by_backend.items()):
+        if len({n for *_, n, _, _ in samples}) < 2:
+            continue  # one message size cannot separate latency from bandwidth
+        x, mape = _nnls_relative([r for r, *_ in samples], [y for _, y, *_ in samples])
+        if x[1] <= 0:
+            continue
+        out.setdefault(backend, {})["nic"] = LinkCalibration(
+            step_latency_s=float(x[0]), bandwidth_Bps=float(1.0 / x[1]), samples=sum(c for *_, c in samples),
+            fit_mape=mape)
+        for row, y, t, n, nodes, count in samples:
+            table.append({"backend": backend, "link": "nic", "op": "allreduce", "size_bytes": n, "group_size": nodes,
+                          "events": count, "measured_s": t, "fitted_s": float(t - y + row[0] * x[0] + row[1] * x[1])})
 
 
 def _slots(run: MeasuredRun) -> float | None:
@@ -217,8 +288,7 @@ def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibrati
         meas, plan = run.measurement, run.plan
         key = (run.device.name, plan.precision)
         threads[key][meas.threads_per_rank] += 1
-        link_type = _intra_link(run)
-        link = comm.get(meas.backend, {}).get(link_type) if link_type else None
+        link = comm.get(meas.backend, {}).get(_intra_link(run))
         feats = action_features(run.model, plan, ReferenceOpTime(run.device))
         colls = action_collectives(run.model, plan)
         clean = set(run.clean_steps)
@@ -302,7 +372,7 @@ def fit_host(runs: list[MeasuredRun], cal: Calibration, warnings: list[str]) -> 
                 counts[pp_of[a.rank]][(a.stage, a.kind)] += 1.0 / n
         feats = rank_host_features(run.model, plan, run.cluster, run.device, counts)
         params = _params_by_rank(run)
-        key = (run.device.name, meas.backend, _intra_link(run) or "local")
+        key = (run.device.name, meas.backend, _intra_link(run))
         for r in meas.ranks:
             optimizer = comp.optimizer_overhead_s + comp.optimizer_s_per_param * params.get(r.pp_rank, 0)
             y = (r.cpu_time_s or 0.0) - act_cpu[r.rank] - optimizer
@@ -355,11 +425,13 @@ def calibrate(runs: list[MeasuredRun], host_cpu: bool = True) -> tuple[Calibrati
     check_one_model(runs)
     warnings: list[str] = []
     for run in runs:
-        if run.measurement.nodes > 1:
-            warnings.append(f"{run.source}: multi-node collectives are not fitted yet; its compute is used")
         if not profiled_steps(run.measurement):
             warnings.append(f"{run.source}: no profiled step (mindpipe run --profile-step N): no collective sizes")
     comm, comm_table = fit_comm(runs)
+    for backend in sorted({r.measurement.backend for r in runs if r.measurement.nodes > 1}):
+        if "nic" not in comm.get(backend, {}):
+            warnings.append(f"{backend}: the multi-node runs fit no NIC link (it needs all-reduces of two sizes over "
+                            "groups that span nodes, and the intra-node link fitted from groups inside a node)")
     compute = fit_compute(runs, comm, warnings)
     devices: dict[str, DeviceCalibration] = {}
     for run in runs:

@@ -268,6 +268,12 @@ def apply_calibration(cal: Calibration, device: DeviceSpec, cluster: Cluster, hw
         local = links.get("local")
         if device.kind == "cpu" and local is not None:
             cluster = dataclasses.replace(cluster, intra_node_bandwidth_GBps=local.bandwidth_Bps / 1e9)
+        nic = links.get("nic")
+        if nic is not None:
+            # The fit's β is the node's achieved NIC bandwidth, shared by the flows that cross it
+            # (simulator/calibrate/fit.py fit_comm): it becomes the node's link capacity, which the
+            # engine divides among concurrent flows, so each gets β / flows as in the fit.
+            cluster = dataclasses.replace(cluster, inter_node_bandwidth_Gbps=nic.bandwidth_Bps * 8 / 1e9)
         caps = link_type_capacities(cluster, device)
         comm = CalibratedCommModel(dict(links), caps, hw_comm, backend_of(device))
     else:

@@ -536,3 +536,70 @@ def test_recompute_cost_is_fitted_through_the_forward_operator_constants():
     bare, fitted_re, truth = recompute_s(None), recompute_s(cal), recompute_s(TRUTH)
     assert fitted_re == pytest.approx(truth, rel=0.02)
     assert all(f > 2 * b for f, b in zip(fitted_re, bare, strict=True))  # moved from the catalog roofline
+
+
+NV = LinkCalibration(step_latency_s=6e-6, bandwidth_Bps=1.4e11)
+NIC = LinkCalibration(step_latency_s=2.5e-5, bandwidth_Bps=1.8e10)
+
+
+def _truth_s(phases, links: dict[str, LinkCalibration]) -> float:
+    """An all-reduce's time if each link ran at its α-β, a NIC's bandwidth shared by its flows."""
+    t = 0.0
+    for ph in phases:
+        cal = links[ph.link_type]
+        t += ring_steps(ph.op, ph.group_size) * ph.count * cal.step_latency_s
+        t += max(f.nbytes * max(f.multiplicity) for f in ph.flows) / cal.bandwidth_Bps
+    return t
+
+
+def _multi_node_run(plan: Plan, cluster_name: str) -> MeasuredRun:
+    """A measured nccl run on several GPU nodes whose collectives took the NV/NIC α-β times."""
+    cluster = load_cluster(cluster_name)
+    gpu = get_device(cluster.gpu)
+    topo = Topology(plan, cluster, gpu)
+    comms = []
+    for axis, size in (("tp", plan.tp), ("dp", plan.dp)):
+        for n in (2**20, 2**23, 2**26):
+            t = _truth_s(topo.collective("allreduce", float(n), axis, 0), {"nvlink": NV, "nic": NIC})
+            for wait in (0.0, 0.003):  # a peer that arrived late; the fit takes the fastest event
+                comms.append(CommEvent(0, 4, "collective", axis, "allreduce", 0.0, t + wait, n, size))
+    base = _synthetic_run(_plan(dp=2))
+    meas = dataclasses.replace(base.measurement, plan=plan, world_size=plan.world_size, nodes=cluster.num_nodes,
+                               backend="nccl", device_kind="cuda", device_name=gpu.name, comms=comms)
+    return dataclasses.replace(base, source=f"{cluster_name}.json", measurement=meas, cluster=cluster, device=gpu)
+
+
+def test_multi_node_all_reduces_fit_the_nics():
+    """Groups inside a node fit NVLink; those spanning nodes, less their intra-node reduce-scatter
+    and all-gather, fit the node's NIC — with the NIC shared by the groups that cross it at once."""
+    from mindpipe.simulator.api import default_models
+    from mindpipe.simulator.network import Transfers
+
+    runs = [_multi_node_run(Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=8), "a100-sxm4-80gb:2x2"),
+            _multi_node_run(Plan(dp=4, micro_batch_size=1, global_batch_size=8), "a100-sxm4-80gb:2x2"),
+            _multi_node_run(Plan(dp=8, micro_batch_size=1, global_batch_size=8), "a100-sxm4-80gb:4x2")]
+    links, table = fit_comm(runs)
+    for link, want in (("nvlink", NV), ("nic", NIC)):
+        got = links["nccl"][link]
+        assert got.step_latency_s == pytest.approx(want.step_latency_s, rel=1e-6)
+        assert got.bandwidth_Bps == pytest.approx(want.bandwidth_Bps, rel=1e-6)
+    assert {row["link"] for row in table} == {"nvlink", "nic"}
+    assert all(row["fitted_s"] == pytest.approx(row["measured_s"], rel=1e-6) for row in table)
+    # The calibrated simulation prices a held-out spanning group (dp 16 over 8 nodes, tp 2: two
+    # groups on each NIC) as it was measured: the NIC's fitted bandwidth is the node's capacity.
+    cluster = load_cluster("a100-sxm4-80gb:8x4")
+    gpu = get_device(cluster.gpu)
+    hw_compute, hw_comm = default_models(gpu, cluster)
+    applied = apply_calibration(Calibration(devices={}, comm=links), gpu, cluster, hw_compute, hw_comm)
+    assert applied.cluster.inter_node_bandwidth_Gbps == pytest.approx(NIC.bandwidth_Bps * 8 / 1e9)
+    topo = Topology(Plan(tp=2, dp=16, micro_batch_size=1, global_batch_size=16), applied.cluster, gpu)
+    phases = topo.collective("allreduce", float(2**24), "dp", 0)
+    assert {ph.link_type for ph in phases} == {"nvlink", "nic"} and max(phases[1].flows[0].multiplicity) == 2
+    got = Transfers(None, None, topo, applied.comm).time_alone(phases)  # type: ignore[arg-type]
+    assert got == pytest.approx(_truth_s(phases, {"nvlink": NV, "nic": NIC}), rel=1e-6)
+
+
+def test_multi_node_runs_without_groups_inside_a_node_fit_no_nic():
+    run = _multi_node_run(Plan(dp=4, micro_batch_size=1, global_batch_size=8), "a100-sxm4-80gb:2x2")
+    links, _ = fit_comm([run])  # its groups span both nodes: the NVLink part cannot be taken out
+    assert "nic" not in links.get("nccl", {})
