@@ -236,8 +236,12 @@ def _fit_nics(spanning: dict[tuple[str, int, tuple[Phase, ...]], list[float]],
             if cal is None:
                 inside = float("nan")  # the intra-node part is not known: this group cannot be split
                 break
-            inside += (ring_steps(ph.op, ph.group_size) * ph.count * cal.step_latency_s
-                       + sum(f.nbytes for f in ph.flows) / cal.bandwidth_Bps)
+            # As the calibrated model prices it: the collective the backend runs (gloo has no
+            # reduce-scatter), its steps and its bytes (CalibratedCommModel).
+            ran = as_run(ph.op, backend)
+            more = wire_bytes(ran, 1.0, ph.group_size) / wire_bytes(ph.op, 1.0, ph.group_size)
+            inside += (ring_steps(ran, ph.group_size) * ph.count * cal.step_latency_s
+                       + sum(f.nbytes for f in ph.flows) * more / cal.bandwidth_Bps)
         if row and inside == inside and t - inside > 0:
             by_backend[backend].append((row, t - inside, t, size, nodes, len(durations)))
     for backend, samples in sorted(by_backend.items()):
