@@ -199,23 +199,27 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
     simulations = reused = 0
     refused: list[tuple[int, EvaluationRecord]] = []
 
-    def refuse(i: int) -> bool:
-        nonlocal reused
-        stored = store.get(point_key(points[i]))
-        if stored is not None:  # a resumed sweep: the stored verdict (whoever made it) decides
-            rec = stored if stored.status is Status.OUT_OF_MEMORY and stored.code is MemoryCode.ESTIMATE else None
-            reused += rec is not None
-        else:
-            rec = screen(problem, points[i]) if screen is not None else None
+    def refuse_with(check: Screener) -> Callable[[int], bool]:
+        def refuse(i: int) -> bool:
+            nonlocal reused
+            stored = store.get(point_key(points[i]))
+            if stored is not None:  # a resumed sweep: the stored verdict (whoever made it) decides
+                rec = stored if stored.status is Status.OUT_OF_MEMORY and stored.code is MemoryCode.ESTIMATE else None
+                reused += rec is not None
+            else:
+                rec = check(problem, points[i])
+                if rec is not None:
+                    store.add(rec)
             if rec is not None:
-                store.add(rec)
-        if rec is not None:
-            refused.append((i, rec))
-        return rec is not None
+                refused.append((i, rec))
+            return rec is not None
+        return refuse
+
+    refuse = refuse_with(screen) if screen is not None else None
 
     try:
         while simulations < cfg.budget:
-            batch = searcher.ask(min(batch_size, cfg.budget - simulations), refuse if screen is not None else None)
+            batch = searcher.ask(min(batch_size, cfg.budget - simulations), refuse)
             walked = len(refused)
             if refused:  # told first, in the order they were refused: the searcher learns from them
                 told = [annotate(rec, objective, len(records) + j) for j, (_, rec) in enumerate(refused)]

@@ -226,6 +226,7 @@ def _fit_nics(spanning: dict[tuple[str, int, tuple[Phase, ...]], list[float]],
         inside = 0.0
         row: list[float] = []
         nodes = 0
+        known = True
         for ph in phases:
             if ph.link_type == "nic":
                 flow = ph.flows[0]
@@ -234,7 +235,7 @@ def _fit_nics(spanning: dict[tuple[str, int, tuple[Phase, ...]], list[float]],
                 continue
             cal = out.get(backend, {}).get(ph.link_type)
             if cal is None:
-                inside = float("nan")  # the intra-node part is not known: this group cannot be split
+                known = False  # the intra-node part is not known: this group cannot be split
                 break
             # As the calibrated model prices it: the collective the backend runs (gloo has no
             # reduce-scatter), its steps and its bytes (CalibratedCommModel).
@@ -242,7 +243,7 @@ def _fit_nics(spanning: dict[tuple[str, int, tuple[Phase, ...]], list[float]],
             more = wire_bytes(ran, 1.0, ph.group_size) / wire_bytes(ph.op, 1.0, ph.group_size)
             inside += (ring_steps(ran, ph.group_size) * ph.count * cal.step_latency_s
                        + sum(f.nbytes for f in ph.flows) * more / cal.bandwidth_Bps)
-        if row and inside == inside and t - inside > 0:
+        if row and known and t - inside > 0:
             by_backend[backend].append((row, t - inside, t, size, nodes, len(durations)))
     for backend, samples in sorted(by_backend.items()):
         if len({n for *_, n, _, _ in samples}) < 2:
