@@ -195,7 +195,7 @@ def _format(info: dict[str, Any]) -> str:
         f"best plan        {shown}",
         f"{'what-if knobs' if net is None else 'supernet':16s} {what_if}",
         *[f"also searched    {k} = {', '.join(map(str, v))} (--search)" for k, v in info.get("search", {}).items()],
-        f"simulations      {info['evaluations']} ({info['evaluated_points']} points proposed, {info['reused']} from a previous run)",
+        f"simulations      {info['evaluations']} ({info['evaluated_points']} points considered, {info['reused']} from a previous run)",
         f"space            {info['space_size']} valid points",
         f"infeasible       {info['infeasible']}: {rules} combinations filtered by the plan rules, {reasons}",
         *front,
