@@ -99,7 +99,7 @@ def attention_as_profiled(fixes: dict[str, Any], trace: Trace) -> dict[str, Any]
     want = trace.flash_attention
     pinned = fixes.get("flash_attention")
     if pinned is None:
-        return {**fixes, "flash_attention": want} if want else fixes
+        return {**fixes, "flash_attention": want}
     if any(v != want for v in (pinned if isinstance(pinned, list) else [pinned])):
         raise ContractError("--fix", "flash_attention", (
             f"the trace was profiled {'with' if want else 'without'} flash attention, so it prices only "

@@ -184,7 +184,9 @@ def _format(info: dict[str, Any]) -> str:
                       "is NOT equivalent to sequential training (sync/async)"))
     front = ([f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)"] if net is None
              else [])
-    if net is None and info.get("flash_attention_searched") == [False]:  # say what the search left out
+    made_for = (info.get("best_plan") or {}).get("made_for") or {}
+    if net is None and info.get("flash_attention_searched") == [False] and not made_for.get("trace"):
+        # say what the search left out (a trace prices only the attention it was profiled with)
         front.append("attention        explicit kernels only (Megatron's default): add --fix flash_attention=false,true "
                      "to search FlashAttention too")
     critical = info.get("critical_batch")

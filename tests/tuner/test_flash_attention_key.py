@@ -27,8 +27,21 @@ def test_default_space_runs_explicit_attention_and_fix_pins_flash() -> None:
     assert both.size == 2 * default.size
 
 
+def test_a_llama_model_on_gpus_searches_flash_attention_by_default() -> None:
+    """Llama-family recipes run a fused attention kernel on GPUs; GPT and CPU spaces keep Megatron's."""
+    gpus = load_cluster("h100-sxm5-80gb:1x8")
+    llama = build_space(load_model("llama3-8b"), gpus, 32, [], ["balanced"])
+    assert {p["flash_attention"] for p in llama.points} == {False, True}
+    explicit = build_space(load_model("llama3-8b"), gpus, 32, ["flash_attention=false"], ["balanced"])
+    assert 2 * explicit.size == llama.size
+    assert {p["flash_attention"] for p in build_space(load_model("gpt-13b"), gpus, 32, [], ["balanced"]).points} == {False}
+    on_cpu = build_space(load_model("llama-tiny"), load_cluster("cpu:1x2"), 8, [], ["balanced"])
+    assert {p["flash_attention"] for p in on_cpu.points} == {False}
+
+
 def test_a_trace_pins_the_attention_it_was_profiled_with() -> None:
-    assert attention_as_profiled({}, _trace(False)) == {}
+    # pinned either way: a Llama model on GPUs would otherwise search FlashAttention too
+    assert attention_as_profiled({}, _trace(False)) == {"flash_attention": False}
     assert attention_as_profiled({}, _trace(True)) == {"flash_attention": True}
     assert attention_as_profiled(parse_fixes(["flash_attention=true"]), _trace(True))["flash_attention"] is True
     with pytest.raises(ContractError, match="profiled without flash attention") as e:
