@@ -33,6 +33,17 @@ def test_simulate_llama3_8b_on_h100():
     assert out["mfu"] == pytest.approx(expected, rel=1e-3)
 
 
+def test_simulate_says_when_a_llama_plan_on_gpus_runs_the_explicit_attention_kernels():
+    hint = "Llama recipes run a fused kernel on GPUs"
+    res = run("simulate", "--model", "llama3-8b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", json.dumps(PLAN_8B))
+    assert res.returncode == 0 and hint in res.stdout
+    flash = json.dumps({**PLAN_8B, "flash_attention": True})
+    res = run("simulate", "--model", "llama3-8b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", flash)
+    assert res.returncode == 0 and hint not in res.stdout
+    res = run("simulate", "--model", "gpt-13b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", json.dumps(PLAN_8B))
+    assert res.returncode == 0 and hint not in res.stdout
+
+
 def test_tp_beyond_kv_heads_is_one_line_exit_2():
     plan = {**PLAN_8B, "dp": 1, "tp": 16, "sequence_parallel": False, "zero_stage": 0, "global_batch_size": 8}
     res = run("simulate", "--model", "llama3-8b", "--cluster", "h100-sxm5-80gb:2x8", "--plan", json.dumps(plan))

@@ -132,6 +132,11 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print_json(payload)
     else:
         print(format_result(result, plan))
+        from mindpipe.tuner.space import default_attention
+
+        if not plan.flash_attention and True in default_attention(model, cluster):
+            print("attention             explicit kernels (the plan's default); Llama recipes run a fused kernel "
+                  "on GPUs: add \"flash_attention\": true to the plan")
     return 0
 
 
