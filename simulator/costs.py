@@ -140,19 +140,25 @@ def tp_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> tupl
 
 def cp_collectives(model: Model, plan: Plan, seq_len: int, core_s: tuple[float, float] = (0.0, 0.0)
                    ) -> tuple[list[Collective], list[Collective]]:
-    """Context parallelism's K/V ring of one block (forward, input-gradient pass), on the ``cp`` group.
+    """Context parallelism's K/V exchange of one block (forward, input-gradient pass), on the ``cp`` group.
 
-    Transformer Engine's ``AttnFuncWithCPAndKVP2P`` (Megatron-core ``--context-parallel-size``):
+    ``p2p``, Transformer Engine's ``AttnFuncWithCPAndKVP2P`` (Megatron-core ``--context-parallel-size``):
     in the forward each rank passes its K and V chunk (``seq_len`` tokens, the local K/V heads) to
     the next rank cp − 1 times, so every rank sees every chunk — the bytes of an all-gather of
     the whole sequence's K and V; in the backward K and V go round again and the partial dK and dV
     come back to their owners — an all-gather and a reduce-scatter, an all-reduce's bytes. Each
     step's exchange runs under the previous step's attention kernel: ``core_s`` is the core's
     (forward, backward) seconds on one rank, which the ring pipelines with in cp chunks.
+    ``allgather`` (the executor's, :mod:`mindpipe.traces.torch_context_parallel`): the same bytes as
+    a blocking all-gather before the forward's kernel, and in the backward an all-gather before
+    it and a reduce-scatter of dK and dV after it, none overlapped.
     """
     if plan.cp == 1:
         return [], []
     kv = 2 * plan.micro_batch_size * seq_len * plan.cp * (model.kv_width // plan.tp) * DTYPE_BYTES[plan.precision]
+    if plan.cp_comm_type == "allgather":
+        return ([Collective("allgather", kv, 0.0, "cp")],
+                [Collective("allgather", kv, 0.0, "cp"), Collective("reducescatter", kv, 0.0, "cp")])
     return ([Collective("allgather", kv, core_s[0], "cp")], [Collective("allreduce", kv, core_s[1], "cp")])
 
 
@@ -278,7 +284,8 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     head_fwd, head_bwd = vocab.get("lm_head", ([], []))
     f, i, w, _ = price(embedding_ops(model, b, s, t, d))
     layers = [LayerCost("embedding", "embedding", f, i, w, 0.0, emb_fwd, emb_bwd, out_bytes, params["embedding"])]
-    ops = block_ops(model, b, s, t, sp, d, flash_attention=plan.flash_attention, cp=plan.cp)
+    ops = block_ops(model, b, s, t, sp, d, flash_attention=plan.flash_attention, cp=plan.cp,
+                    cp_comm_type=plan.cp_comm_type)
     f, i, w, core = price(ops)
     if plan.tp_comm_overlap and fwd_comm:
         g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)

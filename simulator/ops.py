@@ -91,17 +91,29 @@ def _mem(name: str, elems: float, reads: float, writes: float, dtype_bytes: int,
     ]
 
 
-def _flash(b: int, heads: int, s: int, hd: int, d: int, cp: int = 1) -> list[Op]:
+def _flash(b: int, heads: int, s: int, hd: int, d: int, cp: int = 1, cp_comm_type: str = "allgather") -> list[Op]:
     """FlashAttention-2 forward and backward kernels (causal) for ``b·heads`` heads of width ``hd``.
 
     Under context parallelism (``cp`` > 1) ``s`` is one rank's s/cp queries, attending over the
-    whole sequence's cp·s keys in cp kernels per direction, one per step of the K/V ring
-    (Transformer Engine's ``AttnFuncWithCPAndKVP2P``); with Megatron-core's balanced chunks every
-    rank does 1/cp of the causal work, s·cp·s/2 query-key pairs.
+    whole sequence's cp·s keys. ``p2p`` (Transformer Engine's ``AttnFuncWithCPAndKVP2P``): cp
+    kernels per direction, one per step of the K/V ring, which skip the causally masked chunks;
+    with Megatron-core's balanced chunks every rank does 1/cp of the causal work, s·cp·s/2
+    query-key pairs. ``allgather`` (the executor, :mod:`mindpipe.traces.torch_context_parallel`):
+    one kernel over all s·cp keys under a mask of the tokens' global positions, which computes
+    every query-key pair (a masked kernel skips none), and in the backward that kernel's forward
+    again (only q, k and v are kept) before its backward.
     """
-    fwd_flops = 0.5 * 4.0 * b * heads * s * (s * cp) * hd  # QKᵀ and PV, half the blocks skipped (causal)
     qkv_o = b * heads * s * hd * d
     lse = 4 * b * heads * s
+    if cp > 1 and cp_comm_type == "allgather":
+        full = 4.0 * b * heads * s * (s * cp) * hd
+        # Reads Q and the gathered K and V, writes O; the backward also reads O, dO and writes dQ, dK, dV.
+        io = 2 * qkv_o + 2 * qkv_o * cp
+        fwd = Op("flash_attn", "forward", "flash", full, io + lse, attention_core=True)
+        again = Op("flash_attn_rerun", "backward_input", "flash", full, io + lse, attention_core=True)
+        bwd = Op("flash_attn", "backward_input", "flash", 2.5 * full, 2 * io + lse, attention_core=True)
+        return [fwd, again, bwd]
+    fwd_flops = 0.5 * 4.0 * b * heads * s * (s * cp) * hd  # QKᵀ and PV, half the blocks skipped (causal)
     # Reads Q, K, V; writes O and the fp32 log-sum-exp per row. Backward: reads Q, K, V, O, dO and
     # the log-sum-exp; writes dQ, dK, dV. Per ring step: a K/V chunk of s rows.
     fwd = Op("flash_attn", "forward", "flash", fwd_flops / cp, 4 * qkv_o + lse, attention_core=True)
@@ -116,7 +128,8 @@ memory_ops = _mem
 
 
 def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, sequence_parallel: bool = False,
-              dtype_bytes: int = 2, flash_attention: bool = False, cp: int = 1) -> list[Op]:
+              dtype_bytes: int = 2, flash_attention: bool = False, cp: int = 1,
+              cp_comm_type: str = "allgather") -> list[Op]:
     """Operators of one transformer block on one TP rank (Megatron column/row-parallel layout).
 
     GPT: LayerNorm, fused QKV, attention core, projection, residual, LayerNorm, fc1, GeLU, fc2,
@@ -136,12 +149,14 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
         cp: Context-parallel degree: ``seq_len`` is then one rank's s/cp tokens, and the fused
             attention core attends over all cp·seq_len keys (:func:`_flash`; cp > 1 needs
             ``flash_attention``, as the plan contract says).
+        cp_comm_type: How K and V reach every cp rank (``allgather`` or ``p2p``), which sets how
+            the core is computed (:func:`_flash`).
     """
     if cp > 1 and not flash_attention:
         raise ValueError("context parallelism (cp > 1) is priced for the fused attention kernel only")
     if model.is_llama:
         return _llama_block_ops(model, micro_batch_size, seq_len, tp, sequence_parallel, dtype_bytes, flash_attention,
-                                cp)
+                                cp, cp_comm_type)
     b, s, h, f = micro_batch_size, seq_len, model.hidden_size, model.ffn
     t = tp
     tokens = b * s
@@ -150,7 +165,7 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
     ops: list[Op] = []
     ops += _mem("ln1", local_tokens * h, 1, 1, d)
     ops += _gemm("qkv", tokens, 3 * h // t, h, d)
-    ops += _attention_core(model, b, s, t, d, flash_attention, cp)
+    ops += _attention_core(model, b, s, t, d, flash_attention, cp, cp_comm_type)
     ops += _gemm("proj", tokens, h, h // t, d)
     ops += _mem("residual1", local_tokens * h, 2 + (1 if model.dropout else 0), 1, d, bwd_factor=1.0)
     ops += _mem("ln2", local_tokens * h, 1, 1, d)
@@ -161,12 +176,13 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
     return ops
 
 
-def _attention_core(model: Model, b: int, s: int, t: int, d: int, flash_attention: bool, cp: int = 1) -> list[Op]:
+def _attention_core(model: Model, b: int, s: int, t: int, d: int, flash_attention: bool, cp: int = 1,
+                    cp_comm_type: str = "allgather") -> list[Op]:
     """Q·Kᵀ, mask + softmax, dropout, ·V for the a/t local query heads (GQA changes none of it:
     every query head attends over its K/V head's s keys)."""
     hd, heads = model.head_dim, model.num_heads // t
     if flash_attention:
-        return _flash(b, heads, s, hd, d, cp)
+        return _flash(b, heads, s, hd, d, cp, cp_comm_type)
     scores = float(b * heads * s * s)
     ops = _gemm("attn_scores", s, s, hd, d, batch=b * heads, core=True)
     if d != 2 or fused_softmax_available(b, heads, s, s):
@@ -224,7 +240,7 @@ def _unfused_softmax(scores: float, d: int) -> list[Op]:
 
 
 def _llama_block_ops(model: Model, b: int, s: int, t: int, sp: bool, d: int, flash_attention: bool,
-                     cp: int = 1) -> list[Op]:
+                     cp: int = 1, cp_comm_type: str = "allgather") -> list[Op]:
     """A Llama block's operators on one TP rank (see :func:`block_ops`).
 
     Q, K, V are three GEMMs as in :mod:`mindpipe.traces.torch_llama` (column-parallel, K/V heads
@@ -242,7 +258,7 @@ def _llama_block_ops(model: Model, b: int, s: int, t: int, sp: bool, d: int, fla
     ops += _gemm("k", tokens, kv // t, h, d)
     ops += _gemm("v", tokens, kv // t, h, d)
     ops += _mem("rope", tokens * (h + kv) // t, 2, 1, d)
-    ops += _attention_core(model, b, s, t, d, flash_attention, cp)
+    ops += _attention_core(model, b, s, t, d, flash_attention, cp, cp_comm_type)
     ops += _gemm("proj", tokens, h, h // t, d)
     ops += _mem("residual1", local_tokens * h, 2, 1, d, bwd_factor=1.0)
     ops += _mem("ln2", local_tokens * h, 1, 1, d)

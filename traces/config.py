@@ -34,6 +34,10 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 # cores (Hopper/Ada and later): a catalog device without an ``fp8`` peak cannot run it.
 DEVICE_PRECISIONS = ("fp8",)
 COMM_PRIORITIES = ("fair", "pp_first")
+# How context parallelism exchanges K and V (Megatron-core ``--cp-comm-type``): ``allgather`` (Llama 3:
+# K and V gathered before one attention kernel, what the executor runs) or ``p2p`` (Transformer
+# Engine's ring, the exchange pipelined under the attention kernels, a what-if knob).
+CP_COMM_TYPES = ("allgather", "p2p")
 LAYER_MEMORY_POLICIES = ("keep", "selective", "nongemm", "recompute", "swap")
 # Where a stage boundary falls (``Plan.stage_cuts``; the rule is :mod:`mindpipe.traces.layout`'s):
 # between two blocks, or inside the stage's last block after its attention sub-layer's residual add.
@@ -55,8 +59,12 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # synchronize), while torch.distributed.pipelining's runtime waits for its sends at the step's end;
 # it only ever costs time, so ``--what-if all`` leaves it out: the validation of Megatron's published
 # runs sets it, and ``tune --what-if blocking_p2p --fix blocking_p2p=true`` pins it (tuner.keys).
+# ``cp_comm_type=p2p`` needs Transformer Engine's ring attention, which passes K/V chunks rank to
+# rank under the attention kernels and merges partial softmaxes; the executor all-gathers K and V
+# (:mod:`mindpipe.traces.torch_context_parallel`).
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
-                                         "tp_comm_overlap": False, "overlap_param_gather": False}
+                                         "tp_comm_overlap": False, "overlap_param_gather": False,
+                                         "cp_comm_type": "allgather"}
 WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
@@ -363,7 +371,8 @@ _PLAN_INTEGER_LIMITS = {"dp": "devices", "tp": "devices", "pp": "devices", "cp":
                         "global_batch_size": "global_batch_size", "virtual_stages": "virtual_stages",
                         "subnet_window": "subnet_window", "loss_chunks": "loss_chunks"}
 _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRECISIONS,
-                 "comm_priority": COMM_PRIORITIES, "rank_order": RANK_ORDERS, "subnet_schedule": SUBNET_SCHEDULES}
+                 "comm_priority": COMM_PRIORITIES, "rank_order": RANK_ORDERS, "subnet_schedule": SUBNET_SCHEDULES,
+                 "cp_comm_type": CP_COMM_TYPES}
 # Keys that only supernet plans set; None in every GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
 SUPERNET_PLAN_KEYS = ("subnet_schedule", "subnet_window")
 _PLAN_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention",
@@ -452,17 +461,22 @@ class Plan:
     ``overlap_p2p_comm`` (NeMo's recipes) and torch.distributed.pipelining's runtime (the executor)
     leave sends in flight; it is a what-if knob (:data:`WHAT_IF_KEYS`), set by the validation of
     Megatron's published runs (:mod:`mindpipe.simulator.perf.vtrain`).
-    ``cp`` is context parallelism (Megatron-core ``--context-parallel-size`` with Transformer
-    Engine's attention, the p2p ring): each sequence is split over ``cp`` ranks, which hold the
-    same weights; every layer but the attention core works on their s/cp tokens, and the causal
-    core of each rank attends its query chunks (two of 2·cp, balanced: chunk i and 2·cp−1−i) over
-    every key, K and V passing round the ring of cp ranks step by step under the core's compute,
-    their gradients likewise in the backward; gradients are reduced, and a distributed optimizer
-    sharded, over dp·cp ranks. Ranks are laid out tp-cp-dp-pp (Megatron-core's order: the cp
-    ranks of one data-parallel replica are neighbours inside the ``dp`` axis). It needs
-    ``flash_attention`` (TE's fused kernel is the one CP supports) and s divisible by 2·cp. The
-    executor runs it with the same chunks, layout and bytes, K and V all-gathered instead of passed
-    round the ring (Llama 3's context parallelism: :mod:`mindpipe.traces.torch_context_parallel`).
+    ``cp`` is context parallelism (Megatron-core ``--context-parallel-size``): each sequence is
+    split over ``cp`` ranks, which hold the same weights; every layer but the attention core works
+    on their s/cp tokens, and the causal core of each rank attends its query chunks (two of 2·cp,
+    balanced: chunk i and 2·cp−1−i) over every key; gradients are reduced, and a distributed
+    optimizer sharded, over dp·cp ranks. Ranks are laid out tp-cp-dp-pp (Megatron-core's order:
+    the cp ranks of one data-parallel replica are neighbours inside the ``dp`` axis). It needs
+    ``flash_attention`` and s divisible by 2·cp. ``cp_comm_type`` says how K and V reach every
+    rank (:data:`CP_COMM_TYPES`): ``allgather``, what the executor runs (Llama 3's context
+    parallelism, :mod:`mindpipe.traces.torch_context_parallel`): K and V all-gathered before one
+    attention kernel over the whole sequence under the causal mask of the tokens' global
+    positions, gathered again in the backward, which re-runs that kernel's forward and
+    reduce-scatters the K/V gradients, nothing overlapped; or ``p2p``, Transformer Engine's ring
+    (``AttnFuncWithCPAndKVP2P``, NeMo's recipes): K and V pass round the ring of cp ranks step by
+    step under the attention kernels, which skip the causally masked chunks, their gradients
+    likewise in the backward — a what-if knob (:data:`WHAT_IF_KEYS`). The simulator prices each
+    (:func:`mindpipe.simulator.ops.block_ops`, :func:`mindpipe.simulator.costs.cp_collectives`).
     """
 
     dp: int = 1
@@ -485,6 +499,7 @@ class Plan:
     fused_head_loss: bool = False
     blocking_p2p: bool = False
     cp: int = 1
+    cp_comm_type: str = "allgather"
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
@@ -619,7 +634,9 @@ def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
     """The what-if knobs a plan (or a point of plan keys) sets to a value the executor does not carry out."""
     # A point may leave a knob out (one the tuner never searches): that is the executor's value.
     get = (lambda k: plan.get(k, WHAT_IF_KEYS[k])) if isinstance(plan, Mapping) else lambda k: getattr(plan, k)
-    return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run]
+    cp = plan.get("cp", 1) if isinstance(plan, Mapping) else plan.cp
+    # How K and V are exchanged matters only where there is context parallelism.
+    return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run and (k != "cp_comm_type" or cp > 1)]
 
 
 def knob_value(key: str, value: Any) -> str:

@@ -14,10 +14,12 @@ and v, no s²-sized tensor and no gathered K/V: :class:`_ContextAttention` gathe
 the backward and re-runs the rank's attention forward there (FlashAttention's backward recomputes
 the probabilities too, from a saved log-sum-exp this public kernel does not return), then sums
 each rank's chunks of the K/V gradients back to it (a reduce-scatter; an all-reduce where an
-older gloo has none). Forward all-gather and backward all-gather plus reduce-scatter are the bytes
-the simulator prices for the cp group (:func:`mindpipe.simulator.costs.cp_collectives`);
-Transformer Engine's ring moves the same bytes in cp − 1 steps under the attention kernels, which
-this blocking all-gather does not overlap.
+older gloo has none). The simulator prices exactly this by default (the plan's
+``cp_comm_type=allgather``): the blocking forward all-gather and backward all-gather plus
+reduce-scatter on the cp group (:func:`mindpipe.simulator.costs.cp_collectives`), the masked kernel
+over every query-key pair, and its forward again in the backward (:mod:`mindpipe.simulator.ops`).
+Transformer Engine's ring (``cp_comm_type=p2p``, a what-if knob) moves the same bytes in cp − 1
+steps under kernels that skip the causally masked chunks.
 
 The single owner of the layout is :class:`ContextShard`; the models read it from their attention
 and embedding modules' ``context`` attribute (:func:`mindpipe.traces.torch_models.use_context_parallel`).

@@ -35,6 +35,7 @@ from typing import Any
 
 from mindpipe.traces.config import (
     COMM_PRIORITIES,
+    CP_COMM_TYPES,
     PLAN_SCALAR_KEYS,
     PRECISIONS,
     RANK_ORDERS,
@@ -58,13 +59,13 @@ POINT_KEYS = (
     "dp", "tp", "pp", "cp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
     "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "tp_comm_overlap",
     "overlap_param_gather", "flash_attention", "loss_chunks", "fused_head_loss", "blocking_p2p", "rank_order",
-    "partitioner",
+    "cp_comm_type", "partitioner",
 )
 # Keys a point may leave out, with the value that means (points written before the key existed,
 # or by hand); a point's identity (point_key) names them only when they differ from it, so a sweep
 # stored before the key existed resumes as the same points.
 OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False, "loss_chunks": 1, "fused_head_loss": False,
-                                       "blocking_p2p": False, "cp": 1}
+                                       "blocking_p2p": False, "cp": 1, "cp_comm_type": "allgather"}
 # What-if knobs ``--what-if`` searches (or lets ``--fix KEY=VALUE`` pin) only when it names them, though
 # ``all`` leaves them out: ``blocking_p2p=true`` only ever costs time, so searching it is never wanted,
 # but pinning it plans for a Megatron-LM deployment (blocking pipeline exchanges) instead of the
@@ -84,6 +85,7 @@ _BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "ov
 _STR_CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": SCHEDULES, "recompute": RECOMPUTE, "comm_priority": COMM_PRIORITIES, "precision": PRECISIONS,
     "rank_order": RANK_ORDERS, "partitioner": PARTITIONERS, "subnet_schedule": SUBNET_SCHEDULES,
+    "cp_comm_type": CP_COMM_TYPES,
 }
 
 Point = dict[str, Any]

@@ -43,6 +43,7 @@ from mindpipe.simulator.schedules import schedule_rule
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import (
     COMM_PRIORITIES,
+    CP_COMM_TYPES,
     RECOMPUTE,
     SCHEDULES,
     V_SCHEDULES,
@@ -74,7 +75,7 @@ DEFAULT_INTERLEAVE = (2, 4)  # virtual stages tried for interleaved_1f1b (Megatr
 # Every value of each what-if knob (searched only when the knob is named in ``what_if``).
 _WHAT_IF_VALUES: dict[str, tuple[Any, ...]] = {"comm_priority": COMM_PRIORITIES, "overlap_grad_reduce": (False, True),
                                                "tp_comm_overlap": (False, True), "overlap_param_gather": (False, True),
-                                               "blocking_p2p": (False, True)}
+                                               "blocking_p2p": (False, True), "cp_comm_type": CP_COMM_TYPES}
 
 
 def _divisors(n: int) -> list[int]:
@@ -290,6 +291,9 @@ class SearchSpace:
         p2p_choices = self._knob("blocking_p2p")
         if pp * v == 1:  # no pipeline sends to block on
             p2p_choices = p2p_choices[:1]
+        cp_comm_choices = self._knob("cp_comm_type")
+        if base["cp"] == 1 and not self._pinned("cp_comm_type"):
+            cp_comm_choices = cp_comm_choices[:1]  # no context-parallel exchange
         part_choices = list(self.partitioners)
         if pp * v == 1:
             # One stage: only the memory-aware partitioners differ (they choose per-block policies).
@@ -312,9 +316,9 @@ class SearchSpace:
         product = itertools.product(
             recompute, zero_choices, comm_choices, self.choices("precision", ["bf16"]),
             ogr_choices, tpo_choices, opg_choices, flash_choices, chunk_choices, fused_choices, p2p_choices,
-            self.choices("rank_order", ["tp-dp-pp"]), part_choices,
+            self.choices("rank_order", ["tp-dp-pp"]), part_choices, cp_comm_choices,
         )
-        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, fused, p2p, order, part in product:
+        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, fused, p2p, order, part, cpc in product:
             if part in MEMORY_PARTITIONERS and rc != recompute[0]:
                 continue  # their per-block policy overrides the recompute level: one point, not one per level
             if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
@@ -327,7 +331,7 @@ class SearchSpace:
             point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,
                          overlap_grad_reduce=ogr, tp_comm_overlap=tpo, overlap_param_gather=opg, flash_attention=flash,
                          loss_chunks=chunks, fused_head_loss=fused, blocking_p2p=p2p, rank_order=order,
-                         partitioner=part)
+                         partitioner=part, cp_comm_type=cpc)
             yield {k: point[k] for k in POINT_KEYS}
 
     def describe(self) -> dict[str, Any]:

@@ -29,6 +29,12 @@ def test_contract_world_size_and_what_if() -> None:
     p = _plan()
     assert p.world_size == 8 and p.grad_replicas == 4 and p.num_microbatches == 2
     assert what_if_used(p) == [] and p.as_executed().cp == 2  # the executor runs it
+    # TE's ring is a what-if knob (the executor all-gathers K and V), and means nothing without cp.
+    ring = _plan(cp_comm_type="p2p")
+    assert what_if_used(ring) == ["cp_comm_type"] and ring.as_executed().cp_comm_type == "allgather"
+    assert what_if_used(_plan(cp=1, dp=4, cp_comm_type="p2p")) == []
+    with pytest.raises(ContractError, match="cp_comm_type"):
+        _plan(cp_comm_type="a2a")
     check_plan(p, LLAMA, H100x8)
     with pytest.raises(ContractError, match="cp=2 needs flash_attention=true"):
         _plan(flash_attention=False)
@@ -44,26 +50,38 @@ def test_contract_world_size_and_what_if() -> None:
 def test_a_rank_prices_its_share_of_the_sequence_and_the_whole_attention() -> None:
     s, cp = LLAMA.seq_len, 2
     whole = block_ops(LLAMA, 1, s, 2, flash_attention=True)
-    share = block_ops(LLAMA, 1, s // cp, 2, flash_attention=True, cp=cp)
+    share = block_ops(LLAMA, 1, s // cp, 2, flash_attention=True, cp=cp, cp_comm_type="p2p")
 
-    def flops(ops, core: bool) -> float:
-        return sum(o.flops for o in ops if o.attention_core == core)
+    def flops(ops, core: bool, phase: str | None = None) -> float:
+        return sum(o.flops for o in ops if o.attention_core == core and phase in (None, o.phase))
 
     assert flops(share, False) == pytest.approx(flops(whole, False) / cp)  # GEMMs on s/cp tokens
     assert flops(share, True) == pytest.approx(flops(whole, True) / cp)  # balanced causal chunks
     # One fused kernel per step of the ring, in each direction.
     assert sum(o.kind == "flash" for o in share) == 2 * cp and sum(o.kind == "flash" for o in whole) == 2
+    # The executor's all-gather: one masked kernel over every key (no causal chunk skipped, twice the
+    # ring's pairs), and in the backward that forward again before the backward kernel.
+    gathered = block_ops(LLAMA, 1, s // cp, 2, flash_attention=True, cp=cp)
+    assert flops(gathered, False) == flops(share, False)
+    assert flops(gathered, True, "forward") == pytest.approx(2 * flops(share, True, "forward"))
+    assert flops(gathered, True, "backward_input") == pytest.approx(3.5 * flops(gathered, True, "forward"))
+    assert [o.phase for o in gathered if o.kind == "flash"] == ["forward", "backward_input", "backward_input"]
     with pytest.raises(ValueError, match="fused attention kernel only"):
         block_ops(LLAMA, 1, s // cp, 2, flash_attention=False, cp=cp)
 
 
 def test_kv_ring_bytes_and_group() -> None:
-    p = _plan()
+    p = _plan(cp_comm_type="p2p")
     s_local = LLAMA.seq_len // 2
     fwd, bwd = cp_collectives(LLAMA, p, s_local, (1e-3, 2e-3))
     kv = 2 * 1 * LLAMA.seq_len * (LLAMA.kv_width // 2) * 2  # K and V of the whole sequence, local heads, bf16
     assert [(c.op, c.nbytes, c.axis, c.overlap_s) for c in fwd] == [("allgather", kv, "cp", 1e-3)]
     assert [(c.op, c.nbytes, c.axis, c.overlap_s) for c in bwd] == [("allreduce", kv, "cp", 2e-3)]
+    # The executor's: the same bytes, blocking (nothing pipelined with the kernels).
+    fwd, bwd = cp_collectives(LLAMA, _plan(), s_local, (1e-3, 2e-3))
+    assert [(c.op, c.nbytes, c.axis, c.overlap_s) for c in fwd] == [("allgather", kv, "cp", 0.0)]
+    assert [(c.op, c.nbytes, c.axis, c.overlap_s) for c in bwd] == [("allgather", kv, "cp", 0.0),
+                                                                     ("reducescatter", kv, "cp", 0.0)]
     assert cp_collectives(LLAMA, dataclasses.replace(p, cp=1), s_local) == ([], [])
     # The block's layer costs carry the ring in its attention part.
     layers = op_layer_costs(LLAMA, p, lambda ops: roofline_time(ops, 1e15, 2e12))
@@ -74,6 +92,10 @@ def test_kv_ring_bytes_and_group() -> None:
     assert [(c.op, c.axis) for c in attention.forward_comm] == [("allreduce", "tp"), ("allgather", "cp")]
     assert [(c.op, c.axis) for c in mlp.forward_comm] == [("allreduce", "tp")]
     assert [(c.op, c.axis) for c in attention.backward_comm] == [("allreduce", "tp"), ("allreduce", "cp")]
+    gathered = next(c for c in op_layer_costs(LLAMA, _plan(), lambda ops: roofline_time(ops, 1e15, 2e12))
+                    if c.kind == "block")
+    assert [(c.op, c.axis) for c in gathered.parts[0].backward_comm] == [
+        ("allreduce", "tp"), ("allgather", "cp"), ("reducescatter", "cp")]
 
 
 def test_cp_ranks_are_neighbours_inside_the_data_parallel_axis() -> None:
@@ -94,7 +116,8 @@ def test_optimizer_shards_over_dp_times_cp() -> None:
 
 def test_simulated_memory_and_time_of_a_long_sequence() -> None:
     """Llama 3 8B at s 8192 on 8 H100: cp 2 holds half the activations of cp 1 at the same dp·cp."""
-    cp2 = Plan(dp=4, cp=2, micro_batch_size=1, global_batch_size=32, flash_attention=True, zero_stage=1)
+    cp2 = Plan(dp=4, cp=2, micro_batch_size=1, global_batch_size=32, flash_attention=True, zero_stage=1,
+               cp_comm_type="p2p")
     cp1 = dataclasses.replace(cp2, cp=1, dp=8)
     a, b = simulate(LLAMA, H100x8, cp2), simulate(LLAMA, H100x8, cp1)
     acts = [s["activations_bytes"] for s in (a.extra["memory_by_stage"][0], b.extra["memory_by_stage"][0])]
@@ -103,6 +126,10 @@ def test_simulated_memory_and_time_of_a_long_sequence() -> None:
     # Same work per device (dp·cp equal), plus the ring's exposed part: a little slower, not more.
     assert b.iteration_time_s < a.iteration_time_s < 1.2 * b.iteration_time_s
     assert a.extra["params_per_device_by_rank"] == b.extra["params_per_device_by_rank"]
+    # The executor's all-gather: the same memory, slower (the masked kernel, the re-run, the blocking exchange).
+    c = simulate(LLAMA, H100x8, dataclasses.replace(cp2, cp_comm_type="allgather"))
+    assert c.peak_memory_gib == pytest.approx(a.peak_memory_gib)
+    assert c.iteration_time_s > 1.1 * a.iteration_time_s
 
 
 def test_a_trace_cannot_price_cp() -> None:
