@@ -98,21 +98,25 @@ def _flash(b: int, heads: int, s: int, hd: int, d: int, cp: int = 1, cp_comm_typ
     whole sequence's cp·s keys. ``p2p`` (Transformer Engine's ``AttnFuncWithCPAndKVP2P``): cp
     kernels per direction, one per step of the K/V ring, which skip the causally masked chunks;
     with Megatron-core's balanced chunks every rank does 1/cp of the causal work, s·cp·s/2
-    query-key pairs. ``allgather`` (the executor, :mod:`mindpipe.traces.torch_context_parallel`):
-    one kernel over all s·cp keys under a mask of the tokens' global positions, which computes
-    every query-key pair (a masked kernel skips none), and in the backward that kernel's forward
-    again (only q, k and v are kept) before its backward.
+    query-key pairs. ``allgather`` (the executor,
+    :func:`mindpipe.traces.torch_context_parallel._attend`): one kernel per query chunk (s/2
+    queries, chunk c) over the keys of chunks 0..c under a mask of the tokens' global positions; a
+    masked kernel computes every pair it is given, so the rank's two chunks cost (2·cp + 1)·s²/4
+    pairs, whichever rank it is (the ring: cp·s²/2); in the backward those kernels' forward again
+    (only q, k and v are kept) before their backward.
     """
     qkv_o = b * heads * s * hd * d
     lse = 4 * b * heads * s
     if cp > 1 and cp_comm_type == "allgather":
-        full = 4.0 * b * heads * s * (s * cp) * hd
-        # Reads Q and the gathered K and V, writes O; the backward also reads O, dO and writes dQ, dK, dV.
-        io = 2 * qkv_o + 2 * qkv_o * cp
-        fwd = Op("flash_attn", "forward", "flash", full, io + lse, attention_core=True)
-        again = Op("flash_attn_rerun", "backward_input", "flash", full, io + lse, attention_core=True)
-        bwd = Op("flash_attn", "backward_input", "flash", 2.5 * full, 2 * io + lse, attention_core=True)
-        return [fwd, again, bwd]
+        pairs = (2 * cp + 1) * s * s / 4
+        flops = 4.0 * b * heads * pairs * hd / 2  # per kernel: the two chunks' kernels together cost ``pairs``
+        # Per kernel: reads its Q chunk and the K/V prefix, writes O; the backward also reads O and
+        # dO and writes dQ, dK, dV. The two prefixes hold (2·cp + 1)·s/2 keys.
+        io = (qkv_o + qkv_o * (2 * cp + 1) / 2) / 2 + lse / 2
+        fwd = Op("flash_attn", "forward", "flash", flops, io, attention_core=True)
+        again = Op("flash_attn_rerun", "backward_input", "flash", flops, io, attention_core=True)
+        bwd = Op("flash_attn", "backward_input", "flash", 2.5 * flops, 2 * io, attention_core=True)
+        return [fwd, fwd, again, again, bwd, bwd]
     fwd_flops = 0.5 * 4.0 * b * heads * s * (s * cp) * hd  # QKᵀ and PV, half the blocks skipped (causal)
     # Reads Q, K, V; writes O and the fp32 log-sum-exp per row. Backward: reads Q, K, V, O, dO and
     # the log-sum-exp; writes dQ, dK, dV. Per ring step: a K/V chunk of s rows.

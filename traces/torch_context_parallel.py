@@ -8,16 +8,17 @@ sequence; positions (GPT's learned table, Llama's rotary angles) are the tokens'
 
 The attention core follows Llama 3's context parallelism (Dubey et al. 2024, §3.3.2): K and V are
 all-gathered over the ``cp`` group and each rank attends its own queries to the whole sequence
-with the causal mask of their global positions (one fused kernel, ``scaled_dot_product_attention``
-with a boolean mask). What autograd keeps is what a FlashAttention rank keeps — the rank's own q, k
+with the causal mask of their global positions (``scaled_dot_product_attention`` with a boolean
+mask, one call per query chunk over the keys up to it). What autograd keeps is what a FlashAttention rank keeps — the rank's own q, k
 and v, no s²-sized tensor and no gathered K/V: :class:`_ContextAttention` gathers K and V again in
 the backward and re-runs the rank's attention forward there (FlashAttention's backward recomputes
 the probabilities too, from a saved log-sum-exp this public kernel does not return), then sums
 each rank's chunks of the K/V gradients back to it (a reduce-scatter; an all-reduce where an
 older gloo has none). The simulator prices exactly this by default (the plan's
 ``cp_comm_type=allgather``): the blocking forward all-gather and backward all-gather plus
-reduce-scatter on the cp group (:func:`mindpipe.simulator.costs.cp_collectives`), the masked kernel
-over every query-key pair, and its forward again in the backward (:mod:`mindpipe.simulator.ops`).
+reduce-scatter on the cp group (:func:`mindpipe.simulator.costs.cp_collectives`), one kernel per
+query chunk over the keys up to it (:func:`_attend`), and their forward again in the backward
+(:mod:`mindpipe.simulator.ops`).
 Transformer Engine's ring (``cp_comm_type=p2p``, a what-if knob) moves the same bytes in cp − 1
 steps under kernels that skip the causally masked chunks.
 
@@ -96,10 +97,22 @@ class ContextShard:
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shard: ContextShard, dropout_p: float,
             gqa: bool) -> torch.Tensor:
-    """The rank's queries against the whole sequence's keys (``[b, heads, s_local, d]``, K/V ``[b, kv, S, d]``)."""
-    qpos = shard.positions(q.size(2), q.device)
-    mask = torch.arange(k.size(2), device=q.device)[None, :] <= qpos[:, None]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
+    """The rank's queries against the whole sequence's keys (``[b, heads, s_local, d]``, K/V ``[b, kv, S, d]``).
+
+    One kernel per query chunk, over the keys of the chunks up to its own (the rest are causally
+    masked for every one of its queries), with the causal mask of the global positions on the
+    last: chunk c computes L·(c+1)·L query-key pairs, the rank's two (2·cp+1)·L² — against
+    2·L·2·cp·L over the whole sequence, about half for a large cp.
+    """
+    size = q.size(2) // 2
+    outs = []
+    for i, c in enumerate(shard.chunks):
+        n = (c + 1) * size
+        qpos = torch.arange(c * size, n, device=q.device)
+        mask = torch.arange(n, device=q.device)[None, :] <= qpos[:, None]
+        outs.append(F.scaled_dot_product_attention(q[:, :, i * size:(i + 1) * size], k[:, :, :n], v[:, :, :n],
+                                                   attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa))
+    return torch.cat(outs, dim=2)
 
 
 class _ContextAttention(torch.autograd.Function):

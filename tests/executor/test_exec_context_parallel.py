@@ -48,6 +48,22 @@ def test_a_rank_holds_two_balanced_chunks_at_their_global_positions() -> None:
     assert mesh_shape(Plan(dp=2, global_batch_size=2))[1] == ("pp", "dp", "tp")  # no cp axis without cp
 
 
+@pytest.mark.parametrize("cp", [2, 3, 4])
+def test_a_rank_attends_each_query_chunk_over_the_keys_up_to_it_as_causal_attention_does(cp: int) -> None:
+    """One kernel per query chunk over a prefix of the keys: every rank's rows of causal attention (GQA)."""
+    import torch
+    import torch.nn.functional as F
+    from mindpipe.traces.torch_context_parallel import ContextShard, _attend
+
+    gen = torch.Generator().manual_seed(cp)
+    q, k, v = (torch.randn(2, n, 8 * cp, 8, dtype=torch.float64, generator=gen) for n in (4, 2, 2))
+    whole = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    for r in range(cp):
+        shard = ContextShard(None, r, cp)
+        torch.testing.assert_close(_attend(shard.take(q, 2), k, v, shard, 0.0, True), shard.take(whole, 2),
+                                   rtol=0, atol=1e-12)
+
+
 def _run(tmp, plan: dict[str, Any], model: dict[str, Any], *extra: str) -> Trace:
     tmp.mkdir(parents=True, exist_ok=True)
     res = run_plan(tmp, plan, Plan(**plan).world_size, *extra, model=model)
