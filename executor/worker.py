@@ -135,7 +135,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     coords = coordinates(mesh)
     gpt = build_model(model, seed=cfg.seed, dtype="fp32", flash_attention=plan.flash_attention)
     # Context parallelism: the rank's share of each sequence, attention over the cp group.
-    context = ContextShard.of(mesh.get_group("cp")) if plan.cp > 1 else None
+    context = ContextShard.of(mesh.get_group("cp"), plan.cp_comm_type) if plan.cp > 1 else None
     use_context_parallel(gpt, context)
     permute_qkv_for_tp(gpt, plan.tp)
     modules = build_stage_modules(gpt, plan, coords["pp"])

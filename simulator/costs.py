@@ -142,7 +142,8 @@ def cp_collectives(model: Model, plan: Plan, seq_len: int, core_s: tuple[float, 
                    ) -> tuple[list[Collective], list[Collective]]:
     """Context parallelism's K/V exchange of one block (forward, input-gradient pass), on the ``cp`` group.
 
-    ``p2p``, Transformer Engine's ``AttnFuncWithCPAndKVP2P`` (Megatron-core ``--context-parallel-size``):
+    ``p2p``, Transformer Engine's ``AttnFuncWithCPAndKVP2P`` (Megatron-core ``--context-parallel-size``;
+    the executor's ring, :mod:`mindpipe.traces.torch_context_parallel`):
     in the forward each rank passes its K and V chunk (``seq_len`` tokens, the local K/V heads) to
     the next rank cp − 1 times, so every rank sees every chunk — the bytes of an all-gather of
     the whole sequence's K and V; in the backward K and V go round again and the partial dK and dV

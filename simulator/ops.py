@@ -95,8 +95,9 @@ def _flash(b: int, heads: int, s: int, hd: int, d: int, cp: int = 1, cp_comm_typ
     """FlashAttention-2 forward and backward kernels (causal) for ``b·heads`` heads of width ``hd``.
 
     Under context parallelism (``cp`` > 1) ``s`` is one rank's s/cp queries, attending over the
-    whole sequence's cp·s keys. ``p2p`` (Transformer Engine's ``AttnFuncWithCPAndKVP2P``): cp
-    kernels per direction, one per step of the K/V ring, which skip the causally masked chunks;
+    whole sequence's cp·s keys. ``p2p`` (Transformer Engine's ``AttnFuncWithCPAndKVP2P``; the
+    executor's :class:`mindpipe.traces.torch_context_parallel._RingAttention`): cp kernels per
+    direction, one per step of the K/V ring, which skip the causally masked chunks;
     with Megatron-core's balanced chunks every rank does 1/cp of the causal work, s·cp·s/2
     query-key pairs. ``allgather`` (the executor,
     :func:`mindpipe.traces.torch_context_parallel._attend`): one kernel per query chunk (s/2

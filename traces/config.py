@@ -35,8 +35,8 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 DEVICE_PRECISIONS = ("fp8",)
 COMM_PRIORITIES = ("fair", "pp_first")
 # How context parallelism exchanges K and V (Megatron-core ``--cp-comm-type``): ``allgather`` (Llama 3:
-# K and V gathered before one attention kernel, what the executor runs) or ``p2p`` (Transformer
-# Engine's ring, the exchange pipelined under the attention kernels, a what-if knob).
+# K and V gathered before the attention kernels) or ``p2p`` (Transformer Engine's ring, the exchange
+# pipelined under the attention kernels); the executor runs both (traces.torch_context_parallel).
 CP_COMM_TYPES = ("allgather", "p2p")
 LAYER_MEMORY_POLICIES = ("keep", "selective", "nongemm", "recompute", "swap")
 # Where a stage boundary falls (``Plan.stage_cuts``; the rule is :mod:`mindpipe.traces.layout`'s):
@@ -59,12 +59,8 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # synchronize), while torch.distributed.pipelining's runtime waits for its sends at the step's end;
 # it only ever costs time, so ``--what-if all`` leaves it out: the validation of Megatron's published
 # runs sets it, and ``tune --what-if blocking_p2p --fix blocking_p2p=true`` pins it (tuner.keys).
-# ``cp_comm_type=p2p`` needs Transformer Engine's ring attention, which passes K/V chunks rank to
-# rank under the attention kernels and merges partial softmaxes; the executor all-gathers K and V
-# (:mod:`mindpipe.traces.torch_context_parallel`).
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
-                                         "tp_comm_overlap": False, "overlap_param_gather": False,
-                                         "cp_comm_type": "allgather"}
+                                         "tp_comm_overlap": False, "overlap_param_gather": False}
 WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
@@ -468,14 +464,14 @@ class Plan:
     optimizer sharded, over dp·cp ranks. Ranks are laid out tp-cp-dp-pp (Megatron-core's order:
     the cp ranks of one data-parallel replica are neighbours inside the ``dp`` axis). It needs
     ``flash_attention`` and s divisible by 2·cp. ``cp_comm_type`` says how K and V reach every
-    rank (:data:`CP_COMM_TYPES`): ``allgather``, what the executor runs (Llama 3's context
-    parallelism, :mod:`mindpipe.traces.torch_context_parallel`): K and V all-gathered before one
-    attention kernel over the whole sequence under the causal mask of the tokens' global
-    positions, gathered again in the backward, which re-runs that kernel's forward and
-    reduce-scatters the K/V gradients, nothing overlapped; or ``p2p``, Transformer Engine's ring
-    (``AttnFuncWithCPAndKVP2P``, NeMo's recipes): K and V pass round the ring of cp ranks step by
+    rank (:data:`CP_COMM_TYPES`; the executor runs both, :mod:`mindpipe.traces.torch_context_parallel`):
+    ``allgather`` (Llama 3's context parallelism): K and V all-gathered before one attention
+    kernel per query chunk under the causal mask of the tokens' global positions, gathered again
+    in the backward, which re-runs those kernels' forward and reduce-scatters the K/V gradients,
+    nothing overlapped; or ``p2p``, Transformer Engine's ring (``AttnFuncWithCPAndKVP2P``,
+    Megatron-core's default, NeMo's recipes): K and V pass round the ring of cp ranks step by
     step under the attention kernels, which skip the causally masked chunks, their gradients
-    likewise in the backward — a what-if knob (:data:`WHAT_IF_KEYS`). The simulator prices each
+    likewise in the backward. The simulator prices each
     (:func:`mindpipe.simulator.ops.block_ops`, :func:`mindpipe.simulator.costs.cp_collectives`).
     """
 
@@ -634,9 +630,7 @@ def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
     """The what-if knobs a plan (or a point of plan keys) sets to a value the executor does not carry out."""
     # A point may leave a knob out (one the tuner never searches): that is the executor's value.
     get = (lambda k: plan.get(k, WHAT_IF_KEYS[k])) if isinstance(plan, Mapping) else lambda k: getattr(plan, k)
-    cp = plan.get("cp", 1) if isinstance(plan, Mapping) else plan.cp
-    # How K and V are exchanged matters only where there is context parallelism.
-    return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run and (k != "cp_comm_type" or cp > 1)]
+    return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run]
 
 
 def knob_value(key: str, value: Any) -> str:

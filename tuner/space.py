@@ -75,7 +75,7 @@ DEFAULT_INTERLEAVE = (2, 4)  # virtual stages tried for interleaved_1f1b (Megatr
 # Every value of each what-if knob (searched only when the knob is named in ``what_if``).
 _WHAT_IF_VALUES: dict[str, tuple[Any, ...]] = {"comm_priority": COMM_PRIORITIES, "overlap_grad_reduce": (False, True),
                                                "tp_comm_overlap": (False, True), "overlap_param_gather": (False, True),
-                                               "blocking_p2p": (False, True), "cp_comm_type": CP_COMM_TYPES}
+                                               "blocking_p2p": (False, True)}
 
 
 def _divisors(n: int) -> list[int]:
@@ -291,9 +291,9 @@ class SearchSpace:
         p2p_choices = self._knob("blocking_p2p")
         if pp * v == 1:  # no pipeline sends to block on
             p2p_choices = p2p_choices[:1]
-        cp_comm_choices = self._knob("cp_comm_type")
-        if base["cp"] == 1 and not self._pinned("cp_comm_type"):
-            cp_comm_choices = cp_comm_choices[:1]  # no context-parallel exchange
+        # Both K/V exchanges where there is context parallelism (the executor runs each).
+        cp_comm_choices = self.choices("cp_comm_type", CP_COMM_TYPES if base["cp"] > 1 else
+                                       [OPTIONAL_POINT_KEYS["cp_comm_type"]])
         part_choices = list(self.partitioners)
         if pp * v == 1:
             # One stage: only the memory-aware partitioners differ (they choose per-block policies).

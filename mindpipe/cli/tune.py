@@ -161,7 +161,7 @@ def _format(info: dict[str, Any]) -> str:
     if net is not None:
         keys = ("dp", "pp", "micro_batch_size", "global_batch_size", "subnet_schedule", "subnet_window", "partition")
     if plan.get("cp", 1) != 1:  # context parallelism (--search cp), named only where a plan uses it
-        keys = (*keys[:3], "cp", *keys[3:])
+        keys = (*keys[:3], "cp", "cp_comm_type", *keys[3:])
     shown = ", ".join(f"{k}={plan.get(k)}" for k in keys if k in plan)
     by_reason = dict(info["infeasible_by_reason"])
     rules = by_reason.pop("rules", 0)

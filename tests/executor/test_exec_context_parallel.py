@@ -1,5 +1,6 @@
 """Context parallelism in the executor: each sequence split over cp ranks (two balanced chunks each),
-K and V all-gathered for the attention (:mod:`mindpipe.traces.torch_context_parallel`). Plans with
+K and V all-gathered for the attention or passed round a ring (``cp_comm_type=p2p``;
+:mod:`mindpipe.traces.torch_context_parallel`). Plans with
 cp train to the single-process losses within 1e-5, GPT and Llama (GQA, rotary positions), alone and
 composed with dp, tp (sequence parallel), pp, ZeRO-3 and each recompute policy."""
 
@@ -27,6 +28,10 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                                TINY),
     "llama-cp2": ({**BASE, "cp": 2}, LLAMA),
     "llama-tp2-cp2-gqa": ({**BASE, "tp": 2, "cp": 2, "zero_stage": 1}, LLAMA),
+    # Transformer Engine's ring (traces.torch_context_parallel._RingAttention): K/V passed rank to rank.
+    "gpt-cp4-ring-selective": ({**BASE, "cp": 4, "cp_comm_type": "p2p", "recompute": "selective"}, TINY),
+    "gpt-pp2-cp2-ring": ({**BASE, "pp": 2, "cp": 2, "cp_comm_type": "p2p"}, TINY),
+    "llama-tp2-cp2-ring-gqa": ({**BASE, "tp": 2, "cp": 2, "cp_comm_type": "p2p", "zero_stage": 1}, LLAMA),
 }
 
 

@@ -29,10 +29,9 @@ def test_contract_world_size_and_what_if() -> None:
     p = _plan()
     assert p.world_size == 8 and p.grad_replicas == 4 and p.num_microbatches == 2
     assert what_if_used(p) == [] and p.as_executed().cp == 2  # the executor runs it
-    # TE's ring is a what-if knob (the executor all-gathers K and V), and means nothing without cp.
+    # TE's ring runs in the executor too (traces.torch_context_parallel): not a what-if knob.
     ring = _plan(cp_comm_type="p2p")
-    assert what_if_used(ring) == ["cp_comm_type"] and ring.as_executed().cp_comm_type == "allgather"
-    assert what_if_used(_plan(cp=1, dp=4, cp_comm_type="p2p")) == []
+    assert what_if_used(ring) == [] and ring.as_executed().cp_comm_type == "p2p"
     with pytest.raises(ContractError, match="cp_comm_type"):
         _plan(cp_comm_type="a2a")
     check_plan(p, LLAMA, H100x8)

@@ -35,19 +35,20 @@ def test_cp_splits_the_data_parallel_devices_only_when_searched() -> None:
     assert all('"cp"' not in point_key(p) for p in plain.points)
 
 
-def test_te_ring_attention_is_a_what_if_knob_searched_only_where_cp_exchanges_kv() -> None:
+def test_both_kv_exchanges_are_searched_where_cp_exchanges_kv_and_the_executor_runs_both() -> None:
     from mindpipe.tuner.keys import parse_what_if
 
-    plain = SearchSpace(MODEL, CLUSTER, [16], search=("cp",))
-    assert {p["cp_comm_type"] for p in plain.points} == {"allgather"}  # what the executor runs
-    wide = SearchSpace(MODEL, CLUSTER, [16], search=("cp",), what_if=parse_what_if("cp_comm_type"))
+    wide = SearchSpace(MODEL, CLUSTER, [16], search=("cp",))
     assert {p["cp_comm_type"] for p in wide.points if p["cp"] > 1} == {"allgather", "p2p"}
-    assert {p["cp_comm_type"] for p in wide.points if p["cp"] == 1} == {"allgather"}
-    assert sum(p["cp"] > 1 for p in wide.points) == 2 * sum(p["cp"] > 1 for p in plain.points)
-    assert all(what_if_used(p) == (["cp_comm_type"] if p["cp_comm_type"] == "p2p" else []) for p in wide.points)
-    # Stored points from before the key existed resume as the same points.
-    p = next(p for p in plain.points if p["cp"] > 1)
+    assert {p["cp_comm_type"] for p in wide.points if p["cp"] == 1} == {"allgather"}  # no K/V exchange
+    assert all(what_if_used(p) == [] for p in wide.points)
+    pinned = SearchSpace(MODEL, CLUSTER, [16], search=("cp",), fixes={"cp_comm_type": "allgather"})
+    assert sum(p["cp"] > 1 for p in wide.points) == 2 * sum(p["cp"] > 1 for p in pinned.points)
+    # Stored points from before the key existed (all allgather) resume as the same points.
+    p = next(p for p in pinned.points if p["cp"] > 1)
     assert point_key({k: v for k, v in p.items() if k != "cp_comm_type"}) == point_key(p)
+    with pytest.raises(ContractError, match="not a what-if knob"):
+        parse_what_if("cp_comm_type")
 
 
 def test_gradient_replicas_not_dp_decide_whether_zero_matters() -> None:

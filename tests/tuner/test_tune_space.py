@@ -116,8 +116,8 @@ def test_default_space_holds_only_what_the_executor_runs(model, cluster, batches
     wide = SearchSpace(model, cluster, batches, what_if=parse_what_if("all"))
     assert wide.size > space.size
     used = {k for p in wide.points for k in what_if_used(p)}
-    assert used == set(SEARCHED_WHAT_IF_KEYS) - {"cp_comm_type"}  # no cp > 1 point: no K/V exchange
-    assert {p["cp_comm_type"] for p in wide.points} == {"allgather"}
+    assert used == set(SEARCHED_WHAT_IF_KEYS)
+    assert {p["cp_comm_type"] for p in wide.points} == {"allgather"}  # no cp > 1 point: no K/V exchange
     assert not any(p["comm_priority"] != "fair" for p in wide.points if p["pp"] == 1)
     assert not any(p["overlap_grad_reduce"] for p in wide.points if p["dp"] == 1)
     narrow = {point_key(p) for p in space.points}
