@@ -78,43 +78,62 @@ class Held(NamedTuple):
     backward_next: bool = False
 
 
-def _timeline(order: tuple[Action, ...], stages: tuple[int, ...]) -> list[tuple[Held, ...]]:
-    """Per action of ``order``, what each of ``stages`` holds (:meth:`Schedule.held_timeline`)."""
-    awaiting_input, awaiting_weight = dict.fromkeys(stages, 0), dict.fromkeys(stages, 0)
-    with_grads: set[int] = set()
-    out: list[tuple[Held, ...]] = []
+def _counts(order: tuple[Action, ...], stages: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Per action of ``order``, what ``stages`` hold as one flat tuple of integers: the micro-batches
+    awaiting their input gradient per stage, then those awaiting W, then gradients present (0/1),
+    then whether a backward comes next (0/1) — :func:`_timeline`'s entries without the objects."""
+    where = {s: j for j, s in enumerate(stages)}
+    n = len(stages)
+    awaiting_input, awaiting_weight, grads = [0] * n, [0] * n, [0] * n
+    kinds = [a.kind for a in order]
+    out: list[tuple[int, ...]] = []
     for i, a in enumerate(order):
-        if a.kind == "F":
-            awaiting_input[a.stage] += 1
-        elif a.kind in ("B", "I"):
-            awaiting_input[a.stage] -= 1
-            awaiting_weight[a.stage] += a.kind == "I"
+        j, kind = where[a.stage], kinds[i]
+        if kind == "F":
+            awaiting_input[j] += 1
+        elif kind == "B":
+            awaiting_input[j] -= 1
+            grads[j] = 1
+        elif kind == "I":
+            awaiting_input[j] -= 1
+            awaiting_weight[j] += 1
         else:  # W
-            awaiting_weight[a.stage] -= 1
-        if a.kind in ("B", "W"):
-            with_grads.add(a.stage)
-        nxt = i + 1 < len(order) and order[i + 1].kind != "F"
-        out.append(tuple(Held(awaiting_input[s], awaiting_weight[s], s in with_grads, nxt) for s in stages))
+            awaiting_weight[j] -= 1
+            grads[j] = 1
+        nxt = 1 if i + 1 < len(kinds) and kinds[i + 1] != "F" else 0
+        out.append((*awaiting_input, *awaiting_weight, *grads, nxt))
     return out
 
 
-@lru_cache(maxsize=256)
+def _held(counts: tuple[int, ...], n: int) -> tuple[Held, ...]:
+    nxt = bool(counts[3 * n])
+    return tuple(Held(counts[j], counts[n + j], bool(counts[2 * n + j]), nxt) for j in range(n))
+
+
+def _timeline(order: tuple[Action, ...], stages: tuple[int, ...]) -> list[tuple[Held, ...]]:
+    """Per action of ``order``, what each of ``stages`` holds (:meth:`Schedule.held_timeline`)."""
+    return [_held(c, len(stages)) for c in _counts(order, stages)]
+
+
+@lru_cache(maxsize=1024)
 def _undominated(order: tuple[Action, ...], stages: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[Held, ...]], ...]:
     """Distinct timeline entries no other entry dominates (:meth:`Schedule.held_states`), first-seen order."""
-    def covers(b: tuple[Held, ...], a: tuple[Held, ...]) -> bool:
-        return all(y.awaiting_weight == x.awaiting_weight and y.awaiting_input >= x.awaiting_input
-                   and y.has_grads >= x.has_grads and y.backward_next >= x.backward_next for x, y in zip(a, b, strict=True))
+    n = len(stages)
 
-    distinct = list(dict.fromkeys(_timeline(order, stages)))
+    def covers(b: tuple[int, ...], a: tuple[int, ...]) -> bool:
+        # Same micro-batches awaiting W; no fewer awaiting input, gradients, backward next.
+        return b[n:2 * n] == a[n:2 * n] and all(y >= x for x, y in zip(a[:n], b[:n], strict=True)) and \
+            all(y >= x for x, y in zip(a[2 * n:], b[2 * n:], strict=True))
+
+    distinct = list(dict.fromkeys(_counts(order, stages)))
     # Pareto filter: in this order an entry's dominators come before it (they are no smaller in
     # every sum), and one that a dropped entry dominates is dominated by a kept one (transitivity).
-    frontier: list[tuple[Held, ...]] = []
-    for a in sorted(distinct, key=lambda e: (sum(h.awaiting_input for h in e), sum(h.has_grads for h in e),
-                                             e[0].backward_next), reverse=True):
+    frontier: list[tuple[int, ...]] = []
+    for a in sorted(distinct, key=lambda e: (sum(e[:n]), sum(e[2 * n:3 * n]), e[3 * n]), reverse=True):
         if not any(covers(b, a) for b in frontier):
             frontier.append(a)
     kept = set(frontier)
-    return tuple((stages, a) for a in distinct if a in kept)
+    return tuple((stages, _held(a, n)) for a in distinct if a in kept)
 
 
 @dataclass
