@@ -78,29 +78,39 @@ class Held(NamedTuple):
     backward_next: bool = False
 
 
-def _counts(order: tuple[Action, ...], stages: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Per action of ``order``, what ``stages`` hold as one flat tuple of integers: the micro-batches
-    awaiting their input gradient per stage, then those awaiting W, then gradients present (0/1),
-    then whether a backward comes next (0/1) — :func:`_timeline`'s entries without the objects."""
+_KIND_CODES = {"F": 0, "B": 1, "I": 2, "W": 3}
+
+
+def _signature(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...]) -> bytes:
+    """What of ``order`` decides what its stages hold: per action its kind and which of ``stages``
+    it runs (two bytes; micro-batch ids do not matter). A compact cache key for
+    :func:`_undominated`: a few KB where the actions themselves would keep whole schedules alive."""
     where = {s: j for j, s in enumerate(stages)}
-    n = len(stages)
+    return bytes(b for a in order for b in (_KIND_CODES[a.kind], where[a.stage]))
+
+
+def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
+    """Per action of a :func:`_signature` over ``n`` stages, what they hold as one flat tuple of
+    integers: the micro-batches awaiting their input gradient per stage, then those awaiting W,
+    then gradients present (0/1), then whether a backward comes next (0/1) — :func:`_timeline`'s
+    entries without the objects."""
     awaiting_input, awaiting_weight, grads = [0] * n, [0] * n, [0] * n
-    kinds = [a.kind for a in order]
+    kinds, where = signature[0::2], signature[1::2]
     out: list[tuple[int, ...]] = []
-    for i, a in enumerate(order):
-        j, kind = where[a.stage], kinds[i]
-        if kind == "F":
+    for i, kind in enumerate(kinds):
+        j = where[i]
+        if kind == 0:  # F
             awaiting_input[j] += 1
-        elif kind == "B":
+        elif kind == 1:  # B
             awaiting_input[j] -= 1
             grads[j] = 1
-        elif kind == "I":
+        elif kind == 2:  # I
             awaiting_input[j] -= 1
             awaiting_weight[j] += 1
         else:  # W
             awaiting_weight[j] -= 1
             grads[j] = 1
-        nxt = 1 if i + 1 < len(kinds) and kinds[i + 1] != "F" else 0
+        nxt = 1 if i + 1 < len(kinds) and kinds[i + 1] != 0 else 0
         out.append((*awaiting_input, *awaiting_weight, *grads, nxt))
     return out
 
@@ -110,22 +120,20 @@ def _held(counts: tuple[int, ...], n: int) -> tuple[Held, ...]:
     return tuple(Held(counts[j], counts[n + j], bool(counts[2 * n + j]), nxt) for j in range(n))
 
 
-def _timeline(order: tuple[Action, ...], stages: tuple[int, ...]) -> list[tuple[Held, ...]]:
+def _timeline(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...]) -> list[tuple[Held, ...]]:
     """Per action of ``order``, what each of ``stages`` holds (:meth:`Schedule.held_timeline`)."""
-    return [_held(c, len(stages)) for c in _counts(order, stages)]
+    return [_held(c, len(stages)) for c in _counts(_signature(order, stages), len(stages))]
 
 
 @lru_cache(maxsize=1024)
-def _undominated(order: tuple[Action, ...], stages: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[Held, ...]], ...]:
+def _undominated(signature: bytes, n: int) -> tuple[tuple[Held, ...], ...]:
     """Distinct timeline entries no other entry dominates (:meth:`Schedule.held_states`), first-seen order."""
-    n = len(stages)
-
     def covers(b: tuple[int, ...], a: tuple[int, ...]) -> bool:
         # Same micro-batches awaiting W; no fewer awaiting input, gradients, backward next.
         return b[n:2 * n] == a[n:2 * n] and all(y >= x for x, y in zip(a[:n], b[:n], strict=True)) and \
             all(y >= x for x, y in zip(a[2 * n:], b[2 * n:], strict=True))
 
-    distinct = list(dict.fromkeys(_counts(order, stages)))
+    distinct = list(dict.fromkeys(_counts(signature, n)))
     # Pareto filter: in this order an entry's dominators come before it (they are no smaller in
     # every sum), and one that a dropped entry dominates is dominated by a kept one (transitivity).
     frontier: list[tuple[int, ...]] = []
@@ -133,7 +141,7 @@ def _undominated(order: tuple[Action, ...], stages: tuple[int, ...]) -> tuple[tu
         if not any(covers(b, a) for b in frontier):
             frontier.append(a)
     kept = set(frontier)
-    return tuple((stages, _held(a, n)) for a in distinct if a in kept)
+    return tuple(_held(a, n) for a in distinct if a in kept)
 
 
 @dataclass
@@ -184,7 +192,7 @@ class Schedule:
         micro-batch) hold their activations without them.
         """
         stages = tuple(self.stages_of_rank(rank))
-        return [dict(zip(stages, state, strict=True)) for state in _timeline(tuple(self.orders[rank]), stages)]
+        return [dict(zip(stages, state, strict=True)) for state in _timeline(self.orders[rank], stages)]
 
     def held_states(self, rank: int) -> list[dict[int, Held]]:
         """The entries of :meth:`held_timeline` a peak can be at, in the order they first occur.
@@ -199,8 +207,9 @@ class Schedule:
         and the tuner checks memory for every candidate plan, so this is m/pp times less work on the
         same peak.
         """
-        return [dict(zip(stages, state, strict=True)) for stages, state in
-                _undominated(tuple(self.orders[rank]), tuple(self.stages_of_rank(rank)))]
+        stages = tuple(self.stages_of_rank(rank))
+        return [dict(zip(stages, state, strict=True)) for state in
+                _undominated(_signature(self.orders[rank], stages), len(stages))]
 
     def in_flight_timeline(self, rank: int) -> list[dict[int, int]]:
         """After each action of ``rank``, the micro-batches per local stage whose activations are
