@@ -65,9 +65,11 @@ from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.trace import Trace
 
 GIB = 2**30
-# Plan fields that change per-layer costs (micro-batch shape, sharding, dtype); the cost cache key.
+# Plan fields that change per-layer costs (micro-batch shape, sharding, dtype, how K/V are exchanged);
+# the cost cache key. Every Plan field a compute model reads must be here, or one plan's costs are
+# served to another (tests/simulator/test_cost_cache_key.py checks it).
 COST_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "precision", "tp_comm_overlap", "flash_attention",
-               "loss_chunks", "fused_head_loss")
+               "loss_chunks", "fused_head_loss", "cp_comm_type")
 
 
 @dataclass
