@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from mindpipe.simulator.simulator import COST_FIELDS, Simulator
 from mindpipe.traces.builtin import load_cluster, load_model
-from mindpipe.traces.data import load_shipped_trace
 from mindpipe.traces.config import Plan
+from mindpipe.traces.data import load_shipped_trace
 
 FIELDS = {f.name for f in dataclasses.fields(Plan)}
 
