@@ -206,14 +206,16 @@ def _fold(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 def _fused(q: torch.Tensor, dropout_p: float) -> bool:
     """Whether a block runs in torch's FlashAttention kernel, which returns the log-sum-exp the merge
-    needs: on CPU (``_scaled_dot_product_flash_attention_for_cpu``), and on CUDA in fp16/bf16 with
-    head width ≤ 256; without dropout (whose masks the backward would have to replay from the
-    kernel's own random state). Otherwise the block is computed op by op (:func:`_math_forward`)."""
+    needs: on CPU (``_scaled_dot_product_flash_attention_for_cpu``), and on CUDA from Ampere on in
+    fp16/bf16 with a head width that is a multiple of 8 up to 256; without dropout (whose masks the
+    backward would have to replay from the kernel's own random state). Otherwise the block is
+    computed op by op (:func:`_block_forward`)."""
     if dropout_p:
         return False
     if q.device.type == "cpu":
         return True
-    return q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and q.size(-1) <= 256
+    return (q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and q.size(-1) % 8 == 0
+            and q.size(-1) <= 256 and torch.cuda.get_device_capability(q.device) >= (8, 0))
 
 
 def _dropout_keep(p: torch.Tensor, dropout_p: float) -> torch.Tensor:
@@ -232,6 +234,7 @@ def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
                    scale: float, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, tuple[Any, ...]]:
     """One block: its output (in ``acc``), log-sum-exp per row (``acc``) and what its backward needs."""
     if _fused(q, dropout_p):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         if q.device.type == "cpu":
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
             return out.to(acc), lse.to(acc), ()
@@ -253,6 +256,7 @@ def _block_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     probabilities are exp(scores − lse) of the whole row, and rowsum(dO ∘ O) stands for
     rowsum(P ∘ dP) (dropout or not). dq, dk, dv in ``acc``."""
     if _fused(q, dropout_p):
+        grad, q, k, v, out = (t.contiguous() for t in (grad, q, k, v, out))
         if q.device.type == "cpu":
             grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 grad, q, k, v, out, lse.contiguous(), 0.0, causal, scale=scale)
