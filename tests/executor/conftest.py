@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,13 @@ TINY: dict[str, Any] = {"kind": "gpt", "num_layers": 4, "hidden_size": 32, "num_
                         "vocab_size": 64, "name": "tiny4"}
 TINY_TEXT: dict[str, Any] = {**TINY, "vocab_size": 256, "name": "tiny4-bytes"}
 STEPS = 10
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def run_env(**extra: str) -> dict[str, str]:

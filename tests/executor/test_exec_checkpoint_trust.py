@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from mindpipe.executor.checkpoint_trust import MANIFEST, check_resume
 from mindpipe.traces.errors import ContractError
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-from .conftest import TINY, run_plan
+from .conftest import TINY, free_port, run_plan
 
 MODEL = {"kind": "toy", "name": "linear4"}
 
@@ -25,9 +24,7 @@ MODEL = {"kind": "toy", "name": "linear4"}
 def one_rank():
     """A one-rank gloo process group in this process (DCP's save and load are collectives)."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

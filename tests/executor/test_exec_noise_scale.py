@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -38,21 +37,16 @@ from mindpipe.traces.noise_scale import (
     two_batch_estimates,
 )
 
-from .conftest import REPO, run_env
+from .conftest import REPO, free_port, run_env
 
 HARNESS = Path(__file__).with_name("noise_harness.py")
 D, SIGMA, DELTA_SQ = 8, 1.0, 1.0
 CLOSED_FORM = (D + 1) + D * SIGMA**2 / DELTA_SQ  # 17
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _harness(tmp: Path, world: int, dp: int, zero: int, microbatches: int, micro_batch: int, steps: int = 300) -> dict:
-    out, port = tmp / f"noise_dp{dp}_z{zero}_m{microbatches}.json", _free_port()
+    out, port = tmp / f"noise_dp{dp}_z{zero}_m{microbatches}.json", free_port()
     procs = [subprocess.Popen([sys.executable, str(HARNESS), str(r), str(world), str(port), str(out), str(dp), str(zero),
                                str(microbatches), str(micro_batch), str(steps)],
                               env=run_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

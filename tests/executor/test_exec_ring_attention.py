@@ -7,7 +7,6 @@ difference of the loss summed over ranks) while dropout does change the output."
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,20 +14,15 @@ from typing import Any
 
 import pytest
 
-from .conftest import REPO, run_env
+from .conftest import REPO, free_port, run_env
 
 HARNESS = Path(__file__).with_name("ring_harness.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.mark.parametrize("cp", [2, 3, 4])
 def test_ring_attention_equals_causal_attention_and_its_backward_is_the_forwards_derivative(tmp_path, cp: int) -> None:
-    out, port = tmp_path / "ring.json", _free_port()
+    out, port = tmp_path / "ring.json", free_port()
     procs = [subprocess.Popen([sys.executable, str(HARNESS), str(r), str(cp), str(port), str(out)], env=run_env(),
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(cp)]
