@@ -22,7 +22,7 @@ from mindpipe import __version__
 from mindpipe.cli import calibrate, demo, import_, inspect, profile, run, simulate, tune, validate
 from mindpipe.cli.args import OneLineParser
 from mindpipe.cli.output import stderr
-from mindpipe.traces.errors import ContractError
+from mindpipe.traces.errors import ContractError, one_line
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except OSError as e:
-        stderr(f"mindpipe: error: {getattr(e, 'filename', '') or ''}: {e.strerror or e}")
+        stderr(one_line(f"mindpipe: error: {getattr(e, 'filename', '') or ''}: {e.strerror or e}"))
         return EXIT_USAGE
     except KeyboardInterrupt:
         stderr("mindpipe: interrupted")

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from mindpipe.traces.errors import one_line
 from mindpipe.traces.limits import limit, shown
 
 MAX_SEED = int(limit("seed"))  # numpy's RandomState (the tuner's BO) takes seeds below 2^32
@@ -30,7 +31,7 @@ class OneLineParser(argparse.ArgumentParser):
         """Print ``mindpipe: error: command line: <message>`` and exit 2 (argparse calls this)."""
         prog = self.prog.removeprefix("mindpipe").strip()
         where, helper = (f"{prog}: ", f"mindpipe {prog} --help") if prog else ("", "mindpipe --help")
-        sys.stderr.write(f"mindpipe: error: command line: {where}{message} (see {helper})\n")
+        sys.stderr.write(one_line(f"mindpipe: error: command line: {where}{message} (see {helper})") + "\n")
         sys.exit(2)
 
 

@@ -233,3 +233,17 @@ def test_read_json_arbitrary_bytes(tmp_path_factory, data):
         read_json(path)
     except ContractError as e:
         assert str(path) in str(e)
+
+
+def test_an_unknown_key_with_a_line_break_in_it_is_refused_on_one_line(tmp_path) -> None:
+    """Found by the loader-mutation fuzzer: a key ``"\\num_nodes"`` (a newline, then ``um_nodes``) made a
+    two-line error. Every ContractError is one line: line breaks and other controls are escaped."""
+    from mindpipe.traces.errors import one_line
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"gpu": "a100-sxm4-80gb", "\num_nodes": 2, "gpus_per_node": 8}))
+    with pytest.raises(ContractError) as e:
+        load_cluster(str(path))
+    assert "\n" not in str(e.value) and "\\num_nodes: unknown key" in str(e.value)
+    assert one_line("a\nb\r\tc\x85d\u2028e\x00") == "a\\nb\\r\\tc\\x85d\\u2028e\\x00"
+    assert str(ContractError("f\nile", "k\ney", "rule\nbroken")) == "f\\nile: k\\ney: rule\\nbroken"
