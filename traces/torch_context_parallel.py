@@ -318,8 +318,7 @@ def _ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     groups, scale = q.size(1) // k.size(1), q.size(-1) ** -0.5
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv = torch.stack([k, v]).contiguous()
-    dkv: torch.Tensor | None = None
-    sending: torch.Tensor | None = None
+    dkv = torch.zeros((2, *k.shape), dtype=acc, device=k.device)  # the held pair's dK/dV so far: none at step 0
     pending: list[Any] = []
     for step in range(shard.size):
         nxt, requests = _shift(shard, kv, _KV_TAG) if step < shard.size - 1 else (kv, [])
@@ -332,14 +331,11 @@ def _ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         local[0][:, :, cols] = _fold(dk_block, groups)
         local[1][:, :, cols] = _fold(dv_block, groups)
         _wait(pending)  # the pair's dK/dV from the previous rank arrived under this step's kernels
-        dkv = local if dkv is None else dkv + local
-        sending = dkv  # kept referenced until its send completes
+        sending = dkv + local  # kept referenced until its send completes
         dkv, pending = _shift(shard, sending, _DKV_TAG)
         _wait(requests)
         kv = nxt
     _wait(pending)  # after cp hops: this rank's own pair, with every rank's share added
-    del sending
-    assert dkv is not None
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
