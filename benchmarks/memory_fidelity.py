@@ -15,8 +15,8 @@ pre-check) the ranks must stop when their accounted memory exceeds the budget.
 Target: every run within 10 % (goal 5 %). Writes ``benchmarks/results/memory_fidelity.json``.
 
     .venv/bin/python benchmarks/memory_fidelity.py [--steps 3] [--out benchmarks/results/memory_fidelity.json]
-        [--schedule S | --policy P | --tp | --fused]   (only part 1's plans of schedule S / with a block of
-        policy P / tensor-parallel / with fused_head_loss; a partial run replaces its plans' rows in the
+        [--schedule S | --policy P | --tp | --fused | --tied]   (only part 1's plans of schedule S / with a block of
+        policy P / tensor-parallel / with fused_head_loss / of a tied-head model; a partial run replaces its plans' rows in the
         results file and keeps the rest)
 """
 
@@ -46,7 +46,8 @@ GIB = 2**30
 TARGET, GOAL = 0.10, 0.05
 MINI = load_model("gpt-mini")
 MINI8 = replace(MINI, num_layers=8, name="gpt-mini-8")
-MODELS = {"gpt-mini": MINI, "gpt-mini-8": MINI8, "gpt-tiny-8k": load_model("gpt-tiny-8k")}
+TIED = replace(load_model("llama-tiny"), tie_embeddings=True, name="llama-tiny-tied")
+MODELS = {"gpt-mini": MINI, "gpt-mini-8": MINI8, "gpt-tiny-8k": load_model("gpt-tiny-8k"), "llama-tiny-tied": TIED}
 FP32 = {"precision": "fp32"}
 # (model, ranks, plan): pipeline and data parallel plans with mixed per-layer policies.
 FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
@@ -111,6 +112,12 @@ FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
                         "loss_chunks": 8, "fused_head_loss": True, **FP32}),
     ("gpt-tiny-8k", 2, {"tp": 2, "micro_batch_size": 4, "global_batch_size": 16, "sequence_parallel": True,
                         "loss_chunks": 8, "fused_head_loss": True, **FP32}),
+    # A tied LM head under pipelining: the last stage holds a copy of the token table, with its
+    # gradient and optimizer state (traces/layout.py tied_table_ranks); under ZB-V one rank holds both.
+    ("llama-tiny-tied", 4, {"tp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b",
+                            **FP32}),
+    ("llama-tiny-tied", 4, {"dp": 2, "pp": 2, "virtual_stages": 2, "micro_batch_size": 1, "global_batch_size": 8,
+                            "schedule": "zbv", "zero_stage": 3, **FP32}),
 ]
 # (model, ranks, plan at micro-batch size 1, budget GiB): the batch search at a budget.
 BUDGET: list[tuple[str, int, dict[str, Any], float]] = [
@@ -178,15 +185,17 @@ def compare(trace: Trace, model: Model) -> list[dict[str, Any]]:
 
 
 def fidelity(steps: int, tmp: Path, schedule: str | None = None, policy: str | None = None,
-             tp: bool = False, fused: bool = False) -> list[dict[str, Any]]:
+             tp: bool = False, fused: bool = False, tied: bool = False) -> list[dict[str, Any]]:
     """Part 1 over ``FIDELITY`` (only the plans of ``schedule`` when given, 1f1b when a plan names none;
     only those with a block of ``policy`` when given; only tensor-parallel ones with ``tp``; only
-    those with ``fused_head_loss`` with ``fused``)."""
+    those with ``fused_head_loss`` with ``fused``; only a tied model's with ``tied``)."""
     out = []
     for name, nproc, plan in FIDELITY:
         if tp and plan.get("tp", 1) == 1:
             continue
         if fused and not plan.get("fused_head_loss"):
+            continue
+        if tied and not MODELS[name].tie_embeddings:
             continue
         if schedule is not None and plan.get("schedule", "1f1b") != schedule:
             continue
@@ -255,10 +264,11 @@ def main() -> int:
     ap.add_argument("--policy", help="run only part 1's plans with a block of this policy (e.g. nongemm); no budget cases")
     ap.add_argument("--tp", action="store_true", help="run only part 1's tensor-parallel plans; no budget cases")
     ap.add_argument("--fused", action="store_true", help="run only part 1's fused_head_loss plans; no budget cases")
+    ap.add_argument("--tied", action="store_true", help="run only part 1's plans of a tied-head model; no budget cases")
     args = ap.parse_args()
-    only = args.schedule is not None or args.policy is not None or args.tp or args.fused
+    only = args.schedule is not None or args.policy is not None or args.tp or args.fused or args.tied
     with tempfile.TemporaryDirectory(prefix="memory-fidelity-") as d:
-        runs = fidelity(args.steps, Path(d), args.schedule, args.policy, args.tp, args.fused)
+        runs = fidelity(args.steps, Path(d), args.schedule, args.policy, args.tp, args.fused, args.tied)
         budgets = budget_cases(args.steps, Path(d)) if not only else []
     if only and Path(args.out).exists():
         # A partial run replaces its own plans' rows in the results file and keeps the rest.

@@ -35,6 +35,7 @@ from mindpipe.traces.atomic import write_text
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import read_json
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -44,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
+_TABLE, _HEAD = "embedding.tok.weight", "lm_head.out.weight"  # a tied head's two names of the token table
 LATEST = trust.LATEST
 RUN_STATE = "run_state.json"
 
@@ -54,7 +56,18 @@ def _state(parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimize
     for part, opt in zip(parts, optimizers, strict=True):
         model.update(get_model_state_dict(part))
         optim.update(get_optimizer_state_dict(part, opt, options=_OPTS))
+    if _HEAD in model and not any(_HEAD in k for k in optim):
+        # A stage holding a tied head's one table: torch names its optimizer state once, under the
+        # table. Name it under the head too, so that a plan whose last stage holds a copy of the
+        # table (mindpipe.traces.layout.tied_table_ranks) resumes from it, and the reverse.
+        # (Loading gives torch the state without these names: _own_optim.)
+        optim.update({k.replace(_TABLE, _HEAD): v for k, v in list(optim.items()) if _TABLE in k})
     return {"model": model, "optim": optim}
+
+
+def _own_optim(part: nn.Module, opt: torch.optim.Optimizer, optim: dict[str, Any]) -> dict[str, Any]:
+    """The flattened optimizer state of ``part`` alone, under the names torch gives it."""
+    return {k: optim[k] for k in get_optimizer_state_dict(part, opt, options=_OPTS)}
 
 
 def save(directory: str | Path, step: int, parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
@@ -122,9 +135,11 @@ def load(directory: str | Path, parts: Sequence[nn.Module], optimizers: Sequence
         for part, opt in zip(parts, optimizers, strict=True):
             mine = {k: state["model"][k] for k in get_model_state_dict(part)}
             set_model_state_dict(part, mine)
-            set_optimizer_state_dict(part, opt, state["optim"], options=_OPTS)
-    except (RuntimeError, ValueError, KeyError, OSError) as e:
-        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            set_optimizer_state_dict(part, opt, _own_optim(part, opt, state["optim"]), options=_OPTS)
+    except (RuntimeError, ValueError, KeyError, OSError, CheckpointException) as e:
+        # DCP's CheckpointException (a BaseException) carries each failed rank's own exception.
+        cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
+        first = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
         raise ContractError(str(trust.step_dir(directory, step)), None,
                             f"cannot load this checkpoint into the run's model: {first[:300]}") from e
     return step

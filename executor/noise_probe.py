@@ -31,17 +31,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from mindpipe.executor.memory_account import fsdp_param_groups
-from mindpipe.traces.config import Plan
+from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.layout import tied_table_ranks
 from mindpipe.traces.noise_scale import GradientNoise, NoiseScaleEstimator, NoiseStepRecord
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Replicate
 
 
-def noise_method(plan: Plan) -> str | None:
+def noise_method(plan: Plan, model: Model | None = None) -> str | None:
     """``data_parallel``, ``microbatch`` or None (one replica and one micro-batch: nothing to compare;
     or context parallelism, where a rank's gradient is over part of each sequence, not over a batch
-    of whole samples, so neither norm is the estimator's small-batch gradient)."""
-    if plan.cp > 1:
+    of whole samples, so neither norm is the estimator's small-batch gradient; or a tied head with a
+    copy of the token table on the last stage, whose two halves of the table's gradient are summed
+    only after the reduction: :func:`mindpipe.traces.layout.tied_table_ranks`)."""
+    if plan.cp > 1 or (model is not None and tied_table_ranks(plan, model) is not None):
         return None
     if plan.dp > 1:
         return "data_parallel"

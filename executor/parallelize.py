@@ -76,6 +76,10 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
     """Shard the stage's blocks and head over ``tp_mesh`` (see module docstring)."""
     sp = sequence_parallel
     residual = Shard(1) if sp else Replicate()
+    # One stage holding a tied head's one table (mindpipe.traces.layout.tied_table_ranks): both
+    # sides shard it Shard(0) over the vocabulary, so the head is tied again to the sharded table.
+    tied = stage.embedding is not None and stage.lm_head is not None \
+        and stage.lm_head.out.weight is stage.embedding.tok.weight
     for block in stage.blocks.values():
         layout: dict[str, Any] = {
             "attn.qkv": ColwiseParallel(),
@@ -131,6 +135,8 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
             return
         parallelize_module(stage.lm_head, tp_mesh, {
             "out": ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=True)})
+        if tied and stage.embedding is not None:
+            stage.lm_head.out.weight = stage.embedding.tok.weight
         _vocab_shard(stage.lm_head.out.weight, tp_mesh)
 
 

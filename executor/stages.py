@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 from mindpipe.traces.config import Model, Plan
-from mindpipe.traces.layout import BlockPart, block_layer_name, rank_stages, stage_layout
+from mindpipe.traces.layout import BlockPart, block_layer_name, rank_stages, stage_layout, tied_table_ranks
 from mindpipe.traces.torch_gpt import GPT, Block, plan_loss
 from mindpipe.traces.torch_llama import Block as LlamaBlock
 from mindpipe.traces.torch_models import TransformerLM
@@ -110,6 +110,10 @@ def build_stage_modules(gpt: TransformerLM, plan: Plan, pp_rank: int) -> dict[in
     """The stage modules of ``pp_rank``, keyed by virtual stage index (a fused head's loss set on
     the last stage: :func:`mindpipe.traces.torch_gpt.plan_loss`)."""
     layout = stage_layout(plan, gpt.config)
+    if tied_table_ranks(plan, gpt.config) is not None:
+        # A tied head on a stage of its own holds a copy of the token table (the rule and how the
+        # copies stay equal: tied_table_ranks; the executor's sum: executor/tied_table.py).
+        gpt.lm_head.out.weight = nn.Parameter(gpt.embedding.tok.weight.detach().clone())
     out = {
         s: StageModule(gpt, layout[s].first_block, layout[s].num_blocks, layout[s].has_embedding, layout[s].has_head,
                        layout[s].first_part, layout[s].last_part, fused_head=plan.fused_head_loss)

@@ -35,6 +35,7 @@ from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
 from mindpipe.executor.rundir import record_error, record_finished
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
+from mindpipe.executor.tied_table import TiedTable
 from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_waits
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import block_policies, data_parallel_units, one_weight_pass, stage_layout
@@ -155,6 +156,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         if one_weight_pass(model, spans[s], policies):  # acts only on a split backward's I and W
             merge_weight_passes(stages[-1])
     memory.count_weights()
+    tied = TiedTable(plan, model, mesh, modules)  # after the wrappers: their parameters are the ones stepped
     if data_parallel_units(plan, 1):  # FSDP2's fully_shard or replicate: both gather into buffers of their own
         memory.watch_gathered()
     recorder = Recorder(device, origin=0.0)
@@ -162,7 +164,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         recorder.wrap_stage(st, mod.layers())
         memory.wrap_stage(st)
     # Outside the timed actions: the gradient norms of the noise scale (mindpipe.executor.noise_probe).
-    method = noise_method(plan)
+    method = noise_method(plan, model)
     probe = NoiseProbe(plan, device, method) if method is not None else None
     if probe is not None:
         for st, mod in zip(stages, parts, strict=True):
@@ -221,6 +223,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         with profiled(step == cfg.profile_step, recorder, mesh), timed_p2p_waits(recorder.p2p_wait):
             with memory.saving(step):
                 schedule.step(*args, return_outputs=False, **kwargs)
+            tied.sum_gradients()  # a tied head's two tables (mindpipe.traces.layout.tied_table_ranks)
             with recorder.optimizer_span():
                 for opt in optimizers:
                     opt.step()

@@ -20,10 +20,11 @@ the parameter dtype otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
-from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost
+from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost, layer_params
 from mindpipe.simulator.engine import RankWork, StageWork
 from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.simulator.work import TpOverlap
@@ -37,6 +38,7 @@ from mindpipe.traces.layout import (
     reduces_every_microbatch,
     reshards_after_forward,
     stage_layout,
+    tied_table_ranks,
     weight_groups,
 )
 
@@ -49,11 +51,19 @@ def bucket_params(plan: Plan) -> int:
 
 
 def assign_layers(costs: list[LayerCost], model: Model, plan: Plan) -> list[list[LayerCost]]:
-    """Split the pipeline-ordered layer costs into virtual stages (:func:`~mindpipe.traces.layout.stage_layout`)."""
+    """Split the pipeline-ordered layer costs into virtual stages (:func:`~mindpipe.traces.layout.stage_layout`).
+
+    The layer costs do not depend on the partition; what does is added here: a tied head on a
+    stage of its own holds a copy of the token table (:func:`~mindpipe.traces.layout.tied_table_ranks`,
+    its size :func:`~mindpipe.simulator.costs.layer_params`).
+    """
     by_name = {c.name: c for c in costs}
     for c in costs:  # a block cut by a stage boundary runs as its parts (traces/layout.py)
         if c.parts is not None:
             by_name.update((p.name, p) for p in c.parts)
+    if tied_table_ranks(plan, model) is not None and "lm_head" in by_name:
+        copy = next(n for name, _, n in layer_params(model, plan.tp, plan) if name == "lm_head")
+        by_name["lm_head"] = dataclasses.replace(by_name["lm_head"], param_count=copy)
     return [[by_name[n] for n in span.layer_names()] for span in stage_layout(plan, model)]
 
 
@@ -226,11 +236,20 @@ def build_work(
         works.append(work)
     ranks: list[RankWork] = []
     params_by_rank = rank_params(stages, stage_to_rank, plan.pp)
+    tied = tied_table_ranks(plan, model)
     for r in range(plan.pp):
         shard = optimizer_shard(plan, params_by_rank[r])
         gather = (_buckets(topo, "allgather", params_by_rank[r], dbytes, bucket, r)
                   if plan.zero_stage in (1, 2) else [])
-        ranks.append(RankWork(optimizer_s=compute.optimizer_step_s(int(shard), plan), param_gather=gather))
+        work = RankWork(optimizer_s=compute.optimizer_step_s(int(shard), plan), param_gather=gather)
+        if tied is not None and tied[0] != tied[1] and r in tied:
+            # Each rank's piece of the table's gradient (its ZeRO shard) goes to its peer and back:
+            # a two-rank all-reduce moves the piece once each way (one rank holding both adds in place).
+            peer = tied[1] if r == tied[0] else tied[0]
+            head = next(c for c in stages[-1] if c.kind == "lm_head")
+            piece = optimizer_shard(plan, head.param_count) * gbytes
+            work.tied_exchange, work.tied_peer = topo.p2p(r, peer, int(piece)), peer
+        ranks.append(work)
     return works, ranks, params_by_rank
 
 

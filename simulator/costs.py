@@ -21,6 +21,7 @@ from mindpipe.simulator.ops import Op, block_ops, embedding_ops, final_norm_ops,
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import tied_table_ranks
 from mindpipe.traces.trace import LayerRecord, Trace
 
 # Bytes per activation/weight element under each plan precision. ``fp8`` keeps activations,
@@ -235,15 +236,20 @@ def with_overlap(colls: Sequence[Collective], gemm_s: Sequence[float]) -> list[C
     return [Collective(c.op, c.nbytes, g) for c, g in zip(colls, gemm_s, strict=True)]
 
 
-def layer_params(model: Model, tp: int) -> list[tuple[str, str, int]]:
-    """(name, kind, parameters per TP rank) of every pipeline layer."""
+def layer_params(model: Model, tp: int, plan: Plan | None = None) -> list[tuple[str, str, int]]:
+    """(name, kind, parameters per TP rank) of every pipeline layer.
+
+    A tied head owns no parameters, unless ``plan`` puts it on a stage of its own, which then
+    holds a copy of the token table (:func:`mindpipe.traces.layout.tied_table_ranks`).
+    """
     h, v = model.hidden_size, model.vocab_size
     # Vocabulary-parallel token table; GPT's learned positions are replicated.
     out = [("embedding", "embedding", -(-v // tp) * h + model.embedding_param_count() - v * h)]
     # Column/row-parallel weights shard over t; row-parallel biases and norms are replicated.
     block = sum(part_params(model, tp).values())
     out += [(f"block.{i}", "block", block) for i in range(model.num_layers)]
-    head = -(-v // tp) * h if model.lm_head_param_count() else 0  # a tied head owns no parameters
+    copy = plan is not None and tied_table_ranks(plan, model) is not None
+    head = -(-v // tp) * h if model.lm_head_param_count() or copy else 0
     out += [("final_norm", "final_norm", model.final_norm_param_count()), ("lm_head", "lm_head", head)]
     return out
 

@@ -78,6 +78,7 @@ class Engine:
         self.comm_busy = [0.0] * pp
         self.timeline: list[TimelineEvent] | None = [] if self.opt.record else None
         self.compute_done = [self.env.event() for _ in range(pp)]
+        self._tied_ready = [self.env.event() for _ in range(pp)]  # a rank is ready to sum the tied table
         self._last_grad = [self._last_grad_index(r) for r in range(pp)]
         self._dp_waiters: list[list[simpy.Process]] = [[] for _ in range(pp)]
         self._solo = self._solo_tp_times()
@@ -104,7 +105,7 @@ class Engine:
             shared += [st.send_fwd or [], st.send_bwd or [], st.swap_out, st.swap_in, *st.dp_buckets,
                        *st.gather_buckets]
         for rw in self.ranks:
-            shared += rw.param_gather
+            shared += [*rw.param_gather, rw.tied_exchange]
         times = solo_times(owned, shared, self.tr.time_alone)
         return list(zip(times[0::2], times[1::2], strict=True))
 
@@ -389,6 +390,13 @@ class Engine:
             yield p
         self.exposed_dp[r] = env.now - t_compute
         work = self.ranks[r]
+        if work.tied_exchange and work.tied_peer is not None:
+            # The tied table's all-reduce between the two pipeline ranks: both must be there.
+            self._tied_ready[r].succeed()
+            yield self._tied_ready[work.tied_peer]
+            start = env.now
+            yield self._transfer(r, work.tied_exchange)
+            self._record(r, "comm", "tied table all-reduce", start, env.now, "pp")
         if work.optimizer_s > 0:
             start = env.now
             yield self._compute(r, work.optimizer_s)

@@ -94,6 +94,10 @@ class RankWork:
 
     optimizer_s: float = 0.0
     param_gather: list[list[Phase]] = field(default_factory=list)  # ZeRO-1/2 after the step
+    # A tied head's table gradients (mindpipe.traces.layout.tied_table_ranks): after the gradient
+    # reductions and before the step, this rank and ``tied_peer`` each send their piece to the other.
+    tied_exchange: list[Phase] = field(default_factory=list)
+    tied_peer: int | None = None
 
 
 @dataclass

@@ -46,6 +46,14 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
                    "ffn_hidden_size": 28672, "seq_len": 8192, "vocab_size": 128256, "rope_theta": 500000.0},
     "llama3.1-405b": {"kind": "llama", "num_layers": 126, "hidden_size": 16384, "num_heads": 128, "num_kv_heads": 8,
                       "ffn_hidden_size": 53248, "seq_len": 8192, "vocab_size": 128256, "rope_theta": 500000.0},
+    # Llama 3.2 1B and 3B (Meta's config.json for meta-llama/Llama-3.2-1B and -3B): the LM head is
+    # tied to the token table (tie_word_embeddings), rope_theta 500000, vocabulary 128256.
+    "llama3.2-1b": {"kind": "llama", "num_layers": 16, "hidden_size": 2048, "num_heads": 32, "num_kv_heads": 8,
+                    "ffn_hidden_size": 8192, "seq_len": 8192, "vocab_size": 128256, "rope_theta": 500000.0,
+                    "tie_embeddings": True},
+    "llama3.2-3b": {"kind": "llama", "num_layers": 28, "hidden_size": 3072, "num_heads": 24, "num_kv_heads": 8,
+                    "ffn_hidden_size": 8192, "seq_len": 8192, "vocab_size": 128256, "rope_theta": 500000.0,
+                    "tie_embeddings": True},
 }
 
 # Named clusters: the machines of published measurements, sized by ``NAME:NODESxPER_NODE``.

@@ -673,9 +673,6 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
         fail("tp", f"tp={plan.tp} does not divide num_kv_heads={model.kv_heads}")
     if model.ffn % plan.tp:
         fail("tp", f"tp={plan.tp} does not divide ffn_hidden_size={model.ffn}")
-    if model.tie_embeddings and plan.world_size > plan.dp:
-        # The executor keeps one shared table: no copy on a last stage, no vocabulary-parallel split.
-        fail("tie_embeddings", f"tie_embeddings=true needs tp=1 and pp=1 (plan has tp={plan.tp}, pp={plan.pp})")
     if plan.fused_head_loss and model.tie_embeddings:
         # The head's weight would be the token table, gathered by the data-parallel wrapper of the
         # embedding and of the fused head alike.

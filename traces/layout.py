@@ -278,6 +278,24 @@ def rank_stages(plan: Plan, pp_rank: int) -> list[int]:
     return [s for s, r in enumerate(stage_to_rank(plan)) if r == pp_rank]
 
 
+def tied_table_ranks(plan: Plan, model: Model) -> tuple[int, int] | None:
+    """Pipeline ranks of the token table and of the last stage's copy of it, or None when there is no copy.
+
+    A tied LM head (``model.tie_embeddings``) reuses the token table. With one stage the stage
+    holds the one table for both. With more, the last stage holds a copy of the table (its head's
+    weight, tensor-parallel over the vocabulary as the table is) and, after the last backward and
+    before the optimizer step, the two copies' gradients are summed — all-reduced between the two
+    pipeline ranks at the same (dp, cp, tp) coordinates, or added in place when one rank holds both
+    stages (a "V" schedule) — so both take the same step and stay equal (Megatron-LM's embedding
+    group). The copy's parameters, gradients and optimizer state are the last stage's memory; the
+    exchange is priced by the simulator and run by the executor from this rule.
+    """
+    if not model.tie_embeddings or plan.num_stages == 1:
+        return None
+    ranks = stage_to_rank(plan)
+    return ranks[0], ranks[-1]
+
+
 __all__ = [
     "BLOCK_POLICIES",
     "CUT_UNITS",
@@ -298,5 +316,6 @@ __all__ = [
     "reshards_after_forward",
     "stage_layout",
     "stage_to_rank",
+    "tied_table_ranks",
     "v_stage_to_rank",
 ]

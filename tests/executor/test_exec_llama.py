@@ -87,6 +87,48 @@ def test_llama_dp2_tp2_pp2_interleaved_zero3_parity(tmp_path):
     assert_parity(trace.measurement.losses, reference(DP2_TP2_PP2, LLAMA))
 
 
+TIED = {**LLAMA, "tie_embeddings": True, "name": "llama-tiny4-tied"}
+# A tied head (traces.layout.tied_table_ranks): tp 2 on one stage re-ties the head to the sharded
+# table; tp2·pp2 sums the two tables' vocabulary shards across pipeline ranks; dp2 under ZB-V puts
+# both stages on one rank, whose FSDP2 shards of the two tables are added in place.
+TIED_PLANS = {
+    "tp2": {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "sequence_parallel": True, "precision": "fp32"},
+    "tp2-pp2": {"tp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b",
+                "precision": "fp32"},
+    "dp2-zbv-zero3": {"dp": 2, "pp": 2, "virtual_stages": 2, "micro_batch_size": 1, "global_batch_size": 8,
+                      "schedule": "zbv", "zero_stage": 3, "precision": "fp32"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TIED_PLANS))
+def test_tied_head_parity(tmp_path, name: str) -> None:
+    plan = TIED_PLANS[name]
+    res = run_plan(tmp_path, plan, Plan(**plan).world_size, model=TIED)
+    assert res.returncode == 0, res.stderr[-4000:]
+    losses = Trace.load(tmp_path / "measured.json").measurement.losses
+    assert_parity(losses, reference(plan, TIED))
+
+
+@pytest.mark.slow
+def test_a_tied_checkpoint_moves_between_one_stage_and_two(tmp_path) -> None:
+    """One stage names the table's optimizer state once, two stages hold it twice
+    (executor/checkpoint.py): pp1 → pp2 → pp1 resumes continue the single-process losses."""
+    one = {"micro_batch_size": 2, "global_batch_size": 8, "precision": "fp32"}
+    two = {**one, "pp": 2, "schedule": "1f1b"}
+    ckpt, losses = str(tmp_path / "ck"), []
+    for k, (plan, steps) in enumerate([(one, 2), (two, 4), (one, 6)]):
+        out = tmp_path / f"leg{k}"
+        out.mkdir()
+        res = run_plan(out, plan, Plan(**plan).world_size, "--checkpoint-dir", ckpt, *(["--resume"] if k else []),
+                       steps=steps, model=TIED)
+        assert res.returncode == 0, res.stderr[-4000:]
+        losses += Trace.load(out / "measured.json").measurement.losses
+    ref = reference(one, TIED)[:6]
+    assert len(losses) == 6
+    assert max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True)) <= 1e-5, (losses, ref)
+
+
 @pytest.mark.parametrize("policies", [["keep"] * 4, ["selective"] * 4, ["keep", "recompute", "swap", "selective"]])
 def test_llama_saved_activations_match_the_simulator(policies):
     """The executor's live-tensor accounting of a Llama stage holds what the memory model prices

@@ -42,6 +42,7 @@ CASES = [
                                                     sequence_parallel=True)),
     ("gpt-13b", "a100-sxm4-80gb:8x8", None, dict(dp=8, tp=2, pp=4, micro_batch_size=2, global_batch_size=64,
                                                  recompute="selective", zero_stage=1)),
+    ("llama3.2-3b", "h100-sxm5-80gb:8x2", None, dict(dp=4, pp=4, precision="bf16", global_batch_size=64)),
     ("gpt-mini", "cpu:1x2", "gpt-mini.cpu", dict(dp=2, global_batch_size=8, micro_batch_size=4, precision="fp32")),
 ]
 

@@ -68,9 +68,10 @@ def test_check_plan_tp_must_divide_kv_heads():
     with pytest.raises(ContractError, match=r"plan\.json: tp=4 does not divide num_kv_heads=2"):
         check_plan(Plan(tp=4), small, source="plan.json")
     tied = from_dict(Model, {**LLAMA, "tie_embeddings": True}, "m.json")
-    check_plan(Plan(dp=2, global_batch_size=2), tied)
-    with pytest.raises(ContractError, match="tie_embeddings=true needs tp=1 and pp=1"):
-        check_plan(Plan(pp=2, global_batch_size=2), tied)
+    for plan in (Plan(dp=2, global_batch_size=2), Plan(pp=2, global_batch_size=2), Plan(tp=2, global_batch_size=2)):
+        check_plan(plan, tied)  # a tied head on its own stage holds a copy (tied_table_ranks)
+    with pytest.raises(ContractError, match="fused_head_loss=true needs an untied LM head"):
+        check_plan(Plan(pp=2, global_batch_size=2, fused_head_loss=True), tied)
 
 
 def test_same_shape_sees_the_llama_keys():
