@@ -135,3 +135,20 @@ def test_mindpipe_run_refuses_a_tampered_checkpoint_before_any_rank_starts(tmp_p
     assert len(lines) == 1 and "step-2/.metadata: does not match manifest.json" in lines[0], res.stderr
     assert "torch.distributed.run" not in res.stderr  # refused by the launcher: no rank ever started
     assert json.loads((tmp_path / "ck" / "latest.json").read_text())["model"]["name"] == TINY["name"]
+
+
+def test_a_checkpoint_dcp_cannot_load_is_one_contract_error_naming_the_ranks_cause(one_rank, tmp_path, monkeypatch):
+    """DCP raises a CheckpointException (a BaseException) that wraps each rank's own error: the run
+    stops with that error in one line, not with the wrapper's list of ranks."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    root = _saved(tmp_path / "ck")
+
+    def failing(*args, **kwargs):
+        raise CheckpointException("load", {0: RuntimeError("Missing key in checkpoint state_dict: optim.state.w.\nmore")})
+
+    monkeypatch.setattr(ckpt.dcp, "load", failing)
+    m, opt = _part(1)
+    with pytest.raises(ContractError, match=r"cannot load this checkpoint into the run's model: "
+                                            r"Missing key in checkpoint state_dict: optim\.state\.w\.$"):
+        ckpt.load(root, [m], [opt], tp=1, model=MODEL)
