@@ -96,7 +96,7 @@ class Model:
     """A decoder-only transformer: GPT-style (``kind: "gpt"``) or Llama-style (``kind: "llama"``).
 
     ``gpt``: pre-LN, LayerNorms and linears with biases, learned positions, GeLU MLP (two
-    matrices h×f), untied LM head, multi-head attention. ``llama`` (Touvron et al. 2023; Llama 3,
+    matrices h×f), untied LM head unless ``tie_embeddings``, multi-head attention. ``llama`` (Touvron et al. 2023; Llama 3,
     Dubey et al. 2024): RMSNorm (one weight vector), no biases, rotary positions (no position
     embedding), SwiGLU MLP (three matrices h×f), grouped-query attention with ``num_kv_heads``
     key/value heads, untied LM head unless ``tie_embeddings``.
@@ -114,7 +114,8 @@ class Model:
             means ``num_heads`` (multi-head attention, Hugging Face's ``num_key_value_heads``
             default); a gpt model may only state that value.
         rope_theta: Rotary base (llama only; ``None`` means :data:`DEFAULT_ROPE_THETA`).
-        tie_embeddings: The LM head reuses the token embedding (llama only).
+        tie_embeddings: The LM head reuses the token embedding (Megatron-LM's GPT default; Llama 3.2
+            1B/3B). Under pipelining the last stage holds a copy (:func:`mindpipe.traces.layout.tied_table_ranks`).
         name: Optional label (built-in models carry their name).
     """
 
@@ -168,9 +169,8 @@ class Model:
         if self.kv_heads != self.num_heads:
             raise ContractError("", "num_kv_heads", f"num_kv_heads={self.num_kv_heads} applies to llama models only "
                                                     f"(gpt uses multi-head attention: num_kv_heads = num_heads)")
-        for key, unset in (("rope_theta", None), ("tie_embeddings", False)):
-            if getattr(self, key) != unset:
-                raise ContractError("", key, f"{key} applies to llama models only (model kind is {self.kind!r})")
+        if self.rope_theta is not None:
+            raise ContractError("", "rope_theta", f"rope_theta applies to llama models only (model kind is {self.kind!r})")
 
     @property
     def is_llama(self) -> bool:

@@ -180,7 +180,7 @@ class Block(PreNormBlock):
 
 
 class LMHead(nn.Module):
-    """Untied output projection to the vocabulary.
+    """Output projection to the vocabulary (its weight is the token table's when the model ties them).
 
     Called with ``targets`` it returns the loss instead of the logits, the head's GEMM fused into
     the cross-entropy over ``chunks`` pieces of tokens (a plan's ``fused_head_loss``;
@@ -217,6 +217,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleDict({str(i): Block(model) for i in range(model.num_layers)})
         self.final_norm = nn.LayerNorm(model.hidden_size)
         self.lm_head = LMHead(model)
+        if model.tie_embeddings:  # the head reuses the token table (Megatron-LM's GPT default)
+            self.lm_head.out.weight = self.embedding.tok.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embedding(tokens)

@@ -104,7 +104,7 @@ def _row(cells: dict[str, str], where: str, gpu: str) -> VTrainRow:
         raise ContractError(where, "# GPUs", f"# GPUs={gpus} does not fill whole {GPUS_PER_NODE}-GPU nodes")
     try:
         model = Model(kind="gpt", num_layers=v["# layers"], hidden_size=v["hidden size"], num_heads=v["attention heads"],
-                      seq_len=v["sequence length"], vocab_size=padded_vocab(VOCAB, tp), dropout=DROPOUT,
+                      seq_len=v["sequence length"], vocab_size=padded_vocab(VOCAB, tp), dropout=DROPOUT, tie_embeddings=True,
                       name=f"vtrain-h{v['hidden size']}-L{v['# layers']}")
         # The built-in cluster entry of these runs' machines (traces.builtin.BUILTIN_CLUSTERS).
         cluster = load_cluster(f"{CLUSTER_NAME}:{gpus // per_node}x{per_node}")

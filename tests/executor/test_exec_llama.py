@@ -13,7 +13,7 @@ from mindpipe.traces.torch_gpt import synthetic_batch
 from mindpipe.traces.torch_models import build_model
 from mindpipe.traces.trace import Trace
 
-from .conftest import assert_layer_times, run_plan, stage_saved_activations
+from .conftest import TINY, assert_layer_times, run_plan, stage_saved_activations
 from .test_exec_parity import assert_parity, reference
 
 # 4 query heads share 2 K/V heads: tp 2 gives each rank 2 query heads and their one K/V head.
@@ -88,9 +88,12 @@ def test_llama_dp2_tp2_pp2_interleaved_zero3_parity(tmp_path):
 
 
 TIED = {**LLAMA, "tie_embeddings": True, "name": "llama-tiny4-tied"}
+TIED_GPT = {**TINY, "tie_embeddings": True, "name": "tiny4-tied"}
 # A tied head (traces.layout.tied_table_ranks): tp 2 on one stage re-ties the head to the sharded
-# table; tp2·pp2 sums the two tables' vocabulary shards across pipeline ranks; dp2 under ZB-V puts
-# both stages on one rank, whose FSDP2 shards of the two tables are added in place.
+# table; tp2·pp2 (a GPT, Megatron's tied default) sums the two tables' vocabulary shards across
+# pipeline ranks; dp2 under ZB-V puts both stages on one rank, whose FSDP2 shards of the two tables
+# are added in place.
+TIED_MODELS = {"tp2": TIED, "tp2-pp2": TIED_GPT, "dp2-zbv-zero3": TIED}
 TIED_PLANS = {
     "tp2": {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "sequence_parallel": True, "precision": "fp32"},
     "tp2-pp2": {"tp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b",
@@ -103,11 +106,11 @@ TIED_PLANS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(TIED_PLANS))
 def test_tied_head_parity(tmp_path, name: str) -> None:
-    plan = TIED_PLANS[name]
-    res = run_plan(tmp_path, plan, Plan(**plan).world_size, model=TIED)
+    plan, model = TIED_PLANS[name], TIED_MODELS[name]
+    res = run_plan(tmp_path, plan, Plan(**plan).world_size, model=model)
     assert res.returncode == 0, res.stderr[-4000:]
     losses = Trace.load(tmp_path / "measured.json").measurement.losses
-    assert_parity(losses, reference(plan, TIED))
+    assert_parity(losses, reference(plan, model))
 
 
 @pytest.mark.slow

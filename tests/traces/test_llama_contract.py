@@ -36,6 +36,21 @@ def test_llama_parameter_terms():
     assert m.param_count() - tied.param_count() == 100 * h
 
 
+def test_a_gpt_model_may_tie_its_head_as_megatron_does_by_default():
+    """GPT's torch model shares the one table, and the contract counts it once."""
+    import torch
+    from mindpipe.traces.torch_models import build_model
+
+    gpt = {"kind": "gpt", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "seq_len": 8, "vocab_size": 96}
+    untied, tied = from_dict(Model, gpt, "m.json"), from_dict(Model, {**gpt, "tie_embeddings": True}, "m.json")
+    assert untied.param_count() - tied.param_count() == 96 * 32
+    net = build_model(tied)
+    assert net.lm_head.out.weight is net.embedding.tok.weight
+    assert sum(p.numel() for p in net.parameters()) == tied.param_count()
+    net(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
+    assert net.embedding.tok.weight.grad is not None
+
+
 def test_defaults_and_gpt_unchanged():
     m = from_dict(Model, {k: v for k, v in LLAMA.items() if k != "num_kv_heads"}, "m.json")
     assert m.kv_heads == m.num_heads and m.rope_base == 10000.0
