@@ -141,3 +141,15 @@ def test_dependencies_point_one_way(folder):
         package = "mindpipe." + ".".join(rel.parent.parts)
         found += scan(path.read_text(encoding="utf-8"), str(rel), folder, package)
     assert not found, "\n".join(map(str, found))
+
+
+def test_the_launcher_does_not_import_torch():
+    """``mindpipe run`` checks the plan and starts torchrun, whose ranks import torch: an import of
+    torch in the launcher itself added ~3 s to every run before its ranks started."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mindpipe.cli, mindpipe.cli.run, mindpipe.executor.launch, mindpipe.executor.watchdog; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "False", out.stderr
