@@ -71,6 +71,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=count(1, MAX_WORKERS), default=None,
                    help="proposals per round (default: --workers)")
     p.add_argument("--dask", default=None, metavar="ADDRESS", help="evaluate on a Dask cluster (scheduler address)")
+    p.add_argument("--dask-timeout", type=real(0.0, 3600.0, lo_open=True), default=30.0, metavar="SECONDS",
+                   help="how long to wait for the Dask scheduler before giving up (default 30)")
     p.add_argument("--subnets", type=count(1, int(limit("train_steps"))), default=None, metavar="N",
                    help="supernets: subnets each plan is simulated for (default 256; the objective is subnets "
                         "trained per hour)")
@@ -263,7 +265,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
                           supernet=isinstance(model, Supernet), **tune_target.objective_parts(args, critical.value))
     to_target = args.objective == tune_target.OBJECTIVE
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
-                      n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size)
+                      n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size,
+                      dask_timeout_s=args.dask_timeout)
     bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
     try:
         outcome = tune(model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
