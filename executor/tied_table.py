@@ -60,11 +60,11 @@ class TiedTable:
     @torch.no_grad()
     def sum_gradients(self) -> None:
         """Make each table's gradient the sum of both (call after the schedule's step, before the optimizer's)."""
-        grads = [p.grad for p in self.params]
-        if not grads or any(g is None for g in grads):
-            if grads:
-                raise RuntimeError("a tied token table has no gradient after the backward")
+        if not self.params:
             return
+        grads = [p.grad for p in self.params]
+        if any(g is None for g in grads):
+            raise RuntimeError("a tied token table has no gradient after the backward")
         pieces = [_local(g) for g in grads if g is not None]
         if len(pieces) == 2:  # one rank holds both stages
             pieces[0].add_(pieces[1])
