@@ -18,17 +18,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from mindpipe.executor.offload import local_tensor
 from mindpipe.executor.stages import StageModule
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import tied_table_ranks
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The rank's own piece of a (possibly distributed) gradient, aliasing its storage (under no_grad)."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if to_local is not None else t
 
 
 class TiedTable:
@@ -65,7 +60,7 @@ class TiedTable:
         grads = [p.grad for p in self.params]
         if any(g is None for g in grads):
             raise RuntimeError("a tied token table has no gradient after the backward")
-        pieces = [_local(g) for g in grads if g is not None]
+        pieces = [local_tensor(g) for g in grads if g is not None]  # the storage itself: summed in place
         if len(pieces) == 2:  # one rank holds both stages
             pieces[0].add_(pieces[1])
             pieces[1].copy_(pieces[0])
