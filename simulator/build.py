@@ -50,20 +50,31 @@ def bucket_params(plan: Plan) -> int:
     return max(40_000_000, 1_000_000 * plan.grad_replicas)
 
 
+def with_tied_copy(costs: list[LayerCost], model: Model, plan: Plan) -> list[LayerCost]:
+    """``costs`` with the head's parameters as ``plan`` places them.
+
+    The per-layer costs are cached without the plan's stages, so a tied head owns no parameters
+    there; on a stage of its own it holds a copy of the token table
+    (:func:`~mindpipe.traces.layout.tied_table_ranks`, its size :func:`~mindpipe.simulator.costs.layer_params`).
+    Everything that weighs a stage's parameters (the stage's gradient reduction, PipeDream's
+    weight-sync term) reads them from here.
+    """
+    if tied_table_ranks(plan, model) is None:
+        return costs
+    copy = next(n for name, _, n in layer_params(model, plan.tp, plan) if name == "lm_head")
+    return [dataclasses.replace(c, param_count=copy) if c.name == "lm_head" else c for c in costs]
+
+
 def assign_layers(costs: list[LayerCost], model: Model, plan: Plan) -> list[list[LayerCost]]:
     """Split the pipeline-ordered layer costs into virtual stages (:func:`~mindpipe.traces.layout.stage_layout`).
 
-    The layer costs do not depend on the partition; what does is added here: a tied head on a
-    stage of its own holds a copy of the token table (:func:`~mindpipe.traces.layout.tied_table_ranks`,
-    its size :func:`~mindpipe.simulator.costs.layer_params`).
+    The layer costs do not depend on the partition; what does (a tied head's copy of the table) is
+    added here by :func:`with_tied_copy`.
     """
-    by_name = {c.name: c for c in costs}
+    by_name = {c.name: c for c in with_tied_copy(costs, model, plan)}
     for c in costs:  # a block cut by a stage boundary runs as its parts (traces/layout.py)
         if c.parts is not None:
             by_name.update((p.name, p) for p in c.parts)
-    if tied_table_ranks(plan, model) is not None and "lm_head" in by_name:
-        copy = next(n for name, _, n in layer_params(model, plan.tp, plan) if name == "lm_head")
-        by_name["lm_head"] = dataclasses.replace(by_name["lm_head"], param_count=copy)
     return [[by_name[n] for n in span.layer_names()] for span in stage_layout(plan, model)]
 
 
@@ -254,4 +265,4 @@ def build_work(
 
 
 __all__ = ["GRAD_BYTES", "assign_layers", "bucket_params", "build_work", "optimizer_shard", "rank_params",
-           "stage_recompute", "weight_pass_extra"]
+           "stage_recompute", "weight_pass_extra", "with_tied_copy"]

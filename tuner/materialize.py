@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from mindpipe.simulator.build import with_tied_copy
 from mindpipe.simulator.memory import RankMemory
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.calibration import Calibration
@@ -137,7 +138,7 @@ def materialize(problem: Problem, point: Point, sim: Simulator | None = None, *,
     if plan.num_stages == 1:
         partition = [model.num_layers]
     else:
-        costs = sim.layer_costs(plan) if name in ("balanced", "pipedream") else []
+        costs = with_tied_copy(sim.layer_costs(plan), model, plan) if name in ("balanced", "pipedream") else []
         stage_to_rank = sim.schedule(plan).stage_to_rank
         caps = fits = None
         if name == "balanced" and problem.memory_caps:

@@ -186,3 +186,39 @@ def test_the_tuner_keeps_the_faster_candidate_with_its_simulation():
     times = [sim.run(plan_of(point, None, c)).iteration_time_s for c in candidates]
     assert mat.result is not None and mat.result.iteration_time_s == pytest.approx(min(times), rel=1e-12)
     assert mat.plan.partition == candidates[times.index(min(times))]
+
+
+def test_pipedream_weighs_a_tied_heads_copy_of_the_table():
+    """A tied head on a stage of its own holds a copy of the token table; PipeDream's weight-sync
+    term must see it (simulator/build.py with_tied_copy), as the simulated gradient reduction does."""
+    import dataclasses
+
+    from mindpipe.simulator.build import with_tied_copy
+    from mindpipe.traces.builtin import load_model
+    from mindpipe.tuner.keys import plan_of
+    from mindpipe.tuner.partition import make_partition
+
+    # Vocabulary 128,256 x 2,048: the table is ~21 % of the model. Short sequences and one
+    # micro-batch per iteration make the weight sync outweigh the compute.
+    model = dataclasses.replace(load_model("llama3.2-1b"), seq_len=512, name="llama3.2-1b-s512")
+    assert model.tie_embeddings
+    problem = Problem(model, load_cluster("a100-sxm4-80gb:8x8"))
+    sim = problem.simulator()
+    point = dict(dp=16, tp=1, pp=4, micro_batch_size=1, global_batch_size=16, schedule="gpipe", virtual_stages=1,
+                 recompute="none", sequence_parallel=False, zero_stage=0, precision="bf16", partitioner="pipedream")
+    plan = plan_of(point)
+    costs = sim.layer_costs(plan)
+    tied = with_tied_copy(costs, model, plan)
+    assert costs[-1].name == tied[-1].name == "lm_head"
+    assert costs[-1].param_count == 0 and tied[-1].param_count == 128_256 * 2_048
+    assert with_tied_copy(costs, model, plan_of(dict(point, pp=1, dp=16))) is costs  # one stage: no copy
+
+    def part(c):
+        return make_partition("pipedream", c, plan, num_layers=model.num_layers,
+                              bandwidths=sim.link_bandwidths(plan))
+
+    blind, seen = part(costs), part(tied)
+    assert seen[-1] < blind[-1]  # the stage that syncs the copy's gradients gets fewer blocks
+    assert materialize(problem, point, sim).plan.partition == seen
+    t_blind, t_seen = (sim.run(plan_of(point, None, p)).iteration_time_s for p in (blind, seen))
+    assert t_seen < t_blind
