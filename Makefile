@@ -34,8 +34,11 @@ install-dev: $(VENV)/.installed-dev
 demo: install
 	$(VENV)/bin/mindpipe demo --out results
 
+# Whole test files spread over TEST_WORKERS processes (pytest-xdist; module fixtures stay shared).
+# Every multi-rank test launches its own ranks, so more workers than cores only adds contention.
+TEST_WORKERS ?= 2
 test: install-dev
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: install-dev
 	$(VENV)/bin/ruff check .

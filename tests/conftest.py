@@ -11,7 +11,14 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``gpu`` when no CUDA device is present."""
+    """Run the files that hold ``slow`` tests first, and skip tests marked ``gpu`` without CUDA.
+
+    ``make test`` spreads whole files over two pytest-xdist workers (``--dist loadfile``); a slow
+    file handed out last would run alone while the other worker idles. The sort is stable, so the
+    order inside a file (and its module fixtures) is unchanged.
+    """
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)
     try:
         import torch
 

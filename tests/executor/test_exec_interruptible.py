@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 from mindpipe.simulator.carbon import CarbonSeries
 from mindpipe.simulator.timeshift import Window
 from mindpipe.traces.trace import Trace
@@ -35,6 +36,7 @@ def _segments() -> list[dict]:
     return shift_report(shift, run, run)["timeshift"]["segments"]
 
 
+@pytest.mark.slow
 def test_a_run_paused_and_resumed_at_the_chosen_hours_gives_the_same_losses(tmp_path):
     segments = _segments()
     assert [s["until_step"] for s in segments] == [2, 4, STEPS]
