@@ -34,11 +34,13 @@ install-dev: $(VENV)/.installed-dev
 demo: install
 	$(VENV)/bin/mindpipe demo --out results
 
-# Whole test files spread over TEST_WORKERS processes (pytest-xdist; module fixtures stay shared).
+# Whole test files spread over TEST_WORKERS processes (pytest-xdist; module fixtures stay shared),
+# handed out in collection order, which tests/conftest.py starts with the files of slow tests
+# (xdist's default order, most tests first, leaves those to run last, one worker idle).
 # Every multi-rank test launches its own ranks, so more workers than cores only adds contention.
 TEST_WORKERS ?= 2
 test: install-dev
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: install-dev
 	$(VENV)/bin/ruff check .
