@@ -12,7 +12,7 @@ import pytest
 from mindpipe.traces.config import Plan
 from mindpipe.traces.trace import Trace
 
-from .conftest import TINY, assert_layer_times, run_plan
+from .conftest import STEPS, TINY, assert_layer_times, run_plan
 from .test_exec_llama import LLAMA
 from .test_exec_parity import assert_parity, reference
 
@@ -100,5 +100,5 @@ def test_a_cp_run_resumes_exactly_and_says_what_it_did_not_measure(tmp_path) -> 
     # A rank's gradient is over part of each sequence: no noise-scale estimate is made from it.
     assert full.measurement.gradient_noise is None
     resumed = _run(tmp_path / "resumed", plan, TINY, "--checkpoint-dir", ckpt, "--resume-from", "4")
-    assert [s.step for s in resumed.measurement.steps] == list(range(5, 11))
+    assert [s.step for s in resumed.measurement.steps] == list(range(5, STEPS + 1))
     assert resumed.measurement.losses == full.measurement.losses[4:]  # bit for bit

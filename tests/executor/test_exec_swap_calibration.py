@@ -39,6 +39,7 @@ def swap_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_calibration_fits_the_swap_copy_from_runs_that_swap(swap_runs: dict[str, Path], tmp_path: Path) -> None:
     from mindpipe.simulator.api import SimulationOptions, simulate
     from mindpipe.simulator.calibrate.fit import fit_step_overhead

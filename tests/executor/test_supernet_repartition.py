@@ -100,7 +100,7 @@ def test_repartition_is_refused_for_a_gpt_run(tmp_path: Path) -> None:
 
 
 def test_repartitioned_run_is_bit_identical(tmp_path: Path) -> None:
-    steps, plan = 60, _plan(1, 2)
+    steps, plan = 30, _plan(1, 2)
     moved = _run(tmp_path, plan, steps, "moved.json", "--checkpoint-every", "10", "--repartition", "1.0")
     fixed = _run(tmp_path, plan, steps, "fixed.json", "--checkpoint-every", "10")
     assert moved.subnet_segments is not None and fixed.subnet_segments is not None
@@ -143,6 +143,7 @@ WIDE: dict[str, Any] = {**HEAVY, "num_layers": 12, "hidden_size": 128,
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_even_start_reaches_the_offline_balanced_step_time(tmp_path: Path) -> None:
     """Acceptance: from an even split, within 10 % of the offline balanced plan's step time, same losses.
 

@@ -8,7 +8,9 @@ kernel installed elsewhere (user or system Jupyter paths) cannot run a notebook 
 environment.
 
 A notebook that takes more than ~20 s on the 2-core CI machine says so in its metadata,
-``{"mindpipe": {"slow": true}}``, and its test is then marked ``slow``.
+``{"mindpipe": {"slow": true}}``, and its test is then marked ``slow``. The kernel runs with
+``MINDPIPE_NOTEBOOK_SMOKE=1``: a notebook that trains may then swap its model for a toy one (the
+closed-loop notebook does: its cells are the same, its runs several times shorter).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def _kernel_env() -> dict[str, str]:
     """The kernel's environment: ours, with the repository importable even without an editable install."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["MINDPIPE_NOTEBOOK_SMOKE"] = "1"
     return env
 
 

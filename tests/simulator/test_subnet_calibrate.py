@@ -151,6 +151,7 @@ def test_calibrate_command_on_supernet_runs_and_refusals(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_real_short_runs_calibrated_error_below_uncalibrated(tmp_path):
     """pp=2 CPU runs of supernet-mini (sequential and csp, 120 subnets, micro-batch 8).
 
