@@ -23,7 +23,7 @@ from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.trace import Trace
 
-from .conftest import TINY, run_plan, stage_saved_activations
+from .conftest import STEPS, TINY, run_plan, stage_saved_activations
 from .test_exec_llama import LLAMA
 from .test_exec_parity import assert_parity, reference
 
@@ -39,7 +39,7 @@ LONG: dict[str, Any] = {**TINY, "num_layers": 2, "seq_len": 256, "name": "tiny2-
 KEEP = {"micro_batch_size": 2, "global_batch_size": 4, "precision": "fp32"}
 
 
-def _launched(tmp, plan: dict[str, Any], model: dict[str, Any], steps: int = 10) -> Trace:
+def _launched(tmp, plan: dict[str, Any], model: dict[str, Any], steps: int = STEPS) -> Trace:
     res = run_plan(tmp, plan, Plan(**plan).world_size, model=model, steps=steps)
     assert res.returncode == 0, res.stderr[-4000:]
     return Trace.load(tmp / "measured.json")

@@ -25,7 +25,7 @@ from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.torch_gpt import build_gpt, plan_loss, synthetic_batch
 from mindpipe.traces.trace import Trace
 
-from .conftest import TINY, run_plan
+from .conftest import STEPS, TINY, run_plan
 from .test_exec_parity import RTOL, assert_parity, reference
 
 PP2_ZB = {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "zb_h1", "precision": "fp32",
@@ -87,7 +87,7 @@ def test_a_split_backwards_input_pass_frees_the_loss(chunks):
     assert released == saved > 0
 
 
-def _launched(tmp, plan: dict[str, Any], model: dict[str, Any] | None = None, steps: int = 10) -> Trace:
+def _launched(tmp, plan: dict[str, Any], model: dict[str, Any] | None = None, steps: int = STEPS) -> Trace:
     res = run_plan(tmp, plan, Plan(**plan).world_size, model=model, steps=steps)
     assert res.returncode == 0, res.stderr[-4000:]
     return Trace.load(tmp / "measured.json")

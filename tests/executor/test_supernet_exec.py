@@ -23,7 +23,7 @@ from mindpipe.traces.trace import Trace
 
 from tests.executor.conftest import mindpipe, run_env
 
-N = 200
+N = 120
 NET = load_supernet("supernet-mini")
 
 
@@ -117,15 +117,15 @@ def test_csp_dp2_pp2_bit_identical(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_resume_after_kill_is_bit_identical(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    common = ("--checkpoint-dir", str(ckpt), "--checkpoint-every", "50")
-    # Rank 1 dies without a Python error when it reaches subnet 101 (after the checkpoint of 100).
-    killed = _run(tmp_path, _plan(1, 2), *common, env=run_env(MINDPIPE_FAULT="1:101:exit"), out="killed.json")
+    common = ("--checkpoint-dir", str(ckpt), "--checkpoint-every", "30")
+    # Rank 1 dies without a Python error when it reaches subnet 61 (after the checkpoint of 60).
+    killed = _run(tmp_path, _plan(1, 2), *common, env=run_env(MINDPIPE_FAULT="1:61:exit"), out="killed.json")
     assert killed.returncode == 1, killed.stderr
     assert "rank 1" in killed.stderr and not (tmp_path / "killed.json").exists()
-    assert json.loads((ckpt / "latest.json").read_text())["step"] == 100
+    assert json.loads((ckpt / "latest.json").read_text())["step"] == 60
     resumed = _run(tmp_path, _plan(1, 2), *common, "--resume", out="resumed.json")
     assert resumed.returncode == 0, resumed.stderr
-    _assert_identical(_measurement(tmp_path / "resumed.json"), 1, 2, first=100)
+    _assert_identical(_measurement(tmp_path / "resumed.json"), 1, 2, first=60)
 
 
 def test_context_switching_fits_a_budget_the_full_stage_does_not(tmp_path: Path) -> None:
