@@ -64,6 +64,16 @@ def run_plan(tmp: Path, plan: dict[str, Any], nproc: int, *extra: str, steps: in
                     "--run-timeout", "500", "--timeout", "120", *extra, env=env)
 
 
+def launched_trace(tmp: Path, plan: dict[str, Any], model: dict[str, Any] | None = None, steps: int = STEPS) -> Any:
+    """``run_plan`` of ``plan`` on its world size; the measured trace (the run must succeed)."""
+    from mindpipe.traces.config import Plan
+    from mindpipe.traces.trace import Trace
+
+    res = run_plan(tmp, plan, Plan(**plan).world_size, model=model, steps=steps)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return Trace.load(tmp / "measured.json")
+
+
 @pytest.fixture()
 def tiny4():
     """The tiny model as a contract object."""

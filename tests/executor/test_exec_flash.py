@@ -21,9 +21,8 @@ from mindpipe.executor.precheck import FLASH_DROPOUT_CPU_NOTICE, check_run
 from mindpipe.executor.reference import reference_losses
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Model, Plan
-from mindpipe.traces.trace import Trace
 
-from .conftest import STEPS, TINY, run_plan, stage_saved_activations
+from .conftest import TINY, launched_trace, stage_saved_activations
 from .test_exec_llama import LLAMA
 from .test_exec_parity import assert_parity, reference
 
@@ -37,12 +36,6 @@ TP2 = {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "sequence_paralle
 # s = 256: per block the scores' 4·a·s²·b = 2 MiB against ~0.6 MiB for everything else.
 LONG: dict[str, Any] = {**TINY, "num_layers": 2, "seq_len": 256, "name": "tiny2-s256"}
 KEEP = {"micro_batch_size": 2, "global_batch_size": 4, "precision": "fp32"}
-
-
-def _launched(tmp, plan: dict[str, Any], model: dict[str, Any], steps: int = STEPS) -> Trace:
-    res = run_plan(tmp, plan, Plan(**plan).world_size, model=model, steps=steps)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return Trace.load(tmp / "measured.json")
 
 
 def _scores_less_lse(model: Model, micro_batch_size: int) -> int:
@@ -101,7 +94,7 @@ def test_launched_flash_run_holds_less(tmp_path):
     traces = []
     for name, plan in (("explicit", KEEP), ("flash", {**KEEP, "flash_attention": True})):
         (tmp_path / name).mkdir()
-        traces.append(_launched(tmp_path / name, plan, LONG, steps=2))
+        traces.append(launched_trace(tmp_path / name, plan, LONG, steps=2))
     explicit, flash = (t.measurement.ranks[0].memory for t in traces)
     assert explicit is not None and flash is not None
     assert traces[1].measurement.plan.flash_attention and not traces[0].measurement.plan.flash_attention
@@ -113,12 +106,12 @@ def test_launched_flash_run_holds_less(tmp_path):
 
 @pytest.mark.slow
 def test_llama_pp2_flash_parity(tmp_path):
-    trace = _launched(tmp_path, PP2, LLAMA)
+    trace = launched_trace(tmp_path, PP2, LLAMA)
     assert trace.measurement.plan.flash_attention
     assert_parity(trace.measurement.losses, reference(PP2, LLAMA))
 
 
 @pytest.mark.slow
 def test_llama_tp2_gqa_flash_parity(tmp_path):
-    trace = _launched(tmp_path, TP2, LLAMA)
+    trace = launched_trace(tmp_path, TP2, LLAMA)
     assert_parity(trace.measurement.losses, reference(TP2, LLAMA))

@@ -23,9 +23,8 @@ from mindpipe.executor.memory_account import MemoryAccount
 from mindpipe.executor.stages import build_stage_modules
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.torch_gpt import build_gpt, plan_loss, synthetic_batch
-from mindpipe.traces.trace import Trace
 
-from .conftest import STEPS, TINY, run_plan
+from .conftest import TINY, launched_trace
 from .test_exec_parity import RTOL, assert_parity, reference
 
 PP2_ZB = {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "zb_h1", "precision": "fp32",
@@ -87,12 +86,6 @@ def test_a_split_backwards_input_pass_frees_the_loss(chunks):
     assert released == saved > 0
 
 
-def _launched(tmp, plan: dict[str, Any], model: dict[str, Any] | None = None, steps: int = STEPS) -> Trace:
-    res = run_plan(tmp, plan, Plan(**plan).world_size, model=model, steps=steps)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return Trace.load(tmp / "measured.json")
-
-
 def _unchunked(plan: dict[str, Any]) -> dict[str, Any]:
     """``plan`` at the default ``loss_chunks`` (1), spelled as test_exec_parity's plans: their references are cached."""
     return {k: v for k, v in plan.items() if k != "loss_chunks"}
@@ -106,7 +99,7 @@ def test_the_reference_chunked_is_the_reference_unchunked():
 
 @pytest.mark.parametrize("plan", [PP2_ZB, TP2], ids=["pp2_zb_h1", "tp2_sequence_parallel"])
 def test_chunked_loss_parity(tmp_path, plan):
-    trace = _launched(tmp_path, plan)
+    trace = launched_trace(tmp_path, plan)
     assert trace.measurement.plan.loss_chunks == 4  # measured.json records the key
     assert_parity(trace.measurement.losses, reference(plan))
     assert_parity(trace.measurement.losses, reference(_unchunked(plan)))
@@ -119,7 +112,7 @@ def test_launched_bf16_last_stage_holds_less(tmp_path):
     traces = []
     for chunks in (1, 4):
         (tmp_path / str(chunks)).mkdir()
-        traces.append(_launched(tmp_path / str(chunks), {**PP2_BF16, "loss_chunks": chunks}, WIDE, steps=2))
+        traces.append(launched_trace(tmp_path / str(chunks), {**PP2_BF16, "loss_chunks": chunks}, WIDE, steps=2))
     whole, chunked = ({r.pp_rank: r.memory for r in t.measurement.ranks} for t in traces)
     assert all(m is not None for m in (*whole.values(), *chunked.values()))
     n = _logit_elems(Model(**WIDE), Plan(**PP2_BF16))
@@ -152,7 +145,7 @@ def test_tensor_parallel_loss_is_vocabulary_parallel(tmp_path, chunks):
     from .test_exec_memory_runs import assert_memory_matches_simulator
 
     plan = {**TP2_WIDE, "loss_chunks": chunks}
-    trace = _launched(tmp_path, plan, ODD)
+    trace = launched_trace(tmp_path, plan, ODD)
     assert_parity(trace.measurement.losses, reference(plan, ODD))
     assert_memory_matches_simulator(trace, ODD, rel=0.01)
     for r in trace.measurement.ranks:  # torch's Shard(0) split of 511 rows: 256 on rank 0, 255 on rank 1
@@ -166,7 +159,7 @@ def test_sequence_parallel_gemms_keep_their_shard_under_recompute_and_swap(tmp_p
     from .test_exec_memory_runs import assert_memory_matches_simulator
 
     plan = {**TP2_WIDE, "layer_memory_policy": ["recompute", "swap", "keep", "recompute"]}
-    trace = _launched(tmp_path, plan, ODD)
+    trace = launched_trace(tmp_path, plan, ODD)
     assert_parity(trace.measurement.losses, reference(plan, ODD))
     assert_memory_matches_simulator(trace, ODD, rel=0.01)
     assert all(r.memory is not None and r.memory.host_pool_peak_bytes > 0 for r in trace.measurement.ranks)
