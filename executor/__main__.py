@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import importlib
 import os
 import shlex
 import sys
@@ -38,6 +39,14 @@ def _supernet_config(path: str) -> bool:
     from mindpipe.traces.schema import read_json
 
     return is_supernet_config(read_json(path, CONFIG))
+
+
+def import_rank_modules(argv: Sequence[str]) -> None:
+    """Import what :func:`main` will import to run ``argv`` (torch and the executor's worker): the
+    one-host spawner (:mod:`mindpipe.executor.spawn`) does it once before forking every rank."""
+    argv = list(argv)
+    supernet = argv[:1] == ["--config"] and len(argv) == 2 and _supernet_config(argv[1])
+    importlib.import_module("mindpipe.executor.supernet_worker" if supernet else "mindpipe.executor.worker")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""``mindpipe run``: validate a plan, then run it under torchrun with a watchdog.
+"""``mindpipe run``: validate a plan, then run it under torchrun (or, on one CPU host, the spawner) with a watchdog.
 
 The plan is checked before any process starts (:func:`mindpipe.executor.precheck.check_run`); a plan
 that cannot work is refused with the reason. The memory check is the caller's (``memory_check``:
@@ -9,7 +9,12 @@ node the launcher picks a free port on 127.0.0.1 and sets ``GLOO_SOCKET_IFNAME=l
 binds the host name's interface and may hang); across nodes it passes torchrun's rendezvous options
 through unchanged.
 
-Failure handling: torchrun (``--max-restarts 0``) ends every rank as soon as one exits with an
+On one host with the CPU the ranks are forked from one interpreter that imported torch once
+(:mod:`mindpipe.executor.spawn`, :func:`uses_spawner`), which saves each rank's imports and
+torchrun's; it behaves as torchrun with ``--max-restarts 0`` does, and records its root cause in
+the run directory instead of printing it.
+
+Failure handling: torchrun (``--max-restarts 0``) or the spawner ends every rank as soon as one exits with an
 error; each rank's collectives time out after ``--timeout`` seconds if a peer vanishes; and
 ``--run-timeout`` bounds the whole run. The error reported is one line: the first failing rank and
 its own exception (ranks leave it in the run directory, :mod:`mindpipe.executor.rundir`), or
@@ -37,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mindpipe.executor import rundir, supervise
+from mindpipe.executor import rundir, spawn, supervise
 from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
 from mindpipe.executor.config import RunConfig, check_launch_arguments, config_from_args, plan_source
 from mindpipe.executor.precheck import MemoryCheck, catalog_device, check_run, detect_device
@@ -63,7 +68,7 @@ class RunStopped(RuntimeError):
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}: torchrun and every rank were stopped")
+        super().__init__(f"stopped by {signal.Signals(signum).name}: every rank was stopped")
 
 
 def free_port() -> int:
@@ -87,6 +92,20 @@ def torchrun_command(args: argparse.Namespace, config_path: str) -> list[str]:
         if args.node_rank is not None:
             cmd += ["--node-rank", str(args.node_rank)]
     return [*cmd, "-m", "mindpipe.executor", "--config", config_path]
+
+
+def uses_spawner(args: argparse.Namespace, device_kind: str) -> bool:
+    """Whether this launch forks its ranks from one interpreter (:mod:`mindpipe.executor.spawn`):
+    a one-host CPU run. Multi-node and GPU runs go through torchrun."""
+    return device_kind == "cpu" and str(args.nnodes) == "1" and not args.rdzv_endpoint and not args.rdzv_backend
+
+
+def launch_command(args: argparse.Namespace, config_path: str, device_kind: str) -> list[str]:
+    """The command that starts every rank of this launch: the spawner on one CPU host, else torchrun."""
+    if uses_spawner(args, device_kind):
+        return spawn.command(int(args.nproc), args.master_addr or "127.0.0.1", int(args.master_port or free_port()),
+                             config_path)
+    return torchrun_command(args, config_path)
 
 
 def _environment(args: argparse.Namespace, device_kind: str, run_dir: Path) -> dict[str, str]:
@@ -113,13 +132,15 @@ def _root_cause(output: Sequence[str]) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def _first_error(records: dict[int, rundir.RankError], output: Sequence[str], code: int = 1) -> tuple[str, int]:
+def _first_error(records: dict[int, rundir.RankError], output: Sequence[str], code: int = 1,
+                 root: tuple[int, int] | None = None, runner: str = "torchrun") -> tuple[str, int]:
     """The failing rank and its error in one line, and the exit code (2: an input error in a rank).
 
     A rank that raised leaves its exception in the run directory; one that died without a Python
-    error (killed, ``os._exit``) leaves none, and then torchrun's record names it.
+    error (killed, ``os._exit``) leaves none, and then the launcher's record names it: ``root``
+    (rank, exit code) from the one-host spawner, else torchrun's "Root Cause" in ``output``.
     """
-    root = _root_cause(output)
+    root = root if root is not None else _root_cause(output)
     if root is not None and root[0] not in records:
         rank, code = root
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
@@ -134,9 +155,9 @@ def _first_error(records: dict[int, rundir.RankError], output: Sequence[str], co
         tail = f" (then ranks {others} failed too)" if others else ""
         return f"rank {first.rank} failed: {first.error}{tail}", EXIT_INPUT if first.kind == "input" else EXIT_FAILED
     if code < 0:
-        return f"torchrun was killed by {signal.Signals(-code).name}", EXIT_FAILED
+        return f"{runner} was killed by {signal.Signals(-code).name}", EXIT_FAILED
     last = next((ln for ln in reversed(output) if ln.strip()), "no output")
-    return f"torchrun failed: {last.strip()[:300]}", EXIT_FAILED
+    return f"{runner} failed: {last.strip()[:300]}", EXIT_FAILED
 
 
 def check_checkpoint(cfg: RunConfig) -> None:
@@ -179,7 +200,8 @@ def run_under_torchrun(cfg: Any, args: argparse.Namespace, kind: str, run_timeou
     try:
         config_path = run_dir / "config.json"
         cfg.save(config_path)
-        cmd = torchrun_command(args, str(config_path))
+        cmd = launch_command(args, str(config_path), kind)
+        runner = "the rank spawner" if uses_spawner(args, kind) else "torchrun"
         print("mindpipe: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
         try:
             code, output = supervise.run_torchrun(cmd, _environment(args, kind, run_dir), run_dir, log, watchdog,
@@ -192,7 +214,7 @@ def run_under_torchrun(cfg: Any, args: argparse.Namespace, kind: str, run_timeou
             # SIGABRT "terminate called without an active exception", a few runs in hundreds).
             # The results are complete: say so and keep the log for whoever wants to look.
             keep = True
-            how, _ = _first_error({}, output, code)
+            how, _ = _first_error({}, output, code, rundir.read_root_cause(run_dir), runner)
             print(f"mindpipe: warning: {how} after every rank had finished the run (in torch's teardown); "
                   f"the outputs are complete (log: {log})", file=sys.stderr, flush=True)
         elif code != 0:
@@ -201,7 +223,7 @@ def run_under_torchrun(cfg: Any, args: argparse.Namespace, kind: str, run_timeou
             _keep_log(log, records)
             if code is None:
                 raise RunFailed(f"run exceeded --run-timeout {run_timeout:g} s; all ranks were stopped", log=str(log))
-            msg, exit_code = _first_error(records, output, code)
+            msg, exit_code = _first_error(records, output, code, rundir.read_root_cause(run_dir), runner)
             raise RunFailed(msg, exit_code, log=str(log))
     finally:
         stopped = not any(rundir.alive(p) for p in rundir.ranks(run_dir))
@@ -290,5 +312,5 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
     return 0
 
 
-__all__ = ["RunFailed", "RunStopped", "check_checkpoint", "cmd_run", "free_port", "launch", "run_under_torchrun", "summary",
-           "torchrun_command"]
+__all__ = ["RunFailed", "RunStopped", "check_checkpoint", "cmd_run", "free_port", "launch", "launch_command", "run_under_torchrun",
+           "summary", "torchrun_command", "uses_spawner"]

@@ -2,7 +2,7 @@
 
 ``mindpipe run`` creates a private temporary directory per run and names it to every rank in
 ``MINDPIPE_RUN_DIR``. Each rank registers itself there (``pids/<pid>``: its pid and start time)
-and asks the kernel to kill it if torchrun dies (``PR_SET_PDEATHSIG``, Linux); a rank that fails
+and asks the kernel to kill it if its launcher (torchrun, or the one-host spawner) dies (``PR_SET_PDEATHSIG``, Linux); a rank that fails
 leaves its error there (``errors/rank<N>.json``, a :class:`RankError`), which is how the launcher
 reports the failing rank and its cause in one line.
 
@@ -195,6 +195,26 @@ def all_finished(run_dir: str | os.PathLike[str]) -> bool:
     return registered > 0 and finished >= registered
 
 
+def record_root_cause(rank: int, code: int) -> None:
+    """For the one-host spawner (:mod:`mindpipe.executor.spawn`): the first rank to fail and its exit
+    code (negative: killed by that signal), the record torchrun prints as its "Root Cause"."""
+    where = os.environ.get(RUN_DIR_ENV)
+    if not where:
+        return
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(Path(where) / "root_cause.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps({"rank": rank, "exitcode": code}))
+
+
+def read_root_cause(run_dir: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(rank, exit code) left by :func:`record_root_cause`, or None."""
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        d = json.loads((Path(run_dir) / "root_cause.json").read_text(encoding="utf-8"))
+        return int(d["rank"]), int(d["exitcode"])
+    return None
+
+
 def read_errors(run_dir: str | os.PathLike[str]) -> dict[int, RankError]:
     """The errors ranks left, by rank (unreadable records are skipped: torchrun's exit record remains)."""
     out: dict[int, RankError] = {}
@@ -207,6 +227,6 @@ def read_errors(run_dir: str | os.PathLike[str]) -> dict[int, RankError]:
     return out
 
 
-__all__ = ["RUN_DIR_ENV", "ProcRef", "RankError", "alive", "all_finished", "ranks", "read_errors", "record_error",
-           "record_finished", "ref",
+__all__ = ["RUN_DIR_ENV", "ProcRef", "RankError", "alive", "all_finished", "ranks", "read_errors", "read_root_cause",
+           "record_error", "record_finished", "record_root_cause", "ref",
            "register_rank", "start_time", "stop"]

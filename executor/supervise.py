@@ -1,5 +1,8 @@
 """Run torchrun for ``mindpipe run`` so that no process and no temporary file outlives the launcher.
 
+On one CPU host the command run is the rank spawner (:mod:`mindpipe.executor.spawn`) instead of
+torchrun; everything below holds for it the same way ("torchrun" here means whichever of the two).
+
 * torchrun runs in a session of its own (its ranks start their own too) with its output going to a
   log file, not the terminal: the user sees one line per outcome, and the log keeps everything;
 * SIGINT (KeyboardInterrupt), SIGTERM and SIGHUP of the launcher, and ``--run-timeout``, stop

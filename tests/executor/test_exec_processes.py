@@ -63,7 +63,7 @@ def test_stopping_the_launcher_leaves_no_process_and_no_temporary_directory(tmp_
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         time.sleep(2)  # into training
         running = _marked(mark)
-        assert proc.pid in running and len(running) >= 5, running  # launcher, watchdog, torchrun, 2 ranks
+        assert proc.pid in running and len(running) >= 5, running  # launcher, watchdog, spawner, 2 ranks
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -80,7 +80,7 @@ def test_stopping_the_launcher_leaves_no_process_and_no_temporary_directory(tmp_
     else:
         assert proc.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130}[sig], err[-3000:]
         assert "Traceback" not in err and err.strip().splitlines()[-1] in (
-            "mindpipe: stopped by SIGTERM: torchrun and every rank were stopped", "mindpipe: interrupted"), err
+            "mindpipe: stopped by SIGTERM: every rank was stopped", "mindpipe: interrupted"), err
 
 
 @pytest.mark.parametrize(("fault", "code", "needle"), [
@@ -93,7 +93,7 @@ def test_an_error_in_a_rank_is_one_line_with_its_log(tmp_path, fault, code, need
     res = run_plan(tmp_path, PLAN, 2, "--schedule-source", "torch", steps=20,
                    env=run_env(MINDPIPE_FAULT=fault, TMPDIR=str(tmp)))
     assert res.returncode == code, res.stderr[-3000:]
-    errors = [ln for ln in res.stderr.splitlines() if not ln.startswith("mindpipe: /")]  # not the torchrun command echo
+    errors = [ln for ln in res.stderr.splitlines() if not ln.startswith("mindpipe: /")]  # not the launch command echo
     assert len(errors) == 1 and errors[0].startswith(f"mindpipe: error: {needle}"), res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr
     log = Path(re.search(r"\(full log: (\S+)\)$", errors[0]).group(1))

@@ -11,7 +11,7 @@ from mindpipe.executor.comm_profile import axis_of
 from mindpipe.executor.config import RunConfig, add_run_arguments, config_from_args
 from mindpipe.executor.data import TokenSource
 from mindpipe.executor.distributed import mesh_shape
-from mindpipe.executor.launch import _first_error, torchrun_command
+from mindpipe.executor.launch import _first_error, launch_command, torchrun_command
 from mindpipe.executor.precheck import resolve_schedule_source
 from mindpipe.executor.rundir import RankError
 from mindpipe.executor.stages import block_ranges, build_stage_modules, head_major_qkv, permute_qkv_for_tp
@@ -136,6 +136,30 @@ def test_torchrun_command_single_node_and_rendezvous():
     for flag, value in (("--nnodes", "4"), ("--rdzv-backend", "c10d"), ("--rdzv-endpoint", "head:29400"), ("--rdzv-id", "job7")):
         assert multi[multi.index(flag) + 1] == value
     assert "--master-addr" not in multi
+
+
+def test_one_cpu_host_forks_its_ranks_and_gpus_or_several_nodes_use_torchrun():
+    one_host = _args("{}", "--nproc", "4", "--steps", "1")
+    spawned = launch_command(one_host, "cfg.json", "cpu")
+    assert spawned[1:3] == ["-m", "mindpipe.executor.spawn"] and spawned[-2:] == ["--config", "cfg.json"]
+    assert spawned[spawned.index("--nproc") + 1] == "4" and int(spawned[spawned.index("--master-port") + 1]) > 0
+    assert launch_command(one_host, "cfg.json", "cuda")[1:3] == ["-m", "torch.distributed.run"]
+    nodes = _args("{}", "--nproc", "8", "--steps", "1", "--nnodes", "2", "--rdzv-backend", "c10d",
+                  "--rdzv-endpoint", "head:29400")
+    assert launch_command(nodes, "cfg.json", "cpu")[1:3] == ["-m", "torch.distributed.run"]
+
+
+def test_the_spawners_root_cause_round_trips_and_names_the_rank(tmp_path, monkeypatch):
+    from mindpipe.executor.rundir import RUN_DIR_ENV, read_root_cause, record_root_cause
+
+    assert read_root_cause(tmp_path) is None
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
+    record_root_cause(2, -6)
+    record_root_cause(0, 1)  # a later failure does not replace the first
+    assert read_root_cause(tmp_path) == (2, -6)
+    assert _first_error({}, ["no torchrun record here"], 1, (2, -6), "the rank spawner") == (
+        "rank 2 was killed by SIGABRT without a Python error", 1)
+    assert _first_error({}, ["spawn: lost"], -9, None, "the rank spawner") == ("the rank spawner was killed by SIGKILL", 1)
 
 
 def test_first_error_prefers_the_root_cause():
