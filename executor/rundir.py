@@ -124,17 +124,26 @@ def stop(run_dir: str | os.PathLike[str], torchrun: ProcRef | None, grace_s: flo
             return
 
 
+def die_with_parent(parent: int | None = None) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``, Linux; a
+    no-op elsewhere), and exit at once if the parent (pid ``parent``, default: the current one)
+    is already gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid() if parent is None else parent
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the prctl took effect
+            os._exit(1)
+
+
 def register_rank() -> None:
-    """In a rank started by ``mindpipe run``: die with torchrun, and leave our pid for the launcher."""
+    """In a rank started by ``mindpipe run``: die with torchrun (or the spawner), and leave our pid for the launcher."""
     where = os.environ.get(RUN_DIR_ENV)
     if not where:
         return
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() == 1:  # torchrun died before the prctl took effect
-                os._exit(1)
+    die_with_parent()
     pids = Path(where) / "pids"
     pids.mkdir(exist_ok=True)
     start = start_time(os.getpid())
@@ -227,6 +236,6 @@ def read_errors(run_dir: str | os.PathLike[str]) -> dict[int, RankError]:
     return out
 
 
-__all__ = ["RUN_DIR_ENV", "ProcRef", "RankError", "alive", "all_finished", "ranks", "read_errors", "read_root_cause",
+__all__ = ["RUN_DIR_ENV", "ProcRef", "RankError", "alive", "all_finished", "die_with_parent", "ranks", "read_errors", "read_root_cause",
            "record_error", "record_finished", "record_root_cause", "ref",
            "register_rank", "start_time", "stop"]

@@ -44,12 +44,13 @@ class _Stop(BaseException):
         super().__init__(signum)
 
 
-def _rank(rank: int, nproc: int, addr: str, port: int, argv: list[str]) -> NoReturn:
+def _rank(rank: int, nproc: int, addr: str, port: int, argv: list[str], parent: int) -> NoReturn:
     """The forked child: become rank ``rank`` and run the executor's entry point; never returns."""
     from mindpipe.executor import __main__ as entry
 
     code = 1
     try:
+        rundir.die_with_parent(parent)  # started directly too, not only under mindpipe run
         os.setsid()  # a session (and process group) of its own, as torchrun's ranks have
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -111,6 +112,7 @@ def spawn(nproc: int, addr: str, port: int, argv: list[str], grace_s: float = 10
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     children: dict[int, int] = {}
+    me = os.getpid()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # no signal between a fork and its handlers
 
     def stop_signal(signum: int, frame: object) -> None:
@@ -120,7 +122,7 @@ def spawn(nproc: int, addr: str, port: int, argv: list[str], grace_s: float = 10
         for rank in range(nproc):
             pid = os.fork()
             if pid == 0:
-                _rank(rank, nproc, addr, port, argv)
+                _rank(rank, nproc, addr, port, argv, me)
             children[pid] = rank
         for sig in STOP_SIGNALS:
             signal.signal(sig, stop_signal)

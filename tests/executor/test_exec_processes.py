@@ -1,5 +1,5 @@
 """``mindpipe run`` owns its processes: stopping the launcher in any way (SIGINT, SIGTERM, SIGKILL)
-stops torchrun and every rank and removes the run's temporary files; an error inside a rank
+stops the rank spawner (or torchrun) and every rank and removes the run's temporary files; an error inside a rank
 reaches the user as one line naming the rank, with exit 2 for bad input, 1 for a failure, and
 the full log kept in the file the line names."""
 
@@ -111,3 +111,37 @@ def test_a_successful_run_leaves_no_log(tmp_path):
                    env=run_env(TMPDIR=str(tmp)))
     assert res.returncode == 0, res.stderr[-3000:]
     assert list(tmp.iterdir()) == [] and (tmp_path / "measured.json").is_file()
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the run's processes through /proc")
+def test_the_spawner_started_by_hand_takes_its_ranks_with_it_when_killed(tmp_path):
+    # Outside mindpipe run (no run directory, no watchdog) the forked ranks still die with the spawner.
+    import argparse
+
+    from mindpipe.executor.config import add_run_arguments, config_from_args
+    from mindpipe.executor.launch import free_port
+    from mindpipe.executor.spawn import command
+
+    p = argparse.ArgumentParser()
+    add_run_arguments(p, launcher=True)
+    cfg = config_from_args(p.parse_args([json.dumps(PLAN), "--nproc", "2", "--steps", "1000000", "--model",
+                                         json.dumps(TINY), "--timeout", "120"]))
+    cfg.save(tmp_path / "config.json")
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen(command(2, "127.0.0.1", free_port(), str(tmp_path / "config.json")), cwd=REPO,
+                            env=run_env(**{MARK: mark}), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and len(_marked(mark)) < 3:
+            time.sleep(0.1)
+        assert proc.poll() is None and len(_marked(mark)) == 3, proc.communicate()[1][-3000:]  # spawner, 2 ranks
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 30
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _marked(mark) == []
