@@ -41,12 +41,18 @@ def _supernet_config(path: str) -> bool:
     return is_supernet_config(read_json(path, CONFIG))
 
 
-def import_rank_modules(argv: Sequence[str]) -> None:
-    """Import what :func:`main` will import to run ``argv`` (torch and the executor's worker): the
-    one-host spawner (:mod:`mindpipe.executor.spawn`) does it once before forking every rank."""
-    argv = list(argv)
-    supernet = argv[:1] == ["--config"] and len(argv) == 2 and _supernet_config(argv[1])
-    importlib.import_module("mindpipe.executor.supernet_worker" if supernet else "mindpipe.executor.worker")
+def prepare_ranks(config_path: str) -> None:
+    """Read the run's config (a :class:`ContractError` if it is not one) and import what :func:`main`
+    will import to run it (torch and the executor's worker): the one-host spawner
+    (:mod:`mindpipe.executor.spawn`) does this once, before forking every rank."""
+    if _supernet_config(config_path):
+        from mindpipe.executor.supernet_config import SupernetRunConfig
+
+        SupernetRunConfig.load(config_path)
+        importlib.import_module("mindpipe.executor.supernet_worker")
+    else:
+        RunConfig.load(config_path)
+        importlib.import_module("mindpipe.executor.worker")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

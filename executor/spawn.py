@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from mindpipe.executor import rundir
+from mindpipe.traces.errors import ContractError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -104,11 +105,17 @@ def _stop_all(children: dict[int, int], grace_s: float) -> None:
             return
 
 
-def spawn(nproc: int, addr: str, port: int, argv: list[str], grace_s: float = 10.0) -> int:
-    """Fork ``nproc`` ranks running ``python -m mindpipe.executor ARGV`` and wait for them; the exit code (0 or 1)."""
+def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 10.0) -> int:
+    """Fork ``nproc`` ranks running ``python -m mindpipe.executor --config CONFIG_PATH`` and wait for
+    them; the exit code (0, 1, or 128 + a signal that stopped it).
+
+    Raises:
+        ContractError: the config cannot be read or is not a run config (before any rank starts).
+    """
     from mindpipe.executor import __main__ as entry
 
-    entry.import_rank_modules(argv)  # the expensive part, once, before the fork
+    entry.prepare_ranks(config_path)  # the expensive part, once, before the fork
+    argv = ["--config", config_path]
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     children: dict[int, int] = {}
@@ -163,7 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.nproc < 1:
         p.error("--nproc must be at least 1")
-    return spawn(args.nproc, args.master_addr, args.master_port, ["--config", args.config])
+    try:
+        return spawn(args.nproc, args.master_addr, args.master_port, args.config)
+    except ContractError as e:  # an unreadable or invalid config, before any rank starts
+        print(f"spawn: error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

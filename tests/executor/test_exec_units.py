@@ -241,3 +241,14 @@ def test_fsdp_param_groups_reads_both_torch_layouts():
     assert fsdp_param_groups(SimpleNamespace(_fsdp_param_group=a)) == [a]
     assert fsdp_param_groups(SimpleNamespace(_fsdp_param_group=None)) == []
     assert fsdp_param_groups(SimpleNamespace()) == []
+
+
+def test_the_spawner_refuses_a_bad_config_in_one_line_before_forking(tmp_path, capsys):
+    from mindpipe.executor.spawn import main
+
+    bad = tmp_path / "config.json"
+    bad.write_text('{"x": 1}')
+    for path in (bad, tmp_path / "missing.json"):
+        assert main(["--nproc", "2", "--master-port", "1", "--config", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"spawn: error: {path}: "), err
