@@ -103,8 +103,9 @@ def uses_spawner(args: argparse.Namespace, device_kind: str) -> bool:
 def launch_command(args: argparse.Namespace, config_path: str, device_kind: str) -> list[str]:
     """The command that starts every rank of this launch: the spawner on one CPU host, else torchrun."""
     if uses_spawner(args, device_kind):
-        return spawn.command(int(args.nproc), args.master_addr or "127.0.0.1", int(args.master_port or free_port()),
-                             config_path)
+        # Port 0 unless the user chose one: the spawner binds any free port itself, so nothing can
+        # take it between the choice and the bind.
+        return spawn.command(int(args.nproc), args.master_addr or "127.0.0.1", int(args.master_port or 0), config_path)
     return torchrun_command(args, config_path)
 
 

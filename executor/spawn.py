@@ -7,8 +7,11 @@ CPU each on a 2-core machine, most of it ``torch``, ``torch.distributed.tensor``
 process imports the rank's modules once, then forks every rank from that image: a 4-rank run
 starts about 19 CPU-seconds sooner. Each rank is the same ``python -m mindpipe.executor --config
 FILE`` entry point (:func:`mindpipe.executor.__main__.main`), with torchrun's environment
-(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``);
-rank 0 hosts the rendezvous store, as any rank 0 without torchrun's agent does.
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+As torchrun's agent does, this process hosts the rendezvous store (a TCPStore server; the ranks
+are its clients through ``TORCHELASTIC_USE_AGENT_STORE``), bound after the forks (they copy no
+thread of it) on the port asked for or, by default, on any free port, which then reaches each rank
+through a pipe: no other process can take the port between choosing it and binding it.
 
 What torchrun does for ``mindpipe run`` (``--max-restarts 0``) this does too: every rank runs in a
 session of its own; the first rank to exit with an error (or die by a signal) is the run's cause,
@@ -31,12 +34,14 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from mindpipe.executor import rundir
 from mindpipe.traces.errors import ContractError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+NO_STORE = 3  # a rank's exit code when the spawner could not host the store (it says why itself)
+STORE_TIMEOUT_S = 1800.0
 
 
 class _Stop(BaseException):
@@ -45,8 +50,12 @@ class _Stop(BaseException):
         super().__init__(signum)
 
 
-def _rank(rank: int, nproc: int, addr: str, port: int, argv: list[str], parent: int) -> NoReturn:
-    """The forked child: become rank ``rank`` and run the executor's entry point; never returns."""
+def _rank(rank: int, nproc: int, addr: str, port_pipe: int, argv: list[str], parent: int) -> NoReturn:
+    """The forked child: become rank ``rank`` and run the executor's entry point; never returns.
+
+    The store's port arrives on ``port_pipe`` once the spawner has bound it (end of file: it could
+    not, and has said why; the rank leaves quietly).
+    """
     from mindpipe.executor import __main__ as entry
 
     code = 1
@@ -57,9 +66,14 @@ def _rank(rank: int, nproc: int, addr: str, port: int, argv: list[str], parent: 
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        with os.fdopen(port_pipe, "rb") as fh:
+            port = fh.read().strip()
+        if not port.isdigit():
+            entry.exit_without_teardown(NO_STORE)
         os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
                            "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": addr,
-                           "MASTER_PORT": str(port)})
+                           "MASTER_PORT": port.decode(), "TORCHELASTIC_USE_AGENT_STORE": "True",
+                           "TORCHELASTIC_RESTART_COUNT": "0"})
         sys.argv = [sys.argv[0], *argv]
         code = entry.main(argv)
     except SystemExit as e:
@@ -105,6 +119,22 @@ def _stop_all(children: dict[int, int], grace_s: float) -> None:
             return
 
 
+def _host_store(addr: str, port: int) -> Any:
+    """A TCPStore server on ``addr:port`` (``port`` 0: any free one, so no other process can take it
+    between choosing and binding); None after saying why on stderr."""
+    import datetime as dt
+
+    import torch.distributed as dist
+
+    try:
+        return dist.TCPStore(addr, port, is_master=True, wait_for_workers=False,
+                             timeout=dt.timedelta(seconds=STORE_TIMEOUT_S))
+    except (RuntimeError, OSError, ValueError) as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        print(f"spawn: error: cannot host the rendezvous store on {addr}:{port}: {first}", file=sys.stderr, flush=True)
+        return None
+
+
 def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 10.0) -> int:
     """Fork ``nproc`` ranks running ``python -m mindpipe.executor --config CONFIG_PATH`` and wait for
     them; the exit code (0, 1, or 128 + a signal that stopped it).
@@ -119,6 +149,7 @@ def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 1
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     children: dict[int, int] = {}
+    writers: list[int] = []
     me = os.getpid()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # no signal between a fork and its handlers
 
@@ -127,15 +158,31 @@ def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 1
 
     try:
         for rank in range(nproc):
+            read_end, write_end = os.pipe()
             pid = os.fork()
             if pid == 0:
-                _rank(rank, nproc, addr, port, argv, me)
+                for fd in (*writers, write_end):
+                    os.close(fd)
+                _rank(rank, nproc, addr, read_end, argv, me)
+            os.close(read_end)
             children[pid] = rank
+            writers.append(write_end)
         for sig in STOP_SIGNALS:
             signal.signal(sig, stop_signal)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     try:
+        # The rendezvous store, hosted here as torchrun's agent hosts it (the ranks are its clients),
+        # bound only now: the forks above copy no thread of it, and no rank needs it before this.
+        store = _host_store(addr, port)
+        if store is None:
+            _stop_all(children, grace_s)
+            return 1
+        for fd in writers:
+            os.write(fd, f"{store.port}\n".encode())
+        for fd in writers:
+            os.close(fd)
+        writers.clear()
         while children:
             done = _reap(children, block=True)
             if done is None or done[2] == 0:
@@ -150,11 +197,14 @@ def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 1
         print(f"spawn: stopped by {signal.Signals(e.signum).name}; stopping every rank", file=sys.stderr, flush=True)
         _stop_all(children, grace_s)
         return 128 + e.signum
+    finally:
+        for fd in writers:  # ranks still waiting for the port read end of file and leave
+            os.close(fd)
     return 0
 
 
 def command(nproc: int, addr: str, port: int, config_path: str) -> list[str]:
-    """The command line that starts this module for a run."""
+    """The command line that starts this module for a run (``port`` 0: any free port)."""
     return [sys.executable, "-m", "mindpipe.executor.spawn", "--nproc", str(nproc), "--master-addr", addr,
             "--master-port", str(port), "--config", config_path]
 
@@ -165,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 description="Fork the ranks of a one-host CPU run of mindpipe.executor.")
     p.add_argument("--nproc", type=int, required=True)
     p.add_argument("--master-addr", default="127.0.0.1")
-    p.add_argument("--master-port", type=int, required=True)
+    p.add_argument("--master-port", type=int, default=0, help="the store's port (default 0: any free port)")
     p.add_argument("--config", required=True)
     args = p.parse_args(argv)
     if args.nproc < 1:

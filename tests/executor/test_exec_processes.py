@@ -119,7 +119,6 @@ def test_the_spawner_started_by_hand_takes_its_ranks_with_it_when_killed(tmp_pat
     import argparse
 
     from mindpipe.executor.config import add_run_arguments, config_from_args
-    from mindpipe.executor.launch import free_port
     from mindpipe.executor.spawn import command
 
     p = argparse.ArgumentParser()
@@ -128,7 +127,7 @@ def test_the_spawner_started_by_hand_takes_its_ranks_with_it_when_killed(tmp_pat
                                          json.dumps(TINY), "--timeout", "120"]))
     cfg.save(tmp_path / "config.json")
     mark = uuid.uuid4().hex
-    proc = subprocess.Popen(command(2, "127.0.0.1", free_port(), str(tmp_path / "config.json")), cwd=REPO,
+    proc = subprocess.Popen(command(2, "127.0.0.1", 0, str(tmp_path / "config.json")), cwd=REPO,
                             env=run_env(**{MARK: mark}), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
