@@ -144,3 +144,18 @@ def test_the_spawner_started_by_hand_takes_its_ranks_with_it_when_killed(tmp_pat
     while _marked(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _marked(mark) == []
+
+
+def test_a_rendezvous_port_in_use_is_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = run_plan(tmp_path, PLAN, 2, "--master-port", str(port), steps=2)
+    assert res.returncode == 1, res.stderr[-3000:]
+    errors = [ln for ln in res.stderr.splitlines() if not ln.startswith("mindpipe: /")]
+    assert len(errors) == 1 and errors[0].startswith("mindpipe: error: the rank spawner failed: spawn: error: cannot "
+                                                     f"host the rendezvous store on 127.0.0.1:{port}: "), res.stderr
+    assert "address already in use" in errors[0]
