@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
-import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -71,10 +70,9 @@ def init_process_group(env: RankEnv, backend: str, device: torch.device, timeout
     timeout = dt.timedelta(seconds=timeout_s)
     device_id = device if device.type == "cuda" else None
     if env.launcher == "single":
-        fd, path = tempfile.mkstemp(prefix="mindpipe-store-")
-        os.close(fd)
-        os.unlink(path)
-        dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1, timeout=timeout,
+        # An in-memory store: a process alone needs no rendezvous, and a file store's file was left
+        # in $TMPDIR by every single-process run (ranks leave without torch's teardown, which removes it).
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
                                 device_id=device_id)
     else:
         dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timeout, device_id=device_id)
