@@ -78,11 +78,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _rendezvous(args: argparse.Namespace) -> bool:
+    """Whether the launch names torchrun rendezvous options (then torchrun runs it, as given)."""
+    return bool(args.rdzv_backend or args.rdzv_endpoint)
+
+
 def torchrun_command(args: argparse.Namespace, config_path: str) -> list[str]:
     """The torchrun command line for this launch."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc), "--nnodes", str(args.nnodes),
            "--max-restarts", "0"]
-    if args.rdzv_backend or args.rdzv_endpoint:
+    if _rendezvous(args):
         for flag, value in (("--rdzv-backend", args.rdzv_backend), ("--rdzv-endpoint", args.rdzv_endpoint),
                             ("--rdzv-id", args.rdzv_id)):
             if value:
@@ -97,16 +102,18 @@ def torchrun_command(args: argparse.Namespace, config_path: str) -> list[str]:
 def uses_spawner(args: argparse.Namespace, device_kind: str) -> bool:
     """Whether this launch forks its ranks from one interpreter (:mod:`mindpipe.executor.spawn`):
     a one-host CPU run. Multi-node and GPU runs go through torchrun."""
-    return device_kind == "cpu" and str(args.nnodes) == "1" and not args.rdzv_endpoint and not args.rdzv_backend
+    return device_kind == "cpu" and str(args.nnodes) == "1" and not _rendezvous(args)
 
 
-def launch_command(args: argparse.Namespace, config_path: str, device_kind: str) -> list[str]:
-    """The command that starts every rank of this launch: the spawner on one CPU host, else torchrun."""
+def launch_command(args: argparse.Namespace, config_path: str, device_kind: str) -> tuple[list[str], str]:
+    """The command that starts every rank of this launch, and what it is called in errors: the
+    spawner on one CPU host, else torchrun."""
     if uses_spawner(args, device_kind):
         # Port 0 unless the user chose one: the spawner binds any free port itself, so nothing can
         # take it between the choice and the bind.
-        return spawn.command(int(args.nproc), args.master_addr or "127.0.0.1", int(args.master_port or 0), config_path)
-    return torchrun_command(args, config_path)
+        cmd = spawn.command(int(args.nproc), args.master_addr or "127.0.0.1", int(args.master_port or 0), config_path)
+        return cmd, "the rank spawner"
+    return torchrun_command(args, config_path), "torchrun"
 
 
 def _environment(args: argparse.Namespace, device_kind: str, run_dir: Path) -> dict[str, str]:
@@ -144,8 +151,7 @@ def _first_error(records: dict[int, rundir.RankError], output: Sequence[str], co
     root = root if root is not None else _root_cause(output)
     if root is not None and root[0] not in records:
         rank, code = root
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        msg = f"rank {rank} {how} without a Python error"
+        msg = f"rank {rank} {rundir.describe_exit(code)} without a Python error"
         if records:
             first = min(records.values(), key=lambda r: r.time)
             msg += f"; then rank {first.rank} failed: {first.error}"
@@ -156,7 +162,7 @@ def _first_error(records: dict[int, rundir.RankError], output: Sequence[str], co
         tail = f" (then ranks {others} failed too)" if others else ""
         return f"rank {first.rank} failed: {first.error}{tail}", EXIT_INPUT if first.kind == "input" else EXIT_FAILED
     if code < 0:
-        return f"{runner} was killed by {signal.Signals(-code).name}", EXIT_FAILED
+        return f"{runner} {rundir.describe_exit(code)}", EXIT_FAILED
     last = next((ln for ln in reversed(output) if ln.strip()), "no output")
     return f"{runner} failed: {last.strip()[:300]}", EXIT_FAILED
 
@@ -201,8 +207,7 @@ def run_under_torchrun(cfg: Any, args: argparse.Namespace, kind: str, run_timeou
     try:
         config_path = run_dir / "config.json"
         cfg.save(config_path)
-        cmd = launch_command(args, str(config_path), kind)
-        runner = "the rank spawner" if uses_spawner(args, kind) else "torchrun"
+        cmd, runner = launch_command(args, str(config_path), kind)
         print("mindpipe: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
         try:
             code, output = supervise.run_torchrun(cmd, _environment(args, kind, run_dir), run_dir, log, watchdog,

@@ -90,8 +90,9 @@ def alive(p: ProcRef) -> bool:
     return fields[0] not in ("Z", "X") and (p.start is None or int(fields[19]) == p.start)
 
 
-def _signal(p: ProcRef, sig: int) -> None:
-    """Signal ``p``'s process group if it leads one (torchrun and every rank start their own), else ``p``."""
+def signal_process(p: ProcRef, sig: int) -> None:
+    """Signal ``p``'s process group if it leads one (torchrun, the spawner and every rank start their
+    own), else ``p``; nothing if it is gone."""
     if not alive(p):
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -116,7 +117,7 @@ def stop(run_dir: str | os.PathLike[str], torchrun: ProcRef | None, grace_s: flo
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         procs = ([torchrun] if torchrun is not None else []) + ranks(run_dir)
         for p in procs:
-            _signal(p, sig)
+            signal_process(p, sig)
         deadline = time.monotonic() + wait
         while any(alive(p) for p in procs) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -204,6 +205,11 @@ def all_finished(run_dir: str | os.PathLike[str]) -> bool:
     return registered > 0 and finished >= registered
 
 
+def describe_exit(code: int) -> str:
+    """How a process ended, from its exit code (negative: the signal that killed it)."""
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+
+
 def record_root_cause(rank: int, code: int) -> None:
     """For the one-host spawner (:mod:`mindpipe.executor.spawn`): the first rank to fail and its exit
     code (negative: killed by that signal), the record torchrun prints as its "Root Cause"."""
@@ -236,6 +242,23 @@ def read_errors(run_dir: str | os.PathLike[str]) -> dict[int, RankError]:
     return out
 
 
-__all__ = ["RUN_DIR_ENV", "ProcRef", "RankError", "alive", "all_finished", "die_with_parent", "ranks", "read_errors", "read_root_cause",
-           "record_error", "record_finished", "record_root_cause", "ref",
-           "register_rank", "start_time", "stop"]
+__all__ = [
+    "RUN_DIR_ENV",
+    "ProcRef",
+    "RankError",
+    "alive",
+    "all_finished",
+    "describe_exit",
+    "die_with_parent",
+    "ranks",
+    "read_errors",
+    "read_root_cause",
+    "record_error",
+    "record_finished",
+    "record_root_cause",
+    "ref",
+    "register_rank",
+    "signal_process",
+    "start_time",
+    "stop",
+]

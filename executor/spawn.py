@@ -27,7 +27,6 @@ start-up is seconds against minutes of work. Multi-node runs and GPU runs keep t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import sys
@@ -85,14 +84,6 @@ def _rank(rank: int, nproc: int, addr: str, port_pipe: int, argv: list[str], par
     raise AssertionError("unreachable")  # exit_without_teardown does not return
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
 def _reap(children: dict[int, int], block: bool) -> tuple[int, int, int] | None:
     """(pid, rank, exit code: negative for a signal) of one child that ended, or None (``block`` False)."""
     while children:
@@ -110,7 +101,7 @@ def _stop_all(children: dict[int, int], grace_s: float) -> None:
         signal.signal(sig, signal.SIG_IGN)
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)):
         for pid in list(children):
-            _signal_group(pid, sig)
+            rundir.signal_process(rundir.ProcRef(pid, None), sig)  # a group leader (setsid); unreaped, so not reused
         deadline = time.monotonic() + wait
         while children and time.monotonic() < deadline:
             if _reap(children, block=False) is None:
@@ -189,8 +180,8 @@ def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 1
                 continue
             _, rank, code = done
             rundir.record_root_cause(rank, code)
-            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-            print(f"spawn: rank {rank} {how}; stopping the other ranks", file=sys.stderr, flush=True)
+            print(f"spawn: rank {rank} {rundir.describe_exit(code)}; stopping the other ranks", file=sys.stderr,
+                  flush=True)
             _stop_all(children, grace_s)
             return 1
     except _Stop as e:

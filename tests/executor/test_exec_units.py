@@ -140,13 +140,14 @@ def test_torchrun_command_single_node_and_rendezvous():
 
 def test_one_cpu_host_forks_its_ranks_and_gpus_or_several_nodes_use_torchrun():
     one_host = _args("{}", "--nproc", "4", "--steps", "1")
-    spawned = launch_command(one_host, "cfg.json", "cpu")
+    spawned, runner = launch_command(one_host, "cfg.json", "cpu")
+    assert runner == "the rank spawner"
     assert spawned[1:3] == ["-m", "mindpipe.executor.spawn"] and spawned[-2:] == ["--config", "cfg.json"]
     assert spawned[spawned.index("--nproc") + 1] == "4" and spawned[spawned.index("--master-port") + 1] == "0"  # the spawner binds a free one
-    assert launch_command(one_host, "cfg.json", "cuda")[1:3] == ["-m", "torch.distributed.run"]
+    assert launch_command(one_host, "cfg.json", "cuda")[0][1:3] == ["-m", "torch.distributed.run"]
     nodes = _args("{}", "--nproc", "8", "--steps", "1", "--nnodes", "2", "--rdzv-backend", "c10d",
                   "--rdzv-endpoint", "head:29400")
-    assert launch_command(nodes, "cfg.json", "cpu")[1:3] == ["-m", "torch.distributed.run"]
+    assert launch_command(nodes, "cfg.json", "cpu")[0][1:3] == ["-m", "torch.distributed.run"]
 
 
 def test_the_spawners_root_cause_round_trips_and_names_the_rank(tmp_path, monkeypatch):
