@@ -179,7 +179,9 @@ def check_launch_arguments(args: argparse.Namespace) -> None:
 
     ``--nproc`` is 1 to the ``gpus_per_node`` limit, ``--nnodes`` N or MIN:MAX within the
     ``num_nodes`` limit, ``--node-rank`` below the nodes, ``--master-port`` 1 to 65535,
-    ``--run-timeout`` a number of seconds within the ``timeout_s`` limit.
+    ``--run-timeout`` a number of seconds within the ``timeout_s`` limit. Several nodes need
+    either torchrun's rendezvous (``--rdzv-backend``/``--rdzv-endpoint``) or, statically, a fixed
+    node count with ``--node-rank``, ``--master-addr`` and ``--master-port`` on every node.
 
     Raises:
         ContractError: ``command line: nnodes='many' is not N or MIN:MAX ...``.
@@ -199,6 +201,16 @@ def check_launch_arguments(args: argparse.Namespace) -> None:
             integer("node_rank", args.node_rank, 0)
             if args.node_rank >= hi:
                 fail("node_rank", f"node_rank={args.node_rank} must be below nnodes={hi}")
+        if hi > 1 and not (args.rdzv_backend or args.rdzv_endpoint):
+            # torchrun's static rendezvous: every node must name the same store and its own rank.
+            # Unset, each node would default to node rank 0 and pick its own free port: a hang.
+            if lo != hi:
+                fail("nnodes", f"nnodes={shown(args.nnodes)} (a range) needs --rdzv-backend and --rdzv-endpoint")
+            missing = [flag for flag, value in (("--node-rank", args.node_rank), ("--master-addr", args.master_addr),
+                                               ("--master-port", args.master_port)) if value is None]
+            if missing:
+                fail("nnodes", f"nnodes={hi} without --rdzv-endpoint needs {', '.join(missing)} on every node "
+                     "(the same --master-addr and --master-port everywhere, a different --node-rank on each)")
         if args.master_port is not None:
             integer("master_port", args.master_port, 1)
             if args.master_port > MAX_PORT:

@@ -262,8 +262,30 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
     check_checkpoint(cfg)
     for note in pre.notes:
         print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
+    return run_and_read(cfg, args, kind, run_timeout)
+
+
+def run_and_read(cfg: Any, args: argparse.Namespace, kind: str, run_timeout: float | None) -> Trace | None:
+    """Run every rank of this node (:func:`run_under_torchrun`) and read the measured trace at
+    ``cfg.out``: None when unset, or on a node of a multi-node run that did not run global rank
+    0, which writes it on its own node (a note says so)."""
+    started = time.time()
     run_under_torchrun(cfg, args, kind, run_timeout)
-    return Trace.load(cfg.out) if cfg.out else None
+    if not cfg.out:
+        return None
+    if str(args.nnodes) != "1" and not _written_since(cfg.out, started):
+        print(f"mindpipe: this node's ranks finished; the node that ran global rank 0 writes the measured trace "
+              f"(to the --out given there; nothing was written to {cfg.out} here)", file=sys.stderr, flush=True)
+        return None
+    return Trace.load(cfg.out)
+
+
+def _written_since(path: str, since: float) -> bool:
+    """Whether ``path`` exists and was written at or after ``since`` (time.time())."""
+    try:
+        return os.stat(path).st_mtime >= since - 1.0
+    except FileNotFoundError:
+        return False
 
 
 def summary(trace: Trace) -> dict[str, object]:
@@ -318,5 +340,5 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
     return 0
 
 
-__all__ = ["RunFailed", "RunStopped", "check_checkpoint", "cmd_run", "free_port", "launch", "launch_command", "run_under_torchrun",
-           "summary", "torchrun_command", "uses_spawner"]
+__all__ = ["RunFailed", "RunStopped", "check_checkpoint", "cmd_run", "free_port", "launch", "launch_command", "run_and_read",
+           "run_under_torchrun", "summary", "torchrun_command", "uses_spawner"]

@@ -4,7 +4,7 @@ The command line is ``mindpipe run``'s (:func:`~mindpipe.executor.config.add_run
 ``--steps`` counts subnets. Before any process starts: the plan against the supernet
 (:func:`~mindpipe.traces.supernet.check_supernet_plan`), the world size, the model-state memory
 budget (:func:`~mindpipe.executor.supernet_config.check_memory_budget`) and a resumed checkpoint's
-trust checks. Then the ranks run under torchrun (:func:`~mindpipe.executor.launch.run_under_torchrun`)
+trust checks. Then the ranks run under torchrun (:func:`~mindpipe.executor.launch.run_and_read`)
 as :mod:`mindpipe.executor.supernet_worker`. This module imports torch only through the launcher
 (which does not).
 """
@@ -19,14 +19,13 @@ import time
 
 from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
 from mindpipe.executor.config import plan_source
-from mindpipe.executor.launch import RunFailed, RunStopped, run_under_torchrun
+from mindpipe.executor.launch import RunFailed, RunStopped, run_and_read
 from mindpipe.executor.precheck import detect_device
 from mindpipe.executor.supernet_config import SupernetRunConfig, check_memory_budget
 from mindpipe.traces.builtin import load_network, load_plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.supernet import Supernet
-from mindpipe.traces.trace import Trace
 
 
 def is_supernet_model(model_arg: str | None) -> bool:
@@ -87,16 +86,16 @@ def cmd_run_supernet(args: argparse.Namespace) -> int:
     kind, _ = detect_device(cfg.device)
     started = time.perf_counter()
     try:
-        run_under_torchrun(cfg, args, kind, args.run_timeout)
+        trace = run_and_read(cfg, args, kind, args.run_timeout)
     except RunFailed as e:
         print(f"mindpipe: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     except RunStopped as e:
         print(f"mindpipe: {e}", file=sys.stderr, flush=True)
         return 128 + e.signum
-    if not cfg.out:
+    if trace is None:
         return 0
-    m = Trace.load(cfg.out).measurement
+    m = trace.measurement
     if m is None or m.subnets is None:
         raise ContractError(cfg.out, "measurement", "the run wrote no subnet records")
     print(f"mindpipe: wrote {cfg.out} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)

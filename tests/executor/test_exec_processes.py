@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, TINY, run_env, run_plan
+from .conftest import REPO, TINY, free_port, run_env, run_plan
 
 PLAN = {"pp": 2, "micro_batch_size": 1, "global_batch_size": 4, "precision": "fp32"}
 MARK = "MINDPIPE_TEST_MARK"
@@ -159,3 +159,32 @@ def test_a_rendezvous_port_in_use_is_one_line(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("mindpipe: error: the rank spawner failed: spawn: error: cannot "
                                                      f"host the rendezvous store on 127.0.0.1:{port}: "), res.stderr
     assert "address already in use" in errors[0]
+
+
+def test_two_nodes_on_one_host_train_as_one_and_only_global_rank_0_writes(tmp_path):
+    """A static two-node launch (torchrun on each "node", here both on loopback): each node's
+    ``mindpipe run`` exits 0, the node that ran global rank 0 writes the trace, the other says
+    where it is instead of failing on its own missing ``--out``, and the losses equal a one-host
+    run of the same plan."""
+    plan = {"dp": 2, "micro_batch_size": 1, "global_batch_size": 4, "precision": "fp32"}
+    port = str(free_port())
+    nodes = []
+    for node in (0, 1):
+        (tmp_path / f"tmp{node}").mkdir()
+        cmd = [sys.executable, "-m", "mindpipe.cli", "run", json.dumps(plan), "--nproc", "1", "--steps", "2",
+               "--model", json.dumps(TINY), "--out", str(tmp_path / f"node{node}.json"), "--nnodes", "2",
+               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port, "--timeout", "120"]
+        nodes.append(subprocess.Popen(cmd, env=run_env(TMPDIR=str(tmp_path / f"tmp{node}")), cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=300) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], [err[-2000:] for _, err in outputs]
+    assert "the node that ran global rank 0 writes the measured trace" in outputs[1][1]
+    assert not (tmp_path / "node1.json").exists()
+    two_nodes = json.loads((tmp_path / "node0.json").read_text())["measurement"]
+    assert two_nodes["world_size"] == 2 and [s["step"] for s in two_nodes["steps"]] == [1, 2]
+    one_host = tmp_path / "one"
+    one_host.mkdir()
+    res = run_plan(one_host, plan, 2, steps=2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    expected = json.loads((one_host / "measured.json").read_text())["measurement"]["steps"]
+    assert [s["loss"] for s in two_nodes["steps"]] == [s["loss"] for s in expected]
