@@ -38,7 +38,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -302,6 +302,20 @@ def summary(trace: Trace) -> dict[str, object]:
     }
 
 
+def reported(start: Callable[[], Trace | None]) -> tuple[Trace | None, int]:
+    """Run ``start`` (a launch that returns the measured trace or None) and turn how it ended into
+    the command's exit code: (trace, 0), or (None, code) after printing the one line of a failed
+    run (its exit code) or a stopped one (128 + the signal)."""
+    try:
+        return start(), 0
+    except RunFailed as e:
+        print(f"mindpipe: error: {e}", file=sys.stderr, flush=True)
+        return None, e.exit_code
+    except RunStopped as e:
+        print(f"mindpipe: {e}", file=sys.stderr, flush=True)
+        return None, 128 + e.signum
+
+
 def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryCheck | None = None) -> int:
     """``mindpipe run PLAN --nproc N --steps S ...`` (handler registered by :mod:`mindpipe.cli`).
 
@@ -316,16 +330,9 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
         raise ContractError("command line", "repartition", "--repartition is for supernet runs (--model SUPERNET)")
     cfg = config_from_args(args)
     started = time.perf_counter()
-    try:
-        trace = launch(cfg, args, run_timeout=args.run_timeout, memory_check=memory_check)
-    except RunFailed as e:
-        print(f"mindpipe: error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
-    except RunStopped as e:
-        print(f"mindpipe: {e}", file=sys.stderr, flush=True)
-        return 128 + e.signum
+    trace, code = reported(lambda: launch(cfg, args, run_timeout=args.run_timeout, memory_check=memory_check))
     if trace is None:
-        return 0
+        return code
     info = summary(trace)
     print(f"mindpipe: wrote {cfg.out} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
     if args.json:
@@ -340,5 +347,5 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
     return 0
 
 
-__all__ = ["RunFailed", "RunStopped", "check_checkpoint", "cmd_run", "free_port", "launch", "launch_command", "run_and_read",
+__all__ = ["RunFailed", "RunStopped", "check_checkpoint", "cmd_run", "free_port", "launch", "launch_command", "reported", "run_and_read",
            "run_under_torchrun", "summary", "torchrun_command", "uses_spawner"]

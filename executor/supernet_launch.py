@@ -19,7 +19,7 @@ import time
 
 from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
 from mindpipe.executor.config import plan_source
-from mindpipe.executor.launch import RunFailed, RunStopped, run_and_read
+from mindpipe.executor.launch import reported, run_and_read
 from mindpipe.executor.precheck import detect_device
 from mindpipe.executor.supernet_config import SupernetRunConfig, check_memory_budget
 from mindpipe.traces.builtin import load_network, load_plan
@@ -85,16 +85,9 @@ def cmd_run_supernet(args: argparse.Namespace) -> int:
     precheck(cfg, world, plan_source(args.plan))
     kind, _ = detect_device(cfg.device)
     started = time.perf_counter()
-    try:
-        trace = run_and_read(cfg, args, kind, args.run_timeout)
-    except RunFailed as e:
-        print(f"mindpipe: error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
-    except RunStopped as e:
-        print(f"mindpipe: {e}", file=sys.stderr, flush=True)
-        return 128 + e.signum
+    trace, code = reported(lambda: run_and_read(cfg, args, kind, args.run_timeout))
     if trace is None:
-        return 0
+        return code
     m = trace.measurement
     if m is None or m.subnets is None:
         raise ContractError(cfg.out, "measurement", "the run wrote no subnet records")
