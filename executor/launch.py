@@ -268,14 +268,18 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
 def run_and_read(cfg: Any, args: argparse.Namespace, kind: str, run_timeout: float | None) -> Trace | None:
     """Run every rank of this node (:func:`run_under_torchrun`) and read the measured trace at
     ``cfg.out``: None when unset, or on a node of a multi-node run that did not run global rank
-    0, which writes it on its own node (a note says so)."""
+    0, which writes it on its own node (a note says so on stderr, and under ``--json`` an object
+    with ``out`` null on stdout)."""
     started = time.time()
     run_under_torchrun(cfg, args, kind, run_timeout)
     if not cfg.out:
         return None
     if str(args.nnodes) != "1" and not _written_since(cfg.out, started):
-        print(f"mindpipe: this node's ranks finished; the node that ran global rank 0 writes the measured trace "
-              f"(to the --out given there; nothing was written to {cfg.out} here)", file=sys.stderr, flush=True)
+        note = "the node that ran global rank 0 writes the measured trace, to the --out given there"
+        print(f"mindpipe: this node's ranks finished; {note} (nothing was written to {cfg.out} here)",
+              file=sys.stderr, flush=True)
+        if getattr(args, "json", False):  # --json: still one object on stdout
+            print(json.dumps({"out": None, "note": note}))
         return None
     return Trace.load(cfg.out)
 

@@ -164,8 +164,8 @@ def test_a_rendezvous_port_in_use_is_one_line(tmp_path):
 def test_two_nodes_on_one_host_train_as_one_and_only_global_rank_0_writes(tmp_path):
     """A static two-node launch (torchrun on each "node", here both on loopback): each node's
     ``mindpipe run`` exits 0, the node that ran global rank 0 writes the trace, the other says
-    where it is instead of failing on its own missing ``--out``, and the losses equal a one-host
-    run of the same plan."""
+    where it is instead of failing on its own missing ``--out`` (and prints its one JSON object
+    with ``out`` null), and the losses equal a one-host run of the same plan."""
     plan = {"dp": 2, "micro_batch_size": 1, "global_batch_size": 4, "precision": "fp32"}
     port = str(free_port())
     nodes = []
@@ -173,13 +173,15 @@ def test_two_nodes_on_one_host_train_as_one_and_only_global_rank_0_writes(tmp_pa
         (tmp_path / f"tmp{node}").mkdir()
         cmd = [sys.executable, "-m", "mindpipe.cli", "run", json.dumps(plan), "--nproc", "1", "--steps", "2",
                "--model", json.dumps(TINY), "--out", str(tmp_path / f"node{node}.json"), "--nnodes", "2",
-               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port, "--timeout", "120"]
+               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port, "--timeout", "120", "--json"]
         nodes.append(subprocess.Popen(cmd, env=run_env(TMPDIR=str(tmp_path / f"tmp{node}")), cwd=REPO,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [p.communicate(timeout=300) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [err[-2000:] for _, err in outputs]
     assert "the node that ran global rank 0 writes the measured trace" in outputs[1][1]
     assert not (tmp_path / "node1.json").exists()
+    assert json.loads(outputs[0][0])["out"] == str(tmp_path / "node0.json")  # --json: one object on each node
+    assert json.loads(outputs[1][0])["out"] is None
     two_nodes = json.loads((tmp_path / "node0.json").read_text())["measurement"]
     assert two_nodes["world_size"] == 2 and [s["step"] for s in two_nodes["steps"]] == [1, 2]
     one_host = tmp_path / "one"
