@@ -2,7 +2,7 @@
 
 The rank learns its place from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR``/``MASTER_PORT``), from SLURM's (``SLURM_PROCID``, ``SLURM_NTASKS``,
-``SLURM_LOCALID``) when launched by ``srun``, or runs alone (world size 1, a file store). CUDA
+``SLURM_LOCALID``) when launched by ``srun``, or runs alone (world size 1, an in-memory store). CUDA
 with NCCL is used when a GPU is present, CPU with gloo otherwise.
 
 The mesh has named axes in Megatron order, outermost first: ``("pp", "dp", "tp")`` for the default

@@ -308,9 +308,13 @@ class Cluster:
         from mindpipe.traces.catalog import get_device  # local import: catalog is data, loaded on demand
 
         try:
-            get_device(self.gpu)
+            device = get_device(self.gpu)
         except ContractError as e:
             raise ContractError("", "gpu", e.rule) from None
+        if self.num_nodes > 1 and self.inter_node_bandwidth_Gbps is None and not device.nic_bandwidth_Gbps > 0:
+            # Nothing would price the links between the nodes (a CPU host has no NIC in the catalog).
+            raise ContractError("", "inter_node_bandwidth_Gbps", f"num_nodes={self.num_nodes} needs "
+                                f"inter_node_bandwidth_Gbps (Gbit/s per node): the catalog gives {self.gpu} no NIC")
 
     @property
     def world_size(self) -> int:

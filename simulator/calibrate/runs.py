@@ -89,6 +89,26 @@ def profiled_steps(meas: Measurement) -> set[int]:
     return {c.step for c in meas.comms if c.kind == "collective"}
 
 
+def measured_machine(source: str, meas: Measurement, catalog: dict[str, DeviceSpec] | None = None
+                     ) -> tuple[DeviceSpec, Cluster]:
+    """The catalog device a measured run ran on, and its cluster: the run's hosts as nodes, each
+    with an equal share of the ranks.
+
+    Raises:
+        ContractError: naming ``source``: an unknown device, or hosts the catalog gives no link
+            between (CPU hosts: no NIC to price).
+    """
+    try:
+        device = get_device(meas.device_name, catalog)
+    except ContractError as e:
+        raise ContractError(source, "measurement.device_name", e.rule) from None
+    try:
+        cluster = Cluster(gpu=device.name, num_nodes=meas.nodes, gpus_per_node=max(1, meas.world_size // meas.nodes))
+    except ContractError as e:
+        raise ContractError(source, "measurement.nodes", f"the run used {meas.nodes} hosts: {e.rule}") from None
+    return device, cluster
+
+
 def load_run(path: str | Path, catalog: dict[str, DeviceSpec] | None = None) -> MeasuredRun:
     """Read a measured trace written by ``mindpipe run``.
 
@@ -102,11 +122,7 @@ def load_run(path: str | Path, catalog: dict[str, DeviceSpec] | None = None) -> 
         raise ContractError(source, "measurement", "not a measured run (write one with `mindpipe run --out`)")
     if trace.model is None:
         raise ContractError(source, "model", "the measured trace does not say which model ran")
-    try:
-        device = get_device(meas.device_name, catalog)
-    except ContractError as e:
-        raise ContractError(source, "measurement.device_name", e.rule) from None
-    cluster = Cluster(gpu=device.name, num_nodes=meas.nodes, gpus_per_node=max(1, meas.world_size // meas.nodes))
+    device, cluster = measured_machine(source, meas, catalog)
     skip = profiled_steps(meas)
     clean = [s.step for s in meas.measured_steps if s.step not in skip]
     if not clean:
@@ -142,4 +158,5 @@ def load_runs(paths: list[str] | list[Path], catalog: dict[str, DeviceSpec] | No
     return [load_run(p, catalog) for p in paths]
 
 
-__all__ = ["MeasuredRun", "load_run", "load_runs", "measured_events", "merge_repeats", "profiled_steps", "run_label"]
+__all__ = ["MeasuredRun", "load_run", "load_runs", "measured_events", "measured_machine", "merge_repeats", "profiled_steps",
+           "run_label"]

@@ -57,11 +57,11 @@ import numpy as np
 from mindpipe.simulator.calibrate.fidelity import FidelityRow, plan_label
 from mindpipe.simulator.calibrate.fit import MIN_SCALE, FitNotes, _fit_compute_constants, _nnls_relative
 from mindpipe.simulator.calibrate.models import ReferenceOpTime
-from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run, run_label
+from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run, measured_machine, run_label
 from mindpipe.simulator.ops import Op
 from mindpipe.simulator.subnet_costs import SupernetCosts, priced_costs, trace_costs
 from mindpipe.traces.calibration import OP_KINDS, Calibration, ComputeCalibration, DeviceCalibration
-from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.measured import Measurement
@@ -164,11 +164,7 @@ def _supernet_run(source: str, trace: Trace, meas: Measurement) -> SupernetRun:
     if not meas.subnets or not meas.subnet_stages or not meas.subnets_per_hour:
         raise ContractError(source, "measurement.subnets_per_hour", "a supernet run needs subnets, subnet_stages "
                             "and subnets_per_hour (write one with `mindpipe run --model SUPERNET --out`)")
-    try:
-        device = get_device(meas.device_name)
-    except ContractError as e:
-        raise ContractError(source, "measurement.device_name", e.rule) from None
-    cluster = Cluster(gpu=device.name, num_nodes=meas.nodes, gpus_per_node=max(1, meas.world_size // meas.nodes))
+    device, cluster = measured_machine(source, meas)
     return SupernetRun(source, meas, trace.supernet, cluster, device)
 
 

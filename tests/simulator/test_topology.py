@@ -68,3 +68,19 @@ def test_cluster_bandwidth_overrides_the_catalog() -> None:
     t = _topo(dp=2, tp=8, pp=1, inter_node_bandwidth_Gbps=800.0, intra_node_bandwidth_GBps=150.0)
     assert t.link_capacity(("nicout", 0)) == pytest.approx(100e9)
     assert t.link_capacity(("nvout", 0)) == pytest.approx(150e9)
+
+
+def test_cpu_hosts_on_several_nodes_need_the_link_between_them_and_then_use_it() -> None:
+    from mindpipe.simulator.api import simulate
+    from mindpipe.traces.builtin import load_model
+    from mindpipe.traces.errors import ContractError
+
+    with pytest.raises(ContractError, match="num_nodes=2 needs inter_node_bandwidth_Gbps"):
+        Cluster(gpu="cpu", num_nodes=2, gpus_per_node=1)
+    model, plan = load_model("gpt-tiny-8k"), Plan(dp=2, micro_batch_size=2, global_batch_size=8)
+    exposed = {}
+    for gbps in (1.0, 100.0):
+        res = simulate(model, Cluster(gpu="cpu", num_nodes=2, gpus_per_node=1, inter_node_bandwidth_Gbps=gbps), plan)
+        assert res.extra["bytes_by_link_type"].get("nic", 0.0) > 0  # the gradient all-reduce crosses the nodes
+        exposed[gbps] = res.extra["exposed_dp_comm_s"]
+    assert exposed[1.0] > 10 * exposed[100.0] > 0
