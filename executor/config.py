@@ -201,6 +201,13 @@ def check_launch_arguments(args: argparse.Namespace) -> None:
             integer("node_rank", args.node_rank, 0)
             if args.node_rank >= hi:
                 fail("node_rank", f"node_rank={args.node_rank} must be below nnodes={hi}")
+        if args.rdzv_endpoint is not None:
+            endpoint = str(args.rdzv_endpoint).strip()
+            # torchrun's parse_rendezvous_endpoint: HOST, HOST:PORT or [IPv6]:PORT.
+            port = endpoint.rsplit(":", 1)[1] if ":" in endpoint and not endpoint.endswith("]") else None
+            if not endpoint or (port is not None and not (port.isdecimal() and int(port) <= MAX_PORT)):
+                fail("rdzv_endpoint", f"rdzv_endpoint={shown(args.rdzv_endpoint)} is not HOST or HOST:PORT "
+                     f"with a port up to {MAX_PORT}")
         if hi > 1 and not (args.rdzv_backend or args.rdzv_endpoint):
             # torchrun's static rendezvous: every node must name the same store and its own rank.
             # Unset, each node would default to node rank 0 and pick its own free port: a hang.
