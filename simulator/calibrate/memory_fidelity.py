@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from mindpipe.simulator.memory import allocator_overhead_bytes
 from mindpipe.simulator.simulator import Simulator
+from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Cluster, Model
 from mindpipe.traces.measured import Measurement
 
@@ -50,16 +51,17 @@ class MemoryRow:
 def memory_rows(measurement: Measurement, model: Model, cluster: Cluster | None = None) -> list[MemoryRow]:
     """Per rank of ``measurement`` (those that recorded memory), predicted vs measured peak bytes.
 
-    ``cluster`` defaults to one node holding every rank, on the measurement's catalog device (a
-    rank's memory does not depend on how the ranks are spread over hosts, and CPU hosts have no
-    link the cluster could price). On a
+    ``cluster`` defaults to the measurement's hosts as nodes, each holding an equal share of the
+    ranks, on its catalog device; CPU hosts, which have no link the cluster could price, as one
+    node (a rank's memory does not depend on how the ranks are spread over hosts). On a
     GPU the measured peak is the caching allocator's, which does not see the CUDA context or
     NCCL's buffers: of the framework overhead the memory model reserves (``GPU_RESERVED_BYTES``)
     the prediction keeps only what the allocator holds (:func:`~mindpipe.simulator.memory.allocator_overhead_bytes`).
     """
     plan = measurement.plan
     if cluster is None:
-        cluster = Cluster(gpu=measurement.device_name, num_nodes=1, gpus_per_node=measurement.world_size)
+        nodes = max(1, measurement.nodes) if get_device(measurement.device_name).nic_bandwidth_Gbps > 0 else 1
+        cluster = Cluster(gpu=measurement.device_name, num_nodes=nodes, gpus_per_node=measurement.world_size // nodes)
     allocator = any(r.memory is not None and r.memory.source == "cuda_allocator" for r in measurement.ranks)
     sim = Simulator(model, cluster)
     predicted = [r.total_bytes for r in sim.memory(plan, allocator_overhead_bytes(sim.device) if allocator else None)]
