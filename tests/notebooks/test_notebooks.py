@@ -61,9 +61,13 @@ def _kernel_spec_manager(root: Path) -> KernelSpecManager:
     return KernelSpecManager(kernel_dirs=[str(root / "kernels")], ensure_native_kernel=False)
 
 
-def _kernel_env() -> dict[str, str]:
-    """The kernel's environment: ours, with the repository importable even without an editable install."""
+def _kernel_env(tmp: Path) -> dict[str, str]:
+    """The kernel's environment: ours, with the repository importable even without an editable
+    install, and ``tmp`` as its temporary directory (a notebook's own work folders, such as the
+    closed loop's ``mkdtemp``, are then removed with the test's)."""
     env = dict(os.environ)
+    tmp.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmp)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["MINDPIPE_NOTEBOOK_SMOKE"] = "1"
     return env
@@ -89,6 +93,6 @@ def test_notebook_executes(path: Path, tmp_path: Path) -> None:
         resources={"metadata": {"path": str(workdir)}},
     )
     try:
-        client.execute(env=_kernel_env())
+        client.execute(env=_kernel_env(tmp_path / "tmp"))
     except CellExecutionError as e:
         pytest.fail(f"{path.name}: a cell raised\n{e}", pytrace=False)
