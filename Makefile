@@ -38,7 +38,7 @@ demo: install
 # handed out in collection order, which tests/conftest.py starts with the files of slow tests
 # (xdist's default order, most tests first, leaves those to run last, one worker idle).
 # Every multi-rank test launches its own ranks, so more workers than cores only adds contention.
-# Tests marked `alone` compare real CPU timings (calibration, online repartition): they run after,
+# Tests marked `alone` compare real CPU timings (calibration fits): they run after,
 # one at a time, so another worker's ranks cannot skew what they measure.
 TEST_WORKERS ?= 2
 test: install-dev

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from mindpipe.traces.config import check_precision
+from mindpipe.traces.catalog import check_precision
 from mindpipe.traces.errors import ContractError
 
 if TYPE_CHECKING:

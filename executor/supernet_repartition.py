@@ -18,7 +18,21 @@ of the balanced rule) re-solves. One boundary move per segment would need as man
 as layers to move, each trained at the old imbalance; the re-solve gets there at the first
 boundary, and the threshold (plus "only if the predicted bottleneck drops") stops it from
 chasing noise. The times decided on are the mean over every segment run with the current
-partition (a segment's subnets draw different candidates, so one segment is a noisy sample). A partition is adopted only if its predicted slowest stage beats the current one.
+partition (a segment's subnets draw different candidates, so one segment is a noisy sample). A
+partition is adopted only if its predicted slowest stage is at least ``threshold`` times faster
+than the current one's (a smaller gain is within a segment's noise, and a move costs a drain and an
+exchange).
+
+**The judge** (:func:`next_partition`). Balanced compute is not the step time: more layers on a
+stage mean more CSP conflicts there, and on a CPU two busy ranks slow each other, so a move the
+stage times call for can make the run slower (on this 2-core machine, for the space of
+``benchmarks/supernet_repartition.py``, [11, 1] balances the measured stage times and runs 10-20 %
+slower per subnet than [9, 3]). Every segment therefore also records its wall time per subnet
+(the slowest rank's), and the run keeps score per partition: when the partition it moved to is
+more than ``threshold`` times slower per subnet than one it ran before (the same margin: a
+segment's wall time is a noisy sample too — ±20 % over 10 subnets on this machine), it goes back to
+the fastest one measured and stays there for the rest of the run; it never moves to a partition
+it has already measured.
 
 **The move** (:func:`exchange`) happens with no subnet in flight, so per-parameter updates do not
 depend on where a layer lives: each moved layer's old owner sends every candidate of the layer
@@ -39,6 +53,7 @@ import torch
 import torch.distributed as dist
 from mindpipe.executor.payload import Spans
 from mindpipe.executor.supernet_stage import make_optimizer
+from mindpipe.traces.measured import SubnetSegment
 from mindpipe.traces.supernet import Supernet, water_fill
 from mindpipe.traces.torch_supernet import CandidateBlock, SupernetStage, candidate_key
 from torch import nn
@@ -79,9 +94,44 @@ def decide_partition(times: Sequence[float], partition: Sequence[int], threshold
     new = water_fill(sum(partition), p, per_layer, first, last)
     if new == list(partition):
         return None
-    if max(predicted_times(new, per_layer, first, last)) >= max(predicted_times(partition, per_layer, first, last)):
+    if threshold * max(predicted_times(new, per_layer, first, last)) >= max(predicted_times(partition, per_layer,
+                                                                                           first, last)):
         return None
     return new
+
+
+def next_partition(segments: Sequence[SubnetSegment], threshold: float) -> list[int] | None:
+    """The partition to run the next segment with, judged on the run's ``segments`` so far, or None to keep it.
+
+    Pure: every rank holds the same segments (all-reduced times), so every rank decides the same.
+
+    Args:
+        segments: Every segment run so far, in order, with its partition, stage compute and
+            ``step_s`` (the module docstring's judge needs it; segments without it are not judged).
+        threshold: :func:`decide_partition`'s imbalance threshold.
+    """
+    if not segments:
+        return None
+    spells: list[tuple[tuple[int, ...], list[SubnetSegment]]] = []  # runs of consecutive segments, one partition
+    for g in segments:
+        key = tuple(g.partition)
+        if spells and spells[-1][0] == key:
+            spells[-1][1].append(g)
+        else:
+            spells.append((key, [g]))
+    if len({key for key, _ in spells}) < len(spells):
+        return None  # it went back to a partition once: it stays there
+    current, since = spells[-1]
+    step: dict[tuple[int, ...], float] = {}  # mean seconds per subnet of each partition run so far
+    for key, gs in spells:
+        walls = [g.step_s for g in gs if g.step_s is not None]
+        if len(walls) == len(gs):
+            step[key] = sum(walls) / len(walls)
+    if current in step and (faster := min(step, key=step.__getitem__)) != current and threshold * step[faster] < step[current]:
+        return list(faster)
+    mean = [sum(g.stage_compute_s[t] for g in since) / len(since) for t in range(len(current))]
+    new = decide_partition(mean, list(current), threshold)
+    return None if new is None or tuple(new) in step else new
 
 
 def layer_owners(partition: Sequence[int]) -> list[int]:
@@ -170,4 +220,5 @@ def _ranges(partition: Sequence[int]) -> list[range]:
     return out
 
 
-__all__ = ["decide_partition", "exchange", "layer_owners", "moves", "predicted_times", "segment_compute_s"]
+__all__ = ["decide_partition", "exchange", "layer_owners", "moves", "next_partition", "predicted_times",
+           "segment_compute_s"]

@@ -31,7 +31,7 @@ from mindpipe.executor.measure import cpu_seconds
 from mindpipe.executor.payload import Coords, Spans
 from mindpipe.executor.rundir import record_error, record_finished
 from mindpipe.executor.supernet_config import GIB, SupernetRunConfig
-from mindpipe.executor.supernet_repartition import decide_partition, exchange, segment_compute_s
+from mindpipe.executor.supernet_repartition import exchange, next_partition, segment_compute_s
 from mindpipe.executor.supernet_stage import StageLinks, StageRunner, make_optimizer
 from mindpipe.executor.supernet_switch import ContextSwitcher
 from mindpipe.executor.worker import _fault
@@ -186,16 +186,17 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
             raise RuntimeError(f"csp table of subnets {first}..{first + n - 1} breaks the rule: {bad[0]}")
         if not orders:
             orders = [f"{a.kind}{first + a.microbatch}" for a in schedule.orders[s]]
+        began = time.perf_counter()
         runner.run(schedule, first, choices)
+        wall = torch.tensor([(time.perf_counter() - began) / n], dtype=torch.float64, device=device)
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
         if budget is not None and switcher.peak_state_bytes > budget:
             raise RuntimeError(f"pipeline stage {s}: resident model state reached {switcher.peak_state_bytes} bytes, "
                                f"over --memory-budget-gib {cfg.memory_budget_gib:g}")
         done = first + n
         times = _stage_times(segment_compute_s(spans, s, first, n), s, r, pp, dp, device)
-        segments.append(SubnetSegment(first, list(partition), times))
-        since = [g for g in segments if g.partition == partition]  # this partition's segments so far
-        mean = [sum(g.stage_compute_s[t] for g in since) / len(since) for t in range(pp)]
-        new = decide_partition(mean, partition, cfg.repartition) if cfg.repartition and done < cfg.steps else None
+        segments.append(SubnetSegment(first, list(partition), times, float(wall.item())))
+        new = next_partition(segments, cfg.repartition) if cfg.repartition and done < cfg.steps else None
         if new is not None:
             switcher.restore_all()
             optimizer = exchange(module, optimizer, s, partition, new, lambda t: dist.get_global_rank(pp_group, t),

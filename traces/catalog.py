@@ -18,6 +18,12 @@ from typing import Any
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.reading import CATALOG, parse_json, read_json
 
+# Precisions that need a device figure of their own: ``fp8`` runs the transformer blocks' GEMMs in
+# FP8 (E4M3 forward, E5M2 gradients; Micikevicius et al. 2022, arXiv 2209.05433) with bf16
+# everywhere else, as Transformer Engine and torchao's float8 training do, so it needs FP8 tensor
+# cores (Hopper/Ada and later): a catalog device without an ``fp8`` peak cannot run it.
+DEVICE_PRECISIONS = ("fp8",)
+
 FORMAT_VERSION = 1
 KINDS = ("gpu", "cpu")
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
@@ -274,3 +280,20 @@ def get_device(
 def device_names() -> list[str]:
     """Return the sorted names of the shipped devices."""
     return sorted(_shipped_catalog())
+
+
+def precision_supported(precision: str, device_name: str) -> bool:
+    """True when the catalog device ``device_name`` can run ``precision`` (:data:`DEVICE_PRECISIONS`
+    need the device's own peak figure; the rest run everywhere)."""
+    return precision not in DEVICE_PRECISIONS or precision in get_device(device_name).peak_flops_per_s
+
+
+def check_precision(precision: str, device_name: str, source: str = "plan") -> None:
+    """Refuse a precision the device has no hardware for (``fp8`` on an A100 or a CPU).
+
+    Raises:
+        ContractError: e.g. ``plan.json: precision: precision 'fp8' needs FP8 tensor cores; a100-sxm4-80gb has none``.
+    """
+    if not precision_supported(precision, device_name):
+        raise ContractError(source, "precision", f"precision {precision!r} needs FP8 tensor cores "
+                                                 f"(H100, H200); {device_name} has none (use bf16)")

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mindpipe.traces.catalog import check_precision
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, number, shown, within_limit
 from mindpipe.traces.schema import check_format_version
@@ -28,11 +29,6 @@ DEFAULT_ROPE_THETA = 10000.0
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
-# Precisions that need a device figure of their own: ``fp8`` runs the transformer blocks' GEMMs in
-# FP8 (E4M3 forward, E5M2 gradients; Micikevicius et al. 2022, arXiv 2209.05433) with bf16
-# everywhere else, as Transformer Engine and torchao's float8 training do, so it needs FP8 tensor
-# cores (Hopper/Ada and later): a catalog device without an ``fp8`` peak cannot run it.
-DEVICE_PRECISIONS = ("fp8",)
 COMM_PRIORITIES = ("fair", "pp_first")
 # How context parallelism exchanges K and V (Megatron-core ``--cp-comm-type``): ``allgather`` (Llama 3:
 # K and V gathered before the attention kernels) or ``p2p`` (Transformer Engine's ring, the exchange
@@ -731,25 +727,6 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
         check_action_clocks(plan.action_clocks_mhz, cluster.gpu, source)
 
 
-def precision_supported(precision: str, device_name: str) -> bool:
-    """True when the catalog device ``device_name`` can run ``precision`` (:data:`DEVICE_PRECISIONS`
-    need the device's own peak figure; the rest run everywhere)."""
-    from mindpipe.traces.catalog import get_device
-
-    return precision not in DEVICE_PRECISIONS or precision in get_device(device_name).peak_flops_per_s
-
-
-def check_precision(precision: str, device_name: str, source: str = "plan") -> None:
-    """Refuse a precision the device has no hardware for (``fp8`` on an A100 or a CPU).
-
-    Raises:
-        ContractError: e.g. ``plan.json: precision: precision 'fp8' needs FP8 tensor cores; a100-sxm4-80gb has none``.
-    """
-    if not precision_supported(precision, device_name):
-        raise ContractError(source, "precision", f"precision {precision!r} needs FP8 tensor cores "
-                                                 f"(H100, H200); {device_name} has none (use bf16)")
-
-
 def nongemm_refusal(plan: Plan) -> str | None:
     """Why ``plan`` cannot give a block the ``nongemm`` policy (:mod:`mindpipe.traces.layout`), or None.
 
@@ -772,7 +749,6 @@ def stage_layers(plan: Plan, model: Model) -> list[int]:
 
 __all__ = [
     "COMM_PRIORITIES",
-    "DEVICE_PRECISIONS",
     "PLAN_SCALAR_KEYS",
     "PRECISIONS",
     "RECOMPUTE",
@@ -789,12 +765,10 @@ __all__ = [
     "Plan",
     "check_plan",
     "check_plan_key",
-    "check_precision",
     "even_partition",
     "knob_value",
     "nongemm_refusal",
     "plan_value",
-    "precision_supported",
     "stage_layers",
     "what_if_used",
 ]

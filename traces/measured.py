@@ -271,14 +271,18 @@ class SubnetSegment:
 
     ``stage_compute_s``: per pipeline stage, measured F + B seconds per subnet over the segment
     (mean over the dp replicas) — what online repartition (``--repartition``) decides from.
+    ``step_s``: the segment's wall seconds per subnet (the slowest rank's, from its first forward
+    to its drain) — what a repartition is judged by; None in files written before it was recorded.
     """
 
     first: int
     partition: list[int]
     stage_compute_s: list[float]
+    step_s: float | None = None
 
     def __post_init__(self) -> None:
         non_negative("first", self.first)
+        non_negative("step_s", self.step_s)
         if len(self.stage_compute_s) != len(self.partition):
             raise ContractError("", "stage_compute_s", "one time per pipeline stage of the partition")
         for i, t in enumerate(self.stage_compute_s):

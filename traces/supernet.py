@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from mindpipe.traces.config import Cluster, Plan, check_precision, even_partition, one_of, what_if_used
+from mindpipe.traces.catalog import check_precision
+from mindpipe.traces.config import Cluster, Plan, even_partition, one_of, what_if_used
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, shown
 from mindpipe.traces.schema import check_format_version

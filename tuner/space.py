@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindpipe.simulator.schedules import schedule_rule
-from mindpipe.traces.catalog import get_device
+from mindpipe.traces.catalog import check_precision, get_device
 from mindpipe.traces.config import (
     COMM_PRIORITIES,
     CP_COMM_TYPES,
@@ -50,7 +50,6 @@ from mindpipe.traces.config import (
     Cluster,
     Model,
     check_plan,
-    check_precision,
 )
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet
