@@ -166,7 +166,8 @@ def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
                    help="supernet runs: keep only the in-flight subnets' candidates on the device (auto: on for csp)")
     p.add_argument("--repartition", type=float, default=None, metavar="THRESHOLD",
                    help="supernet runs: at each --checkpoint-every boundary, re-solve the partition from measured "
-                        "stage times when their max/mean exceeds THRESHOLD (e.g. 1.1; default off)")
+                        "stage times when their max/mean exceeds THRESHOLD (e.g. 1.1; default off); a move that "
+                        "runs more than THRESHOLD times slower per subnet is undone")
     p.add_argument("--json", action="store_true", help="print a JSON summary of the run on stdout")
 
 
