@@ -26,8 +26,8 @@ exchange).
 **The judge** (:func:`next_partition`). Balanced compute is not the step time: more layers on a
 stage mean more CSP conflicts there, and on a CPU two busy ranks slow each other, so a move the
 stage times call for can make the run slower (on this 2-core machine, for the space of
-``benchmarks/supernet_repartition.py``, [11, 1] balances the measured stage times and runs 10-20 %
-slower per subnet than [9, 3]). Every segment therefore also records its wall time per subnet
+``benchmarks/supernet_repartition.py`` at micro-batch 2, [11, 1] balances the measured stage times
+yet ran 10-25 % slower per subnet than [9, 3], in two runs of each). Every segment therefore also records its wall time per subnet
 (the slowest rank's), and the run keeps score per partition: when the partition it moved to is
 more than ``threshold`` times slower per subnet than one it ran before (the same margin: a
 segment's wall time is a noisy sample too — ±20 % over 10 subnets on this machine), it goes back to
