@@ -25,17 +25,17 @@ RTOL = 1e-5
 
 
 @functools.cache
-def _reference(model_json: str, plan_json: str, data: str = "synthetic") -> tuple[float, ...]:
+def _reference(model_json: str, plan_json: str, data: str = "synthetic", steps: int = STEPS) -> tuple[float, ...]:
     model, plan = Model(**json.loads(model_json)), Plan(**json.loads(plan_json))
-    return tuple(reference_losses(model, plan, STEPS, data=data))
+    return tuple(reference_losses(model, plan, steps, data=data))
 
 
-def reference(plan: dict, model: dict | None = None, data: str = "synthetic") -> list[float]:
-    return list(_reference(json.dumps(model or TINY, sort_keys=True), json.dumps(plan, sort_keys=True), data))
+def reference(plan: dict, model: dict | None = None, data: str = "synthetic", steps: int = STEPS) -> list[float]:
+    return list(_reference(json.dumps(model or TINY, sort_keys=True), json.dumps(plan, sort_keys=True), data, steps))
 
 
-def assert_parity(losses: list[float], ref: list[float]) -> None:
-    assert len(losses) == len(ref) == STEPS
+def assert_parity(losses: list[float], ref: list[float], steps: int = STEPS) -> None:
+    assert len(losses) == len(ref) == steps
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True))
     assert worst <= RTOL, f"max relative difference {worst:.3g} > {RTOL}: {losses} vs {ref}"
 
