@@ -84,7 +84,10 @@ def test_notebook_executes(path: Path, tmp_path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     workdir = tmp_path / "cwd"
     workdir.mkdir()
-    km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_kernel_spec_manager(tmp_path / "jupyter"))
+    # An explicit connection file: without one jupyter_client makes it with tempfile.mkstemp in the system's
+    # temporary directory, and one per test run was left there.
+    km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_kernel_spec_manager(tmp_path / "jupyter"),
+                       connection_file=str(tmp_path / "kernel-connection.json"))
     client = NotebookClient(
         nb,
         km=km,
