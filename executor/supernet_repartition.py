@@ -47,6 +47,7 @@ stay bit-identical to a run that never repartitions.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -112,13 +113,8 @@ def next_partition(segments: Sequence[SubnetSegment], threshold: float) -> list[
     """
     if not segments:
         return None
-    spells: list[tuple[tuple[int, ...], list[SubnetSegment]]] = []  # runs of consecutive segments, one partition
-    for g in segments:
-        key = tuple(g.partition)
-        if spells and spells[-1][0] == key:
-            spells[-1][1].append(g)
-        else:
-            spells.append((key, [g]))
+    # Runs of consecutive segments with one partition.
+    spells = [(key, list(gs)) for key, gs in itertools.groupby(segments, key=lambda g: tuple(g.partition))]
     if len({key for key, _ in spells}) < len(spells):
         return None  # it went back to a partition once: it stays there
     current, since = spells[-1]
