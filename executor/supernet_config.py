@@ -22,6 +22,7 @@ per layer); the run measures resident bytes and stops if they exceed the budget.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -89,9 +90,10 @@ class SupernetRunConfig:
         if self.memory_budget_gib is not None:
             positive("memory_budget_gib", self.memory_budget_gib)
         if self.repartition is not None:
-            if not isinstance(self.repartition, int | float) or not self.repartition >= 1.0:
+            if (isinstance(self.repartition, bool) or not isinstance(self.repartition, int | float)
+                    or not math.isfinite(self.repartition) or self.repartition < 1.0):
                 raise ContractError("", "repartition", f"--repartition {self.repartition!r}: the max/mean stage-time "
-                                    "threshold must be a number >= 1")
+                                    "threshold must be a finite number >= 1")
             if not self.checkpoint_every:
                 raise ContractError("", "repartition", "--repartition moves layers at drained segment boundaries: "
                                     "give --checkpoint-every N (the segment length)")

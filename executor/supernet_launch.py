@@ -12,10 +12,12 @@ as :mod:`mindpipe.executor.supernet_worker`. This module imports torch only thro
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 
 from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
 from mindpipe.executor.config import plan_source
@@ -24,6 +26,7 @@ from mindpipe.executor.precheck import detect_device
 from mindpipe.executor.supernet_config import SupernetRunConfig, check_memory_budget
 from mindpipe.traces.builtin import load_network, load_plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.measured import SubnetSegment
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.supernet import Supernet
 
@@ -78,6 +81,30 @@ def precheck(cfg: SupernetRunConfig, world_size: int | None, source: str) -> Non
         check_private_dir(cfg.checkpoint_dir)
 
 
+def partition_history(segments: Sequence[SubnetSegment]) -> list[dict[str, object]]:
+    """Each partition a run trained with, in order: ``{"first", "partition", "step_s"}``.
+
+    A new entry starts where a segment's partition differs from the one before (a repartition);
+    ``step_s`` is the mean of those segments' measured seconds per subnet (None when the file
+    predates it).
+    """
+    out: list[dict[str, object]] = []
+    for _, group in itertools.groupby(segments, key=lambda seg: tuple(seg.partition)):
+        run = list(group)
+        steps = [seg.step_s for seg in run if seg.step_s is not None]
+        out.append({"first": run[0].first, "partition": run[0].partition,
+                    "step_s": sum(steps) / len(steps) if steps else None})
+    return out
+
+
+def _history_line(threshold: float, history: list[dict[str, object]]) -> str:
+    """``repartition (threshold 1.1): 1 move: [6, 6] from subnet 0 (0.0712 s/subnet) -> [11, 1] from subnet 40 (...)``."""
+    parts = [f"{h['partition']} from subnet {h['first']}" + (f" ({h['step_s']:.3g} s/subnet)" if h["step_s"] is not None else "")
+             for h in history]
+    moved = max(len(history) - 1, 0)
+    return f"repartition (threshold {threshold:g}): {moved} move{'' if moved == 1 else 's'}: " + " -> ".join(parts)
+
+
 def cmd_run_supernet(args: argparse.Namespace) -> int:
     """Check, launch and summarise a supernet run (``mindpipe run`` dispatches here for a supernet model)."""
     cfg = supernet_config(args)
@@ -94,12 +121,17 @@ def cmd_run_supernet(args: argparse.Namespace) -> int:
     print(f"mindpipe: wrote {cfg.out} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
     info = {"subnets": len(m.subnets), "first_subnet": m.subnets[0].id, "subnets_per_hour": m.subnets_per_hour,
             "subnet_schedule": m.subnet_schedule, "losses": [s.loss for s in m.subnets], "out": cfg.out}
+    history = partition_history(m.subnet_segments or [])
+    if cfg.repartition is not None:
+        info["partitions"] = history
     if args.json:
         print(json.dumps(info))
     else:
         print(f"{len(m.subnets)} subnets ({m.subnet_schedule}), {m.subnets_per_hour:.5g} subnets/hour, "
               f"last loss {m.subnets[-1].loss:.6f}")
+        if cfg.repartition is not None:
+            print(_history_line(cfg.repartition, history))
     return 0
 
 
-__all__ = ["cmd_run_supernet", "is_supernet_model", "precheck", "supernet_config"]
+__all__ = ["cmd_run_supernet", "is_supernet_model", "partition_history", "precheck", "supernet_config"]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from mindpipe.executor.supernet_config import SupernetRunConfig
+from mindpipe.executor.supernet_launch import _history_line, partition_history
 from mindpipe.executor.supernet_reference import train_sequential
 from mindpipe.executor.supernet_repartition import decide_partition, moves, next_partition, predicted_times
 from mindpipe.traces.builtin import load_supernet
@@ -98,6 +99,19 @@ def test_a_faster_move_is_kept_and_a_measured_partition_never_revisited() -> Non
     assert next_partition([], 1.1) is None
 
 
+def test_the_run_summary_lists_each_partition_once_with_its_mean_step_time() -> None:
+    segs = [SubnetSegment(0, [6, 6], [0.3, 0.6], 0.7), SubnetSegment(10, [9, 3], [0.5, 0.4], 0.5),
+            SubnetSegment(20, [9, 3], [0.5, 0.4], 0.3), SubnetSegment(30, [6, 6], [0.3, 0.6], None)]
+    history = partition_history(segs)
+    assert history == [{"first": 0, "partition": [6, 6], "step_s": 0.7},
+                       {"first": 10, "partition": [9, 3], "step_s": pytest.approx(0.4)},
+                       {"first": 30, "partition": [6, 6], "step_s": None}]
+    line = _history_line(1.1, history)
+    assert line == ("repartition (threshold 1.1): 2 moves: [6, 6] from subnet 0 (0.7 s/subnet) -> "
+                    "[9, 3] from subnet 10 (0.4 s/subnet) -> [6, 6] from subnet 30")
+    assert _history_line(1.5, partition_history(segs[:1])).startswith("repartition (threshold 1.5): 0 moves: [6, 6]")
+
+
 def test_moves_list_every_layer_that_changes_stage() -> None:
     assert moves([4, 4], [7, 1]) == [(4, 1, 0), (5, 1, 0), (6, 1, 0)]
     assert moves([3, 3, 2], [2, 3, 3]) == [(2, 0, 1), (5, 1, 2)]
@@ -110,6 +124,9 @@ def test_repartition_needs_segments_and_a_threshold_of_at_least_one() -> None:
         SupernetRunConfig(supernet=NET, plan=plan, steps=10, repartition=1.1)
     with pytest.raises(ContractError, match=">= 1"):
         SupernetRunConfig(supernet=NET, plan=plan, steps=10, checkpoint_every=5, repartition=0.5)
+    for bad in (float("inf"), float("nan"), True):
+        with pytest.raises(ContractError, match="finite number >= 1"):
+            SupernetRunConfig(supernet=NET, plan=plan, steps=10, checkpoint_every=5, repartition=bad)
 
 
 def test_repartition_is_refused_for_a_gpt_run(tmp_path: Path) -> None:
