@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from mindpipe.traces.config import Plan, one_of, positive
+from mindpipe.traces.config import Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer
 from mindpipe.traces.reading import CONFIG
@@ -84,6 +84,7 @@ class SupernetRunConfig:
         integer("seed", self.seed, 0, "seed")
         integer("checkpoint_every", self.checkpoint_every, 0, "train_steps")
         positive("lr", self.lr)
+        non_negative("weight_decay", self.weight_decay)
         positive("timeout_s", self.timeout_s)
         one_of("device", self.device, ("auto", "cpu", "cuda"))
         one_of("context_switch", self.context_switch, CONTEXT_SWITCH)

@@ -12,6 +12,7 @@ as :mod:`mindpipe.executor.supernet_worker`. This module imports torch only thro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -63,7 +64,9 @@ def supernet_config(args: argparse.Namespace) -> SupernetRunConfig:
             resume=args.resume, device=args.device, timeout_s=args.timeout, memory_budget_gib=args.memory_budget_gib,
             context_switch=getattr(args, "context_switch", "auto"), repartition=getattr(args, "repartition", None))
     except ContractError as e:
-        raise ContractError(plan_source(args.plan), e.key, e.rule) from None
+        # An option's own check names the command line (as a GPT run's does); the rest is the plan's.
+        flag = e.key in {f.name for f in dataclasses.fields(SupernetRunConfig)} - {"plan", "supernet"}
+        raise ContractError("command line" if flag else plan_source(args.plan), e.key, e.rule) from None
 
 
 def precheck(cfg: SupernetRunConfig, world_size: int | None, source: str) -> None:
