@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -168,8 +169,8 @@ def _simulate_supernet(args: argparse.Namespace, net: Supernet) -> int:
     for key in GPT_ONLY:
         if getattr(args, key) is not None:
             raise ContractError(f"--{key.replace('_', '-')}", None, "is not available for supernets yet")
-    if args.memory_budget_gib is not None and not args.memory_budget_gib > 0:
-        raise ContractError("--memory-budget-gib", None, f"{args.memory_budget_gib} must be > 0")
+    if args.memory_budget_gib is not None and not 0 < args.memory_budget_gib < math.inf:
+        raise ContractError("--memory-budget-gib", None, f"{args.memory_budget_gib} must be a finite number > 0")
     cluster = loaders.cluster(args.cluster)
     plan = loaders.plan(args.plan)
     trace = loaders.trace(args.trace) if args.trace else None
