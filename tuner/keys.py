@@ -54,6 +54,22 @@ from mindpipe.traces.limits import integer, limit, shown
 from mindpipe.traces.reading import parse_json
 
 PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
+
+
+def check_partitioners(names: Iterable[str], given_allowed: bool = False) -> None:
+    """Raise unless ``names`` (``--partitioner``) holds at least one known partitioner and no other.
+
+    ``given`` (the partition pinned with ``--fix partition=...``) is no name a user types: it is
+    accepted only where ``given_allowed``.
+    """
+    names = list(names)
+    typed = ", ".join(PARTITIONERS[:-1])
+    if not names:
+        raise ContractError("--partitioner", None, f"name at least one of {typed}")
+    for p in names:
+        if p not in PARTITIONERS or (p == "given" and not given_allowed):
+            raise ContractError("--partitioner", None, f"{p!r} is not one of {typed}")
+
 # Keys a point (and --fix) may carry; order fixes the column order of the output tables.
 POINT_KEYS = (
     "dp", "tp", "pp", "cp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",

@@ -33,7 +33,7 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.trace import Trace
-from mindpipe.tuner.keys import PARTITIONERS, WHAT_IF_KEYS, Point, parse_fixes
+from mindpipe.tuner.keys import WHAT_IF_KEYS, Point, check_partitioners, parse_fixes
 from mindpipe.tuner.materialize import Materialized, Problem, materialize
 
 
@@ -179,6 +179,22 @@ def search(problem: Problem, fixes: Mapping[str, Any], partitioner: str,
     return out
 
 
+def _no_mesh(problem: Problem, fixes: Mapping[str, Any]) -> str:
+    """Why :func:`search` had no mesh to try: no dp x tp x pp of the devices matches ``fixes``, or the first rule broken."""
+    cluster = problem.cluster
+    allowed = list(meshes(problem, fixes))
+    if not allowed:
+        return (f"no dp x tp x pp mesh of the {cluster.world_size} devices matches it (dp·tp·pp = "
+                f"{cluster.world_size}, tp <= {cluster.gpus_per_node} per node)")
+    dp, tp, pp = allowed[0]
+    point = point_at(base_point(dp, tp, pp, "balanced", fixes), 1, pp)
+    try:
+        problem.simulator().check(Plan(**{k: v for k, v in point.items() if k != "partitioner"}))
+    except ContractError as e:
+        return f"every dp x tp x pp mesh it allows breaks a plan rule, e.g. dp={dp}, tp={tp}, pp={pp}: {e.rule}"
+    return "every dp x tp x pp mesh it allows breaks a plan rule"
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b; inf when only b is 0 (nothing fits the baseline); None when either is missing."""
     if a is None or b is None:
@@ -223,17 +239,17 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
     if any(v != 1 for v in (fixed["cp"] if isinstance(fixed.get("cp"), list) else [fixed.get("cp", 1)])):
         raise ContractError("--fix", "cp", "--objective max_batch searches dp x tp x pp meshes (cp=1); "
                             "context parallelism is searched by the other objectives")
-    for name in partitioners:
-        if name not in PARTITIONERS or name == "given":
-            raise ContractError("--partitioner", None, f"{name!r} is not one of {', '.join(PARTITIONERS[:-1])}")
+    check_partitioners(partitioners)
     problem = Problem(model, cluster, trace, fingerprint=fingerprint(model, cluster, trace, calibration),
                       calibration=calibration)
     results = [r for name in partitioners for r in search(problem, fixed, name, num_microbatches)]
     results.sort(key=lambda r: (-r.global_batch_size, -(r.throughput_samples_per_s or 0.0)))
+    if not results:
+        raise ContractError("--fix", None, _no_mesh(problem, fixed))
     out_dir = output_dir(Path(out))
     table = [row(r) for r in results]
     write_text(out_dir / "max_batch.json", json.dumps(table, indent=1) + "\n")
-    best = results[0] if results and results[0].plan is not None else None
+    best = results[0] if results[0].plan is not None else None
     if best is None:
         raise ContractError("tune", None, f"no plan of {model.label} fits one sample per micro-batch on "
                             f"{cluster.world_size} × {cluster.gpu} (see {out_dir / 'max_batch.json'})")

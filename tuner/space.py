@@ -56,13 +56,13 @@ from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.keys import (
     LIST_KEYS,
     OPTIONAL_POINT_KEYS,
-    PARTITIONERS,
     POINT_KEYS,
     SEARCH_ON_REQUEST_KEYS,
     SUPERNET_POINT_KEYS,
     WHAT_IF_KEYS,
     Point,
     check_fixes_what_if,
+    check_partitioners,
     plan_of,
 )
 from mindpipe.tuner.memsplit import MEMORY_PARTITIONERS
@@ -130,6 +130,7 @@ class SearchSpace:
     def __post_init__(self) -> None:
         if "partition" in self.fixes:
             self.partitioners = ("given",)
+        check_partitioners(self.partitioners, given_allowed="partition" in self.fixes)
         if isinstance(self.model, Supernet):
             if self.search:
                 raise ContractError("--search", self.search[0], f"{self.search[0]} is not searched for supernets")
@@ -140,8 +141,6 @@ class SearchSpace:
             if key in self.fixes:
                 raise ContractError("--fix", key, f"{key} applies to supernets only; {self.model.label} is a GPT model")
         for p in self.partitioners:
-            if p not in PARTITIONERS or (p == "given" and "partition" not in self.fixes):
-                raise ContractError("--partitioner", None, f"{p!r} is not one of {', '.join(PARTITIONERS[:-1])}")
             if p in MEMORY_PARTITIONERS and "layer_memory_policy" in self.fixes:
                 raise ContractError("--partitioner", None, f"{p} chooses the layer_memory_policy itself; do not pin it")
         unknown = [k for k in self.what_if if k not in WHAT_IF_KEYS]

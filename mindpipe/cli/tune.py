@@ -20,6 +20,12 @@ from mindpipe.tuner.objectives import OBJECTIVES
 from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
 
 MAX_WORKERS = 256  # local evaluation processes, and proposals per round
+# Options of the search the other objectives run, which --objective max_batch (an exhaustive search of
+# the global batch over dp x tp x pp meshes) does not use: given away from its default, one is refused.
+MAX_BATCH_UNUSED = ("global_batch", "constraint", "critical_batch", "optimizer", "surrogate", "initial_points",
+                    "budget", "batch_size", "dask", "resume", "carbon_csv", "window", "job_hours", "iterations",
+                    "interruptible", "target_samples", "target_batch", "max_time_increase", "front_plans", "clocks",
+                    "max_slowdown")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -90,7 +96,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                              "frontier), envpipe (bubble-slack heuristic) or default (none)")
     clocks.add_argument("--max-slowdown", type=real(0.0, 1.0), default=0.01, metavar="F",
                         help="longest iteration the clocks may cost, relative to default clocks (default 0.01)")
-    p.set_defaults(func=cmd_tune)
+    p.set_defaults(func=cmd_tune, max_batch_unused={dest: p.get_default(dest) for dest in MAX_BATCH_UNUSED})
     return p
 
 
@@ -235,20 +241,26 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     trace = loaders.trace(args.trace) if args.trace else None
     calibration = loaders.calibration(args.calibration)
     partitioners = [p.strip() for p in args.partitioner.split(",") if p.strip()]
-    if args.objective == "max_batch":
-        if args.subnets is not None:
-            from mindpipe.traces.errors import ContractError
+    if args.objective != "max_batch" and args.microbatches is not None:
+        from mindpipe.traces.errors import ContractError
 
+        raise ContractError("--microbatches", None, f"only --objective max_batch takes it; {args.objective} searches the "
+                            "micro-batch size (and so the micro-batches) with the other plan keys")
+    if args.objective == "max_batch":
+        from mindpipe.traces.errors import ContractError
+
+        if args.subnets is not None:
             raise ContractError("--objective", None, "max_batch searches GPT plans; a supernet's objective is "
                                 "throughput (subnets trained per hour)")
+        for dest, default in args.max_batch_unused.items():
+            if getattr(args, dest) != default:
+                flag = "--" + dest.replace("_", "-")
+                raise ContractError(flag, None, "not used by --objective max_batch (it searches the global batch "
+                                    "over every dp x tp x pp mesh exhaustively)")
         if args.what_if is not None:
-            from mindpipe.traces.errors import ContractError
-
             raise ContractError("--what-if", None, "--objective max_batch searches the plans the executor runs; "
                                 "what-if knobs are searched by the other objectives")
         if args.search is not None:
-            from mindpipe.traces.errors import ContractError
-
             raise ContractError("--search", None, "--objective max_batch searches dp x tp x pp meshes (cp=1); "
                                 "--search is for the other objectives")
         return _max_batch(args, partitioners, trace, calibration)
