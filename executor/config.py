@@ -8,6 +8,7 @@ torch-free so ``mindpipe --help`` and the pre-launch checks never import torch.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import re
 from dataclasses import dataclass
@@ -209,6 +210,9 @@ def check_launch_arguments(args: argparse.Namespace) -> None:
             if not endpoint or (port is not None and not (port.isdecimal() and int(port) <= MAX_PORT)):
                 fail("rdzv_endpoint", f"rdzv_endpoint={shown(args.rdzv_endpoint)} is not HOST or HOST:PORT "
                      f"with a port up to {MAX_PORT}")
+        if args.rdzv_backend is not None and args.rdzv_backend not in rendezvous_backends():
+            fail("rdzv_backend", f"rdzv_backend={shown(args.rdzv_backend)} is not one of torchrun's rendezvous "
+                 f"backends ({', '.join(rendezvous_backends())})")
         if hi > 1 and not (args.rdzv_backend or args.rdzv_endpoint):
             # torchrun's static rendezvous: every node must name the same store and its own rank.
             # Unset, each node would default to node rank 0 and pick its own free port: a hang.
@@ -228,6 +232,16 @@ def check_launch_arguments(args: argparse.Namespace) -> None:
             within_limit("run_timeout", args.run_timeout, "timeout_s")
     except ContractError as e:
         raise ContractError("command line", e.key, e.rule) from None
+
+
+def rendezvous_backends() -> tuple[str, ...]:
+    """torchrun's rendezvous backends: its four built-ins and any a ``torchrun.handlers`` entry point adds.
+
+    (``torch.distributed.elastic.rendezvous.registry`` registers the same names; read here without
+    importing torch, which the launcher does not.)
+    """
+    plugins = tuple(ep.name for ep in importlib.metadata.entry_points(group="torchrun.handlers"))
+    return ("c10d", "static", "etcd", "etcd-v2", *plugins)
 
 
 def plan_source(arg: str) -> str:
