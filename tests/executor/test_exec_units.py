@@ -253,3 +253,24 @@ def test_the_spawner_refuses_a_bad_config_in_one_line_before_forking(tmp_path, c
         assert main(["--nproc", "2", "--master-port", "1", "--config", str(path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"spawn: error: {path}: "), err
+
+
+def test_a_bf16_cpu_run_is_noted_where_the_cpu_has_no_bf16_matrix_instructions(tmp_path, monkeypatch):
+    from mindpipe.executor import precheck
+
+    avx2, zen4 = tmp_path / "avx2", tmp_path / "zen4"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    zen4.write_text("processor\t: 0\nflags\t\t: fpu avx avx2 avx512f avx512_bf16\n")
+    assert precheck.cpu_has_bf16_gemm(str(avx2)) is False
+    assert precheck.cpu_has_bf16_gemm(str(zen4)) is True
+    assert precheck.cpu_has_bf16_gemm(str(tmp_path / "none")) is None  # not Linux: no note
+    model = Model(**TINY)
+    for host, precision, noted in ((False, "bf16", True), (False, "fp32", False), (True, "bf16", False),
+                                   (None, "bf16", False)):
+        monkeypatch.setattr(precheck, "cpu_has_bf16_gemm", lambda host=host: host)
+        plan = Plan(dp=2, micro_batch_size=1, global_batch_size=2, precision=precision)
+        pre = precheck.check_run(model, plan, 2, "cpu", None)
+        assert (precheck.CPU_BF16_NOTICE in pre.notes) is noted, (host, precision)
+    plan = Plan(dp=2, micro_batch_size=1, global_batch_size=2)
+    monkeypatch.setattr(precheck, "cpu_has_bf16_gemm", lambda: False)
+    assert precheck.CPU_BF16_NOTICE not in precheck.check_run(model, plan, 2, "cuda", None).notes
