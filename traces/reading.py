@@ -286,8 +286,11 @@ def read_json(path: str | os.PathLike[str], kind: InputKind, source: str | None 
 
 
 def read_csv(path: str | os.PathLike[str], kind: InputKind, source: str | None = None,
-             max_rows: int | None = None) -> list[list[str]]:
+             max_rows: int | None = None, on_header: Callable[[list[str]], None] | None = None) -> list[list[str]]:
     """The rows of a CSV file within ``kind``'s limit (and at most ``max_rows`` rows after the header line).
+
+    ``on_header`` is called with the first row as soon as it is read, so a file of another format
+    is refused by its header rather than by a later limit.
 
     Raises:
         ContractError: see :func:`read_text`; also malformed CSV (e.g. a field longer than the csv
@@ -299,6 +302,8 @@ def read_csv(path: str | os.PathLike[str], kind: InputKind, source: str | None =
     try:
         for row in reader:
             rows.append(row)
+            if on_header is not None and len(rows) == 1:
+                on_header(row)
             if max_rows is not None and len(rows) > max_rows + 1:
                 raise ContractError(src, f"line {reader.line_num}", f"more than {max_rows} rows after the header "
                                                                     "(limit)")
@@ -326,13 +331,16 @@ def read_headed_csv(path: str | os.PathLike[str], kind: InputKind, header_for: C
             number of fields, or no data rows — naming ``<file>:<line>``.
     """
     src = os.fspath(path)
-    rows = read_csv(path, kind, max_rows=max_rows)
+
+    def check_header(first: list[str]) -> None:
+        expected = header_for([c.strip() for c in first])
+        if [c.strip() for c in first] != expected:
+            raise ContractError(src, "line 1", f"header must be: {sep.join(expected)}")
+
+    rows = read_csv(path, kind, max_rows=max_rows, on_header=check_header)
     if not rows:
         raise ContractError(src, "line 1", "empty file")
     header = [c.strip() for c in rows[0]]
-    expected = header_for(header)
-    if header != expected:
-        raise ContractError(src, "line 1", f"header must be: {sep.join(expected)}")
     out = []
     for lineno, cells in enumerate(rows[1:], start=2):
         if not cells or not any(c.strip() for c in cells):
