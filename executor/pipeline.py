@@ -14,12 +14,14 @@ schedule implementation").
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mindpipe.executor.precheck import TORCH_SCHEDULES
+from mindpipe.executor.rundir import RUN_DIR_ENV
 from mindpipe.executor.torch_pipelining import named_schedule, schedule_orders, table_schedule
 from mindpipe.traces.config import Plan
 from mindpipe.traces.torch_gpt import VocabShard, plan_loss
@@ -64,7 +66,9 @@ def make_schedule(plan: Plan, stages: list[PipelineStage], source: str,
         if wrap_loss is not None:
             loss = wrap_loss(loss)
     if source == "simulator":
-        with tempfile.TemporaryDirectory(prefix="mindpipe-table-") as tmp:
+        # Inside the launcher's run directory where there is one: it is removed with the run even
+        # when a rank is killed before this block cleans up.
+        with tempfile.TemporaryDirectory(prefix="mindpipe-table-", dir=os.environ.get(RUN_DIR_ENV)) as tmp:
             path = Path(tmp) / f"{plan.schedule}.csv"
             write_simulator_table(plan, path)
             schedule = table_schedule(path, stages, m, loss)
