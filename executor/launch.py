@@ -191,8 +191,35 @@ def _keep_log(log: Path, records: dict[int, rundir.RankError]) -> None:
             fh.write(f"\n--- rank {r.rank} ({r.kind}) ---\n{r.traceback}")
 
 
-def run_under_torchrun(cfg: Any, args: argparse.Namespace, kind: str, run_timeout: float | None) -> None:
+class ProgressLine:
+    """Prints the run's progress record (:func:`mindpipe.executor.rundir.read_progress`) to stderr as it
+    advances, ever less often as the run goes on: at most once every tenth of the time elapsed, between
+    1 and 60 seconds apart (a two-hour run prints about 150 lines), and always its last step.
+    """
+
+    def __init__(self, run_dir: Path, unit: str = "step") -> None:
+        self.run_dir, self.unit = run_dir, unit
+        self.started = self.printed_at = time.monotonic()
+        self.shown = 0
+
+    def __call__(self) -> None:
+        progress = rundir.read_progress(self.run_dir)
+        if progress is None or progress.step <= self.shown:
+            return
+        now = time.monotonic()
+        gap = min(60.0, max(1.0, (now - self.started) / 10))
+        if now - self.printed_at < gap and progress.step < progress.steps:
+            return
+        print(f"mindpipe: [{now - self.started:6.0f} s] {progress.line(self.unit)}", file=sys.stderr, flush=True)
+        self.shown, self.printed_at = progress.step, now
+
+
+def run_under_torchrun(cfg: Any, args: argparse.Namespace, kind: str, run_timeout: float | None,
+                       progress_unit: str = "step") -> None:
     """Save ``cfg`` (a run config with ``save``) in a private run directory and run every rank under torchrun.
+
+    While the ranks run, their progress is printed (:class:`ProgressLine`; ``progress_unit`` names
+    what they count: ``step``, or ``subnet`` for a supernet run).
 
     Raises:
         RunFailed: a rank failed, or the run exceeded ``run_timeout`` (the log is kept and named).
@@ -209,11 +236,13 @@ def run_under_torchrun(cfg: Any, args: argparse.Namespace, kind: str, run_timeou
         cfg.save(config_path)
         cmd, runner = launch_command(args, str(config_path), kind)
         print("mindpipe: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
+        show = ProgressLine(run_dir, progress_unit)
         try:
             code, output = supervise.run_torchrun(cmd, _environment(args, kind, run_dir), run_dir, log, watchdog,
-                                                  run_timeout)
+                                                  run_timeout, show)
         except supervise.Signalled as e:
             raise RunStopped(e.signum) from None
+        show()  # the last step, recorded after the last tick
         if code not in (0, None) and not rundir.read_errors(run_dir) and rundir.all_finished(run_dir):
             # Every rank had passed the run's last barrier (rank 0 had written the outputs) when one
             # died in torch's teardown (destroy_process_group / interpreter exit; seen on gloo as
@@ -265,13 +294,14 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
     return run_and_read(cfg, args, kind, run_timeout)
 
 
-def run_and_read(cfg: Any, args: argparse.Namespace, kind: str, run_timeout: float | None) -> Trace | None:
+def run_and_read(cfg: Any, args: argparse.Namespace, kind: str, run_timeout: float | None,
+                 progress_unit: str = "step") -> Trace | None:
     """Run every rank of this node (:func:`run_under_torchrun`) and read the measured trace at
     ``cfg.out``: None when unset, or on a node of a multi-node run that did not run global rank
     0, which writes it on its own node (a note says so on stderr, and under ``--json`` an object
     with ``out`` null on stdout)."""
     started = time.time()
-    run_under_torchrun(cfg, args, kind, run_timeout)
+    run_under_torchrun(cfg, args, kind, run_timeout, progress_unit)
     if not cfg.out:
         return None
     if str(args.nnodes) != "1" and not _written_since(cfg.out, started):

@@ -198,6 +198,44 @@ def record_finished(rank: int) -> None:
         os.close(os.open(d / f"rank{rank}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
+@dataclass(frozen=True)
+class Progress:
+    """How far a run is: the last step done of ``steps``, its loss where the reporting rank has one, and
+    its wall seconds (written by one rank, shown by the launcher while it waits)."""
+
+    step: int
+    steps: int
+    loss: float | None
+    step_s: float
+    replicas: int = 1  # data-parallel (and cp) replicas: the loss shown is replica 0's, the run's is their mean
+
+    def line(self, unit: str = "step") -> str:
+        """``step 3/10  loss 9.026575 (replica 0 of 2)  0.485 s/step``."""
+        loss = "" if self.loss is None else f"  loss {self.loss:.6f}" + (
+            f" (replica 0 of {self.replicas})" if self.replicas > 1 else "")
+        return f"{unit} {self.step}/{self.steps}{loss}  {self.step_s:.4g} s/{unit}"
+
+
+def record_progress(progress: Progress) -> None:
+    """Replace the run's progress record (atomically: the launcher never reads half a record)."""
+    where = os.environ.get(RUN_DIR_ENV)
+    if not where:
+        return
+    tmp = Path(where) / f".progress.{os.getpid()}"
+    tmp.write_text(json.dumps(asdict(progress)), encoding="utf-8")
+    os.replace(tmp, Path(where) / "progress.json")
+
+
+def read_progress(run_dir: str | os.PathLike[str]) -> Progress | None:
+    """The run's latest :class:`Progress`, or None before the first (or from a record it cannot read)."""
+    try:
+        data = json.loads((Path(run_dir) / "progress.json").read_text(encoding="utf-8"))
+        return Progress(int(data["step"]), int(data["steps"]), None if data["loss"] is None else float(data["loss"]),
+                        float(data["step_s"]), int(data.get("replicas", 1)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def all_finished(run_dir: str | os.PathLike[str]) -> bool:
     """Every registered rank recorded :func:`record_finished` (and at least one registered)."""
     registered = len(ranks(run_dir))
@@ -245,6 +283,7 @@ def read_errors(run_dir: str | os.PathLike[str]) -> dict[int, RankError]:
 __all__ = [
     "RUN_DIR_ENV",
     "ProcRef",
+    "Progress",
     "RankError",
     "alive",
     "all_finished",
@@ -252,9 +291,11 @@ __all__ = [
     "die_with_parent",
     "ranks",
     "read_errors",
+    "read_progress",
     "read_root_cause",
     "record_error",
     "record_finished",
+    "record_progress",
     "record_root_cause",
     "ref",
     "register_rank",

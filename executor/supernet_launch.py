@@ -115,7 +115,7 @@ def cmd_run_supernet(args: argparse.Namespace) -> int:
     precheck(cfg, world, plan_source(args.plan))
     kind, _ = detect_device(cfg.device)
     started = time.perf_counter()
-    trace, code = reported(lambda: run_and_read(cfg, args, kind, args.run_timeout))
+    trace, code = reported(lambda: run_and_read(cfg, args, kind, args.run_timeout, "subnet"))
     if trace is None:
         return code
     m = trace.measurement

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import IO, Any
 from mindpipe.executor import rundir
 
 TRAPPED = (signal.SIGTERM, signal.SIGHUP)
+TICK_S = 1.0  # how often run_torchrun's tick runs while the ranks do
 _PR_SET_PDEATHSIG = 1
 
 
@@ -125,10 +127,29 @@ def _pump(stream: IO[str], log: IO[str], tail: deque[str]) -> None:
             log.flush()
 
 
+def _wait(proc: subprocess.Popen[str], timeout: float | None, tick: Callable[[], None] | None) -> int:
+    """``proc.wait(timeout)``, calling ``tick`` about every :data:`TICK_S` seconds while it runs."""
+    if tick is None:
+        return proc.wait(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
+        try:
+            return proc.wait(timeout=TICK_S if left is None else min(TICK_S, left))
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+            tick()
+
+
 def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: Path, log_path: Path,
-                 watchdog: subprocess.Popen[bytes], timeout: float | None) -> tuple[int | None, list[str]]:
+                 watchdog: subprocess.Popen[bytes], timeout: float | None,
+                 tick: Callable[[], None] | None = None) -> tuple[int | None, list[str]]:
     """Run torchrun to the end; returns (exit code, last lines of its output), None on ``timeout``.
 
+    ``tick`` is called about once a second while the ranks run (the launcher shows their progress).
     On :class:`Signalled`, KeyboardInterrupt or a timeout, torchrun and every rank are stopped
     before this returns or raises.
     """
@@ -144,7 +165,7 @@ def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: Path, log_path: P
             reader = threading.Thread(target=_pump, args=(proc.stdout, log, tail), daemon=True)
             reader.start()
             try:
-                code: int | None = proc.wait(timeout=timeout)
+                code: int | None = _wait(proc, timeout, tick)
             except subprocess.TimeoutExpired:
                 code = None
             except BaseException:

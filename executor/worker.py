@@ -33,7 +33,7 @@ from mindpipe.executor.parallelize import parallelize_stage
 from mindpipe.executor.payload import Coords, RankPayload
 from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
-from mindpipe.executor.rundir import record_error, record_finished
+from mindpipe.executor.rundir import Progress, record_error, record_finished, record_progress
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.tied_table import TiedTable
 from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_waits
@@ -50,6 +50,7 @@ from torch.distributed.pipelining import PipelineStage
 # (a RuntimeError, or an input error), die without a Python error, or stop responding at that step;
 # "RANK:teardown" makes it abort (SIGABRT) after the run finished, as torch's teardown sometimes does.
 FAULT_ENV = "MINDPIPE_FAULT"
+PROGRESS_EVERY_S = 1.0  # how often the reporting rank updates the run's progress record
 
 
 def _fault(rank: int, step: int | None) -> None:
@@ -199,9 +200,14 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     # unless it is the only measured step.
     skip_profiled_cpu = first_measured <= cfg.profile_step <= cfg.steps and cfg.steps > first_measured
     profiled_cpu = 0.0
+    # One rank shows the launcher how far the run is: the first replica's holder of the loss.
+    reports = has_last and all(v == 0 for k, v in coords.items() if k != "pp")
+    replicas = plan.dp * plan.cp
+    reported = 0.0
     dist.barrier()
     recorder.origin = time.perf_counter()  # the run's time origin (see traces.measured)
     for step in range(start + 1, cfg.steps + 1):
+        began = time.perf_counter()
         _fault(dist.get_rank(), step)
         if step == first_measured:
             marks = {"cpu": cpu_seconds(), "energy": energy.read()}
@@ -234,6 +240,11 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         if cpu0 is not None:
             profiled_cpu = cpu_seconds() - cpu0
         losses.append(torch.stack(mb_losses).mean().detach() if has_last else None)
+        now = time.perf_counter()
+        if reports and (now - reported >= PROGRESS_EVERY_S or step == cfg.steps):
+            # float() waits for the step on a GPU: at most once a PROGRESS_EVERY_S, not every step.
+            record_progress(Progress(step, cfg.steps, float(losses[-1]), now - began, replicas))
+            reported = now
         if cfg.checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             _save(cfg, step, parts, optimizers, probe)
     cpu_s = cpu_seconds() - marks["cpu"] - profiled_cpu

@@ -93,7 +93,10 @@ def test_an_error_in_a_rank_is_one_line_with_its_log(tmp_path, fault, code, need
     res = run_plan(tmp_path, PLAN, 2, "--schedule-source", "torch", steps=20,
                    env=run_env(MINDPIPE_FAULT=fault, TMPDIR=str(tmp)))
     assert res.returncode == code, res.stderr[-3000:]
-    errors = [ln for ln in res.stderr.splitlines() if not ln.startswith("mindpipe: /")]  # not the launch command echo
+    # Not the launch command's echo, nor the progress lines of the step before the fault.
+    progress = [ln for ln in res.stderr.splitlines() if ln.startswith("mindpipe: [")]
+    errors = [ln for ln in res.stderr.splitlines() if not ln.startswith(("mindpipe: /", "mindpipe: ["))]
+    assert all(re.fullmatch(r"mindpipe: \[ +\d+ s\] step 1/20  loss \d+\.\d{6}  \S+ s/step", ln) for ln in progress), progress
     assert len(errors) == 1 and errors[0].startswith(f"mindpipe: error: {needle}"), res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr
     log = Path(re.search(r"\(full log: (\S+)\)$", errors[0]).group(1))
@@ -111,6 +114,8 @@ def test_a_successful_run_leaves_no_log(tmp_path):
                    env=run_env(TMPDIR=str(tmp)))
     assert res.returncode == 0, res.stderr[-3000:]
     assert list(tmp.iterdir()) == [] and (tmp_path / "measured.json").is_file()
+    # The launcher showed the run's progress, its last step always (a single rank holds the loss).
+    assert re.search(r"^mindpipe: \[ +\d+ s\] step 2/2  loss \d+\.\d{6}  \S+ s/step$", res.stderr, re.M), res.stderr
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the run's processes through /proc")
@@ -155,7 +160,7 @@ def test_a_rendezvous_port_in_use_is_one_line(tmp_path):
         port = taken.getsockname()[1]
         res = run_plan(tmp_path, PLAN, 2, "--master-port", str(port), steps=2)
     assert res.returncode == 1, res.stderr[-3000:]
-    errors = [ln for ln in res.stderr.splitlines() if not ln.startswith("mindpipe: /")]
+    errors = [ln for ln in res.stderr.splitlines() if not ln.startswith(("mindpipe: /", "mindpipe: ["))]
     assert len(errors) == 1 and errors[0].startswith("mindpipe: error: the rank spawner failed: spawn: error: cannot "
                                                      f"host the rendezvous store on 127.0.0.1:{port}: "), res.stderr
     assert "address already in use" in errors[0]

@@ -274,3 +274,37 @@ def test_a_bf16_cpu_run_is_noted_where_the_cpu_has_no_bf16_matrix_instructions(t
     plan = Plan(dp=2, micro_batch_size=1, global_batch_size=2)
     monkeypatch.setattr(precheck, "cpu_has_bf16_gemm", lambda: False)
     assert precheck.CPU_BF16_NOTICE not in precheck.check_run(model, plan, 2, "cuda", None).notes
+
+
+def test_progress_round_trips_through_the_run_directory_and_prints_ever_less_often(tmp_path, monkeypatch, capsys):
+    from mindpipe.executor import launch, rundir
+
+    monkeypatch.setenv(rundir.RUN_DIR_ENV, str(tmp_path))
+    assert rundir.read_progress(tmp_path) is None
+    rundir.record_progress(rundir.Progress(3, 10, 9.0265751, 0.4851, 2))
+    got = rundir.read_progress(tmp_path)
+    assert got == rundir.Progress(3, 10, 9.0265751, 0.4851, 2)
+    assert got.line() == "step 3/10  loss 9.026575 (replica 0 of 2)  0.4851 s/step"
+    assert rundir.Progress(20, 40, None, 0.02, 1).line("subnet") == "subnet 20/40  0.02 s/subnet"
+    assert [p.name for p in tmp_path.iterdir()] == ["progress.json"]  # replaced in place, no temporary left
+    (tmp_path / "progress.json").write_text("{\"step\": 1")  # a torn record reads as none
+    assert rundir.read_progress(tmp_path) is None
+
+    clock = [100.0]
+    monkeypatch.setattr(launch.time, "monotonic", lambda: clock[0])
+    show = launch.ProgressLine(tmp_path)
+
+    def at(t, step, steps=1000):
+        clock[0] = 100.0 + t
+        rundir.record_progress(rundir.Progress(step, steps, 1.0, 0.1))
+        show()
+        return [ln.split("] ")[1].split("  ")[0] for ln in capsys.readouterr().err.splitlines()]
+
+    assert at(0.5, 1) == []             # under a second since the launch
+    assert at(1.0, 2) == ["step 2/1000"]
+    assert at(1.5, 2) == []             # no new step
+    assert at(2.2, 5) == ["step 5/1000"]
+    assert at(200.0, 900) == ["step 900/1000"]
+    assert at(210.0, 950) == []         # 200 s in: a line per tenth of the time elapsed
+    assert at(223.0, 990) == ["step 990/1000"]
+    assert at(224.0, 1000) == ["step 1000/1000"]  # the last step always
