@@ -193,8 +193,8 @@ def _keep_log(log: Path, records: dict[int, rundir.RankError]) -> None:
 
 class ProgressLine:
     """Prints the run's progress record (:func:`mindpipe.executor.rundir.read_progress`) to stderr as it
-    advances, ever less often as the run goes on: at most once every tenth of the time elapsed, between
-    1 and 60 seconds apart (a two-hour run prints about 150 lines), and always its last step.
+    advances, ever less often as the run goes on (:func:`~mindpipe.executor.rundir.progress_gap`) and
+    always its last step.
     """
 
     def __init__(self, run_dir: Path, unit: str = "step") -> None:
@@ -207,8 +207,7 @@ class ProgressLine:
         if progress is None or progress.step <= self.shown:
             return
         now = time.monotonic()
-        gap = min(60.0, max(1.0, (now - self.started) / 10))
-        if now - self.printed_at < gap and progress.step < progress.steps:
+        if now - self.printed_at < rundir.progress_gap(now - self.started) and progress.step < progress.steps:
             return
         print(f"mindpipe: [{now - self.started:6.0f} s] {progress.line(self.unit)}", file=sys.stderr, flush=True)
         self.shown, self.printed_at = progress.step, now

@@ -216,14 +216,25 @@ class Progress:
         return f"{unit} {self.step}/{self.steps}{loss}  {self.step_s:.4g} s/{unit}"
 
 
-def record_progress(progress: Progress) -> None:
-    """Replace the run's progress record (atomically: the launcher never reads half a record)."""
+def progress_gap(elapsed_s: float) -> float:
+    """Seconds between two progress lines ``elapsed_s`` into a run: a tenth of the time elapsed,
+    between 1 and 60 (a two-hour run prints about 150 lines)."""
+    return min(60.0, max(1.0, elapsed_s / 10))
+
+
+def record_progress(progress: Progress) -> bool:
+    """Replace the run's progress record (atomically: the launcher never reads half a record).
+
+    Returns False where no launcher's run directory is set (``python -m mindpipe.executor`` under
+    torchrun or srun), so the caller prints the progress itself.
+    """
     where = os.environ.get(RUN_DIR_ENV)
     if not where:
-        return
+        return False
     tmp = Path(where) / f".progress.{os.getpid()}"
     tmp.write_text(json.dumps(asdict(progress)), encoding="utf-8")
     os.replace(tmp, Path(where) / "progress.json")
+    return True
 
 
 def read_progress(run_dir: str | os.PathLike[str]) -> Progress | None:
@@ -289,6 +300,7 @@ __all__ = [
     "all_finished",
     "describe_exit",
     "die_with_parent",
+    "progress_gap",
     "ranks",
     "read_errors",
     "read_progress",

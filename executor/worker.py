@@ -14,6 +14,7 @@ measured trace and the timeline (:mod:`mindpipe.executor.report`).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -33,7 +34,7 @@ from mindpipe.executor.parallelize import parallelize_stage
 from mindpipe.executor.payload import Coords, RankPayload
 from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
-from mindpipe.executor.rundir import Progress, record_error, record_finished, record_progress
+from mindpipe.executor.rundir import Progress, progress_gap, record_error, record_finished, record_progress
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.tied_table import TiedTable
 from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_waits
@@ -203,7 +204,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     # One rank shows the launcher how far the run is: the first replica's holder of the loss.
     reports = has_last and all(v == 0 for k, v in coords.items() if k != "pp")
     replicas = plan.dp * plan.cp
-    reported = 0.0
+    reported = printed = 0.0
     dist.barrier()
     recorder.origin = time.perf_counter()  # the run's time origin (see traces.measured)
     for step in range(start + 1, cfg.steps + 1):
@@ -243,8 +244,12 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         now = time.perf_counter()
         if reports and (now - reported >= PROGRESS_EVERY_S or step == cfg.steps):
             # float() waits for the step on a GPU: at most once a PROGRESS_EVERY_S, not every step.
-            record_progress(Progress(step, cfg.steps, float(losses[-1]), now - began, replicas))
+            progress = Progress(step, cfg.steps, float(losses[-1]), now - began, replicas)
             reported = now
+            if not record_progress(progress) and (now - printed >= progress_gap(now - recorder.origin)
+                                                  or step == cfg.steps):
+                print(f"executor: {progress.line()}", file=sys.stderr, flush=True)  # no launcher to show it
+                printed = now
         if cfg.checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             _save(cfg, step, parts, optimizers, probe)
     cpu_s = cpu_seconds() - marks["cpu"] - profiled_cpu

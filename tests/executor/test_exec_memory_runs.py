@@ -104,6 +104,7 @@ def test_budget_exceeded_mid_run_stops_and_keeps_the_last_checkpoint(tmp_path):
     assert res.returncode != 0
     assert "executor: error: --memory-budget-gib: pipeline rank" in res.stderr, res.stderr[-3000:]
     assert "at step 2" in res.stderr and "over the budget of" in res.stderr
+    assert "executor: step 1/4  loss " in res.stderr, res.stderr[-3000:]  # no launcher: the rank shows its progress
     assert not (tmp_path / "m.json").exists()
     assert check_resume(ckpt, to_dict(Model(**TINY)), 1) == 1  # step 1's checkpoint, whole and trusted
 
