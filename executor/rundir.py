@@ -16,11 +16,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 import os
 import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -237,6 +239,28 @@ def record_progress(progress: Progress) -> bool:
     return True
 
 
+class ProgressReporter:
+    """The reporting rank's side of :class:`Progress`: after each step, at most once a ``every_s``
+    (reading a loss waits for the step on a GPU) and always at the last, record it for the launcher,
+    or print it on the launcher's schedule (:func:`progress_gap`) where there is none."""
+
+    def __init__(self, steps: int, replicas: int, every_s: float = 1.0, unit: str = "step") -> None:
+        self.steps, self.replicas, self.every_s, self.unit = steps, replicas, every_s, unit
+        self.origin = time.perf_counter()
+        self.recorded = self.printed = -math.inf
+
+    def after(self, step: int, loss: Callable[[], float | None], step_s: float) -> None:
+        """Report ``step`` (``loss`` is called only when the step is reported)."""
+        now, last = time.perf_counter(), step == self.steps
+        if now - self.recorded < self.every_s and not last:
+            return
+        progress = Progress(step, self.steps, loss(), step_s, self.replicas)
+        self.recorded = now
+        if not record_progress(progress) and (now - self.printed >= progress_gap(now - self.origin) or last):
+            print(f"executor: {progress.line(self.unit)}", file=sys.stderr, flush=True)
+            self.printed = now
+
+
 def read_progress(run_dir: str | os.PathLike[str]) -> Progress | None:
     """The run's latest :class:`Progress`, or None before the first (or from a record it cannot read)."""
     try:
@@ -295,6 +319,7 @@ __all__ = [
     "RUN_DIR_ENV",
     "ProcRef",
     "Progress",
+    "ProgressReporter",
     "RankError",
     "alive",
     "all_finished",

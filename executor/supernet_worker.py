@@ -29,7 +29,7 @@ from mindpipe.executor import supernet_checkpoint as ckpt
 from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
 from mindpipe.executor.measure import cpu_seconds
 from mindpipe.executor.payload import Coords, Spans
-from mindpipe.executor.rundir import Progress, record_error, record_finished, record_progress
+from mindpipe.executor.rundir import ProgressReporter, record_error, record_finished
 from mindpipe.executor.supernet_config import GIB, SupernetRunConfig
 from mindpipe.executor.supernet_repartition import exchange, next_partition, segment_compute_s
 from mindpipe.executor.supernet_stage import StageLinks, StageRunner, make_optimizer
@@ -175,6 +175,7 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
     origin = time.perf_counter()
     runner.origin = links.origin = origin
     cpu0 = cpu_seconds()
+    progress = ProgressReporter(cfg.steps, dp, every_s=0.0, unit="subnet") if s == pp - 1 and r == 0 else None
     for first in range(start, cfg.steps, cfg.segment):
         n = min(cfg.segment, cfg.steps - first)
         _fault(dist.get_rank(), first + 1)
@@ -194,8 +195,8 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
             raise RuntimeError(f"pipeline stage {s}: resident model state reached {switcher.peak_state_bytes} bytes, "
                                f"over --memory-budget-gib {cfg.memory_budget_gib:g}")
         done = first + n
-        if s == pp - 1 and r == 0:  # the launcher shows how far the run is (per drained segment)
-            record_progress(Progress(done, cfg.steps, runner.losses.get(done - 1), float(wall.item()), dp))
+        if progress is not None:  # how far the run is, per drained segment
+            progress.after(done, lambda d=done: runner.losses.get(d - 1), float(wall.item()))
         times = _stage_times(segment_compute_s(spans, s, first, n), s, r, pp, dp, device)
         segments.append(SubnetSegment(first, list(partition), times, float(wall.item())))
         new = next_partition(segments, cfg.repartition) if cfg.repartition and done < cfg.steps else None

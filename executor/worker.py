@@ -14,7 +14,6 @@ measured trace and the timeline (:mod:`mindpipe.executor.report`).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
@@ -34,7 +33,7 @@ from mindpipe.executor.parallelize import parallelize_stage
 from mindpipe.executor.payload import Coords, RankPayload
 from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
-from mindpipe.executor.rundir import Progress, progress_gap, record_error, record_finished, record_progress
+from mindpipe.executor.rundir import ProgressReporter, record_error, record_finished
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.tied_table import TiedTable
 from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_waits
@@ -51,7 +50,6 @@ from torch.distributed.pipelining import PipelineStage
 # (a RuntimeError, or an input error), die without a Python error, or stop responding at that step;
 # "RANK:teardown" makes it abort (SIGABRT) after the run finished, as torch's teardown sometimes does.
 FAULT_ENV = "MINDPIPE_FAULT"
-PROGRESS_EVERY_S = 1.0  # how often the reporting rank updates the run's progress record
 
 
 def _fault(rank: int, step: int | None) -> None:
@@ -201,10 +199,9 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     # unless it is the only measured step.
     skip_profiled_cpu = first_measured <= cfg.profile_step <= cfg.steps and cfg.steps > first_measured
     profiled_cpu = 0.0
-    # One rank shows the launcher how far the run is: the first replica's holder of the loss.
+    # One rank shows how far the run is: the first replica's holder of the loss.
     reports = has_last and all(v == 0 for k, v in coords.items() if k != "pp")
-    replicas = plan.dp * plan.cp
-    reported = printed = 0.0
+    progress = ProgressReporter(cfg.steps, plan.dp * plan.cp) if reports else None
     dist.barrier()
     recorder.origin = time.perf_counter()  # the run's time origin (see traces.measured)
     for step in range(start + 1, cfg.steps + 1):
@@ -241,15 +238,8 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         if cpu0 is not None:
             profiled_cpu = cpu_seconds() - cpu0
         losses.append(torch.stack(mb_losses).mean().detach() if has_last else None)
-        now = time.perf_counter()
-        if reports and (now - reported >= PROGRESS_EVERY_S or step == cfg.steps):
-            # float() waits for the step on a GPU: at most once a PROGRESS_EVERY_S, not every step.
-            progress = Progress(step, cfg.steps, float(losses[-1]), now - began, replicas)
-            reported = now
-            if not record_progress(progress) and (now - printed >= progress_gap(now - recorder.origin)
-                                                  or step == cfg.steps):
-                print(f"executor: {progress.line()}", file=sys.stderr, flush=True)  # no launcher to show it
-                printed = now
+        if progress is not None:
+            progress.after(step, lambda: float(losses[-1]), time.perf_counter() - began)
         if cfg.checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             _save(cfg, step, parts, optimizers, probe)
     cpu_s = cpu_seconds() - marks["cpu"] - profiled_cpu

@@ -308,3 +308,24 @@ def test_progress_round_trips_through_the_run_directory_and_prints_ever_less_oft
     assert at(210.0, 950) == []         # 200 s in: a line per tenth of the time elapsed
     assert at(223.0, 990) == ["step 990/1000"]
     assert at(224.0, 1000) == ["step 1000/1000"]  # the last step always
+
+
+def test_without_a_launcher_the_reporting_rank_prints_its_progress(monkeypatch, capsys, tmp_path):
+    from mindpipe.executor import rundir
+
+    monkeypatch.delenv(rundir.RUN_DIR_ENV, raising=False)
+    clock = [0.0]
+    monkeypatch.setattr(rundir.time, "perf_counter", lambda: clock[0])
+    reads: list[int] = []
+    rep = rundir.ProgressReporter(steps=30, replicas=1)
+    for step, t in enumerate((0.5, 0.9, 2.0, 2.5, 30.0, 31.0), start=1):
+        clock[0] = t
+        rep.after(step, lambda s=step: reads.append(s) or 2.5, 0.25)
+    rep.after(30, lambda: reads.append(30) or 2.0, 0.25)  # the last step, at once
+    lines = capsys.readouterr().err.splitlines()
+    assert reads == [1, 3, 5, 6, 30]  # the loss is read at most once a second (and at the last step)
+    assert lines == ["executor: step 1/30  loss 2.500000  0.25 s/step", "executor: step 3/30  loss 2.500000  0.25 s/step",
+                     "executor: step 5/30  loss 2.500000  0.25 s/step", "executor: step 30/30  loss 2.000000  0.25 s/step"]
+    monkeypatch.setenv(rundir.RUN_DIR_ENV, str(tmp_path))  # with a launcher: recorded, not printed
+    rep.after(30, lambda: 1.0, 0.25)
+    assert capsys.readouterr().err == "" and rundir.read_progress(tmp_path).loss == 1.0
