@@ -28,6 +28,7 @@ killing the launcher stops torchrun and every rank and removes the run's tempora
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -209,7 +210,8 @@ class ProgressLine:
         now = time.monotonic()
         if now - self.printed_at < rundir.progress_gap(now - self.started) and progress.step < progress.steps:
             return
-        print(f"mindpipe: [{now - self.started:6.0f} s] {progress.line(self.unit)}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # a closed stderr must not stop the training it reports on
+            print(f"mindpipe: [{now - self.started:6.0f} s] {progress.line(self.unit)}", file=sys.stderr, flush=True)
         self.shown, self.printed_at = progress.step, now
 
 
