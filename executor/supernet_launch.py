@@ -84,28 +84,37 @@ def precheck(cfg: SupernetRunConfig, world_size: int | None, source: str) -> Non
         check_private_dir(cfg.checkpoint_dir)
 
 
-def partition_history(segments: Sequence[SubnetSegment]) -> list[dict[str, object]]:
-    """Each partition a run trained with, in order: ``{"first", "partition", "step_s"}``.
+@dataclasses.dataclass(frozen=True)
+class PartitionSpan:
+    """A stretch of a supernet run trained with one partition: from subnet ``first``, at ``step_s``
+    measured seconds per subnet (the mean of its segments'; None for files that predate it)."""
 
-    A new entry starts where a segment's partition differs from the one before (a repartition);
-    ``step_s`` is the mean of those segments' measured seconds per subnet (None when the file
-    predates it).
-    """
-    out: list[dict[str, object]] = []
+    first: int
+    partition: list[int]
+    step_s: float | None
+
+    def text(self) -> str:
+        """``[6, 6] from subnet 0 (0.0712 s/subnet)``."""
+        timed = f" ({self.step_s:.3g} s/subnet)" if self.step_s is not None else ""
+        return f"{self.partition} from subnet {self.first}{timed}"
+
+
+def partition_history(segments: Sequence[SubnetSegment]) -> list[PartitionSpan]:
+    """Each partition a run trained with, in order; a new one starts where a segment's partition
+    differs from the one before (a repartition)."""
+    out: list[PartitionSpan] = []
     for _, group in itertools.groupby(segments, key=lambda seg: tuple(seg.partition)):
         run = list(group)
         steps = [seg.step_s for seg in run if seg.step_s is not None]
-        out.append({"first": run[0].first, "partition": run[0].partition,
-                    "step_s": sum(steps) / len(steps) if steps else None})
+        out.append(PartitionSpan(run[0].first, run[0].partition, sum(steps) / len(steps) if steps else None))
     return out
 
 
-def _history_line(threshold: float, history: list[dict[str, object]]) -> str:
+def _history_line(threshold: float, history: list[PartitionSpan]) -> str:
     """``repartition (threshold 1.1): 1 move: [6, 6] from subnet 0 (0.0712 s/subnet) -> [11, 1] from subnet 40 (...)``."""
-    parts = [f"{h['partition']} from subnet {h['first']}" + (f" ({h['step_s']:.3g} s/subnet)" if h["step_s"] is not None else "")
-             for h in history]
     moved = max(len(history) - 1, 0)
-    return f"repartition (threshold {threshold:g}): {moved} move{'' if moved == 1 else 's'}: " + " -> ".join(parts)
+    return (f"repartition (threshold {threshold:g}): {moved} move{'' if moved == 1 else 's'}: "
+            + " -> ".join(h.text() for h in history))
 
 
 def cmd_run_supernet(args: argparse.Namespace) -> int:
@@ -126,7 +135,7 @@ def cmd_run_supernet(args: argparse.Namespace) -> int:
             "subnet_schedule": m.subnet_schedule, "losses": [s.loss for s in m.subnets], "out": cfg.out}
     history = partition_history(m.subnet_segments or [])
     if cfg.repartition is not None:
-        info["partitions"] = history
+        info["partitions"] = [dataclasses.asdict(h) for h in history]
     if args.json:
         print(json.dumps(info))
     else:
@@ -137,4 +146,4 @@ def cmd_run_supernet(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["cmd_run_supernet", "is_supernet_model", "partition_history", "precheck", "supernet_config"]
+__all__ = ["PartitionSpan", "cmd_run_supernet", "is_supernet_model", "partition_history", "precheck", "supernet_config"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from mindpipe.executor.supernet_config import SupernetRunConfig
-from mindpipe.executor.supernet_launch import _history_line, partition_history
+from mindpipe.executor.supernet_launch import PartitionSpan, _history_line, partition_history
 from mindpipe.executor.supernet_reference import train_sequential
 from mindpipe.executor.supernet_repartition import decide_partition, moves, next_partition, predicted_times
 from mindpipe.traces.builtin import load_supernet
@@ -103,9 +103,8 @@ def test_the_run_summary_lists_each_partition_once_with_its_mean_step_time() -> 
     segs = [SubnetSegment(0, [6, 6], [0.3, 0.6], 0.7), SubnetSegment(10, [9, 3], [0.5, 0.4], 0.5),
             SubnetSegment(20, [9, 3], [0.5, 0.4], 0.3), SubnetSegment(30, [6, 6], [0.3, 0.6], None)]
     history = partition_history(segs)
-    assert history == [{"first": 0, "partition": [6, 6], "step_s": 0.7},
-                       {"first": 10, "partition": [9, 3], "step_s": pytest.approx(0.4)},
-                       {"first": 30, "partition": [6, 6], "step_s": None}]
+    assert history == [PartitionSpan(0, [6, 6], 0.7), PartitionSpan(10, [9, 3], pytest.approx(0.4)),
+                       PartitionSpan(30, [6, 6], None)]
     line = _history_line(1.1, history)
     assert line == ("repartition (threshold 1.1): 2 moves: [6, 6] from subnet 0 (0.7 s/subnet) -> "
                     "[9, 3] from subnet 10 (0.4 s/subnet) -> [6, 6] from subnet 30")
