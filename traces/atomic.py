@@ -129,6 +129,8 @@ def _create_temp(target: Path) -> tuple[int, Path]:
         except FileExistsError:
             continue
         except FileNotFoundError:
+            if target.parent.is_dir():  # a file system that makes no such files (/proc)
+                raise ContractError(str(target), None, f"cannot create a file in {target.parent}") from None
             raise ContractError(str(target), None, f"directory {target.parent} does not exist") from None
         except OSError as e:
             raise ContractError(str(target), None, f"cannot create a file in {target.parent}: {e.strerror}") from None
@@ -241,7 +243,13 @@ def check_output(path: str | os.PathLike[str], *, directory: bool = False) -> bo
             file where a directory is meant, a parent that is not a directory).
     """
     if not directory:
-        kind, _ = classify(path)
+        kind, where = classify(path)
+        if kind != "stream" and where.parent.is_dir():
+            # What the writer will do first: create a file beside it (a read-only or unwritable
+            # directory is refused now, not after the work).
+            fd, tmp = _create_temp(where)
+            os.close(fd)
+            os.unlink(tmp)
         return kind != "new"
     p = Path(path)
     st = _stat_target(p, "expected a directory", ", ")

@@ -184,3 +184,23 @@ def test_save_figure_refuses_an_unknown_format_before_writing(tmp_path):
         plt.close(fig)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.svg"]
     assert (tmp_path / "g.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_check_output_creates_what_the_writer_would_and_leaves_nothing(tmp_path, monkeypatch):
+    assert atomic.check_output(tmp_path / "new.json") is False
+    (tmp_path / "old.json").write_text("{}")
+    assert atomic.check_output(tmp_path / "old.json") is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]  # the probe files are gone
+
+    def refused(path, flags, mode=0o777):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(atomic.os, "open", refused)  # e.g. a read-only directory: refused before any work
+    with pytest.raises(ContractError, match=r"cannot create a file in .*: Permission denied"):
+        atomic.check_output(tmp_path / "new.json")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_directory_that_makes_no_files_is_named_as_such_not_as_missing():
+    with pytest.raises(ContractError, match=r"^/proc/mindpipe-x\.json: cannot create a file in /proc$"):
+        atomic.check_output("/proc/mindpipe-x.json")
