@@ -103,3 +103,18 @@ def test_profile_at_op_granularity_then_simulate_a_cut_inside_a_block(tmp_path):
     bad = run("simulate", "--model", TINY, "--cluster", "cpu:1x2", "--trace", str(trace),
               "--plan", '{"pp": 2, "global_batch_size": 4, "stage_cuts": ["after_mlp"]}')
     assert bad.returncode == 2 and "stage_cuts[0]='after_mlp' is not one of" in bad.stderr
+
+
+@pytest.mark.parametrize(("host", "precision", "cluster", "noted"), [
+    (False, "bf16", "cpu:1x2", True), (False, "fp32", "cpu:1x2", False), (True, "bf16", "cpu:1x2", False),
+    (None, "bf16", "cpu:1x2", False), (False, "bf16", "a100-sxm4-80gb:1x8", False),
+])
+def test_tune_notes_a_bf16_cpu_plan_on_a_host_that_would_emulate_it(monkeypatch, capsys, host, precision, cluster,
+                                                                      noted):
+    from mindpipe.executor import precheck
+
+    from mindpipe.cli import tune
+
+    monkeypatch.setattr(precheck, "cpu_has_bf16_gemm", lambda: host)
+    tune._note_cpu_bf16({"precision": precision}, cluster)
+    assert (precheck.CPU_BF16_NOTICE in capsys.readouterr().err) is noted

@@ -12,7 +12,7 @@ from typing import Any
 
 from mindpipe.cli import loaders, tune_target
 from mindpipe.cli.args import count, real, seed
-from mindpipe.cli.output import print_json
+from mindpipe.cli.output import print_json, stderr
 from mindpipe.traces.config import SEARCHED_WHAT_IF_KEYS, WHAT_IF_KEYS
 from mindpipe.traces.limits import limit
 from mindpipe.traces.supernet import Supernet
@@ -300,12 +300,26 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
                                              args.clocks, args.max_slowdown, trace=trace, calibration=calibration,
                                              plots=not args.no_plots)
         summary["best_plan"]["stage_clocks_mhz"] = summary["clocks"]["stage_clocks_mhz"]
+    if not isinstance(model, Supernet):  # a supernet run trains in fp32
+        _note_cpu_bf16(summary.get("best_plan"), args.cluster)
     if args.json:
         print_json(summary)
     else:
         print(_format(summary))
     sys.stdout.flush()
     return 0
+
+
+def _note_cpu_bf16(best: dict[str, Any] | None, cluster_arg: str) -> None:
+    """A note when a bf16 plan is tuned for the CPU on a host whose CPU would emulate its GEMMs
+    (:data:`mindpipe.executor.precheck.CPU_BF16_NOTICE`, which ``mindpipe run`` prints too)."""
+    from mindpipe.executor.precheck import CPU_BF16_NOTICE, cpu_has_bf16_gemm
+    from mindpipe.traces.catalog import get_device
+
+    if not best or best.get("precision", "bf16") != "bf16":
+        return
+    if get_device(loaders.cluster(cluster_arg).gpu).kind == "cpu" and cpu_has_bf16_gemm() is False:
+        stderr(f"mindpipe: note: the best plan is bf16 for the cpu device: {CPU_BF16_NOTICE}")
 
 
 def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, calibration: Any) -> int:
