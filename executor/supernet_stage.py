@@ -132,6 +132,7 @@ class StageRunner:
         self.optimizer, self.switcher, self.links = optimizer, switcher, links
         self.batch_fn, self.all_reduce, self.spans, self.origin = batch_fn, all_reduce, spans, origin
         self.losses: dict[int, float] = {}
+        self.on_loss: Callable[[int, float], None] | None = None  # told each subnet's loss (progress)
         self.cuda = switcher.cuda
 
     def _keys(self, choices: Choices) -> list[str]:
@@ -194,6 +195,8 @@ class StageRunner:
         if last:
             out = self.module.loss(out, target)  # type: ignore[arg-type]
             self.losses[sid] = float(out.detach())
+            if self.on_loss is not None:
+                self.on_loss(sid, self.losses[sid])
         c1, t1 = action_cpu_clock(self.cuda), self._now()
         self.spans.actions.append(ActionSpan(sid + 1, self.stage, sid, "F", t0, t1, _diff(c0, c1)))
         if not last:

@@ -175,7 +175,10 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
     origin = time.perf_counter()
     runner.origin = links.origin = origin
     cpu0 = cpu_seconds()
-    progress = ProgressReporter(cfg.steps, dp, every_s=0.0, unit="subnet") if s == pp - 1 and r == 0 else None
+    if s == pp - 1 and r == 0:  # how far the run is, as each subnet's loss is known (at most once a second)
+        progress = ProgressReporter(cfg.steps, dp, unit="subnet")
+        runner.on_loss = lambda sid, loss: progress.after(
+            sid + 1, lambda: loss, (time.perf_counter() - origin) / max(1, sid + 1 - start))
     for first in range(start, cfg.steps, cfg.segment):
         n = min(cfg.segment, cfg.steps - first)
         _fault(dist.get_rank(), first + 1)
@@ -195,8 +198,6 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
             raise RuntimeError(f"pipeline stage {s}: resident model state reached {switcher.peak_state_bytes} bytes, "
                                f"over --memory-budget-gib {cfg.memory_budget_gib:g}")
         done = first + n
-        if progress is not None:  # how far the run is, per drained segment
-            progress.after(done, lambda d=done: runner.losses.get(d - 1), float(wall.item()))
         times = _stage_times(segment_compute_s(spans, s, first, n), s, r, pp, dp, device)
         segments.append(SubnetSegment(first, list(partition), times, float(wall.item())))
         new = next_partition(segments, cfg.repartition) if cfg.repartition and done < cfg.steps else None

@@ -9,6 +9,7 @@ killed run, and the context-switching memory budget.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,10 @@ def test_csp_dp2_pp2_bit_identical(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     m = _measurement(tmp_path / "measured.json")
     _assert_identical(m, 2, 2)
+    # The launcher showed the run's progress, its last subnet always, with replica 0's loss of it
+    # (the run's loss is the mean of both replicas').
+    last = rf"^mindpipe: \[ +\d+ s\] subnet {N}/{N}  loss \d+\.\d{{6}} \(replica 0 of 2\)  \S+ s/subnet$"
+    assert re.search(last, res.stderr, re.M), res.stderr
     assert m.subnet_stages is not None and {(r.stage, r.dp_rank) for r in m.subnet_stages} == {
         (0, 0), (0, 1), (1, 0), (1, 1)}
 
