@@ -116,5 +116,5 @@ def test_tune_notes_a_bf16_cpu_plan_on_a_host_that_would_emulate_it(monkeypatch,
     from mindpipe.cli import tune
 
     monkeypatch.setattr(precheck, "cpu_has_bf16_gemm", lambda: host)
-    tune._note_cpu_bf16({"precision": precision}, cluster)
+    tune._note_cpu_bf16(precision, cluster)
     assert (precheck.CPU_BF16_NOTICE in capsys.readouterr().err) is noted

@@ -300,8 +300,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
                                              args.clocks, args.max_slowdown, trace=trace, calibration=calibration,
                                              plots=not args.no_plots)
         summary["best_plan"]["stage_clocks_mhz"] = summary["clocks"]["stage_clocks_mhz"]
-    if not isinstance(model, Supernet):  # a supernet run trains in fp32
-        _note_cpu_bf16(summary.get("best_plan"), args.cluster)
+    if not isinstance(model, Supernet) and summary.get("best_plan"):  # a supernet run trains in fp32
+        _note_cpu_bf16(summary["best_plan"].get("precision", "bf16"), args.cluster)
     if args.json:
         print_json(summary)
     else:
@@ -310,13 +310,13 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-def _note_cpu_bf16(best: dict[str, Any] | None, cluster_arg: str) -> None:
-    """A note when a bf16 plan is tuned for the CPU on a host whose CPU would emulate its GEMMs
-    (:data:`mindpipe.executor.precheck.CPU_BF16_NOTICE`, which ``mindpipe run`` prints too)."""
+def _note_cpu_bf16(precision: str, cluster_arg: str) -> None:
+    """A note when the best plan (of ``precision``) is bf16 for the CPU on a host whose CPU would emulate
+    its GEMMs (:data:`mindpipe.executor.precheck.CPU_BF16_NOTICE`, which ``mindpipe run`` prints too)."""
     from mindpipe.executor.precheck import CPU_BF16_NOTICE, cpu_has_bf16_gemm
     from mindpipe.traces.catalog import get_device
 
-    if not best or best.get("precision", "bf16") != "bf16":
+    if precision != "bf16":
         return
     if get_device(loaders.cluster(cluster_arg).gpu).kind == "cpu" and cpu_has_bf16_gemm() is False:
         stderr(f"mindpipe: note: the best plan is bf16 for the cpu device: {CPU_BF16_NOTICE}")
