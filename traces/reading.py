@@ -333,8 +333,9 @@ def read_headed_csv(path: str | os.PathLike[str], kind: InputKind, header_for: C
     src = os.fspath(path)
 
     def check_header(first: list[str]) -> None:
-        expected = header_for([c.strip() for c in first])
-        if [c.strip() for c in first] != expected:
+        header = [c.strip() for c in first]
+        expected = header_for(header)
+        if header != expected:
             raise ContractError(src, "line 1", f"header must be: {sep.join(expected)}")
 
     rows = read_csv(path, kind, max_rows=max_rows, on_header=check_header)

@@ -169,14 +169,21 @@ def search(problem: Problem, fixes: Mapping[str, Any], partitioner: str,
     out = []
     for dp, tp, pp in meshes(problem, fixes):
         base = base_point(dp, tp, pp, partitioner, fixes)
-        try:
-            problem.simulator().check(Plan(**{k: v for k, v in point_at(base, 1, num_microbatches or pp).items()
-                                              if k != "partitioner"}))
-        except ContractError:
+        if _mesh_rule(problem, base, num_microbatches or pp) is not None:
             continue
         out.append(max_batch(problem, base, num_microbatches or pp))
     out.sort(key=lambda r: (-r.global_batch_size, -(r.throughput_samples_per_s or 0.0)))
     return out
+
+
+def _mesh_rule(problem: Problem, base: Mapping[str, Any], num_microbatches: int) -> str | None:
+    """The plan rule ``base`` breaks at one sample per micro-batch, or None when it is a plan."""
+    point = point_at(base, 1, num_microbatches)
+    try:
+        problem.simulator().check(Plan(**{k: v for k, v in point.items() if k != "partitioner"}))
+    except ContractError as e:
+        return e.rule
+    return None
 
 
 def _no_mesh(problem: Problem, fixes: Mapping[str, Any]) -> str:
@@ -187,12 +194,9 @@ def _no_mesh(problem: Problem, fixes: Mapping[str, Any]) -> str:
         return (f"no dp x tp x pp mesh of the {cluster.world_size} devices matches it (dp·tp·pp = "
                 f"{cluster.world_size}, tp <= {cluster.gpus_per_node} per node)")
     dp, tp, pp = allowed[0]
-    point = point_at(base_point(dp, tp, pp, "balanced", fixes), 1, pp)
-    try:
-        problem.simulator().check(Plan(**{k: v for k, v in point.items() if k != "partitioner"}))
-    except ContractError as e:
-        return f"every dp x tp x pp mesh it allows breaks a plan rule, e.g. dp={dp}, tp={tp}, pp={pp}: {e.rule}"
-    return "every dp x tp x pp mesh it allows breaks a plan rule"
+    rule = _mesh_rule(problem, base_point(dp, tp, pp, "balanced", fixes), pp)
+    example = f", e.g. dp={dp}, tp={tp}, pp={pp}: {rule}" if rule is not None else ""
+    return f"every dp x tp x pp mesh it allows breaks a plan rule{example}"
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
