@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from mindpipe.executor.rundir import ProgressReporter, record_error, record_fini
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.tied_table import TiedTable
 from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_waits
+from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import block_policies, data_parallel_units, one_weight_pass, stage_layout
 from mindpipe.traces.noise_scale import NoiseEmaState
@@ -44,6 +46,7 @@ from mindpipe.traces.schema import to_dict
 from mindpipe.traces.torch_context_parallel import ContextShard
 from mindpipe.traces.torch_gpt import VocabShard
 from mindpipe.traces.torch_models import build_model, use_context_parallel
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 
 # Fault injection for the failure tests: "RANK:STEP[:raise|contract|exit|hang]" makes that rank raise
@@ -130,7 +133,82 @@ def _resume(cfg: RunConfig, parts: list[Any], optimizers: list[Any], probe: Nois
     return start
 
 
+@dataclass
+class _Rank:
+    """What one rank builds from the plan before training: its stages, their wrappers, meters and optimizers."""
+
+    mesh: DeviceMesh
+    coords: dict[str, int]
+    modules: dict[int, Any]  # stage index -> stage module
+    memory: MemoryAccount
+    pool: HostPool
+    recorder: Recorder
+    tied: TiedTable
+    probe: NoiseProbe | None
+    context: ContextShard | None
+    schedule: Any
+    orders: dict[int, list[str]]
+    optimizers: list[torch.optim.AdamW]
+
+    @property
+    def parts(self) -> list[Any]:
+        """The stage modules in stage order."""
+        return [mod for _, mod in sorted(self.modules.items())]
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.modules
+
+    def has_last(self, plan: Plan) -> bool:
+        return plan.num_stages - 1 in self.modules
+
+
+@dataclass
+class _Measured:
+    """What the training loop measured on one rank (the aggregates leave out the warm-up steps)."""
+
+    losses: list[float | None]
+    first_measured: int
+    cpu_s: float
+    cpu_steps: int
+    energy_j: float | None
+
+
 def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayload] | None:
+    """Build, resume if asked, train ``cfg.steps`` steps and gather every rank's payload on rank 0."""
+    rank = _build(cfg, device, pre)
+    parts = rank.parts
+    start = _resume(cfg, parts, rank.optimizers, rank.probe) if cfg.resume and cfg.checkpoint_dir else 0
+    if start >= cfg.steps:
+        raise ContractError("--steps", None, f"the checkpoint is at step {start}; --steps {cfg.steps} leaves nothing to run")
+    try:
+        source = TokenSource(cfg.model, cfg.plan, cfg.seed, cfg.data)
+    except ContractError:
+        raise
+    except ValueError as e:  # a --data file too short for one sample
+        raise ContractError("--data", None, str(e)) from None
+    clock = lock_stage_clock(cfg.plan, device, rank.coords["pp"], verbose=dist.get_rank() == 0)
+    measured = _loop(cfg, rank, source, start, device)
+    clock.release()
+    if cfg.checkpoint_dir:
+        _save(cfg, cfg.steps, parts, rank.optimizers, rank.probe)
+    mem, mem_source = peak_memory(device)
+    payload = RankPayload(
+        rank=dist.get_rank(), coords=Coords(**rank.coords), stages=sorted(rank.modules), host=host_name(),
+        cpu_count=os.cpu_count() or 1, threads=torch.get_num_threads(), spans=rank.recorder.spans,
+        layers=rank.recorder.layers.infos(), losses=measured.losses, first_step=start + 1,
+        first_measured=measured.first_measured, cpu_s=measured.cpu_s, cpu_steps=measured.cpu_steps,
+        energy_j=measured.energy_j, peak_memory_bytes=mem, memory_source=mem_source, orders=rank.orders,
+        memory=stage_memory(device, rank.memory, rank.pool), clock_note=clock.note(rank.coords["pp"]),
+        noise=rank.probe.result if rank.probe is not None else None,
+    )
+    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(payload, gathered, dst=0)
+    return gathered
+
+
+def _build(cfg: RunConfig, device: torch.device, pre: Precheck) -> _Rank:
+    """This rank's stages of the plan: cut, parallelized, wrapped for measurement, scheduled, with optimizers."""
     plan, model = cfg.plan, cfg.model
     mesh = build_mesh(plan, device)
     coords = coordinates(mesh)
@@ -179,18 +257,15 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         optimizers = [torch.optim.AdamW(p.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay) for p in parts]
     except ValueError as e:  # torch's own check of the hyper-parameters (e.g. a NaN learning rate)
         raise ContractError("--lr/--weight-decay", None, str(e)) from None
-    start = _resume(cfg, parts, optimizers, probe) if cfg.resume and cfg.checkpoint_dir else 0
-    if start >= cfg.steps:
-        raise ContractError("--steps", None, f"the checkpoint is at step {start}; --steps {cfg.steps} leaves nothing to run")
-    try:
-        source = TokenSource(model, plan, cfg.seed, cfg.data)
-    except ContractError:
-        raise
-    except ValueError as e:  # a --data file too short for one sample
-        raise ContractError("--data", None, str(e)) from None
-    has_first, has_last = 0 in modules, plan.num_stages - 1 in modules
+    return _Rank(mesh=mesh, coords=coords, modules=modules, memory=memory, pool=pool, recorder=recorder, tied=tied,
+                 probe=probe, context=context, schedule=schedule, orders=orders, optimizers=optimizers)
+
+
+def _loop(cfg: RunConfig, rank: _Rank, source: TokenSource, start: int, device: torch.device) -> _Measured:
+    """Train steps ``start + 1 .. cfg.steps``: one schedule step, the tied tables' sum and the optimizers each."""
+    plan, coords, memory, recorder, probe = cfg.plan, rank.coords, rank.memory, rank.recorder, rank.probe
+    has_first, has_last = rank.has_first, rank.has_last(plan)
     energy = EnergyMeter(device)
-    clock = lock_stage_clock(plan, device, coords["pp"], verbose=dist.get_rank() == 0)
     # Aggregates leave out the warm-up steps, unless that would leave nothing.
     first_measured = start + 1 + cfg.warmup_steps if cfg.steps - start > cfg.warmup_steps else start + 1
     losses: list[torch.Tensor | None] = []
@@ -211,10 +286,10 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
             marks = {"cpu": cpu_seconds(), "energy": energy.read()}
         torch.manual_seed(cfg.seed * 7919 + step)  # dropout streams depend on the step only
         x, y = source.local_batch_at(step, coords["dp"])
-        if context is not None:
-            x, y = context.take(x), context.take(y)
+        if rank.context is not None:
+            x, y = rank.context.take(x), rank.context.take(y)
         x, y = x.to(device), y.to(device)
-        for opt in optimizers:
+        for opt in rank.optimizers:
             opt.zero_grad(set_to_none=True)
         memory.refresh_gradients()
         mb_losses: list[torch.Tensor] = []
@@ -224,45 +299,32 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
             kwargs["targets"] = y
         recorder.begin_step(step)
         cpu0 = cpu_seconds() if skip_profiled_cpu and step == cfg.profile_step else None
-        with profiled(step == cfg.profile_step, recorder, mesh), timed_p2p_waits(recorder.p2p_wait):
+        with profiled(step == cfg.profile_step, recorder, rank.mesh), timed_p2p_waits(recorder.p2p_wait):
             with memory.saving(step):
-                schedule.step(*args, return_outputs=False, **kwargs)
-            tied.sum_gradients()  # a tied head's two tables (mindpipe.traces.layout.tied_table_ranks)
+                rank.schedule.step(*args, return_outputs=False, **kwargs)
+            rank.tied.sum_gradients()  # a tied head's two tables (mindpipe.traces.layout.tied_table_ranks)
             with recorder.optimizer_span():
-                for opt in optimizers:
+                for opt in rank.optimizers:
                     opt.step()
-            memory.refresh_optimizer(optimizers)
+            memory.refresh_optimizer(rank.optimizers)
         recorder.end_step()
         if probe is not None:
             probe.end_step(step)
         if cpu0 is not None:
             profiled_cpu = cpu_seconds() - cpu0
-        losses.append(torch.stack(mb_losses).mean().detach() if has_last else None)
-        if progress is not None:
-            progress.after(step, lambda: float(losses[-1]), time.perf_counter() - began)
+        loss = torch.stack(mb_losses).mean().detach() if has_last else None
+        losses.append(loss)
+        if progress is not None and loss is not None:
+            progress.after(step, loss.item, time.perf_counter() - began)
         if cfg.checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-            _save(cfg, step, parts, optimizers, probe)
+            _save(cfg, step, rank.parts, rank.optimizers, probe)
     cpu_s = cpu_seconds() - marks["cpu"] - profiled_cpu
-    cpu_steps = cfg.steps - first_measured + 1 - int(skip_profiled_cpu)
     e1 = energy.read()
-    clock.release()
-    if cfg.checkpoint_dir:
-        _save(cfg, cfg.steps, parts, optimizers, probe)
-    mem, mem_source = peak_memory(device)
-    payload = RankPayload(
-        rank=dist.get_rank(), coords=Coords(**coords), stages=sorted(modules), host=host_name(),
-        cpu_count=os.cpu_count() or 1, threads=torch.get_num_threads(), spans=recorder.spans,
-        layers=recorder.layers.infos(),
-        losses=[None if v is None else float(v) for v in losses], first_step=start + 1, first_measured=first_measured,
-        cpu_s=cpu_s, cpu_steps=cpu_steps,
+    return _Measured(
+        losses=[None if v is None else float(v) for v in losses], first_measured=first_measured, cpu_s=cpu_s,
+        cpu_steps=cfg.steps - first_measured + 1 - int(skip_profiled_cpu),
         energy_j=(e1 - marks["energy"]) if e1 is not None and marks["energy"] is not None else None,
-        peak_memory_bytes=mem, memory_source=mem_source, orders=orders, memory=stage_memory(device, memory, pool),
-        clock_note=clock.note(coords["pp"]),
-        noise=probe.result if probe is not None else None,
     )
-    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(payload, gathered, dst=0)
-    return gathered
 
 
 __all__ = ["FAULT_ENV", "run"]
