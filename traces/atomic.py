@@ -68,6 +68,14 @@ def _stat_target(p: Path, dangling: str, sep: str) -> os.stat_result | None:
         raise ContractError(str(p), None, "a parent of this path is not a directory") from None
 
 
+def _file_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a file to write; a name ending in a separator is refused (``Path("out/")`` is ``out``)."""
+    text = os.fspath(path)
+    if isinstance(text, str) and text.endswith(("/", os.sep)) and text.strip("/" + os.sep):
+        raise ContractError(text, None, "ends with a path separator, so names a directory; name the file to write")
+    return Path(path)
+
+
 def classify(path: str | os.PathLike[str]) -> tuple[Kind, Path]:
     """What writing ``path`` means: ``(kind, where)``; ``where`` is the file to replace.
 
@@ -75,7 +83,7 @@ def classify(path: str | os.PathLike[str]) -> tuple[Kind, Path]:
         ContractError: ``path`` is a directory, block device, socket or dangling link, or a
             parent of it is not a directory.
     """
-    p = Path(path)
+    p = _file_path(path)
     st = _stat_target(p, "refusing to write through it", ": ")
     if st is None:
         return "new", p
@@ -281,7 +289,7 @@ def open_append(path: str | os.PathLike[str]) -> IO[str]:
     Raises:
         ContractError: ``path`` is not a regular file, or a symbolic link.
     """
-    p = Path(path)
+    p = _file_path(path)
     try:
         fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, 0o666)
     except OSError as e:

@@ -204,3 +204,20 @@ def test_check_output_creates_what_the_writer_would_and_leaves_nothing(tmp_path,
 def test_a_directory_that_makes_no_files_is_named_as_such_not_as_missing():
     with pytest.raises(ContractError, match=r"^/proc/mindpipe-x\.json: cannot create a file in /proc$"):
         atomic.check_output("/proc/mindpipe-x.json")
+
+
+def test_a_name_ending_in_a_separator_is_refused_not_written_as_a_file(tmp_path):
+    # Path("out/") is Path("out"): without the check the writer made a file where the user meant a directory.
+    for name in ("new/", "old/"):
+        if name == "old/":
+            (tmp_path / "old").write_text("kept")
+        target = f"{tmp_path}/{name}"
+        with pytest.raises(ContractError, match="ends with a path separator"):
+            atomic.check_output(target)
+        with pytest.raises(ContractError, match="ends with a path separator"):
+            write_text(target, "x")
+        with pytest.raises(ContractError, match="ends with a path separator"):
+            open_append(target)
+    assert not (tmp_path / "new").exists()
+    assert (tmp_path / "old").read_text() == "kept"
+    assert _leftovers(tmp_path) == []
