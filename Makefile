@@ -45,9 +45,15 @@ test: install-dev
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone"
 	$(VENV)/bin/python -m pytest -q -m alone
 
+# mypy sees the package as it is installed (mindpipe.traces = traces/, ...: pyproject's package-dir),
+# which an editable install hides from it: a tree of links under .venv gives it that layout.
+MYPY_TREE := $(VENV)/mypy-tree
 lint: install-dev
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/mindpipe
+	for f in mindpipe/*.py mindpipe/cli; do ln -s "$(CURDIR)/$$f" $(MYPY_TREE)/mindpipe/; done
+	for d in traces simulator tuner executor; do ln -s "$(CURDIR)/$$d" $(MYPY_TREE)/mindpipe/$$d; done
+	cd $(MYPY_TREE) && "$(CURDIR)/$(VENV)/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" --cache-dir "$(CURDIR)/.mypy_cache"
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache

@@ -12,16 +12,18 @@ plan) or a :class:`~mindpipe.tuner.rules.Rule` (which plan rule an invalid point
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from mindpipe.simulator.subnet_sim import SupernetResult
 from mindpipe.traces.config import Plan
+from mindpipe.traces.errors import ContractError
 from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.schema import from_dict, to_dict
 from mindpipe.tuner.keys import Point, what_if_used
-from mindpipe.tuner.rules import Rule
+from mindpipe.tuner.rules import Rule, rule_of
 
 
 class Status(StrEnum):
@@ -160,6 +162,17 @@ class EvaluationRecord:
     def costs_budget(self) -> bool:
         """Simulations cost budget, and so do errors (a simulator bug must not run through a whole space)."""
         return self.simulated or self.status is Status.ERROR
+
+    def failed(self, e: Exception) -> None:
+        """Record what stopped the evaluation: a broken plan rule (an input error) or a bug.
+
+        A bug must not end a long sweep: it is kept, with its traceback, and counted as an error.
+        """
+        if isinstance(e, ContractError):
+            self.status, self.code, self.message = Status.INVALID, rule_of(e), str(e)
+        else:
+            self.status, self.code = Status.ERROR, None
+            self.message = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
 
     def to_json(self) -> dict[str, Any]:
         """One line of the sweep store."""
