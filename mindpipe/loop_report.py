@@ -23,6 +23,7 @@ from pathlib import Path
 from mindpipe.loop import LoopConfig, LoopResult, Measured
 from mindpipe.simulator.api import SimulationOptions, simulate
 from mindpipe.simulator.calibrate.fidelity import (
+    FidelityRow,
     fidelity,
     format_calibration,
     plan_label,
@@ -86,33 +87,58 @@ def _memory(runs: Measured, keys: list[str]) -> dict[str, list[MemoryRow]]:
     return out
 
 
-def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
-    """Write ``report.md``, ``report.json`` and the figures under ``f.cfg.out``; the headline figures."""
-    cfg, out = f.cfg, Path(f.cfg.out)
-    figs = out / "figures"
-    figs.mkdir(parents=True, exist_ok=True)
-    # Speedup: the default and the tuned plan from the last phase, where they ran side by side.
-    d_side, t_side = runs.times(f.default)[-cfg.rounds:], runs.times(f.tuned2)[-cfg.rounds:]
+@dataclass
+class Headline:
+    """The report's headline figures, from the measured rounds only.
+
+    Attributes:
+        default_rounds, tuned_rounds: The last phase's rounds of the default and the tuned plan (s).
+        default_s, tuned_s: Their medians; ``speedup`` is ``default_s / tuned_s``.
+        overlap: Whether the two plans' round ranges (min–max) overlap.
+        medians: Every plan's median over all its rounds, by plan key.
+        fastest: The key of the fastest plan measured; ``regret`` is the tuned plan's median over its
+            median, minus one.
+    """
+
+    default_rounds: list[float]
+    tuned_rounds: list[float]
+    default_s: float
+    tuned_s: float
+    speedup: float
+    overlap: bool
+    medians: dict[str, float]
+    fastest: str
+    regret: float
+
+
+def headline(f: LoopFacts, runs: Measured) -> Headline:
+    """Speedup of the tuned plan over the default, side by side, and the tuner's regret."""
+    rounds = f.cfg.rounds
+    d_side, t_side = runs.times(f.default)[-rounds:], runs.times(f.tuned2)[-rounds:]
     d_s, t_s = statistics.median(d_side), statistics.median(t_side)
-    speedup = d_s / t_s
-    overlap = min(d_side) <= max(t_side) and min(t_side) <= max(d_side)
-    # Regret: the tuner's pick against the fastest plan measured, each by the median of all its rounds.
     medians = {k: statistics.median(r.iteration_s for r in rs) for k, rs in runs.runs.items()}
     fastest = min(medians, key=medians.__getitem__)
-    regret = medians[Measured.key(f.tuned2)] / medians[fastest] - 1.0
-    fit_rows = fidelity([runs.combined(p) for p in f.fit_plans], f.calibration)
-    held_rows = fidelity([runs.combined(p) for p in f.held_plans], f.calibration)
+    return Headline(
+        default_rounds=d_side, tuned_rounds=t_side, default_s=d_s, tuned_s=t_s, speedup=d_s / t_s,
+        overlap=min(d_side) <= max(t_side) and min(t_side) <= max(d_side), medians=medians, fastest=fastest,
+        regret=medians[Measured.key(f.tuned2)] / medians[fastest] - 1.0,
+    )
+
+
+def _figures(f: LoopFacts, runs: Measured, figs: Path, fit_rows: list[FidelityRow], held_rows: list[FidelityRow]) -> None:
+    """The calibration scatter, the measured-vs-simulated Gantt charts and the tuner's plots."""
     scatter_png(held_rows, figs / "calibration_scatter.png", fitted=fit_rows,
-                title=f"{f.model.label} on {cfg.ranks} CPU ranks: predicted vs measured")
+                title=f"{f.model.label} on {f.cfg.ranks} CPU ranks: predicted vs measured")
     _gantt(runs.combined(f.tuned2), f.calibration, figs / "gantt_tuned.png")
     _gantt(runs.combined(f.default), f.calibration, figs / "gantt_default.png")
     for name in ("pareto.png", "convergence.png"):
-        src = out / "tune-calibrated" / name
+        src = Path(f.cfg.out) / "tune-calibrated" / name
         if src.exists():
             shutil.copyfile(src, figs / f"tune_calibrated_{name}")
-    s = summary(held_rows)
-    pred = {row.plan: row for row in fit_rows + held_rows}
-    memory = _memory(runs, sorted(medians, key=medians.__getitem__))
+
+
+def _plan_table(f: LoopFacts, runs: Measured, h: Headline, pred: dict[str, FidelityRow]) -> list[str]:
+    """Every plan measured, fastest first: its role, rounds, median and the two predictions."""
 
     def role(k: str) -> str:
         roles = [name for name, plan in (("default", f.default), ("tuned, uncalibrated", f.tuned1),
@@ -123,18 +149,51 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
 
     table = ["| role | plan | rounds, s | median s | predicted uncalibrated s | predicted calibrated s |",
              "|---|---|---|---:|---:|---:|"]
-    for k in sorted(medians, key=medians.__getitem__):
+    for k in sorted(h.medians, key=h.medians.__getitem__):
         row = pred.get(k)
-        table.append(f"| {role(k)} | {k} | {_fmt(runs.times(runs.plans[k]))} | {medians[k]:.3f} | "
+        table.append(f"| {role(k)} | {k} | {_fmt(runs.times(runs.plans[k]))} | {h.medians[k]:.3f} | "
                      f"{row.uncalibrated_s:.3f} | {row.calibrated_s:.3f} |" if row and row.calibrated_s is not None
-                     else f"| {role(k)} | {k} | {_fmt(runs.times(runs.plans[k]))} | {medians[k]:.3f} | | |")
+                     else f"| {role(k)} | {k} | {_fmt(runs.times(runs.plans[k]))} | {h.medians[k]:.3f} | | |")
+    return table
+
+
+def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
+    """Write ``report.md``, ``report.json`` and the figures under ``f.cfg.out``; the headline figures."""
+    out = Path(f.cfg.out)
+    figs = out / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    h = headline(f, runs)
+    fit_rows = fidelity([runs.combined(p) for p in f.fit_plans], f.calibration)
+    held_rows = fidelity([runs.combined(p) for p in f.held_plans], f.calibration)
+    _figures(f, runs, figs, fit_rows, held_rows)
+    s = summary(held_rows)
+    memory = _memory(runs, sorted(h.medians, key=h.medians.__getitem__))
+    table = _plan_table(f, runs, h, {row.plan: row for row in fit_rows + held_rows})
+    report = out / "report.md"
+    report.write_text("\n".join(_markdown(f, h, table, fit_rows, held_rows, memory)), encoding="utf-8")
+    (out / "report.json").write_text(json.dumps({
+        "default_plan": to_dict(f.default), "tuned_plan_uncalibrated": to_dict(f.tuned1), "tuned_plan": to_dict(f.tuned2),
+        "rounds_side_by_side": {"default_s": h.default_rounds, "tuned_s": h.tuned_rounds},
+        "measured_default_s": h.default_s, "measured_tuned_s": h.tuned_s, "speedup": h.speedup,
+        "round_ranges_overlap": h.overlap, "regret": h.regret, "fastest_plan": h.fastest,
+        "median_s_by_plan": h.medians, "holdout": s,
+        "holdout_rows": [vars(r) for r in held_rows], "fitted_rows": [vars(r) for r in fit_rows],
+        "memory_by_plan": {k: [{**vars(r), "rel_error": r.rel_error} for r in rows] for k, rows in memory.items()},
+    }, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return LoopResult(report, h.default_s, h.tuned_s, h.speedup, h.overlap, h.regret, s, f.calibration)
+
+
+def _markdown(f: LoopFacts, h: Headline, table: list[str], fit_rows: list[FidelityRow], held_rows: list[FidelityRow],
+              memory: dict[str, list[MemoryRow]]) -> list[str]:
+    """The lines of ``report.md``."""
+    cfg, medians, fastest = f.cfg, h.medians, h.fastest
     apart = ("The two plans' rounds do not overlap: the difference is larger than this machine's drift."
-             if not overlap else "The two plans' rounds overlap: the difference is within this machine's drift, "
+             if not h.overlap else "The two plans' rounds overlap: the difference is within this machine's drift, "
              "so this run cannot tell them apart.")
-    regret_line = ("the tuner's pick is the fastest plan the demo measured (regret 0 %)." if regret <= 0 else
+    regret_line = ("the tuner's pick is the fastest plan the demo measured (regret 0 %)." if h.regret <= 0 else
                    f"the fastest plan the demo measured is {fastest} ({medians[fastest]:.3f} s); the tuner's pick is "
-                   f"{100 * regret:.1f} % slower (its regret).")
-    lines = [
+                   f"{100 * h.regret:.1f} % slower (its regret).")
+    return [
         f"# MindPipe closed loop: {f.model.label} on {cfg.ranks} CPU ranks",
         "",
         f"Written by `mindpipe demo` on {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} "
@@ -145,11 +204,11 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
         "",
         "## Result",
         "",
-        f"**The tuned plan ({plan_label(f.tuned2)}) trains {speedup:.2f}× {verdict(speedup)} the default plan "
+        f"**The tuned plan ({plan_label(f.tuned2)}) trains {h.speedup:.2f}× {verdict(h.speedup)} the default plan "
         f"({plan_label(f.default)}: torchtitan's defaults, a pipeline over every rank, even split, micro-batch "
-        f"{cfg.micro_batch}): {t_s:.3f} s vs {d_s:.3f} s per iteration, run side by side.**",
+        f"{cfg.micro_batch}): {h.tuned_s:.3f} s vs {h.default_s:.3f} s per iteration, run side by side.**",
         "",
-        f"Rounds side by side: default {_fmt(d_side)} s; tuned {_fmt(t_side)} s. {apart}",
+        f"Rounds side by side: default {_fmt(h.default_rounds)} s; tuned {_fmt(h.tuned_rounds)} s. {apart}",
         "",
         f"**Regret:** {regret_line}",
         "",
@@ -208,17 +267,6 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
         "![convergence](figures/tune_calibrated_convergence.png)",
         "",
     ]
-    report = out / "report.md"
-    report.write_text("\n".join(lines), encoding="utf-8")
-    (out / "report.json").write_text(json.dumps({
-        "default_plan": to_dict(f.default), "tuned_plan_uncalibrated": to_dict(f.tuned1), "tuned_plan": to_dict(f.tuned2),
-        "rounds_side_by_side": {"default_s": d_side, "tuned_s": t_side}, "measured_default_s": d_s,
-        "measured_tuned_s": t_s, "speedup": speedup, "round_ranges_overlap": overlap, "regret": regret,
-        "fastest_plan": fastest, "median_s_by_plan": medians, "holdout": s,
-        "holdout_rows": [vars(r) for r in held_rows], "fitted_rows": [vars(r) for r in fit_rows],
-        "memory_by_plan": {k: [{**vars(r), "rel_error": r.rel_error} for r in rows] for k, rows in memory.items()},
-    }, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    return LoopResult(report, d_s, t_s, speedup, overlap, regret, s, f.calibration)
 
 
-__all__ = ["LoopFacts", "verdict", "write_report"]
+__all__ = ["Headline", "LoopFacts", "headline", "verdict", "write_report"]

@@ -72,3 +72,27 @@ def test_the_default_loop_config_builds():
     cfg = LoopConfig()
     assert all(cfg.at_batch(p).global_batch_size == cfg.global_batch for p in [*cfg.probes, *cfg.holdout])
     assert any(p.micro_batch_size * p.dp == cfg.global_batch for p in cfg.probes)
+
+
+def test_headline_takes_the_last_rounds_side_by_side_and_the_median_of_every_round():
+    from types import SimpleNamespace as NS
+
+    from mindpipe.loop import Measured
+    from mindpipe.loop_report import headline
+
+    default, tuned = demo_plan(pp=2, micro_batch_size=2), demo_plan(dp=2, micro_batch_size=4)
+    other = demo_plan(tp=2, micro_batch_size=4)
+    runs = Measured(out=Path("."), model=None, spec=None, say=print)  # type: ignore[arg-type]
+    for plan, times in ((default, [1.0, 1.2, 1.1, 1.3]), (tuned, [0.9, 0.5, 0.6]), (other, [0.5, 0.55])):
+        runs.plans[Measured.key(plan)] = plan
+        runs.runs[Measured.key(plan)] = [NS(iteration_s=x) for x in times]  # type: ignore[misc]
+    h = headline(NS(cfg=NS(rounds=2), default=default, tuned2=tuned), runs)  # type: ignore[arg-type]
+    # Speedup and overlap from the last two rounds only (the side-by-side phase).
+    assert (h.default_rounds, h.tuned_rounds) == ([1.1, 1.3], [0.5, 0.6])
+    assert h.speedup == pytest.approx(1.2 / 0.55) and not h.overlap
+    # Regret from every round: the tuned plan's median 0.6 against the fastest plan's 0.525.
+    assert h.fastest == Measured.key(other) and h.regret == pytest.approx(0.6 / 0.525 - 1)
+    assert h.medians[Measured.key(default)] == pytest.approx(1.15)
+    # Rounds that interleave overlap.
+    runs.runs[Measured.key(tuned)][-1] = NS(iteration_s=1.15)  # type: ignore[call-overload]
+    assert headline(NS(cfg=NS(rounds=2), default=default, tuned2=tuned), runs).overlap  # type: ignore[arg-type]
