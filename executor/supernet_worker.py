@@ -138,7 +138,71 @@ def _stage_times(mine: float, stage: int, dp_rank: int, pp: int, dp: int, device
     return [sum(c[s * dp:(s + 1) * dp]) / dp for s in range(pp)]
 
 
+@dataclass
+class _Rank:
+    """One rank's stage of the supernet and what trains it; a repartition replaces the optimizer,
+    the switcher and the partition."""
+
+    stage: int
+    dp_rank: int
+    module: SupernetStage
+    optimizer: torch.optim.Optimizer
+    switcher: ContextSwitcher
+    partition: list[int]
+    runner: StageRunner
+    links: StageLinks
+    spans: Spans
+    pp_group: dist.ProcessGroup
+    start: int  # subnets trained before this run (a resumed checkpoint's)
+    model_doc: dict[str, Any]
+
+
 def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload] | None:
+    """Set up this rank's stage, train the subnets segment by segment, gather every payload on rank 0."""
+    rank = _setup(cfg, device)
+    s, r, pp = rank.stage, rank.dp_rank, cfg.plan.pp
+    budget = None if cfg.memory_budget_gib is None else int(cfg.memory_budget_gib * GIB)
+    segments: list[SubnetSegment] = []
+    orders: list[str] = []
+    torch.manual_seed(cfg.seed)
+    dist.barrier()
+    origin = time.perf_counter()
+    rank.runner.origin = rank.links.origin = origin
+    cpu0 = cpu_seconds()
+    if s == pp - 1 and r == 0:  # how far the run is, as each subnet's loss is known (at most once a second)
+        progress = ProgressReporter(cfg.steps, cfg.plan.dp, unit="subnet")
+        rank.runner.on_loss = lambda sid, loss: progress.after(
+            sid + 1, lambda: loss, (time.perf_counter() - origin) / max(1, sid + 1 - rank.start))
+    for first in range(rank.start, cfg.steps, cfg.segment):
+        n = min(cfg.segment, cfg.steps - first)
+        order = _segment(cfg, rank, first, n, device, segments)
+        orders = orders or order
+        if budget is not None and rank.switcher.peak_state_bytes > budget:
+            raise RuntimeError(f"pipeline stage {s}: resident model state reached {rank.switcher.peak_state_bytes} "
+                               f"bytes, over --memory-budget-gib {cfg.memory_budget_gib:g}")
+        done = first + n
+        new = next_partition(segments, cfg.repartition) if cfg.repartition and done < cfg.steps else None
+        if new is not None:
+            _repartition(cfg, rank, new, device)
+        if cfg.checkpoint_dir and (done == cfg.steps or cfg.checkpoint_every):
+            rank.switcher.restore_all()
+            ckpt.save(cfg.checkpoint_dir, done, rank.module, rank.optimizer, s, r, rank.model_doc, rank.partition)
+            rank.switcher.evict_all()
+    end_s = time.perf_counter() - origin
+    sw = rank.switcher
+    payload = SupernetPayload(
+        rank=dist.get_rank(), coords=Coords(pp=s, dp=r, tp=0), host=host_name(), cpu_count=os.cpu_count() or 1,
+        threads=torch.get_num_threads(), spans=rank.spans, losses=rank.runner.losses, first_subnet=rank.start,
+        end_s=end_s, cpu_s=cpu_seconds() - cpu0, param_bytes=sw.total_param_bytes,
+        resident_param_bytes=sw.peak_param_bytes, resident_state_bytes=sw.peak_state_bytes,
+        budget_bytes=budget, orders=orders, segments=segments)
+    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(payload, gathered, dst=0)
+    return gathered
+
+
+def _setup(cfg: SupernetRunConfig, device: torch.device) -> _Rank:
+    """The rank's stage (from its checkpoint when resuming), optimizer, switcher, links and runner."""
     plan, net = cfg.plan, cfg.supernet
     mesh = build_mesh(plan, device)
     c = coordinates(mesh)
@@ -152,7 +216,6 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
     if start >= cfg.steps:
         raise ContractError("--steps", None, f"the checkpoint is after {start} subnets; --steps {cfg.steps} leaves nothing to run")
     switcher = _switcher(cfg, module, optimizer, device, None)
-    segments: list[SubnetSegment] = []
     pp_group = mesh.get_group("pp")
     prev = dist.get_global_rank(pp_group, s - 1) if s > 0 else None
     nxt = dist.get_global_rank(pp_group, s + 1) if s < pp - 1 else None
@@ -168,59 +231,41 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
         dist.all_reduce(flat, group=dp_group)
 
     runner = StageRunner(module, s, pp, dp, optimizer, switcher, links, batch, all_reduce if dp_group else None, spans, 0.0)
-    budget = None if cfg.memory_budget_gib is None else int(cfg.memory_budget_gib * GIB)
-    orders: list[str] = []
-    torch.manual_seed(cfg.seed)
-    dist.barrier()
-    origin = time.perf_counter()
-    runner.origin = links.origin = origin
-    cpu0 = cpu_seconds()
-    if s == pp - 1 and r == 0:  # how far the run is, as each subnet's loss is known (at most once a second)
-        progress = ProgressReporter(cfg.steps, dp, unit="subnet")
-        runner.on_loss = lambda sid, loss: progress.after(
-            sid + 1, lambda: loss, (time.perf_counter() - origin) / max(1, sid + 1 - start))
-    for first in range(start, cfg.steps, cfg.segment):
-        n = min(cfg.segment, cfg.steps - first)
-        _fault(dist.get_rank(), first + 1)
-        choices = sample_subnets(net, n, first)
-        seg_plan = dataclasses.replace(plan, partition=list(partition))
-        ops = [subnet_stage_operators(net, seg_plan, ch) for ch in choices]
-        schedule = build_subnet_schedule(cfg.schedule, ops, pp, cfg.window, cfg.batch)
-        if cfg.schedule == "csp" and (bad := csp_violations(schedule, ops)):
-            raise RuntimeError(f"csp table of subnets {first}..{first + n - 1} breaks the rule: {bad[0]}")
-        if not orders:
-            orders = [f"{a.kind}{first + a.microbatch}" for a in schedule.orders[s]]
-        began = time.perf_counter()
-        runner.run(schedule, first, choices)
-        wall = torch.tensor([(time.perf_counter() - began) / n], dtype=torch.float64, device=device)
-        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
-        if budget is not None and switcher.peak_state_bytes > budget:
-            raise RuntimeError(f"pipeline stage {s}: resident model state reached {switcher.peak_state_bytes} bytes, "
-                               f"over --memory-budget-gib {cfg.memory_budget_gib:g}")
-        done = first + n
-        times = _stage_times(segment_compute_s(spans, s, first, n), s, r, pp, dp, device)
-        segments.append(SubnetSegment(first, list(partition), times, float(wall.item())))
-        new = next_partition(segments, cfg.repartition) if cfg.repartition and done < cfg.steps else None
-        if new is not None:
-            switcher.restore_all()
-            optimizer = exchange(module, optimizer, s, partition, new, lambda t: dist.get_global_rank(pp_group, t),
-                                 device, cfg.lr, cfg.weight_decay)
-            switcher = _switcher(cfg, module, optimizer, device, switcher)
-            runner.optimizer, runner.switcher, partition = optimizer, switcher, new
-        if cfg.checkpoint_dir and (done == cfg.steps or cfg.checkpoint_every):
-            switcher.restore_all()
-            ckpt.save(cfg.checkpoint_dir, done, module, optimizer, s, r, model_doc, partition)
-            switcher.evict_all()
-    end_s = time.perf_counter() - origin
-    payload = SupernetPayload(
-        rank=dist.get_rank(), coords=Coords(pp=s, dp=r, tp=0), host=host_name(), cpu_count=os.cpu_count() or 1,
-        threads=torch.get_num_threads(), spans=spans, losses=runner.losses, first_subnet=start, end_s=end_s,
-        cpu_s=cpu_seconds() - cpu0, param_bytes=switcher.total_param_bytes,
-        resident_param_bytes=switcher.peak_param_bytes, resident_state_bytes=switcher.peak_state_bytes,
-        budget_bytes=budget, orders=orders, segments=segments)
-    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(payload, gathered, dst=0)
-    return gathered
+    return _Rank(stage=s, dp_rank=r, module=module, optimizer=optimizer, switcher=switcher, partition=list(partition),
+                 runner=runner, links=links, spans=spans, pp_group=pp_group, start=start, model_doc=model_doc)
+
+
+def _segment(cfg: SupernetRunConfig, rank: _Rank, first: int, n: int, device: torch.device,
+             segments: list[SubnetSegment]) -> list[str]:
+    """Train subnets ``first .. first + n - 1`` under the schedule; append their timing to ``segments``.
+
+    Returns:
+        This rank's actions of the segment (the run reports its first segment's).
+    """
+    plan, net, s, pp = cfg.plan, cfg.supernet, rank.stage, cfg.plan.pp
+    _fault(dist.get_rank(), first + 1)
+    choices = sample_subnets(net, n, first)
+    seg_plan = dataclasses.replace(plan, partition=list(rank.partition))
+    ops = [subnet_stage_operators(net, seg_plan, ch) for ch in choices]
+    schedule = build_subnet_schedule(cfg.schedule, ops, pp, cfg.window, cfg.batch)
+    if cfg.schedule == "csp" and (bad := csp_violations(schedule, ops)):
+        raise RuntimeError(f"csp table of subnets {first}..{first + n - 1} breaks the rule: {bad[0]}")
+    began = time.perf_counter()
+    rank.runner.run(schedule, first, choices)
+    wall = torch.tensor([(time.perf_counter() - began) / n], dtype=torch.float64, device=device)
+    dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+    times = _stage_times(segment_compute_s(rank.spans, s, first, n), s, rank.dp_rank, pp, plan.dp, device)
+    segments.append(SubnetSegment(first, list(rank.partition), times, float(wall.item())))
+    return [f"{a.kind}{first + a.microbatch}" for a in schedule.orders[s]]
+
+
+def _repartition(cfg: SupernetRunConfig, rank: _Rank, new: list[int], device: torch.device) -> None:
+    """Move layers between stages to partition ``new``: their weights and optimizer state change ranks."""
+    rank.switcher.restore_all()
+    rank.optimizer = exchange(rank.module, rank.optimizer, rank.stage, rank.partition, new,
+                              lambda t: dist.get_global_rank(rank.pp_group, t), device, cfg.lr, cfg.weight_decay)
+    rank.switcher = _switcher(cfg, rank.module, rank.optimizer, device, rank.switcher)
+    rank.runner.optimizer, rank.runner.switcher, rank.partition = rank.optimizer, rank.switcher, list(new)
 
 
 __all__ = ["SupernetPayload", "run"]
