@@ -145,6 +145,80 @@ def saved_activation_bytes(run: Callable[[], object], exclude: Sequence[torch.Te
     return sum(saved.values()), out
 
 
+def _count_flops(forward: Callable[[], Outputs], zero: Callable[[], None], grads: list[torch.Tensor],
+                 grad_inputs: list[torch.Tensor]) -> tuple[int, int, int]:
+    """FLOPs of the forward, the whole backward and its input-gradient part B (0 without inputs that need one)."""
+    with flop_counter() as fc:
+        o = forward()
+    fwd_flops = fc.get_total_flops()
+    with flop_counter() as fc:
+        torch.autograd.backward(o, grads)
+    bwd_flops = fc.get_total_flops()
+    zero()
+    b_flops = 0
+    if grad_inputs and grads:
+        o = forward()
+        with flop_counter() as fc:
+            torch.autograd.grad(o, grad_inputs, grads, allow_unused=True)
+        b_flops = fc.get_total_flops()
+    return fwd_flops, bwd_flops, b_flops
+
+
+def _time_passes(forward: Callable[[], Outputs], zero: Callable[[], None], grads: list[torch.Tensor],
+                 grad_inputs: list[torch.Tensor], has_weights: bool, clock: Clock, warmup: int,
+                 repeats: int) -> tuple[list[float], list[float], list[float]]:
+    """Timed repetitions of the forward, of B alone and of the whole backward (after ``warmup`` untimed ones)."""
+    fwd_t: list[float] = []
+    b_t: list[float] = []
+    full_t: list[float] = []
+    for i in range(warmup + repeats):
+        clock.sync()
+        t_f = clock.time(forward)
+        t_b = 0.0
+        if grad_inputs and grads:
+            o = forward()
+            clock.sync()
+            t_b = clock.time(partial(torch.autograd.grad, o, grad_inputs, grads, allow_unused=True))
+        t_full = 0.0
+        if grads and (has_weights or grad_inputs):
+            o = forward()
+            zero()
+            clock.sync()
+            t_full = clock.time(partial(torch.autograd.backward, o, grads))
+        if i >= warmup:
+            fwd_t.append(t_f)
+            b_t.append(t_b)
+            full_t.append(t_full)
+    return fwd_t, b_t, full_t
+
+
+def _split_backward(fwd_t: list[float], b_t: list[float], full_t: list[float], has_weights: bool, has_inputs: bool,
+                    bwd_flops: int, b_flops: int) -> tuple[tuple[float, float], tuple[float, float],
+                                                           tuple[float, float], bool]:
+    """Median and IQR of F, B and W (W = whole backward − B), and whether W had to come from the FLOP split.
+
+    Without a weight gradient the whole backward is B; without an input gradient it is W. When the
+    difference of two noisy timings leaves W ≤ 0 although W has FLOPs, the whole backward's median
+    is split by their FLOPs instead.
+    """
+    if not has_weights:
+        b_t = full_t if has_inputs else b_t  # the full-backward timing is the better sample of B
+        w_t = [0.0] * len(b_t)
+    elif not has_inputs:
+        w_t, b_t = full_t, [0.0] * len(full_t)
+    else:
+        w_t = [f - b for f, b in zip(full_t, b_t, strict=True)]
+    f_med, f_iqr = median_iqr(fwd_t)
+    b_med, b_iqr = median_iqr(b_t)
+    w_med, w_iqr = median_iqr(w_t)
+    w_from_flops = has_weights and has_inputs and w_med <= 0.0 and bwd_flops > b_flops
+    if w_from_flops:
+        full_med, _ = median_iqr(full_t)
+        w_med = full_med * (bwd_flops - b_flops) / bwd_flops
+        b_med = full_med - w_med
+    return (f_med, f_iqr), (b_med, b_iqr), (max(w_med, 0.0), w_iqr), w_from_flops
+
+
 def measure_unit(
     fn: Callable[..., object],
     inputs: Sequence[object],
@@ -192,59 +266,11 @@ def measure_unit(
         for p in weights:
             p.grad = None
 
-    with flop_counter() as fc:
-        o = forward()
-    fwd_flops = fc.get_total_flops()
-    with flop_counter() as fc:
-        torch.autograd.backward(o, grads)
-    bwd_flops = fc.get_total_flops()
+    fwd_flops, bwd_flops, b_flops = _count_flops(forward, zero, grads, grad_inputs)
+    fwd_t, b_t, full_t = _time_passes(forward, zero, grads, grad_inputs, bool(weights), clock, warmup, repeats)
     zero()
-    b_flops = 0
-    if grad_inputs and outs:
-        o = forward()
-        with flop_counter() as fc:
-            torch.autograd.grad(o, grad_inputs, grads, allow_unused=True)
-        b_flops = fc.get_total_flops()
-
-    fwd_t: list[float] = []
-    b_t: list[float] = []
-    full_t: list[float] = []
-    for i in range(warmup + repeats):
-        clock.sync()
-        t_f = clock.time(forward)
-        t_b = 0.0
-        if grad_inputs and outs:
-            o = forward()
-            clock.sync()
-            t_b = clock.time(partial(torch.autograd.grad, o, grad_inputs, grads, allow_unused=True))
-        t_full = 0.0
-        if outs and (weights or grad_inputs):
-            o = forward()
-            zero()
-            clock.sync()
-            t_full = clock.time(partial(torch.autograd.backward, o, grads))
-        if i >= warmup:
-            fwd_t.append(t_f)
-            b_t.append(t_b)
-            full_t.append(t_full)
-    zero()
-    if not weights:
-        # No weight gradient: the whole backward is B; the full-backward timing is the better sample.
-        b_t = full_t if grad_inputs else b_t
-        w_t = [0.0] * len(b_t)
-    elif not grad_inputs:
-        w_t, b_t = full_t, [0.0] * len(full_t)
-    else:
-        w_t = [f - b for f, b in zip(full_t, b_t, strict=True)]
-    f_med, f_iqr = median_iqr(fwd_t)
-    b_med, b_iqr = median_iqr(b_t)
-    w_med, w_iqr = median_iqr(w_t)
-    w_from_flops = weights and grad_inputs and w_med <= 0.0 and bwd_flops > b_flops
-    if w_from_flops:
-        full_med, _ = median_iqr(full_t)
-        w_med = full_med * (bwd_flops - b_flops) / bwd_flops
-        b_med = full_med - w_med
-    w_med = max(w_med, 0.0)
+    (f_med, f_iqr), (b_med, b_iqr), (w_med, w_iqr), w_from_flops = _split_backward(
+        fwd_t, b_t, full_t, bool(weights), bool(grad_inputs), bwd_flops, b_flops)
     return UnitCost(
         forward_s=f_med,
         backward_input_s=b_med,
