@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mindpipe.executor.measure import Recorder
+from mindpipe.executor.payload import Axis
 from torch.distributed.device_mesh import DeviceMesh
 from torch.profiler import ProfilerActivity, profile
 
@@ -51,13 +52,13 @@ def _nbytes(event: Any) -> int | None:
     return int(math.prod(dims)) * size
 
 
-def axis_of(op: str, mesh_sizes: dict[str, int]) -> str:
+def axis_of(op: str, mesh_sizes: dict[str, int]) -> Axis:
     """The mesh axis a collective ran on, as far as the op and the mesh tell (see module doc)."""
     if op in ("send", "recv"):
         return "pp"
     if mesh_sizes.get("cp", 1) > 1:
         return "unknown"
-    several = [a for a in ("dp", "tp") if mesh_sizes.get(a, 1) > 1]
+    several: list[Axis] = [a for a in ("dp", "tp") if mesh_sizes.get(a, 1) > 1]
     return several[0] if len(several) == 1 else "unknown"
 
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,7 +205,8 @@ class MemoryAccount:
         budget_bytes: The emulated device capacity, or None.
     """
 
-    def __init__(self, modules: list[nn.Module], device: torch.device, where: str, budget_bytes: int | None = None) -> None:
+    def __init__(self, modules: Sequence[nn.Module], device: torch.device, where: str,
+                 budget_bytes: int | None = None) -> None:
         self.modules, self.device_type, self.where, self.budget = modules, device.type, where, budget_bytes
         self.step = 0
         self._counts: dict[str, dict[int, int]] = {"activations": {}, "transient": {}}
@@ -274,7 +275,8 @@ class MemoryAccount:
         for mod in self.modules:
             for m in mod.modules():
                 if isinstance(m, FSDPModule):  # after FSDP2's own hooks: gathered before, maybe freed after
-                    owned, todo = [], [m]
+                    owned: list[nn.Module] = []
+                    todo: list[nn.Module] = [m]
                     while todo:
                         x = todo.pop()
                         owned.append(x)
@@ -323,7 +325,7 @@ class MemoryAccount:
         self._grads = set(grads)
         self._set(gradients=sum(grads.values()))
 
-    def refresh_optimizer(self, optimizers: list[torch.optim.Optimizer]) -> None:
+    def refresh_optimizer(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Re-read the optimizers' state bytes (after their step)."""
         total = 0
         for opt in optimizers:

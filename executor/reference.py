@@ -53,7 +53,7 @@ def _output(net: TransformerLM, x: torch.Tensor, plan: Plan) -> torch.Tensor:
     return x
 
 
-def _sq_norm_of_grad(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, plan: Plan) -> float:
+def _sq_norm_of_grad(net: TransformerLM, x: torch.Tensor, y: torch.Tensor, plan: Plan) -> float:
     """|∇ mean loss|² over rows ``x, y`` taken in the plan's micro-batches (each micro-batch's mean, averaged)."""
     b, lm_loss = plan.micro_batch_size, plan_loss(plan, head=net.lm_head)
     net.zero_grad(set_to_none=True)

@@ -20,7 +20,7 @@ checkpoints and the optimizer see the same parameters.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -82,8 +82,9 @@ def _forward(linear: nn.Linear, owner: nn.Module, x: torch.Tensor) -> torch.Tens
     # x: the module's all-gathered input, a Replicate DTensor; its gradient from this rank's
     # columns is a partial sum (reduce-scattered by the module's PrepareModuleInput backward).
     local = x.to_local(grad_placements=[Partial()]) if isinstance(x, DTensor) else x
-    bias = linear.bias.to_local() if linear.bias is not None else None  # type: ignore[operator]
-    out: torch.Tensor = _ShardSavedLinear.apply(local, linear.weight.to_local(), bias,  # type: ignore[operator]
+    # The weight and bias are Shard(0) DTensors (keep_sequence_shard); torch types them as plain tensors.
+    bias = cast(DTensor, linear.bias).to_local() if linear.bias is not None else None
+    out: torch.Tensor = _ShardSavedLinear.apply(local, cast(DTensor, linear.weight).to_local(), bias,
                                                 owner._sp_kept)  # type: ignore[union-attr]
     return out
 
@@ -92,9 +93,10 @@ def keep_sequence_shard(owner: nn.Module, names: list[str], tp_mesh: DeviceMesh)
     """Make ``owner``'s linears ``names`` column-parallel over ``tp_mesh`` with Megatron's saved
     shard (module docstring). Returns False, changing nothing, when one of them is not a plain
     ``nn.Linear`` (e.g. torchao's ``Float8Linear``: its GEMM stays torch's ``ColwiseParallel``)."""
-    linears = [owner.get_submodule(n) for n in names]
-    if not linears or any(type(m) is not nn.Linear for m in linears):
+    modules = [owner.get_submodule(n) for n in names]
+    if not modules or any(type(m) is not nn.Linear for m in modules):
         return False
+    linears = cast(list[nn.Linear], modules)
     group = tp_mesh.get_group()
     for m in linears:
         m.weight = nn.Parameter(distribute_tensor(m.weight.data, tp_mesh, [Shard(0)]))

@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
 from mindpipe.executor.config import plan_source
@@ -65,8 +66,8 @@ def supernet_config(args: argparse.Namespace) -> SupernetRunConfig:
             context_switch=getattr(args, "context_switch", "auto"), repartition=getattr(args, "repartition", None))
     except ContractError as e:
         # An option's own check names the command line (as a GPT run's does); the rest is the plan's.
-        flag = e.key in {f.name for f in dataclasses.fields(SupernetRunConfig)} - {"plan", "supernet"}
-        raise ContractError("command line" if flag else plan_source(args.plan), e.key, e.rule) from None
+        option = e.key in {f.name for f in dataclasses.fields(SupernetRunConfig)} - {"plan", "supernet"}
+        raise ContractError("command line" if option else plan_source(args.plan), e.key, e.rule) from None
 
 
 def precheck(cfg: SupernetRunConfig, world_size: int | None, source: str) -> None:
@@ -127,12 +128,14 @@ def cmd_run_supernet(args: argparse.Namespace) -> int:
     trace, code = reported(lambda: run_and_read(cfg, args, kind, args.run_timeout, "subnet"))
     if trace is None:
         return code
+    assert cfg.out is not None  # run_and_read read the trace from it
     m = trace.measurement
     if m is None or m.subnets is None:
         raise ContractError(cfg.out, "measurement", "the run wrote no subnet records")
     print(f"mindpipe: wrote {cfg.out} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
-    info = {"subnets": len(m.subnets), "first_subnet": m.subnets[0].id, "subnets_per_hour": m.subnets_per_hour,
-            "subnet_schedule": m.subnet_schedule, "losses": [s.loss for s in m.subnets], "out": cfg.out}
+    info: dict[str, Any] = {"subnets": len(m.subnets), "first_subnet": m.subnets[0].id,
+                            "subnets_per_hour": m.subnets_per_hour, "subnet_schedule": m.subnet_schedule,
+                            "losses": [s.loss for s in m.subnets], "out": cfg.out}
     history = partition_history(m.subnet_segments or [])
     if cfg.repartition is not None:
         info["partitions"] = [dataclasses.asdict(h) for h in history]

@@ -95,9 +95,10 @@ def build_trace(cfg: SupernetRunConfig, payloads: list[SupernetPayload], backend
     energy, notes = 0.0, "not estimated: the GPU is not in the catalog"
     power = spec
     if power is not None:
-        for ranks in hosts.values():
-            util = min(1.0, sum(r.cpu_s for r in ranks) / (wall * ranks[0].cpu_count)) if device.type == "cpu" else \
-                min(1.0, statistics.fmean(sum(a.end_s - a.start_s for a in r.spans.actions) for r in ranks) / wall)
+        for host_ranks in hosts.values():
+            util = min(1.0, sum(r.cpu_s for r in host_ranks) / (wall * host_ranks[0].cpu_count)) \
+                if device.type == "cpu" else \
+                min(1.0, statistics.fmean(sum(a.end_s - a.start_s for a in r.spans.actions) for r in host_ranks) / wall)
             energy += (power.idle_power_W + (power.max_power_W - power.idle_power_W) * util) * wall
         notes = (f"estimated from the catalog's {power.name} power (idle {power.idle_power_W} W, max "
                  f"{power.max_power_W} W) scaled by the measured utilisation over the whole run")

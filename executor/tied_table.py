@@ -22,7 +22,6 @@ from mindpipe.executor.offload import local_tensor
 from mindpipe.executor.stages import StageModule
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import tied_table_ranks
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 
@@ -31,7 +30,7 @@ class TiedTable:
 
     def __init__(self, plan: Plan, model: Model, mesh: DeviceMesh, modules: dict[int, StageModule]) -> None:
         ranks = tied_table_ranks(plan, model)
-        self.params: list[nn.Parameter] = []
+        self.params: list[torch.Tensor] = []  # the tables' weights (Parameters; torch types them as tensors)
         self.group: dist.ProcessGroup | None = None
         if ranks is None:
             return

@@ -141,7 +141,7 @@ def rank_params(stages: list[list[LayerCost]], stage_to_rank: list[int], pp: int
     return out
 
 
-def _merge(colls: list[Collective]) -> list[tuple[str, int, str, int]]:
+def _merge(colls: list[Collective]) -> list[tuple[str, float, str, int]]:
     """Collapse back-to-back collectives of one kind, size and group into (op, bytes, axis, count)."""
     counts = Counter((c.op, c.nbytes, c.axis) for c in colls)
     return [(op, n, axis, k) for (op, n, axis), k in counts.items()]
@@ -252,15 +252,15 @@ def build_work(
         shard = optimizer_shard(plan, params_by_rank[r])
         gather = (_buckets(topo, "allgather", params_by_rank[r], dbytes, bucket, r)
                   if plan.zero_stage in (1, 2) else [])
-        work = RankWork(optimizer_s=compute.optimizer_step_s(int(shard), plan), param_gather=gather)
+        rank_work = RankWork(optimizer_s=compute.optimizer_step_s(int(shard), plan), param_gather=gather)
         if tied is not None and tied[0] != tied[1] and r in tied:
             # Each rank's piece of the table's gradient (its ZeRO shard) goes to its peer and back:
             # a two-rank all-reduce moves the piece once each way (one rank holding both adds in place).
             peer = tied[1] if r == tied[0] else tied[0]
             head = next(c for c in stages[-1] if c.kind == "lm_head")
             piece = optimizer_shard(plan, head.param_count) * gbytes
-            work.tied_exchange, work.tied_peer = topo.p2p(r, peer, int(piece)), peer
-        ranks.append(work)
+            rank_work.tied_exchange, rank_work.tied_peer = topo.p2p(r, peer, int(piece)), peer
+        ranks.append(rank_work)
     return works, ranks, params_by_rank
 
 

@@ -39,7 +39,8 @@ NON_GEMM_PRECISION = {"fp8": "bf16"}
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """A collective a layer issues inside its compute; ``nbytes`` is the full buffer on each rank.
+    """A collective a layer issues inside its compute; ``nbytes`` is the full buffer on each rank
+    (fractional for an average share: each of a chunked loss's pieces, :func:`vocab_collectives`).
 
     ``overlap_s`` is the compute it pipelines with (seconds on one rank): the GEMM beside a
     tensor-parallel collective under ``tp_comm_overlap`` (:func:`tp_overlap_gemms`), the attention
@@ -48,7 +49,7 @@ class Collective:
     """
 
     op: str
-    nbytes: int
+    nbytes: float
     overlap_s: float = 0.0
     axis: Literal["tp", "cp"] = "tp"
 
@@ -507,7 +508,8 @@ class TraceComputeModel:
                 whole = from_record(f"block.{j}", "block", ob.whole, True)
                 whole.recompute_selective_s = ob.core_forward_s * k
                 whole.recompute_nongemm_s = whole.recompute_selective_s + whole.forward_s * memory_share
-                times = [(p.forward_s * k, p.backward_input_s * k, p.backward_weight_s * k) for p in (ob.attention, ob.mlp)]
+                times: Sequence[Sequence[float]] = [(p.forward_s * k, p.backward_input_s * k, p.backward_weight_s * k)
+                                                    for p in (ob.attention, ob.mlp)]
                 whole.parts = block_parts(model, plan, whole, times, whole.recompute_selective_s,
                                           round(ob.cut_bytes * byte_scale))
                 out.append(whole)

@@ -198,6 +198,7 @@ class Engine:
         plain = self.opt.cores_per_rank_slots is None
         busy = compute = comm_busy = 0.0
         gap = self._overhead_slices(r)
+        phases: list[Phase] | None  # an action's TP collectives (None: a W action that re-runs none)
         for idx, a in enumerate(order):
             s, mb, kind = a.stage, a.microbatch, a.kind
             st = stages[s]

@@ -424,7 +424,9 @@ class StageMemoryModel:
         self.mask = DTYPE_BYTES[plan.precision] if cpu else GPU_MASK_BYTES
         self.reserve = (0.0 if cpu else GPU_RESERVED_BYTES) if reserved_bytes is None else reserved_bytes
         self.params = {kind: n for _, kind, n in layer_params(model, plan.tp, plan)}
-        self.part_params: dict[BlockPart, int] = {"whole": self.params["block"], **part_params(model, plan.tp)}
+        parts = part_params(model, plan.tp)
+        self.part_params: dict[BlockPart, int] = {"whole": self.params["block"], "attention": parts["attention"],
+                                                  "mlp": parts["mlp"]}
         self._block: dict[tuple[BlockPolicy, BlockPart], float] = {}
 
     def block(self, policy: BlockPolicy, part: BlockPart = "whole") -> float:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from mindpipe.traces.errors import ContractError
 
@@ -117,7 +117,7 @@ def integer(key: str, value: Any, minimum: int | None = 1, limit_key: str | None
         bound = "> 0" if minimum == 1 else f">= {minimum}"
         raise ContractError("", key, f"{key}={value} must be {bound}")
     if limit_key is not None:
-        within_limit(key, value, limit_key)
+        within_limit(key, cast(int, value), limit_key)  # an Integral (int, numpy integer) compares as an int
 
 
 def number(key: str, value: Any, minimum: float | None = None, limit_key: str | None = None) -> None:
@@ -129,7 +129,7 @@ def number(key: str, value: Any, minimum: float | None = None, limit_key: str | 
     if minimum is not None and value < minimum:
         raise ContractError("", key, f"{key}={value} must be >= {minimum}")
     if limit_key is not None:
-        within_limit(key, value, limit_key)
+        within_limit(key, cast(float, value), limit_key)  # a Real (int, float, numpy number) compares as a float
 
 
 def limits_table() -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,9 @@ from mindpipe.traces.torch_context_parallel import ContextShard, context_attenti
 from mindpipe.traces.torch_head_loss import linear_cross_entropy
 from torch import nn
 from torch.autograd.function import once_differentiable
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 class Embedding(nn.Module):
@@ -329,7 +332,7 @@ def vocab_parallel_embedding(table: nn.Embedding, shard: VocabShard, tokens: tor
     reaches the parameter through ``to_local`` as this rank's ``[V/t, h]`` shard, the bytes the
     simulator prices (:func:`mindpipe.simulator.costs.layer_params`)."""
     local, inside = shard.local_targets(tokens)
-    out = F.embedding(torch.where(inside, local, 0), table.weight.to_local())  # type: ignore[operator]
+    out = F.embedding(torch.where(inside, local, 0), cast("DTensor", table.weight).to_local())
     return _SumOverGroup.apply(out.masked_fill_(~inside.unsqueeze(-1), 0.0), shard)
 
 

@@ -281,7 +281,10 @@ def lp_plan(ag: ActionGrid, deadline_span_s: float) -> tuple[list[int], float] |
             cost.append(slope)
             upper.append(length)
         seg_of.append(segs)
-    rows, cols, vals, rhs = [], [], [], []
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    rhs: list[float] = []
 
     def edge(a: int, b: int, gap: float) -> None:
         """start[a] + duration[a] + gap <= start[b] (b = −1: the span)."""

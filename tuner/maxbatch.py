@@ -253,8 +253,8 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
     out_dir = output_dir(Path(out))
     table = [row(r) for r in results]
     write_text(out_dir / "max_batch.json", json.dumps(table, indent=1) + "\n")
-    best = results[0] if results[0].plan is not None else None
-    if best is None:
+    best = results[0]
+    if best.plan is None:
         raise ContractError("tune", None, f"no plan of {model.label} fits one sample per micro-batch on "
                             f"{cluster.world_size} × {cluster.gpu} (see {out_dir / 'max_batch.json'})")
     plan = dataclasses.replace(best.plan, made_for=MadeFor(model, cluster, tool="mindpipe tune --objective max_batch"))

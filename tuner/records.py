@@ -189,7 +189,9 @@ class EvaluationRecord:
             KeyError, ValueError, TypeError, ContractError: not a record of this format.
         """
         status = Status(data["status"])
-        code_type = {Status.OUT_OF_MEMORY: MemoryCode, Status.INVALID: Rule}.get(status)
+        code_types: dict[Status, type[MemoryCode] | type[Rule]] = {Status.OUT_OF_MEMORY: MemoryCode,
+                                                                   Status.INVALID: Rule}
+        code_type = code_types.get(status)
         code = code_type(data["code"]) if code_type is not None else None
         plan = from_dict(Plan, data["plan"], "evaluations.jsonl") if data["plan"] is not None else None
         return cls(key=data["key"], point=dict(data["point"]), status=status, plan=plan, code=code,

@@ -124,6 +124,12 @@ def annotate(record: EvaluationRecord, objective: Objective, index: int = -1) ->
     return ScoredRecord(record, metrics, Verdict.FEASIBLE, value, objective.loss(value), index=index)
 
 
+def _value(record: ScoredRecord) -> float:
+    """A feasible record's objective value (:func:`annotate` gives every feasible record one)."""
+    assert record.value is not None, f"feasible record {record.key} has no value"
+    return record.value
+
+
 class _InlineExecutor(cf.Executor):
     """Runs each task at submit time, in this process (one worker, no pickling)."""
 
@@ -250,14 +256,14 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
                     shown = best.value if best else None
                     for r in done.values():  # the best so far includes this batch's finished results
                         ann = annotate(r, objective)
-                        if ann.feasible and (shown is None or objective.better(ann.value, shown)):
+                        if ann.feasible and (shown is None or objective.better(_value(ann), shown)):
                             shown = ann.value
                     progress(sims, cfg.budget, shown)
             batch_records = [annotate(done[j], objective, len(records) + j) for j in range(len(batch))]
             for rec in batch_records:
                 records.append(rec)
                 simulations += rec.evaluation.costs_budget
-                if rec.feasible and (best is None or objective.better(rec.value, best.value)):
+                if rec.feasible and (best is None or objective.better(_value(rec), _value(best))):
                     best = rec
             searcher.tell(batch, [r.loss for r in batch_records])
     finally:

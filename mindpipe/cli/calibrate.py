@@ -46,14 +46,16 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Fit, write, and report (see module docstring)."""
     from mindpipe.simulator.calibrate.fidelity import fidelity, format_calibration
     from mindpipe.simulator.calibrate.fit import calibrate, check_one_model
-    from mindpipe.simulator.calibrate.supernet import load_measured
+    from mindpipe.simulator.calibrate.runs import MeasuredRun
+    from mindpipe.simulator.calibrate.supernet import SupernetRun, load_measured
     from mindpipe.traces.calibration import save_calibration
 
     check_outputs([args.out], [args.report])
     runs, nets = load_measured(args.measured)
     holdout, held_nets = load_measured(args.holdout) if args.holdout else ([], [])
-    overlap = ({Path(r.source).resolve() for r in [*runs, *nets]}
-               & {Path(r.source).resolve() for r in [*holdout, *held_nets]})
+    fitted_on: list[MeasuredRun | SupernetRun] = [*runs, *nets]
+    held_out: list[MeasuredRun | SupernetRun] = [*holdout, *held_nets]
+    overlap = {Path(r.source).resolve() for r in fitted_on} & {Path(r.source).resolve() for r in held_out}
     if overlap:
         raise ContractError("--holdout", None, f"{sorted(map(str, overlap))[0]} is both fitted on and held out")
     if (nets and holdout) or (runs and held_nets):

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mindpipe.cli import loaders, tune_target
 from mindpipe.cli.args import count, real, seed
@@ -18,6 +18,12 @@ from mindpipe.traces.limits import limit
 from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.objectives import OBJECTIVES
 from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
+
+if TYPE_CHECKING:
+    from mindpipe.traces.calibration import Calibration
+    from mindpipe.traces.config import Model
+    from mindpipe.traces.trace import Trace
+    from mindpipe.tuner.objectives import CriticalBatch, Objective
 
 MAX_WORKERS = 256  # local evaluation processes, and proposals per round
 # Options of the search the other objectives run, which --objective max_batch (an exhaustive search of
@@ -227,74 +233,19 @@ def _clock_lines(c: dict[str, Any] | None) -> list[str]:
 
 def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the search; exit 2 (through ContractError) when no plan is feasible."""
-    from mindpipe.tuner.api import tune
-    from mindpipe.tuner.objectives import (
-        CriticalBatch,
-        Objective,
-        critical_batch_for,
-        needs_critical_batch,
-        parse_constraint,
-    )
-    from mindpipe.tuner.progress import ProgressBar
-    from mindpipe.tuner.sweep import SweepConfig
-
     trace = loaders.trace(args.trace) if args.trace else None
     calibration = loaders.calibration(args.calibration)
     partitioners = [p.strip() for p in args.partitioner.split(",") if p.strip()]
-    if args.objective != "max_batch" and args.microbatches is not None:
-        from mindpipe.traces.errors import ContractError
-
-        raise ContractError("--microbatches", None, f"only --objective max_batch takes it; {args.objective} searches the "
-                            "micro-batch size (and so the micro-batches) with the other plan keys")
+    _check_objective_options(args)
     if args.objective == "max_batch":
-        from mindpipe.traces.errors import ContractError
-
-        if args.subnets is not None:
-            raise ContractError("--objective", None, "max_batch searches GPT plans; a supernet's objective is "
-                                "throughput (subnets trained per hour)")
-        for dest, default in args.max_batch_unused.items():
-            if getattr(args, dest) != default:
-                flag = "--" + dest.replace("_", "-")
-                raise ContractError(flag, None, "not used by --objective max_batch (it searches the global batch "
-                                    "over every dp x tp x pp mesh exhaustively)")
-        if args.what_if is not None:
-            raise ContractError("--what-if", None, "--objective max_batch searches the plans the executor runs; "
-                                "what-if knobs are searched by the other objectives")
-        if args.search is not None:
-            raise ContractError("--search", None, "--objective max_batch searches dp x tp x pp meshes (cp=1); "
-                                "--search is for the other objectives")
         return _max_batch(args, partitioners, trace, calibration)
-    trace_source = Path(args.trace).name if args.trace else "trace"
-    calibration_source = os.path.basename(args.calibration) if args.calibration else "calibration"
-    constraints = [parse_constraint(c) for c in args.constraint]
     model = loaders.network(args.model)
-    if isinstance(model, Supernet):  # goodput for supernets counts subnets; Objective refuses a critical batch
-        critical = CriticalBatch(args.critical_batch, "typed" if args.critical_batch is not None else "none")
-    else:
-        critical = critical_batch_for(args.critical_batch, calibration, model,
-                                      needed=needs_critical_batch(args.objective, constraints))
-    objective = Objective(args.objective, critical.value, constraints, shift=_timeshift(args),
-                          supernet=isinstance(model, Supernet), **tune_target.objective_parts(args, critical.value))
-    to_target = args.objective == tune_target.OBJECTIVE
-    cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
-                      n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size,
-                      dask_timeout_s=args.dask_timeout)
-    bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
-    try:
-        outcome = tune(model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
-                       fixes=args.fix, partitioners=partitioners,
-                       what_if=args.what_if, search=args.search, trace=trace, calibration=calibration, trace_source=trace_source,
-                       calibration_source=calibration_source, config=cfg, resume=args.resume, progress=bar,
-                       plots=not args.no_plots, subnets=args.subnets,
-                       front=tune_target.front_config(args) if to_target else None)
-    finally:
-        if bar is not None:
-            bar.close()
-    summary = outcome.summary
+    objective, critical = _objective(args, model, calibration)
+    summary = _search(args, model, objective, partitioners, trace, calibration)
     if critical.value is not None:  # which critical batch goodput used, and where it came from
         summary["critical_batch"] = {"value": critical.value, "source": critical.source, "note": critical.note}
-    if args.clocks != "default" and summary.get("best_plan") and not to_target:  # the front searched clocks
-        from mindpipe.tuner.clock_step import add_stage_clocks
+    if args.clocks != "default" and summary.get("best_plan") and args.objective != tune_target.OBJECTIVE:
+        from mindpipe.tuner.clock_step import add_stage_clocks  # the front searched clocks itself
 
         summary["clocks"] = add_stage_clocks(args.out, loaders.model(args.model), loaders.cluster(args.cluster),
                                              args.clocks, args.max_slowdown, trace=trace, calibration=calibration,
@@ -308,6 +259,79 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(_format(summary))
     sys.stdout.flush()
     return 0
+
+
+def _check_objective_options(args: argparse.Namespace) -> None:
+    """Refuse options the chosen objective does not use (``max_batch`` and the searching ones differ)."""
+    from mindpipe.traces.errors import ContractError
+
+    if args.objective != "max_batch":
+        if args.microbatches is not None:
+            raise ContractError("--microbatches", None, f"only --objective max_batch takes it; {args.objective} "
+                                "searches the micro-batch size (and so the micro-batches) with the other plan keys")
+        return
+    if args.subnets is not None:
+        raise ContractError("--objective", None, "max_batch searches GPT plans; a supernet's objective is "
+                            "throughput (subnets trained per hour)")
+    for dest, default in args.max_batch_unused.items():
+        if getattr(args, dest) != default:
+            flag = "--" + dest.replace("_", "-")
+            raise ContractError(flag, None, "not used by --objective max_batch (it searches the global batch "
+                                "over every dp x tp x pp mesh exhaustively)")
+    if args.what_if is not None:
+        raise ContractError("--what-if", None, "--objective max_batch searches the plans the executor runs; "
+                            "what-if knobs are searched by the other objectives")
+    if args.search is not None:
+        raise ContractError("--search", None, "--objective max_batch searches dp x tp x pp meshes (cp=1); "
+                            "--search is for the other objectives")
+
+
+def _objective(args: argparse.Namespace, model: Model | Supernet,
+               calibration: Calibration | None) -> tuple[Objective, CriticalBatch]:
+    """The objective with its constraints, and the critical batch goodput uses (with where it came from)."""
+    from mindpipe.tuner.objectives import (
+        CriticalBatch,
+        Objective,
+        critical_batch_for,
+        needs_critical_batch,
+        parse_constraint,
+    )
+
+    constraints = [parse_constraint(c) for c in args.constraint]
+    if isinstance(model, Supernet):  # goodput for supernets counts subnets; Objective refuses a critical batch
+        critical = CriticalBatch(args.critical_batch, "typed" if args.critical_batch is not None else "none")
+    else:
+        critical = critical_batch_for(args.critical_batch, calibration, model,
+                                      needed=needs_critical_batch(args.objective, constraints))
+    objective = Objective(args.objective, critical.value, constraints, shift=_timeshift(args),
+                          supernet=isinstance(model, Supernet), **tune_target.objective_parts(args, critical.value))
+    return objective, critical
+
+
+def _search(args: argparse.Namespace, model: Model | Supernet, objective: Objective, partitioners: list[str],
+            trace: Trace | None, calibration: Calibration | None) -> dict[str, Any]:
+    """Run the sweep (with a progress bar unless ``--quiet``); its summary."""
+    from mindpipe.tuner.api import tune
+    from mindpipe.tuner.progress import ProgressBar
+    from mindpipe.tuner.sweep import SweepConfig
+
+    to_target = args.objective == tune_target.OBJECTIVE
+    cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
+                      n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size,
+                      dask_timeout_s=args.dask_timeout)
+    bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
+    try:
+        outcome = tune(model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,
+                       fixes=args.fix, partitioners=partitioners, what_if=args.what_if, search=args.search,
+                       trace=trace, calibration=calibration,
+                       trace_source=Path(args.trace).name if args.trace else "trace",
+                       calibration_source=os.path.basename(args.calibration) if args.calibration else "calibration",
+                       config=cfg, resume=args.resume, progress=bar, plots=not args.no_plots, subnets=args.subnets,
+                       front=tune_target.front_config(args) if to_target else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    return outcome.summary
 
 
 def _note_cpu_bf16(precision: str, cluster_arg: str) -> None:

@@ -326,11 +326,11 @@ def calibrate_supernet(runs: list[SupernetRun], traces: Sequence[Trace] = ()) ->
             opt, _ = _nnls_relative(opt_rows[key], opt_ys[key])
         else:
             notes.warnings.append(f"{device} {precision}: fewer than 2 per-subnet update figures; update not fitted")
-        t = threads[key].most_common(1)[0][0]
+        n_threads = threads[key].most_common(1)[0][0]
         measured, priced = trace_sum.get(key, (0.0, 0.0))
         comp = ComputeCalibration(scale=scale, op_overhead_s=float(x[len(OP_KINDS)]), optimizer_overhead_s=float(opt[0]),
                                   optimizer_s_per_param=float(opt[1]),
-                                  trace_scale=measured / priced if priced > 0 else 0.0, threads_per_rank=t,
+                                  trace_scale=measured / priced if priced > 0 else 0.0, threads_per_rank=n_threads,
                                   samples=len(design), fit_mape=mape)
         dev = devices.setdefault(device, DeviceCalibration(kind=kinds[device], compute={}))
         dev.compute[precision] = comp
