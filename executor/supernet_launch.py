@@ -128,10 +128,9 @@ def cmd_run_supernet(args: argparse.Namespace) -> int:
     trace, code = reported(lambda: run_and_read(cfg, args, kind, args.run_timeout, "subnet"))
     if trace is None:
         return code
-    assert cfg.out is not None  # run_and_read read the trace from it
     m = trace.measurement
     if m is None or m.subnets is None:
-        raise ContractError(cfg.out, "measurement", "the run wrote no subnet records")
+        raise ContractError(str(cfg.out), "measurement", "the run wrote no subnet records")
     print(f"mindpipe: wrote {cfg.out} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
     info: dict[str, Any] = {"subnets": len(m.subnets), "first_subnet": m.subnets[0].id,
                             "subnets_per_hour": m.subnets_per_hour, "subnet_schedule": m.subnet_schedule,

@@ -270,7 +270,8 @@ class SearchSpace:
 
     def _rest(self, base: Point) -> Iterator[Point]:
         """The base point times the keys no rule looks at (irrelevant ones collapsed)."""
-        assert isinstance(self.model, Model), "a supernet's points come from mindpipe.tuner.subnet_space"
+        if not isinstance(self.model, Model):
+            raise TypeError("a supernet's points come from mindpipe.tuner.subnet_space")
         pp, v = base["pp"], base["virtual_stages"]
         replicas = base["dp"] * base["cp"]  # ranks that reduce gradients together (Plan.grad_replicas)
         zero_choices = self.choices("zero_stage", [0, 1, 2, 3])

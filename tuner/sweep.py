@@ -126,7 +126,8 @@ def annotate(record: EvaluationRecord, objective: Objective, index: int = -1) ->
 
 def _value(record: ScoredRecord) -> float:
     """A feasible record's objective value (:func:`annotate` gives every feasible record one)."""
-    assert record.value is not None, f"feasible record {record.key} has no value"
+    if record.value is None:
+        raise RuntimeError(f"feasible record {record.key} has no value")
     return record.value
 
 
