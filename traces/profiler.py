@@ -37,6 +37,8 @@ from mindpipe.traces.torch_supernet import CandidateBlock, SupernetEmbedding, Su
 from mindpipe.traces.trace import LayerRecord, Provenance, StepMeasurement, Trace
 
 Progress = Callable[[str], None]
+# A profiled unit: (name, kind, module, the callable timed, its input).
+Unit = tuple[str, str, torch.nn.Module, Callable[..., object], object]
 
 
 @dataclass
@@ -119,9 +121,9 @@ def host_description() -> str:
     return f"{cpu}; {torch.get_num_threads()} torch threads"
 
 
-def _layer_units(net: TransformerLM, tokens: torch.Tensor, targets: torch.Tensor) -> list[tuple[str, str, torch.nn.Module, Callable[..., object], object]]:
+def _layer_units(net: TransformerLM, tokens: torch.Tensor, targets: torch.Tensor) -> list[Unit]:
     """(name, kind, module, callable, input) for every pipeline layer, inputs from one real pass."""
-    units: list[tuple[str, str, torch.nn.Module, Callable[..., object], object]] = []
+    units: list[Unit] = []
     x: object = tokens
     with torch.no_grad():
         for name, kind, mod in net.layers():
@@ -153,30 +155,9 @@ def step_samples(net: TransformerLM, tokens: torch.Tensor, targets: torch.Tensor
     return times
 
 
-def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = None, progress: Progress | None = None) -> Trace:
-    """Profile ``model`` and return its trace.
-
-    Args:
-        model: The model contract.
-        opts: Profiling options (validated here).
-        command: Command line recorded in the provenance (defaults to ``sys.argv``).
-        progress: Called with a short message before each unit (the CLI prints it to stderr).
-    """
-    opts.check(model)
-    say = progress or (lambda _msg: None)
-    device = torch.device(opts.device)
-    clock = Clock(device)
-    seq_len = opts.seq_len or model.seq_len
-    net = build_model(model, seed=opts.seed, dtype=opts.dtype, device=device, flash_attention=opts.flash_attention)
-    net.train()
-    tokens, targets = synthetic_batch(model, opts.micro_batch_size, seed=opts.seed, seq_len=seq_len, device=device)
-    buffers = list(net.buffers())
-
-    # The whole step is sampled before and after the per-layer runs, so a slow drift of the
-    # machine (other processes, frequency changes) affects both sides of the comparison alike.
-    half = (opts.step_repeats + 1) // 2
-    steps = step_samples(net, tokens, targets, clock, opts.warmup, half) if opts.step_repeats else []
-    units = _layer_units(net, tokens, targets)
+def _profile_units(units: list[Unit], opts: ProfileOptions, clock: Clock, buffers: list[torch.Tensor],
+                   say: Progress) -> list[LayerRecord]:
+    """One record per unit (layer), or per operator of each block at ``granularity="op"``."""
     records: list[LayerRecord] = []
     prev_name: str | None = None
     for i, (name, kind, mod, fn, x) in enumerate(units):
@@ -212,6 +193,49 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
             )
         )
         prev_name = name
+    return records
+
+
+def _provenance(opts: ProfileOptions, device: torch.device, command: str | None) -> Provenance:
+    """Where the trace comes from: the command, the date, torch, the host and how it was timed."""
+    return Provenance(
+        tool="mindpipe profile",
+        command=command if command is not None else " ".join(["mindpipe", *sys.argv[1:]]),
+        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        torch_version=torch.__version__,
+        host=host_description() if device.type == "cpu" else torch.cuda.get_device_name(device),
+        notes=(
+            f"{'CPU' if device.type == 'cpu' else 'GPU'} trace; median of {opts.repeats} runs after "
+            f"{opts.warmup} warm-up runs; backward split as B=grad(inputs), W=full-B"
+            + ("; attention core fused (scaled_dot_product_attention)" if opts.flash_attention else "")
+        ),
+    )
+
+
+def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = None, progress: Progress | None = None) -> Trace:
+    """Profile ``model`` and return its trace.
+
+    Args:
+        model: The model contract.
+        opts: Profiling options (validated here).
+        command: Command line recorded in the provenance (defaults to ``sys.argv``).
+        progress: Called with a short message before each unit (the CLI prints it to stderr).
+    """
+    opts.check(model)
+    say = progress or (lambda _msg: None)
+    device = torch.device(opts.device)
+    clock = Clock(device)
+    seq_len = opts.seq_len or model.seq_len
+    net = build_model(model, seed=opts.seed, dtype=opts.dtype, device=device, flash_attention=opts.flash_attention)
+    net.train()
+    tokens, targets = synthetic_batch(model, opts.micro_batch_size, seed=opts.seed, seq_len=seq_len, device=device)
+    buffers = list(net.buffers())
+
+    # The whole step is sampled before and after the per-layer runs, so a slow drift of the
+    # machine (other processes, frequency changes) affects both sides of the comparison alike.
+    half = (opts.step_repeats + 1) // 2
+    steps = step_samples(net, tokens, targets, clock, opts.warmup, half) if opts.step_repeats else []
+    records = _profile_units(_layer_units(net, tokens, targets), opts, clock, buffers, say)
 
     step = None
     if opts.step_repeats:
@@ -223,18 +247,7 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
         device=device_label(device),
         dtype=opts.dtype,
         layers=records,
-        provenance=Provenance(
-            tool="mindpipe profile",
-            command=command if command is not None else " ".join(["mindpipe", *sys.argv[1:]]),
-            date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            torch_version=torch.__version__,
-            host=host_description() if device.type == "cpu" else torch.cuda.get_device_name(device),
-            notes=(
-                f"{'CPU' if device.type == 'cpu' else 'GPU'} trace; median of {opts.repeats} runs after "
-                f"{opts.warmup} warm-up runs; backward split as B=grad(inputs), W=full-B"
-                + ("; attention core fused (scaled_dot_product_attention)" if opts.flash_attention else "")
-            ),
-        ),
+        provenance=_provenance(opts, device, command),
         model=model,
         model_name=model.name,
         micro_batch_size=opts.micro_batch_size,
