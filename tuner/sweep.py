@@ -29,10 +29,10 @@ from typing import Any
 from mindpipe.traces.errors import ContractError
 from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.evaluate import screen as screen_memory
-from mindpipe.tuner.keys import point_key
+from mindpipe.tuner.keys import Point, point_key
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective
-from mindpipe.tuner.optimizers import OPTIMIZERS, make_searcher
+from mindpipe.tuner.optimizers import OPTIMIZERS, Searcher, make_searcher
 from mindpipe.tuner.records import EvaluationRecord, MemoryCode, ScoredRecord, Status, Verdict
 from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.store import SweepStore
@@ -199,78 +199,108 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
                             f"{cfg.budget}: raise --budget or narrow the space with --fix")
     searcher = make_searcher(cfg.optimizer, points, cfg.seed, surrogate=cfg.surrogate, n_initial=cfg.n_initial)
     batch_size = cfg.batch_size or cfg.workers
-    executor: cf.Executor | None = None
-    close: Callable[[], None] = lambda: None  # noqa: E731 - replaced once an executor is opened
-    records: list[ScoredRecord] = []
-    best: ScoredRecord | None = None
-    simulations = reused = 0
-    refused: list[tuple[int, EvaluationRecord]] = []
-
-    def refuse_with(check: Screener) -> Callable[[int], bool]:
-        def refuse(i: int) -> bool:
-            nonlocal reused
-            stored = store.get(point_key(points[i]))
-            if stored is not None:  # a resumed sweep: the stored verdict (whoever made it) decides
-                rec = stored if stored.status is Status.OUT_OF_MEMORY and stored.code is MemoryCode.ESTIMATE else None
-                reused += rec is not None
-            else:
-                rec = check(problem, points[i])
-                if rec is not None:
-                    store.add(rec)
-            if rec is not None:
-                refused.append((i, rec))
-            return rec is not None
-        return refuse
-
-    refuse = refuse_with(screen) if screen is not None else None
-
+    sweep = _Sweep(problem, points, objective, cfg, store, evaluator, progress)
+    refuse = sweep.refuse_with(screen) if screen is not None else None
     try:
-        while simulations < cfg.budget:
-            batch = searcher.ask(min(batch_size, cfg.budget - simulations), refuse)
-            walked = len(refused)
-            if refused:  # told first, in the order they were refused: the searcher learns from them
-                told = [annotate(rec, objective, len(records) + j) for j, (_, rec) in enumerate(refused)]
-                records += told
-                searcher.tell([i for i, _ in refused], [r.loss for r in told])
-                refused.clear()
+        while sweep.simulations < cfg.budget:
+            batch = searcher.ask(min(batch_size, cfg.budget - sweep.simulations), refuse)
+            walked = sweep.tell_refused(searcher)
             if not batch:
                 if walked:  # a walk past refused points ended the ask: ask again
                     continue
                 break
-            done: dict[int, EvaluationRecord] = {}
-            pending: dict[cf.Future[Any], int] = {}
-            for j, i in enumerate(batch):
-                stored = store.get(point_key(points[i]))
-                if stored is not None:
-                    done[j] = stored
-                    reused += 1
-                    continue
-                if executor is None:
-                    executor, close = open_executor(cfg)
-                pending[executor.submit(evaluator, problem, points[i])] = j
-            for fut in cf.as_completed(pending):
-                rec = fut.result()
-                store.add(rec)
-                done[pending[fut]] = rec
-                if progress is not None:
-                    sims = simulations + sum(1 for r in done.values() if r.costs_budget)
-                    shown = best.value if best else None
-                    for r in done.values():  # the best so far includes this batch's finished results
-                        ann = annotate(r, objective)
-                        if ann.feasible and (shown is None or objective.better(_value(ann), shown)):
-                            shown = ann.value
-                    progress(sims, cfg.budget, shown)
-            batch_records = [annotate(done[j], objective, len(records) + j) for j in range(len(batch))]
-            for rec in batch_records:
-                records.append(rec)
-                simulations += rec.evaluation.costs_budget
-                if rec.feasible and (best is None or objective.better(_value(rec), _value(best))):
-                    best = rec
-            searcher.tell(batch, [r.loss for r in batch_records])
+            done = sweep.evaluate(batch)
+            searcher.tell(batch, sweep.record(batch, done))
     finally:
-        close()
-    infeasible = Counter(r.verdict for r in records if not r.feasible)
-    return SweepResult(records, best, simulations, reused, infeasible)
+        sweep.close()
+    infeasible = Counter(r.verdict for r in sweep.records if not r.feasible)
+    return SweepResult(sweep.records, sweep.best, sweep.simulations, sweep.reused, infeasible)
+
+
+class _Sweep:
+    """A sweep's state between rounds: every scored record, the best, the budget spent, the points the
+    screen refused since the last round, and the executor (opened at the first evaluation)."""
+
+    def __init__(self, problem: Problem, points: list[Point], objective: Objective, cfg: SweepConfig,
+                 store: SweepStore, evaluator: Evaluator, progress: Progress | None) -> None:
+        self.problem, self.points, self.objective, self.cfg = problem, points, objective, cfg
+        self.store, self.evaluator, self.progress = store, evaluator, progress
+        self.records: list[ScoredRecord] = []
+        self.best: ScoredRecord | None = None
+        self.simulations = self.reused = 0
+        self.refused: list[tuple[int, EvaluationRecord]] = []
+        self.executor: cf.Executor | None = None
+        self.close: Callable[[], None] = lambda: None
+
+    def refuse_with(self, check: Screener) -> Callable[[int], bool]:
+        """The searcher's refusal test: a point the screen (or, on resume, the store) says cannot fit."""
+
+        def refuse(i: int) -> bool:
+            stored = self.store.get(point_key(self.points[i]))
+            if stored is not None:  # a resumed sweep: the stored verdict (whoever made it) decides
+                rec = stored if stored.status is Status.OUT_OF_MEMORY and stored.code is MemoryCode.ESTIMATE else None
+                self.reused += rec is not None
+            else:
+                rec = check(self.problem, self.points[i])
+                if rec is not None:
+                    self.store.add(rec)
+            if rec is not None:
+                self.refused.append((i, rec))
+            return rec is not None
+
+        return refuse
+
+    def tell_refused(self, searcher: Searcher) -> int:
+        """Tell the searcher the points refused since the last round, in their order; how many there were."""
+        walked = len(self.refused)
+        if self.refused:
+            told = [annotate(rec, self.objective, len(self.records) + j) for j, (_, rec) in enumerate(self.refused)]
+            self.records += told
+            searcher.tell([i for i, _ in self.refused], [r.loss for r in told])
+            self.refused.clear()
+        return walked
+
+    def evaluate(self, batch: list[int]) -> dict[int, EvaluationRecord]:
+        """Evaluate the batch (stored results are reused), showing progress as each evaluation finishes."""
+        done: dict[int, EvaluationRecord] = {}
+        pending: dict[cf.Future[Any], int] = {}
+        for j, i in enumerate(batch):
+            stored = self.store.get(point_key(self.points[i]))
+            if stored is not None:
+                done[j] = stored
+                self.reused += 1
+                continue
+            if self.executor is None:
+                self.executor, self.close = open_executor(self.cfg)
+            pending[self.executor.submit(self.evaluator, self.problem, self.points[i])] = j
+        for fut in cf.as_completed(pending):
+            rec = fut.result()
+            self.store.add(rec)
+            done[pending[fut]] = rec
+            self._show(done)
+        return done
+
+    def _show(self, done: dict[int, EvaluationRecord]) -> None:
+        """Progress: simulations so far and the best value, this batch's finished results included."""
+        if self.progress is None:
+            return
+        sims = self.simulations + sum(1 for r in done.values() if r.costs_budget)
+        shown = self.best.value if self.best else None
+        for r in done.values():
+            ann = annotate(r, self.objective)
+            if ann.feasible and (shown is None or self.objective.better(_value(ann), shown)):
+                shown = ann.value
+        self.progress(sims, self.cfg.budget, shown)
+
+    def record(self, batch: list[int], done: dict[int, EvaluationRecord]) -> list[float | None]:
+        """Score the batch's results in order, count the budget, keep the best; their losses."""
+        scored = [annotate(done[j], self.objective, len(self.records) + j) for j in range(len(batch))]
+        for rec in scored:
+            self.records.append(rec)
+            self.simulations += rec.evaluation.costs_budget
+            if rec.feasible and (self.best is None or self.objective.better(_value(rec), _value(self.best))):
+                self.best = rec
+        return [r.loss for r in scored]
 
 
 def no_plan_message(space: SearchSpace) -> str:
