@@ -101,9 +101,13 @@ def _validate_vtrain(args: argparse.Namespace, calibration: Calibration | None) 
     rows = [with_gpu(r, device.name) for r in rows]
     total = len(rows)
 
+    redraw = sys.stderr.isatty()  # a terminal redraws one line; a log gets one line per 50 rows
+
     def progress(i: int) -> None:
         if not args.quiet and (i % 50 == 0 or i == total):
-            print(f"\rsimulated {i}/{total} rows", end="\n" if i == total else "", file=sys.stderr, flush=True)
+            end = "\n" if i == total or not redraw else ""
+            print(f"\rsimulated {i}/{total} rows" if redraw else f"simulated {i}/{total} rows", end=end,
+                  file=sys.stderr, flush=True)
 
     results = validate_rows(rows, progress=progress, calibration=calibration)
     summary = summarize(results, fit_sources)
