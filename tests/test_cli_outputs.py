@@ -90,3 +90,14 @@ def test_reader_of_stdout_going_away_stops_quietly(shared_data):
     err = proc.stderr.read() if proc.stderr is not None else ""
     assert proc.wait(timeout=300) == 141, err
     assert err == ""
+
+
+def test_validate_progress_in_a_log_is_one_line_per_step(shared_data, capsys):
+    # stderr captured (not a terminal): whole lines, no carriage returns joining them into one.
+    from mindpipe.cli import main
+
+    csv = shared_data / "validation" / "vtrain_a100_multi_node.csv"
+    assert main(["validate", "vtrain-multi", "--data", str(csv), "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert err.splitlines() == ["simulated 50/109 rows", "simulated 100/109 rows", "simulated 109/109 rows"]
