@@ -186,18 +186,20 @@ WIDE: dict[str, Any] = {**HEAVY, "num_layers": 12, "hidden_size": 128,
 def test_even_start_on_the_heavy_head_space_moves_layers_to_the_first_stage(tmp_path: Path) -> None:
     """From [6, 6] the measured imbalance (the head on stage 1) moves layers to stage 0; losses stay sequential's.
 
-    Whether the run then keeps the move or goes back depends on the measured wall times (the judge of
-    :func:`next_partition`), so the test replays the rule on the recorded segments instead of guessing.
+    At which boundary the run moves, and whether it then keeps the move or goes back, depends on the
+    measured times (a noisy first segment may stay under the threshold: seen once in a CI run, where
+    the move came one segment later), so the test replays the rule on the recorded segments instead
+    of guessing, and asks only that the run's first move takes layers to stage 0.
     """
     steps, plan = 40, _plan(1, 2)
     m = _run(tmp_path, plan, steps, "moved.json", "--checkpoint-every", "10", "--repartition", "1.1", model=WIDE)
     assert m.subnet_segments is not None
     parts = [g.partition for g in m.subnet_segments]
-    assert parts[0] == [6, 6] and parts[1][0] > 6, parts
-    first = m.subnet_segments[0].stage_compute_s
-    assert first[1] > 1.1 * first[0], first  # what the move was decided from
-    # Later moves (or a move back) follow the recorded times: the rule replayed on them gives the same partitions.
+    assert parts[0] == [6, 6], parts
+    # Every boundary follows the recorded times: the rule replayed on them gives the same partitions.
     for i in range(1, len(parts)):
         assert parts[i] == (next_partition(m.subnet_segments[:i], 1.1) or parts[i - 1]), (i, m.subnet_segments)
+    moved = [i for i in range(1, len(parts)) if parts[i] != parts[i - 1]]
+    assert moved and parts[moved[0]][0] > 6, m.subnet_segments  # the head makes stage 1 the slow one
     ref = [struct.pack("<f", r.loss) for r in train_sequential(from_dict(Supernet, WIDE), from_dict(Plan, plan), steps)]
     assert _bits(m) == ref
