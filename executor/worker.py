@@ -38,7 +38,6 @@ from mindpipe.executor.rundir import ProgressReporter, record_error, record_fini
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.tied_table import TiedTable
 from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_waits
-from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import block_policies, data_parallel_units, one_weight_pass, stage_layout
 from mindpipe.traces.noise_scale import NoiseEmaState
@@ -149,6 +148,7 @@ class _Rank:
     schedule: Any
     orders: dict[int, list[str]]
     optimizers: list[torch.optim.AdamW]
+    num_stages: int  # the plan's (pp × virtual stages)
 
     @property
     def parts(self) -> list[Any]:
@@ -157,10 +157,13 @@ class _Rank:
 
     @property
     def has_first(self) -> bool:
+        """Whether this rank holds the first stage (it feeds the tokens)."""
         return 0 in self.modules
 
-    def has_last(self, plan: Plan) -> bool:
-        return plan.num_stages - 1 in self.modules
+    @property
+    def has_last(self) -> bool:
+        """Whether this rank holds the last stage (it computes the loss)."""
+        return self.num_stages - 1 in self.modules
 
 
 @dataclass
@@ -258,13 +261,14 @@ def _build(cfg: RunConfig, device: torch.device, pre: Precheck) -> _Rank:
     except ValueError as e:  # torch's own check of the hyper-parameters (e.g. a NaN learning rate)
         raise ContractError("--lr/--weight-decay", None, str(e)) from None
     return _Rank(mesh=mesh, coords=coords, modules=modules, memory=memory, pool=pool, recorder=recorder, tied=tied,
-                 probe=probe, context=context, schedule=schedule, orders=orders, optimizers=optimizers)
+                 probe=probe, context=context, schedule=schedule, orders=orders, optimizers=optimizers,
+                 num_stages=plan.num_stages)
 
 
 def _loop(cfg: RunConfig, rank: _Rank, source: TokenSource, start: int, device: torch.device) -> _Measured:
     """Train steps ``start + 1 .. cfg.steps``: one schedule step, the tied tables' sum and the optimizers each."""
     plan, coords, memory, recorder, probe = cfg.plan, rank.coords, rank.memory, rank.recorder, rank.probe
-    has_first, has_last = rank.has_first, rank.has_last(plan)
+    has_first, has_last = rank.has_first, rank.has_last
     energy = EnergyMeter(device)
     # Aggregates leave out the warm-up steps, unless that would leave nothing.
     first_measured = start + 1 + cfg.warmup_steps if cfg.steps - start > cfg.warmup_steps else start + 1
