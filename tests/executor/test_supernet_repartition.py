@@ -1,7 +1,10 @@
 """Online repartition of a supernet pipeline (``--repartition``): layers move, losses stay bit-identical.
 
-The space is ``supernet-mini`` with a 8192-entry vocabulary: the LM head outweighs the choice
-layers, so the even split overloads the last stage and the run must move layers to stage 0.
+The space is ``supernet-mini`` with a 8192-entry vocabulary, whose LM head weighs on the last stage.
+How much it outweighs the choice layers depends on the host's CPU (on the AVX-512 host of
+2026-11-30 an even [4, 4] start sometimes measured within the threshold and stayed), so the runs
+that must move start from the skewed [1, 7] (``SKEWED``): the last stage holds seven layers and the
+head against one layer on the first, on any host.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from tests.executor.conftest import TINY, mindpipe, run_env
 
 HEAVY: dict[str, Any] = {**to_dict(load_supernet("supernet-mini")), "vocab_size": 8192}
 NET = from_dict(Supernet, HEAVY)
+SKEWED = [1, 7]
 
 
 def _plan(dp: int, pp: int, **extra: Any) -> dict[str, Any]:
@@ -139,33 +143,33 @@ def test_repartition_is_refused_for_a_gpt_run(tmp_path: Path) -> None:
 
 
 def test_repartitioned_run_is_bit_identical(tmp_path: Path) -> None:
-    steps, plan = 30, _plan(1, 2)
+    steps, plan = 30, _plan(1, 2, partition=SKEWED)
     moved = _run(tmp_path, plan, steps, "moved.json", "--checkpoint-every", "10", "--repartition", "1.0")
     fixed = _run(tmp_path, plan, steps, "fixed.json", "--checkpoint-every", "10")
     assert moved.subnet_segments is not None and fixed.subnet_segments is not None
     parts = [g.partition for g in moved.subnet_segments]
-    assert parts[0] == [4, 4] and any(p != [4, 4] for p in parts), parts  # layers did move
-    assert all(g.partition == [4, 4] for g in fixed.subnet_segments)
+    assert parts[0] == SKEWED and parts[1][0] > 1, parts  # layers did move, to the first stage
+    assert all(g.partition == SKEWED for g in fixed.subnet_segments)
     ref = [struct.pack("<f", r.loss) for r in train_sequential(NET, from_dict(Plan, plan), steps)]
     assert _bits(moved) == _bits(fixed) == ref
 
 
 def test_repartition_with_context_switching_off_and_dp2(tmp_path: Path) -> None:
-    steps, plan = 40, _plan(2, 2)
+    steps, plan = 40, _plan(2, 2, partition=SKEWED)
     m = _run(tmp_path, plan, steps, "moved.json", "--checkpoint-every", "10", "--repartition", "1.0",
              "--context-switch", "off")
-    assert m.subnet_segments is not None and any(g.partition != [4, 4] for g in m.subnet_segments)
+    assert m.subnet_segments is not None and m.subnet_segments[1].partition[0] > 1, m.subnet_segments
     ref = [struct.pack("<f", r.loss) for r in train_sequential(NET, from_dict(Plan, plan), steps)]
     assert _bits(m) == ref
 
 
 def test_resume_after_a_repartition_keeps_the_moved_layout(tmp_path: Path) -> None:
-    plan, ck = _plan(1, 2), str(tmp_path / "ck")
+    plan, ck = _plan(1, 2, partition=SKEWED), str(tmp_path / "ck")
     first = _run(tmp_path, plan, 20, "a.json", "--checkpoint-every", "10", "--repartition", "1.0",
                  "--checkpoint-dir", ck)
     assert first.subnet_segments is not None
     moved = first.subnet_segments[-1].partition
-    assert moved != [4, 4]  # moved after subnets 0..9; the checkpoint at 20 holds that layout
+    assert moved[0] > 1, moved  # moved after subnets 0..9; the checkpoint at 20 holds that layout
     second = _run(tmp_path, plan, 40, "b.json", "--checkpoint-every", "10", "--repartition", "1.0",
                   "--checkpoint-dir", ck, "--resume")
     assert second.subnets is not None and second.subnets[0].id == 20
