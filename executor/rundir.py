@@ -271,6 +271,12 @@ def read_progress(run_dir: str | os.PathLike[str]) -> Progress | None:
         return None
 
 
+def has_finished(rank: int) -> bool:
+    """Whether ``rank`` of this process's run recorded :func:`record_finished` (False outside a launched run)."""
+    where = os.environ.get(RUN_DIR_ENV)
+    return where is not None and (Path(where) / "finished" / f"rank{rank}").exists()
+
+
 def all_finished(run_dir: str | os.PathLike[str]) -> bool:
     """Every registered rank recorded :func:`record_finished` (and at least one registered)."""
     registered = len(ranks(run_dir))
@@ -325,6 +331,7 @@ __all__ = [
     "all_finished",
     "describe_exit",
     "die_with_parent",
+    "has_finished",
     "progress_gap",
     "ranks",
     "read_errors",

@@ -41,6 +41,8 @@ from mindpipe.traces.errors import ContractError
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 NO_STORE = 3  # a rank's exit code when the spawner could not host the store (it says why itself)
 STORE_TIMEOUT_S = 1800.0
+# How long the other ranks get to end on their own after one died past the run's last barrier.
+TEARDOWN_GRACE_S = 30.0
 
 
 class _Stop(BaseException):
@@ -93,6 +95,14 @@ def _reap(children: dict[int, int], block: bool) -> tuple[int, int, int] | None:
         if pid in children:
             return pid, children.pop(pid), os.waitstatus_to_exitcode(status)
     return None
+
+
+def _wait_teardown(children: dict[int, int], wait_s: float) -> None:
+    """Reap the ranks that end within ``wait_s`` (the rest are left to :func:`_stop_all`)."""
+    deadline = time.monotonic() + wait_s
+    while children and time.monotonic() < deadline:
+        if _reap(children, block=False) is None:
+            time.sleep(0.05)
 
 
 def _stop_all(children: dict[int, int], grace_s: float) -> None:
@@ -180,8 +190,16 @@ def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 1
                 continue
             _, rank, code = done
             rundir.record_root_cause(rank, code)
-            print(f"spawn: rank {rank} {rundir.describe_exit(code)}; stopping the other ranks", file=sys.stderr,
-                  flush=True)
+            if rundir.has_finished(rank):
+                # It died in teardown, after the run's last barrier: every other rank is past it too and
+                # only tearing down. Stopping them now could kill one before it records that it finished
+                # (and so turn complete results into a failed run); they are given time to end first.
+                print(f"spawn: rank {rank} {rundir.describe_exit(code)} after it finished the run", file=sys.stderr,
+                      flush=True)
+                _wait_teardown(children, TEARDOWN_GRACE_S)
+            else:
+                print(f"spawn: rank {rank} {rundir.describe_exit(code)}; stopping the other ranks", file=sys.stderr,
+                      flush=True)
             _stop_all(children, grace_s)
             return 1
     except _Stop as e:
