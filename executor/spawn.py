@@ -97,8 +97,8 @@ def _reap(children: dict[int, int], block: bool) -> tuple[int, int, int] | None:
     return None
 
 
-def _wait_teardown(children: dict[int, int], wait_s: float) -> None:
-    """Reap the ranks that end within ``wait_s`` (the rest are left to :func:`_stop_all`)."""
+def _reap_within(children: dict[int, int], wait_s: float) -> None:
+    """Reap the ranks that end within ``wait_s`` (the rest stay in ``children``)."""
     deadline = time.monotonic() + wait_s
     while children and time.monotonic() < deadline:
         if _reap(children, block=False) is None:
@@ -112,10 +112,7 @@ def _stop_all(children: dict[int, int], grace_s: float) -> None:
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)):
         for pid in list(children):
             rundir.signal_process(rundir.ProcRef(pid, None), sig)  # a group leader (setsid); unreaped, so not reused
-        deadline = time.monotonic() + wait
-        while children and time.monotonic() < deadline:
-            if _reap(children, block=False) is None:
-                time.sleep(0.05)
+        _reap_within(children, wait)
         if not children:
             return
 
@@ -196,7 +193,7 @@ def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 1
                 # (and so turn complete results into a failed run); they are given time to end first.
                 print(f"spawn: rank {rank} {rundir.describe_exit(code)} after it finished the run", file=sys.stderr,
                       flush=True)
-                _wait_teardown(children, TEARDOWN_GRACE_S)
+                _reap_within(children, TEARDOWN_GRACE_S)
             else:
                 print(f"spawn: rank {rank} {rundir.describe_exit(code)}; stopping the other ranks", file=sys.stderr,
                       flush=True)
