@@ -227,22 +227,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
         from mindpipe.tuner.sweep import no_plan_message
 
         raise NoFeasiblePlan("tune", None, no_plan_message(space))
-    identity = {
-        "problem": fp, "model": model.label, "global_batch": space.global_batches,
-        "fixes": space.fixes, "partitioners": list(space.partitioners), "what_if": list(space.what_if),
-        "objective": {"name": obj.name, "critical_batch": obj.critical_batch, "constraints": [str(c) for c in obj.constraints]},
-        **cfg.identity(),
-    }
-    if obj.shift is not None:  # absent from other sweeps' identity, so they still resume
-        identity["timeshift"] = obj.shift.identity()
-    if supernet:  # likewise: GPT sweeps' identity is unchanged
-        identity["subnets"] = problem.num_subnets
-    if space.search:  # likewise
-        identity["search"] = list(space.search)
-    if obj.target is not None:
-        identity["target"] = target_identity(obj)
     out_dir = Path(out)
-    store = SweepStore(out_dir, identity, resume)
+    store = SweepStore(out_dir, _sweep_identity(problem, space, obj, cfg), resume)
     try:
         result = run_sweep(problem, space, obj, cfg, store, progress=progress, evaluator=evaluator, screen=screen)
     finally:
@@ -251,15 +237,7 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
                        supernet=model if isinstance(model, Supernet) else None,
                        trace=reference(trace_source, trace) if trace is not None else None,
                        calibration=reference(calibration_source, calibration) if calibration is not None else None)
-    shifted = None
-    if obj.shift is not None and result.best is not None:
-        from mindpipe.tuner.timeshift import report_for
-
-        shifted = report_for(obj.shift, result.records, result.best)
-    info = write_outputs(result, obj, space, out_dir, made_for, plots=plots, timeshift=shifted)
-    if obj.target is not None and result.best is not None and isinstance(model, Model):
-        sim = Simulator(model, cluster, trace=trace, calibration=calibration)
-        info.update(write_front(sim, result, obj.target, obj.placement, front or FrontConfig(), out_dir, plots))
+    info = _write(problem, result, obj, space, out_dir, made_for, plots, front)
     if result.best is None:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(info["infeasible_by_reason"].items()))
         late = (" (no_value: the job, at that plan's speed, runs past the carbon series)"
@@ -267,6 +245,44 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
         raise NoFeasiblePlan("tune", None, f"no feasible plan among the {len(result.records)} evaluated "
                              f"({counts}){late}; see {out_dir / 'evaluations.csv'}")
     return TuneOutcome(info, result, space)
+
+
+def _sweep_identity(problem: Problem, space: SearchSpace, obj: Objective, cfg: SweepConfig) -> dict[str, Any]:
+    """What a stored sweep must match to be resumed (:class:`mindpipe.tuner.store.SweepStore`).
+
+    A key only some sweeps have is left out of the others' identity, so that sweeps stored before
+    it existed still resume.
+    """
+    identity: dict[str, Any] = {
+        "problem": problem.fingerprint, "model": problem.model.label, "global_batch": space.global_batches,
+        "fixes": space.fixes, "partitioners": list(space.partitioners), "what_if": list(space.what_if),
+        "objective": {"name": obj.name, "critical_batch": obj.critical_batch, "constraints": [str(c) for c in obj.constraints]},
+        **cfg.identity(),
+    }
+    if obj.shift is not None:
+        identity["timeshift"] = obj.shift.identity()
+    if isinstance(problem.model, Supernet):
+        identity["subnets"] = problem.num_subnets
+    if space.search:
+        identity["search"] = list(space.search)
+    if obj.target is not None:
+        identity["target"] = target_identity(obj)
+    return identity
+
+
+def _write(problem: Problem, result: SweepResult, obj: Objective, space: SearchSpace, out_dir: Path, made_for: MadeFor,
+           plots: bool, front: FrontConfig | None) -> dict[str, Any]:
+    """Write the sweep's outputs (and a time-shifted job's start, a target's front); their summary."""
+    shifted = None
+    if obj.shift is not None and result.best is not None:
+        from mindpipe.tuner.timeshift import report_for
+
+        shifted = report_for(obj.shift, result.records, result.best)
+    info = write_outputs(result, obj, space, out_dir, made_for, plots=plots, timeshift=shifted)
+    if obj.target is not None and result.best is not None and isinstance(problem.model, Model):
+        sim = Simulator(problem.model, problem.cluster, trace=problem.trace, calibration=problem.calibration)
+        info.update(write_front(sim, result, obj.target, obj.placement, front or FrontConfig(), out_dir, plots))
+    return info
 
 
 __all__ = ["DEFAULT_SUBNETS", "NoFeasiblePlan", "TuneOutcome", "attention_as_profiled", "build_space", "default_global_batch", "fingerprint", "reference", "tune"]
