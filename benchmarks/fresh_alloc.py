@@ -4,7 +4,7 @@ glibc serves a request at or above its mmap threshold (at most 32 MiB on 64-bit 
 mapping that the kernel page-faults and zeroes on first touch. This times ``X @ Wᵀ`` (logits of
 ``mb × 128 × 8192`` fp32) with a fresh result and into a preallocated one (``out=``), and
 ``log_softmax`` of the logits, single-threaded, and prints the extra time per fresh byte
-(:data:`mindpipe.simulator.calibrate.models.CPU_FRESH_ALLOC_BYTES` is where the jump should appear).
+(:data:`mindpipe.traces.host_alloc.CPU_FRESH_ALLOC_BYTES` is where the jump should appear).
 
 Usage: ``python benchmarks/fresh_alloc.py [--out benchmarks/results/fresh_alloc.json]``
 """
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import torch
-from mindpipe.simulator.calibrate.models import CPU_FRESH_ALLOC_BYTES
 from mindpipe.traces.builtin import load_model
+from mindpipe.traces.host_alloc import CPU_FRESH_ALLOC_BYTES
 
 
 def _median_s(fn, reps: int) -> float:

@@ -11,8 +11,9 @@ operator (eager PyTorch dispatch, autograd bookkeeping), which dominates small m
 ``fresh(op)`` is the size of the operator's result when the CPU allocator takes it fresh from the
 kernel (:func:`fresh_bytes`). PyTorch's CPU allocator is glibc's ``malloc``, which serves a request
 at or above its mmap threshold with a new ``mmap`` and returns it with ``munmap`` on free; the
-threshold adapts upwards to the largest block freed but never beyond ``DEFAULT_MMAP_THRESHOLD_MAX``
-(4 MiB × sizeof(long) = 32 MiB on 64-bit; mallopt(3), M_MMAP_THRESHOLD). Every such result is
+executor's CPU ranks pin that threshold at glibc's own ceiling, ``DEFAULT_MMAP_THRESHOLD_MAX``
+(4 MiB × sizeof(long) = 32 MiB on 64-bit; mallopt(3), M_MMAP_THRESHOLD), and never trim the heap
+below it (:mod:`mindpipe.traces.host_alloc`, the rule's owner). Every result at or above it is
 page-faulted and zeroed by the kernel on first touch, each micro-batch again. Measured here
 (``benchmarks/fresh_alloc.py``): the LM-head GEMM of gpt-tiny-8k costs the same per sample for
 8 and 16 MiB logits and ~50 % more for 32 MiB ones. GPUs use PyTorch's caching allocator: no term.
@@ -41,12 +42,11 @@ from mindpipe.simulator.topology import Phase
 from mindpipe.traces.calibration import Calibration, ComputeCalibration, DeviceCalibration, LinkCalibration
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.host_alloc import CPU_FRESH_ALLOC_BYTES
 
 # Which reference a kind is priced against on CPUs: FLOPs over peak, or bytes over bandwidth.
 _FLOP_KINDS = ("gemm", "bmm", "flash")
 
-# glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts (module docstring): results this large are mmapped.
-CPU_FRESH_ALLOC_BYTES = 32 * 2**20
 
 
 # Collectives a backend does not implement natively, and what runs instead. gloo has no

@@ -401,8 +401,8 @@ def test_calibrate_and_validate_commands(tmp_path, capsys):
 
 
 def test_fresh_bytes_are_cpu_results_at_or_above_the_mmap_threshold():
-    from mindpipe.simulator.calibrate.models import CPU_FRESH_ALLOC_BYTES
     from mindpipe.simulator.ops import lm_head_ops
+    from mindpipe.traces.host_alloc import CPU_FRESH_ALLOC_BYTES
 
     tiny = load_model("gpt-tiny-8k")
     cpu, gpu = ReferenceOpTime(CPU), ReferenceOpTime(get_device("a100-sxm4-80gb"))
