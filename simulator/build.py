@@ -198,56 +198,66 @@ def build_work(
     stages = assign_layers(costs, model, plan)
     policies = block_policies(plan, model.num_layers)
     spans = stage_layout(plan, model)
-    dbytes = DTYPE_BYTES[plan.precision]
-    gbytes = GRAD_BYTES[plan.precision]
-    bucket = bucket_params(plan)
-    works: list[StageWork] = []
+    on_compute = swap_on_compute or (0.0, 0.0, 0.0)
+    works = []
     for s, layers in enumerate(stages):
-        rank = stage_to_rank[s]
-        f = sum(c.forward_s for c in layers)
-        i = sum(c.backward_input_s for c in layers)
-        w = sum(c.backward_weight_s for c in layers)
-        fwd_comm = [x for c in layers for x in c.forward_comm]
-        bwd_comm = [x for c in layers for x in c.backward_comm]
         recompute, re_comm, swapped = stage_recompute(layers, [policies[b] for b in spans[s].blocks])
         rerun, rerun_comm = weight_pass_extra(model, spans[s], layers, policies, split_backward)
         hooks = dp_unit_s * data_parallel_units(plan, spans[s].num_blocks)
+        times = (sum(c.forward_s for c in layers) + hooks + swapped * on_compute[0],
+                 sum(c.backward_input_s for c in layers) + hooks + swapped * on_compute[1],
+                 sum(c.backward_weight_s for c in layers) + swapped * on_compute[2], recompute, rerun)
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
-        on_compute = swap_on_compute or (0.0, 0.0, 0.0)
-        params = sum(c.param_count for c in layers)
-        out_bytes = layers[-1].output_bytes
-        in_bytes = stages[s - 1][-1].output_bytes if s > 0 else 0
-        nxt = stage_to_rank[s + 1] if s + 1 < len(stages) else None
-        prv = stage_to_rank[s - 1] if s > 0 else None
-        zero = plan.zero_stage
-        every = reduces_every_microbatch(plan)
-        allgather = _buckets(topo, "allgather", params, dbytes, bucket, rank) if zero == 3 or every else []
-        gathers = allgather if zero == 3 else []
-        work = StageWork(
-            forward_s=f + hooks + swapped * on_compute[0],
-            input_s=i + hooks + swapped * on_compute[1],
-            weight_s=w + swapped * on_compute[2],
-            recompute_s=recompute,
-            weight_rerun_s=rerun,
-            rerun_tp=_tp_phases(topo, rerun_comm, rank),
-            fwd_tp=_tp_phases(topo, fwd_comm, rank),
-            bwd_tp=_tp_phases(topo, re_comm + bwd_comm, rank),
-            send_fwd=topo.p2p(rank, nxt, out_bytes) if nxt is not None and nxt != rank else None,
-            send_bwd=topo.p2p(rank, prv, in_bytes) if prv is not None and prv != rank else None,
-            dp_buckets=_buckets(topo, "allreduce" if zero == 0 else "reducescatter", params, gbytes, bucket, rank),
-            gather_buckets=gathers,
-            regather_buckets=gathers if reshards_after_forward(plan) else [],
-            forward_regather_buckets=allgather if every else [],
-            reduce_every_backward=every,
-            swap_out=topo.swap(rank, swap) if swap > 0 else [],
-            swap_in=topo.swap(rank, swap) if swap > 0 else [],
-            fwd_tp_overlap=_tp_overlaps(topo, fwd_comm, rank),
-            bwd_tp_overlap=_tp_overlaps(topo, re_comm + bwd_comm, rank),
-        )
-        works.append(work)
-    ranks: list[RankWork] = []
+        works.append(_stage_work(plan, stages, s, topo, stage_to_rank, times, re_comm, rerun_comm, swap))
     params_by_rank = rank_params(stages, stage_to_rank, plan.pp)
+    return works, _rank_works(model, plan, stages, params_by_rank, compute, topo), params_by_rank
+
+
+def _stage_work(plan: Plan, stages: list[list[LayerCost]], s: int, topo: Topology, stage_to_rank: list[int],
+                times: tuple[float, float, float, float, float], re_comm: list[Collective],
+                rerun_comm: list[Collective], swap: float) -> StageWork:
+    """Stage ``s``'s work: ``times`` (F, I, W, the re-run forward before I, a split backward's extra
+    in W), and its transfers: tensor-parallel collectives (the layers', the re-run forward's
+    ``re_comm`` and W's extra ``rerun_comm``), sends to its neighbours, data-parallel and ZeRO
+    buckets, and the swap of ``swap`` bytes over the host link."""
+    layers, rank = stages[s], stage_to_rank[s]
+    fwd_comm = [x for c in layers for x in c.forward_comm]
+    bwd_comm = [x for c in layers for x in c.backward_comm]
+    params = sum(c.param_count for c in layers)
+    dbytes, gbytes, bucket = DTYPE_BYTES[plan.precision], GRAD_BYTES[plan.precision], bucket_params(plan)
+    in_bytes = stages[s - 1][-1].output_bytes if s > 0 else 0
+    nxt = stage_to_rank[s + 1] if s + 1 < len(stages) else None
+    prv = stage_to_rank[s - 1] if s > 0 else None
+    zero = plan.zero_stage
+    every = reduces_every_microbatch(plan)
+    allgather = _buckets(topo, "allgather", params, dbytes, bucket, rank) if zero == 3 or every else []
+    gathers = allgather if zero == 3 else []
+    return StageWork(
+        forward_s=times[0], input_s=times[1], weight_s=times[2], recompute_s=times[3], weight_rerun_s=times[4],
+        rerun_tp=_tp_phases(topo, rerun_comm, rank),
+        fwd_tp=_tp_phases(topo, fwd_comm, rank),
+        bwd_tp=_tp_phases(topo, re_comm + bwd_comm, rank),
+        send_fwd=topo.p2p(rank, nxt, layers[-1].output_bytes) if nxt is not None and nxt != rank else None,
+        send_bwd=topo.p2p(rank, prv, in_bytes) if prv is not None and prv != rank else None,
+        dp_buckets=_buckets(topo, "allreduce" if zero == 0 else "reducescatter", params, gbytes, bucket, rank),
+        gather_buckets=gathers,
+        regather_buckets=gathers if reshards_after_forward(plan) else [],
+        forward_regather_buckets=allgather if every else [],
+        reduce_every_backward=every,
+        swap_out=topo.swap(rank, swap) if swap > 0 else [],
+        swap_in=topo.swap(rank, swap) if swap > 0 else [],
+        fwd_tp_overlap=_tp_overlaps(topo, fwd_comm, rank),
+        bwd_tp_overlap=_tp_overlaps(topo, re_comm + bwd_comm, rank),
+    )
+
+
+def _rank_works(model: Model, plan: Plan, stages: list[list[LayerCost]], params_by_rank: list[int],
+                compute: ComputeModel, topo: Topology) -> list[RankWork]:
+    """Each pipeline rank's work outside its stages: the optimizer step over its (ZeRO) shard, ZeRO-1/2's
+    parameter all-gather, and a tied token table's gradient exchange between its two holders."""
+    dbytes, gbytes, bucket = DTYPE_BYTES[plan.precision], GRAD_BYTES[plan.precision], bucket_params(plan)
     tied = tied_table_ranks(plan, model)
+    ranks: list[RankWork] = []
     for r in range(plan.pp):
         shard = optimizer_shard(plan, params_by_rank[r])
         gather = (_buckets(topo, "allgather", params_by_rank[r], dbytes, bucket, r)
@@ -261,7 +271,7 @@ def build_work(
             piece = optimizer_shard(plan, head.param_count) * gbytes
             rank_work.tied_exchange, rank_work.tied_peer = topo.p2p(r, peer, int(piece)), peer
         ranks.append(rank_work)
-    return works, ranks, params_by_rank
+    return ranks
 
 
 __all__ = ["GRAD_BYTES", "assign_layers", "bucket_params", "build_work", "optimizer_shard", "rank_params",
