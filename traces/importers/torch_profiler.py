@@ -225,6 +225,31 @@ def _nearest(items: list[tuple[int, str]], seq: int) -> str:
     return items[i - 1][1] if i > 0 else items[0][1]
 
 
+def _forward_ns(ranges: list[Span], cost: Callable[[Span], int]) -> tuple[dict[str, int], Counter[str]]:
+    """Per layer name, in order of first occurrence, its summed forward cost (ns) and its occurrences."""
+    forward: dict[str, int] = {}
+    occurrences: Counter[str] = Counter()
+    for r in sorted(ranges, key=lambda s: (s.start, s.index)):
+        forward[r.name] = forward.get(r.name, 0) + cost(r)
+        occurrences[r.name] += 1
+    return forward, occurrences
+
+
+def _notes(how: str, num_ranges: int, kernels: KernelLaunches | None, n: int, divisor: str, rules: dict[str, int]) -> str:
+    """The trace's provenance notes: how the layers were found, what was timed, what the backward charged."""
+    timing = (
+        f"GPU kernel time ({kernels.count} kernels, {kernels.unlinked} not linked to a launch)"
+        if kernels is not None
+        else "CPU wall time"
+    )
+    charged = "; ".join(f"{ns / n / 1e9:.6g} s {rule}" for rule, ns in sorted(rules.items()))
+    return (
+        f"torch.profiler Chrome trace; layers: {how} ({num_ranges} ranges); times: {timing} divided by "
+        f"{n} steps ({divisor}); backward per step: {charged or 'none found'}; backward_split=combined "
+        "(the profiler cannot separate input and weight gradients)"
+    )
+
+
 def import_torch_profiler(
     path: str | os.PathLike[str],
     *,
@@ -269,26 +294,12 @@ def import_torch_profiler(
     ranges, how = _select(spans, group, names, source)
     kernels = KernelLaunches(spans, events, source) if any(s.cat == "kernel" for s in spans) else None
     cost: Callable[[Span], int] = kernels.gpu_ns if kernels is not None else (lambda s: s.dur)
-    forward: dict[str, int] = {}
-    occurrences: Counter[str] = Counter()
-    for r in sorted(ranges, key=lambda s: (s.start, s.index)):  # layers in order of first occurrence
-        forward[r.name] = forward.get(r.name, 0) + cost(r)
-        occurrences[r.name] += 1
+    forward, occurrences = _forward_ns(ranges, cost)
     profiler_steps = len({s.name for s in spans if s.cat in ("user_annotation", "cpu_op") and _STEP_RE.match(s.name)})
     n = steps or profiler_steps or occurrences[next(iter(forward))]
     backward, rules = _attribute_backward(spans, ranges, cost, source)
     divisor = "given" if steps else "ProfilerStep#N ranges" if profiler_steps else "occurrences of the first layer"
-    timing = (
-        f"GPU kernel time ({kernels.count} kernels, {kernels.unlinked} not linked to a launch)"
-        if kernels is not None
-        else "CPU wall time"
-    )
-    charged = "; ".join(f"{ns / n / 1e9:.6g} s {rule}" for rule, ns in sorted(rules.items()))
-    notes = (
-        f"torch.profiler Chrome trace; layers: {how} ({len(ranges)} ranges); times: {timing} divided by "
-        f"{n} steps ({divisor}); backward per step: {charged or 'none found'}; backward_split=combined "
-        "(the profiler cannot separate input and weight gradients)"
-    )
+    notes = _notes(how, len(ranges), kernels, n, divisor, rules)
     records = [
         LayerRecord(
             name=name,
