@@ -81,18 +81,26 @@ def test_headline_takes_the_last_rounds_side_by_side_and_the_median_of_every_rou
     from mindpipe.loop_report import headline
 
     default, tuned = demo_plan(pp=2, micro_batch_size=2), demo_plan(dp=2, micro_batch_size=4)
-    other = demo_plan(tp=2, micro_batch_size=4)
+    rival, early = demo_plan(tp=2, micro_batch_size=4), demo_plan(dp=2, micro_batch_size=2)
     runs = Measured(out=Path("."), model=None, spec=None, say=print)  # type: ignore[arg-type]
-    for plan, times in ((default, [1.0, 1.2, 1.1, 1.3]), (tuned, [0.9, 0.5, 0.6]), (other, [0.5, 0.55])):
+    # The rival ran in the calibration phase (0.9, 1.0) and again beside the tuned plan (0.5, 0.55);
+    # ``early`` ran only in the calibration phase, minutes before, on a faster moment of the machine.
+    for plan, times in ((default, [1.0, 1.2, 1.1, 1.3]), (tuned, [0.9, 0.5, 0.6]), (rival, [0.9, 1.0, 0.5, 0.55]),
+                        (early, [0.3, 0.3])):
         runs.plans[Measured.key(plan)] = plan
         runs.runs[Measured.key(plan)] = [NS(iteration_s=x) for x in times]  # type: ignore[misc]
-    h = headline(NS(cfg=NS(rounds=2), default=default, tuned2=tuned), runs)  # type: ignore[arg-type]
+    facts = NS(cfg=NS(rounds=2), default=default, tuned2=tuned, side_by_side=[default, tuned, rival])
+    h = headline(facts, runs)  # type: ignore[arg-type]
     # Speedup and overlap from the last two rounds only (the side-by-side phase).
     assert (h.default_rounds, h.tuned_rounds) == ([1.1, 1.3], [0.5, 0.6])
     assert h.speedup == pytest.approx(1.2 / 0.55) and not h.overlap
-    # Regret from every round: the tuned plan's median 0.6 against the fastest plan's 0.525.
-    assert h.fastest == Measured.key(other) and h.regret == pytest.approx(0.6 / 0.525 - 1)
-    assert h.medians[Measured.key(default)] == pytest.approx(1.15)
+    # Regret from the side-by-side rounds only: the tuned plan's 0.55 against the rival's 0.525;
+    # the plan measured only minutes earlier does not count, however fast it ran then.
+    assert h.fastest == Measured.key(rival) and h.regret == pytest.approx(0.55 / 0.525 - 1)
+    assert h.side_medians == pytest.approx({Measured.key(default): 1.2, Measured.key(tuned): 0.55,
+                                            Measured.key(rival): 0.525})
+    # The plan table's medians are over every round.
+    assert h.medians[Measured.key(default)] == pytest.approx(1.15) and h.medians[Measured.key(early)] == 0.3
     # Rounds that interleave overlap.
     runs.runs[Measured.key(tuned)][-1] = NS(iteration_s=1.15)  # type: ignore[call-overload]
-    assert headline(NS(cfg=NS(rounds=2), default=default, tuned2=tuned), runs).overlap  # type: ignore[arg-type]
+    assert headline(facts, runs).overlap  # type: ignore[arg-type]
