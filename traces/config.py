@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from mindpipe.traces.catalog import check_precision
 from mindpipe.traces.errors import ContractError
@@ -660,12 +660,20 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
             ``plan.json: tp=3 does not divide num_heads=32``.
     """
 
-    def fail(key: str, rule: str) -> None:
+    def fail(key: str, rule: str) -> NoReturn:
         raise ContractError(source, key, rule)
 
     for key in SUPERNET_PLAN_KEYS:
         if getattr(plan, key) is not None:
             fail(key, f"{key} applies to supernet models only (model kind is {model.kind!r})")
+    _check_sharding(plan, model, fail)
+    _check_layers(plan, model, fail)
+    if cluster is not None:
+        _check_cluster(plan, cluster, source, fail)
+
+
+def _check_sharding(plan: Plan, model: Model, fail: Callable[[str, str], NoReturn]) -> None:
+    """:func:`check_plan`'s rules for splitting the model's heads, widths, tokens and loss."""
     if model.num_heads % plan.tp:
         fail("tp", f"tp={plan.tp} does not divide num_heads={model.num_heads}")
     if model.kv_heads % plan.tp:
@@ -687,6 +695,10 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
     if plan.loss_chunks > plan.micro_batch_size * model.seq_len:
         fail("loss_chunks", f"loss_chunks={plan.loss_chunks} exceeds the micro-batch's tokens "
                             f"micro_batch_size×seq_len={plan.micro_batch_size * model.seq_len}")
+
+
+def _check_layers(plan: Plan, model: Model, fail: Callable[[str, str], NoReturn]) -> None:
+    """:func:`check_plan`'s rules for the stages, the per-block policies and the micro-batches."""
     if plan.num_stages > model.num_layers:
         fail("pp", f"pp×virtual_stages={plan.num_stages} exceeds num_layers={model.num_layers}")
     if plan.partition is not None and sum(plan.partition) != model.num_layers:
@@ -705,22 +717,25 @@ def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source:
         fail("global_batch_size", f"schedule {plan.schedule!r} needs micro-batches m={m} >= pp={plan.pp}")
     if plan.schedule == "interleaved_1f1b" and plan.pp > 1 and m % plan.pp:
         fail("global_batch_size", f"interleaved_1f1b needs micro-batches m={m} to be a multiple of pp={plan.pp}")
-    if cluster is not None and plan.world_size != cluster.world_size:
+
+
+def _check_cluster(plan: Plan, cluster: Cluster, source: str, fail: Callable[[str, str], NoReturn]) -> None:
+    """:func:`check_plan`'s rules tying the plan to the cluster's devices."""
+    if plan.world_size != cluster.world_size:
         fail(
             "dp",
             f"{plan.mesh_text}={plan.world_size} does not equal the cluster's "
             f"{cluster.num_nodes}×{cluster.gpus_per_node}={cluster.world_size} devices",
         )
-    if cluster is not None:
-        check_precision(plan.precision, cluster.gpu, source)
-    if cluster is not None and plan.stage_clocks_mhz is not None:
+    check_precision(plan.precision, cluster.gpu, source)
+    if plan.stage_clocks_mhz is not None:
         from mindpipe.traces.catalog import get_device
         from mindpipe.traces.frequency import check_stage_clocks
 
         # CPU hosts have no lockable SM clock: the executor skips the key with a notice.
         if get_device(cluster.gpu).kind == "gpu":
             check_stage_clocks(plan.stage_clocks_mhz, cluster.gpu, source)
-    if cluster is not None and plan.action_clocks_mhz is not None:
+    if plan.action_clocks_mhz is not None:
         from mindpipe.traces.frequency import check_action_clocks
 
         # A what-if knob: only the simulator carries it out, so the device must have clock data.
