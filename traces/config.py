@@ -512,6 +512,17 @@ class Plan:
         for key in PLAN_SCALAR_KEYS:
             check_plan_key(key, getattr(self, key))
         within_limit("dp", self.world_size, "devices", "dp×tp×pp" if self.cp == 1 else "dp×tp×pp×cp")
+        self._check_combinations()
+        within_limit("pp", self.num_stages, "pipeline_stages", "pp×virtual_stages")
+        # m >= 1 here: global_batch_size is a positive multiple of micro_batch_size×dp.
+        within_limit("global_batch_size", self.num_microbatches, "micro_batches", "m")
+        within_limit("global_batch_size", self.num_microbatches * self.num_stages, "microbatch_stages",
+                     "m×pp×virtual_stages")
+        self._check_lists()
+
+    def _check_combinations(self) -> None:
+        """The rules between keys: batch against micro-batch and dp, schedule against virtual stages,
+        and the keys that need another (Megatron-LM's rules where it has them)."""
         per_step = self.micro_batch_size * self.dp
         if self.global_batch_size % per_step:
             raise ContractError(
@@ -544,11 +555,9 @@ class Plan:
             # Megatron-core: context parallelism runs in Transformer Engine's DotProductAttention only.
             raise ContractError("", "cp", f"cp={self.cp} needs flash_attention=true (context parallelism runs in "
                                 "the fused attention kernel)")
-        within_limit("pp", self.num_stages, "pipeline_stages", "pp×virtual_stages")
-        # m >= 1 here: global_batch_size is a positive multiple of micro_batch_size×dp.
-        within_limit("global_batch_size", self.num_microbatches, "micro_batches", "m")
-        within_limit("global_batch_size", self.num_microbatches * self.num_stages, "microbatch_stages",
-                     "m×pp×virtual_stages")
+
+    def _check_lists(self) -> None:
+        """The list keys: their types, lengths (per stage, per boundary) and entries."""
         for key in ("partition", "layer_memory_policy", "stage_cuts"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), list):
                 raise ContractError("", key, f"{key}={shown(getattr(self, key))} must be a list")
