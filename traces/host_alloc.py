@@ -18,7 +18,8 @@ threshold at :data:`CPU_FRESH_ALLOC_BYTES` and never trims the heap. Then exactl
 :data:`CPU_FRESH_ALLOC_BYTES` or more are fresh each time (the rule the calibrated simulator prices:
 :meth:`mindpipe.simulator.calibrate.models.ReferenceOpTime.fresh_bytes`), whatever ran before.
 The process keeps the peak of its heap mapped, as a GPU rank keeps its allocator's reserved memory;
-the executor's memory figures count live tensors, not mapped pages, and do not change.
+the executor's per-stage memory figures count live tensors, not mapped pages, and do not change (the
+peak resident set it also reports may include freed memory the heap kept).
 
 The settings are glibc's environment variables, read when a process starts: the launcher sets
 them for the rank processes (the one-host spawner, whose forks inherit its allocator, and
