@@ -525,19 +525,14 @@ class Plan:
         and the keys that need another (Megatron-LM's rules where it has them)."""
         per_step = self.micro_batch_size * self.dp
         if self.global_batch_size % per_step:
-            raise ContractError(
-                "",
-                "global_batch_size",
-                f"global_batch_size={self.global_batch_size} is not a multiple of micro_batch_size×dp={per_step}",
-            )
+            raise ContractError("", "global_batch_size", f"global_batch_size={self.global_batch_size} is not a "
+                                f"multiple of micro_batch_size×dp={per_step}")
         if self.schedule in V_SCHEDULES and self.virtual_stages != 2:
-            raise ContractError(
-                "", "virtual_stages", f"schedule {self.schedule!r} needs virtual_stages=2, got {self.virtual_stages}"
-            )
+            raise ContractError("", "virtual_stages", f"schedule {self.schedule!r} needs virtual_stages=2, "
+                                f"got {self.virtual_stages}")
         if self.schedule in ("gpipe", "1f1b", "zb_h1") and self.virtual_stages != 1:
-            raise ContractError(
-                "", "virtual_stages", f"schedule {self.schedule!r} needs virtual_stages=1, got {self.virtual_stages}"
-            )
+            raise ContractError("", "virtual_stages", f"schedule {self.schedule!r} needs virtual_stages=1, "
+                                f"got {self.virtual_stages}")
         if self.sequence_parallel and self.tp == 1:
             raise ContractError("", "sequence_parallel", "sequence_parallel=true needs tp > 1")
         if self.tp_comm_overlap and not self.sequence_parallel:
@@ -563,11 +558,8 @@ class Plan:
                 raise ContractError("", key, f"{key}={shown(getattr(self, key))} must be a list")
         if self.partition is not None:
             if len(self.partition) != self.num_stages:
-                raise ContractError(
-                    "",
-                    "partition",
-                    f"partition has {len(self.partition)} entries, expected pp×virtual_stages={self.num_stages}",
-                )
+                raise ContractError("", "partition", f"partition has {len(self.partition)} entries, expected "
+                                    f"pp×virtual_stages={self.num_stages}")
             for i, n in enumerate(self.partition):
                 integer(f"partition[{i}]", n, 1, "num_layers")
         if self.layer_memory_policy is not None:
@@ -575,11 +567,8 @@ class Plan:
                 one_of(f"layer_memory_policy[{i}]", p, LAYER_MEMORY_POLICIES)
         if self.stage_cuts is not None:
             if len(self.stage_cuts) != self.num_stages - 1:
-                raise ContractError(
-                    "", "stage_cuts",
-                    f"stage_cuts has {len(self.stage_cuts)} entries, expected one per stage boundary "
-                    f"pp×virtual_stages−1={self.num_stages - 1}",
-                )
+                raise ContractError("", "stage_cuts", f"stage_cuts has {len(self.stage_cuts)} entries, expected one "
+                                    f"per stage boundary pp×virtual_stages−1={self.num_stages - 1}")
             for i, c in enumerate(self.stage_cuts):
                 one_of(f"stage_cuts[{i}]", c, STAGE_CUTS)
         if self.stage_clocks_mhz is not None:

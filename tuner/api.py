@@ -253,7 +253,7 @@ def _sweep_identity(problem: Problem, space: SearchSpace, obj: Objective, cfg: S
     A key only some sweeps have is left out of the others' identity, so that sweeps stored before
     it existed still resume.
     """
-    identity: dict[str, Any] = {
+    identity = {
         "problem": problem.fingerprint, "model": problem.model.label, "global_batch": space.global_batches,
         "fixes": space.fixes, "partitioners": list(space.partitioners), "what_if": list(space.what_if),
         "objective": {"name": obj.name, "critical_batch": obj.critical_batch, "constraints": [str(c) for c in obj.constraints]},
