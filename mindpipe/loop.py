@@ -18,8 +18,8 @@ plans a tuner weighs differ by more than this machine's run-to-run drift.
    held out of the fit, and the default again, in ``rounds`` interleaved rounds (the speedup and the
    regret compare plans measured side by side, never minutes apart);
 6. **report** (:mod:`mindpipe.loop_report`): the tuned plan's measured speedup over the default with
-   both plans' round ranges, the tuner's regret (its pick's measured time over the fastest plan the
-   demo measured), the simulator's error before and after calibration on the held-out plans, and
+   both plans' round ranges, the tuner's regret (its pick's measured time over the fastest plan run
+   beside it), the simulator's error before and after calibration on the held-out plans, and
    measured vs simulated Gantt charts.
 
 Every figure in the report is measured or simulated in this run; nothing is copied in. Every file

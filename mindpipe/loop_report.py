@@ -99,7 +99,7 @@ class Headline:
         medians: Every plan's median over all its rounds, by plan key.
         side_medians: The last phase's plans' medians over their last phase's rounds, by plan key.
         fastest: The key of the fastest of those; ``regret`` is the tuned plan's side-by-side median
-            over its, minus one.
+            over the fastest one's, minus one.
     """
 
     default_rounds: list[float]
