@@ -23,6 +23,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from mindpipe.executor.clocks import CPU_NOTICE
 from mindpipe.executor.fp8 import fp8_refusal
@@ -165,7 +166,35 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
             does not fit in device memory.
     """
 
-    def fail(key: str, rule: str) -> None:
+    src = _refuse(model, plan, world_size, device_kind, device, text_data, schedule_source, source)
+    notes = _notes(model, plan, device_kind, device, source)
+    if device is not None and memory_budget_gib is not None:
+        device = dataclasses.replace(device, memory_capacity_bytes=int(memory_budget_gib * GIB))
+        ranks_per_device = 1  # each rank emulates a device of its own
+    if device is None:
+        notes.append("memory pre-check skipped: this GPU is not in the hardware catalog")
+        return Precheck(src, None, 0.0, notes)
+    if plan.made_for is not None and plan.made_for.cluster.gpu != device.name:
+        notes.append(f"the plan was tuned for {plan.made_for.describe()}; this run is on {device.name}")
+    capacity = device.memory_capacity_bytes / GIB
+    if memory_check is None:
+        notes.append("memory pre-check skipped: the caller gave no memory model (the simulator's, which the "
+                     "executor does not import)")
+        return Precheck(src, None, capacity, notes)
+    try:
+        gib = memory_check(model, plan, device, max(1, min(ranks_per_device, world_size)))
+    except ContractError as e:
+        emulated = f" (emulated by --memory-budget-gib {memory_budget_gib:g})" if memory_budget_gib is not None else ""
+        raise ContractError(source, e.key, e.rule + swap_hint(model, plan) + emulated) from None
+    return Precheck(src, gib, capacity, notes)
+
+
+def _refuse(model: Model, plan: Plan, world_size: int, device_kind: str, device: DeviceSpec | None, text_data: bool,
+            schedule_source: str, source: str) -> str:
+    """:func:`check_run`'s refusals: what the plan, the launch or this executor's runtime cannot run;
+    the resolved schedule source (:func:`resolve_schedule_source`)."""
+
+    def fail(key: str, rule: str) -> NoReturn:
         raise ContractError(source, key, rule)
 
     check_plan(plan, model, None, source=source)
@@ -187,6 +216,11 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
              f"max(1, m // pp)={max(1, m // plan.pp)}")
     if plan.pp > 1 and plan.schedule in ("dualpipev",) and m < plan.num_stages:
         fail("global_batch_size", f"dualpipev needs micro-batches m={m} >= stages={plan.num_stages}")
+    return src
+
+
+def _notes(model: Model, plan: Plan, device_kind: str, device: DeviceSpec | None, source: str) -> list[str]:
+    """:func:`check_run`'s notices: what the run will do differently from the plan, and why."""
     notes: list[str] = []
     if plan.zero_stage in (1, 2):
         notes.append(f"zero_stage={plan.zero_stage} runs as FSDP2 without resharding after forward (ZeRO-2 semantics)")
@@ -200,25 +234,7 @@ def check_run(model: Model, plan: Plan, world_size: int, device_kind: str, devic
             notes.append(CPU_NOTICE)
         elif device is not None:
             check_stage_clocks(plan.stage_clocks_mhz, device.name, source)
-    if device is not None and memory_budget_gib is not None:
-        device = dataclasses.replace(device, memory_capacity_bytes=int(memory_budget_gib * GIB))
-        ranks_per_device = 1  # each rank emulates a device of its own
-    if device is None:
-        notes.append("memory pre-check skipped: this GPU is not in the hardware catalog")
-        return Precheck(src, None, 0.0, notes)
-    if plan.made_for is not None and plan.made_for.cluster.gpu != device.name:
-        notes.append(f"the plan was tuned for {plan.made_for.describe()}; this run is on {device.name}")
-    capacity = device.memory_capacity_bytes / GIB
-    if memory_check is None:
-        notes.append("memory pre-check skipped: the caller gave no memory model (the simulator's, which the "
-                     "executor does not import)")
-        return Precheck(src, None, capacity, notes)
-    try:
-        gib = memory_check(model, plan, device, max(1, min(ranks_per_device, world_size)))
-    except ContractError as e:
-        emulated = f" (emulated by --memory-budget-gib {memory_budget_gib:g})" if memory_budget_gib is not None else ""
-        raise ContractError(source, e.key, e.rule + swap_hint(model, plan) + emulated) from None
-    return Precheck(src, gib, capacity, notes)
+    return notes
 
 
 def swap_hint(model: Model, plan: Plan) -> str:
