@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from mindpipe.executor.launch import free_port
-from mindpipe.traces.host_alloc import rank_environment, user_set_allocator
+from mindpipe.traces.host_alloc import set_rank_allocator
 from mindpipe.traces.trace import Trace
 from overhead_stats import ratio_interval  # a sibling script module: benchmarks/ is on sys.path as the script's folder
 
@@ -77,8 +77,7 @@ def main() -> None:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
-    if not user_set_allocator(env):  # the hand-written script's ranks get the allocator the executor's get
-        env.update(rank_environment())
+    set_rank_allocator(env)  # the hand-written script's ranks get the allocator the executor's get
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -23,6 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from mindpipe.simulator.calibrate.runs import load_run
+
 from mindpipe.loop import demo_plan
 from mindpipe.runs import RunSpec, run_plan
 
@@ -32,12 +34,12 @@ SETTINGS = {"glibc defaults": {"GLIBC_TUNABLES": "glibc.malloc.perturb=0"}, "exe
 
 
 def _action_medians(path: Path) -> dict[str, float]:
-    """Per ``stage+kind`` (e.g. ``1I``), the median duration in ms over the run's measured steps."""
-    meas = json.loads(path.read_text())["measurement"]
+    """Per ``stage+kind`` (e.g. ``1I``), the median duration in ms over the run's clean steps."""
+    run = load_run(path)
     times: dict[str, list[float]] = defaultdict(list)
-    for a in meas["actions"]:
-        if a["step"] >= meas["warmup_steps"]:
-            times[f"{a['stage']}{a['kind']}"].append(a["duration_s"] * 1e3)
+    for a in run.measurement.actions:
+        if a.step in run.clean_steps:
+            times[f"{a.stage}{a.kind}"].append(a.duration_s * 1e3)
     return {k: statistics.median(v) for k, v in sorted(times.items())}
 
 
@@ -47,21 +49,19 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/host_alloc.json"))
     args = ap.parse_args()
     runs: dict[str, dict[str, list[dict[str, float]]]] = {s: {p: [] for p in PLANS} for s in SETTINGS}
-    saved = {k: os.environ.get(k) for k in ("GLIBC_TUNABLES",)}
+    saved = os.environ.get("GLIBC_TUNABLES")
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for setting, env in SETTINGS.items():
                 for name, plan in PLANS.items():
                     os.environ.update(env)
                     try:
-                        path = Path(tmp) / f"{name}-{setting.replace(' ', '_')}-{r}"
+                        path = Path(tmp) / f"{name}-{setting.replace(' ', '_')}-{r}.json"
                         run_plan(plan, "gpt-tiny-8k", path, RunSpec(steps=6, warmup_steps=2, profile_last=False))
-                    finally:
-                        for k, v in saved.items():
-                            if v is None:
-                                os.environ.pop(k, None)
-                            else:
-                                os.environ[k] = v
+                    finally:  # run_plan's launcher reads os.environ: put back what the caller had
+                        os.environ.pop("GLIBC_TUNABLES", None)
+                        if saved is not None:
+                            os.environ["GLIBC_TUNABLES"] = saved
                     runs[setting][name].append(_action_medians(path))
                     print(f"round {r + 1}/{args.rounds} {setting:>14} {name:>5}: "
                           + " ".join(f"{k} {v:.1f}" for k, v in runs[setting][name][-1].items()), flush=True)

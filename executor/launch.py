@@ -48,7 +48,7 @@ from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
 from mindpipe.executor.config import RunConfig, check_launch_arguments, config_from_args, plan_source
 from mindpipe.executor.precheck import MemoryCheck, catalog_device, check_run, detect_device
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.host_alloc import rank_environment, user_set_allocator
+from mindpipe.traces.host_alloc import set_rank_allocator
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.trace import Trace
 
@@ -128,8 +128,7 @@ def _environment(args: argparse.Namespace, device_kind: str, run_dir: Path) -> d
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
         # Freed memory is kept for reuse, as a GPU's caching allocator keeps it, unless the user
         # chose glibc's malloc settings (the rule and why: mindpipe.traces.host_alloc).
-        if not user_set_allocator(env):
-            env.update(rank_environment())
+        set_rank_allocator(env)
     env[rundir.RUN_DIR_ENV] = str(run_dir)
     # torchrun's own temporary directories (torchelastic_*) and the ranks' go inside the run
     # directory, so that they are removed with it however the run ends.

@@ -22,7 +22,7 @@ the executor's per-stage memory figures count live tensors, not mapped pages, an
 peak resident set it also reports may include freed memory the heap kept).
 
 The settings are glibc's environment variables, read when a process starts: the launcher sets
-them for the rank processes (the one-host spawner, whose forks inherit its allocator, and
+them for the rank processes (:func:`set_rank_allocator`) (the one-host spawner, whose forks inherit its allocator, and
 torchrun's ranks), unless the user chose any of glibc's malloc settings (either variable, or a
 ``glibc.malloc.*`` entry of ``GLIBC_TUNABLES``). Other C libraries ignore them.
 """
@@ -47,4 +47,11 @@ def user_set_allocator(env: dict[str, str]) -> bool:
             or any(t.strip().startswith("glibc.malloc.") for t in env.get("GLIBC_TUNABLES", "").split(":")))
 
 
-__all__ = ["CPU_FRESH_ALLOC_BYTES", "rank_environment", "user_set_allocator"]
+def set_rank_allocator(env: dict[str, str]) -> None:
+    """Give the CPU ranks started with ``env`` the allocator of the module docstring, unless ``env``
+    already chooses glibc's malloc settings."""
+    if not user_set_allocator(env):
+        env.update(rank_environment())
+
+
+__all__ = ["CPU_FRESH_ALLOC_BYTES", "rank_environment", "set_rank_allocator", "user_set_allocator"]
