@@ -281,74 +281,104 @@ def _params_by_rank(run: MeasuredRun) -> dict[int, float]:
     return {r: optimizer_shard(plan, n) for r, n in enumerate(params)}
 
 
+def _action_rows(run: MeasuredRun, link: LinkCalibration | None) -> list[tuple[list[float], float]]:
+    """(features, work) of each (rank, stage, action kind) of ``run``'s clean steps: the median of
+    what its actions would take alone (module docstring, step 2)."""
+    meas, plan = run.measurement, run.plan
+    feats = action_features(run.model, plan, ReferenceOpTime(run.device))
+    colls = action_collectives(run.model, plan)
+    clean = set(run.clean_steps)
+    actions = [a for a in meas.actions if a.step in clean]
+    slots = _slots(run)
+    rates = shared_core_rates(actions, slots) if slots is not None else [1.0] * len(actions)
+    work: dict[tuple[int, int, str], list[float]] = defaultdict(list)
+    for a, rate in zip(actions, rates, strict=True):
+        if a.cpu_s is not None:
+            # CPU time is the work itself (blocked collective waits use none of it).
+            alone = a.cpu_s / meas.threads_per_rank
+        else:
+            alone = (a.duration_s - _tp_comm_s(colls[(a.stage, a.kind)], plan, link, meas.backend)) * rate
+        work[(a.rank, a.stage, a.kind)].append(alone)
+    out: list[tuple[list[float], float]] = []
+    for (_, stage, kind), values in work.items():
+        y = statistics.median(values)
+        if y > 0 and any(feats[(stage, kind)]):
+            out.append((feats[(stage, kind)], y))
+    return out
+
+
+def _optimizer_rows(run: MeasuredRun) -> list[tuple[list[float], float]]:
+    """([1, parameters], seconds) of each rank's measured optimizer step in ``run``."""
+    slots = _slots(run)
+    # The optimizer steps of all ranks of a node run together, after the last backward.
+    share = 1.0 if slots is None else min(1.0, slots / run.cluster.gpus_per_node)
+    params = _params_by_rank(run)
+    return [([1.0, float(params.get(r.pp_rank, 0))], r.optimizer_s * share)
+            for r in run.measurement.ranks if r.optimizer_s > 0]
+
+
+@dataclass
+class ComputeRows:
+    """The rows a compute fit gathered for one (device, precision).
+
+    Attributes:
+        actions: (features, seconds) of each fitted action group.
+        optimizer: (features, seconds) of each optimizer step or update.
+        threads: How many runs used each number of threads per rank.
+    """
+
+    actions: list[tuple[list[float], float]]
+    optimizer: list[tuple[list[float], float]]
+    threads: Counter[int]
+
+
 def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibration]],
                 warnings: list[str]) -> dict[str, dict[str, ComputeCalibration]]:
     """Per device and precision: operator scales, per-operator overhead and optimizer constants."""
-    rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
-    ys: dict[tuple[str, str], list[float]] = defaultdict(list)
-    opt_rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
-    opt_ys: dict[tuple[str, str], list[float]] = defaultdict(list)
-    threads: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
+    gathered: dict[tuple[str, str], ComputeRows] = defaultdict(lambda: ComputeRows([], [], Counter()))
     for run in runs:
-        meas, plan = run.measurement, run.plan
-        key = (run.device.name, plan.precision)
-        threads[key][meas.threads_per_rank] += 1
-        link = comm.get(meas.backend, {}).get(_intra_link(run))
-        feats = action_features(run.model, plan, ReferenceOpTime(run.device))
-        colls = action_collectives(run.model, plan)
-        clean = set(run.clean_steps)
-        actions = [a for a in meas.actions if a.step in clean]
-        slots = _slots(run)
-        rates = shared_core_rates(actions, slots) if slots is not None else [1.0] * len(actions)
-        work: dict[tuple[int, int, str], list[float]] = defaultdict(list)
-        for a, rate in zip(actions, rates, strict=True):
-            if a.cpu_s is not None:
-                # CPU time is the work itself (blocked collective waits use none of it).
-                alone = a.cpu_s / meas.threads_per_rank
-            else:
-                alone = (a.duration_s - _tp_comm_s(colls[(a.stage, a.kind)], plan, link, meas.backend)) * rate
-            work[(a.rank, a.stage, a.kind)].append(alone)
-        for (_, stage, kind), values in work.items():
-            y = statistics.median(values)
-            if y > 0 and any(feats[(stage, kind)]):
-                rows[key].append(feats[(stage, kind)])
-                ys[key].append(y)
-        # The optimizer steps of all ranks of a node run together, after the last backward.
-        share = 1.0 if slots is None else min(1.0, slots / run.cluster.gpus_per_node)
-        params = _params_by_rank(run)
-        for r in meas.ranks:
-            if r.optimizer_s > 0:
-                opt_rows[key].append([1.0, float(params.get(r.pp_rank, 0))])
-                opt_ys[key].append(r.optimizer_s * share)
+        rows = gathered[(run.device.name, run.plan.precision)]
+        rows.threads[run.measurement.threads_per_rank] += 1
+        rows.actions += _action_rows(run, comm.get(run.measurement.backend, {}).get(_intra_link(run)))
+        rows.optimizer += _optimizer_rows(run)
     out: dict[str, dict[str, ComputeCalibration]] = {}
-    for key, design in rows.items():
-        device, precision = key
-        # Constants whose feature no run has are not fitted (they stay 0 or the common scale).
-        present = sum(1 for k in range(len(FEATURES)) if any(row[k] > 0 for row in design))
-        if len(design) < present:
-            warnings.append(f"{device} {precision}: {len(design)} action groups, too few to fit {present} constants")
+    for (device, precision), rows in gathered.items():
+        if not rows.actions:
             continue
-        x, mape = _fit_compute_constants(design, ys[key])
-        used = [any(row[k] > 0 for row in design) for k in range(len(OP_KINDS))]
-        scale = {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if used[k]}
-        for kind, v in scale.items():
-            if v == MIN_SCALE:
-                warnings.append(f"{device} {precision}: the {kind} scale fitted to zero (its time is in the per-op overhead)")
-        opt_x = np.zeros(2)
-        if len(opt_rows[key]) >= 2:
-            opt_x, _ = _nnls_relative(opt_rows[key], opt_ys[key])
-        t = threads[key].most_common(1)[0][0]
-        if len(threads[key]) > 1:
-            warnings.append(f"{device} {precision}: runs used different threads per rank {sorted(threads[key])}; "
-                            f"the fit is labelled {t} thread(s)")
-        out.setdefault(device, {})[precision] = ComputeCalibration(
-            scale=scale, op_overhead_s=float(x[FEATURES.index("ops")]), tp_op_overhead_s=float(x[FEATURES.index("tp_ops")]),
-            tp_comm_cpu_s_per_byte=float(x[FEATURES.index("tp_bytes")]), dp_unit_overhead_s=float(x[FEATURES.index("dp_units")]),
-            fresh_s_per_byte=float(x[FEATURES.index("fresh_bytes")]),
-            swap_s_per_byte=float(x[FEATURES.index("swap_bytes")]),
-            optimizer_overhead_s=float(opt_x[0]),
-            optimizer_s_per_param=float(opt_x[1]), threads_per_rank=t, samples=len(design), fit_mape=mape)
+        fitted = _compute_constants(f"{device} {precision}", rows, warnings)
+        if fitted is not None:
+            out.setdefault(device, {})[precision] = fitted
     return out
+
+
+def _compute_constants(label: str, rows: ComputeRows, warnings: list[str]) -> ComputeCalibration | None:
+    """The constants of one (device, precision) from its gathered rows (None: too few to fit)."""
+    design = [f for f, _ in rows.actions]
+    # Constants whose feature no run has are not fitted (they stay 0 or the common scale).
+    present = sum(1 for k in range(len(FEATURES)) if any(row[k] > 0 for row in design))
+    if len(design) < present:
+        warnings.append(f"{label}: {len(design)} action groups, too few to fit {present} constants")
+        return None
+    x, mape = _fit_compute_constants(design, [y for _, y in rows.actions])
+    used = [any(row[k] > 0 for row in design) for k in range(len(OP_KINDS))]
+    scale = {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if used[k]}
+    for kind, v in scale.items():
+        if v == MIN_SCALE:
+            warnings.append(f"{label}: the {kind} scale fitted to zero (its time is in the per-op overhead)")
+    opt_x = np.zeros(2)
+    if len(rows.optimizer) >= 2:
+        opt_x, _ = _nnls_relative([f for f, _ in rows.optimizer], [y for _, y in rows.optimizer])
+    t = rows.threads.most_common(1)[0][0]
+    if len(rows.threads) > 1:
+        warnings.append(f"{label}: runs used different threads per rank {sorted(rows.threads)}; "
+                        f"the fit is labelled {t} thread(s)")
+    return ComputeCalibration(
+        scale=scale, op_overhead_s=float(x[FEATURES.index("ops")]), tp_op_overhead_s=float(x[FEATURES.index("tp_ops")]),
+        tp_comm_cpu_s_per_byte=float(x[FEATURES.index("tp_bytes")]), dp_unit_overhead_s=float(x[FEATURES.index("dp_units")]),
+        fresh_s_per_byte=float(x[FEATURES.index("fresh_bytes")]),
+        swap_s_per_byte=float(x[FEATURES.index("swap_bytes")]),
+        optimizer_overhead_s=float(opt_x[0]),
+        optimizer_s_per_param=float(opt_x[1]), threads_per_rank=t, samples=len(design), fit_mape=mape)
 
 
 def fit_host(runs: list[MeasuredRun], cal: Calibration, warnings: list[str]) -> None:
@@ -483,4 +513,4 @@ def fit_step_overhead(runs: list[MeasuredRun], cal: Calibration, rounds: int = 4
     return residuals
 
 
-__all__ = ["COMM_QUANTILE", "FitNotes", "calibrate", "fit_comm", "fit_compute", "fit_host", "fit_step_overhead"]
+__all__ = ["COMM_QUANTILE", "ComputeRows", "FitNotes", "calibrate", "fit_comm", "fit_compute", "fit_host", "fit_step_overhead"]

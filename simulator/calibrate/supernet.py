@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 from mindpipe.simulator.calibrate.fidelity import FidelityRow, plan_label
-from mindpipe.simulator.calibrate.fit import MIN_SCALE, FitNotes, _fit_compute_constants, _nnls_relative
+from mindpipe.simulator.calibrate.fit import MIN_SCALE, ComputeRows, FitNotes, _fit_compute_constants, _nnls_relative
 from mindpipe.simulator.calibrate.models import ReferenceOpTime
 from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run, measured_machine, run_label
 from mindpipe.simulator.ops import Op
@@ -277,61 +277,25 @@ def calibrate_supernet(runs: list[SupernetRun], traces: Sequence[Trace] = ()) ->
     if not runs:
         raise ContractError("", "measured", "no measured supernet runs given")
     check_profiles(traces, runs)
-    trace_sum: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    if traces:
-        for run in runs:
-            t = _trace_for(run, traces)
-            if t is not None:
-                m, p = trace_sums(run, t)
-                acc = trace_sum[(run.device.name, run.plan.precision)]
-                acc[0] += m
-                acc[1] += p
+    trace_sum = _trace_sums_by_key(runs, traces)
     notes = FitNotes(comm_groups=[], step_residuals_s={}, warnings=[])
-    rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
-    ys: dict[tuple[str, str], list[float]] = defaultdict(list)
-    opt_rows: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
-    opt_ys: dict[tuple[str, str], list[float]] = defaultdict(list)
+    gathered: dict[tuple[str, str], ComputeRows] = defaultdict(lambda: ComputeRows([], [], Counter()))
     outside: dict[str, list[float]] = defaultdict(list)
-    threads: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
     kinds: dict[str, str] = {}
     for run in runs:
-        key = (run.device.name, run.plan.precision)
+        rows = gathered[(run.device.name, run.plan.precision)]
         kinds[run.device.name] = run.device.kind
-        threads[key][run.measurement.threads_per_rank] += 1
-        r, y = action_rows(run)
-        rows[key] += r
-        ys[key] += y
+        rows.threads[run.measurement.threads_per_rank] += 1
+        rows.actions += list(zip(*action_rows(run), strict=True))
         for rec in run.measurement.subnet_stages or []:
             upd = update_row(run, rec.stage)
             if upd is not None and rec.update_s > 0:
-                opt_rows[key].append(list(upd))
-                opt_ys[key].append(rec.update_s)
+                rows.optimizer.append((list(upd), rec.update_s))
         outside[run.device.name] += outside_s(run)
     devices: dict[str, DeviceCalibration] = {}
-    for key, design in rows.items():
-        device, precision = key
-        if len(design) < 2 * len(FEATURES):
-            raise ContractError(runs[0].source, "measurement.actions",
-                                f"{device} {precision}: {len(design)} actions, too few to fit {len(FEATURES)} constants")
-        x, _ = _fit_compute_constants(design, ys[key])
-        # Relative-error fits sit below the mean of a right-skewed sample (an action the OS preempted
-        # runs long), but subnets/hour pays the sum: scale the constants so the sums agree.
-        feats_m, dur = np.asarray(design), np.asarray(ys[key])
-        x = x * float(dur.sum() / max(float((feats_m @ x).sum()), 1e-300))
-        mape = float(np.mean(np.abs(feats_m @ x - dur) / dur))
-        used = [any(row[k] > 0 for row in design) for k in range(len(OP_KINDS))]
-        scale = {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if used[k]}
-        opt = np.zeros(2)
-        if len(opt_rows[key]) >= 2:
-            opt, _ = _nnls_relative(opt_rows[key], opt_ys[key])
-        else:
-            notes.warnings.append(f"{device} {precision}: fewer than 2 per-subnet update figures; update not fitted")
-        n_threads = threads[key].most_common(1)[0][0]
-        measured, priced = trace_sum.get(key, (0.0, 0.0))
-        comp = ComputeCalibration(scale=scale, op_overhead_s=float(x[len(OP_KINDS)]), optimizer_overhead_s=float(opt[0]),
-                                  optimizer_s_per_param=float(opt[1]),
-                                  trace_scale=measured / priced if priced > 0 else 0.0, threads_per_rank=n_threads,
-                                  samples=len(design), fit_mape=mape)
+    for (device, precision), rows in gathered.items():
+        comp = _supernet_constants(f"{device} {precision}", rows, trace_sum.get((device, precision), (0.0, 0.0)),
+                                   runs[0].source, notes)
         dev = devices.setdefault(device, DeviceCalibration(kind=kinds[device], compute={}))
         dev.compute[precision] = comp
         dev.step_overhead_s = statistics.median(outside[device])
@@ -340,6 +304,51 @@ def calibrate_supernet(runs: list[SupernetRun], traces: Sequence[Trace] = ()) ->
                       created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                       tool="mindpipe calibrate (supernet runs)")
     return cal, notes
+
+
+def _trace_sums_by_key(runs: list[SupernetRun], traces: Sequence[Trace]) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per (device, precision): (Σ measured, Σ trace-priced) F/B time of the runs a trace profiled."""
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for run in runs:
+        t = _trace_for(run, traces)
+        if t is not None:
+            m, p = trace_sums(run, t)
+            key = (run.device.name, run.plan.precision)
+            before = out.get(key, (0.0, 0.0))
+            out[key] = (before[0] + m, before[1] + p)
+    return out
+
+
+def _supernet_constants(label: str, rows: ComputeRows, trace_sum: tuple[float, float], source: str,
+                        notes: FitNotes) -> ComputeCalibration:
+    """The compute and update constants of one (device, precision) from its gathered rows.
+
+    Raises:
+        ContractError: fewer than two actions per constant (named after ``source``).
+    """
+    design = [f for f, _ in rows.actions]
+    if len(design) < 2 * len(FEATURES):
+        raise ContractError(source, "measurement.actions",
+                            f"{label}: {len(design)} actions, too few to fit {len(FEATURES)} constants")
+    ys = [y for _, y in rows.actions]
+    x, _ = _fit_compute_constants(design, ys)
+    # Relative-error fits sit below the mean of a right-skewed sample (an action the OS preempted
+    # runs long), but subnets/hour pays the sum: scale the constants so the sums agree.
+    feats_m, dur = np.asarray(design), np.asarray(ys)
+    x = x * float(dur.sum() / max(float((feats_m @ x).sum()), 1e-300))
+    mape = float(np.mean(np.abs(feats_m @ x - dur) / dur))
+    used = [any(row[k] > 0 for row in design) for k in range(len(OP_KINDS))]
+    scale = {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if used[k]}
+    opt = np.zeros(2)
+    if len(rows.optimizer) >= 2:
+        opt, _ = _nnls_relative([f for f, _ in rows.optimizer], [y for _, y in rows.optimizer])
+    else:
+        notes.warnings.append(f"{label}: fewer than 2 per-subnet update figures; update not fitted")
+    measured, priced = trace_sum
+    return ComputeCalibration(scale=scale, op_overhead_s=float(x[len(OP_KINDS)]), optimizer_overhead_s=float(opt[0]),
+                              optimizer_s_per_param=float(opt[1]),
+                              trace_scale=measured / priced if priced > 0 else 0.0,
+                              threads_per_rank=rows.threads.most_common(1)[0][0], samples=len(design), fit_mape=mape)
 
 
 def supernet_fidelity(runs: list[SupernetRun], calibration: Calibration | None,
