@@ -37,7 +37,7 @@ from mindpipe.simulator.costs import (
     cpu_copy_s,
     swap_weight_reread_bytes,
 )
-from mindpipe.simulator.energy import annual_intensity, energy_report, hourly_intensity
+from mindpipe.simulator.energy import EnergyReport, annual_intensity, energy_report, hourly_intensity
 from mindpipe.simulator.engine import Engine, EngineOptions, EngineResult, RankWork, StageWork
 from mindpipe.simulator.frequency import (
     PowerModel,
@@ -376,6 +376,30 @@ class Simulator:
         else:
             intensity = annual_intensity(cluster.region)
         energy = energy_report(device, t, list(res.compute_s), plan.grad_replicas * plan.tp, cluster.pue, intensity, busy_w)
+        extra = self._extra(plan, schedule, res, params_by_rank, flops, mem, energy)
+        timeline = None
+        if res.timeline is not None:
+            timeline = [{"rank": e.rank, "thread": e.thread, "name": e.name, "start_s": e.start, "end_s": e.end,
+                         "category": e.category} for e in res.timeline]
+        return SimulationResult(
+            iteration_time_s=t,
+            throughput_samples_per_s=gbs / t,
+            throughput_tokens_per_s=gbs * s / t,
+            tflops_per_gpu=flops / t / world / 1e12,
+            mfu=flops / (t * world * peak),
+            bubble_fraction=res.bubble_fraction,
+            memory_by_stage_gib=by_stage,
+            peak_memory_gib=max(by_stage),
+            fits_in_memory=all(rm.fits for rm in mem),
+            energy_j=energy.facility_energy_j,
+            carbon_gco2=energy.carbon_gco2,
+            timeline=timeline,
+            extra=extra,
+        )
+
+    def _extra(self, plan: Plan, schedule: Schedule, res: EngineResult, params_by_rank: list[int], flops: float,
+               mem: list[RankMemory], energy: EnergyReport) -> dict[str, Any]:
+        """``result.extra``: the engine's per-rank figures, the memory and energy parts, and notes."""
         extra: dict[str, Any] = {
             "schedule": schedule.name,
             "num_microbatches": plan.num_microbatches,
@@ -403,25 +427,7 @@ class Simulator:
                 f"trace taken at micro_batch_size={compute.trace.micro_batch_size}, tp={compute.trace.tp}; "
                 f"times scaled linearly to micro_batch_size={plan.micro_batch_size}, tp={plan.tp}"
             )
-        timeline = None
-        if res.timeline is not None:
-            timeline = [{"rank": e.rank, "thread": e.thread, "name": e.name, "start_s": e.start, "end_s": e.end,
-                         "category": e.category} for e in res.timeline]
-        return SimulationResult(
-            iteration_time_s=t,
-            throughput_samples_per_s=gbs / t,
-            throughput_tokens_per_s=gbs * s / t,
-            tflops_per_gpu=flops / t / world / 1e12,
-            mfu=flops / (t * world * peak),
-            bubble_fraction=res.bubble_fraction,
-            memory_by_stage_gib=by_stage,
-            peak_memory_gib=max(by_stage),
-            fits_in_memory=all(rm.fits for rm in mem),
-            energy_j=energy.facility_energy_j,
-            carbon_gco2=energy.carbon_gco2,
-            timeline=timeline,
-            extra=extra,
-        )
+        return extra
 
 
 __all__ = ["COST_FIELDS", "HostModel", "Simulator"]

@@ -98,6 +98,19 @@ def default_attention(model: Model, cluster: Cluster) -> list[bool]:
     return [False, True] if gpu and model.is_llama else [False]
 
 
+@dataclass(frozen=True)
+class _CommKnobs:
+    """Values the communication keys of one base point take (:meth:`SearchSpace._comm_knobs`)."""
+
+    zero_stage: list[Any]
+    overlap_grad_reduce: list[Any]
+    tp_comm_overlap: list[Any]
+    overlap_param_gather: list[Any]
+    comm_priority: list[Any]
+    blocking_p2p: list[Any]
+    cp_comm_type: list[Any]
+
+
 @dataclass
 class SearchSpace:
     """Every valid plan point for ``model`` on ``cluster``.
@@ -272,6 +285,34 @@ class SearchSpace:
         """The base point times the keys no rule looks at (irrelevant ones collapsed)."""
         if not isinstance(self.model, Model):
             raise TypeError("a supernet's points come from mindpipe.tuner.subnet_space")
+        knobs = self._comm_knobs(base)
+        part_choices = self._partitioner_choices(base)
+        recompute = self.choices("recompute", RECOMPUTE)
+        flash_choices, chunk_choices, fused_choices = self._kernel_choices(base, self.model)
+        product = itertools.product(
+            recompute, knobs.zero_stage, knobs.comm_priority, self.choices("precision", ["bf16"]),
+            knobs.overlap_grad_reduce, knobs.tp_comm_overlap, knobs.overlap_param_gather, flash_choices, chunk_choices,
+            fused_choices, knobs.blocking_p2p, self.choices("rank_order", ["tp-dp-pp"]), part_choices,
+            knobs.cp_comm_type,
+        )
+        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, fused, p2p, order, part, cpc in product:
+            if part in MEMORY_PARTITIONERS and rc != recompute[0]:
+                continue  # their per-block policy overrides the recompute level: one point, not one per level
+            if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
+                self.rejected[Rule.PLAN] += 1
+                continue
+            if opg and zero not in (1, 2):  # no distributed-optimizer all-gather to overlap (Plan's rule)
+                if self._pinned("overlap_param_gather"):
+                    self.rejected[Rule.PLAN] += 1
+                continue
+            point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,
+                         overlap_grad_reduce=ogr, tp_comm_overlap=tpo, overlap_param_gather=opg, flash_attention=flash,
+                         loss_chunks=chunks, fused_head_loss=fused, blocking_p2p=p2p, rank_order=order,
+                         partitioner=part, cp_comm_type=cpc)
+            yield {k: point[k] for k in POINT_KEYS}
+
+    def _comm_knobs(self, base: Point) -> _CommKnobs:
+        """The values of the communication keys for ``base``: one where its mesh makes a key moot."""
         pp, v = base["pp"], base["virtual_stages"]
         replicas = base["dp"] * base["cp"]  # ranks that reduce gradients together (Plan.grad_replicas)
         zero_choices = self.choices("zero_stage", [0, 1, 2, 3])
@@ -294,6 +335,12 @@ class SearchSpace:
         # Both K/V exchanges where there is context parallelism (the executor runs each).
         cp_comm_choices = self.choices("cp_comm_type", CP_COMM_TYPES if base["cp"] > 1 else
                                        [OPTIONAL_POINT_KEYS["cp_comm_type"]])
+        return _CommKnobs(zero_choices, ogr_choices, tpo_choices, opg_choices, comm_choices, p2p_choices,
+                          cp_comm_choices)
+
+    def _partitioner_choices(self, base: Point) -> list[str]:
+        """The partitioners to try for ``base`` (the memory-aware ones are refused under virtual stages)."""
+        pp, v = base["pp"], base["virtual_stages"]
         part_choices = list(self.partitioners)
         if pp * v == 1:
             # One stage: only the memory-aware partitioners differ (they choose per-block policies).
@@ -302,37 +349,21 @@ class SearchSpace:
             memory = [p for p in part_choices if p in MEMORY_PARTITIONERS]
             self.rejected[Rule.VIRTUAL_STAGES] += len(memory)
             part_choices = [p for p in part_choices if p not in MEMORY_PARTITIONERS]
-        recompute = self.choices("recompute", RECOMPUTE)
+        return part_choices
+
+    def _kernel_choices(self, base: Point, model: Model) -> tuple[list[Any], list[Any], list[Any]]:
+        """The values of ``flash_attention``, ``loss_chunks`` and ``fused_head_loss`` for ``base`` of ``model``."""
         # Explicit attention unless pinned (--fix flash_attention=true, or both with [false,true]); a cp > 1
         # point carries FlashAttention (its base), and searching cp tries cp = 1 with it too, so that
         # context parallelism is weighed against plans with the same attention kernels.
-        flash_default = [False, True] if "cp" in self.search else default_attention(self.model, self.cluster)
+        flash_default = [False, True] if "cp" in self.search else default_attention(model, self.cluster)
         flash_choices = [base["flash_attention"]] if "flash_attention" in base else self.choices("flash_attention",
                                                                                                   flash_default)
         # The unchunked loss unless pinned (--fix loss_chunks=8, or several: --fix loss_chunks=1,8).
         chunk_choices = self.choices("loss_chunks", [1])
         # The head outside the loss unless pinned (--fix fused_head_loss=true, or false,true).
         fused_choices = self.choices("fused_head_loss", [False])
-        product = itertools.product(
-            recompute, zero_choices, comm_choices, self.choices("precision", ["bf16"]),
-            ogr_choices, tpo_choices, opg_choices, flash_choices, chunk_choices, fused_choices, p2p_choices,
-            self.choices("rank_order", ["tp-dp-pp"]), part_choices, cp_comm_choices,
-        )
-        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, fused, p2p, order, part, cpc in product:
-            if part in MEMORY_PARTITIONERS and rc != recompute[0]:
-                continue  # their per-block policy overrides the recompute level: one point, not one per level
-            if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
-                self.rejected[Rule.PLAN] += 1
-                continue
-            if opg and zero not in (1, 2):  # no distributed-optimizer all-gather to overlap (Plan's rule)
-                if self._pinned("overlap_param_gather"):
-                    self.rejected[Rule.PLAN] += 1
-                continue
-            point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,
-                         overlap_grad_reduce=ogr, tp_comm_overlap=tpo, overlap_param_gather=opg, flash_attention=flash,
-                         loss_chunks=chunks, fused_head_loss=fused, blocking_p2p=p2p, rank_order=order,
-                         partitioner=part, cp_comm_type=cpc)
-            yield {k: point[k] for k in POINT_KEYS}
+        return flash_choices, chunk_choices, fused_choices
 
     def describe(self) -> dict[str, Any]:
         """JSON summary of the space: size, rejected counts, per-key value sets, what-if knobs searched."""
