@@ -189,16 +189,20 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
 
 def _markdown(f: LoopFacts, h: Headline, table: list[str], fit_rows: list[FidelityRow], held_rows: list[FidelityRow],
               memory: dict[str, list[MemoryRow]]) -> list[str]:
-    """The lines of ``report.md``."""
-    cfg, medians, fastest = f.cfg, h.medians, h.fastest
-    apart = ("The two plans' rounds do not overlap: the difference is larger than this machine's drift."
-             if not h.overlap else "The two plans' rounds overlap: the difference is within this machine's drift, "
-             "so this run cannot tell them apart.")
-    among = (f"among the {len(h.side_medians)} plans run side by side in the last phase (the default, the "
-             "tuner's pick, the fastest plan of the calibration runs and the held-out plans)")
-    regret_line = (f"{among}, the tuner's pick is the fastest (regret 0 %)." if h.regret <= 0 else
-                   f"{among}, the fastest is {fastest} ({h.side_medians[fastest]:.3f} s); the tuner's pick is "
-                   f"{100 * h.regret:.1f} % slower (its regret).")
+    """The lines of ``report.md``, section by section (each section ends with a blank line)."""
+    return [
+        *_md_title(f),
+        *_md_result(f, h, table),
+        *_md_what_happened(f, h.medians),
+        *_md_fidelity(fit_rows, held_rows),
+        *_md_memory(memory),
+        *_md_figures(),
+    ]
+
+
+def _md_title(f: LoopFacts) -> list[str]:
+    """The title and how this report was made (when, where, with how many rounds and steps)."""
+    cfg = f.cfg
     return [
         f"# MindPipe closed loop: {f.model.label} on {cfg.ranks} CPU ranks",
         "",
@@ -208,11 +212,25 @@ def _markdown(f: LoopFacts, h: Headline, table: list[str], fit_rows: list[Fideli
         f"interleaved rounds of {cfg.run.steps} steps ({cfg.run.warmup_steps} warm-up, the last one profiled); a "
         "round's time is the median of its measured steps, a plan's the median of its rounds.",
         "",
+    ]
+
+
+def _md_result(f: LoopFacts, h: Headline, table: list[str]) -> list[str]:
+    """``## Result``: the speedup, the side-by-side rounds, the regret and the table of every plan."""
+    apart = ("The two plans' rounds do not overlap: the difference is larger than this machine's drift."
+             if not h.overlap else "The two plans' rounds overlap: the difference is within this machine's drift, "
+             "so this run cannot tell them apart.")
+    among = (f"among the {len(h.side_medians)} plans run side by side in the last phase (the default, the "
+             "tuner's pick, the fastest plan of the calibration runs and the held-out plans)")
+    regret_line = (f"{among}, the tuner's pick is the fastest (regret 0 %)." if h.regret <= 0 else
+                   f"{among}, the fastest is {h.fastest} ({h.side_medians[h.fastest]:.3f} s); the tuner's pick is "
+                   f"{100 * h.regret:.1f} % slower (its regret).")
+    return [
         "## Result",
         "",
         f"**The tuned plan ({plan_label(f.tuned2)}) trains {h.speedup:.2f}× {verdict(h.speedup)} the default plan "
         f"({plan_label(f.default)}: torchtitan's defaults, a pipeline over every rank, even split, micro-batch "
-        f"{cfg.micro_batch}): {h.tuned_s:.3f} s vs {h.default_s:.3f} s per iteration, run side by side.**",
+        f"{f.cfg.micro_batch}): {h.tuned_s:.3f} s vs {h.default_s:.3f} s per iteration, run side by side.**",
         "",
         f"Rounds side by side: default {_fmt(h.default_rounds)} s; tuned {_fmt(h.tuned_rounds)} s. {apart}",
         "",
@@ -220,6 +238,13 @@ def _markdown(f: LoopFacts, h: Headline, table: list[str], fit_rows: list[Fideli
         "",
         *table,
         "",
+    ]
+
+
+def _md_what_happened(f: LoopFacts, medians: dict[str, float]) -> list[str]:
+    """``## What happened``: the loop's five steps (profile, tune, run, calibrate, re-tune)."""
+    cfg = f.cfg
+    return [
         "## What happened",
         "",
         f"1. **Profile**: per-layer CPU times of {f.model.label} at micro-batch {cfg.profile_micro_batch} "
@@ -239,6 +264,12 @@ def _markdown(f: LoopFacts, h: Headline, table: list[str], fit_rows: list[Fideli
         f"5. **Re-tune with the calibration**: best {plan_label(f.tuned2)}; run beside the default, the fastest "
         f"plan of step 3 and {len(f.held_plans)} plan(s) held out of the fit, {cfg.rounds} rounds each.",
         "",
+    ]
+
+
+def _md_fidelity(fit_rows: list[FidelityRow], held_rows: list[FidelityRow]) -> list[str]:
+    """The simulator's fidelity: held-out plans (with the scatter), then the plans fitted on."""
+    return [
         "## Fidelity on plans the calibration did not see",
         "",
         table_markdown(held_rows),
@@ -249,6 +280,12 @@ def _markdown(f: LoopFacts, h: Headline, table: list[str], fit_rows: list[Fideli
         "",
         table_markdown(fit_rows),
         "",
+    ]
+
+
+def _md_memory(memory: dict[str, list[MemoryRow]]) -> list[str]:
+    """Predicted against measured peak memory per pipeline rank, or why there is none."""
+    return [
         "## Memory per pipeline rank: predicted vs measured",
         "",
         "The simulator's peak per pipeline rank (`Simulator.memory`) against each run's measured peak "
@@ -256,6 +293,12 @@ def _markdown(f: LoopFacts, h: Headline, table: list[str], fit_rows: list[Fideli
         "",
         memory_table_markdown(memory) if memory else "(no run recorded its memory)",
         "",
+    ]
+
+
+def _md_figures() -> list[str]:
+    """Links to the Gantt charts and the tuner's plots that :func:`_figures` writes."""
+    return [
         "## Measured vs simulated timelines",
         "",
         "Tuned plan (top: one measured step of the executor; bottom: the calibrated simulation):",

@@ -37,11 +37,30 @@ MAX_BATCH_UNUSED = ("global_batch", "constraint", "critical_batch", "optimizer",
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``tune`` subcommand to ``subparsers`` and return its parser."""
     p = subparsers.add_parser("tune", help="search for the best 4D plan with the simulator as cost function")
+    _add_input_arguments(p)
+    _add_objective_arguments(p)
+    _add_space_arguments(p)
+    _add_search_arguments(p)
+    _add_evaluation_arguments(p)
+    _add_output_arguments(p)
+    _add_timeshift_arguments(p)
+    tune_target.add_arguments(p)
+    _add_clock_arguments(p)
+    p.set_defaults(func=cmd_tune, max_batch_unused={dest: p.get_default(dest) for dest in MAX_BATCH_UNUSED})
+    return p
+
+
+def _add_input_arguments(p: argparse.ArgumentParser) -> None:
+    """The model, the cluster and what prices them: ``--model --cluster --trace --calibration``."""
     p.add_argument("--model", required=True, help="model JSON file, inline JSON or built-in name")
     p.add_argument("--cluster", required=True, help="cluster JSON file, inline JSON, DEVICE or DEVICE:NODESxPER_NODE")
     p.add_argument("--trace", default=None, help="per-layer trace for the compute model (file or shipped name)")
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="constants fitted from measured runs (mindpipe calibrate)")
+
+
+def _add_objective_arguments(p: argparse.ArgumentParser) -> None:
+    """What to optimise and under which limits: ``--objective --microbatches --critical-batch --constraint``."""
     p.add_argument("--objective", default="throughput", choices=(*OBJECTIVES, "max_batch"),
                    help="throughput (samples/s), energy or carbon per sample, goodput, or max_batch: the largest "
                         "global batch that fits, with the partition and memory policy chosen together "
@@ -54,6 +73,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "the noise scale a --calibration file carries (measured by mindpipe run)")
     p.add_argument("--constraint", action="append", default=[], metavar="METRIC<=X",
                    help="e.g. carbon_per_sample<=0.05 or throughput>=100 (repeatable)")
+
+
+def _add_space_arguments(p: argparse.ArgumentParser) -> None:
+    """The plan space: ``--global-batch --fix --what-if --search --partitioner``."""
     p.add_argument("--global-batch", default=None, metavar="N|A,B|A:B",
                    help="global batch: fixed, a list, or a power-of-two range (default: power of two >= 4x devices)")
     p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
@@ -71,6 +94,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--partitioner", default="balanced",
                    help="balanced, pipedream, even, vpipe or dawnpiper (the last two choose per-block keep/recompute/swap "
                         "with the partition), or a comma list searched as a dimension (default balanced)")
+
+
+def _add_search_arguments(p: argparse.ArgumentParser) -> None:
+    """The search algorithm: ``--optimizer --surrogate --initial-points --budget --seed``."""
     p.add_argument("--optimizer", default="bo", choices=OPTIMIZERS, help="bo, random or grid (default bo)")
     p.add_argument("--surrogate", default="gp", choices=SURROGATES, help="bo surrogate: gp, rf or et (default gp)")
     p.add_argument("--initial-points", type=count(1, int(limit("tune_budget"))), default=10,
@@ -78,6 +105,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--budget", type=count(1, int(limit("tune_budget"))), default=60,
                    help="most simulations to run (default 60)")
     p.add_argument("--seed", type=seed(), default=0)
+
+
+def _add_evaluation_arguments(p: argparse.ArgumentParser) -> None:
+    """Where and how plans are simulated: ``--workers --batch-size --dask --dask-timeout --subnets``."""
     p.add_argument("--workers", type=count(1, MAX_WORKERS), default=2,
                    help="parallel local evaluation processes (default 2)")
     p.add_argument("--batch-size", type=count(1, MAX_WORKERS), default=None,
@@ -88,22 +119,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--subnets", type=count(1, int(limit("train_steps"))), default=None, metavar="N",
                    help="supernets: subnets each plan is simulated for (default 256; the objective is subnets "
                         "trained per hour)")
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """Outputs and state: ``--out --resume --no-plots --json --quiet``."""
     p.add_argument("--out", required=True, metavar="DIR", help="output and state directory")
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep stored in --out (same search arguments; bo also the same batch size)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
-    _add_timeshift_arguments(p)
-    tune_target.add_arguments(p)
+
+
+def _add_clock_arguments(p: argparse.ArgumentParser) -> None:
+    """``--clocks --max-slowdown``: per-stage SM clocks chosen after the search (:mod:`mindpipe.tuner.clock_step`)."""
     clocks = p.add_argument_group("frequency planning (a step after the search, on the best plan)")
     clocks.add_argument("--clocks", default="default", choices=("default", "perseus", "envpipe"),
                         help="add per-stage SM clocks (stage_clocks_mhz) to the best plan: perseus (time-energy "
                              "frontier), envpipe (bubble-slack heuristic) or default (none)")
     clocks.add_argument("--max-slowdown", type=real(0.0, 1.0), default=0.01, metavar="F",
                         help="longest iteration the clocks may cost, relative to default clocks (default 0.01)")
-    p.set_defaults(func=cmd_tune, max_batch_unused={dest: p.get_default(dest) for dest in MAX_BATCH_UNUSED})
-    return p
 
 
 def _add_timeshift_arguments(p: argparse.ArgumentParser) -> None:
