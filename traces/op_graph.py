@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -92,6 +93,131 @@ def run_nodes(gm: torch.fx.GraphModule, nodes: Sequence[torch.fx.Node], env: dic
             env[n.name] = _fetch(gm, str(n.target))
 
 
+@dataclass(frozen=True)
+class _BlockGraph:
+    """A block traced by ``torch.fx`` and grouped into units, as every later pass reads it.
+
+    Attributes:
+        gm: The traced block, in the block's train/eval mode.
+        placeholder: The graph's one input node.
+        output: The graph's output node.
+        groups: The units' nodes, in graph order (:func:`group_nodes`).
+        unit_of: Index of the unit holding each node, by node name.
+        names: Record name of each unit (``<block_name>.<last node>``).
+        excluded: Parameters, buffers and model state: storages never charged as activations.
+    """
+
+    gm: torch.fx.GraphModule
+    placeholder: torch.fx.Node
+    output: torch.fx.Node
+    groups: list[list[torch.fx.Node]]
+    unit_of: dict[str, int]
+    names: list[str]
+    excluded: list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _ForwardPass:
+    """What one attributed forward pass of the whole block leaves behind.
+
+    Attributes:
+        activation_bytes: Bytes autograd saves, per unit, each storage charged to its first saver.
+        values: Every node's result, detached, by node name: the units' recorded inputs.
+    """
+
+    activation_bytes: list[int]
+    values: dict[str, Any]
+
+
+def _trace_block(block: torch.nn.Module, block_name: str, state: Sequence[torch.Tensor]) -> _BlockGraph:
+    """Trace ``block`` with ``torch.fx`` and split its graph into units."""
+    gm = torch.fx.symbolic_trace(block)
+    gm.train(block.training)
+    (placeholder,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    groups = group_nodes(gm)
+    return _BlockGraph(
+        gm=gm,
+        placeholder=placeholder,
+        output=output,
+        groups=groups,
+        unit_of={n.name: i for i, g in enumerate(groups) for n in g},
+        names=[f"{block_name}.{g[-1].name}" for g in groups],
+        excluded=[*gm.parameters(), *gm.buffers(), *state],
+    )
+
+
+def _attributed_pass(bg: _BlockGraph, x: torch.Tensor) -> _ForwardPass:
+    """Run the block once on ``x``, unit by unit; returns each unit's saved bytes and every node's value."""
+    # One pass with every unit's saves attributed to the unit that saves first.
+    skip = {t.untyped_storage().data_ptr() for t in bg.excluded}
+    charged: dict[int, int] = {}
+    act = [0] * len(bg.groups)
+    env: dict[str, Any] = {bg.placeholder.name: x.detach().requires_grad_(True)}
+    for gi, g in enumerate(bg.groups):
+
+        def pack(t: torch.Tensor, gi: int = gi) -> torch.Tensor:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in skip and ptr not in charged:
+                charged[ptr] = gi
+                act[gi] += t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            run_nodes(bg.gm, g, env)
+    values = {k: tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, v) for k, v in env.items()}
+    return _ForwardPass(activation_bytes=act, values=values)
+
+
+def _live_after(bg: _BlockGraph, gi: int, values: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors a cut right after unit ``gi`` must carry across."""
+    # Live across a cut after this unit: values made at or before it and used after it.
+    return [
+        values[n.name]
+        for n in [bg.placeholder, *(m for gj in bg.groups[: gi + 1] for m in gj)]
+        if isinstance(values.get(n.name), torch.Tensor)
+        and any(bg.unit_of.get(u.name, len(bg.groups)) > gi or u is bg.output for u in n.users)
+    ]
+
+
+def _unit_record(
+    bg: _BlockGraph, gi: int, fwd: _ForwardPass, prev_name: str | None, clock: Clock, warmup: int, repeats: int, seed: int
+) -> LayerRecord:
+    """Time unit ``gi`` alone on its recorded inputs and describe it as one record."""
+    g = bg.groups[gi]
+    members = {n.name for n in g}
+    ext = sorted({a.name for n in g for a in n.all_input_nodes if a.name not in members}, key=lambda s: (s != bg.placeholder.name, s))
+    outs = [n.name for n in g if any(u.name not in members for u in n.users)]
+
+    def unit(*inputs: Any) -> tuple[Any, ...]:
+        local = dict(zip(ext, inputs, strict=True))
+        run_nodes(bg.gm, g, local)
+        return tuple(local[o] for o in outs)
+
+    mods = [bg.gm.get_submodule(str(n.target)) for n in g if n.op == "call_module"]
+    unit_params = [p for m in mods for p in m.parameters()]
+    cost = measure_unit(
+        unit, [fwd.values[e] for e in ext], unit_params, clock,
+        warmup=warmup, repeats=repeats, exclude_storages=bg.excluded, seed=seed + gi,
+    )
+    live = _live_after(bg, gi, fwd.values)
+    producers = [bg.names[bg.unit_of[e]] if e in bg.unit_of else prev_name for e in ext]
+    return LayerRecord(
+        name=bg.names[gi],
+        kind=_kind(bg.gm, g[-1]),
+        forward_s=cost.forward_s,
+        backward_input_s=cost.backward_input_s,
+        backward_weight_s=cost.backward_weight_s,
+        activation_bytes=fwd.activation_bytes[gi],
+        output_bytes=tensor_bytes(live) if gi < len(bg.groups) - 1 else cost.output_bytes,
+        param_count=sum(p.numel() for p in unit_params),
+        forward_flops=cost.forward_flops,
+        backward_flops=cost.backward_flops,
+        inputs=sorted({p for p in producers if p}),
+        stats=cost.stats,
+    )
+
+
 def profile_block_ops(
     block: torch.nn.Module,
     x: torch.Tensor,
@@ -104,73 +230,6 @@ def profile_block_ops(
     state: Sequence[torch.Tensor],
 ) -> list[LayerRecord]:
     """Profile one block operator by operator; returns one record per unit, in graph order."""
-    gm = torch.fx.symbolic_trace(block)
-    gm.train(block.training)
-    (placeholder,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
-    groups = group_nodes(gm)
-    unit_of = {n.name: i for i, g in enumerate(groups) for n in g}
-    names = [f"{block_name}.{g[-1].name}" for g in groups]
-    params = list(gm.parameters())
-    excluded = list(params) + list(gm.buffers()) + list(state)
-
-    # One pass with every unit's saves attributed to the unit that saves first.
-    skip = {t.untyped_storage().data_ptr() for t in excluded}
-    charged: dict[int, int] = {}
-    act = [0] * len(groups)
-    env: dict[str, Any] = {placeholder.name: x.detach().requires_grad_(True)}
-    for gi, g in enumerate(groups):
-
-        def pack(t: torch.Tensor, gi: int = gi) -> torch.Tensor:
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in skip and ptr not in charged:
-                charged[ptr] = gi
-                act[gi] += t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            run_nodes(gm, g, env)
-    values = {k: tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, v) for k, v in env.items()}
-
-    records: list[LayerRecord] = []
-    for gi, g in enumerate(groups):
-        members = {n.name for n in g}
-        ext = sorted({a.name for n in g for a in n.all_input_nodes if a.name not in members}, key=lambda s: (s != placeholder.name, s))
-        outs = [n.name for n in g if any(u.name not in members for u in n.users)]
-
-        def unit(*inputs: Any, g: list[torch.fx.Node] = g, ext: list[str] = ext, outs: list[str] = outs) -> tuple[Any, ...]:
-            local = dict(zip(ext, inputs, strict=True))
-            run_nodes(gm, g, local)
-            return tuple(local[o] for o in outs)
-
-        mods = [gm.get_submodule(str(n.target)) for n in g if n.op == "call_module"]
-        unit_params = [p for m in mods for p in m.parameters()]
-        cost = measure_unit(
-            unit, [values[e] for e in ext], unit_params, clock,
-            warmup=warmup, repeats=repeats, exclude_storages=excluded, seed=seed + gi,
-        )
-        # Live across a cut after this unit: values made at or before it and used after it.
-        live = [
-            values[n.name]
-            for n in [placeholder, *(m for gj in groups[: gi + 1] for m in gj)]
-            if isinstance(values.get(n.name), torch.Tensor)
-            and any(unit_of.get(u.name, len(groups)) > gi or u is output for u in n.users)
-        ]
-        producers = [names[unit_of[e]] if e in unit_of else prev_name for e in ext]
-        records.append(
-            LayerRecord(
-                name=names[gi],
-                kind=_kind(gm, g[-1]),
-                forward_s=cost.forward_s,
-                backward_input_s=cost.backward_input_s,
-                backward_weight_s=cost.backward_weight_s,
-                activation_bytes=act[gi],
-                output_bytes=tensor_bytes(live) if gi < len(groups) - 1 else cost.output_bytes,
-                param_count=sum(p.numel() for p in unit_params),
-                forward_flops=cost.forward_flops,
-                backward_flops=cost.backward_flops,
-                inputs=sorted({p for p in producers if p}),
-                stats=cost.stats,
-            )
-        )
-    return records
+    bg = _trace_block(block, block_name, state)
+    fwd = _attributed_pass(bg, x)
+    return [_unit_record(bg, gi, fwd, prev_name, clock, warmup, repeats, seed) for gi in range(len(bg.groups))]

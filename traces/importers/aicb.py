@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from mindpipe.traces.config import Model
@@ -78,6 +79,44 @@ def _parse_row(fields: list[str], source: str, lineno: int) -> LayerRecord:
     )
 
 
+@dataclass(frozen=True)
+class _Header:
+    """What the two header lines say.
+
+    Attributes:
+        tp: ``model_parallel_NPU_group`` of line 1: the tensor-parallel degree.
+        declared: The entry count of line 2 (not always the number of rows present).
+    """
+
+    tp: int
+    declared: int
+
+
+def _read_header(lines: list[str], source: str) -> _Header:
+    """Check lines 1 and 2 of the workload and read the tensor-parallel degree and entry count."""
+    if not lines or "model_parallel_NPU_group" not in lines[0]:
+        raise ContractError(source, "line 1", "line 1: not an AICB workload header (expected 'model_parallel_NPU_group: N')")
+    tp_match = _TP_RE.search(lines[0])
+    max_tp = int(limit("devices"))
+    if tp_match is None or not 1 <= int(tp_match[1]) <= max_tp:
+        raise ContractError(source, "line 1", f"line 1: model_parallel_NPU_group must be an integer in [1, {max_tp}]")
+    if len(lines) < 2 or re.fullmatch(r"[0-9]{1,9}", lines[1].strip()) is None:
+        raise ContractError(source, "line 2", "line 2: expected the number of entries")
+    return _Header(tp=int(tp_match[1]), declared=int(lines[1].strip()))
+
+
+def _read_rows(lines: list[str], source: str) -> list[LayerRecord]:
+    """One record per non-blank row after the header, read to the end of the file."""
+    rows = [(n, line) for n, line in enumerate(lines[2:], start=3) if line.strip()]
+    if len(rows) > limit("aicb_rows"):
+        raise ContractError(source, "layers", f"{len(rows)} layer rows; an AICB workload may have at most "
+                                              f"{limit('aicb_rows'):,} (limit)")
+    records = [_parse_row(line.split(), source, n) for n, line in rows]
+    if not records:
+        raise ContractError(source, "layers", "no layer rows after the header")
+    return records
+
+
 def import_aicb(
     path: str | os.PathLike[str],
     *,
@@ -105,22 +144,8 @@ def import_aicb(
     """
     source = str(path)
     lines = read_text(path, AICB_FILE).splitlines()
-    if not lines or "model_parallel_NPU_group" not in lines[0]:
-        raise ContractError(source, "line 1", "line 1: not an AICB workload header (expected 'model_parallel_NPU_group: N')")
-    tp_match = _TP_RE.search(lines[0])
-    max_tp = int(limit("devices"))
-    if tp_match is None or not 1 <= int(tp_match[1]) <= max_tp:
-        raise ContractError(source, "line 1", f"line 1: model_parallel_NPU_group must be an integer in [1, {max_tp}]")
-    if len(lines) < 2 or re.fullmatch(r"[0-9]{1,9}", lines[1].strip()) is None:
-        raise ContractError(source, "line 2", "line 2: expected the number of entries")
-    declared = int(lines[1].strip())
-    rows = [(n, line) for n, line in enumerate(lines[2:], start=3) if line.strip()]
-    if len(rows) > limit("aicb_rows"):
-        raise ContractError(source, "layers", f"{len(rows)} layer rows; an AICB workload may have at most "
-                                              f"{limit('aicb_rows'):,} (limit)")
-    records = [_parse_row(line.split(), source, n) for n, line in rows]
-    if not records:
-        raise ContractError(source, "layers", "no layer rows after the header")
+    header = _read_header(lines, source)
+    records = _read_rows(lines, source)
     stem = Path(path).stem
     if device is None:
         dev = re.search(r"_(A100|H100|H800|H20|H200|V100)\b", stem, re.IGNORECASE)
@@ -140,7 +165,7 @@ def import_aicb(
                 date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 source_file=source,
                 notes=(
-                    f"AICB workload {lines[0].split()[0]}; {declared} entries declared, {len(records)} rows read; "
+                    f"AICB workload {lines[0].split()[0]}; {header.declared} entries declared, {len(records)} rows read; "
                     "times are AICB's nanoseconds / 1e9 (1 ns = AICB placeholder)"
                 ),
             ),
@@ -148,7 +173,7 @@ def import_aicb(
             model_name=stem.split("_")[1] if stem.count("_") >= 1 else stem,
             micro_batch_size=micro_batch_size,
             seq_len=seq_len,
-            tp=int(tp_match[1]),
+            tp=header.tp,
             sequence_parallel="_sp_" in f"_{stem}_",
         )
     except ContractError as e:

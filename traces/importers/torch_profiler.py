@@ -250,6 +250,28 @@ def _notes(how: str, num_ranges: int, kernels: KernelLaunches | None, n: int, di
     )
 
 
+def _step_count(spans: list[Span], steps: int | None, first_layer_occurrences: int) -> tuple[int, str]:
+    """The number of profiled steps to divide by, and where it came from (for the notes)."""
+    profiler_steps = len({s.name for s in spans if s.cat in ("user_annotation", "cpu_op") and _STEP_RE.match(s.name)})
+    n = steps or profiler_steps or first_layer_occurrences
+    divisor = "given" if steps else "ProfilerStep#N ranges" if profiler_steps else "occurrences of the first layer"
+    return n, divisor
+
+
+def _layer_records(forward: dict[str, int], backward: dict[str, int], n: int) -> list[LayerRecord]:
+    """One record per layer, its summed nanoseconds turned into seconds per step."""
+    return [
+        LayerRecord(
+            name=name,
+            kind=re.sub(r"[._]?\d+$", "", name) or name,
+            forward_s=ns / n / 1e9,
+            backward_input_s=backward.get(name, 0) / n / 1e9,
+            backward_weight_s=0.0,
+        )
+        for name, ns in forward.items()
+    ]
+
+
 def import_torch_profiler(
     path: str | os.PathLike[str],
     *,
@@ -295,21 +317,10 @@ def import_torch_profiler(
     kernels = KernelLaunches(spans, events, source) if any(s.cat == "kernel" for s in spans) else None
     cost: Callable[[Span], int] = kernels.gpu_ns if kernels is not None else (lambda s: s.dur)
     forward, occurrences = _forward_ns(ranges, cost)
-    profiler_steps = len({s.name for s in spans if s.cat in ("user_annotation", "cpu_op") and _STEP_RE.match(s.name)})
-    n = steps or profiler_steps or occurrences[next(iter(forward))]
+    n, divisor = _step_count(spans, steps, occurrences[next(iter(forward))])
     backward, rules = _attribute_backward(spans, ranges, cost, source)
-    divisor = "given" if steps else "ProfilerStep#N ranges" if profiler_steps else "occurrences of the first layer"
     notes = _notes(how, len(ranges), kernels, n, divisor, rules)
-    records = [
-        LayerRecord(
-            name=name,
-            kind=re.sub(r"[._]?\d+$", "", name) or name,
-            forward_s=ns / n / 1e9,
-            backward_input_s=backward.get(name, 0) / n / 1e9,
-            backward_weight_s=0.0,
-        )
-        for name, ns in forward.items()
-    ]
+    records = _layer_records(forward, backward, n)
     try:
         return Trace(
             device=device or ("cuda" if kernels is not None else "cpu"),
