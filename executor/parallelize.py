@@ -54,9 +54,10 @@ from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
@@ -81,36 +82,54 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
     tied = stage.embedding is not None and stage.lm_head is not None \
         and stage.lm_head.out.weight is stage.embedding.tok.weight
     for block in stage.blocks.values():
-        layout: dict[str, Any] = {
-            "attn.qkv": ColwiseParallel(),
-            "attn.proj": RowwiseParallel(output_layouts=residual),
-            "mlp.fc1": ColwiseParallel(),
-            "mlp.fc2": RowwiseParallel(output_layouts=residual),
-            # Llama (traces/torch_llama.py): Q, K, V column-parallel by whole heads (tp divides
-            # num_kv_heads, check_plan), so rank r holds query heads r·a/t.. and the K/V heads they
-            # use; SwiGLU's gate and up column-parallel, down row-parallel.
-            "attn.wq": ColwiseParallel(),
-            "attn.wk": ColwiseParallel(),
-            "attn.wv": ColwiseParallel(),
-            "mlp.gate": ColwiseParallel(),
-            "mlp.up": ColwiseParallel(),
-            "mlp.down": RowwiseParallel(output_layouts=residual),
-        }
-        if sp:
-            layout.update({
-                "ln1": SequenceParallel(),
-                "ln2": SequenceParallel(),
-                "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            })
-        # A block cut by a stage boundary holds only its attention or its MLP half (executor/stages.py).
-        held = {name for name, _ in block.named_modules()}
-        if sp:  # the gathered input's first GEMMs keep only this rank's shard of it (executor/sp_linear.py)
-            for part, names in (("attn", ("qkv", "wq", "wk", "wv")), ("mlp", ("fc1", "gate", "up"))):
-                mine = [n for n in names if f"{part}.{n}" in held]
-                if part in held and keep_sequence_shard(block.get_submodule(part), mine, tp_mesh):
-                    held -= {f"{part}.{n}" for n in mine}
-        parallelize_module(block, tp_mesh, {k: v for k, v in layout.items() if k in held})
+        _shard_block(block, tp_mesh, residual, sp)
+    _shard_embedding(stage, tp_mesh, sp)
+    _shard_head(stage, tp_mesh, residual, sp, tied)
+
+
+def _block_layout(residual: Placement, sp: bool) -> dict[str, ParallelStyle]:
+    """The tensor-parallel style of every submodule a GPT or Llama block may hold (``residual``: the
+    row-parallel outputs' layout, ``Shard(1)`` under sequence parallelism)."""
+    layout: dict[str, ParallelStyle] = {
+        "attn.qkv": ColwiseParallel(),
+        "attn.proj": RowwiseParallel(output_layouts=residual),
+        "mlp.fc1": ColwiseParallel(),
+        "mlp.fc2": RowwiseParallel(output_layouts=residual),
+        # Llama (traces/torch_llama.py): Q, K, V column-parallel by whole heads (tp divides
+        # num_kv_heads, check_plan), so rank r holds query heads r·a/t.. and the K/V heads they
+        # use; SwiGLU's gate and up column-parallel, down row-parallel.
+        "attn.wq": ColwiseParallel(),
+        "attn.wk": ColwiseParallel(),
+        "attn.wv": ColwiseParallel(),
+        "mlp.gate": ColwiseParallel(),
+        "mlp.up": ColwiseParallel(),
+        "mlp.down": RowwiseParallel(output_layouts=residual),
+    }
+    if sp:
+        layout.update({
+            "ln1": SequenceParallel(),
+            "ln2": SequenceParallel(),
+            "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        })
+    return layout
+
+
+def _shard_block(block: nn.Module, tp_mesh: DeviceMesh, residual: Placement, sp: bool) -> None:
+    """Apply :func:`_block_layout` to the submodules ``block`` holds, over ``tp_mesh``."""
+    layout = _block_layout(residual, sp)
+    # A block cut by a stage boundary holds only its attention or its MLP half (executor/stages.py).
+    held = {name for name, _ in block.named_modules()}
+    if sp:  # the gathered input's first GEMMs keep only this rank's shard of it (executor/sp_linear.py)
+        for part, names in (("attn", ("qkv", "wq", "wk", "wv")), ("mlp", ("fc1", "gate", "up"))):
+            mine = [n for n in names if f"{part}.{n}" in held]
+            if part in held and keep_sequence_shard(block.get_submodule(part), mine, tp_mesh):
+                held -= {f"{part}.{n}" for n in mine}
+    parallelize_module(block, tp_mesh, {k: v for k, v in layout.items() if k in held})
+
+
+def _shard_embedding(stage: StageModule, tp_mesh: DeviceMesh, sp: bool) -> None:
+    """Make the first stage's token table vocabulary-parallel over ``tp_mesh`` (no-op on other stages)."""
     if stage.embedding is not None:
         # Megatron's vocabulary-parallel token table (vocab_parallel_embedding): each rank looks
         # up the tokens of its rows, zeros elsewhere, and the partial outputs are all-reduced.
@@ -122,6 +141,11 @@ def apply_tensor_parallel(stage: StageModule, tp_mesh: DeviceMesh, sequence_para
         if sp:
             parallelize_module(stage.embedding, tp_mesh, PrepareModuleOutput(
                 output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=True))
+
+
+def _shard_head(stage: StageModule, tp_mesh: DeviceMesh, residual: Placement, sp: bool, tied: bool) -> None:
+    """Make the last stage's LM head vocabulary-parallel over ``tp_mesh`` (no-op on other stages);
+    ``tied``: tie it again to the stage's sharded token table."""
     if stage.lm_head is not None and stage.final_norm is not None:
         if sp:
             parallelize_module(stage.final_norm, tp_mesh, SequenceParallel())

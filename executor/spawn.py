@@ -133,6 +133,70 @@ def _host_store(addr: str, port: int) -> Any:
         return None
 
 
+def _raise_stop(signum: int, frame: object) -> None:
+    """The spawner's handler of :data:`STOP_SIGNALS`: unwind to :func:`spawn`, which stops every rank."""
+    raise _Stop(signum)
+
+
+def _fork_ranks(nproc: int, addr: str, argv: list[str]) -> tuple[dict[int, int], list[int]]:
+    """Fork the ``nproc`` ranks, then install the stop handlers; (pid -> rank, the port pipes' write ends).
+
+    The stop signals stay blocked from the first fork until the handlers are in place.
+    """
+    children: dict[int, int] = {}
+    writers: list[int] = []
+    me = os.getpid()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # no signal between a fork and its handlers
+    try:
+        for rank in range(nproc):
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                for fd in (*writers, write_end):
+                    os.close(fd)
+                _rank(rank, nproc, addr, read_end, argv, me)
+            os.close(read_end)
+            children[pid] = rank
+            writers.append(write_end)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _raise_stop)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return children, writers
+
+
+def _send_port(writers: list[int], port: int) -> None:
+    """Tell every rank the store's port and close the pipes (``writers`` is left empty: nothing to close after)."""
+    for fd in writers:
+        os.write(fd, f"{port}\n".encode())
+    for fd in writers:
+        os.close(fd)
+    writers.clear()
+
+
+def _watch(children: dict[int, int], grace_s: float) -> int:
+    """Wait for every rank; the first to fail is the run's cause and the others are stopped. The exit code."""
+    while children:
+        done = _reap(children, block=True)
+        if done is None or done[2] == 0:
+            continue
+        _, rank, code = done
+        rundir.record_root_cause(rank, code)
+        if rundir.has_finished(rank):
+            # It died in teardown, after the run's last barrier: every other rank is past it too and
+            # only tearing down. Stopping them now could kill one before it records that it finished
+            # (and so turn complete results into a failed run); they are given time to end first.
+            print(f"spawn: rank {rank} {rundir.describe_exit(code)} after it finished the run", file=sys.stderr,
+                  flush=True)
+            _reap_within(children, TEARDOWN_GRACE_S)
+        else:
+            print(f"spawn: rank {rank} {rundir.describe_exit(code)}; stopping the other ranks", file=sys.stderr,
+                  flush=True)
+        _stop_all(children, grace_s)
+        return 1
+    return 0
+
+
 def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 10.0) -> int:
     """Fork ``nproc`` ranks running ``python -m mindpipe.executor --config CONFIG_PATH`` and wait for
     them; the exit code (0, 1, or 128 + a signal that stopped it).
@@ -146,29 +210,7 @@ def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 1
     argv = ["--config", config_path]
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    children: dict[int, int] = {}
-    writers: list[int] = []
-    me = os.getpid()
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # no signal between a fork and its handlers
-
-    def stop_signal(signum: int, frame: object) -> None:
-        raise _Stop(signum)
-
-    try:
-        for rank in range(nproc):
-            read_end, write_end = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                for fd in (*writers, write_end):
-                    os.close(fd)
-                _rank(rank, nproc, addr, read_end, argv, me)
-            os.close(read_end)
-            children[pid] = rank
-            writers.append(write_end)
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, stop_signal)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    children, writers = _fork_ranks(nproc, addr, argv)
     try:
         # The rendezvous store, hosted here as torchrun's agent hosts it (the ranks are its clients),
         # bound only now: the forks above copy no thread of it, and no rank needs it before this.
@@ -176,29 +218,8 @@ def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 1
         if store is None:
             _stop_all(children, grace_s)
             return 1
-        for fd in writers:
-            os.write(fd, f"{store.port}\n".encode())
-        for fd in writers:
-            os.close(fd)
-        writers.clear()
-        while children:
-            done = _reap(children, block=True)
-            if done is None or done[2] == 0:
-                continue
-            _, rank, code = done
-            rundir.record_root_cause(rank, code)
-            if rundir.has_finished(rank):
-                # It died in teardown, after the run's last barrier: every other rank is past it too and
-                # only tearing down. Stopping them now could kill one before it records that it finished
-                # (and so turn complete results into a failed run); they are given time to end first.
-                print(f"spawn: rank {rank} {rundir.describe_exit(code)} after it finished the run", file=sys.stderr,
-                      flush=True)
-                _reap_within(children, TEARDOWN_GRACE_S)
-            else:
-                print(f"spawn: rank {rank} {rundir.describe_exit(code)}; stopping the other ranks", file=sys.stderr,
-                      flush=True)
-            _stop_all(children, grace_s)
-            return 1
+        _send_port(writers, store.port)
+        return _watch(children, grace_s)
     except _Stop as e:
         print(f"spawn: stopped by {signal.Signals(e.signum).name}; stopping every rank", file=sys.stderr, flush=True)
         _stop_all(children, grace_s)
@@ -206,7 +227,6 @@ def spawn(nproc: int, addr: str, port: int, config_path: str, grace_s: float = 1
     finally:
         for fd in writers:  # ranks still waiting for the port read end of file and leave
             os.close(fd)
-    return 0
 
 
 def command(nproc: int, addr: str, port: int, config_path: str) -> list[str]:

@@ -267,8 +267,7 @@ def _build(cfg: RunConfig, device: torch.device, pre: Precheck) -> _Rank:
 
 def _loop(cfg: RunConfig, rank: _Rank, source: TokenSource, start: int, device: torch.device) -> _Measured:
     """Train steps ``start + 1 .. cfg.steps``: one schedule step, the tied tables' sum and the optimizers each."""
-    plan, coords, memory, recorder, probe = cfg.plan, rank.coords, rank.memory, rank.recorder, rank.probe
-    has_first, has_last = rank.has_first, rank.has_last
+    plan, coords, probe = cfg.plan, rank.coords, rank.probe
     energy = EnergyMeter(device)
     # Aggregates leave out the warm-up steps, unless that would leave nothing.
     first_measured = start + 1 + cfg.warmup_steps if cfg.steps - start > cfg.warmup_steps else start + 1
@@ -279,44 +278,21 @@ def _loop(cfg: RunConfig, rank: _Rank, source: TokenSource, start: int, device: 
     skip_profiled_cpu = first_measured <= cfg.profile_step <= cfg.steps and cfg.steps > first_measured
     profiled_cpu = 0.0
     # One rank shows how far the run is: the first replica's holder of the loss.
-    reports = has_last and all(v == 0 for k, v in coords.items() if k != "pp")
+    reports = rank.has_last and all(v == 0 for k, v in coords.items() if k != "pp")
     progress = ProgressReporter(cfg.steps, plan.dp * plan.cp) if reports else None
     dist.barrier()
-    recorder.origin = time.perf_counter()  # the run's time origin (see traces.measured)
+    rank.recorder.origin = time.perf_counter()  # the run's time origin (see traces.measured)
     for step in range(start + 1, cfg.steps + 1):
         began = time.perf_counter()
         _fault(dist.get_rank(), step)
         if step == first_measured:
             marks = {"cpu": cpu_seconds(), "energy": energy.read()}
         torch.manual_seed(cfg.seed * 7919 + step)  # dropout streams depend on the step only
-        x, y = source.local_batch_at(step, coords["dp"])
-        if rank.context is not None:
-            x, y = rank.context.take(x), rank.context.take(y)
-        x, y = x.to(device), y.to(device)
-        for opt in rank.optimizers:
-            opt.zero_grad(set_to_none=True)
-        memory.refresh_gradients()
-        mb_losses: list[torch.Tensor] = []
-        args = (x,) if has_first else ()
-        kwargs: dict[str, Any] = {"target": y, "losses": mb_losses} if has_last else {}
-        if has_last and plan.fused_head_loss:  # the last stage's forward computes the loss
-            kwargs["targets"] = y
-        recorder.begin_step(step)
-        cpu0 = cpu_seconds() if skip_profiled_cpu and step == cfg.profile_step else None
-        with profiled(step == cfg.profile_step, recorder, rank.mesh), timed_p2p_waits(recorder.p2p_wait):
-            with memory.saving(step):
-                rank.schedule.step(*args, return_outputs=False, **kwargs)
-            rank.tied.sum_gradients()  # a tied head's two tables (mindpipe.traces.layout.tied_table_ranks)
-            with recorder.optimizer_span():
-                for opt in rank.optimizers:
-                    opt.step()
-            memory.refresh_optimizer(rank.optimizers)
-        recorder.end_step()
-        if probe is not None:
-            probe.end_step(step)
-        if cpu0 is not None:
-            profiled_cpu = cpu_seconds() - cpu0
-        loss = torch.stack(mb_losses).mean().detach() if has_last else None
+        x, y = _batch_at(rank, source, step, device)
+        mb_losses, step_cpu = _train_step(cfg, rank, x, y, step, skip_profiled_cpu and step == cfg.profile_step)
+        if step_cpu is not None:
+            profiled_cpu = step_cpu
+        loss = torch.stack(mb_losses).mean().detach() if rank.has_last else None
         losses.append(loss)
         if progress is not None and loss is not None:
             progress.after(step, loss.item, time.perf_counter() - began)
@@ -329,6 +305,46 @@ def _loop(cfg: RunConfig, rank: _Rank, source: TokenSource, start: int, device: 
         cpu_steps=cfg.steps - first_measured + 1 - int(skip_profiled_cpu),
         energy_j=(e1 - marks["energy"]) if e1 is not None and marks["energy"] is not None else None,
     )
+
+
+def _batch_at(rank: _Rank, source: TokenSource, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's inputs and targets of ``step`` (its share of the sequence under context parallelism), on ``device``."""
+    x, y = source.local_batch_at(step, rank.coords["dp"])
+    if rank.context is not None:
+        x, y = rank.context.take(x), rank.context.take(y)
+    return x.to(device), y.to(device)
+
+
+def _train_step(cfg: RunConfig, rank: _Rank, x: torch.Tensor, y: torch.Tensor, step: int,
+                time_cpu: bool) -> tuple[list[torch.Tensor], float | None]:
+    """One training step on ``x``, ``y``: the schedule, the tied tables' sum and the optimizers, recorded.
+
+    Returns the last stage's micro-batch losses (none on other ranks) and, when ``time_cpu``, the
+    step's CPU seconds (else None).
+    """
+    memory, recorder, has_last = rank.memory, rank.recorder, rank.has_last
+    for opt in rank.optimizers:
+        opt.zero_grad(set_to_none=True)
+    memory.refresh_gradients()
+    mb_losses: list[torch.Tensor] = []
+    args = (x,) if rank.has_first else ()
+    kwargs: dict[str, Any] = {"target": y, "losses": mb_losses} if has_last else {}
+    if has_last and cfg.plan.fused_head_loss:  # the last stage's forward computes the loss
+        kwargs["targets"] = y
+    recorder.begin_step(step)
+    cpu0 = cpu_seconds() if time_cpu else None
+    with profiled(step == cfg.profile_step, recorder, rank.mesh), timed_p2p_waits(recorder.p2p_wait):
+        with memory.saving(step):
+            rank.schedule.step(*args, return_outputs=False, **kwargs)
+        rank.tied.sum_gradients()  # a tied head's two tables (mindpipe.traces.layout.tied_table_ranks)
+        with recorder.optimizer_span():
+            for opt in rank.optimizers:
+                opt.step()
+        memory.refresh_optimizer(rank.optimizers)
+    recorder.end_step()
+    if rank.probe is not None:
+        rank.probe.end_step(step)
+    return mb_losses, (cpu_seconds() - cpu0 if cpu0 is not None else None)
 
 
 __all__ = ["FAULT_ENV", "run"]
