@@ -400,7 +400,7 @@ class Simulator:
     def _extra(self, plan: Plan, schedule: Schedule, res: EngineResult, params_by_rank: list[int], flops: float,
                mem: list[RankMemory], energy: EnergyReport) -> dict[str, Any]:
         """``result.extra``: the engine's per-rank figures, the memory and energy parts, and notes."""
-        extra: dict[str, Any] = {
+        extra = {
             "schedule": schedule.name,
             "num_microbatches": plan.num_microbatches,
             "pipeline_time_s": res.pipeline_time_s,
