@@ -169,13 +169,13 @@ def _attributed_pass(bg: _BlockGraph, x: torch.Tensor) -> _ForwardPass:
     return _ForwardPass(activation_bytes=act, values=values)
 
 
-def _live_after(bg: _BlockGraph, gi: int, values: dict[str, Any]) -> list[torch.Tensor]:
+def _live_after(bg: _BlockGraph, gi: int, fwd: _ForwardPass) -> list[torch.Tensor]:
     """The tensors a cut right after unit ``gi`` must carry across."""
     # Live across a cut after this unit: values made at or before it and used after it.
     return [
-        values[n.name]
+        fwd.values[n.name]
         for n in [bg.placeholder, *(m for gj in bg.groups[: gi + 1] for m in gj)]
-        if isinstance(values.get(n.name), torch.Tensor)
+        if isinstance(fwd.values.get(n.name), torch.Tensor)
         and any(bg.unit_of.get(u.name, len(bg.groups)) > gi or u is bg.output for u in n.users)
     ]
 
@@ -200,7 +200,7 @@ def _unit_record(
         unit, [fwd.values[e] for e in ext], unit_params, clock,
         warmup=warmup, repeats=repeats, exclude_storages=bg.excluded, seed=seed + gi,
     )
-    live = _live_after(bg, gi, fwd.values)
+    live = _live_after(bg, gi, fwd)
     producers = [bg.names[bg.unit_of[e]] if e in bg.unit_of else prev_name for e in ext]
     return LayerRecord(
         name=bg.names[gi],
