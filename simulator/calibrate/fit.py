@@ -332,6 +332,20 @@ class ComputeRows:
     threads: Counter[int]
 
 
+def kind_scales(x: np.ndarray, design: list[list[float]]) -> dict[str, float]:
+    """The fitted scale of each operator kind some row of ``design`` has, floored at ``MIN_SCALE``."""
+    return {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if any(row[k] > 0 for row in design)}
+
+
+def optimizer_constants(rows: ComputeRows) -> np.ndarray | None:
+    """(fixed seconds, seconds per parameter) of the optimizer step or update, fitted on
+    ``rows.optimizer``; None with fewer than two figures (nothing to separate the two)."""
+    if len(rows.optimizer) < 2:
+        return None
+    x, _ = _nnls_relative([f for f, _ in rows.optimizer], [y for _, y in rows.optimizer])
+    return x
+
+
 def fit_compute(runs: list[MeasuredRun], comm: dict[str, dict[str, LinkCalibration]],
                 warnings: list[str]) -> dict[str, dict[str, ComputeCalibration]]:
     """Per device and precision: operator scales, per-operator overhead and optimizer constants."""
@@ -360,14 +374,13 @@ def _compute_constants(label: str, rows: ComputeRows, warnings: list[str]) -> Co
         warnings.append(f"{label}: {len(design)} action groups, too few to fit {present} constants")
         return None
     x, mape = _fit_compute_constants(design, [y for _, y in rows.actions])
-    used = [any(row[k] > 0 for row in design) for k in range(len(OP_KINDS))]
-    scale = {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if used[k]}
+    scale = kind_scales(x, design)
     for kind, v in scale.items():
         if v == MIN_SCALE:
             warnings.append(f"{label}: the {kind} scale fitted to zero (its time is in the per-op overhead)")
-    opt_x = np.zeros(2)
-    if len(rows.optimizer) >= 2:
-        opt_x, _ = _nnls_relative([f for f, _ in rows.optimizer], [y for _, y in rows.optimizer])
+    opt_x = optimizer_constants(rows)
+    if opt_x is None:
+        opt_x = np.zeros(2)
     t = rows.threads.most_common(1)[0][0]
     if len(rows.threads) > 1:
         warnings.append(f"{label}: runs used different threads per rank {sorted(rows.threads)}; "
@@ -513,4 +526,4 @@ def fit_step_overhead(runs: list[MeasuredRun], cal: Calibration, rounds: int = 4
     return residuals
 
 
-__all__ = ["COMM_QUANTILE", "ComputeRows", "FitNotes", "calibrate", "fit_comm", "fit_compute", "fit_host", "fit_step_overhead"]
+__all__ = ["COMM_QUANTILE", "ComputeRows", "FitNotes", "calibrate", "fit_comm", "fit_compute", "fit_host", "fit_step_overhead", "kind_scales", "optimizer_constants"]

@@ -55,7 +55,13 @@ from pathlib import Path
 
 import numpy as np
 from mindpipe.simulator.calibrate.fidelity import FidelityRow, plan_label
-from mindpipe.simulator.calibrate.fit import MIN_SCALE, ComputeRows, FitNotes, _fit_compute_constants, _nnls_relative
+from mindpipe.simulator.calibrate.fit import (
+    ComputeRows,
+    FitNotes,
+    _fit_compute_constants,
+    kind_scales,
+    optimizer_constants,
+)
 from mindpipe.simulator.calibrate.models import ReferenceOpTime
 from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run, measured_machine, run_label
 from mindpipe.simulator.ops import Op
@@ -337,12 +343,10 @@ def _supernet_constants(label: str, rows: ComputeRows, trace_sum: tuple[float, f
     feats_m, dur = np.asarray(design), np.asarray(ys)
     x = x * float(dur.sum() / max(float((feats_m @ x).sum()), 1e-300))
     mape = float(np.mean(np.abs(feats_m @ x - dur) / dur))
-    used = [any(row[k] > 0 for row in design) for k in range(len(OP_KINDS))]
-    scale = {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if used[k]}
-    opt = np.zeros(2)
-    if len(rows.optimizer) >= 2:
-        opt, _ = _nnls_relative([f for f, _ in rows.optimizer], [y for _, y in rows.optimizer])
-    else:
+    scale = kind_scales(x, design)
+    opt = optimizer_constants(rows)
+    if opt is None:
+        opt = np.zeros(2)
         notes.warnings.append(f"{label}: fewer than 2 per-subnet update figures; update not fitted")
     measured, priced = trace_sum
     return ComputeCalibration(scale=scale, op_overhead_s=float(x[len(OP_KINDS)]), optimizer_overhead_s=float(opt[0]),
