@@ -332,9 +332,8 @@ def summary(trace: Trace) -> dict[str, object]:
     m = trace.measurement
     if m is None:
         raise ContractError("trace", "measurement", "not a measured run (no measurement record)")
-    steps = m.measured_steps
     return {
-        "steps": [s.step for s in m.steps], "losses": m.losses, "iteration_s": sum(s.iteration_s for s in steps) / len(steps),
+        "steps": [s.step for s in m.steps], "losses": m.losses, "iteration_s": m.iteration_s,
         "tokens_per_s": m.tokens_per_s, "mfu": m.mfu, "energy_j_per_iteration": m.energy_j_per_iteration,
         "energy_source": m.energy_source, "peak_memory_bytes": max(r.peak_memory_bytes for r in m.ranks),
         "world_size": m.world_size, "backend": m.backend, "schedule_source": m.schedule_source,
@@ -379,9 +378,12 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
         return 0
     m = trace.measurement
     if m is not None:
+        warmup, profiled, clean = m.steps[:m.warmup_steps], m.profiled_steps, m.clean_steps
         for s in m.steps:
-            print(f"step {s.step:5d}  loss {s.loss:.6f}  {s.iteration_s:.4g} s")
-        print(f"iteration {info['iteration_s']:.4g} s, {m.tokens_per_s:.4g} tokens/s, MFU {100 * m.mfu:.2f}%, "
+            tag = "  (warm-up)" if s in warmup else "  (profiled)" if s.step in profiled and s not in clean else ""
+            print(f"step {s.step:5d}  loss {s.loss:.6f}  {s.iteration_s:.4g} s{tag}")
+        print(f"iteration {info['iteration_s']:.4g} s (median of {len(clean)} step{'s' * (len(clean) != 1)}), "
+              f"{m.tokens_per_s:.4g} tokens/s, MFU {100 * m.mfu:.2f}%, "
               f"energy {m.energy_j_per_iteration:.4g} J/iteration ({m.energy_source})")
     return 0
 

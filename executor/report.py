@@ -27,7 +27,8 @@ from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.chrome_trace import write_chrome_trace
 from mindpipe.traces.config import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
 from mindpipe.traces.flops import model_flops_per_iteration
-from mindpipe.traces.measured import ActionRecord, CommEvent, Measurement, RankRecord, StepRecord
+from mindpipe.traces.measured import (ActionRecord, CommEvent, Measurement, RankRecord, StepRecord, measured_steps,
+                                      typical_iteration_s)
 from mindpipe.traces.trace import Provenance, Trace
 
 _CATEGORY = {"p2p_wait": "p2p", "dp_sync": "dp"}
@@ -108,21 +109,24 @@ def _measurement(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], bac
     plan, model = cfg.plan, cfg.model
     records = _step_records(cfg, payloads)
     first_measured = payloads[0].first_measured
-    measured = [r for r in records if r.step >= first_measured]
-    iteration_s = statistics.fmean(r.iteration_s for r in measured)
+    warmup = first_measured - payloads[0].first_step
+    comms = [CommEvent(p.rank, c.step, c.kind, c.axis, c.op, c.start_s, c.end_s - c.start_s, c.size_bytes, c.group_size)
+             for p in payloads for c in p.spans.comms]
+    measured = measured_steps(records, warmup)
     n_steps = len(measured)
+    # Energy adds up over every measured step; the headline time is the median of the clean ones.
+    mean_s = statistics.fmean(r.iteration_s for r in measured)
+    iteration_s = typical_iteration_s(records, warmup, comms)
     flops = model_flops_per_iteration(model, plan.global_batch_size, model.seq_len)
     hosts = len({p.host for p in payloads})
     devices = plan.world_size if device.type == "cuda" else hosts
     peak = spec.peak_flops(plan.precision) if spec is not None else 0.0
-    energy, energy_source, energy_notes = _energy(payloads, spec, iteration_s, n_steps)
+    energy, energy_source, energy_notes = _energy(payloads, spec, mean_s, n_steps)
     clock_notes = sorted({p.clock_note for p in payloads if p.clock_note})
     if clock_notes:
         energy_notes = "; ".join([energy_notes, *clock_notes])
     actions = [ActionRecord(p.rank, a.step, a.stage, a.microbatch, a.kind, a.start_s, a.end_s - a.start_s, a.cpu_s)
                for p in payloads for a in p.spans.actions]
-    comms = [CommEvent(p.rank, c.step, c.kind, c.axis, c.op, c.start_s, c.end_s - c.start_s, c.size_bytes, c.group_size)
-             for p in payloads for c in p.spans.comms]
     # What-if knobs are recorded as what ran: torch.distributed.pipelining reduces a stage's
     # gradients after its last backward (perform_reduce_grad), so they were not overlapped, and
     # every stream ran at torch's default priority (no pipeline-first policy).
@@ -131,7 +135,7 @@ def _measurement(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], bac
         plan=ran, world_size=plan.world_size, nodes=hosts, backend=backend, device_kind=device.type,
         device_name=spec.name if spec is not None else torch.cuda.get_device_name(device),
         threads_per_rank=payloads[0].threads, torch_version=torch.__version__, schedule_source=pre.schedule_source,
-        seed=cfg.seed, data=cfg.data, warmup_steps=first_measured - payloads[0].first_step, steps=records,
+        seed=cfg.seed, data=cfg.data, warmup_steps=warmup, steps=records,
         tokens_per_s=plan.global_batch_size * model.seq_len / iteration_s if iteration_s else 0.0,
         model_flops_per_iteration=flops, peak_flops_per_s=peak, devices_for_mfu=devices,
         mfu=flops / (iteration_s * peak * devices) if iteration_s and peak else 0.0,

@@ -18,6 +18,7 @@ This module is torch-free and imports nothing from :mod:`mindpipe.traces.trace` 
 from __future__ import annotations
 
 import itertools
+import statistics
 from dataclasses import dataclass, field
 
 from mindpipe.traces.config import Plan, non_negative, one_of, positive
@@ -308,13 +309,14 @@ class Measurement:
         warmup_steps: Leading steps excluded from the aggregates (the first step pays for
             metadata exchange and allocator warm-up).
         steps: Every step that ran in this process launch.
-        tokens_per_s: Mean over the measured steps.
+        tokens_per_s: Tokens of one iteration over :attr:`iteration_s`.
         model_flops_per_iteration: ``simulator.ops.model_flops_per_iteration`` (no recompute).
         peak_flops_per_s: Catalog peak per device for the plan's precision.
         devices_for_mfu: Devices the peak is multiplied by (GPUs; CPU hosts, since CPU ranks on
             one host share its cores and the catalog describes the whole host).
-        mfu: model FLOPs per second over ``peak_flops_per_s × devices_for_mfu``.
-        energy_j_per_iteration: Device energy of one iteration, all devices.
+        mfu: model FLOPs per :attr:`iteration_s` over ``peak_flops_per_s × devices_for_mfu``.
+        energy_j_per_iteration: Device energy of one iteration, all devices: the mean over every
+            measured step (energy adds up, so the profiled step's share is part of it).
         energy_source: ``nvml`` (GPU energy counters) or ``estimated`` (CPU: catalog idle/max
             power and the measured CPU utilisation).
         energy_notes: How the energy figure was obtained.
@@ -413,7 +415,49 @@ class Measurement:
     @property
     def measured_steps(self) -> list[StepRecord]:
         """The steps after warm-up (all steps if there are no more than ``warmup_steps``)."""
-        return self.steps[self.warmup_steps:] or self.steps
+        return measured_steps(self.steps, self.warmup_steps)
+
+    @property
+    def profiled_steps(self) -> set[int]:
+        """Steps whose collectives were recorded with the profiler (slower than the others)."""
+        return profiled_steps(self.comms)
+
+    @property
+    def clean_steps(self) -> list[StepRecord]:
+        """The measured steps the profiler did not slow (see :func:`clean_steps`)."""
+        return clean_steps(self.steps, self.warmup_steps, self.comms)
+
+    @property
+    def iteration_s(self) -> float:
+        """The run's iteration time (see :func:`typical_iteration_s`)."""
+        return typical_iteration_s(self.steps, self.warmup_steps, self.comms)
+
+
+def measured_steps(steps: list[StepRecord], warmup_steps: int) -> list[StepRecord]:
+    """The steps after warm-up (all steps if there are no more than ``warmup_steps``)."""
+    return steps[warmup_steps:] or steps
+
+
+def profiled_steps(comms: list[CommEvent]) -> set[int]:
+    """Steps whose collectives were recorded with the profiler (``collective`` events)."""
+    return {c.step for c in comms if c.kind == "collective"}
+
+
+def clean_steps(steps: list[StepRecord], warmup_steps: int, comms: list[CommEvent]) -> list[StepRecord]:
+    """The measured steps less the profiled ones (all measured steps if every one was profiled)."""
+    measured = measured_steps(steps, warmup_steps)
+    skip = profiled_steps(comms)
+    return [s for s in measured if s.step not in skip] or measured
+
+
+def typical_iteration_s(steps: list[StepRecord], warmup_steps: int, comms: list[CommEvent]) -> float:
+    """A run's iteration time: the median over its clean steps.
+
+    The one rule for it (``mindpipe run`` prints it, tokens/s and MFU divide by it, calibration
+    fits to it): the profiled step runs the torch profiler around every collective and takes up
+    to 3× a plain step on CPU, and one host stall moves a mean but not a median.
+    """
+    return statistics.median(s.iteration_s for s in clean_steps(steps, warmup_steps, comms))
 
 
 __all__ = [
@@ -429,4 +473,8 @@ __all__ = [
     "StepRecord",
     "SubnetRecord",
     "SubnetStageRecord",
+    "clean_steps",
+    "measured_steps",
+    "profiled_steps",
+    "typical_iteration_s",
 ]

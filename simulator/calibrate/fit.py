@@ -57,7 +57,7 @@ from mindpipe.simulator.calibrate.features import (
 )
 from mindpipe.simulator.calibrate.models import ReferenceOpTime, as_run
 from mindpipe.simulator.calibrate.noise import fit_noise
-from mindpipe.simulator.calibrate.runs import MeasuredRun, profiled_steps
+from mindpipe.simulator.calibrate.runs import MeasuredRun
 from mindpipe.simulator.collectives import ring_steps, wire_bytes
 from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.traces.calibration import (
@@ -473,7 +473,7 @@ def calibrate(runs: list[MeasuredRun], host_cpu: bool = True) -> tuple[Calibrati
     check_one_model(runs)
     warnings: list[str] = []
     for run in runs:
-        if not profiled_steps(run.measurement):
+        if not run.measurement.profiled_steps:
             warnings.append(f"{run.source}: no profiled step (mindpipe run --profile-step N): no collective sizes")
     comm, comm_table = fit_comm(runs)
     for backend in sorted({r.measurement.backend for r in runs if r.measurement.nodes > 1}):

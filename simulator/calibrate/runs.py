@@ -84,11 +84,6 @@ def measured_events(run: MeasuredRun, step: int | None = None) -> list[dict[str,
     return events
 
 
-def profiled_steps(meas: Measurement) -> set[int]:
-    """Steps whose collectives were recorded with the profiler (slower than the others)."""
-    return {c.step for c in meas.comms if c.kind == "collective"}
-
-
 def measured_machine(source: str, meas: Measurement, catalog: dict[str, DeviceSpec] | None = None
                      ) -> tuple[DeviceSpec, Cluster]:
     """The catalog device a measured run ran on, and its cluster: the run's hosts as nodes, each
@@ -123,12 +118,7 @@ def load_run(path: str | Path, catalog: dict[str, DeviceSpec] | None = None) -> 
     if trace.model is None:
         raise ContractError(source, "model", "the measured trace does not say which model ran")
     device, cluster = measured_machine(source, meas, catalog)
-    skip = profiled_steps(meas)
-    clean = [s.step for s in meas.measured_steps if s.step not in skip]
-    if not clean:
-        clean = [s.step for s in meas.measured_steps]
-    times = [s.iteration_s for s in meas.steps if s.step in set(clean)]
-    return MeasuredRun(source, meas, trace.model, cluster, device, clean, statistics.median(times))
+    return MeasuredRun(source, meas, trace.model, cluster, device, [s.step for s in meas.clean_steps], meas.iteration_s)
 
 
 def merge_repeats(runs: list[MeasuredRun]) -> list[MeasuredRun]:
@@ -158,5 +148,4 @@ def load_runs(paths: list[str] | list[Path], catalog: dict[str, DeviceSpec] | No
     return [load_run(p, catalog) for p in paths]
 
 
-__all__ = ["MeasuredRun", "load_run", "load_runs", "measured_events", "measured_machine", "merge_repeats", "profiled_steps",
-           "run_label"]
+__all__ = ["MeasuredRun", "load_run", "load_runs", "measured_events", "measured_machine", "merge_repeats", "run_label"]
