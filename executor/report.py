@@ -27,8 +27,15 @@ from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.chrome_trace import write_chrome_trace
 from mindpipe.traces.config import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
 from mindpipe.traces.flops import model_flops_per_iteration
-from mindpipe.traces.measured import (ActionRecord, CommEvent, Measurement, RankRecord, StepRecord, measured_steps,
-                                      typical_iteration_s)
+from mindpipe.traces.measured import (
+    ActionRecord,
+    CommEvent,
+    Measurement,
+    RankRecord,
+    StepRecord,
+    measured_steps,
+    typical_iteration_s,
+)
 from mindpipe.traces.trace import Provenance, Trace
 
 _CATEGORY = {"p2p_wait": "p2p", "dp_sync": "dp"}

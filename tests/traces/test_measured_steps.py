@@ -4,7 +4,6 @@ profiled), read by ``mindpipe run``'s headline, tokens/s and MFU, and by calibra
 from __future__ import annotations
 
 import pytest
-
 from mindpipe.traces.config import Plan
 from mindpipe.traces.measured import CommEvent, Measurement, StepRecord, typical_iteration_s
 
