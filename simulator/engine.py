@@ -10,7 +10,8 @@ inputs have arrived —
 * ``B/I(s, μ)`` needs the gradient of ``B/I(s+1, μ)``; ``W(s, μ)`` follows ``I(s, μ)`` on the rank.
 
 An action is its compute followed by its tensor-parallel collectives (Megatron issues them
-synchronously inside the layer, so the rank waits for them); under ``tp_comm_overlap`` (Transformer
+synchronously inside the layer, so the rank waits for them; on a CPU host whose ranks share the
+cores, a calibration adds each one's wait for its peers, ``LinkCalibration.tp_wait_s``); under ``tp_comm_overlap`` (Transformer
 Engine's userbuffers) the part of each collective its GEMM hides
 (:func:`~mindpipe.simulator.collectives.overlapped_exposed_s`, priced alone) is taken off the
 action. Full or selective recompute adds the re-run forward (and, for full, its collectives) before
@@ -87,6 +88,7 @@ class Engine:
             topo = self.tr.topo
             # The rank's dp × tp replicas on the node compute the same work at the same time.
             self._cores = [((("cores", topo.node(topo.rep(r))),), (topo.replicas_on_node(r),)) for r in range(pp)]
+        self._tp_wait = self._tp_wait_s()
 
     def _solo_tp_times(self) -> list[tuple[float | None, float | None]]:
         """Per stage, the (forward, backward) TP collectives' time where they provably run alone.
@@ -108,6 +110,16 @@ class Engine:
             shared += [*rw.param_gather, rw.tied_exchange]
         times = solo_times(owned, shared, self.tr.time_alone)
         return list(zip(times[0::2], times[1::2], strict=True))
+
+    def _tp_wait_s(self) -> list[tuple[float, float, float]] | None:
+        """Per stage, the (forward, backward, W re-run) TP collectives' wait for their peers where
+        the ranks share a host's cores and the calibration fitted it (``LinkCalibration.tp_wait_s``):
+        wall time after their host copies, off the cores. None: no such wait."""
+        if not self._on_cores:
+            return None
+        wait = self.tr.phase_wait_s
+        out = [(sum(map(wait, st.fwd_tp)), sum(map(wait, st.bwd_tp)), sum(map(wait, st.rerun_tp))) for st in self.stages]
+        return out if any(any(w) for w in out) else None
 
     def _hidden_s(self, overlaps: list[TpOverlap]) -> float:
         """Seconds of a stage's TP collectives that their GEMMs hide under ``tp_comm_overlap``.
@@ -198,6 +210,7 @@ class Engine:
         plain = self.opt.cores_per_rank_slots is None
         busy = compute = comm_busy = 0.0
         gap = self._overhead_slices(r)
+        tp_wait = self._tp_wait
         phases: list[Phase] | None  # an action's TP collectives (None: a W action that re-runs none)
         for idx, a in enumerate(order):
             s, mb, kind = a.stage, a.microbatch, a.kind
@@ -252,6 +265,9 @@ class Engine:
                 cend = env.now + hidden
                 if phases:
                     yield env.timeout(alone) if alone is not None else self._transfer(r, phases)
+                    if tp_wait is not None and (wait := tp_wait[s][0 if kind == "F" else 2 if kind == "W" else 1]) > 0:
+                        # Blocked for the peers: wall time, off the shared cores.
+                        yield env.timeout(wait)
             end = env.now
             if phases:
                 comm_busy += max(end - cend, 0.0)

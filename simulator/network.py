@@ -237,6 +237,12 @@ class Transfers:
         t = host(phase) if host is not None else None
         return self.phase_time_alone(phase) if t is None else t
 
+    def phase_wait_s(self, phase: Phase) -> float:
+        """Wall time the collectives of ``phase`` wait for their peers where the comm model fitted
+        it (CPU hosts: ``LinkCalibration.tp_wait_s``), else 0."""
+        wait = getattr(self.comm, "wait_s", None)
+        return wait(phase) if wait is not None else 0.0
+
     def _latency(self, phase: Phase) -> float:
         key = (phase.op, phase.group_size, phase.link_type)
         lat = self._lat_cache.get(key)

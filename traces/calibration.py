@@ -152,6 +152,15 @@ class LinkCalibration:
             transfer, summed over the ranks' sending and receiving sides, when the backend copies
             with the host's CPUs (gloo over a CPU host's loopback); 0 when not fitted. Such
             transfers cost this CPU time on the cores instead of the α-β wire time.
+        tp_wait_s: On a host whose ranks share its cores (a CPU host): the wall time a rank's
+            blocking tensor-parallel collective waits for its peers to arrive, per collective, as
+            a host with a core per rank shows it. The α-β fit takes each group's fastest events,
+            where every peer was already there, and the host fit the CPU time, which a blocked
+            rank does not spend; neither holds the skew between the peers. Fitted from the
+            profiled collectives' time beyond their group's fastest, divided by the run's
+            oversubscription (its ranks over the ranks the cores run at full speed at once): with
+            more ranks than cores the waits grow in that proportion, and the shared-core model
+            already stretches every rank's work by it. 0 when not fitted.
     """
 
     step_latency_s: float
@@ -160,11 +169,12 @@ class LinkCalibration:
     fit_mape: float = 0.0
     cpu_s_per_step: float = 0.0
     cpu_s_per_byte: float = 0.0
+    tp_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         non_negative("step_latency_s", self.step_latency_s)
         _positive_finite("bandwidth_Bps", self.bandwidth_Bps)
-        for key in ("samples", "fit_mape", "cpu_s_per_step", "cpu_s_per_byte"):
+        for key in ("samples", "fit_mape", "cpu_s_per_step", "cpu_s_per_byte", "tp_wait_s"):
             non_negative(key, getattr(self, key))
 
 

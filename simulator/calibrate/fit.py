@@ -13,6 +13,8 @@ Three fits, in order, each on what the executor recorded (:mod:`mindpipe.traces.
    input shapes do not say whether a size is the shard or the gathered tensor. Groups inside one
    node fit that node's link; on several nodes, all-reduces over data- or tensor-parallel groups
    that span nodes then fit the NICs, as the simulator's topology splits them (:func:`fit_comm`).
+   On a CPU host the rest of each tensor-parallel event, beyond its group's fastest, is the wait
+   for the peers (``LinkCalibration.tp_wait_s``, :func:`tp_waits`).
 2. **Compute** (per device and precision): the work of every compute action of the clean steps —
    what it would take alone — is its process CPU time where the executor recorded it (CPU ranks;
    divided by the threads per rank), else its duration less the modelled time of the TP
@@ -196,7 +198,37 @@ def fit_comm(runs: list[MeasuredRun]) -> tuple[dict[str, dict[str, LinkCalibrati
         by_link[(backend, link)].append((op, n, k, _quantile(durations, COMM_QUANTILE), len(durations)))
     _fit_links(by_link, out, table)
     _fit_nics(spanning, out, table)
+    _fit_waits(runs, out)
     return out, table
+
+
+def tp_waits(run: MeasuredRun) -> list[float]:
+    """Each profiled tensor-parallel collective's wait for its peers in ``run``, as on a host with
+    a core per rank (``LinkCalibration.tp_wait_s``): its time less the fastest event of the same
+    operation and size (where every peer was already there), over :func:`oversubscription`. Empty
+    where the cores are not shared (GPUs) or no tensor-parallel collective was timed."""
+    if _slots(run) is None or run.plan.tp < 2:
+        return []
+    groups: dict[tuple[str, int | None], list[float]] = defaultdict(list)
+    for c in run.measurement.comms:
+        if c.kind == "collective" and c.axis == "tp" and c.duration_s > 0:
+            groups[(c.op, c.size_bytes)].append(c.duration_s)
+    over = oversubscription(run)
+    return [(d - min(durations)) / over for durations in groups.values() for d in durations]
+
+
+def _fit_waits(runs: list[MeasuredRun], out: dict[str, dict[str, LinkCalibration]]) -> None:
+    """Each fitted link's ``tp_wait_s``: the median over runs of each run's median
+    (:func:`tp_waits`; a round in which the host stalled waits several times longer)."""
+    by_link: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for run in runs:
+        waits = tp_waits(run)
+        if waits:
+            by_link[(run.measurement.backend, _intra_link(run))].append(statistics.median(waits))
+    for (backend, link), medians in by_link.items():
+        cal = out.get(backend, {}).get(link)
+        if cal is not None:
+            cal.tp_wait_s = statistics.median(medians)
 
 
 def _fit_links(by_link: dict[tuple[str, str], list[tuple[str, int, int, float, int]]],
@@ -267,6 +299,13 @@ def _slots(run: MeasuredRun) -> float | None:
     return meas.cpus_per_node / meas.threads_per_rank
 
 
+def oversubscription(run: MeasuredRun) -> float:
+    """A host's ranks over the ranks its cores run at full speed at once, at least 1 (1 where
+    devices are not shared): how much slower each rank's work runs when all compute together."""
+    slots = _slots(run)
+    return 1.0 if slots is None else max(1.0, run.cluster.gpus_per_node / slots)
+
+
 def _tp_comm_s(colls, plan, link: LinkCalibration | None, backend: str) -> float:
     if link is None or plan.tp < 2:
         return 0.0
@@ -309,9 +348,8 @@ def _action_rows(run: MeasuredRun, link: LinkCalibration | None) -> list[tuple[l
 
 def _optimizer_rows(run: MeasuredRun) -> list[tuple[list[float], float]]:
     """([1, parameters], seconds) of each rank's measured optimizer step in ``run``."""
-    slots = _slots(run)
     # The optimizer steps of all ranks of a node run together, after the last backward.
-    share = 1.0 if slots is None else min(1.0, slots / run.cluster.gpus_per_node)
+    share = 1.0 / oversubscription(run)
     params = _params_by_rank(run)
     return [([1.0, float(params.get(r.pp_rank, 0))], r.optimizer_s * share)
             for r in run.measurement.ranks if r.optimizer_s > 0]

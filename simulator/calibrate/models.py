@@ -220,6 +220,12 @@ class CalibratedCommModel:
         steps, nbytes = host_terms(phase, self.backend)
         return steps * cal.cpu_s_per_step + nbytes * cal.cpu_s_per_byte
 
+    def wait_s(self, phase: Phase) -> float:
+        """Wall time the ``phase.count`` blocking collectives of ``phase`` wait for their peers
+        (``LinkCalibration.tp_wait_s`` each; 0 on a link without it)."""
+        cal = self.links.get(phase.link_type)
+        return 0.0 if cal is None else phase.count * cal.tp_wait_s
+
 
 @dataclass
 class Applied:

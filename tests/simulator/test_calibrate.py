@@ -17,6 +17,7 @@ from mindpipe.simulator.build import optimizer_shard
 from mindpipe.simulator.calibrate.features import (
     FEATURES,
     HOST_FEATURES,
+    action_collectives,
     action_features,
     constants,
     rank_host_features,
@@ -52,7 +53,7 @@ TRUTH = Calibration(
                                             tp_op_overhead_s=8e-4, tp_comm_cpu_s_per_byte=5e-9,
                                             dp_unit_overhead_s=1.5e-3, fresh_s_per_byte=4e-10, optimizer_s_per_param=4e-9,
                                             optimizer_overhead_s=2e-3)})},
-    comm={"gloo": {"local": LinkCalibration(step_latency_s=1.2e-4, bandwidth_Bps=1.5e9)}},
+    comm={"gloo": {"local": LinkCalibration(step_latency_s=1.2e-4, bandwidth_Bps=1.5e9, tp_wait_s=2e-3)}},
 )
 
 
@@ -105,8 +106,12 @@ def _synthetic_run(plan: Plan, truth: Calibration = TRUTH, with_cpu: bool = Fals
         for op, k in (("allreduce", 2), ("recv", 2)):
             ring_op = "p2p" if op == "recv" else op
             t = ring_steps(ring_op, k) * link.step_latency_s + wire_bytes(ring_op, n, k) / link.bandwidth_Bps
-            for wait in (0.0, 0.004, 0.02):  # events that waited for a peer are slower; the fit takes the fastest
-                comms.append(CommEvent(0, 4, "collective", "tp" if op == "allreduce" else "pp", op, 0.0, t + wait, n, k))
+            # Events that waited for a peer are slower; the α-β fit takes the fastest, the wait fit
+            # the median beyond it, which grows with the ranks per core (oversubscription).
+            over = max(1.0, plan.world_size / 2)
+            for wait in (0.0, 1.0, 5.0):
+                comms.append(CommEvent(0, 4, "collective", "tp" if op == "allreduce" else "pp", op, 0.0,
+                                       t + wait * over * truth.comm["gloo"]["local"].tp_wait_s, n, k))
     steps.append(StepRecord(4, 5.0, 3 * res.iteration_time_s, 1.0))  # the profiled step: slower, left out
     share = min(1.0, 2 / plan.world_size)
     # Each rank's optimizer steps its own parameters, a 1/dp shard of them under ZeRO (the engine's rule).
@@ -248,6 +253,29 @@ def test_fit_recovers_alpha_beta_from_the_fastest_events(fitted):
     link, want = cal.comm["gloo"]["local"], TRUTH.comm["gloo"]["local"]
     assert link.step_latency_s == pytest.approx(want.step_latency_s, rel=0.02)
     assert link.bandwidth_Bps == pytest.approx(want.bandwidth_Bps, rel=0.02)
+    # Each run's median wait beyond its fastest event, over its oversubscription (2 or 4 ranks on 2 cores).
+    assert link.tp_wait_s == pytest.approx(want.tp_wait_s, rel=1e-9)
+
+
+def test_tp_wait_is_wall_time_per_blocking_collective_off_the_cores():
+    plan = _plan(tp=2)
+    cluster = load_cluster("cpu:1x2")
+    without = dataclasses.replace(TRUTH, comm={"gloo": {"local": dataclasses.replace(TRUTH.comm["gloo"]["local"], tp_wait_s=0.0)}})
+    t = simulate(MODEL, cluster, plan, SimulationOptions(calibration=TRUTH)).iteration_time_s
+    t0 = simulate(MODEL, cluster, plan, SimulationOptions(calibration=without)).iteration_time_s
+    colls = action_collectives(MODEL, plan)
+    per_microbatch = len(colls[(0, "F")]) + len(colls[(0, "B")])
+    assert per_microbatch > 0
+    # One rank, nothing to overlap: the iteration grows by the wait of every collective it issues.
+    assert t - t0 == pytest.approx(TRUTH.comm["gloo"]["local"].tp_wait_s * plan.num_microbatches * per_microbatch, rel=1e-6)
+    # Without tensor parallelism there is nothing to wait for.
+    one = _plan(dp=2)
+    assert (simulate(MODEL, cluster, one, SimulationOptions(calibration=TRUTH)).iteration_time_s
+            == simulate(MODEL, cluster, one, SimulationOptions(calibration=without)).iteration_time_s)
+    # Dedicated devices (no calibrated host) never pay it.
+    gpu = simulate(MODEL, load_cluster("a100-sxm4-80gb:1x2"), plan, SimulationOptions(calibration=TRUTH))
+    assert gpu.iteration_time_s == simulate(MODEL, load_cluster("a100-sxm4-80gb:1x2"), plan,
+                                            SimulationOptions(calibration=without)).iteration_time_s
 
 
 def test_step_overhead_and_held_out_predictions(fitted):
