@@ -129,14 +129,19 @@ def tp_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> tupl
     forward (operator g), and the conjugate two in the backward (operator f) — Shoeybi et al.
     2019, Fig. 4. With sequence parallelism each all-reduce becomes an all-gather before and a
     reduce-scatter after the parallel region (Korthikanti et al. §4.2.2): same bytes on the wire.
+    Its backward, per sub-layer: the all-gather of the output gradient (the reduce-scatter's
+    conjugate), then the all-gather of the sub-layer's input again — its first GEMM saves only
+    this rank's sequence shard and gathers it for the weight gradient (Megatron-LM's
+    ``LinearWithGradAccumulationAndAsyncCommunication``, the executor's
+    :mod:`mindpipe.executor.sp_linear`) — and the reduce-scatter of the input gradient.
     """
     if plan.tp == 1:
         return [], []
     s = seq_len or model.seq_len
     nbytes = plan.micro_batch_size * s * model.hidden_size * DTYPE_BYTES[plan.precision]
     if plan.sequence_parallel:
-        one = [Collective("allgather", nbytes), Collective("reducescatter", nbytes)]
-        return one * 2, one * 2
+        gather, scatter = Collective("allgather", nbytes), Collective("reducescatter", nbytes)
+        return [gather, scatter] * 2, [gather, gather, scatter] * 2
     return [Collective("allreduce", nbytes)] * 2, [Collective("allreduce", nbytes)] * 2
 
 
@@ -173,7 +178,12 @@ def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> d
     all-reduced, or reduce-scattered along the sequence under sequence parallelism (whose backward
     is the conjugate all-gather). Cross-entropy (``vocab_parallel_cross_entropy``): three
     all-reduces of one fp32 value per token in the forward (row maximum, target logit, sum of
-    exponentials), none in the backward. The executor's embedding all-reduces and then cuts the
+    exponentials), none in the backward. The head is column-parallel (Megatron's output layer), so
+    its input gradient's partial sums are all-reduced in the backward (operator f); under sequence
+    parallelism its input (the final norm's sequence shard) is all-gathered first and its gradient
+    reduce-scattered instead (the executor's ``ColwiseParallel`` head saves the gathered input;
+    Megatron-LM's output layer gathers it again in the backward, under the input-gradient GEMM,
+    which is not priced). The executor's embedding all-reduces and then cuts the
     sequence under sequence parallelism (:func:`mindpipe.traces.torch_gpt.vocab_parallel_embedding`):
     twice a reduce-scatter's bytes, once per micro-batch. The LM head fused into the loss
     (``fused_head_loss``, :mod:`mindpipe.traces.torch_head_loss`): per piece, the row maximum and the
@@ -190,7 +200,10 @@ def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> d
     else:
         emb = [Collective("allreduce", nbytes)], []
     if not plan.fused_head_loss:
-        return {"embedding": emb, "lm_head": ([Collective("allreduce", 4 * tokens)] * 3, [])}
+        loss = [Collective("allreduce", 4 * tokens)] * 3
+        if plan.sequence_parallel:
+            return {"embedding": emb, "lm_head": ([Collective("allgather", nbytes), *loss], [Collective("reducescatter", nbytes)])}
+        return {"embedding": emb, "lm_head": (loss, [Collective("allreduce", nbytes)])}
     c = plan.loss_chunks
     pieces = [Collective("allreduce", 4 * tokens / c)] * (2 * c)
     gather = [Collective("allgather", nbytes)] if plan.sequence_parallel else []
@@ -206,9 +219,11 @@ def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> d
 # GEMM (``qkv_fprop``), the reduce-scatter of the output with the projection (``proj_fprop``), and
 # likewise fc1 (gate, up) and fc2 (down); backward (input gradient) — the all-gather of the output
 # gradient with the projection's dgrad (``proj_dgrad``) and the reduce-scatter of the input
-# gradient with the QKV dgrad, and likewise for the MLP. TE overlaps the latter reduce-scatter with
-# the weight-gradient GEMM in bulk (``qkv_wgrad``); the dgrad GEMM has the same FLOPs and stays in
-# the input-gradient pass under every schedule (zero-bubble schedules move W elsewhere).
+# gradient with the QKV dgrad, and likewise for the MLP. Under sequence parallelism the input's
+# all-gather again for the weight gradient runs in bulk under the QKV dgrad (``qkv_dgrad``,
+# ``ub_bulk_dgrad``), and TE overlaps the reduce-scatter with the weight-gradient GEMM in bulk
+# (``qkv_wgrad``); the dgrad GEMM has the same FLOPs and stays in the input-gradient pass under
+# every schedule (zero-bubble schedules move W elsewhere), so both are paired with it.
 # Per kind (Llama or not): the column-parallel attention GEMMs, the projection, the column-parallel
 # MLP GEMMs, the row-parallel MLP GEMM (:func:`mindpipe.simulator.ops.block_ops`'s names).
 _OVERLAP_GEMMS = {
@@ -217,10 +232,11 @@ _OVERLAP_GEMMS = {
 }
 
 
-def tp_overlap_gemms(model: Model, ops: Sequence[Op],
-                     price: Callable[[Sequence[Op]], tuple[float, float, float, float]]) -> tuple[list[float], list[float]]:
-    """Seconds of the GEMM each forward and each input-gradient TP collective of a block pipelines
-    with under ``tp_comm_overlap`` (:data:`_OVERLAP_GEMMS`), priced by ``price`` like the block."""
+def tp_overlap_gemms(model: Model, ops: Sequence[Op], price: Callable[[Sequence[Op]], tuple[float, float, float, float]],
+                     sequence_parallel: bool = True) -> tuple[list[float], list[float]]:
+    """Seconds of the GEMM each forward and each input-gradient TP collective of a block
+    (:func:`tp_collectives`) pipelines with under ``tp_comm_overlap`` (:data:`_OVERLAP_GEMMS`),
+    priced by ``price`` like the block."""
     groups = _OVERLAP_GEMMS[model.is_llama]
 
     def seconds(names: tuple[str, ...], phase: str) -> float:
@@ -229,6 +245,8 @@ def tp_overlap_gemms(model: Model, ops: Sequence[Op],
 
     fwd = [seconds(names, "forward") for names in groups]
     qkv, proj, fc1, fc2 = (seconds(names, "backward_input") for names in groups)
+    if sequence_parallel:
+        return fwd, [proj, qkv, qkv, fc2, fc1, fc1]
     return fwd, [proj, qkv, fc2, fc1]
 
 
@@ -296,7 +314,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
                     cp_comm_type=plan.cp_comm_type)
     f, i, w, core = price(ops)
     if plan.tp_comm_overlap and fwd_comm:
-        g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)
+        g_fwd, g_bwd = tp_overlap_gemms(model, ops, price, plan.sequence_parallel)
         fwd_comm, bwd_comm = with_overlap(fwd_comm, g_fwd), with_overlap(bwd_comm, g_bwd)
     # Per half (attention, mlp): the TP collectives, with the K/V ring in the attention half.
     core_bwd = price([o for o in ops if o.attention_core and o.phase == "backward_input"])[1] if plan.cp > 1 else 0.0
