@@ -7,13 +7,13 @@ executor locks), EnvPipe's heuristic at the same envelope, and per-action clocks
 what-if knob the executor does not carry out), all re-simulated by the engine. Each row also
 carries three upper bounds on the saving of any clock plan within 1 % on the DAG's energy model:
 the exact time–cost LP optimum (:func:`mindpipe.tuner.clock_actions.lp_plan`) and the looser
-rank-window and free-time bounds (:func:`mindpipe.tuner.clock_actions.energy_bound`). Writes ``results/frequency_planning.json`` and
-``results/frequency_planning.png`` (the frontiers). The issue's target is >= 15 % GPU energy
+rank-window and free-time bounds (:func:`mindpipe.tuner.clock_actions.energy_bound`). Writes ``benchmarks/results/frequency_planning.json`` and
+``benchmarks/results/frequency_planning.png`` (the frontiers). The issue's target is >= 15 % GPU energy
 saved at <= 1 % slowdown; the JSON states per configuration and method whether it is met.
 The configurations are vTrain's, not Perseus's or EnvPipe's (their per-workload setups were not
 retrievable here); they are the ones this benchmark ran before per-action clocks were added.
 
-    python benchmarks/frequency_planning.py [--out results] [--stride 1] [--quick] [--knee-mhz N]
+    python benchmarks/frequency_planning.py [--out DIR] [--stride 1] [--quick] [--knee-mhz N]
 
 ``--knee-mhz N`` is a sensitivity run, not the model: the power model's voltage floor (the
 estimated ``base_sm_clock_MHz`` of ``frequency.json``) moved to N MHz; it writes
@@ -129,7 +129,8 @@ def plot(results: list[tuple[str, list[ClockPlan]]], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"),
+                    help="directory for the JSON and the plot (default: benchmarks/results)")
     ap.add_argument("--stride", type=int, default=1, help="clock steps per planner step (1 = every 15 MHz)")
     ap.add_argument("--quick", action="store_true", help="only the first configuration")
     ap.add_argument("--knee-mhz", type=int, default=None,
