@@ -378,9 +378,11 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
         return 0
     m = trace.measurement
     if m is not None:
-        warmup, profiled, clean = m.steps[:m.warmup_steps], m.profiled_steps, m.clean_steps
+        warmup = {s.step for s in m.steps[:m.warmup_steps]}
+        clean = {s.step for s in m.clean_steps}
+        profiled = m.profiled_steps - clean
         for s in m.steps:
-            tag = "  (warm-up)" if s in warmup else "  (profiled)" if s.step in profiled and s not in clean else ""
+            tag = "  (warm-up)" if s.step in warmup else "  (profiled)" if s.step in profiled else ""
             print(f"step {s.step:5d}  loss {s.loss:.6f}  {s.iteration_s:.4g} s{tag}")
         print(f"iteration {info['iteration_s']:.4g} s (median of {len(clean)} step{'s' * (len(clean) != 1)}), "
               f"{m.tokens_per_s:.4g} tokens/s, MFU {100 * m.mfu:.2f}%, "

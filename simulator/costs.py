@@ -233,7 +233,7 @@ _OVERLAP_GEMMS = {
 
 
 def tp_overlap_gemms(model: Model, ops: Sequence[Op], price: Callable[[Sequence[Op]], tuple[float, float, float, float]],
-                     sequence_parallel: bool = True) -> tuple[list[float], list[float]]:
+                     sequence_parallel: bool) -> tuple[list[float], list[float]]:
     """Seconds of the GEMM each forward and each input-gradient TP collective of a block
     (:func:`tp_collectives`) pipelines with under ``tp_comm_overlap`` (:data:`_OVERLAP_GEMMS`),
     priced by ``price`` like the block."""
