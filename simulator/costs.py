@@ -232,11 +232,12 @@ _OVERLAP_GEMMS = {
 }
 
 
-def tp_overlap_gemms(model: Model, ops: Sequence[Op], price: Callable[[Sequence[Op]], tuple[float, float, float, float]],
-                     sequence_parallel: bool) -> tuple[list[float], list[float]]:
+def tp_overlap_gemms(model: Model, ops: Sequence[Op],
+                     price: Callable[[Sequence[Op]], tuple[float, float, float, float]]) -> tuple[list[float], list[float]]:
     """Seconds of the GEMM each forward and each input-gradient TP collective of a block
-    (:func:`tp_collectives`) pipelines with under ``tp_comm_overlap`` (:data:`_OVERLAP_GEMMS`),
-    priced by ``price`` like the block."""
+    (:func:`tp_collectives` under sequence parallelism, which ``tp_comm_overlap`` requires: the
+    plan rule) pipelines with under ``tp_comm_overlap`` (:data:`_OVERLAP_GEMMS`), priced by
+    ``price`` like the block."""
     groups = _OVERLAP_GEMMS[model.is_llama]
 
     def seconds(names: tuple[str, ...], phase: str) -> float:
@@ -245,9 +246,7 @@ def tp_overlap_gemms(model: Model, ops: Sequence[Op], price: Callable[[Sequence[
 
     fwd = [seconds(names, "forward") for names in groups]
     qkv, proj, fc1, fc2 = (seconds(names, "backward_input") for names in groups)
-    if sequence_parallel:
-        return fwd, [proj, qkv, qkv, fc2, fc1, fc1]
-    return fwd, [proj, qkv, fc2, fc1]
+    return fwd, [proj, qkv, qkv, fc2, fc1, fc1]
 
 
 def with_overlap(colls: Sequence[Collective], gemm_s: Sequence[float]) -> list[Collective]:
@@ -314,7 +313,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
                     cp_comm_type=plan.cp_comm_type)
     f, i, w, core = price(ops)
     if plan.tp_comm_overlap and fwd_comm:
-        g_fwd, g_bwd = tp_overlap_gemms(model, ops, price, plan.sequence_parallel)
+        g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)
         fwd_comm, bwd_comm = with_overlap(fwd_comm, g_fwd), with_overlap(bwd_comm, g_bwd)
     # Per half (attention, mlp): the TP collectives, with the K/V ring in the attention half.
     core_bwd = price([o for o in ops if o.attention_core and o.phase == "backward_input"])[1] if plan.cp > 1 else 0.0
