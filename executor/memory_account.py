@@ -98,6 +98,16 @@ def fsdp_param_groups(state: Any) -> list[Any]:
     return [] if group is None else [group]
 
 
+def all_fsdp_params(module: FSDPModule) -> list[Any]:
+    """Every ``FSDPParam`` under a ``fully_shard``/``replicate`` root ``module``: its own groups and
+    those of the modules wrapped inside it (torch's private state, as torch 2.6–2.14 keep it)."""
+    from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
+    from torch.distributed.fsdp import fully_shard
+
+    state = replicate.state(module) if isinstance(module, ReplicateModule) else fully_shard.state(module)  # type: ignore[attr-defined,arg-type]
+    return [fp for st in state._state_ctx.all_states for group in fsdp_param_groups(st) for fp in group.fsdp_params]
+
+
 def _fsdp_params(module: FSDPModule) -> list[Any]:
     """The ``FSDPParam``s of a ``fully_shard``/``replicate`` module's own parameter groups (none
     where torch's private state is not where torch 2.6–2.14 keep it)."""

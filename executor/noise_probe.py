@@ -30,12 +30,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mindpipe.executor.memory_account import fsdp_param_groups
+from mindpipe.executor.memory_account import all_fsdp_params
+from mindpipe.executor.partial_grads import is_partial, reduced_partials
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import tied_table_ranks
 from mindpipe.traces.noise_scale import GradientNoise, NoiseScaleEstimator, NoiseStepRecord
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
 
 def noise_method(plan: Plan, model: Model | None = None) -> str | None:
@@ -58,11 +59,9 @@ def _sq(grad: torch.Tensor, holders: int) -> torch.Tensor:
     the data-parallel reduction, where replicas differ; ``dp·tp`` after it). A DTensor's own mesh
     says how it is split among its ranks (Shard: disjoint parts; Replicate: copies); the holders
     outside that mesh (e.g. the ``tp`` peers of a parameter FSDP2 shards over ``dp`` only) hold
-    copies of it too.
+    copies of it too. ``grad`` holds no pending sum (:func:`squared_norm` reduces those first).
     """
     if isinstance(grad, DTensor):
-        if any(p.is_partial() for p in grad.placements):  # pending sums: reduce first (a collective)
-            grad = grad.redistribute(grad.device_mesh, [Replicate() if p.is_partial() else p for p in grad.placements])
         copies = holders / grad.device_mesh.size()
         for dim, p in enumerate(grad.placements):
             if p.is_replicate():
@@ -76,26 +75,28 @@ def _unreduced_grads(module: torch.nn.Module) -> Iterator[torch.Tensor]:
     if not isinstance(module, FSDPModule):
         yield from (p.grad for p in module.parameters() if p.grad is not None)
         return
-    from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
-    from torch.distributed.fsdp import fully_shard
-
-    state = replicate.state(module) if isinstance(module, ReplicateModule) else fully_shard.state(module)  # type: ignore[attr-defined,arg-type]
-    for st in state._state_ctx.all_states:
-        for group in fsdp_param_groups(st):
-            for fp in group.fsdp_params:
-                if not hasattr(fp, "_unsharded_param"):
-                    continue
-                acc, grad = fp.unsharded_accumulated_grad, fp._unsharded_param.grad
-                if acc is not None and grad is not None:
-                    yield acc + grad.to(acc.dtype)
-                elif acc is not None or grad is not None:
-                    yield acc if acc is not None else grad
+    for fp in all_fsdp_params(module):
+        if not hasattr(fp, "_unsharded_param"):
+            continue
+        acc, grad = fp.unsharded_accumulated_grad, fp._unsharded_param.grad
+        if acc is not None and grad is not None:
+            yield acc + grad.to(acc.dtype)
+        elif acc is not None or grad is not None:
+            yield acc if acc is not None else grad
 
 
 def squared_norm(grads: Iterator[torch.Tensor], holders: int, device: torch.device) -> torch.Tensor:
-    """Sum of :func:`_sq` over ``grads`` (a 0-d float32 tensor on ``device``)."""
+    """Sum of :func:`_sq` over ``grads`` (a 0-d float32 tensor on ``device``); gradients that are
+    still partial sums (sequence parallelism's norms) are reduced first, together
+    (:func:`~mindpipe.executor.partial_grads.reduced_partials`: one all-reduce, not one each)."""
     total = torch.zeros((), dtype=torch.float32, device=device)
+    pending: list[DTensor] = []
     for g in grads:
+        if is_partial(g):
+            pending.append(g)  # type: ignore[arg-type]
+        else:
+            total += _sq(g, holders).to(device)
+    for g in reduced_partials(pending) if pending else []:
         total += _sq(g, holders).to(device)
     return total
 

@@ -31,6 +31,7 @@ from mindpipe.executor.memory_account import GIB, MemoryAccount
 from mindpipe.executor.noise_probe import NoiseProbe, noise_method
 from mindpipe.executor.offload import HostPool
 from mindpipe.executor.parallelize import parallelize_stage
+from mindpipe.executor.partial_grads import reduce_before_grad_sync, reduce_partial_grads
 from mindpipe.executor.payload import Coords, RankPayload
 from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
@@ -250,6 +251,8 @@ def _build(cfg: RunConfig, device: torch.device, pre: Precheck) -> _Rank:
     if probe is not None:
         for st, mod in zip(stages, parts, strict=True):
             probe.wrap_stage(st, mod)
+    for st, mod in zip(stages, parts, strict=True):  # wraps the others: runs first
+        reduce_before_grad_sync(st, mod)
     # Under tensor parallelism the LM head's logits stay vocabulary-parallel (executor/parallelize.py).
     shard = VocabShard.of(model.vocab_size, mesh.get_group("tp")) if plan.tp > 1 else None
     for mod in parts:  # a fused head's loss runs in the last stage's forward: count its backward there
@@ -336,6 +339,7 @@ def _train_step(cfg: RunConfig, rank: _Rank, x: torch.Tensor, y: torch.Tensor, s
     with profiled(step == cfg.profile_step, recorder, rank.mesh), timed_p2p_waits(recorder.p2p_wait):
         with memory.saving(step):
             rank.schedule.step(*args, return_outputs=False, **kwargs)
+        reduce_partial_grads(rank.parts)  # left by a schedule without perform_reduce_grad (executor/partial_grads.py)
         rank.tied.sum_gradients()  # a tied head's two tables (mindpipe.traces.layout.tied_table_ranks)
         with recorder.optimizer_span():
             for opt in rank.optimizers:

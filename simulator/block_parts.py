@@ -60,10 +60,8 @@ def part_params(model: Model, tp: int) -> dict[Part, int]:
     SwiGLU's three matrices split. At t = 1 these are :meth:`Model.attention_param_count` and
     :meth:`Model.mlp_param_count`.
     """
-    h = model.hidden_size
-    norm = h if model.is_llama else 2 * h
-    row_bias = 0 if model.is_llama else h
-    replicated = norm + row_bias
+    row_bias = 0 if model.is_llama else model.hidden_size
+    replicated = model.norm_param_count() + row_bias
     return {
         "attention": (model.attention_param_count() - replicated) // tp + replicated,
         "mlp": (model.mlp_param_count() - replicated) // tp + replicated,

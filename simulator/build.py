@@ -24,7 +24,7 @@ import dataclasses
 import math
 from collections import Counter
 
-from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost, layer_params
+from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost, layer_params, partial_grad_params
 from mindpipe.simulator.engine import RankWork, StageWork
 from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.simulator.work import TpOverlap
@@ -210,7 +210,7 @@ def build_work(
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
         works.append(_stage_work(plan, stages, s, topo, stage_to_rank, times, re_comm, rerun_comm, swap))
     params_by_rank = rank_params(stages, stage_to_rank, plan.pp)
-    return works, _rank_works(model, plan, stages, params_by_rank, compute, topo), params_by_rank
+    return works, _rank_works(model, plan, stages, stage_to_rank, params_by_rank, compute, topo), params_by_rank
 
 
 def _stage_work(plan: Plan, stages: list[list[LayerCost]], s: int, topo: Topology, stage_to_rank: list[int],
@@ -251,10 +251,12 @@ def _stage_work(plan: Plan, stages: list[list[LayerCost]], s: int, topo: Topolog
     )
 
 
-def _rank_works(model: Model, plan: Plan, stages: list[list[LayerCost]], params_by_rank: list[int],
-                compute: ComputeModel, topo: Topology) -> list[RankWork]:
+def _rank_works(model: Model, plan: Plan, stages: list[list[LayerCost]], stage_to_rank: list[int],
+                params_by_rank: list[int], compute: ComputeModel, topo: Topology) -> list[RankWork]:
     """Each pipeline rank's work outside its stages: the optimizer step over its (ZeRO) shard, ZeRO-1/2's
-    parameter all-gather, and a tied token table's gradient exchange between its two holders."""
+    parameter all-gather, a tied token table's gradient exchange between its two holders, and
+    under sequence parallelism the one all-reduce of its norms' partial gradients
+    (:func:`~mindpipe.simulator.costs.partial_grad_params`)."""
     dbytes, gbytes, bucket = DTYPE_BYTES[plan.precision], GRAD_BYTES[plan.precision], bucket_params(plan)
     tied = tied_table_ranks(plan, model)
     ranks: list[RankWork] = []
@@ -263,6 +265,10 @@ def _rank_works(model: Model, plan: Plan, stages: list[list[LayerCost]], params_
         gather = (_buckets(topo, "allgather", params_by_rank[r], dbytes, bucket, r)
                   if plan.zero_stage in (1, 2) else [])
         rank_work = RankWork(optimizer_s=compute.optimizer_step_s(int(shard), plan), param_gather=gather)
+        partial = partial_grad_params(model, plan, [c for s, layers in enumerate(stages) if stage_to_rank[s] == r
+                                                    for c in layers])
+        if partial:
+            rank_work.partial_grad_reduce = topo.collective("allreduce", partial * gbytes, "tp", r)
         if tied is not None and tied[0] != tied[1] and r in tied:
             # Each rank's piece of the table's gradient (its ZeRO shard) goes to its peer and back:
             # a two-rank all-reduce moves the piece once each way (one rank holding both adds in place).

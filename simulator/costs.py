@@ -145,6 +145,30 @@ def tp_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> tupl
     return [Collective("allreduce", nbytes)] * 2, [Collective("allreduce", nbytes)] * 2
 
 
+def partial_grad_params(model: Model, plan: Plan, layers: Sequence[LayerCost]) -> int:
+    """Parameters of ``layers`` whose gradients end the backward as partial sums over the TP group.
+
+    Under sequence parallelism a norm (GPT's LayerNorm, Llama's RMSNorm) keeps its weights
+    replicated but sees only this rank's s/t tokens, so its weight gradient is this rank's part of
+    a sum over the group: a block's two norms (one per part of a block cut by a stage boundary)
+    and the final norm. Megatron-LM all-reduces them once per iteration, flattened into one message
+    over the TP group, after the data-parallel reduction and before the optimizer step
+    (``finalize_model_grads`` → ``_allreduce_layernorm_grads``; Megatron adds the row-parallel
+    biases, which the executor's layout reduces inside the layer); so does the executor
+    (:func:`mindpipe.executor.partial_grads.reduce_partial_grads`). 0 without sequence parallelism
+    (every rank computes the whole gradient).
+    """
+    if plan.tp == 1 or not plan.sequence_parallel:
+        return 0
+    norms = 0
+    for c in layers:
+        if c.kind == "block":
+            norms += 1 if c.name.endswith((".attention", ".mlp")) else 2
+        elif c.kind == "final_norm":
+            norms += 1
+    return norms * model.norm_param_count()
+
+
 def cp_collectives(model: Model, plan: Plan, seq_len: int, core_s: tuple[float, float] = (0.0, 0.0)
                    ) -> tuple[list[Collective], list[Collective]]:
     """Context parallelism's K/V exchange of one block (forward, input-gradient pass), on the ``cp`` group.
@@ -697,6 +721,7 @@ __all__ = [
     "cpu_copy_s",
     "layer_params",
     "op_layer_costs",
+    "partial_grad_params",
     "roofline_time",
     "swap_weight_reread_bytes",
     "tp_collectives",

@@ -24,7 +24,9 @@ all-gather the updated parameters after the optimizer step (under ``overlap_para
 first bucket and what one micro-batch's forward cannot cover count: the rest runs under the next
 iteration's forward) and ZeRO-3 gathers each stage's parameters before its first forward (FSDP2
 under PP keeps them unsharded for the step; torchtitan), and without pipelining again before every
-backward (:func:`mindpipe.traces.layout.reshards_after_forward`). Without pipelining ZeRO-2/3
+backward (:func:`mindpipe.traces.layout.reshards_after_forward`). Under sequence parallelism the
+norms' partial weight gradients are all-reduced over the TP group once, after the rank's
+reductions and before its step (:func:`mindpipe.simulator.costs.partial_grad_params`). Without pipelining ZeRO-2/3
 reduce-scatter in every backward as it produces the gradients and gather the weights again before
 every forward but the first (:func:`mindpipe.traces.layout.reduces_every_microbatch`). The iteration ends when the
 slowest rank has finished its optimizer step.
@@ -82,7 +84,7 @@ class Engine:
         self._tied_ready = [self.env.event() for _ in range(pp)]  # a rank is ready to sum the tied table
         self._last_grad = [self._last_grad_index(r) for r in range(pp)]
         self._dp_waiters: list[list[simpy.Process]] = [[] for _ in range(pp)]
-        self._solo = self._solo_tp_times()
+        self._solo, self._solo_partial = self._solo_tp_times()
         self._hidden = [(self._hidden_s(st.fwd_tp_overlap), self._hidden_s(st.bwd_tp_overlap)) for st in stages]
         if self.opt.cores_per_rank_slots is not None:
             topo = self.tr.topo
@@ -90,15 +92,16 @@ class Engine:
             self._cores = [((("cores", topo.node(topo.rep(r))),), (topo.replicas_on_node(r),)) for r in range(pp)]
         self._tp_wait = self._tp_wait_s()
 
-    def _solo_tp_times(self) -> list[tuple[float | None, float | None]]:
-        """Per stage, the (forward, backward) TP collectives' time where they provably run alone.
+    def _solo_tp_times(self) -> tuple[list[tuple[float | None, float | None]], list[float | None]]:
+        """Per stage, the (forward, backward) TP collectives' time where they provably run alone; per
+        rank, its norms' gradient all-reduce's (``RankWork.partial_grad_reduce``, also on the TP group).
 
         A rank waits for its TP collectives, so one rank's never overlap each other; where no
         other transfer of the iteration crosses their links, their fluid time is their time alone
         (:func:`~mindpipe.simulator.network.solo_times`). None: they run on the network.
         """
         if self._on_cores:
-            return [(None, None)] * len(self.stages)
+            return [(None, None)] * len(self.stages), [None] * len(self.ranks)
         owned: list[tuple[int, list[Phase]]] = []
         shared: list[list[Phase]] = []
         for s, st in enumerate(self.stages):
@@ -106,10 +109,12 @@ class Engine:
             owned += [(r, st.fwd_tp), (r, st.bwd_tp)]
             shared += [st.send_fwd or [], st.send_bwd or [], st.swap_out, st.swap_in, *st.dp_buckets,
                        *st.gather_buckets]
-        for rw in self.ranks:
+        for r, rw in enumerate(self.ranks):
             shared += [*rw.param_gather, rw.tied_exchange]
+            owned.append((r, rw.partial_grad_reduce))
         times = solo_times(owned, shared, self.tr.time_alone)
-        return list(zip(times[0::2], times[1::2], strict=True))
+        n = 2 * len(self.stages)
+        return list(zip(times[0:n:2], times[1:n:2], strict=True)), times[n:]
 
     def _tp_wait_s(self) -> list[tuple[float, float, float]] | None:
         """Per stage, the (forward, backward, W re-run) TP collectives' wait for their peers where
@@ -140,7 +145,8 @@ class Engine:
         """Bytes per link type of the TP collectives that ran alone (off the network).
 
         Every micro-batch passes every stage once forward and once backward (B or I), so each
-        stage ran its forward and its backward collectives m times.
+        stage ran its forward and its backward collectives m times; a rank's norm-gradient
+        all-reduce runs once.
         """
         out: dict[str, float] = {}
         for st, solo in zip(self.stages, self._solo, strict=True):
@@ -149,6 +155,10 @@ class Engine:
                     continue
                 for fs in (fs for ph in phases for fs in ph.flows):
                     out[fs.link_type] = out.get(fs.link_type, 0.0) + self._m * fs.nbytes
+        for rw, t in zip(self.ranks, self._solo_partial, strict=True):
+            if t is not None:
+                for fs in (fs for ph in rw.partial_grad_reduce for fs in ph.flows):
+                    out[fs.link_type] = out.get(fs.link_type, 0.0) + fs.nbytes
         return out
 
     def _last_grad_index(self, r: int) -> dict[int, int]:
@@ -407,6 +417,13 @@ class Engine:
             yield p
         self.exposed_dp[r] = env.now - t_compute
         work = self.ranks[r]
+        if work.partial_grad_reduce:
+            start, alone = env.now, self._solo_partial[r]
+            yield env.timeout(alone) if alone is not None else self._transfer(r, work.partial_grad_reduce)
+            wait = sum(map(self.tr.phase_wait_s, work.partial_grad_reduce)) if self._on_cores else 0.0
+            if wait > 0:
+                yield env.timeout(wait)
+            self._record(r, "comm", "norm gradients all-reduce", start, env.now, "tp")
         if work.tied_exchange and work.tied_peer is not None:
             # The tied table's all-reduce between the two pipeline ranks: both must be there.
             self._tied_ready[r].succeed()

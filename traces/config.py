@@ -203,16 +203,20 @@ class Model:
         """Width of the K (and of the V) projection: num_kv_heads × head_dim (h under multi-head attention)."""
         return self.kv_heads * self.head_dim
 
+    def norm_param_count(self) -> int:
+        """One norm's parameters: a LayerNorm's weight and bias (2h), or an RMSNorm's weight (h)."""
+        return self.hidden_size if self.is_llama else 2 * self.hidden_size
+
     def attention_param_count(self) -> int:
         """Parameters of a block's attention sub-layer, norm included.
 
         gpt: LayerNorm (2h), QKV with bias (3h² + 3h), projection with bias (h² + h). llama:
         RMSNorm (h), Q and output projections (2h²), K and V (2·h·kv·h/a), no biases.
         """
-        h = self.hidden_size
+        h, norm = self.hidden_size, self.norm_param_count()
         if self.is_llama:
-            return h + 2 * h * h + 2 * h * self.kv_width
-        return 2 * h + (3 * h * h + 3 * h) + (h * h + h)
+            return norm + 2 * h * h + 2 * h * self.kv_width
+        return norm + (3 * h * h + 3 * h) + (h * h + h)
 
     def mlp_param_count(self) -> int:
         """Parameters of a block's MLP sub-layer, norm included.
@@ -220,10 +224,10 @@ class Model:
         gpt: LayerNorm (2h), fc1 and fc2 with biases (2hf + f + h). llama: RMSNorm (h), SwiGLU's
         gate, up and down matrices (3hf), no biases.
         """
-        h, f = self.hidden_size, self.ffn
+        h, f, norm = self.hidden_size, self.ffn, self.norm_param_count()
         if self.is_llama:
-            return h + 3 * h * f
-        return 2 * h + (h * f + f) + (f * h + h)
+            return norm + 3 * h * f
+        return norm + (h * f + f) + (f * h + h)
 
     def block_param_count(self) -> int:
         """Parameters of one block (its attention and MLP sub-layers)."""
@@ -236,7 +240,7 @@ class Model:
 
     def final_norm_param_count(self) -> int:
         """The final norm: LayerNorm weight and bias (2h), or an RMSNorm weight (h)."""
-        return self.hidden_size if self.is_llama else 2 * self.hidden_size
+        return self.norm_param_count()
 
     def lm_head_param_count(self) -> int:
         """The LM head's own parameters: V·h, or 0 when tied to the token embedding."""

@@ -228,7 +228,7 @@ def rank_host_features(model: Model, plan: Plan, cluster: Cluster, device: Devic
             if owner[s] == r:
                 for phases in st.dp_buckets + st.gather_buckets:
                     add(acc, phases, 1.0)
-        for phases in [*ranks[r].param_gather, ranks[r].tied_exchange]:
+        for phases in [*ranks[r].param_gather, ranks[r].tied_exchange, ranks[r].partial_grad_reduce]:
             add(acc, phases, 1.0)
         out[r] = acc
     return out

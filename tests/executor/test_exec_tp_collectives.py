@@ -4,10 +4,12 @@ A tp2 run with its last step profiled records every collective with its operatio
 micro-batch, rank 0's must match :func:`mindpipe.simulator.calibrate.features.action_collectives`
 (the blocks' :func:`~mindpipe.simulator.costs.tp_collectives` and the vocabulary-parallel layers'
 :func:`~mindpipe.simulator.costs.vocab_collectives`, as the engine and the calibration read them).
-gloo has no reduce-scatter: the executor's reduce-scatters run as all-reduces of the whole tensor,
+Under sequence parallelism the norms' partial weight gradients are all-reduced once per step,
+in one message (:mod:`mindpipe.executor.partial_grads`; the simulator's
+:func:`~mindpipe.simulator.costs.partial_grad_params`), where DTensor alone would issue one
+all-reduce per norm parameter in the optimizer step. gloo has no reduce-scatter: the executor's reduce-scatters run as all-reduces of the whole tensor,
 and the profiler sizes an all-gather by its input, the shard. Not compared, and not priced by the
-simulator: the all-reduces of replicated parameters' gradients (norms, row-parallel biases;
-hidden-size vectors), and the loss's scalar sum (the executor's vocabulary-parallel loss sums the
+simulator: the loss's scalar sum (the executor's vocabulary-parallel loss sums the
 tokens' losses over the group where Megatron all-reduces the target logits; both make three
 per-token all-reduces, which are compared).
 """
@@ -17,8 +19,10 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from mindpipe.simulator.calibrate.features import action_collectives
+from mindpipe.executor.noise_probe import noise_method
+from mindpipe.simulator.calibrate.features import action_collectives, stage_structure_costs
 from mindpipe.simulator.calibrate.models import as_run
+from mindpipe.simulator.costs import partial_grad_params
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.trace import Trace
 
@@ -34,10 +38,9 @@ def test_tensor_parallel_collectives_are_the_simulated_ones(tmp_path, sp):
     assert res.returncode == 0, res.stderr[-4000:]
     meas = Trace.load(tmp_path / "measured.json").measurement
     plan, model = Plan(**plan_dict), Model(**TINY)
-    hidden_vector = model.hidden_size * 4  # a replicated parameter's gradient (fp32)
     measured = Counter((c.op, c.size_bytes) for c in meas.comms
                        if c.kind == "collective" and c.axis == "tp" and c.rank == 0
-                       and c.size_bytes not in (None, hidden_vector))
+                       and c.size_bytes is not None)
     simulated: Counter[tuple[str, int]] = Counter()
     for (_, kind), colls in action_collectives(model, plan).items():
         if kind in ("F", "B"):
@@ -45,5 +48,11 @@ def test_tensor_parallel_collectives_are_the_simulated_ones(tmp_path, sp):
                 op = as_run(c.op, "gloo")
                 size = int(c.nbytes) // plan.tp if op == "allgather" else int(c.nbytes)
                 simulated[(op, size)] += plan.num_microbatches
+    # Sequence parallelism's norm gradients: one all-reduce per step (Megatron's), priced by the
+    # simulator's rank work, plus the noise probe's read of the first micro-batch's gradient.
+    norms = partial_grad_params(model, plan, stage_structure_costs(model, plan)) * 4
+    assert (norms > 0) == sp
+    if sp:
+        simulated[("allreduce", norms)] += 1 + (noise_method(plan, model) == "microbatch")
     assert sum(simulated.values()) > 0
     assert measured == simulated
