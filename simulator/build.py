@@ -255,8 +255,9 @@ def _rank_works(model: Model, plan: Plan, stages: list[list[LayerCost]], stage_t
                 params_by_rank: list[int], compute: ComputeModel, topo: Topology) -> list[RankWork]:
     """Each pipeline rank's work outside its stages: the optimizer step over its (ZeRO) shard, ZeRO-1/2's
     parameter all-gather, a tied token table's gradient exchange between its two holders, and
-    under sequence parallelism the one all-reduce of its norms' partial gradients
-    (:func:`~mindpipe.simulator.costs.partial_grad_params`)."""
+    under sequence parallelism the all-reduce of each of its stages' norms' partial gradients
+    (:func:`~mindpipe.simulator.costs.partial_grad_params`; the executor's one per stage, where
+    Megatron-LM flattens a rank's model chunks into one)."""
     dbytes, gbytes, bucket = DTYPE_BYTES[plan.precision], GRAD_BYTES[plan.precision], bucket_params(plan)
     tied = tied_table_ranks(plan, model)
     ranks: list[RankWork] = []
@@ -265,10 +266,9 @@ def _rank_works(model: Model, plan: Plan, stages: list[list[LayerCost]], stage_t
         gather = (_buckets(topo, "allgather", params_by_rank[r], dbytes, bucket, r)
                   if plan.zero_stage in (1, 2) else [])
         rank_work = RankWork(optimizer_s=compute.optimizer_step_s(int(shard), plan), param_gather=gather)
-        partial = partial_grad_params(model, plan, [c for s, layers in enumerate(stages) if stage_to_rank[s] == r
-                                                    for c in layers])
-        if partial:
-            rank_work.partial_grad_reduce = topo.collective("allreduce", partial * gbytes, "tp", r)
+        for s, layers in enumerate(stages):  # one message per stage, as the executor reduces them
+            if stage_to_rank[s] == r and (partial := partial_grad_params(model, plan, layers)):
+                rank_work.partial_grad_reduce += topo.collective("allreduce", partial * gbytes, "tp", r)
         if tied is not None and tied[0] != tied[1] and r in tied:
             # Each rank's piece of the table's gradient (its ZeRO shard) goes to its peer and back:
             # a two-rank all-reduce moves the piece once each way (one rank holding both adds in place).

@@ -98,8 +98,8 @@ class RankWork:
     # reductions and before the step, this rank and ``tied_peer`` each send their piece to the other.
     tied_exchange: list[Phase] = field(default_factory=list)
     tied_peer: int | None = None
-    # Sequence parallelism's partial norm gradients (costs.partial_grad_params): one all-reduce over
-    # the TP group after the data-parallel reductions, before the tied exchange and the step.
+    # Sequence parallelism's partial norm gradients (costs.partial_grad_params): an all-reduce per
+    # stage over the TP group after the data-parallel reductions, before the tied exchange and the step.
     partial_grad_reduce: list[Phase] = field(default_factory=list)
 
 

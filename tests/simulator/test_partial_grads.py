@@ -1,13 +1,18 @@
-"""Sequence parallelism's norm gradients: one all-reduce per rank and iteration (Megatron's
-``_allreduce_layernorm_grads``), of the norms its stages hold, after the rank's backward."""
+"""Sequence parallelism's norm gradients: one all-reduce per stage and iteration (Megatron's
+``_allreduce_layernorm_grads``, the executor's ``executor/partial_grads.py``), of the norms the
+stage holds, after the rank's backward and before its step."""
 
 from __future__ import annotations
 
 from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.build import build_work
 from mindpipe.simulator.calibrate.features import stage_structure_costs
-from mindpipe.simulator.costs import partial_grad_params
+from mindpipe.simulator.costs import RooflineComputeModel, partial_grad_params
+from mindpipe.simulator.topology import Topology
 from mindpipe.traces.builtin import load_cluster, load_model
+from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.layout import stage_to_rank
 
 
 def test_the_norms_of_blocks_parts_and_the_final_norm_count():
@@ -39,3 +44,17 @@ def test_each_rank_reduces_its_stages_norms_once_before_its_step():
         assert last_backward <= e["start_s"] < e["end_s"] <= optimizer["start_s"]
     plain = simulate(model, cluster, Plan(**base), SimulationOptions(timeline=True))
     assert not [e for e in plain.timeline if e["name"] == "norm gradients all-reduce"]
+    # Interleaved: two stages per rank, each reduced in its own message (as the executor does).
+    inter = simulate(model, cluster, Plan(**{**base, "schedule": "interleaved_1f1b", "virtual_stages": 2},
+                                          sequence_parallel=True), SimulationOptions(timeline=True))
+    assert sorted(e["rank"] for e in inter.timeline if e["name"] == "norm gradients all-reduce") == [0, 1]
+    plan = Plan(**{**base, "schedule": "interleaved_1f1b", "virtual_stages": 2}, sequence_parallel=True)
+    device = get_device(cluster.gpu)
+    owner = stage_to_rank(plan)
+    _, ranks, _ = build_work(model, plan, stage_structure_costs(model, plan), RooflineComputeModel(device),
+                             Topology(plan, cluster, device, rank_order=plan.rank_order), owner)
+    one = Topology(plan, cluster, device).collective("allreduce", 1.0, "tp", 0)
+    for r, work in enumerate(ranks):
+        held = [s for s, rank in enumerate(owner) if rank == r]
+        assert len(work.partial_grad_reduce) == len(held) * len(one)
+        assert sum(f.nbytes for ph in work.partial_grad_reduce for f in ph.flows) > 0
