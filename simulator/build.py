@@ -171,6 +171,18 @@ def _buckets(topo: Topology, op: str, total_params: int, bytes_per_param: int, b
     return [topo.collective(op, per * bytes_per_param, "dp", rank) for _ in range(n)]
 
 
+def _gather_units(topo: Topology, layers: list[LayerCost], bytes_per_param: int, rank: int) -> list[list[Phase]]:
+    """A sharded stage's parameter all-gathers, one per module the data-parallel wrapper shards
+    (FSDP2's ``fully_shard`` units, :func:`~mindpipe.traces.layout.data_parallel_units`): the stage's
+    own parameters (token table, final norm, LM head: the root module's) first, then each block's
+    (or part of a block's), in the order a forward needs them. Empty without gradient replicas."""
+    if topo.plan.grad_replicas == 1:
+        return []
+    root = sum(c.param_count for c in layers if c.kind != "block")
+    units = [root] + [c.param_count for c in layers if c.kind == "block"]
+    return [topo.collective("allgather", n * bytes_per_param, "dp", rank) for n in units if n > 0]
+
+
 def build_work(
     model: Model,
     plan: Plan,
@@ -230,7 +242,7 @@ def _stage_work(plan: Plan, stages: list[list[LayerCost]], s: int, topo: Topolog
     prv = stage_to_rank[s - 1] if s > 0 else None
     zero = plan.zero_stage
     every = reduces_every_microbatch(plan)
-    allgather = _buckets(topo, "allgather", params, dbytes, bucket, rank) if zero == 3 or every else []
+    allgather = _gather_units(topo, layers, dbytes, rank) if zero == 3 or every else []
     gathers = allgather if zero == 3 else []
     return StageWork(
         forward_s=times[0], input_s=times[1], weight_s=times[2], recompute_s=times[3], weight_rerun_s=times[4],

@@ -24,7 +24,11 @@ all-gather the updated parameters after the optimizer step (under ``overlap_para
 first bucket and what one micro-batch's forward cannot cover count: the rest runs under the next
 iteration's forward) and ZeRO-3 gathers each stage's parameters before its first forward (FSDP2
 under PP keeps them unsharded for the step; torchtitan), and without pipelining again before every
-backward (:func:`mindpipe.traces.layout.reshards_after_forward`). Under sequence parallelism the
+backward (:func:`mindpipe.traces.layout.reshards_after_forward`), one all-gather per sharded module
+(FSDP2's units: the stage's own parameters, then each block's); on dedicated devices only the
+first precedes the action and the others are prefetched under its compute, the action ending no
+earlier than the last unit's share of its compute after that unit's gather (on CPU ranks sharing
+cores they block, as the executor's measured runs show). Under sequence parallelism the
 norms' partial weight gradients are all-reduced over the TP group once, after the rank's
 reductions and before its step (:func:`mindpipe.simulator.costs.partial_grad_params`). Without pipelining ZeRO-2/3
 reduce-scatter in every backward as it produces the gradients and gather the weights again before
@@ -70,6 +74,10 @@ class Engine:
         self.arrived = ([False] * (n_st * m), [False] * (n_st * m))
         self._waiting: tuple[dict[int, simpy.Event], dict[int, simpy.Event]] = ({}, {})
         self.params_ready = [self.env.event() for _ in range(n_st)]
+        # FSDP2 prefetches the next unit's all-gather under the current unit's compute where the
+        # host issues work ahead of a device; on CPU ranks sharing cores every gather blocks.
+        self._prefetch_gathers = self.opt.cores_per_rank_slots is None
+        self._params_rest: dict[int, simpy.Process] = {}  # a stage's first gather still in flight
         self.swapped_in: dict[tuple[int, int], simpy.Event] = {}
         self._has_swap = any(st.swap_in for st in stages)
         pp = schedule.pp
@@ -228,13 +236,17 @@ class Engine:
             if gap is not None:
                 # Bookkeeping between actions runs on the rank's thread, waits or not.
                 yield from self._overhead(r, *gap)
+            pending: tuple[simpy.Process, int] | None = None  # gathers prefetched under this action
             if kind == "F":
                 if s > 0 and not arrived_f[s * m + mb]:
                     yield self._wait_input(0, s * m + mb)
-                if st.gather_buckets and not self.params_ready[s].processed:
-                    yield self.params_ready[s]
+                if st.gather_buckets:
+                    if not self.params_ready[s].processed:
+                        yield self.params_ready[s]
+                    rest = self._params_rest.pop(s, None)
+                    pending = None if rest is None else (rest, len(st.gather_buckets))
                 if mb > 0 and st.forward_regather_buckets:
-                    yield from self._gather(r, s, st.forward_regather_buckets)
+                    pending = yield from self._gather_ahead(r, s, st.forward_regather_buckets)
                 comp, phases, alone = st.forward_s, st.fwd_tp, solo[s][0]
                 hidden = hidden_s[s][0]
                 if st.mb_stretch is not None:
@@ -252,7 +264,7 @@ class Engine:
                     if ev is not None and not ev.processed:
                         yield ev
                 if st.regather_buckets:
-                    yield from self._gather(r, s, st.regather_buckets)
+                    pending = yield from self._gather_ahead(r, s, st.regather_buckets)
                 comp = st.recompute_s + st.input_s + (st.weight_s if kind == "B" else 0.0)
                 if st.mb_stretch is not None:
                     comp *= st.mb_stretch[mb][1]
@@ -278,6 +290,13 @@ class Engine:
                     if tp_wait is not None and (wait := tp_wait[s][0 if kind == "F" else 2 if kind == "W" else 1]) > 0:
                         # Blocked for the peers: wall time, off the shared cores.
                         yield env.timeout(wait)
+            if pending is not None:
+                # The last unit's share of the compute runs after its gather lands.
+                rest, units = pending
+                if not rest.processed:
+                    yield rest
+                if (late := rest.value + comp / units - env.now) > 0:
+                    yield env.timeout(late)
             end = env.now
             if phases:
                 comm_busy += max(end - cend, 0.0)
@@ -361,16 +380,41 @@ class Engine:
             if self.timeline is not None:
                 self._record(r, "comm", f"grad-reduce stage {s} bucket {k}", start, env.now, "dp")
 
-    def _gather(self, r: int, s: int, buckets: list[list[Phase]]):
-        """All-gather stage ``s``'s parameters bucket by bucket, on rank ``r``'s links."""
-        for k, phases in enumerate(buckets):
+    def _gather(self, r: int, s: int, units: list[list[Phase]], first: int = 0):
+        """All-gather stage ``s``'s sharded modules one after another, on rank ``r``'s links
+        (``first``: the index of ``units[0]`` among the stage's units, for the timeline)."""
+        for k, phases in enumerate(units, start=first):
             start = self.env.now
             yield self._transfer(r, phases)
             if self.timeline is not None:
-                self._record(r, "comm", f"param-gather stage {s} bucket {k}", start, self.env.now, "dp")
+                self._record(r, "comm", f"param-gather stage {s} unit {k}", start, self.env.now, "dp")
+
+    def _gather_ahead(self, r: int, s: int, units: list[list[Phase]]):
+        """Gather stage ``s``'s sharded modules before an action: all of them on CPU ranks sharing
+        cores; on dedicated devices only the first, and the others one after another under the
+        action's compute (FSDP2's prefetch: the next unit's all-gather is issued while the device
+        computes the current one). Returns (the process gathering the rest, the number of units),
+        or None when nothing is left in flight."""
+        if not self._prefetch_gathers or len(units) == 1:
+            yield from self._gather(r, s, units)
+            return None
+        yield from self._gather(r, s, units[:1])
+        return self.env.process(self._gather_rest(r, s, units[1:])), len(units)
+
+    def _gather_rest(self, r: int, s: int, units: list[list[Phase]]):
+        """Gather ``units`` (a stage's units from its second on) in order; returns when the last one landed."""
+        yield from self._gather(r, s, units, first=1)
+        return self.env.now
 
     def _gather_params(self, r: int, s: int):
-        yield from self._gather(r, s, self.stages[s].gather_buckets)
+        """The stage's first gather of the step: ready for its first forward once the first unit
+        has landed on dedicated devices (the rest is prefetched under that forward), else all."""
+        units = self.stages[s].gather_buckets
+        if self._prefetch_gathers and len(units) > 1:
+            yield from self._gather(r, s, units[:1])
+            self._params_rest[s] = self.env.process(self._gather_rest(r, s, units[1:]))
+        else:
+            yield from self._gather(r, s, units)
         self.params_ready[s].succeed()
 
     def run(self) -> EngineResult:

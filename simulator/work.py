@@ -29,7 +29,10 @@ class StageWork:
         send_fwd: Phases moving the output to the next stage (None: same rank or last stage).
         send_bwd: Phases moving the input gradient to the previous stage.
         dp_buckets: Gradient-reduction phases per bucket, in issue order.
-        gather_buckets: ZeRO-3 parameter all-gather phases per bucket (before the stage's first forward).
+        gather_buckets: ZeRO-3 parameter all-gather phases, one per sharded module (FSDP2 unit: the
+            stage's own parameters, then each block's; ``build._gather_units``), for the stage's first
+            forward. On dedicated devices only the first is exposed before an action, the others
+            are prefetched under its compute (:meth:`~mindpipe.simulator.engine.Engine._gather_ahead`).
         regather_buckets: ZeRO-3 gathers again before each backward (weights freed after the forward,
             :func:`mindpipe.traces.layout.reshards_after_forward`); empty otherwise.
         forward_regather_buckets: Gathers before each forward but the step's first, where the weights

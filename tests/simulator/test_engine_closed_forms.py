@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
 from mindpipe.simulator.api import SimulationOptions, simulate
 from mindpipe.simulator.costs import LayerCost
 from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.layout import data_parallel_units
 
 
 @dataclass
@@ -125,8 +127,9 @@ def test_blocking_p2p_timeline_no_action_starts_before_the_previous_send_lands(p
 @pytest.mark.parametrize("zero", [2, 3])
 def test_zero_without_pipelining_reduces_every_microbatch_and_gathers_again(zero: int) -> None:
     """FSDP2's per-micro-batch reduction (traces/layout.py reduces_every_microbatch): one
-    reduce-scatter of the stage's buckets in every backward, and the weights gathered again before
-    every forward but the first (ZeRO-3 also before every backward). With pipelining, one per step."""
+    reduce-scatter of the stage's buckets in every backward, and the weights gathered again, module
+    by module, before every forward but the first (ZeRO-3 also before every backward). With
+    pipelining, one reduction per step."""
     model = Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
     cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=4)
     m = 3
@@ -138,9 +141,51 @@ def test_zero_without_pipelining_reduces_every_microbatch_and_gathers_again(zero
     gathers = [n for n in names if n.startswith("param-gather stage")]  # not the post-step gather
     buckets = len({n for n in reduces})
     assert buckets >= 1 and len(reduces) == m * buckets
+    # Gathers go per sharded module (FSDP2's units: the stage's own parameters, then each block).
+    units = data_parallel_units(plan, model.num_layers)
+    assert units == 1 + model.num_layers
     # ZeRO-2: m − 1 gathers in the step (the first forward's is the previous step's); ZeRO-3: m + m.
-    assert len(gathers) == (m - 1 if zero == 2 else 2 * m) * buckets
+    assert len(gathers) == (m - 1 if zero == 2 else 2 * m) * units
     piped = simulate(model, cluster, Plan(dp=2, pp=2, micro_batch_size=1, global_batch_size=2 * m, zero_stage=zero),
                      SimulationOptions(timeline=True))
     issued = [(e["rank"], e["name"]) for e in piped.timeline if e["category"] == "dp" and e["name"].startswith("grad-reduce")]
     assert issued and len(issued) == len(set(issued))  # each stage's buckets once per step
+
+
+@pytest.mark.parametrize("nic_gbps", [400.0, 0.5], ids=["gathers_hidden", "gathers_exposed"])
+def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None:
+    """FSDP2's prefetch on dedicated devices: before a ZeRO-3 action only the first module's
+    all-gather is exposed; the others run one after another under the action's compute, and the
+    action ends no earlier than the last module's share of its compute after that module's gather.
+    With a fast network the action is its first gather plus its compute; with a slow one the gathers
+    set its length. (Ranks sharing a CPU host's cores gather every module first.)"""
+    model = Model(kind="gpt", num_layers=4, hidden_size=512, num_heads=8, seq_len=256, vocab_size=1024)
+    cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=2, gpus_per_node=1, inter_node_bandwidth_Gbps=nic_gbps)
+    plan = Plan(dp=2, micro_batch_size=2, global_batch_size=8, zero_stage=3)
+    r = simulate(model, cluster, plan, SimulationOptions(timeline=True))
+    tl = [e for e in r.timeline if e["rank"] == 0]
+    replicated = simulate(model, cluster, dataclasses.replace(plan, zero_stage=0), SimulationOptions(timeline=True))
+    compute = {(e["category"], e["name"]): e["end_s"] - e["start_s"] for e in replicated.timeline
+               if e["rank"] == 0 and e["thread"] == "compute" and e["category"] in ("F", "B")}
+    units = data_parallel_units(plan, model.num_layers)
+    actions = [e for e in tl if e["thread"] == "compute" and e["category"] in ("F", "B")]
+    gathers = [e for e in tl if e["name"].startswith("param-gather stage")]
+    assert len(gathers) == 2 * plan.num_microbatches * units and len(actions) == 2 * plan.num_microbatches
+    for a in actions:
+        mine = [g for g in gathers if a["start_s"] - 1e-12 <= g["end_s"] and g["start_s"] <= a["end_s"] + 1e-12
+                and not (g["name"].endswith(" unit 0") and g["end_s"] > a["start_s"] + 1e-12)]
+        first = [g for g in mine if g["name"].endswith(" unit 0")]
+        rest = [g for g in mine if not g["name"].endswith(" unit 0")]
+        assert len(rest) == units - 1, (a, mine)
+        assert all(g["start_s"] >= a["start_s"] - 1e-12 for g in rest)  # under the action
+        if first:
+            assert first[0]["end_s"] <= a["start_s"] + 1e-12  # the first one before it
+        assert a["end_s"] >= max(g["end_s"] for g in rest) - 1e-12
+        # Its compute alone: the same action under plain replication (ZeRO-0, nothing to gather).
+        c = compute[(a["category"], a["name"])]
+        last = max(g["end_s"] for g in rest)
+        assert a["end_s"] == pytest.approx(max(a["start_s"] + c, last + c / units), rel=1e-9, abs=1e-12)
+        if nic_gbps > 100:
+            assert a["end_s"] - a["start_s"] == pytest.approx(c, rel=1e-9)  # every later gather hidden
+        else:
+            assert a["end_s"] == pytest.approx(last + c / units, rel=1e-9)  # the gathers set its length
