@@ -295,7 +295,8 @@ class Engine:
                 rest, units = pending
                 if not rest.processed:
                     yield rest
-                if (late := rest.value + comp / units - env.now) > 0:
+                landed = float(rest.value)  # _gather_rest returns the time its last unit landed
+                if (late := landed + comp / units - env.now) > 0:
                     yield env.timeout(late)
             end = env.now
             if phases:
