@@ -45,6 +45,8 @@ engine's records (work, options, result) live in :mod:`mindpipe.simulator.work`.
 
 from __future__ import annotations
 
+from typing import cast
+
 import simpy
 from mindpipe.simulator.actions import Action, Schedule
 from mindpipe.simulator.collectives import overlapped_exposed_s
@@ -295,7 +297,7 @@ class Engine:
                 rest, units = pending
                 if not rest.processed:
                     yield rest
-                landed = float(rest.value)  # _gather_rest returns the time its last unit landed
+                landed = cast(float, rest.value)  # _gather_rest returns the time its last unit landed
                 if (late := landed + comp / units - env.now) > 0:
                     yield env.timeout(late)
             end = env.now
