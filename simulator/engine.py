@@ -118,7 +118,7 @@ class Engine:
             r = self.schedule.stage_to_rank[s]
             owned += [(r, st.fwd_tp), (r, st.bwd_tp)]
             shared += [st.send_fwd or [], st.send_bwd or [], st.swap_out, st.swap_in, *st.dp_buckets,
-                       *st.gather_buckets]
+                       *st.gather_buckets, *st.forward_regather_buckets]
         for r, rw in enumerate(self.ranks):
             shared += [*rw.param_gather, rw.tied_exchange]
             owned.append((r, rw.partial_grad_reduce))
