@@ -71,12 +71,11 @@ def _grad_slots(module: nn.Module) -> list[tuple[object, str]]:
     """Where ``module``'s gradients are held now, as (holder, attribute): each parameter's ``grad``,
     or under FSDP2 before its reduction each ``FSDPParam``'s unsharded gradient and the sum it
     accumulates over micro-batches (``unsharded_accumulated_grad``)."""
-    if not isinstance(module, FSDPModule):
-        return [(p, "grad") for p in module.parameters()]
     out: list[tuple[object, str]] = [(p, "grad") for p in module.parameters()]
-    for fp in all_fsdp_params(module):
-        if hasattr(fp, "_unsharded_param"):
-            out += [(fp._unsharded_param, "grad"), (fp, "unsharded_accumulated_grad")]
+    if isinstance(module, FSDPModule):
+        for fp in all_fsdp_params(module):
+            if hasattr(fp, "_unsharded_param"):
+                out += [(fp._unsharded_param, "grad"), (fp, "unsharded_accumulated_grad")]
     return out
 
 

@@ -245,8 +245,8 @@ class Engine:
                 if st.gather_buckets:
                     if not self.params_ready[s].processed:
                         yield self.params_ready[s]
-                    rest = self._params_rest.pop(s, None)
-                    pending = None if rest is None else (rest, len(st.gather_buckets))
+                    in_flight = self._params_rest.pop(s, None)
+                    pending = None if in_flight is None else (in_flight, len(st.gather_buckets))
                 if mb > 0 and st.forward_regather_buckets:
                     pending = yield from self._gather_ahead(r, s, st.forward_regather_buckets)
                 comp, phases, alone = st.forward_s, st.fwd_tp, solo[s][0]
