@@ -149,13 +149,16 @@ def keeps_gathered_weights(plan: Plan) -> bool:
 
 def reduces_every_microbatch(plan: Plan) -> bool:
     """ZeRO-2/3 without pipelining reduce-scatter each micro-batch's gradients during its backward
-    (FSDP2's default, torchtitan's gradient accumulation): the rank keeps only its gradient shard,
-    for one reduce-scatter per micro-batch instead of one per step, and the weights are resharded
-    after each backward, so they are gathered again before the next micro-batch's forward (and,
-    under ZeRO-3, before each backward). Under pipelining torch's runtime reduces once per step
-    (:func:`accumulates_whole_gradients`).
+    (FSDP2's default, torchtitan's gradient accumulation): each module's reduce-scatter is issued
+    as the backward produces its gradients, the rank keeps only its gradient shard, for one
+    reduce-scatter per micro-batch instead of one per step, and the weights are resharded after
+    each backward, so they are gathered again before the next micro-batch's forward (and, under
+    ZeRO-3, before each backward). This holds for one micro-batch too: torch's pipelining runtime,
+    which runs the single stage, would otherwise turn gradient sync off for the backward and
+    reduce the whole gradients after it, unoverlapped, holding them unsharded meanwhile. Under
+    pipelining torch's runtime reduces once per step (:func:`accumulates_whole_gradients`).
     """
-    return plan.zero_stage >= 2 and plan.grad_replicas > 1 and plan.pp == 1 and plan.num_microbatches > 1
+    return plan.zero_stage >= 2 and plan.grad_replicas > 1 and plan.pp == 1
 
 
 def accumulates_whole_gradients(plan: Plan) -> bool:

@@ -135,13 +135,15 @@ def test_zero_gathered_weights_and_whole_gradients_are_counted(tmp_path, plan, n
             assert m.weights_bytes + m.optimizer_bytes == pytest.approx(p.weights_bytes + p.optimizer_bytes, rel=1e-3)
 
 
-def test_zero3_without_pipelining_reduces_every_microbatch(tmp_path):
+@pytest.mark.parametrize("global_batch", [8, 4], ids=["m2", "m1"])
+def test_zero3_without_pipelining_reduces_every_microbatch(tmp_path, global_batch):
     """Without pipelining FSDP2 reduce-scatters each micro-batch's gradients in its backward
-    (traces/layout.py reduces_every_microbatch): same losses, and the rank holds its gradient shard,
-    not the whole gradients torch's pipelining runtime would accumulate."""
+    (traces/layout.py reduces_every_microbatch), one micro-batch included: same losses, and the
+    rank holds its gradient shard, not the whole gradients torch's pipelining runtime would
+    accumulate (or, with one micro-batch, hold until its reduction after the backward)."""
     from mindpipe.simulator.simulator import Simulator
 
-    plan = {"dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "zero_stage": 3, "precision": "fp32"}
+    plan = {"dp": 2, "micro_batch_size": 2, "global_batch_size": global_batch, "zero_stage": 3, "precision": "fp32"}
     trace = launched(tmp_path, plan, 2)
     assert_parity(trace.measurement.losses, reference(plan))
     # The model holds two whole blocks gathered while one runs; FSDP2 on a CPU holds the stage's own

@@ -152,6 +152,24 @@ def test_zero_without_pipelining_reduces_every_microbatch_and_gathers_again(zero
     assert issued and len(issued) == len(set(issued))  # each stage's buckets once per step
 
 
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero_without_pipelining_one_microbatch_reduces_during_its_backward(zero: int) -> None:
+    """With one micro-batch too, FSDP2 reduce-scatters each module's gradients as the backward
+    produces them (traces/layout.py reduces_every_microbatch), not after it (torch's pipelining
+    runtime's behaviour, which the executor turns off): the first bucket's reduction starts while
+    the backward still runs, whatever ``overlap_grad_reduce`` says."""
+    model = Model(kind="gpt", num_layers=4, hidden_size=2048, num_heads=16, seq_len=512, vocab_size=1024)
+    cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=2)
+    plan = Plan(dp=2, micro_batch_size=4, global_batch_size=8, zero_stage=zero, overlap_grad_reduce=False)
+    assert plan.num_microbatches == 1
+    r = simulate(model, cluster, plan, SimulationOptions(timeline=True))
+    tl = [e for e in r.timeline if e["rank"] == 0]
+    backward = next(e for e in tl if e["thread"] == "compute" and e["category"] == "B")
+    reduces = sorted((e for e in tl if e["name"].startswith("grad-reduce")), key=lambda e: e["start_s"])
+    assert len(reduces) >= 2
+    assert reduces[0]["start_s"] < backward["end_s"] - 1e-9
+
+
 @pytest.mark.parametrize("nic_gbps", [400.0, 0.5], ids=["gathers_hidden", "gathers_exposed"])
 def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None:
     """FSDP2's prefetch on dedicated devices: before a ZeRO-3 action only the first module's
