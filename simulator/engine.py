@@ -32,7 +32,10 @@ cores they block, as the executor's measured runs show). Under sequence parallel
 norms' partial weight gradients are all-reduced over the TP group once, after the rank's
 reductions and before its step (:func:`mindpipe.simulator.costs.partial_grad_params`). Without pipelining ZeRO-2/3
 reduce-scatter in every backward as it produces the gradients and gather the weights again before
-every forward but the first (:func:`mindpipe.traces.layout.reduces_every_microbatch`). The iteration ends when the
+every forward but the first (:func:`mindpipe.traces.layout.reduces_every_microbatch`); on CPU ranks
+sharing a host's cores that reduce-scatter blocks the rank inside the backward (gloo has no
+streams), and every data-parallel collective waits for its peers after its host copies, as a
+tensor-parallel one does (``LinkCalibration.tp_wait_s``). The iteration ends when the
 slowest rank has finished its optimizer step.
 
 Cost (issue 14: 1,024 GPUs, m·p = 2,048 in about 0.05 s on one core): a rank's tensor-parallel
@@ -275,8 +278,13 @@ class Engine:
             start = env.now
             if self._has_swap and idx + 1 < len(order):
                 self._prefetch(order[idx + 1])
+            blocking_reduce = False
             if st.dp_buckets and (idx == last_grad.get(s) or (st.reduce_every_backward and kind in ("B", "W"))):
-                self._dp_waiters[r].append(env.process(self._reduce_grads(r, s, start, comp)))
+                # On a host's shared cores FSDP2's per-backward reduce-scatter blocks the rank's
+                # thread (gloo has no streams): run inside the action, after its compute.
+                blocking_reduce = self._on_cores and st.reduce_every_backward
+                if not blocking_reduce:
+                    self._dp_waiters[r].append(env.process(self._reduce_grads(r, s, start, comp)))
             # tp_comm_overlap: the collectives' hidden part runs under the GEMMs, so the action
             # spends that much less (counted as compute, not as TP communication).
             if plain and alone is not None:
@@ -300,6 +308,8 @@ class Engine:
                 landed = cast(float, rest.value)  # _gather_rest returns the time its last unit landed
                 if (late := landed + comp / units - env.now) > 0:
                     yield env.timeout(late)
+            if blocking_reduce:
+                yield from self._reduce_grads(r, s, env.now, 0.0)
             end = env.now
             if phases:
                 comm_busy += max(end - cend, 0.0)
@@ -380,6 +390,7 @@ class Engine:
                 yield self.compute_done[r]
             start = env.now
             yield self._transfer(r, phases)
+            yield from self._peer_wait(phases)
             if self.timeline is not None:
                 self._record(r, "comm", f"grad-reduce stage {s} bucket {k}", start, env.now, "dp")
 
@@ -389,8 +400,17 @@ class Engine:
         for k, phases in enumerate(units, start=first):
             start = self.env.now
             yield self._transfer(r, phases)
+            yield from self._peer_wait(phases)
             if self.timeline is not None:
                 self._record(r, "comm", f"param-gather stage {s} unit {k}", start, self.env.now, "dp")
+
+    def _peer_wait(self, phases: list[Phase]):
+        """On a host's shared cores, the wall time a blocking data-parallel collective waits for
+        its peers after its host copies (``LinkCalibration.tp_wait_s``, the same wait as a
+        tensor-parallel collective's: gloo blocks the issuing thread until every peer has
+        joined); nothing on dedicated devices or without a fitted wait."""
+        if self._on_cores and (wait := sum(map(self.tr.phase_wait_s, phases))) > 0:
+            yield self.env.timeout(wait)
 
     def _gather_ahead(self, r: int, s: int, units: list[list[Phase]]):
         """Gather stage ``s``'s sharded modules before an action: all of them on CPU ranks sharing

@@ -41,6 +41,7 @@ from mindpipe.traces.calibration import (
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import data_parallel_units
 from mindpipe.traces.measured import ActionRecord, CommEvent, Measurement, RankRecord, StepRecord
 from mindpipe.traces.schema import to_dict
 
@@ -268,14 +269,49 @@ def test_tp_wait_is_wall_time_per_blocking_collective_off_the_cores():
     assert per_microbatch > 0
     # One rank, nothing to overlap: the iteration grows by the wait of every collective it issues.
     assert t - t0 == pytest.approx(TRUTH.comm["gloo"]["local"].tp_wait_s * plan.num_microbatches * per_microbatch, rel=1e-6)
-    # Without tensor parallelism there is nothing to wait for.
+    # Without tensor parallelism only the step's gradient all-reduce (one bucket here) waits.
     one = _plan(dp=2)
+    buckets = simulate(MODEL, cluster, one, SimulationOptions(calibration=TRUTH, timeline=True)).timeline
+    n = sum(1 for e in buckets if e["rank"] == 0 and e["name"].startswith("grad-reduce"))
+    assert n >= 1
     assert (simulate(MODEL, cluster, one, SimulationOptions(calibration=TRUTH)).iteration_time_s
-            == simulate(MODEL, cluster, one, SimulationOptions(calibration=without)).iteration_time_s)
+            - simulate(MODEL, cluster, one, SimulationOptions(calibration=without)).iteration_time_s
+            == pytest.approx(n * TRUTH.comm["gloo"]["local"].tp_wait_s, rel=1e-6))
     # Dedicated devices (no calibrated host) never pay it.
     gpu = simulate(MODEL, load_cluster("a100-sxm4-80gb:1x2"), plan, SimulationOptions(calibration=TRUTH))
     assert gpu.iteration_time_s == simulate(MODEL, load_cluster("a100-sxm4-80gb:1x2"), plan,
                                             SimulationOptions(calibration=without)).iteration_time_s
+
+
+def test_zero3_collectives_on_shared_cores_block_the_rank_and_wait_for_peers():
+    """FSDP2 on a CPU host (gloo, no streams): every all-gather and each backward's reduce-scatter
+    block the rank's thread, and each waits for its peers like a tensor-parallel collective
+    (``LinkCalibration.tp_wait_s``). The reduce-scatter runs inside the backward action; the
+    iteration grows by one wait per collective."""
+    plan = _plan(dp=2, zero_stage=3, micro_batch_size=4, global_batch_size=16)
+    assert plan.num_microbatches == 2
+    cluster = load_cluster("cpu:1x2")
+    without = dataclasses.replace(TRUTH, comm={"gloo": {"local": dataclasses.replace(TRUTH.comm["gloo"]["local"], tp_wait_s=0.0)}})
+    r = simulate(MODEL, cluster, plan, SimulationOptions(calibration=TRUTH, timeline=True))
+    mine = [e for e in r.timeline if e["rank"] == 0]
+    backward = [e for e in mine if e["thread"] == "compute" and e["category"] == "B"]
+    reduces = [e for e in mine if e["name"].startswith("grad-reduce")]
+    gathers = [e for e in mine if e["name"].startswith("param-gather")]
+    assert len(backward) == plan.num_microbatches and reduces and gathers
+    for e in reduces:  # inside a backward, which ends no earlier than its reduction
+        assert any(b["start_s"] <= e["start_s"] and e["end_s"] <= b["end_s"] + 1e-12 for b in backward), e
+    t0 = simulate(MODEL, cluster, plan, SimulationOptions(calibration=without)).iteration_time_s
+    wait = TRUTH.comm["gloo"]["local"].tp_wait_s
+    # Each collective adds its wait, except that the step's first gathers run beside the step's
+    # bookkeeping before the first forward and may hide part of theirs under it.
+    first = data_parallel_units(plan, MODEL.num_layers)
+    assert len(gathers) > first
+    assert wait * (len(reduces) + len(gathers) - first) - 1e-9 <= r.iteration_time_s - t0
+    assert r.iteration_time_s - t0 <= wait * (len(reduces) + len(gathers)) + 1e-9
+    # Dedicated devices prefetch and overlap: no wait there.
+    gpu = load_cluster("a100-sxm4-80gb:1x2")
+    assert (simulate(MODEL, gpu, plan, SimulationOptions(calibration=TRUTH)).iteration_time_s
+            == simulate(MODEL, gpu, plan, SimulationOptions(calibration=without)).iteration_time_s)
 
 
 def test_step_overhead_and_held_out_predictions(fitted):
