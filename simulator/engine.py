@@ -405,10 +405,11 @@ class Engine:
                 self._record(r, "comm", f"param-gather stage {s} unit {k}", start, self.env.now, "dp")
 
     def _peer_wait(self, phases: list[Phase]):
-        """On a host's shared cores, the wall time a blocking data-parallel collective waits for
-        its peers after its host copies (``LinkCalibration.tp_wait_s``, the same wait as a
-        tensor-parallel collective's: gloo blocks the issuing thread until every peer has
-        joined); nothing on dedicated devices or without a fitted wait."""
+        """On a host's shared cores, the wall time a blocking collective outside the actions'
+        tensor-parallel ones (data-parallel reductions and gathers, the norms' gradient
+        all-reduce) waits for its peers after its host copies (``LinkCalibration.tp_wait_s``, as
+        for those: gloo blocks the issuing thread until every peer has joined); nothing on
+        dedicated devices or without a fitted wait."""
         if self._on_cores and (wait := sum(map(self.tr.phase_wait_s, phases))) > 0:
             yield self.env.timeout(wait)
 
@@ -487,9 +488,7 @@ class Engine:
         if work.partial_grad_reduce:
             start, alone = env.now, self._solo_partial[r]
             yield env.timeout(alone) if alone is not None else self._transfer(r, work.partial_grad_reduce)
-            wait = sum(map(self.tr.phase_wait_s, work.partial_grad_reduce)) if self._on_cores else 0.0
-            if wait > 0:
-                yield env.timeout(wait)
+            yield from self._peer_wait(work.partial_grad_reduce)
             self._record(r, "comm", "norm gradients all-reduce", start, env.now, "tp")
         if work.tied_exchange and work.tied_peer is not None:
             # The tied table's all-reduce between the two pipeline ranks: both must be there.
@@ -506,6 +505,7 @@ class Engine:
         for k, phases in enumerate(work.param_gather):
             start = env.now
             yield self._transfer(r, phases)
+            yield from self._peer_wait(phases)
             first_done = env.now if k == 0 else first_done
             if self.timeline is not None:
                 self._record(r, "comm", f"param-gather bucket {k}", start, env.now, "dp")
