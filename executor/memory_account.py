@@ -98,14 +98,17 @@ def fsdp_param_groups(state: Any) -> list[Any]:
     return [] if group is None else [group]
 
 
-def all_fsdp_params(module: FSDPModule) -> list[Any]:
-    """Every ``FSDPParam`` under a ``fully_shard``/``replicate`` root ``module``: its own groups and
-    those of the modules wrapped inside it (torch's private state, as torch 2.6–2.14 keep it)."""
-    from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
-    from torch.distributed.fsdp import fully_shard
+def all_fsdp_param_groups(module: FSDPModule) -> list[Any]:
+    """Every FSDP2 parameter group under a ``fully_shard``/``replicate`` root ``module``: its own and
+    those of the modules wrapped inside it (torch's private state, as torch 2.6–2.14 keep it).
+    Walks the modules, so it holds before the first forward's lazy initialisation too."""
+    return [group for m in module.modules() if isinstance(m, FSDPModule)
+            for group in fsdp_param_groups(m._get_fsdp_state())]
 
-    state = replicate.state(module) if isinstance(module, ReplicateModule) else fully_shard.state(module)  # type: ignore[attr-defined,arg-type]
-    return [fp for st in state._state_ctx.all_states for group in fsdp_param_groups(st) for fp in group.fsdp_params]
+
+def all_fsdp_params(module: FSDPModule) -> list[Any]:
+    """Every ``FSDPParam`` under a ``fully_shard``/``replicate`` root ``module`` (:func:`all_fsdp_param_groups`)."""
+    return [fp for group in all_fsdp_param_groups(module) for fp in group.fsdp_params]
 
 
 def _fsdp_params(module: FSDPModule) -> list[Any]:

@@ -10,6 +10,11 @@ small batch with one over a big batch. Both are read where the executor's step a
   here only) as the sum over the rank's micro-batches, so its squared norm is divided by m².
   G_big is the reduced gradient (``param.grad`` after ``perform_reduce_grad``: averaged over
   replicas and scaled by 1/m). |G_small|² is averaged over the replicas.
+  Where FSDP2 reduce-scatters in every backward (ZeRO-2/3 without pipelining,
+  :func:`mindpipe.traces.layout.reduces_every_microbatch`) nothing local is left by then, so each
+  parameter group's local gradient is read as its first post-backward of the step begins, before
+  its reduce-scatter: the replica's first micro-batch (batch = micro-batch size; with one
+  micro-batch per step that is the replica's whole batch, as above).
 * ``microbatch`` (one replica, ``m > 1`` micro-batches): G_small is one micro-batch's gradient,
   read right after the stage's first gradient-producing action of the step (B, or W: a weight
   pass), G_big the accumulated step gradient after ``perform_reduce_grad``.
@@ -30,10 +35,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mindpipe.executor.memory_account import all_fsdp_params
+from mindpipe.executor.memory_account import all_fsdp_param_groups, all_fsdp_params
 from mindpipe.executor.partial_grads import is_partial, reduced_partials
 from mindpipe.traces.config import Model, Plan
-from mindpipe.traces.layout import tied_table_ranks
+from mindpipe.traces.layout import reduces_every_microbatch, tied_table_ranks
 from mindpipe.traces.noise_scale import GradientNoise, NoiseScaleEstimator, NoiseStepRecord
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -75,7 +80,12 @@ def _unreduced_grads(module: torch.nn.Module) -> Iterator[torch.Tensor]:
     if not isinstance(module, FSDPModule):
         yield from (p.grad for p in module.parameters() if p.grad is not None)
         return
-    for fp in all_fsdp_params(module):
+    yield from _local_grads(all_fsdp_params(module))
+
+
+def _local_grads(fsdp_params: list[Any]) -> Iterator[torch.Tensor]:
+    """The unsharded gradients FSDP2 holds for ``fsdp_params`` before reducing them."""
+    for fp in fsdp_params:
         if not hasattr(fp, "_unsharded_param"):
             continue
         acc, grad = fp.unsharded_accumulated_grad, fp._unsharded_param.grad
@@ -112,12 +122,16 @@ class NoiseProbe:
 
     def __init__(self, plan: Plan, device: torch.device, method: str) -> None:
         self.plan, self.device, self.method = plan, device, method
-        self.small_batch = plan.global_batch_size // plan.dp if method == "data_parallel" else plan.micro_batch_size
+        # FSDP2 reduces each backward's gradients as it produces them: read them per parameter group
+        self.per_group = method == "data_parallel" and reduces_every_microbatch(plan)
+        self.small_batch = (plan.global_batch_size // plan.dp if method == "data_parallel" and not self.per_group
+                            else plan.micro_batch_size)
         self.big_batch = plan.global_batch_size
         self.estimator = NoiseScaleEstimator(method)
         # small, big, stages reduced; kept on the device so reading a norm never waits for it
         self._acc = torch.zeros(3, dtype=torch.float64, device=device)
         self._seen: set[int] = set()
+        self._groups_seen: set[int] = set()
 
     def wrap_stage(self, stage: Any, module: torch.nn.Module) -> None:
         """Read ``stage``'s gradients around its backward actions and its gradient reduction."""
@@ -127,7 +141,7 @@ class NoiseProbe:
         m = self.plan.num_microbatches
 
         def perform_reduce_grad(grad_scale_factor: int) -> None:
-            if self.method == "data_parallel":
+            if self.method == "data_parallel" and not self.per_group:
                 local = squared_norm(_unreduced_grads(module), tp, self.device)
                 self._acc[0] += local.double() / m**2
             red(grad_scale_factor)
@@ -136,6 +150,9 @@ class NoiseProbe:
             self._acc[2] += 1
 
         stage.perform_reduce_grad = perform_reduce_grad
+        if self.per_group and isinstance(module, FSDPModule):
+            for group in all_fsdp_param_groups(module):
+                self._read_before_reduce(group)
         if self.method != "microbatch":
             return
         bwd, bww = stage.backward_one_chunk, stage.backward_weight_one_chunk
@@ -156,6 +173,19 @@ class NoiseProbe:
         stage.backward_one_chunk = backward_one_chunk
         stage.backward_weight_one_chunk = backward_weight_one_chunk
 
+    def _read_before_reduce(self, group: Any) -> None:
+        """Add an FSDP2 parameter group's local gradient to |G_small|² as its first post-backward of
+        the step begins (before its reduce-scatter; :attr:`per_group`)."""
+        post_backward = group.post_backward
+
+        def read_then_reduce(*args: Any) -> Any:
+            if id(group) not in self._groups_seen:
+                self._groups_seen.add(id(group))
+                self._acc[0] += squared_norm(_local_grads(group.fsdp_params), self.plan.tp, self.device).double()
+            return post_backward(*args)
+
+        group.post_backward = read_then_reduce
+
     def end_step(self, step: int) -> NoiseStepRecord | None:
         """Sum the ranks' norms (a collective: every rank calls it) and update the estimate.
 
@@ -167,6 +197,7 @@ class NoiseProbe:
         small, big, reduced = (float(v) for v in acc.cpu())
         self._acc.zero_()
         self._seen.clear()
+        self._groups_seen.clear()
         replicas = self.plan.dp * self.plan.tp  # ranks that run each stage
         if round(reduced) != self.plan.num_stages * replicas:
             return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from mindpipe.executor.data import TokenSource
 from mindpipe.traces.config import Model, Plan
+from mindpipe.traces.layout import reduces_every_microbatch
 from mindpipe.traces.torch_gpt import plan_loss
 from mindpipe.traces.torch_models import TransformerLM, build_model
 
@@ -68,7 +69,8 @@ def reference_noise_norms(model: Model, plan: Plan, *, seed: int = 0, data: str 
 
     ``|G_big|²``: the global batch's gradient. ``|G_small|²``: with ``dp > 1`` the mean over
     data-parallel replicas of their rows' gradient (:class:`~mindpipe.executor.data.TokenSource`'s
-    split), else the first micro-batch's gradient. Before any optimizer step, so a parallel run's
+    split; of their first micro-batch's rows where FSDP2 reduces in every backward,
+    :func:`mindpipe.traces.layout.reduces_every_microbatch`), else the first micro-batch's gradient. Before any optimizer step, so a parallel run's
     first record must match it.
     """
     net = build_model(model, seed=seed, dtype="fp32", flash_attention=plan.flash_attention)
@@ -79,7 +81,9 @@ def reference_noise_norms(model: Model, plan: Plan, *, seed: int = 0, data: str 
     big = _sq_norm_of_grad(net, x, y, plan)
     if plan.dp > 1:
         rows = plan.global_batch_size // plan.dp
-        small = sum(_sq_norm_of_grad(net, x[d * rows:(d + 1) * rows], y[d * rows:(d + 1) * rows], plan)
+        # Where FSDP2 reduces every backward the probe reads each replica's first micro-batch.
+        take = b if reduces_every_microbatch(plan) else rows
+        small = sum(_sq_norm_of_grad(net, x[d * rows:d * rows + take], y[d * rows:d * rows + take], plan)
                     for d in range(plan.dp)) / plan.dp
     else:
         small = _sq_norm_of_grad(net, x[:b], y[:b], plan)

@@ -154,3 +154,13 @@ def test_zero3_without_pipelining_reduces_every_microbatch(tmp_path, global_batc
     for r in trace.measurement.ranks:
         assert r.memory.gradients_bytes == pytest.approx(sim[0].gradients_bytes, rel=1e-3)
         assert r.memory.gradients_bytes < 0.6 * whole
+    # The noise probe reads each parameter group's local gradient before its reduce-scatter (each
+    # replica's first micro-batch): step 1's norms are the single-process ones.
+    from mindpipe.executor.reference import reference_noise_norms
+    from mindpipe.traces.config import Plan
+
+    noise = trace.measurement.gradient_noise
+    small, big = reference_noise_norms(Model(**TINY), Plan(**plan))
+    assert noise is not None and noise.method == "data_parallel"
+    assert noise.steps[0].small_sq_norm == pytest.approx(small, rel=1e-4)
+    assert noise.steps[0].big_sq_norm == pytest.approx(big, rel=1e-4)
