@@ -48,7 +48,7 @@ import contextlib
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from mindpipe.executor.offload import is_weight
@@ -102,7 +102,8 @@ def all_fsdp_param_groups(module: FSDPModule) -> list[Any]:
     """Every FSDP2 parameter group under a ``fully_shard``/``replicate`` root ``module``: its own and
     those of the modules wrapped inside it (torch's private state, as torch 2.6–2.14 keep it).
     Walks the modules, so it holds before the first forward's lazy initialisation too."""
-    return [group for m in module.modules() if isinstance(m, FSDPModule)
+    root = cast(nn.Module, module)  # an FSDPModule is an nn.Module subclass made by fully_shard/replicate
+    return [group for m in root.modules() if isinstance(m, FSDPModule)
             for group in fsdp_param_groups(m._get_fsdp_state())]
 
 
