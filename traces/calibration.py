@@ -160,7 +160,9 @@ class LinkCalibration:
             profiled collectives' time beyond their group's fastest, divided by the run's
             oversubscription (its ranks over the ranks the cores run at full speed at once): with
             more ranks than cores the waits grow in that proportion, and the shared-core model
-            already stretches every rank's work by it. 0 when not fitted.
+            already stretches every rank's work by it. The simulator charges the same wait to the
+            other blocking collectives of ranks sharing the cores (FSDP2's gathers and
+            reduce-scatters, the step's gradient reduction, the norms' all-reduce). 0 when not fitted.
     """
 
     step_latency_s: float

@@ -211,8 +211,9 @@ def format_calibration(cal: Calibration) -> str:
                 lines.append(f"comm {backend} {link} host copies: {1e6 * lc.cpu_s_per_step:.1f} µs CPU per step + "
                              f"{1e9 * lc.cpu_s_per_byte:.2f} ns CPU per byte, on the cores the ranks share")
             if lc.tp_wait_s:
-                lines.append(f"comm {backend} {link} tensor-parallel wait: {1e3 * lc.tp_wait_s:.2f} ms per collective "
-                             "for its peers (as with a core per rank), off the cores")
+                lines.append(f"comm {backend} {link} wait for peers: {1e3 * lc.tp_wait_s:.2f} ms per blocking collective "
+                             "(fitted on the tensor-parallel ones, as with a core per rank; data-parallel ones "
+                             "wait the same), off the cores")
     noise = cal.gradient_noise
     if noise is not None:
         lines.append(f"gradient noise scale {noise.model.label}: {noise.noise_scale:.4g} samples (critical batch for "
