@@ -334,7 +334,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
     f, i, w, _ = price(embedding_ops(model, b, s, t, d))
     layers = [LayerCost("embedding", "embedding", f, i, w, 0.0, emb_fwd, emb_bwd, out_bytes, params["embedding"])]
     ops = block_ops(model, b, s, t, sp, d, flash_attention=plan.flash_attention, cp=plan.cp,
-                    cp_comm_type=plan.cp_comm_type)
+                    cp_comm_type=plan.cp_comm_type, fused_elementwise=plan.fused_elementwise)
     f, i, w, core = price(ops)
     if plan.tp_comm_overlap and fwd_comm:
         g_fwd, g_bwd = tp_overlap_gemms(model, ops, price)
@@ -358,7 +358,7 @@ def op_layer_costs(model: Model, plan: Plan, price: Callable[[Sequence[Op]], tup
         whole.parts[0].recompute_nongemm_s = split[0][3] + cheap[0]
         whole.parts[1].recompute_nongemm_s = cheap[1]
         layers.append(whole)
-    f, i, w, _ = price(final_norm_ops(model, b, s, t, sp, d))  # s: a context-parallel rank's tokens
+    f, i, w, _ = price(final_norm_ops(model, b, s, t, sp, d, plan.fused_elementwise))  # s: a context-parallel rank's tokens
     layers.append(LayerCost("final_norm", "final_norm", f, i, w, output_bytes=out_bytes, param_count=params["final_norm"]))
     f, i, w, _ = price(lm_head_ops(model, b, s, t, d, plan.loss_chunks, plan.fused_head_loss))
     layers.append(LayerCost("lm_head", "lm_head", f, i, w, 0.0, head_fwd, head_bwd, 0, params["lm_head"]))
@@ -589,7 +589,8 @@ def _plan_block_ops(model: Model, plan: Plan) -> list[Op]:
     """One block's operators under ``plan`` (its attention core as the plan runs it), which the
     shares below split a layer trace's block times by."""
     return block_ops(model, plan.micro_batch_size, model.seq_len, plan.tp, plan.sequence_parallel,
-                     DTYPE_BYTES[plan.precision], flash_attention=plan.flash_attention)
+                     DTYPE_BYTES[plan.precision], flash_attention=plan.flash_attention,
+                     fused_elementwise=plan.fused_elementwise)
 
 
 def _attention_part_shares(model: Model, plan: Plan) -> tuple[float, float, float]:

@@ -10,7 +10,10 @@ gradient (W), the split zero-bubble schedules rely on (Qi et al., ICLR'24).
 
 Bytes are what each operator reads and writes in device memory, assuming no fusion beyond what
 Megatron does by default (fused bias+GeLU, fused softmax); they drive the memory-bound side of the
-roofline. Each :class:`Op` stands for one GPU kernel, so the operator count of a phase is also its
+roofline. A Llama block's RMSNorms, rotary embedding and SwiGLU are either one fused kernel each
+(a plan's ``fused_elementwise``: Megatron-core, Transformer Engine) or, by default, the eager
+PyTorch kernels the executor runs (:func:`rms_norm_ops`, :func:`rope_ops`, :func:`swiglu_ops`).
+Each :class:`Op` stands for one GPU kernel, so the operator count of a phase is also its
 kernel count (what per-kernel launch and host-dispatch overheads are charged on).
 
 With ``flash_attention=True`` the attention core (Q·Kᵀ, mask, softmax, dropout, ·V) is one fused
@@ -21,6 +24,7 @@ backward recomputes the scores (2.5× the forward FLOPs: five s²-sized matmuls 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mindpipe.traces.config import Model
@@ -134,7 +138,7 @@ memory_ops = _mem
 
 def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, sequence_parallel: bool = False,
               dtype_bytes: int = 2, flash_attention: bool = False, cp: int = 1,
-              cp_comm_type: str = "allgather") -> list[Op]:
+              cp_comm_type: str = "allgather", fused_elementwise: bool = False) -> list[Op]:
     """Operators of one transformer block on one TP rank (Megatron column/row-parallel layout).
 
     GPT: LayerNorm, fused QKV, attention core, projection, residual, LayerNorm, fc1, GeLU, fc2,
@@ -156,12 +160,16 @@ def block_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, se
             ``flash_attention``, as the plan contract says).
         cp_comm_type: How K and V reach every cp rank (``allgather`` or ``p2p``), which sets how
             the core is computed (:func:`_flash`).
+        fused_elementwise: Price a Llama block's RMSNorms, rotary embedding and SwiGLU activation
+            as one fused kernel each (Megatron-core, Transformer Engine) instead of the executor's
+            PyTorch kernels one by one (a plan's ``fused_elementwise``). GPT's block is the same
+            either way: its LayerNorm and GeLU are one PyTorch kernel each too.
     """
     if cp > 1 and not flash_attention:
         raise ValueError("context parallelism (cp > 1) is priced for the fused attention kernel only")
     if model.is_llama:
         return _llama_block_ops(model, micro_batch_size, seq_len, tp, sequence_parallel, dtype_bytes, flash_attention,
-                                cp, cp_comm_type)
+                                cp, cp_comm_type, fused_elementwise)
     b, s, h, f = micro_batch_size, seq_len, model.hidden_size, model.ffn
     t = tp
     tokens = b * s
@@ -245,34 +253,117 @@ def _unfused_softmax(scores: float, d: int) -> list[Op]:
 
 
 def _llama_block_ops(model: Model, b: int, s: int, t: int, sp: bool, d: int, flash_attention: bool,
-                     cp: int = 1, cp_comm_type: str = "allgather") -> list[Op]:
+                     cp: int = 1, cp_comm_type: str = "allgather", fused_elementwise: bool = False) -> list[Op]:
     """A Llama block's operators on one TP rank (see :func:`block_ops`).
 
     Q, K, V are three GEMMs as in :mod:`mindpipe.traces.torch_llama` (column-parallel, K/V heads
-    split over t); the rotary embedding is one element-wise pass over Q and K reading x and its
-    rotated half and writing the result (the cos/sin tables are small); RMSNorm reads
-    and writes once like LayerNorm; the SwiGLU activation reads gate and up and writes their
-    product. The ``residual1`` name marks the attention part's end (:mod:`mindpipe.simulator.block_parts`).
+    split over t). The RMSNorms, the rotary embedding of Q and K and the SwiGLU activation are
+    :func:`rms_norm_ops`, :func:`rope_ops` and :func:`swiglu_ops`: one fused kernel each with
+    ``fused_elementwise``, else the executor's PyTorch kernels one by one. The ``residual1`` name
+    marks the attention part's end (:mod:`mindpipe.simulator.block_parts`).
     """
     h, f, kv = model.hidden_size, model.ffn, model.kv_width
     tokens = b * s
     local_tokens = tokens // t if sp else tokens
     ops: list[Op] = []
-    ops += _mem("ln1", local_tokens * h, 1, 1, d)
+    ops += rms_norm_ops("ln1", local_tokens, h, d, fused_elementwise)
     ops += _gemm("q", tokens, h // t, h, d)
     ops += _gemm("k", tokens, kv // t, h, d)
     ops += _gemm("v", tokens, kv // t, h, d)
-    ops += _mem("rope", tokens * (h + kv) // t, 2, 1, d)
+    ops += rope_ops(tokens * h // t, tokens * kv // t, d, fused_elementwise)
     ops += _attention_core(model, b, s, t, d, flash_attention, cp, cp_comm_type)
     ops += _gemm("proj", tokens, h, h // t, d)
     ops += _mem("residual1", local_tokens * h, 2, 1, d, bwd_factor=1.0)
-    ops += _mem("ln2", local_tokens * h, 1, 1, d)
+    ops += rms_norm_ops("ln2", local_tokens, h, d, fused_elementwise)
     ops += _gemm("mlp_gate", tokens, f // t, h, d)
     ops += _gemm("mlp_up", tokens, f // t, h, d)
-    ops += _mem("swiglu", tokens * f // t, 2, 1, d)
+    ops += swiglu_ops(tokens * f // t, d, fused_elementwise)
     ops += _gemm("mlp_down", tokens, h, f // t, d)
     ops += _mem("residual2", local_tokens * h, 2, 1, d, bwd_factor=1.0)
     return ops
+
+
+# -- Llama's element-wise operators, fused or as PyTorch eager runs them -----------------------
+# Fused (``Plan.fused_elementwise``): one kernel per operator and direction, as Megatron-core and
+# Transformer Engine run them (NeMo's recipes; Apex's fused RMSNorm). Eager (the executor, and
+# torchtitan without torch.compile): every PyTorch kernel of the executor's code
+# (:mod:`mindpipe.traces.torch_llama`), each reading and writing its whole tensor. A kernel is
+# (name, bytes read, bytes written) per element of the operator's tensor.
+_Kernel = tuple[str, float, float]
+
+
+def _kernel_ops(name: str, elems: float, forward: Sequence[_Kernel], backward: Sequence[_Kernel],
+                rows: float = 0.0, row_kernels: int = 0) -> list[Op]:
+    """One memory-bound Op per kernel, over ``elems`` elements; ``row_kernels`` more per direction
+    act on one value per row (``rows`` of them: a norm's per-token statistic), 4 bytes each way."""
+    ops = [Op(f"{name}.{k}", "forward", "memory", 0.0, elems * (r + w), out_bytes=elems * w) for k, r, w in forward]
+    ops += [Op(f"{name}.row{i}", "forward", "memory", 0.0, rows * 8.0, out_bytes=rows * 4.0) for i in range(row_kernels)]
+    ops += [Op(f"{name}.{k}", "backward_input", "memory", 0.0, elems * (r + w), out_bytes=elems * w)
+            for k, r, w in backward]
+    return ops
+
+
+def rms_norm_ops(name: str, tokens: int, width: int, d: int, fused: bool) -> list[Op]:
+    """RMSNorm over ``tokens`` rows of ``width`` in a ``d``-byte dtype.
+
+    Fused: read x, write y; the backward reads x and the gradient and writes dx (twice the
+    forward's bytes, as every memory op here). Eager
+    (:class:`mindpipe.traces.torch_llama._RMSNormFunction`, statistics in fp32, s = 4 bytes):
+    forward ``x.to(fp32)`` (d + s), ``pow(2)`` (2s), ``mean`` (s), then ``+ eps`` and ``rsqrt``
+    on one value per token, ``xf · rstd`` (2s), ``.to(dtype)`` (s + d), ``· weight`` (2d);
+    backward ``x.to`` (d + s), ``· rstd`` (2s), ``grad.to`` (d + s), ``grad · w`` (2s), ``gw · x̂``
+    (3s), ``mean`` (s), ``x̂ · mean`` (2s), subtract (3s), ``rstd ·`` (2s), ``grad.to`` again
+    (d + s), ``· x̂`` (3s), the weight gradient's column sum (s), ``dx.to`` (s + d). In fp32 the
+    casts are no kernels at all. 16-bit: 36 bytes per element forward and 100 backward, against 4
+    and 8 fused.
+    """
+    elems = float(tokens) * width
+    if fused:
+        return _mem(name, elems, 1, 1, d)
+    st = 4
+    cast = d != st
+    fwd: list[_Kernel] = [("cast", d, st)] if cast else []
+    fwd += [("pow", st, st), ("mean", st, 0.0), ("scale", st, st)]
+    fwd += [("cast_back", st, d)] if cast else []
+    fwd += [("weight", d, d)]
+    bwd: list[_Kernel] = [("cast", d, st)] if cast else []
+    bwd += [("xhat", st, st)] + ([("grad_cast", d, st)] if cast else [])
+    bwd += [("grad_weight", st, st), ("dot", 2 * st, st), ("mean", st, 0.0), ("proj", st, st), ("sub", 2 * st, st),
+            ("rstd", st, st)]
+    bwd += [("grad_cast2", d, st)] if cast else []
+    bwd += [("dweight_mul", 2 * st, st), ("dweight_sum", st, 0.0)]
+    bwd += [("dx_cast", st, d)] if cast else []
+    return _kernel_ops(name, elems, fwd, bwd, rows=float(tokens), row_kernels=2)
+
+
+def rope_ops(q_elems: int, k_elems: int, d: int, fused: bool) -> list[Op]:
+    """The rotary embedding of Q and K (``q_elems`` and ``k_elems`` elements on the rank).
+
+    Fused: one pass over both, reading x and its rotated half and writing the result (the cos/sin
+    tables are small). Eager (:class:`mindpipe.traces.torch_llama._RotaryFunction`, per tensor):
+    forward ``x · cos`` (2d), ``−x₂`` on half (d), ``cat`` (2d), ``addcmul`` (3d); backward
+    ``g · cos`` (2d), ``−g₁`` (d), ``cat`` (2d), ``· sin`` (2d), add (3d). The tables themselves
+    (s × head_dim, made in each direction) are left out.
+    """
+    if fused:
+        return _mem("rope", q_elems + k_elems, 2, 1, d)
+    fwd: list[_Kernel] = [("cos", d, d), ("neg", 0.5 * d, 0.5 * d), ("cat", d, d), ("addcmul", 2 * d, d)]
+    bwd: list[_Kernel] = [("cos", d, d), ("neg", 0.5 * d, 0.5 * d), ("cat", d, d), ("sin", d, d), ("add", 2 * d, d)]
+    return [*_kernel_ops("rope_q", q_elems, fwd, bwd), *_kernel_ops("rope_k", k_elems, fwd, bwd)]
+
+
+def swiglu_ops(elems: int, d: int, fused: bool) -> list[Op]:
+    """SwiGLU's gated activation ``silu(gate) · up`` over ``elems`` elements.
+
+    Fused: read gate and up, write the product; backward twice that. Eager (``F.silu(gate) · up``
+    under autograd): forward ``silu`` (2d), multiply (3d); backward the product's two gradients
+    (3d each) and ``silu``'s (3d).
+    """
+    if fused:
+        return _mem("swiglu", elems, 2, 1, d)
+    fwd: list[_Kernel] = [("silu", d, d), ("mul", 2 * d, d)]
+    bwd: list[_Kernel] = [("grad_silu", 2 * d, d), ("grad_up", 2 * d, d), ("silu", 2 * d, d)]
+    return _kernel_ops("swiglu", elems, fwd, bwd)
 
 
 def embedding_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, dtype_bytes: int = 2) -> list[Op]:
@@ -296,10 +387,12 @@ def embedding_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1
 
 
 def final_norm_ops(model: Model, micro_batch_size: int, seq_len: int, tp: int = 1, sequence_parallel: bool = False,
-                   dtype_bytes: int = 2) -> list[Op]:
-    """The final LayerNorm (RMSNorm for Llama) before the LM head."""
+                   dtype_bytes: int = 2, fused_elementwise: bool = False) -> list[Op]:
+    """The final LayerNorm (RMSNorm for Llama, :func:`rms_norm_ops`) before the LM head."""
     tokens = micro_batch_size * seq_len
     local = tokens // tp if sequence_parallel else tokens
+    if model.is_llama:
+        return rms_norm_ops("final_norm", local, model.hidden_size, dtype_bytes, fused_elementwise)
     return _mem("final_norm", local * model.hidden_size, 1, 1, dtype_bytes)
 
 
@@ -394,4 +487,7 @@ __all__ = [
     "lm_head_ops",
     "memory_ops",
     "model_flops_per_iteration",
+    "rms_norm_ops",
+    "rope_ops",
+    "swiglu_ops",
 ]

@@ -69,7 +69,7 @@ GIB = 2**30
 # the cost cache key. Every Plan field a compute model reads must be here, or one plan's costs are
 # served to another (tests/simulator/test_cost_cache_key.py checks it).
 COST_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "precision", "tp_comm_overlap", "flash_attention",
-               "loss_chunks", "fused_head_loss", "cp_comm_type")
+               "loss_chunks", "fused_head_loss", "cp_comm_type", "fused_elementwise")
 
 
 @dataclass

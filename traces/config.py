@@ -55,9 +55,14 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # synchronize), while torch.distributed.pipelining's runtime waits for its sends at the step's end;
 # it only ever costs time, so ``--what-if all`` leaves it out: the validation of Megatron's published
 # runs sets it, and ``tune --what-if blocking_p2p --fix blocking_p2p=true`` pins it (tuner.keys).
+# ``fused_elementwise=true`` prices a Llama block's RMSNorms, rotary embedding and SwiGLU as one fused
+# kernel each (Megatron-core, Transformer Engine), while the executor runs them as eager PyTorch
+# kernels; it only ever saves time, so ``--what-if all`` leaves it out too: the validation of NeMo's
+# runs sets it, and ``tune --what-if fused_elementwise --fix fused_elementwise=true`` pins it.
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
                                          "tp_comm_overlap": False, "overlap_param_gather": False}
-WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False}
+WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False,
+                                "fused_elementwise": False}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
@@ -376,7 +381,7 @@ _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRE
 # Keys that only supernet plans set; None in every GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
 SUPERNET_PLAN_KEYS = ("subnet_schedule", "subnet_window")
 _PLAN_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention",
-                   "blocking_p2p", "fused_head_loss")
+                   "blocking_p2p", "fused_head_loss", "fused_elementwise")
 PLAN_SCALAR_KEYS = (*_PLAN_INTEGER_LIMITS, *_PLAN_BOOL_KEYS, *_PLAN_CHOICES, "zero_stage")
 """The plan keys whose rule holds on their own (:func:`check_plan_key`); the rules between keys are :class:`Plan`'s."""
 
@@ -461,6 +466,14 @@ class Plan:
     ``overlap_p2p_comm`` (NeMo's recipes) and torch.distributed.pipelining's runtime (the executor)
     leave sends in flight; it is a what-if knob (:data:`WHAT_IF_KEYS`), set by the validation of
     Megatron's published runs (:mod:`mindpipe.simulator.perf.vtrain`).
+    ``fused_elementwise`` prices a Llama block's RMSNorms, rotary embedding and SwiGLU activation
+    (and the final RMSNorm) as one fused kernel per operator and direction, as Megatron-core and
+    Transformer Engine run them; the default prices the executor's PyTorch code kernel by kernel
+    (:func:`mindpipe.simulator.ops.rms_norm_ops`: a 16-bit RMSNorm moves 36 bytes per element
+    forward and 100 backward in eager PyTorch, 4 and 8 fused), which is also how torchtitan runs
+    without ``torch.compile``. GPT blocks are priced the same either way. It is a what-if knob
+    (:data:`WHAT_IF_KEYS`), set by the validation of NeMo's published runs
+    (:mod:`mindpipe.simulator.perf.nemo`).
     ``cp`` is context parallelism (Megatron-core ``--context-parallel-size``): each sequence is
     split over ``cp`` ranks, which hold the same weights; every layer but the attention core works
     on their s/cp tokens, and the causal core of each rank attends its query chunks (two of 2·cp,
@@ -498,6 +511,7 @@ class Plan:
     loss_chunks: int = 1
     fused_head_loss: bool = False
     blocking_p2p: bool = False
+    fused_elementwise: bool = False
     cp: int = 1
     cp_comm_type: str = "allgather"
     rank_order: str = "tp-dp-pp"

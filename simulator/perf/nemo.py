@@ -22,8 +22,11 @@ otherwise (Megatron-core's 1F1B: ``blocking_p2p``; no row of the table has pp > 
 with the NeMo-Framework-Launcher file it was read from): Transformer Engine's userbuffers overlap of
 the TP collectives with the GEMMs → ``tp_comm_overlap=true`` (when tp > 1), and the activation
 recompute level (``selective`` for the GPT-3 20B and 175B recipes, else none).
-``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap`` and ``blocking_p2p`` are what-if knobs: the
-simulator models them, MindPipe's executor does not run them. What the plan cannot say is left out
+Transformer Engine's fused RMSNorm, rotary (``apply_rope_fusion: true``) and SwiGLU
+(``bias_activation_fusion: true``, ``activation: fast-swiglu``; e.g. the launcher's
+``conf/training/llama/llama3_8b.yaml``) → ``fused_elementwise=true``.
+``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``, ``blocking_p2p`` and ``fused_elementwise`` are
+what-if knobs: the simulator models them, MindPipe's executor does not run them. What the plan cannot say is left out
 and reported by the error: the gradient reduce-scatter in bf16 (``grad_sync_dtype: bf16`` in some
 recipes; the plan reduces fp32 main gradients), TE's extra all-gather of the normed input for the
 weight gradient, and the userbuffers' SM sharing.
@@ -163,6 +166,9 @@ def nemo_plan(gpus: int, global_batch: int, micro_batch: int, tp: int, pp: int, 
                 sequence_parallel=tp > 1, zero_stage=1, precision="fp8", overlap_grad_reduce=True,
                 overlap_param_gather=True, tp_comm_overlap=recipe is not None and recipe.tp_comm_overlap and tp > 1,
                 flash_attention=True,
+                # Transformer Engine's fused RMSNorm, rotary (apply_rope_fusion) and SwiGLU
+                # (bias_activation_fusion) kernels, which the recipes switch on.
+                fused_elementwise=True,
                 # Megatron-core blocks on its pipeline sends except in the interleaved schedule with
                 # overlap_p2p_comm, which NeMo's recipes set (with batch_p2p_comm false) whenever vp > 1.
                 blocking_p2p=pp > 1 and vp == 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import pytest
@@ -56,12 +57,57 @@ def test_gpt_flops_still_narayanan():
 
 
 def test_gqa_shrinks_k_and_v_gemms_and_rope_is_elementwise():
-    ops = {o.name: o for o in block_ops(TINY, 1, 32, 2) if o.phase == "forward"}
+    ops = {o.name: o for o in block_ops(TINY, 1, 32, 2, fused_elementwise=True) if o.phase == "forward"}
     assert ops["q"].gemm_mnk == (32, 32, 64) and ops["k"].gemm_mnk == (32, 16, 64) and ops["v"].gemm_mnk == (32, 16, 64)
     assert ops["rope"].kind == "memory" and ops["rope"].flops == 0
     assert {"mlp_gate", "mlp_up", "mlp_down", "swiglu"} <= set(ops) and "gelu" not in ops
-    attention, mlp = split_ops(block_ops(TINY, 1, 32, 2))
-    assert attention[-1].name == "residual1" and mlp[0].name == "ln2"
+    for fused in (True, False):
+        attention, mlp = split_ops(block_ops(TINY, 1, 32, 2, fused_elementwise=fused))
+        assert attention[-1].name == "residual1" and mlp[0].name.startswith("ln2")
+
+
+def _bytes(ops, prefix, phase):
+    return sum(o.bytes for o in ops if o.name.split(".")[0] == prefix and o.phase == phase)
+
+
+@pytest.mark.parametrize("d", [2, 4])
+def test_eager_elementwise_counts_the_executors_kernels(d):
+    """Eager (the executor's PyTorch code, the default) against one fused kernel per operator: bytes
+    per element of each norm, rotary and SwiGLU pass, kernel by kernel (ops.rms_norm_ops' docstring),
+    and the same GEMMs."""
+    b, s, t = 2, 32, 2
+    eager, fused = block_ops(TINY, b, s, t, dtype_bytes=d), block_ops(TINY, b, s, t, dtype_bytes=d, fused_elementwise=True)
+    n_h = b * s * 64  # elements of one RMSNorm (no sequence parallelism)
+    norm_fwd, norm_bwd = (36, 100) if d == 2 else (28, 76)  # fp32: the casts are no kernels
+    assert _bytes(eager, "ln1", "forward") == pytest.approx(n_h * norm_fwd + 2 * b * s * 8)  # + eps, rsqrt per token
+    assert _bytes(eager, "ln1", "backward_input") == pytest.approx(n_h * norm_bwd)
+    assert _bytes(fused, "ln1", "forward") == n_h * 2 * d and _bytes(fused, "ln1", "backward_input") == n_h * 4 * d
+    n_q, n_k = b * s * 64 // t, b * s * 32 // t
+    assert _bytes(eager, "rope_q", "forward") + _bytes(eager, "rope_k", "forward") == (n_q + n_k) * 8 * d
+    assert _bytes(eager, "rope_q", "backward_input") + _bytes(eager, "rope_k", "backward_input") == (n_q + n_k) * 10 * d
+    assert _bytes(fused, "rope", "forward") == (n_q + n_k) * 3 * d
+    n_f = b * s * 192 // t
+    assert _bytes(eager, "swiglu", "forward") == n_f * 5 * d and _bytes(eager, "swiglu", "backward_input") == n_f * 9 * d
+    assert _bytes(fused, "swiglu", "forward") == n_f * 3 * d
+    # One Op per kernel: 16-bit eager runs 6 + 2 per-token kernels per norm forward, 13 backward.
+    assert sum(o.name.startswith("ln1.") and o.phase == "forward" for o in eager) == (8 if d == 2 else 6)
+    assert sum(o.name.startswith("ln1.") and o.phase == "backward_input" for o in eager) == (13 if d == 2 else 9)
+    gemms = [(o.name, o.phase, o.gemm_mnk) for o in eager if o.kind != "memory"]
+    assert gemms == [(o.name, o.phase, o.gemm_mnk) for o in fused if o.kind != "memory"]
+
+
+def test_fused_elementwise_only_moves_llama_time():
+    """The plan key prices a Llama block's element-wise kernels (less time fused) and leaves GPT's alone."""
+    from mindpipe.simulator.api import simulate
+    from mindpipe.traces.config import Cluster
+
+    cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=8)
+    for name, moves in (("llama3-8b", True), ("gpt-1.3b", False)):
+        model = load_model(name)
+        plan = Plan(dp=8, zero_stage=1, micro_batch_size=1, global_batch_size=8, flash_attention=True)
+        eager = simulate(model, cluster, plan).iteration_time_s
+        fused = simulate(model, cluster, dataclasses.replace(plan, fused_elementwise=True)).iteration_time_s
+        assert (fused < 0.97 * eager) if moves else fused == eager
 
 
 @pytest.mark.parametrize("t", [1, 2])

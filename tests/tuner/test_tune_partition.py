@@ -198,14 +198,15 @@ def test_pipedream_weighs_a_tied_heads_copy_of_the_table():
     from mindpipe.tuner.keys import plan_of
     from mindpipe.tuner.partition import make_partition
 
-    # Vocabulary 128,256 x 2,048: the table is ~21 % of the model. Short sequences and one
-    # micro-batch per iteration make the weight sync outweigh the compute.
+    # Vocabulary 128,256 x 2,048: the table is ~21 % of the model. Short sequences, one micro-batch
+    # per iteration and fused element-wise kernels make the weight sync outweigh the compute.
     model = dataclasses.replace(load_model("llama3.2-1b"), seq_len=512, name="llama3.2-1b-s512")
     assert model.tie_embeddings
     problem = Problem(model, load_cluster("a100-sxm4-80gb:8x8"))
     sim = problem.simulator()
     point = dict(dp=16, tp=1, pp=4, micro_batch_size=1, global_batch_size=16, schedule="gpipe", virtual_stages=1,
-                 recompute="none", sequence_parallel=False, zero_stage=0, precision="bf16", partitioner="pipedream")
+                 recompute="none", sequence_parallel=False, zero_stage=0, precision="bf16", partitioner="pipedream",
+                 fused_elementwise=True)
     plan = plan_of(point)
     costs = sim.layer_costs(plan)
     tied = with_tied_copy(costs, model, plan)
