@@ -44,6 +44,17 @@ def test_simulate_says_when_a_llama_plan_on_gpus_runs_the_explicit_attention_ker
     assert res.returncode == 0 and hint not in res.stdout
 
 
+def test_simulate_says_a_llama_plan_prices_the_executors_eager_elementwise_kernels():
+    hint = "norms, rotary, SwiGLU eager PyTorch kernels, as the executor runs them"
+    res = run("simulate", "--model", "llama3-8b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", json.dumps(PLAN_8B))
+    assert res.returncode == 0 and hint in res.stdout
+    fused = json.dumps({**PLAN_8B, "fused_elementwise": True})
+    res = run("simulate", "--model", "llama3-8b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", fused)
+    assert res.returncode == 0 and hint not in res.stdout and "what-if knobs         fused_elementwise=true" in res.stdout
+    res = run("simulate", "--model", "gpt-13b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", json.dumps(PLAN_8B))
+    assert res.returncode == 0 and hint not in res.stdout
+
+
 def test_tp_beyond_kv_heads_is_one_line_exit_2():
     plan = {**PLAN_8B, "dp": 1, "tp": 16, "sequence_parallel": False, "zero_stage": 0, "global_batch_size": 8}
     res = run("simulate", "--model", "llama3-8b", "--cluster", "h100-sxm5-80gb:2x8", "--plan", json.dumps(plan))

@@ -133,11 +133,15 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print_json(payload)
     else:
         print(format_result(result, plan))
+        from mindpipe.traces.catalog import get_device
         from mindpipe.tuner.space import default_attention
 
         if not plan.flash_attention and True in default_attention(model, cluster):
             print("attention             explicit kernels (the plan's default); Llama recipes run a fused kernel "
                   "on GPUs: add \"flash_attention\": true to the plan")
+        if model.is_llama and not plan.fused_elementwise and get_device(cluster.gpu).kind == "gpu":
+            print("norms, rotary, SwiGLU eager PyTorch kernels, as the executor runs them; Megatron-core and Transformer "
+                  "Engine fuse each: add \"fused_elementwise\": true to the plan to price that")
     return 0
 
 
