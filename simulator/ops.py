@@ -52,6 +52,11 @@ class Op:
         out_bytes: Bytes of the result tensor the operator allocates (part of ``bytes``). On CPUs a
             large result is fresh memory from the kernel, paid per byte on first touch
             (:mod:`mindpipe.simulator.calibrate.models`).
+        inner: A kernel issued inside the same autograd function as the operator's previous one
+            (the eager RMSNorm's and rotary embedding's kernels after each direction's first):
+            one ATen call with no autograd node or module of its own, so the per-operator host
+            overhead a CPU calibration fits (on operators that each are one) is not charged again.
+            A GPU still launches it (its per-kernel overhead stays).
     """
 
     name: str
@@ -63,6 +68,7 @@ class Op:
     batch: int = 1
     attention_core: bool = False
     out_bytes: float = 0.0
+    inner: bool = False
 
 
 def _gemm(name: str, m: int, n: int, k: int, dtype_bytes: int, batch: int = 1, core: bool = False) -> list[Op]:
@@ -293,14 +299,19 @@ _Kernel = tuple[str, float, float]
 
 
 def _kernel_ops(name: str, elems: float, forward: Sequence[_Kernel], backward: Sequence[_Kernel],
-                rows: float = 0.0, row_kernels: int = 0) -> list[Op]:
+                rows: float = 0.0, row_kernels: int = 0, one_function: bool = False) -> list[Op]:
     """One memory-bound Op per kernel, over ``elems`` elements; ``row_kernels`` more per direction
-    act on one value per row (``rows`` of them: a norm's per-token statistic), 4 bytes each way."""
-    ops = [Op(f"{name}.{k}", "forward", "memory", 0.0, elems * (r + w), out_bytes=elems * w) for k, r, w in forward]
-    ops += [Op(f"{name}.row{i}", "forward", "memory", 0.0, rows * 8.0, out_bytes=rows * 4.0) for i in range(row_kernels)]
-    ops += [Op(f"{name}.{k}", "backward_input", "memory", 0.0, elems * (r + w), out_bytes=elems * w)
-            for k, r, w in backward]
-    return ops
+    act on one value per row (``rows`` of them: a norm's per-token statistic), 4 bytes each way.
+    ``one_function``: each direction's kernels run inside one autograd function, so all but its
+    first are :attr:`Op.inner`."""
+    fwd = [Op(f"{name}.{k}", "forward", "memory", 0.0, elems * (r + w), out_bytes=elems * w) for k, r, w in forward]
+    fwd += [Op(f"{name}.row{i}", "forward", "memory", 0.0, rows * 8.0, out_bytes=rows * 4.0) for i in range(row_kernels)]
+    bwd = [Op(f"{name}.{k}", "backward_input", "memory", 0.0, elems * (r + w), out_bytes=elems * w)
+           for k, r, w in backward]
+    if one_function:
+        fwd = fwd[:1] + [dataclasses.replace(o, inner=True) for o in fwd[1:]]
+        bwd = bwd[:1] + [dataclasses.replace(o, inner=True) for o in bwd[1:]]
+    return fwd + bwd
 
 
 def rms_norm_ops(name: str, tokens: int, width: int, d: int, fused: bool) -> list[Op]:
@@ -333,7 +344,7 @@ def rms_norm_ops(name: str, tokens: int, width: int, d: int, fused: bool) -> lis
     bwd += [("grad_cast2", d, st)] if cast else []
     bwd += [("dweight_mul", 2 * st, st), ("dweight_sum", st, 0.0)]
     bwd += [("dx_cast", st, d)] if cast else []
-    return _kernel_ops(name, elems, fwd, bwd, rows=float(tokens), row_kernels=2)
+    return _kernel_ops(name, elems, fwd, bwd, rows=float(tokens), row_kernels=2, one_function=True)
 
 
 def rope_ops(q_elems: int, k_elems: int, d: int, fused: bool) -> list[Op]:
@@ -349,7 +360,9 @@ def rope_ops(q_elems: int, k_elems: int, d: int, fused: bool) -> list[Op]:
         return _mem("rope", q_elems + k_elems, 2, 1, d)
     fwd: list[_Kernel] = [("cos", d, d), ("neg", 0.5 * d, 0.5 * d), ("cat", d, d), ("addcmul", 2 * d, d)]
     bwd: list[_Kernel] = [("cos", d, d), ("neg", 0.5 * d, 0.5 * d), ("cat", d, d), ("sin", d, d), ("add", 2 * d, d)]
-    return [*_kernel_ops("rope_q", q_elems, fwd, bwd), *_kernel_ops("rope_k", k_elems, fwd, bwd)]
+    # Q's and K's kernels run inside one autograd function per direction (_RotaryFunction).
+    q, k = _kernel_ops("rope_q", q_elems, fwd, bwd, one_function=True), _kernel_ops("rope_k", k_elems, fwd, bwd)
+    return [*q, *[dataclasses.replace(o, inner=True) for o in k]]
 
 
 def swiglu_ops(elems: int, d: int, fused: bool) -> list[Op]:

@@ -101,9 +101,9 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
             core = 0.0
             for op in ops:
                 if feature == "ops":
-                    v = 1.0
+                    v = 0.0 if op.inner else 1.0  # CalibratedComputeModel.op_s: no host overhead of its own
                 elif feature == "tp_ops":
-                    v = 1.0 if plan.tp > 1 else 0.0
+                    v = 1.0 if plan.tp > 1 and not op.inner else 0.0
                 elif feature == "fresh_bytes":
                     v = ref.fresh_bytes(op)
                 else:

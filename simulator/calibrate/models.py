@@ -135,7 +135,7 @@ class CalibratedComputeModel:
 
     def op_s(self, op: Op, cal: ComputeCalibration, precision: str, tp: int = 1) -> float:
         """Calibrated seconds of one operator (of a layer sharded over ``tp`` ranks)."""
-        host = cal.op_overhead_s + self.host_op_s + (cal.tp_op_overhead_s if tp > 1 else 0.0)
+        host = 0.0 if op.inner else cal.op_overhead_s + self.host_op_s + (cal.tp_op_overhead_s if tp > 1 else 0.0)
         # Page faults of a fresh result are the kernel's work on the rank's own thread: not scaled by threads.
         fresh = cal.fresh_s_per_byte * self._ref.fresh_bytes(op) if cal.fresh_s_per_byte else 0.0
         return cal.scale.get(op.kind, 1.0) * self._ref(op, precision) * self.thread_ratio + host + fresh

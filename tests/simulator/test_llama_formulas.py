@@ -163,3 +163,30 @@ def test_relation_measured_on_the_torch_block(dtype, d):
         plan = Plan(micro_batch_size=3, global_batch_size=3, precision=dtype)
         assert measured == block_activation_bytes(m, 3, 16, d)
         assert measured == activation_bytes_per_layer(m, plan) + 2 * 4 * 16 * 3
+
+
+def test_eager_kernels_inside_one_autograd_function_are_inner():
+    """The eager RMSNorm and rotary embedding run each direction's kernels inside one autograd function
+    (traces/torch_llama.py): only the first is an operator with host overhead of its own; SwiGLU's
+    silu and product are autograd operators each; the fused kernels are operators."""
+    from mindpipe.simulator.ops import rms_norm_ops, rope_ops, swiglu_ops
+
+    for ops in (rms_norm_ops("ln1", 8, 64, 2, False), rope_ops(512, 256, 2, False)):
+        for phase in ("forward", "backward_input"):
+            mine = [o for o in ops if o.phase == phase]
+            assert not mine[0].inner and all(o.inner for o in mine[1:])
+    assert not any(o.inner for o in swiglu_ops(512, 2, False))
+    assert not any(o.inner for o in block_ops(TINY, 1, 32, 2, fused_elementwise=True))
+
+
+def test_calibrated_cpu_model_charges_no_operator_overhead_to_inner_kernels():
+    from mindpipe.simulator.calibrate.models import CalibratedComputeModel
+    from mindpipe.simulator.ops import Op
+    from mindpipe.traces.calibration import ComputeCalibration
+    from mindpipe.traces.catalog import get_device
+
+    cal = ComputeCalibration(scale={"memory": 2.0}, op_overhead_s=1e-4)
+    model = CalibratedComputeModel(get_device("cpu"), {"fp32": cal}, fallback=None)  # type: ignore[arg-type]
+    op = Op("x", "forward", "memory", 0.0, 1e6)
+    outer, inner = model.op_s(op, cal, "fp32"), model.op_s(dataclasses.replace(op, inner=True), cal, "fp32")
+    assert outer == pytest.approx(inner + 1e-4) and inner > 0
