@@ -33,26 +33,25 @@ def test_simulate_llama3_8b_on_h100():
     assert out["mfu"] == pytest.approx(expected, rel=1e-3)
 
 
+def _simulate_stdout(model: str, plan: dict) -> str:
+    res = run("simulate", "--model", model, "--cluster", "h100-sxm5-80gb:1x8", "--plan", json.dumps(plan))
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
 def test_simulate_says_when_a_llama_plan_on_gpus_runs_the_explicit_attention_kernels():
     hint = "Llama recipes run a fused kernel on GPUs"
-    res = run("simulate", "--model", "llama3-8b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", json.dumps(PLAN_8B))
-    assert res.returncode == 0 and hint in res.stdout
-    flash = json.dumps({**PLAN_8B, "flash_attention": True})
-    res = run("simulate", "--model", "llama3-8b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", flash)
-    assert res.returncode == 0 and hint not in res.stdout
-    res = run("simulate", "--model", "gpt-13b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", json.dumps(PLAN_8B))
-    assert res.returncode == 0 and hint not in res.stdout
+    assert hint in _simulate_stdout("llama3-8b", PLAN_8B)
+    assert hint not in _simulate_stdout("llama3-8b", {**PLAN_8B, "flash_attention": True})
+    assert hint not in _simulate_stdout("gpt-13b", PLAN_8B)
 
 
 def test_simulate_says_a_llama_plan_prices_the_executors_eager_elementwise_kernels():
     hint = "norms, rotary, SwiGLU eager PyTorch kernels, as the executor runs them"
-    res = run("simulate", "--model", "llama3-8b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", json.dumps(PLAN_8B))
-    assert res.returncode == 0 and hint in res.stdout
-    fused = json.dumps({**PLAN_8B, "fused_elementwise": True})
-    res = run("simulate", "--model", "llama3-8b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", fused)
-    assert res.returncode == 0 and hint not in res.stdout and "what-if knobs         fused_elementwise=true" in res.stdout
-    res = run("simulate", "--model", "gpt-13b", "--cluster", "h100-sxm5-80gb:1x8", "--plan", json.dumps(PLAN_8B))
-    assert res.returncode == 0 and hint not in res.stdout
+    assert hint in _simulate_stdout("llama3-8b", PLAN_8B)
+    fused = _simulate_stdout("llama3-8b", {**PLAN_8B, "fused_elementwise": True})
+    assert hint not in fused and "what-if knobs         fused_elementwise=true" in fused
+    assert hint not in _simulate_stdout("gpt-13b", PLAN_8B)
 
 
 def test_tp_beyond_kv_heads_is_one_line_exit_2():
