@@ -41,24 +41,13 @@ STAGE_CUTS = ("between_blocks", "after_attention")
 # How global ranks are laid out over (tp, dp, pp), innermost first; Megatron's default is tp-dp-pp.
 RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 # What-if knobs (DESIGN.md "searched means runnable"): plan keys only the simulator models, each
-# with the one value the executor carries out. ``comm_priority=pp_first`` needs stream priorities the
-# executor does not set; ``overlap_grad_reduce=true`` needs gradient buckets reduced during the last
-# backward, while torch.distributed.pipelining reduces a stage's gradients after it;
-# ``tp_comm_overlap=true`` needs Transformer Engine's userbuffers (GEMMs split into chunks that
-# pipeline with the tensor-parallel all-gather/reduce-scatter), which DTensor's tensor parallelism
-# does not have; ``overlap_param_gather=true`` needs the distributed optimizer's parameter
-# all-gather issued bucket by bucket from the next forward's pre-hooks, which FSDP2 does not do.
-# ``tune --what-if`` searches these four. ``action_clocks_mhz`` (a clock per forward/backward of each
-# micro-batch, Perseus's plan) needs a thread switching NVML clocks around every action, while the
-# executor locks one clock per rank; only the clock planner (tuner.frequency, ``perseus_action``) sets it.
-# ``blocking_p2p=true`` is Megatron-LM's pipeline (each batched send/recv waited on, then a device
-# synchronize), while torch.distributed.pipelining's runtime waits for its sends at the step's end;
-# it only ever costs time, so ``--what-if all`` leaves it out: the validation of Megatron's published
-# runs sets it, and ``tune --what-if blocking_p2p --fix blocking_p2p=true`` pins it (tuner.keys).
-# ``fused_elementwise=true`` prices a Llama block's RMSNorms, rotary embedding and SwiGLU as one fused
-# kernel each (Megatron-core, Transformer Engine), while the executor runs them as eager PyTorch
-# kernels; it only ever saves time, so ``--what-if all`` leaves it out too: the validation of NeMo's
-# runs sets it, and ``tune --what-if fused_elementwise --fix fused_elementwise=true`` pins it.
+# with the one value the executor carries out (why it runs no other: executor.precheck.what_if_notes).
+# ``tune --what-if`` searches the first four; ``action_clocks_mhz`` (Perseus's per-action clocks) only
+# the clock planner sets (tuner.frequency); ``blocking_p2p=true`` (Megatron-LM's blocking pipeline
+# sends) only ever costs time and ``fused_elementwise=true`` (Transformer Engine's fused Llama
+# norm/rotary/SwiGLU kernels) only ever saves it, so ``--what-if all`` leaves both out: the
+# validations of Megatron's and NeMo's published runs set them, and ``tune --what-if KEY --fix
+# KEY=true`` pins them (tuner.keys).
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
                                          "tp_comm_overlap": False, "overlap_param_gather": False}
 WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False,
@@ -466,14 +455,9 @@ class Plan:
     ``overlap_p2p_comm`` (NeMo's recipes) and torch.distributed.pipelining's runtime (the executor)
     leave sends in flight; it is a what-if knob (:data:`WHAT_IF_KEYS`), set by the validation of
     Megatron's published runs (:mod:`mindpipe.simulator.perf.vtrain`).
-    ``fused_elementwise`` prices a Llama block's RMSNorms, rotary embedding and SwiGLU activation
-    (and the final RMSNorm) as one fused kernel per operator and direction, as Megatron-core and
-    Transformer Engine run them; the default prices the executor's PyTorch code kernel by kernel
-    (:func:`mindpipe.simulator.ops.rms_norm_ops`: a 16-bit RMSNorm moves 36 bytes per element
-    forward and 100 backward in eager PyTorch, 4 and 8 fused), which is also how torchtitan runs
-    without ``torch.compile``. GPT blocks are priced the same either way. It is a what-if knob
-    (:data:`WHAT_IF_KEYS`), set by the validation of NeMo's published runs
-    (:mod:`mindpipe.simulator.perf.nemo`).
+    ``fused_elementwise`` prices a Llama block's norms, rotary embedding and SwiGLU as one fused
+    kernel each (Transformer Engine) instead of the executor's eager kernels
+    (:func:`mindpipe.simulator.ops.rms_norm_ops`); a what-if knob, set by NeMo's validation.
     ``cp`` is context parallelism (Megatron-core ``--context-parallel-size``): each sequence is
     split over ``cp`` ranks, which hold the same weights; every layer but the attention core works
     on their s/cp tokens, and the causal core of each rank attends its query chunks (two of 2·cp,
