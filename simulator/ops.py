@@ -101,6 +101,18 @@ def _mem(name: str, elems: float, reads: float, writes: float, dtype_bytes: int,
     ]
 
 
+# One kernel of an operator run kernel by kernel: (name, bytes read, bytes written) per element.
+_Kernel = tuple[str, float, float]
+
+
+def _kernel_table(phase: str, elems: float, kernels: Sequence[_Kernel], prefix: str = "", suffix: str = "",
+                  core: bool = False) -> list[Op]:
+    """One memory-bound Op per kernel of ``kernels`` over ``elems`` elements in ``phase``, named
+    ``prefix + name + suffix`` (the unfused softmax, the cross-entropy, Llama's eager operators)."""
+    return [Op(f"{prefix}{k}{suffix}", phase, "memory", 0.0, elems * (r + w), attention_core=core, out_bytes=elems * w)
+            for k, r, w in kernels]
+
+
 def _flash(b: int, heads: int, s: int, hd: int, d: int, cp: int = 1, cp_comm_type: str = "allgather") -> list[Op]:
     """FlashAttention-2 forward and backward kernels (causal) for ``b·heads`` heads of width ``hd``.
 
@@ -248,14 +260,11 @@ def _unfused_softmax(scores: float, d: int) -> list[Op]:
     ``.half()`` (4+d); autograd's backward runs the same five in reverse: cast the gradient up
     (d+4), softmax backward (read output and gradient, write: 12), masked fill (4+4), scale (4+4),
     cast down (4+d)."""
-    fwd = [("softmax_cast", d + 4, 4), ("softmax_scale", 8, 4), ("softmax_mask", 8, 4), ("softmax", 8, 4),
-           ("softmax_cast_back", 4 + d, d)]
-    bwd = [("softmax_cast_back", d + 4, 4), ("softmax", 12, 4), ("softmax_mask", 8, 4), ("softmax_scale", 8, 4),
-           ("softmax_cast", 4 + d, d)]
-    return [Op(n, "forward", "memory", 0.0, scores * per, attention_core=True, out_bytes=scores * out)
-            for n, per, out in fwd] + [
-        Op(n, "backward_input", "memory", 0.0, scores * per, attention_core=True, out_bytes=scores * out)
-        for n, per, out in bwd]
+    fwd: list[_Kernel] = [("softmax_cast", d, 4), ("softmax_scale", 4, 4), ("softmax_mask", 4, 4), ("softmax", 4, 4),
+                          ("softmax_cast_back", 4, d)]
+    bwd: list[_Kernel] = [("softmax_cast_back", d, 4), ("softmax", 8, 4), ("softmax_mask", 4, 4), ("softmax_scale", 4, 4),
+                          ("softmax_cast", 4, d)]
+    return _kernel_table("forward", scores, fwd, core=True) + _kernel_table("backward_input", scores, bwd, core=True)
 
 
 def _llama_block_ops(model: Model, b: int, s: int, t: int, sp: bool, d: int, flash_attention: bool,
@@ -293,9 +302,8 @@ def _llama_block_ops(model: Model, b: int, s: int, t: int, sp: bool, d: int, fla
 # Fused (``Plan.fused_elementwise``): one kernel per operator and direction, as Megatron-core and
 # Transformer Engine run them (NeMo's recipes; Apex's fused RMSNorm). Eager (the executor, and
 # torchtitan without torch.compile): every PyTorch kernel of the executor's code
-# (:mod:`mindpipe.traces.torch_llama`), each reading and writing its whole tensor. A kernel is
-# (name, bytes read, bytes written) per element of the operator's tensor.
-_Kernel = tuple[str, float, float]
+# (:mod:`mindpipe.traces.torch_llama`), each reading and writing its whole tensor (a :data:`_Kernel`
+# per element of the operator's tensor).
 
 
 def _kernel_ops(name: str, elems: float, forward: Sequence[_Kernel], backward: Sequence[_Kernel],
@@ -304,10 +312,9 @@ def _kernel_ops(name: str, elems: float, forward: Sequence[_Kernel], backward: S
     act on one value per row (``rows`` of them: a norm's per-token statistic), 4 bytes each way.
     ``one_function``: each direction's kernels run inside one autograd function, so all but its
     first are :attr:`Op.inner`."""
-    fwd = [Op(f"{name}.{k}", "forward", "memory", 0.0, elems * (r + w), out_bytes=elems * w) for k, r, w in forward]
-    fwd += [Op(f"{name}.row{i}", "forward", "memory", 0.0, rows * 8.0, out_bytes=rows * 4.0) for i in range(row_kernels)]
-    bwd = [Op(f"{name}.{k}", "backward_input", "memory", 0.0, elems * (r + w), out_bytes=elems * w)
-           for k, r, w in backward]
+    fwd = _kernel_table("forward", elems, forward, prefix=f"{name}.")
+    fwd += _kernel_table("forward", rows, [(f"row{i}", 4.0, 4.0) for i in range(row_kernels)], prefix=f"{name}.")
+    bwd = _kernel_table("backward_input", elems, backward, prefix=f"{name}.")
     if one_function:
         fwd = fwd[:1] + [dataclasses.replace(o, inner=True) for o in fwd[1:]]
         bwd = bwd[:1] + [dataclasses.replace(o, inner=True) for o in bwd[1:]]
@@ -478,11 +485,9 @@ def cross_entropy_ops(tokens: int, v_local: int, dtype_bytes: int = 2) -> list[O
     back) allocate it.
     """
     e = float(tokens) * v_local
-    fwd = [("ce_cast", dtype_bytes + 4, 4), ("ce_max", 4, 0), ("ce_sub", 8, 4), ("ce_exp", 8, 4), ("ce_sum", 4, 0)]
-    bwd = [("ce_softmax", 8, 4), ("ce_grad", 8, 4), ("ce_cast", 4 + dtype_bytes, dtype_bytes)]
-    return [Op(n, "forward", "memory", 0.0, e * per, out_bytes=e * out) for n, per, out in fwd] + [
-        Op(n + "_bwd", "backward_input", "memory", 0.0, e * per, out_bytes=e * out) for n, per, out in bwd
-    ]
+    fwd: list[_Kernel] = [("ce_cast", dtype_bytes, 4), ("ce_max", 4, 0), ("ce_sub", 4, 4), ("ce_exp", 4, 4), ("ce_sum", 4, 0)]
+    bwd: list[_Kernel] = [("ce_softmax", 4, 4), ("ce_grad", 4, 4), ("ce_cast", 4, dtype_bytes)]
+    return _kernel_table("forward", e, fwd) + _kernel_table("backward_input", e, bwd, suffix="_bwd")
 
 
 __all__ = [
