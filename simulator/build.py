@@ -194,6 +194,7 @@ def build_work(
     dp_unit_s: float = 0.0,
     swap_on_compute: tuple[float, float, float] | None = None,
     split_backward: bool = False,
+    copy_s_per_byte: float = 0.0,
 ) -> tuple[list[StageWork], list[RankWork], list[int]]:
     """Per-stage work, per-rank work and per-rank parameter counts for the engine.
 
@@ -205,7 +206,10 @@ def build_work(
     :func:`mindpipe.simulator.costs.cpu_copy_s`) is the seconds per swapped block added to the
     forward, to the input gradient (I, and so B) and to the weight gradient (W); the copies then
     use no link. ``split_backward`` (the schedule has I and W actions): W's extra work
-    (:func:`weight_pass_extra`, :attr:`StageWork.weight_rerun_s`).
+    (:func:`weight_pass_extra`, :attr:`StageWork.weight_rerun_s`). ``copy_s_per_byte`` is the
+    rank's compute time per byte of a device-to-device copy (each byte read and written once): a
+    stage whose weights are gathered during the step copies each gather out of its all-gather
+    buffer into its parameters (:attr:`StageWork.gather_copy_s`).
     """
     stages = assign_layers(costs, model, plan)
     policies = block_policies(plan, model.num_layers)
@@ -220,7 +224,13 @@ def build_work(
                  sum(c.backward_input_s for c in layers) + hooks + swapped * on_compute[1],
                  sum(c.backward_weight_s for c in layers) + swapped * on_compute[2], recompute, rerun)
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
-        works.append(_stage_work(plan, stages, s, topo, stage_to_rank, times, re_comm, rerun_comm, swap))
+        work = _stage_work(plan, stages, s, topo, stage_to_rank, times, re_comm, rerun_comm, swap)
+        if work.gather_buckets or work.forward_regather_buckets:
+            # FSDP2 gathers a module's shards into one flat buffer and copies each parameter out of
+            # it (torch.distributed.fsdp _fsdp_collectives.foreach_all_gather_copy_out), on the
+            # compute stream once the gather lands: every gathered byte read and written once.
+            work.gather_copy_s = copy_s_per_byte * DTYPE_BYTES[plan.precision] * sum(c.param_count for c in layers)
+        works.append(work)
     params_by_rank = rank_params(stages, stage_to_rank, plan.pp)
     return works, _rank_works(model, plan, stages, stage_to_rank, params_by_rank, compute, topo), params_by_rank
 

@@ -256,6 +256,8 @@ class Engine:
                 hidden = hidden_s[s][0]
                 if st.mb_stretch is not None:
                     comp *= st.mb_stretch[mb][0]
+                if (st.gather_buckets and mb == 0) or (mb > 0 and st.forward_regather_buckets):
+                    comp += st.gather_copy_s  # the gathered weights copied out of their buffer
             elif kind == "W":
                 phases = st.rerun_tp or None
                 comp, alone, hidden = st.weight_action_s, (None if phases else 0.0), 0.0
@@ -273,6 +275,8 @@ class Engine:
                 comp = st.recompute_s + st.input_s + (st.weight_s if kind == "B" else 0.0)
                 if st.mb_stretch is not None:
                     comp *= st.mb_stretch[mb][1]
+                if st.regather_buckets:
+                    comp += st.gather_copy_s
                 phases, alone = st.bwd_tp, solo[s][1]
                 hidden = hidden_s[s][1]
             start = env.now

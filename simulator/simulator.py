@@ -53,6 +53,7 @@ from mindpipe.simulator.memory import RankMemory, block_caps, stage_memory
 from mindpipe.simulator.network import FluidNetwork, Transfers
 from mindpipe.simulator.ops import model_flops_per_iteration
 from mindpipe.simulator.perf import default_models
+from mindpipe.simulator.perf.gpu import GpuComputeModel
 from mindpipe.simulator.planning import StageBudget, stage_budgets, swap_bytes_per_block
 from mindpipe.simulator.schedules import build_schedule
 from mindpipe.simulator.topology import Topology
@@ -114,6 +115,7 @@ class Simulator:
         self.trace = trace
         self.calibration = calibration
         hw_compute, hw_comm = default_models(self.device, cluster)
+        self._kernels = hw_compute if isinstance(hw_compute, GpuComputeModel) else None  # prices copies
         host = HostModel(cores_per_rank_slots, step_overhead_s)
         if calibration is not None:
             applied = apply_calibration(calibration, self.device, cluster, hw_compute, hw_comm)
@@ -258,7 +260,8 @@ class Simulator:
                                                    schedule.stage_to_rank, swap_bytes_per_block=swap,
                                                    dp_unit_s=self._dp_unit_s(plan),
                                                    swap_on_compute=self._swap_on_compute(plan, schedule, swap),
-                                                   split_backward=schedule.split_backward)
+                                                   split_backward=schedule.split_backward,
+                                                   copy_s_per_byte=self._copy_s_per_byte(plan))
         return schedule, topo, stages, ranks, params_by_rank
 
     def run(self, plan: Plan, *, timeline: bool = False,
@@ -341,6 +344,17 @@ class Simulator:
         dev = self.calibration.devices.get(self.device.name) if self.calibration is not None else None
         comp = dev.compute.get(plan.precision) if dev is not None else None
         return comp.swap_s_per_byte if comp is not None else 0.0
+
+    def _copy_s_per_byte(self, plan: Plan) -> float:
+        """Compute time per byte of a copy on the rank's device (each byte read and written once):
+        on a CPU the host copy's (:func:`~mindpipe.simulator.costs.cpu_copy_s`, calibrated when
+        the calibration fitted runs that swap), on a GPU a memory-bound kernel at the GPU kernel
+        model's achieved bandwidth, with or without a profiled trace (the catalog's, for devices without one)."""
+        if self.device.kind == "cpu":
+            return cpu_copy_s(self.device, 1.0, self._swap_s_per_byte(plan))
+        if self._kernels is not None:
+            return 2.0 / self._kernels.kernel_params(plan.precision).bandwidth_Bps
+        return 2.0 / (self.device.memory_bandwidth_GBps * 1e9)
 
     def _swap_on_compute(self, plan: Plan, schedule: Schedule, swap_bytes: float) -> tuple[float, float, float] | None:
         """Per swapped block, seconds of its CPU copies inside F, I (and B) and W; None off CPUs.

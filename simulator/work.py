@@ -37,6 +37,10 @@ class StageWork:
             :func:`mindpipe.traces.layout.reshards_after_forward`); empty otherwise.
         forward_regather_buckets: Gathers before each forward but the step's first, where the weights
             are freed after each backward (:func:`mindpipe.traces.layout.reduces_every_microbatch`).
+        gather_copy_s: Compute time of copying one gather of the stage's modules out of the
+            all-gather buffer into the parameters (FSDP2's ``foreach_all_gather_copy_out``, on the
+            compute stream after the gather lands), added to each action that gathers
+            (:func:`mindpipe.simulator.build.build_work`); 0 without gathers.
         reduce_every_backward: ``dp_buckets`` are reduce-scattered in every backward, as it produces
             them (:func:`mindpipe.traces.layout.reduces_every_microbatch`), not once per step.
         swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
@@ -63,6 +67,7 @@ class StageWork:
     regather_buckets: list[list[Phase]] = field(default_factory=list)
     forward_regather_buckets: list[list[Phase]] = field(default_factory=list)
     reduce_every_backward: bool = False
+    gather_copy_s: float = 0.0
     swap_out: list[Phase] = field(default_factory=list)
     swap_in: list[Phase] = field(default_factory=list)
     fwd_tp_overlap: list[TpOverlap] = field(default_factory=list)

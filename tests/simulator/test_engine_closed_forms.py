@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 from mindpipe.simulator.api import SimulationOptions, simulate
-from mindpipe.simulator.costs import LayerCost
+from mindpipe.simulator.costs import DTYPE_BYTES, LayerCost
+from mindpipe.simulator.perf.gpu import GpuComputeModel
+from mindpipe.simulator.simulator import Simulator
+from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.layout import data_parallel_units
 
@@ -176,7 +179,9 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
     all-gather is exposed; the others run one after another under the action's compute, and the
     action ends no earlier than the last module's share of its compute after that module's gather.
     With a fast network the action is its first gather plus its compute; with a slow one the gathers
-    set its length. (Ranks sharing a CPU host's cores gather every module first.)"""
+    set its length. (Ranks sharing a CPU host's cores gather every module first.) Each gathering
+    action's compute also copies the gathered weights out of the all-gather buffer (FSDP2's
+    copy-out): every byte read and written once at the GPU model's achieved bandwidth."""
     model = Model(kind="gpt", num_layers=4, hidden_size=512, num_heads=8, seq_len=256, vocab_size=1024)
     cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=2, gpus_per_node=1, inter_node_bandwidth_Gbps=nic_gbps)
     plan = Plan(dp=2, micro_batch_size=2, global_batch_size=8, zero_stage=3)
@@ -186,6 +191,10 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
     compute = {(e["category"], e["name"]): e["end_s"] - e["start_s"] for e in replicated.timeline
                if e["rank"] == 0 and e["thread"] == "compute" and e["category"] in ("F", "B")}
     units = data_parallel_units(plan, model.num_layers)
+    (stage,) = Simulator(model, cluster).work(plan)[2]
+    weights = r.extra["params_per_device_by_rank"][0] * DTYPE_BYTES[plan.precision]
+    copy = 2 * weights / GpuComputeModel(get_device(cluster.gpu)).kernel_params(plan.precision).bandwidth_Bps
+    assert stage.gather_copy_s == pytest.approx(copy, rel=1e-12) and copy > 0
     actions = [e for e in tl if e["thread"] == "compute" and e["category"] in ("F", "B")]
     gathers = [e for e in tl if e["name"].startswith("param-gather stage")]
     assert len(gathers) == 2 * plan.num_microbatches * units and len(actions) == 2 * plan.num_microbatches
@@ -200,10 +209,29 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
             assert first[0]["end_s"] <= a["start_s"] + 1e-12  # the first one before it
         assert a["end_s"] >= max(g["end_s"] for g in rest) - 1e-12
         # Its compute alone: the same action under plain replication (ZeRO-0, nothing to gather).
-        c = compute[(a["category"], a["name"])]
+        c = compute[(a["category"], a["name"])] + copy
         last = max(g["end_s"] for g in rest)
         assert a["end_s"] == pytest.approx(max(a["start_s"] + c, last + c / units), rel=1e-9, abs=1e-12)
         if nic_gbps > 100:
             assert a["end_s"] - a["start_s"] == pytest.approx(c, rel=1e-9)  # every later gather hidden
         else:
             assert a["end_s"] == pytest.approx(last + c / units, rel=1e-9)  # the gathers set its length
+
+
+@pytest.mark.parametrize(("zero", "pp", "copies"), [
+    (3, 1, True),    # gathered before every forward and backward
+    (2, 1, True),    # resharded after each backward: gathered again before the next forward
+    (3, 2, True),    # gathered once, before the stage's first forward
+    (0, 1, False),   # DDP-style replicas: nothing gathered during the step
+    (1, 1, False),   # the optimizer shards' all-gather after the step writes the parameters in place
+    (2, 2, False),
+])
+def test_only_stages_that_gather_during_the_step_copy_out(zero: int, pp: int, copies: bool) -> None:
+    model = Model(kind="gpt", num_layers=4, hidden_size=512, num_heads=8, seq_len=256, vocab_size=1024)
+    cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=2 * pp)
+    plan = Plan(dp=2, pp=pp, micro_batch_size=2, global_batch_size=8, zero_stage=zero)
+    stages = Simulator(model, cluster).work(plan)[2]
+    per_byte = 2 / GpuComputeModel(get_device(cluster.gpu)).kernel_params(plan.precision).bandwidth_Bps
+    for st, layers in zip(stages, Simulator(model, cluster).work(plan)[4], strict=True):
+        want = per_byte * DTYPE_BYTES[plan.precision] * layers if copies else 0.0
+        assert st.gather_copy_s == pytest.approx(want, rel=1e-12)
