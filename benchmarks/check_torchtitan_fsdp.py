@@ -25,6 +25,9 @@ prices the executor's kernels (:func:`mindpipe.simulator.ops.rms_norm_ops`), clo
 (its RMSNorm is the same composite; its rotary embedding multiplies in complex fp32, a few more
 bytes per element than the executor's). The rows with ``fused_elementwise=true`` price one fused
 kernel per operator (Transformer Engine), what the simulator priced for every plan before.
+Both price FSDP2's two copies on the compute stream (each gathered module out of its all-gather
+buffer, each backward's gradients into the reduce-scatter's fp32 buffer; ``StageWork.gather_copy_s``
+and ``reduce_copy_s``), as torchtitan's FSDP2 runs them.
 
 Run: ``.venv/bin/python benchmarks/check_torchtitan_fsdp.py`` (seconds); writes
 ``benchmarks/results/check_torchtitan_fsdp.json``.

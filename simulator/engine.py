@@ -283,7 +283,9 @@ class Engine:
             if self._has_swap and idx + 1 < len(order):
                 self._prefetch(order[idx + 1])
             blocking_reduce = False
-            if st.dp_buckets and (idx == last_grad.get(s) or (st.reduce_every_backward and kind in ("B", "W"))):
+            reduces = bool(st.dp_buckets) and (idx == last_grad.get(s) or (st.reduce_every_backward and kind in ("B", "W")))
+            if reduces:
+                comp += st.reduce_copy_s  # the gradients copied into the reduce-scatter's buffer
                 # On a host's shared cores FSDP2's per-backward reduce-scatter blocks the rank's
                 # thread (gloo has no streams): run inside the action, after its compute.
                 blocking_reduce = self._on_cores and st.reduce_every_backward

@@ -41,6 +41,10 @@ class StageWork:
             all-gather buffer into the parameters (FSDP2's ``foreach_all_gather_copy_out``, on the
             compute stream after the gather lands), added to each action that gathers
             (:func:`mindpipe.simulator.build.build_work`); 0 without gathers.
+        reduce_copy_s: Compute time of copying the stage's gradients into the reduce-scatter's input
+            buffer (FSDP2's ``foreach_reduce_scatter_copy_in``, on the compute stream, casting to the
+            reduction's dtype) before each reduction of ``dp_buckets``; 0 where the stage's weights
+            are not gathered during the step (DDP and Megatron reduce their buffers in place).
         reduce_every_backward: ``dp_buckets`` are reduce-scattered in every backward, as it produces
             them (:func:`mindpipe.traces.layout.reduces_every_microbatch`), not once per step.
         swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
@@ -68,6 +72,7 @@ class StageWork:
     forward_regather_buckets: list[list[Phase]] = field(default_factory=list)
     reduce_every_backward: bool = False
     gather_copy_s: float = 0.0
+    reduce_copy_s: float = 0.0
     swap_out: list[Phase] = field(default_factory=list)
     swap_in: list[Phase] = field(default_factory=list)
     fwd_tp_overlap: list[TpOverlap] = field(default_factory=list)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.build import GRAD_BYTES
 from mindpipe.simulator.costs import DTYPE_BYTES, LayerCost
 from mindpipe.simulator.perf.gpu import GpuComputeModel
 from mindpipe.simulator.simulator import Simulator
@@ -181,7 +182,8 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
     With a fast network the action is its first gather plus its compute; with a slow one the gathers
     set its length. (Ranks sharing a CPU host's cores gather every module first.) Each gathering
     action's compute also copies the gathered weights out of the all-gather buffer (FSDP2's
-    copy-out): every byte read and written once at the GPU model's achieved bandwidth."""
+    copy-out): every byte read and written once at the GPU model's achieved bandwidth; each
+    backward also copies its gradients into the reduce-scatter's fp32 buffer (FSDP2's copy-in)."""
     model = Model(kind="gpt", num_layers=4, hidden_size=512, num_heads=8, seq_len=256, vocab_size=1024)
     cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=2, gpus_per_node=1, inter_node_bandwidth_Gbps=nic_gbps)
     plan = Plan(dp=2, micro_batch_size=2, global_batch_size=8, zero_stage=3)
@@ -195,6 +197,9 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
     weights = r.extra["params_per_device_by_rank"][0] * DTYPE_BYTES[plan.precision]
     copy = 2 * weights / GpuComputeModel(get_device(cluster.gpu)).kernel_params(plan.precision).bandwidth_Bps
     assert stage.gather_copy_s == pytest.approx(copy, rel=1e-12) and copy > 0
+    grads = r.extra["params_per_device_by_rank"][0] * (DTYPE_BYTES[plan.precision] + GRAD_BYTES[plan.precision])
+    copy_in = grads / GpuComputeModel(get_device(cluster.gpu)).kernel_params(plan.precision).bandwidth_Bps
+    assert stage.reduce_copy_s == pytest.approx(copy_in, rel=1e-12) and copy_in > 0
     actions = [e for e in tl if e["thread"] == "compute" and e["category"] in ("F", "B")]
     gathers = [e for e in tl if e["name"].startswith("param-gather stage")]
     assert len(gathers) == 2 * plan.num_microbatches * units and len(actions) == 2 * plan.num_microbatches
@@ -209,7 +214,7 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
             assert first[0]["end_s"] <= a["start_s"] + 1e-12  # the first one before it
         assert a["end_s"] >= max(g["end_s"] for g in rest) - 1e-12
         # Its compute alone: the same action under plain replication (ZeRO-0, nothing to gather).
-        c = compute[(a["category"], a["name"])] + copy
+        c = compute[(a["category"], a["name"])] + copy + (copy_in if a["category"] == "B" else 0.0)
         last = max(g["end_s"] for g in rest)
         assert a["end_s"] == pytest.approx(max(a["start_s"] + c, last + c / units), rel=1e-9, abs=1e-12)
         if nic_gbps > 100:
@@ -235,3 +240,6 @@ def test_only_stages_that_gather_during_the_step_copy_out(zero: int, pp: int, co
     for st, layers in zip(stages, Simulator(model, cluster).work(plan)[4], strict=True):
         want = per_byte * DTYPE_BYTES[plan.precision] * layers if copies else 0.0
         assert st.gather_copy_s == pytest.approx(want, rel=1e-12)
+        # The gradients' copy into the reduce-scatter buffer: bf16 read, fp32 written.
+        want = per_byte * (DTYPE_BYTES[plan.precision] + GRAD_BYTES[plan.precision]) / 2 * layers if copies else 0.0
+        assert st.reduce_copy_s == pytest.approx(want, rel=1e-12)

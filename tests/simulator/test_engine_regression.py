@@ -29,9 +29,10 @@ and ``Engine._gather_ahead``): one all-gather per module instead of per 40M-para
 the first exposed before an action on dedicated devices: ``interleaved_zero3`` −1.3 %,
 ``interleaved_slow_nic_pp_first_zero3`` −0.35 % (its first forwards now wait for their later
 modules' gathers under the compute), no other case.
-Re-pinned (issue 19, FSDP2's copy-out): a stage that gathers its weights during the step copies each
-gather out of the all-gather buffer on its compute (``StageWork.gather_copy_s``): ``interleaved_zero3``
-+1.5 %, ``interleaved_slow_nic_pp_first_zero3`` +0.41 %, no other case.
+Re-pinned (issue 19, FSDP2's copies on the compute stream): a stage that gathers its weights during
+the step copies each gather out of the all-gather buffer (``StageWork.gather_copy_s``) and its
+gradients into the reduce-scatter's buffer (``StageWork.reduce_copy_s``): ``interleaved_zero3``
++3.8 %, ``interleaved_slow_nic_pp_first_zero3`` +0.68 %, no other case.
 """
 
 from __future__ import annotations
@@ -223,10 +224,10 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "bytes_by_link_type": {'nvlink': 27179286528.0, 'nic': 20704757760.000015},
     },
     "interleaved_zero3": {
-        "iteration_time_s": 1.1898579467626422,
-        "bubble_fraction": 0.24656713936181285,
-        "pipeline_time_s": 1.1233020613841989,
-        "rank_end_s": [1.1898579467626422, 1.1428589009245036, 1.1082729331091912, 1.0755081833517386],
+        "iteration_time_s": 1.2161992925849432,
+        "bubble_fraction": 0.2598620036820197,
+        "pipeline_time_s": 1.1537713345458398,
+        "rank_end_s": [1.2161992925849432, 1.16555278410137, 1.1273163030821374, 1.0909010401207648],
         "bytes_by_link_type": {'nvlink': 27179286528.0, 'nic': 22046935040.000015},
     },
     "1f1b_no_overlap": {
@@ -237,10 +238,10 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "bytes_by_link_type": {'nvlink': 27179286528.0, 'nic': 27270799359.999954},
     },
     "interleaved_slow_nic_pp_first_zero3": {
-        "iteration_time_s": 4.405393347809042,
-        "bubble_fraction": 0.5458983868075029,
-        "pipeline_time_s": 2.336705157265452,
-        "rank_end_s": [4.405393347809042, 4.227499337741471, 4.181132194826158, 4.299202609664551],
+        "iteration_time_s": 4.417135691374149,
+        "bubble_fraction": 0.5485254968865736,
+        "pipeline_time_s": 2.367174430427093,
+        "rank_end_s": [4.417135691374149, 4.2264587152015425, 4.180017324486229, 4.29750178628028],
         "bytes_by_link_type": {'nvlink': 27179286528.0, 'nic': 22046935039.999992},
     },
     "zbv_slow_nic": {
@@ -335,11 +336,11 @@ TIMELINE: dict[str, dict[str, list[float]]] = {
         "swap": [32, 3.95433739234076, 19.583122554609595],
     },
     "interleaved_slow_nic_pp_first_zero3": {
-        "B": [64, 2.1545174457955887, 117.63005147366015],
+        "B": [64, 2.1849867189572296, 117.8113821306683],
         "F": [64, 2.089888880082289, 91.25154299508175],
-        "dp": [209, 24.600325823064118, 544.8152060717889],
-        "optimizer": [4, 0.09127464924386341, 17.02195284079736],
-        "p2p": [112, 1.6731084094906015, 183.4599721715323],
+        "dp": [209, 24.4667131361214, 545.1679908750242],
+        "optimizer": [4, 0.09127464924386341, 17.029838868098338],
+        "p2p": [112, 1.6731084094906015, 183.61098747949552],
     },
     "cpu_cores_host_copies": {
         "F": [8, 0.04406226328239203, 0.16380416151199706],
