@@ -235,11 +235,11 @@ def test_only_stages_that_gather_during_the_step_copy_out(zero: int, pp: int, co
     model = Model(kind="gpt", num_layers=4, hidden_size=512, num_heads=8, seq_len=256, vocab_size=1024)
     cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=2 * pp)
     plan = Plan(dp=2, pp=pp, micro_batch_size=2, global_batch_size=8, zero_stage=zero)
-    stages = Simulator(model, cluster).work(plan)[2]
+    _, _, stages, _, params_by_rank = Simulator(model, cluster).work(plan)
     per_byte = 2 / GpuComputeModel(get_device(cluster.gpu)).kernel_params(plan.precision).bandwidth_Bps
-    for st, layers in zip(stages, Simulator(model, cluster).work(plan)[4], strict=True):
-        want = per_byte * DTYPE_BYTES[plan.precision] * layers if copies else 0.0
+    for st, params in zip(stages, params_by_rank, strict=True):
+        want = per_byte * DTYPE_BYTES[plan.precision] * params if copies else 0.0
         assert st.gather_copy_s == pytest.approx(want, rel=1e-12)
         # The gradients' copy into the reduce-scatter buffer: bf16 read, fp32 written.
-        want = per_byte * (DTYPE_BYTES[plan.precision] + GRAD_BYTES[plan.precision]) / 2 * layers if copies else 0.0
+        want = per_byte * (DTYPE_BYTES[plan.precision] + GRAD_BYTES[plan.precision]) / 2 * params if copies else 0.0
         assert st.reduce_copy_s == pytest.approx(want, rel=1e-12)
