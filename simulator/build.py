@@ -33,6 +33,7 @@ from mindpipe.traces.layout import (
     BlockPolicy,
     StageSpan,
     block_policies,
+    copies_dp_buffers,
     data_parallel_units,
     one_weight_pass,
     reduces_every_microbatch,
@@ -208,9 +209,9 @@ def build_work(
     use no link. ``split_backward`` (the schedule has I and W actions): W's extra work
     (:func:`weight_pass_extra`, :attr:`StageWork.weight_rerun_s`). ``copy_s_per_byte`` is the
     rank's compute time per byte of a device-to-device copy (each byte read and written once): a
-    stage whose weights are gathered during the step (FSDP2's) copies each gather out of its
-    all-gather buffer into its parameters (:attr:`StageWork.gather_copy_s`) and its gradients into
-    the reduce-scatter's input buffer (:attr:`StageWork.reduce_copy_s`).
+    stage under FSDP2 (:func:`~mindpipe.traces.layout.copies_dp_buffers`) copies each gather of its
+    weights out of the all-gather buffer into its parameters (:attr:`StageWork.gather_copy_s`) and
+    its gradients into the reduction's input buffer (:attr:`StageWork.reduce_copy_s`).
     """
     stages = assign_layers(costs, model, plan)
     policies = block_policies(plan, model.num_layers)
@@ -226,16 +227,13 @@ def build_work(
                  sum(c.backward_weight_s for c in layers) + swapped * on_compute[2], recompute, rerun)
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
         work = _stage_work(plan, stages, s, topo, stage_to_rank, times, re_comm, rerun_comm, swap)
-        if work.gather_buckets or work.forward_regather_buckets:
-            # FSDP2 gathers a module's shards into one flat buffer and copies each parameter out of
-            # it (torch.distributed.fsdp _fsdp_collectives.foreach_all_gather_copy_out), on the
-            # compute stream once the gather lands: every gathered byte read and written once.
+        if copies_dp_buffers(plan):
+            # FSDP2 copies each gathered parameter out of the gather's flat buffer on the compute
+            # stream once the gather lands (every gathered byte read and written once), and before
+            # each reduction the gradients into one flat buffer in the reduction's dtype.
             params = sum(c.param_count for c in layers)
             work.gather_copy_s = copy_s_per_byte * DTYPE_BYTES[plan.precision] * params
-            # And before each reduce-scatter it copies the gradients into one flat input buffer in the
-            # reduction's dtype (foreach_reduce_scatter_copy_in), also on the compute stream.
-            if work.dp_buckets:
-                work.reduce_copy_s = copy_s_per_byte * (DTYPE_BYTES[plan.precision] + GRAD_BYTES[plan.precision]) / 2 * params
+            work.reduce_copy_s = copy_s_per_byte * (DTYPE_BYTES[plan.precision] + GRAD_BYTES[plan.precision]) / 2 * params
         works.append(work)
     params_by_rank = rank_params(stages, stage_to_rank, plan.pp)
     return works, _rank_works(model, plan, stages, stage_to_rank, params_by_rank, compute, topo), params_by_rank

@@ -55,7 +55,15 @@ from mindpipe.simulator.actions import Action, Schedule
 from mindpipe.simulator.collectives import overlapped_exposed_s
 from mindpipe.simulator.network import solo_times
 from mindpipe.simulator.topology import Phase
-from mindpipe.simulator.work import EngineOptions, EngineResult, RankWork, StageWork, TimelineEvent, TpOverlap
+from mindpipe.simulator.work import (
+    EngineOptions,
+    EngineResult,
+    RankWork,
+    StageWork,
+    TimelineEvent,
+    TpOverlap,
+    last_grad_index,
+)
 
 
 class Engine:
@@ -175,11 +183,7 @@ class Engine:
         return out
 
     def _last_grad_index(self, r: int) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for i, a in enumerate(self.schedule.orders[r]):
-            if a.kind in ("B", "W"):
-                out[a.stage] = i
-        return out
+        return last_grad_index(self.schedule.orders[r])
 
     # -- helpers ------------------------------------------------------------------------------
     def _prio(self, pp_traffic: bool) -> int:
@@ -256,8 +260,6 @@ class Engine:
                 hidden = hidden_s[s][0]
                 if st.mb_stretch is not None:
                     comp *= st.mb_stretch[mb][0]
-                if (st.gather_buckets and mb == 0) or (mb > 0 and st.forward_regather_buckets):
-                    comp += st.gather_copy_s  # the gathered weights copied out of their buffer
             elif kind == "W":
                 phases = st.rerun_tp or None
                 comp, alone, hidden = st.weight_action_s, (None if phases else 0.0), 0.0
@@ -275,17 +277,18 @@ class Engine:
                 comp = st.recompute_s + st.input_s + (st.weight_s if kind == "B" else 0.0)
                 if st.mb_stretch is not None:
                     comp *= st.mb_stretch[mb][1]
-                if st.regather_buckets:
-                    comp += st.gather_copy_s
                 phases, alone = st.bwd_tp, solo[s][1]
                 hidden = hidden_s[s][1]
             start = env.now
             if self._has_swap and idx + 1 < len(order):
                 self._prefetch(order[idx + 1])
             blocking_reduce = False
-            reduces = bool(st.dp_buckets) and (idx == last_grad.get(s) or (st.reduce_every_backward and kind in ("B", "W")))
+            reduce_here = idx == last_grad.get(s) or (st.reduce_every_backward and kind in ("B", "W"))
+            # The data-parallel wrapper's copies inside the action (weights out of a gather, gradients
+            # into a reduction from the backward's hooks); the rest after the rank's last action.
+            comp += st.copy_in_action_s(kind, mb, idx == last_grad.get(s), self.opt.overlap_grad_reduce)
+            reduces = bool(st.dp_buckets) and reduce_here
             if reduces:
-                comp += st.reduce_copy_s  # the gradients copied into the reduce-scatter's buffer
                 # On a host's shared cores FSDP2's per-backward reduce-scatter blocks the rank's
                 # thread (gloo has no streams): run inside the action, after its compute.
                 blocking_reduce = self._on_cores and st.reduce_every_backward
@@ -328,8 +331,22 @@ class Engine:
             if sent is not None and self.opt.blocking_p2p:
                 # Megatron waits on the batched send/recv before its next action (not busy: blocked).
                 yield sent
+        after = self._copy_in_after(r)
+        if after > 0.0:
+            start = env.now
+            yield self._compute(r, after)
+            busy += env.now - start
+            compute += env.now - start
+            self.last_compute_end[r] = env.now
+            self._record(r, "compute", "gradient copy-in", start, env.now, "copy")
         self.busy[r], self.compute[r], self.comm_busy[r] = busy, compute, comm_busy
         self.compute_done[r].succeed()
+
+    def _copy_in_after(self, r: int) -> float:
+        """Compute seconds rank ``r`` spends after its last action copying gradients into the
+        reduction's buffers (:meth:`StageWork.copy_after_s`; the copies of all the rank's stages are
+        put after its last action)."""
+        return sum(self.stages[s].copy_after_s(self.opt.overlap_grad_reduce) for s in self.schedule.stages_of_rank(r))
 
     def _after(self, r: int, a: Action, st: StageWork) -> simpy.Event | None:
         """Post the sends that action ``a`` enables; the event of its pipeline send, if one crosses ranks."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from mindpipe.simulator.build import assign_layers, stage_recompute
 from mindpipe.simulator.perf import default_models
-from mindpipe.simulator.work import StageWork
+from mindpipe.simulator.work import StageWork, StepCopies
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.frequency import FrequencySpec, frequency_spec
@@ -192,15 +192,21 @@ def apply_clocks(stages: list[StageWork], table: StageClockTable, clocks: Sequen
 
 
 def rank_busy_power_w(stages: list[StageWork], table: StageClockTable, clocks: Sequence[int], stage_to_rank: list[int],
-                      power: PowerModel, pp: int) -> list[float]:
-    """Each rank's mean power while computing: its stages' phases weighted by their (clocked) time."""
+                      power: PowerModel, pp: int, num_microbatches: int = 1,
+                      copies: StepCopies | None = None) -> list[float]:
+    """Each rank's mean power while computing: its stages' phases over a step of ``num_microbatches``
+    weighted by their (clocked) time, and the data-parallel wrapper's ``copies`` (memory-bound:
+    compute share 0, unstretched) at the stage's clock."""
     energy, seconds = [0.0] * pp, [0.0] * pp
     for s, st in enumerate(stages):
         r = stage_to_rank[s]
         fwd, bwd = table.at(s, clocks[s])
         for t, ph in ((st.forward_s, fwd), (st.backward_compute_s, bwd)):
-            energy[r] += power.busy_power_w(clocks[s], ph.compute_share) * t
-            seconds[r] += t
+            energy[r] += power.busy_power_w(clocks[s], ph.compute_share) * t * num_microbatches
+            seconds[r] += t * num_microbatches
+        c = copies.stage_s(s) if copies is not None else 0.0
+        energy[r] += power.busy_power_w(clocks[s], 0.0) * c
+        seconds[r] += c
     return [e / t if t > 0 else power.max_power_W for e, t in zip(energy, seconds, strict=True)]
 
 
@@ -214,9 +220,12 @@ def apply_action_clocks(stages: list[StageWork], table: StageClockTable, action_
 
 
 def action_busy_power_w(stages: list[StageWork], table: StageClockTable, action_clocks: Sequence[Sequence[Sequence[int]]],
-                        stage_to_rank: list[int], power: PowerModel, pp: int) -> list[float]:
+                        stage_to_rank: list[int], power: PowerModel, pp: int,
+                        copies: StepCopies | None = None) -> list[float]:
     """Each rank's mean power while computing under per-action clocks (stages at f_max, as
-    :func:`apply_action_clocks` leaves them), every action weighted by its clocked time."""
+    :func:`apply_action_clocks` leaves them), every action weighted by its clocked time, and each of
+    the data-parallel wrapper's ``copies`` at its action's clock (the one after the rank's last
+    action at the clock of the stage's last backward)."""
     energy, seconds = [0.0] * pp, [0.0] * pp
     for s, st in enumerate(stages):
         r = stage_to_rank[s]
@@ -227,6 +236,13 @@ def action_busy_power_w(stages: list[StageWork], table: StageClockTable, action_
                 ph = table.at(s, mhz)[k]
                 energy[r] += power.busy_power_w(mhz, ph.compute_share) * base * ph.stretch
                 seconds[r] += base * ph.stretch
+    if copies is not None:
+        clocked = [((kind, s, mb), t) for (kind, s, mb), t in copies.in_action.items()]
+        clocked += [(("B", s, mb), t) for s, (t, mb) in enumerate(copies.after)]
+        for (kind, s, mb), t in clocked:
+            mhz = action_clocks[s][0 if kind == "F" else 1][mb]
+            energy[stage_to_rank[s]] += power.busy_power_w(mhz, 0.0) * t
+            seconds[stage_to_rank[s]] += t
     return [e / t if t > 0 else power.max_power_W for e, t in zip(energy, seconds, strict=True)]
 
 

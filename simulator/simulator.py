@@ -57,6 +57,7 @@ from mindpipe.simulator.perf.gpu import GpuComputeModel
 from mindpipe.simulator.planning import StageBudget, stage_budgets, swap_bytes_per_block
 from mindpipe.simulator.schedules import build_schedule
 from mindpipe.simulator.topology import Topology
+from mindpipe.simulator.work import StepCopies
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Cluster, Model, Plan, check_plan, stage_layers
@@ -287,12 +288,16 @@ class Simulator:
             # A what-if knob (traces.config.WHAT_IF_KEYS): a clock per forward/backward of each micro-batch.
             table = self.clock_table(plan, set(flat_action_clocks(plan.action_clocks_mhz)))
             apply_action_clocks(stages, table, plan.action_clocks_mhz)
-            busy_w = action_busy_power_w(stages, table, plan.action_clocks_mhz, schedule.stage_to_rank, self.power, plan.pp)
+            copies = StepCopies.of(stages, schedule.orders, plan.overlap_grad_reduce)
+            busy_w = action_busy_power_w(stages, table, plan.action_clocks_mhz, schedule.stage_to_rank, self.power, plan.pp,
+                                         copies)
             clocks = None
         elif clocks is not None and self.power is not None:
             table = self.clock_table(plan, set(clocks))
             apply_clocks(stages, table, clocks)
-            busy_w = rank_busy_power_w(stages, table, clocks, schedule.stage_to_rank, self.power, plan.pp)
+            busy_w = rank_busy_power_w(stages, table, clocks, schedule.stage_to_rank, self.power, plan.pp,
+                                       schedule.num_microbatches,
+                                       StepCopies.of(stages, schedule.orders, plan.overlap_grad_reduce))
         host = self.host
         comm = self.comm
 

@@ -16,7 +16,7 @@ from mindpipe.traces.atomic import save_figure
 from mindpipe.traces.chrome_trace import chrome_trace, write_chrome_trace
 
 COLORS = {
-    "F": "#4C72B0", "B": "#DD8452", "I": "#DD8452", "W": "#55A868", "optimizer": "#8172B3",
+    "F": "#4C72B0", "B": "#DD8452", "I": "#DD8452", "W": "#55A868", "optimizer": "#8172B3", "copy": "#CCB974",
     "p2p": "#937860", "dp": "#C44E52", "tp": "#DA8BC3", "swap": "#8C8C8C", "overhead": "#BBBBBB",
 }
 

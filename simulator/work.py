@@ -7,7 +7,9 @@ returns an :class:`EngineResult` (with :class:`TimelineEvent` spans when asked t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from mindpipe.simulator.topology import Phase
 
@@ -37,14 +39,17 @@ class StageWork:
             :func:`mindpipe.traces.layout.reshards_after_forward`); empty otherwise.
         forward_regather_buckets: Gathers before each forward but the step's first, where the weights
             are freed after each backward (:func:`mindpipe.traces.layout.reduces_every_microbatch`).
-        gather_copy_s: Compute time of copying one gather of the stage's modules out of the
-            all-gather buffer into the parameters (FSDP2's ``foreach_all_gather_copy_out``, on the
-            compute stream after the gather lands), added to each action that gathers
-            (:func:`mindpipe.simulator.build.build_work`); 0 without gathers.
-        reduce_copy_s: Compute time of copying the stage's gradients into the reduce-scatter's input
+        gather_copy_s: Compute time of copying one gather of the stage's weights out of the
+            all-gather buffer into the parameters (FSDP2's ``foreach_all_gather_copy_out``, or
+            ``replicate``'s copy in ``wait_for_unshard``, on the compute stream after the gather
+            lands), added to the step's first forward and each action that gathers again
+            (:func:`mindpipe.simulator.build.build_work`); 0 where
+            :func:`mindpipe.traces.layout.copies_dp_buffers` says no copy is made (no wrapper, or
+            Megatron-LM's in-place buffers).
+        reduce_copy_s: Compute time of copying the stage's gradients into the reduction's input
             buffer (FSDP2's ``foreach_reduce_scatter_copy_in``, on the compute stream, casting to the
-            reduction's dtype) before each reduction of ``dp_buckets``; 0 where the stage's weights
-            are not gathered during the step (DDP and Megatron reduce their buffers in place).
+            reduction's dtype), added to each action after which the gradients are reduced (also with
+            one replica, where the wrapper still makes the copy); 0 where no copy is made.
         reduce_every_backward: ``dp_buckets`` are reduce-scattered in every backward, as it produces
             them (:func:`mindpipe.traces.layout.reduces_every_microbatch`), not once per step.
         swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
@@ -88,6 +93,78 @@ class StageWork:
     def backward_compute_s(self) -> float:
         """All backward compute of one micro-batch: re-run, input and weight gradients, W's extra work."""
         return self.recompute_s + self.input_s + self.weight_s + self.weight_rerun_s
+
+    def copy_in_action_s(self, kind: str, mb: int, last_grad: bool, overlap_grad_reduce: bool) -> float:
+        """Seconds of the data-parallel wrapper's copies (``gather_copy_s``, ``reduce_copy_s``) inside
+        the ``kind`` action of micro-batch ``mb`` (``last_grad``: the stage's last B or W of the step).
+
+        The weights are copied out of their gather in the step's first forward and in every action
+        that gathers again; the gradients into the reduction's buffer in every backward that reduces
+        from its own hooks (FSDP2 per micro-batch, or ``overlap_grad_reduce``'s last backward). The
+        engine and the clock planners' DAG place the copies by this rule; the rest is
+        :meth:`copy_after_s`. Memory-bound: no clock stretches them.
+        """
+        t = 0.0
+        if (kind == "F" and (mb == 0 or self.forward_regather_buckets)) or (kind in ("B", "I") and self.regather_buckets):
+            t += self.gather_copy_s
+        if kind in ("B", "W") and (self.reduce_every_backward or (last_grad and overlap_grad_reduce)):
+            t += self.reduce_copy_s
+        return t
+
+    def copy_after_s(self, overlap_grad_reduce: bool) -> float:
+        """Seconds of the gradients' copy into the reduction's buffer after the rank's last action:
+        a stage reduced once per step after its backwards (torch's pipelining runtime runs FSDP2's
+        post-backward in ``perform_reduce_grad``, once the last backward has sent its input gradient)."""
+        return 0.0 if self.reduce_every_backward or overlap_grad_reduce else self.reduce_copy_s
+
+
+class _Action(Protocol):  # simulator.actions.Action (imported there from here would be a cycle)
+    @property
+    def stage(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def microbatch(self) -> int: ...
+
+
+def last_grad_index(order: Sequence[_Action]) -> dict[int, int]:
+    """Per stage of a rank's ``order``, the index of its last B or W action: the step's last
+    gradient work, after which (or within which) the stage's gradients are reduced."""
+    return {a.stage: i for i, a in enumerate(order) if a.kind in ("B", "W")}
+
+
+@dataclass(frozen=True)
+class StepCopies:
+    """Where one step's data-parallel copies fall (:meth:`StageWork.copy_in_action_s`,
+    :meth:`StageWork.copy_after_s`), for the clock planners and the power of a clocked rank.
+
+    Attributes:
+        in_action: Seconds per (kind, stage, micro-batch) action that holds copies.
+        after: Per stage, seconds after its rank's last action and the micro-batch of the stage's
+            last gradient action (whose clock the copy keeps under per-action clocks).
+    """
+
+    in_action: dict[tuple[str, int, int], float]
+    after: list[tuple[float, int]]
+
+    @classmethod
+    def of(cls, stages: Sequence[StageWork], orders: Sequence[Sequence[_Action]], overlap_grad_reduce: bool) -> StepCopies:
+        in_action: dict[tuple[str, int, int], float] = {}
+        after = [(0.0, 0)] * len(stages)
+        for order in orders:
+            last = last_grad_index(order)
+            for i, a in enumerate(order):
+                t = stages[a.stage].copy_in_action_s(a.kind, a.microbatch, i == last.get(a.stage), overlap_grad_reduce)
+                if t > 0.0:
+                    key = (a.kind, a.stage, a.microbatch)
+                    in_action[key] = in_action.get(key, 0.0) + t
+            for s, i in last.items():
+                after[s] = (stages[s].copy_after_s(overlap_grad_reduce), order[i].microbatch)
+        return cls(in_action, after)
+
+    def stage_s(self, s: int) -> float:
+        """All of stage ``s``'s copy seconds in one step."""
+        return sum(t for (_, st, _), t in self.in_action.items() if st == s) + self.after[s][0]
 
 
 @dataclass(frozen=True)
@@ -189,4 +266,4 @@ class EngineResult:
         return min(max(frac, 0.0), 1.0)
 
 
-__all__ = ["EngineOptions", "EngineResult", "RankWork", "StageWork", "TimelineEvent"]
+__all__ = ["EngineOptions", "EngineResult", "RankWork", "StageWork", "StepCopies", "TimelineEvent", "last_grad_index"]

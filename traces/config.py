@@ -44,14 +44,15 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # with the one value the executor carries out (why it runs no other: executor.precheck.what_if_notes).
 # ``tune --what-if`` searches the first four; ``action_clocks_mhz`` (Perseus's per-action clocks) only
 # the clock planner sets (tuner.frequency); ``blocking_p2p=true`` (Megatron-LM's blocking pipeline
-# sends) only ever costs time and ``fused_elementwise=true`` (Transformer Engine's fused Llama
-# norm/rotary/SwiGLU kernels) only ever saves it, so ``--what-if all`` leaves both out: the
+# sends) only ever costs time, and ``fused_elementwise=true`` (Transformer Engine's fused Llama
+# norm/rotary/SwiGLU kernels) and ``contiguous_dp_buffers=true`` (Megatron-LM's in-place data-parallel
+# buffers) only ever save it, so ``--what-if all`` leaves all three out: the
 # validations of Megatron's and NeMo's published runs set them, and ``tune --what-if KEY --fix
 # KEY=true`` pins them (tuner.keys).
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
                                          "tp_comm_overlap": False, "overlap_param_gather": False}
 WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False,
-                                "fused_elementwise": False}
+                                "fused_elementwise": False, "contiguous_dp_buffers": False}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
@@ -370,7 +371,7 @@ _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRE
 # Keys that only supernet plans set; None in every GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
 SUPERNET_PLAN_KEYS = ("subnet_schedule", "subnet_window")
 _PLAN_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention",
-                   "blocking_p2p", "fused_head_loss", "fused_elementwise")
+                   "blocking_p2p", "fused_head_loss", "fused_elementwise", "contiguous_dp_buffers")
 PLAN_SCALAR_KEYS = (*_PLAN_INTEGER_LIMITS, *_PLAN_BOOL_KEYS, *_PLAN_CHOICES, "zero_stage")
 """The plan keys whose rule holds on their own (:func:`check_plan_key`); the rules between keys are :class:`Plan`'s."""
 
@@ -458,6 +459,13 @@ class Plan:
     ``fused_elementwise`` prices a Llama block's norms, rotary embedding and SwiGLU as one fused
     kernel each (Transformer Engine) instead of the executor's eager kernels
     (:func:`mindpipe.simulator.ops.rms_norm_ops`); a what-if knob, set by NeMo's validation.
+    ``contiguous_dp_buffers`` prices the data-parallel wrapper as Megatron-LM's: every gradient is a
+    view of one contiguous buffer that the all-reduce or reduce-scatter works on in place, and the
+    distributed optimizer all-gathers the updated shards straight into the parameters' contiguous
+    buffer. The executor's FSDP2 (``replicate`` and ``fully_shard`` alike) copies each gathered
+    parameter out of its all-gather buffer and each gradient into the reduction's flat buffer, both
+    on the compute stream (:func:`mindpipe.traces.layout.copies_dp_buffers`); a what-if knob, set by
+    the validations of Megatron's and NeMo's published runs.
     ``cp`` is context parallelism (Megatron-core ``--context-parallel-size``): each sequence is
     split over ``cp`` ranks, which hold the same weights; every layer but the attention core works
     on their s/cp tokens, and the causal core of each rank attends its query chunks (two of 2·cp,
@@ -496,6 +504,7 @@ class Plan:
     fused_head_loss: bool = False
     blocking_p2p: bool = False
     fused_elementwise: bool = False
+    contiguous_dp_buffers: bool = False
     cp: int = 1
     cp_comm_type: str = "allgather"
     rank_order: str = "tp-dp-pp"

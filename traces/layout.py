@@ -184,6 +184,21 @@ def data_parallel_units(plan: Plan, num_blocks: int) -> int:
     return 1 if plan.zero_stage == 0 else num_blocks + 1
 
 
+def copies_dp_buffers(plan: Plan) -> bool:
+    """Whether the data-parallel wrapper copies weights and gradients on the compute stream.
+
+    FSDP2 (``replicate`` and ``fully_shard`` alike, wherever :func:`data_parallel_units` wraps a
+    stage) copies each gathered parameter out of its all-gather buffer once the gather lands
+    (``foreach_all_gather_copy_out``; under ``replicate`` the copy of ``wait_for_unshard``) and,
+    before each reduction, the gradients into one flat buffer in the reduction's dtype
+    (``foreach_reduce_scatter_copy_in``), both on the current stream (torch 2.13's
+    ``torch/distributed/fsdp/_fully_shard``). A step gathers the weights at least once: they are
+    resharded after the last backward. Megatron-LM's contiguous buffers
+    (``plan.contiguous_dp_buffers``) reduce and gather in place and copy nothing.
+    """
+    return data_parallel_units(plan, 1) > 0 and not plan.contiguous_dp_buffers
+
+
 def loop_stage_to_rank(pp: int, num_stages: int) -> list[int]:
     """Interleaved ("loop") placement: virtual stage s on rank s mod pp."""
     return [s % pp for s in range(num_stages)]
@@ -310,6 +325,7 @@ __all__ = [
     "accumulates_whole_gradients",
     "block_layer_name",
     "block_policies",
+    "copies_dp_buffers",
     "data_parallel_units",
     "keeps_gathered_weights",
     "loop_stage_to_rank",

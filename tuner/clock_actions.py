@@ -58,6 +58,10 @@ class ActionGrid:
         floor: Per node, the highest-index (slowest) clock worth running: least e′, ties to the faster.
         rank_next: Per node, the next node on its rank (−1 at the end).
         succ: Per node, its data successors and the send between them.
+        after: Per rank, seconds of the data-parallel wrapper's copies after its last node
+            (:meth:`~mindpipe.tuner.clock_dag.ClockDag.rank_after_s`): its last node ends that much
+            before the span. Copies inside a node are in its ``dur`` and ``eff``; those after the rank's
+            last node draw their e′ in the stage's last gradient node, at its clock.
     """
 
     dag: ClockDag
@@ -69,6 +73,7 @@ class ActionGrid:
     floor: list[int]
     rank_next: list[int]
     succ: list[list[tuple[int, float]]]
+    after: list[float]
 
     @classmethod
     def of(cls, dag: ClockDag, grid: Sequence[int]) -> ActionGrid:
@@ -82,7 +87,9 @@ class ActionGrid:
         tp = {0: dag.tp_f, 1: dag.tp_b, 2: dag.tp_b, 3: [0.0] * len(dag.tp_b)}
         cache: dict[tuple[int, int], tuple[list[float], list[float], int]] = {}
         phase, dur, eff, floor = [], [], [], []
-        for _, s, code, _, _, _ in nodes:
+        last_grad = {s: n for n, (_, s, code, _, _, _) in enumerate(nodes) if code in (1, 3)}
+        copy_power = [dag.power.busy_power_w(mhz, 0.0) - p_blk for mhz in grid]
+        for n, (_, s, code, _, _, mb) in enumerate(nodes):
             k = 0 if code == 0 else 1
             if (s, code) not in cache:
                 d_row, e_row = [], []
@@ -95,6 +102,13 @@ class ActionGrid:
                 best = next(j for j, v in enumerate(e_row) if v <= least + 1e-9 * abs(least))
                 cache[(s, code)] = (d_row, e_row, best)
             d_row, e_row, best = cache[(s, code)]
+            inside = dag.node_copy_s(s, code, mb)
+            copied = inside + (dag.copies.after[s][0] if dag.copies.after and last_grad.get(s) == n else 0.0)
+            if copied > 0.0:  # memory-bound copies: unstretched, at memory-bound power
+                d_row = [d + inside for d in d_row]
+                e_row = [e + p * copied for e, p in zip(e_row, copy_power, strict=True)]
+                least = min(e_row)
+                best = next(j for j, v in enumerate(e_row) if v <= least + 1e-9 * abs(least))
             phase.append(k)
             dur.append(d_row)
             eff.append(e_row)
@@ -108,7 +122,8 @@ class ActionGrid:
             last[r] = n
             if pred >= 0:
                 succ[pred].append((n, send))
-        return cls(dag, grid, nodes, phase, dur, eff, floor, rank_next, succ)
+        after = [dag.rank_after_s(r) for r in range(dag.pp)]
+        return cls(dag, grid, nodes, phase, dur, eff, floor, rank_next, succ, after)
 
     def index_of(self, rank_clocks: Sequence[int]) -> list[int]:
         """Per node, the grid index of its rank's clock (a per-stage plan as a per-action one)."""
@@ -126,7 +141,7 @@ class ActionGrid:
                 t = end[pred] + send
             start[n] = t
             end[n] = free[r] = t + self.dur[n][idx[n]]
-        return start, max(free)
+        return start, max(f + a for f, a in zip(free, self.after, strict=True))
 
     def energy(self, idx: Sequence[int], span_s: float) -> float:
         """DAG energy of all devices: P_blk × iteration + Σ e′ per rank (module docstring)."""
@@ -159,7 +174,7 @@ def absorb_slack(ag: ActionGrid, idx: Sequence[int], deadline_span_s: float, max
         latest = [0.0] * n_nodes  # latest start
         moved = False
         for n in range(n_nodes - 1, -1, -1):
-            lf = deadline_span_s
+            lf = deadline_span_s - ag.after[ag.nodes[n][0]]
             nx = ag.rank_next[n]
             if nx >= 0 and latest[nx] < lf:
                 lf = latest[nx]
@@ -192,7 +207,7 @@ def energy_bound(ag: ActionGrid, limit_s: float) -> tuple[float, float]:
     start, fast_span = ag.starts(fast)
     latest = [0.0] * len(ag.nodes)
     for n in range(len(ag.nodes) - 1, -1, -1):
-        lf = deadline
+        lf = deadline - ag.after[ag.nodes[n][0]]
         nx = ag.rank_next[n]
         if nx >= 0:
             lf = min(lf, latest[nx])
@@ -300,7 +315,7 @@ def lp_plan(ag: ActionGrid, deadline_span_s: float) -> tuple[list[int], float] |
         if ag.rank_next[n] >= 0:
             edge(n, ag.rank_next[n], 0.0)
         else:
-            edge(n, -1, 0.0)
+            edge(n, -1, ag.after[ag.nodes[n][0]])
         for sc, send in ag.succ[n]:
             edge(n, sc, send)
     a_ub = coo_matrix((vals, (rows, cols)), shape=(len(rhs), len(cost))).tocsr()

@@ -8,8 +8,10 @@ edges are program order on a rank and the engine's data dependencies — F(s, μ
 the activation send, B/I(s, μ) after B/I(s+1, μ) plus the gradient send (Perseus's 1F1B DAG,
 SOSP'24 §4). A node lasts its compute stretched to the rank's clock
 (:mod:`mindpipe.simulator.frequency`) plus its tensor-parallel collectives alone; sends take their
-time alone. Contention and data-parallel reduction are not modelled: the constant ``tail_s``
-(engine iteration time − DAG span at default clocks) carries what the DAG misses.
+time alone. The data-parallel wrapper's copies (FSDP2's, :class:`~mindpipe.simulator.work.StepCopies`)
+lengthen the nodes that hold them and their rank's end, unstretched (memory-bound), drawing
+memory-bound power at the node's clock. Contention and data-parallel reduction are not modelled:
+the constant ``tail_s`` (engine iteration time − DAG span at default clocks) carries what the DAG misses.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from mindpipe.simulator.actions import Action
 from mindpipe.simulator.frequency import PowerModel, StageClockTable
 from mindpipe.simulator.network import Transfers
 from mindpipe.simulator.simulator import Simulator
+from mindpipe.simulator.work import StepCopies
 from mindpipe.traces.config import Plan
 
 
@@ -51,6 +54,7 @@ class ClockDag:
     table: StageClockTable
     power: PowerModel
     devices_per_rank: int
+    copies: StepCopies = field(default_factory=lambda: StepCopies({}, []))
     tail_s: float = 0.0
     _order: list[tuple[int, int, int, int, float, int]] | None = field(default=None, init=False, repr=False)
 
@@ -73,7 +77,8 @@ class ClockDag:
             compute_w=[st.weight_action_s for st in stages], tp_f=[alone(st.fwd_tp) for st in stages],
             tp_b=[alone(st.bwd_tp) for st in stages], send_f=[alone(st.send_fwd) for st in stages],
             send_b=[alone(st.send_bwd) for st in stages], table=sim.clock_table(plan, set(clocks)), power=sim.power,
-            devices_per_rank=plan.grad_replicas * plan.tp)
+            devices_per_rank=plan.grad_replicas * plan.tp,
+            copies=StepCopies.of(stages, schedule.orders, plan.overlap_grad_reduce))
         default = dag.power.spec.default_sm_clock_MHz
         span = dag.span([default] * plan.pp)[0]
         dag.tail_s = max(0.0, sim.run(dataclasses.replace(plan, stage_clocks_mhz=None)).iteration_time_s - span)
@@ -95,6 +100,14 @@ class ClockDag:
             w_d.append(cw)
             comp.append(cf + ci + cw)
         return f_d, i_d, w_d, comp
+
+    def node_copy_s(self, s: int, code: int, mb: int) -> float:
+        """Copy seconds inside the node of stage ``s``, kind ``code`` (0 F, 1 B, 2 I, 3 W), micro-batch ``mb``."""
+        return self.copies.in_action.get(("FBIW"[code], s, mb), 0.0)
+
+    def rank_after_s(self, r: int) -> float:
+        """Copy seconds after rank ``r``'s last node."""
+        return sum(t for s, (t, _) in enumerate(self.copies.after) if self.stage_to_rank[s] == r)
 
     def topo(self) -> list[tuple[int, int, int, int, float, int]]:
         """Nodes in a dependency-respecting order: (rank, stage, kind code, predecessor node or −1,
@@ -145,15 +158,19 @@ class ClockDag:
         dur = [f_d, [i + w for i, w in zip(i_d, w_d, strict=True)], i_d, w_d]
         free = [0.0] * self.pp
         end: list[float] = []
-        for r, s, code, pred, send, _ in self.topo():
+        copy = self.copies.in_action
+        for r, s, code, pred, send, mb in self.topo():
             t = free[r]
             if pred >= 0:
                 dep = end[pred] + send
                 if dep > t:
                     t = dep
             t += dur[code][s]
+            if copy:
+                t += copy.get(("FBIW"[code], s, mb), 0.0)
             end.append(t)
             free[r] = t
+        free = [f + self.rank_after_s(r) for r, f in enumerate(free)]
         return max(free), free
 
     def evaluate(self, rank_clocks: Sequence[int]) -> DagPoint:
@@ -172,6 +189,9 @@ class ClockDag:
             cb = comp[s] - cf
             energy += m * (self.power.busy_power_w(mhz, fwd.compute_share) * cf + self.power.busy_power_w(mhz, bwd.compute_share) * cb)
             busy[r] += m * comp[s]
+            copy = self.copies.stage_s(s) if self.copies.after else 0.0
+            energy += self.power.busy_power_w(mhz, 0.0) * copy
+            busy[r] += copy
         energy += sum(self.power.blocked_power_W * max(0.0, t - b) for b in busy)
         return DagPoint(tuple(rank_clocks), t, energy * self.devices_per_rank)
 

@@ -24,8 +24,10 @@ the TP collectives with the GEMMs → ``tp_comm_overlap=true`` (when tp > 1), an
 recompute level (``selective`` for the GPT-3 20B and 175B recipes, else none).
 Transformer Engine's fused RMSNorm, rotary (``apply_rope_fusion: true``) and SwiGLU
 (``bias_activation_fusion: true``, ``activation: fast-swiglu``; e.g. the launcher's
-``conf/training/llama/llama3_8b.yaml``) → ``fused_elementwise=true``.
-``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``, ``blocking_p2p`` and ``fused_elementwise`` are
+``conf/training/llama/llama3_8b.yaml``) → ``fused_elementwise=true``. Megatron-core's data parallelism
+reduces and gathers in contiguous buffers in place → ``contiguous_dp_buffers=true``.
+``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``, ``blocking_p2p``, ``fused_elementwise`` and
+``contiguous_dp_buffers`` are
 what-if knobs: the simulator models them, MindPipe's executor does not run them. What the plan cannot say is left out
 and reported by the error: the gradient reduce-scatter in bf16 (``grad_sync_dtype: bf16`` in some
 recipes; the plan reduces fp32 main gradients), TE's extra all-gather of the normed input for the
@@ -171,7 +173,10 @@ def nemo_plan(gpus: int, global_batch: int, micro_batch: int, tp: int, pp: int, 
                 fused_elementwise=True,
                 # Megatron-core blocks on its pipeline sends except in the interleaved schedule with
                 # overlap_p2p_comm, which NeMo's recipes set (with batch_p2p_comm false) whenever vp > 1.
-                blocking_p2p=pp > 1 and vp == 1)
+                blocking_p2p=pp > 1 and vp == 1,
+                # Megatron-core's DDP reduces the gradients in one contiguous buffer in place, and its
+                # distributed optimizer all-gathers the parameters straight into theirs.
+                contiguous_dp_buffers=True)
 
 
 def _row(cells: dict[str, str], where: str) -> NemoRow:

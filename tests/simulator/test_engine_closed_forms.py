@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from mindpipe.simulator.api import SimulationOptions, simulate
@@ -13,7 +14,7 @@ from mindpipe.simulator.perf.gpu import GpuComputeModel
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Cluster, Model, Plan
-from mindpipe.traces.layout import data_parallel_units
+from mindpipe.traces.layout import copies_dp_buffers, data_parallel_units
 
 
 @dataclass
@@ -189,7 +190,9 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
     plan = Plan(dp=2, micro_batch_size=2, global_batch_size=8, zero_stage=3)
     r = simulate(model, cluster, plan, SimulationOptions(timeline=True))
     tl = [e for e in r.timeline if e["rank"] == 0]
-    replicated = simulate(model, cluster, dataclasses.replace(plan, zero_stage=0), SimulationOptions(timeline=True))
+    # Megatron-style replicas reduce in place: no gathers and no copies.
+    replicated = simulate(model, cluster, dataclasses.replace(plan, zero_stage=0, contiguous_dp_buffers=True),
+                          SimulationOptions(timeline=True))
     compute = {(e["category"], e["name"]): e["end_s"] - e["start_s"] for e in replicated.timeline
                if e["rank"] == 0 and e["thread"] == "compute" and e["category"] in ("F", "B")}
     units = data_parallel_units(plan, model.num_layers)
@@ -213,7 +216,7 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
         if first:
             assert first[0]["end_s"] <= a["start_s"] + 1e-12  # the first one before it
         assert a["end_s"] >= max(g["end_s"] for g in rest) - 1e-12
-        # Its compute alone: the same action under plain replication (ZeRO-0, nothing to gather).
+        # Its compute alone: the same action under in-place replication (nothing gathered or copied).
         c = compute[(a["category"], a["name"])] + copy + (copy_in if a["category"] == "B" else 0.0)
         last = max(g["end_s"] for g in rest)
         assert a["end_s"] == pytest.approx(max(a["start_s"] + c, last + c / units), rel=1e-9, abs=1e-12)
@@ -223,23 +226,62 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
             assert a["end_s"] == pytest.approx(last + c / units, rel=1e-9)  # the gathers set its length
 
 
-@pytest.mark.parametrize(("zero", "pp", "copies"), [
-    (3, 1, True),    # gathered before every forward and backward
-    (2, 1, True),    # resharded after each backward: gathered again before the next forward
-    (3, 2, True),    # gathered once, before the stage's first forward
-    (0, 1, False),   # DDP-style replicas: nothing gathered during the step
-    (1, 1, False),   # the optimizer shards' all-gather after the step writes the parameters in place
-    (2, 2, False),
+@pytest.mark.parametrize(("zero", "pp", "dp", "precision", "contiguous", "copies"), [
+    (3, 1, 2, "bf16", False, True),   # fully_shard: gathered before every forward and backward
+    (2, 1, 2, "bf16", False, True),   # resharded after each backward, gathered again
+    (3, 2, 2, "bf16", False, True),   # gathered once, before the stage's first forward
+    (0, 1, 2, "bf16", False, True),   # replicate: its unshard copies the replica too
+    (1, 2, 2, "bf16", False, True),
+    (0, 1, 1, "bf16", False, True),   # one replica in bf16: the wrapper still casts and copies
+    (0, 1, 1, "fp32", False, False),  # one fp32 replica: no wrapper (data_parallel_units)
+    (0, 1, 2, "bf16", True, False),   # Megatron's contiguous buffers: reduced and gathered in place
+    (1, 2, 2, "bf16", True, False),
 ])
-def test_only_stages_that_gather_during_the_step_copy_out(zero: int, pp: int, copies: bool) -> None:
+def test_stages_under_fsdp2_copy_their_weights_and_gradients(zero: int, pp: int, dp: int, precision: str,
+                                                             contiguous: bool, copies: bool) -> None:
     model = Model(kind="gpt", num_layers=4, hidden_size=512, num_heads=8, seq_len=256, vocab_size=1024)
-    cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=2 * pp)
-    plan = Plan(dp=2, pp=pp, micro_batch_size=2, global_batch_size=8, zero_stage=zero)
+    cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=dp * pp)
+    plan = Plan(dp=dp, pp=pp, micro_batch_size=2, global_batch_size=8, zero_stage=zero, precision=precision,
+                contiguous_dp_buffers=contiguous)
+    assert copies_dp_buffers(plan) == copies
     _, _, stages, _, params_by_rank = Simulator(model, cluster).work(plan)
     per_byte = 2 / GpuComputeModel(get_device(cluster.gpu)).kernel_params(plan.precision).bandwidth_Bps
     for st, params in zip(stages, params_by_rank, strict=True):
         want = per_byte * DTYPE_BYTES[plan.precision] * params if copies else 0.0
         assert st.gather_copy_s == pytest.approx(want, rel=1e-12)
-        # The gradients' copy into the reduce-scatter buffer: bf16 read, fp32 written.
+        # The gradients' copy into the reduction's buffer: bf16 read, fp32 written.
         want = per_byte * (DTYPE_BYTES[plan.precision] + GRAD_BYTES[plan.precision]) / 2 * params if copies else 0.0
         assert st.reduce_copy_s == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize(("zero", "pp"), [(0, 1), (1, 2), (2, 2)])
+def test_a_step_copies_once_where_the_weights_stay_gathered(zero: int, pp: int) -> None:
+    """Without re-gathers FSDP2 gathers (and copies out) each stage's weights once per step, in its
+    first forward (they are resharded after the last backward), and copies the gradients into the
+    reduction's buffer once, after the rank's last backward (torch's pipelining runtime runs
+    FSDP2's post-backward in ``perform_reduce_grad``, once the input gradient is sent on): every
+    action but the first forward lasts as long as under Megatron's in-place buffers."""
+    model = Model(kind="gpt", num_layers=4, hidden_size=512, num_heads=8, seq_len=256, vocab_size=1024)
+    cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=2 * pp)
+    plan = Plan(dp=2, pp=pp, micro_batch_size=2, global_batch_size=16, zero_stage=zero)
+    (fsdp, megatron) = (simulate(model, cluster, dataclasses.replace(plan, contiguous_dp_buffers=c),
+                                 SimulationOptions(timeline=True)) for c in (False, True))
+    stages = Simulator(model, cluster).work(plan)[2]
+
+    def actions(r: Any) -> list[tuple[str, str, float]]:
+        return [(e["category"], e["name"], e["end_s"] - e["start_s"]) for e in r.timeline
+                if e["thread"] == "compute" and e["category"] in ("F", "B") and e["rank"] == 0]
+
+    mine, theirs = actions(fsdp), actions(megatron)
+    assert [a[:2] for a in mine] == [a[:2] for a in theirs] and len(mine) == 2 * plan.num_microbatches
+    extra = [a[2] - b[2] for a, b in zip(mine, theirs, strict=True)]
+    first_f = next(i for i, a in enumerate(mine) if a[0] == "F")
+    assert extra[first_f] == pytest.approx(stages[0].gather_copy_s, rel=1e-9) and stages[0].gather_copy_s > 0
+    assert all(abs(x) < 1e-12 for i, x in enumerate(extra) if i != first_f)
+    (copy,) = [e for e in fsdp.timeline if e["rank"] == 0 and e["category"] == "copy"]
+    assert copy["thread"] == "compute" and stages[0].reduce_copy_s > 0
+    assert copy["end_s"] - copy["start_s"] == pytest.approx(stages[0].reduce_copy_s, rel=1e-9)
+    last = max(e["end_s"] for e in fsdp.timeline if e["rank"] == 0 and e["category"] == "B")
+    assert copy["start_s"] >= last - 1e-12
+    assert not [e for e in megatron.timeline if e["category"] == "copy"]
+    assert fsdp.iteration_time_s > megatron.iteration_time_s
