@@ -110,7 +110,7 @@ def what_if_notes(plan: Plan) -> list[str]:
                                 "the devices run at their default clocks",
            "blocking_p2p": "torch.distributed.pipelining's runtime leaves sends in flight until the step's end",
            "fused_elementwise": "the executor runs RMSNorm, the rotary embedding and SwiGLU as eager PyTorch kernels",
-           "contiguous_dp_buffers": "FSDP2 copies the gathered weights out of, and the gradients into, its own buffers"}
+           "dp_impl": "the executor's data parallelism is FSDP2 (replicate / fully_shard)"}
     knobs = {key: f"{key}={knob_value(key, getattr(plan, key))} ({why.get(key, 'simulated only')}; the measurement "
                   f"records {plan_value(WHAT_IF_KEYS[key])})" for key in what_if_used(plan)}
     for key in plan.made_for.what_if if plan.made_for is not None else []:

@@ -35,6 +35,7 @@ from mindpipe.traces.layout import (
     block_policies,
     copies_dp_buffers,
     data_parallel_units,
+    gathers_before_forward,
     one_weight_pass,
     reduces_every_microbatch,
     reshards_after_forward,
@@ -256,8 +257,9 @@ def _stage_work(plan: Plan, stages: list[list[LayerCost]], s: int, topo: Topolog
     prv = stage_to_rank[s - 1] if s > 0 else None
     zero = plan.zero_stage
     every = reduces_every_microbatch(plan)
-    allgather = _gather_units(topo, layers, dbytes, rank) if zero == 3 or every else []
-    gathers = allgather if zero == 3 else []
+    before = gathers_before_forward(plan)
+    allgather = _gather_units(topo, layers, dbytes, rank) if before or every else []
+    gathers = allgather if before else []
     return StageWork(
         forward_s=times[0], input_s=times[1], weight_s=times[2], recompute_s=times[3], weight_rerun_s=times[4],
         rerun_tp=_tp_phases(topo, rerun_comm, rank),
@@ -280,7 +282,7 @@ def _stage_work(plan: Plan, stages: list[list[LayerCost]], s: int, topo: Topolog
 def _rank_works(model: Model, plan: Plan, stages: list[list[LayerCost]], stage_to_rank: list[int],
                 params_by_rank: list[int], compute: ComputeModel, topo: Topology) -> list[RankWork]:
     """Each pipeline rank's work outside its stages: the optimizer step over its (ZeRO) shard, ZeRO-1/2's
-    parameter all-gather, a tied token table's gradient exchange between its two holders, and
+    parameter all-gather after the step (Megatron's distributed optimizer), a tied token table's gradient exchange between its two holders, and
     under sequence parallelism the all-reduce of each of its stages' norms' partial gradients
     (:func:`~mindpipe.simulator.costs.partial_grad_params`; the executor's one per stage, where
     Megatron-LM flattens a rank's model chunks into one)."""
@@ -289,8 +291,10 @@ def _rank_works(model: Model, plan: Plan, stages: list[list[LayerCost]], stage_t
     ranks: list[RankWork] = []
     for r in range(plan.pp):
         shard = optimizer_shard(plan, params_by_rank[r])
+        # Megatron's distributed optimizer gathers ZeRO-1/2's shards after the step (FSDP2 before
+        # the first forward: gathers_before_forward, the stages' gather units).
         gather = (_buckets(topo, "allgather", params_by_rank[r], dbytes, bucket, r)
-                  if plan.zero_stage in (1, 2) else [])
+                  if plan.zero_stage in (1, 2) and not gathers_before_forward(plan) else [])
         rank_work = RankWork(optimizer_s=compute.optimizer_step_s(int(shard), plan), param_gather=gather)
         for s, layers in enumerate(stages):  # one message per stage, as the executor reduces them
             if stage_to_rank[s] == r and (partial := partial_grad_params(model, plan, layers)):

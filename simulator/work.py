@@ -31,7 +31,8 @@ class StageWork:
         send_fwd: Phases moving the output to the next stage (None: same rank or last stage).
         send_bwd: Phases moving the input gradient to the previous stage.
         dp_buckets: Gradient-reduction phases per bucket, in issue order.
-        gather_buckets: ZeRO-3 parameter all-gather phases, one per sharded module (FSDP2 unit: the
+        gather_buckets: Parameter all-gather phases of a sharded stage (ZeRO-3, and ZeRO-1/2 under
+            FSDP2: :func:`mindpipe.traces.layout.gathers_before_forward`), one per module (FSDP2 unit: the
             stage's own parameters, then each block's; ``build._gather_units``), for the stage's first
             forward. On dedicated devices only the first is exposed before an action, the others
             are prefetched under its compute (:meth:`~mindpipe.simulator.engine.Engine._gather_ahead`).
@@ -183,7 +184,7 @@ class RankWork:
     """Per-iteration work of a pipeline rank outside the schedule."""
 
     optimizer_s: float = 0.0
-    param_gather: list[list[Phase]] = field(default_factory=list)  # ZeRO-1/2 after the step
+    param_gather: list[list[Phase]] = field(default_factory=list)  # ZeRO-1/2 after the step (Megatron's)
     # A tied head's table gradients (mindpipe.traces.layout.tied_table_ranks): after the gradient
     # reductions and before the step, this rank and ``tied_peer`` each send their piece to the other.
     tied_exchange: list[Phase] = field(default_factory=list)

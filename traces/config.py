@@ -34,6 +34,9 @@ COMM_PRIORITIES = ("fair", "pp_first")
 # K and V gathered before the attention kernels) or ``p2p`` (Transformer Engine's ring, the exchange
 # pipelined under the attention kernels); the executor runs both (traces.torch_context_parallel).
 CP_COMM_TYPES = ("allgather", "p2p")
+# How data parallelism runs (``Plan.dp_impl``; the rules are :mod:`mindpipe.traces.layout`'s): the
+# executor's FSDP2, or Megatron-LM's DDP and distributed optimizer (a what-if knob).
+DP_IMPLS = ("fsdp2", "megatron")
 LAYER_MEMORY_POLICIES = ("keep", "selective", "nongemm", "recompute", "swap")
 # Where a stage boundary falls (``Plan.stage_cuts``; the rule is :mod:`mindpipe.traces.layout`'s):
 # between two blocks, or inside the stage's last block after its attention sub-layer's residual add.
@@ -45,14 +48,15 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 # ``tune --what-if`` searches the first four; ``action_clocks_mhz`` (Perseus's per-action clocks) only
 # the clock planner sets (tuner.frequency); ``blocking_p2p=true`` (Megatron-LM's blocking pipeline
 # sends) only ever costs time, and ``fused_elementwise=true`` (Transformer Engine's fused Llama
-# norm/rotary/SwiGLU kernels) and ``contiguous_dp_buffers=true`` (Megatron-LM's in-place data-parallel
-# buffers) only ever save it, so ``--what-if all`` leaves all three out: the
+# norm/rotary/SwiGLU kernels) only ever saves it, and ``dp_impl=megatron`` (Megatron-LM's data
+# parallelism instead of the executor's FSDP2) plans for another framework, so ``--what-if all``
+# leaves all three out: the
 # validations of Megatron's and NeMo's published runs set them, and ``tune --what-if KEY --fix
 # KEY=true`` pins them (tuner.keys).
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
                                          "tp_comm_overlap": False, "overlap_param_gather": False}
 WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False,
-                                "fused_elementwise": False, "contiguous_dp_buffers": False}
+                                "fused_elementwise": False, "dp_impl": "fsdp2"}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
@@ -367,11 +371,11 @@ _PLAN_INTEGER_LIMITS = {"dp": "devices", "tp": "devices", "pp": "devices", "cp":
                         "subnet_window": "subnet_window", "loss_chunks": "loss_chunks"}
 _PLAN_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRECISIONS,
                  "comm_priority": COMM_PRIORITIES, "rank_order": RANK_ORDERS, "subnet_schedule": SUBNET_SCHEDULES,
-                 "cp_comm_type": CP_COMM_TYPES}
+                 "cp_comm_type": CP_COMM_TYPES, "dp_impl": DP_IMPLS}
 # Keys that only supernet plans set; None in every GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
 SUPERNET_PLAN_KEYS = ("subnet_schedule", "subnet_window")
 _PLAN_BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention",
-                   "blocking_p2p", "fused_head_loss", "fused_elementwise", "contiguous_dp_buffers")
+                   "blocking_p2p", "fused_head_loss", "fused_elementwise")
 PLAN_SCALAR_KEYS = (*_PLAN_INTEGER_LIMITS, *_PLAN_BOOL_KEYS, *_PLAN_CHOICES, "zero_stage")
 """The plan keys whose rule holds on their own (:func:`check_plan_key`); the rules between keys are :class:`Plan`'s."""
 
@@ -459,13 +463,16 @@ class Plan:
     ``fused_elementwise`` prices a Llama block's norms, rotary embedding and SwiGLU as one fused
     kernel each (Transformer Engine) instead of the executor's eager kernels
     (:func:`mindpipe.simulator.ops.rms_norm_ops`); a what-if knob, set by NeMo's validation.
-    ``contiguous_dp_buffers`` prices the data-parallel wrapper as Megatron-LM's: every gradient is a
-    view of one contiguous buffer that the all-reduce or reduce-scatter works on in place, and the
-    distributed optimizer all-gathers the updated shards straight into the parameters' contiguous
-    buffer. The executor's FSDP2 (``replicate`` and ``fully_shard`` alike) copies each gathered
-    parameter out of its all-gather buffer and each gradient into the reduction's flat buffer, both
-    on the compute stream (:func:`mindpipe.traces.layout.copies_dp_buffers`); a what-if knob, set by
-    the validations of Megatron's and NeMo's published runs.
+    ``dp_impl`` says whose data parallelism runs (:data:`DP_IMPLS`). ``fsdp2``, the executor's:
+    ``replicate`` for ZeRO-0 and ``fully_shard`` otherwise, which copies each gathered parameter out
+    of its all-gather buffer and each gradient into the reduction's flat buffer on the compute stream
+    (:func:`mindpipe.traces.layout.copies_dp_buffers`), and gathers a sharded stage's weights before
+    its first forward, module by module, each under the compute before it
+    (:func:`mindpipe.traces.layout.gathers_before_forward`). ``megatron``, Megatron-LM's DDP and
+    distributed optimizer: every gradient a view of one contiguous buffer reduced in place, and
+    ZeRO-1/2's updated shards all-gathered straight into the parameters' buffer after the optimizer
+    step (under the next forward with ``overlap_param_gather``, which needs it); a what-if knob, set
+    by the validations of Megatron's and NeMo's published runs.
     ``cp`` is context parallelism (Megatron-core ``--context-parallel-size``): each sequence is
     split over ``cp`` ranks, which hold the same weights; every layer but the attention core works
     on their s/cp tokens, and the causal core of each rank attends its query chunks (two of 2·cp,
@@ -504,7 +511,7 @@ class Plan:
     fused_head_loss: bool = False
     blocking_p2p: bool = False
     fused_elementwise: bool = False
-    contiguous_dp_buffers: bool = False
+    dp_impl: str = "fsdp2"
     cp: int = 1
     cp_comm_type: str = "allgather"
     rank_order: str = "tp-dp-pp"
@@ -551,6 +558,11 @@ class Plan:
             # can happen only when sequence parallelism is enabled" (the overlapped collectives are
             # sequence parallelism's all-gather and reduce-scatter).
             raise ContractError("", "tp_comm_overlap", "tp_comm_overlap=true needs sequence_parallel=true (and tp > 1)")
+        if self.overlap_param_gather and self.dp_impl != "megatron":
+            # FSDP2 has no all-gather after the step: it gathers before the forward, under it already.
+            raise ContractError("", "overlap_param_gather", "overlap_param_gather=true needs dp_impl=megatron "
+                                "(the distributed optimizer's all-gather after the step; FSDP2 gathers under "
+                                "the forward)")
         if self.overlap_param_gather and self.zero_stage not in (1, 2):
             # Megatron-LM arguments.py: --overlap-param-gather "only supported with distributed
             # optimizer"; ZeRO-3 gathers before each stage's forward already (zero_stage 3). Megatron
@@ -773,6 +785,7 @@ def stage_layers(plan: Plan, model: Model) -> list[int]:
 
 __all__ = [
     "COMM_PRIORITIES",
+    "DP_IMPLS",
     "PLAN_SCALAR_KEYS",
     "PRECISIONS",
     "RECOMPUTE",

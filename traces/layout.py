@@ -187,16 +187,31 @@ def data_parallel_units(plan: Plan, num_blocks: int) -> int:
 def copies_dp_buffers(plan: Plan) -> bool:
     """Whether the data-parallel wrapper copies weights and gradients on the compute stream.
 
-    FSDP2 (``replicate`` and ``fully_shard`` alike, wherever :func:`data_parallel_units` wraps a
-    stage) copies each gathered parameter out of its all-gather buffer once the gather lands
-    (``foreach_all_gather_copy_out``; under ``replicate`` the copy of ``wait_for_unshard``) and,
-    before each reduction, the gradients into one flat buffer in the reduction's dtype
-    (``foreach_reduce_scatter_copy_in``), both on the current stream (torch 2.13's
-    ``torch/distributed/fsdp/_fully_shard``). A step gathers the weights at least once: they are
-    resharded after the last backward. Megatron-LM's contiguous buffers
-    (``plan.contiguous_dp_buffers``) reduce and gather in place and copy nothing.
+    FSDP2 (``plan.dp_impl`` ``fsdp2``: ``replicate`` and ``fully_shard`` alike, wherever
+    :func:`data_parallel_units` wraps a stage) copies each gathered parameter out of its all-gather
+    buffer once the gather lands (``foreach_all_gather_copy_out``; under ``replicate`` the copy of
+    ``wait_for_unshard``) and, before each reduction, the gradients into one flat buffer in the
+    reduction's dtype (``foreach_reduce_scatter_copy_in``), both on the current stream (torch
+    2.13's ``torch/distributed/fsdp/_fully_shard``). A step gathers the weights at least once: they
+    are resharded after the last backward. Megatron-LM's contiguous buffers (``megatron``) reduce
+    and gather in place and copy nothing.
     """
-    return data_parallel_units(plan, 1) > 0 and not plan.contiguous_dp_buffers
+    return data_parallel_units(plan, 1) > 0 and plan.dp_impl == "fsdp2"
+
+
+def gathers_before_forward(plan: Plan) -> bool:
+    """Whether a stage's sharded weights are all-gathered before its first forward of the step,
+    module by module, each gather under the compute before it (FSDP2's prefetch).
+
+    ZeRO-3 always (the weights are sharded at rest). ZeRO-1/2 under FSDP2 too: the executor runs
+    them as ``fully_shard``, resharded after the step's last backward, so the step's first forward
+    gathers them again (the same as ZeRO-3 under pipelining). Megatron's distributed optimizer
+    (``dp_impl`` ``megatron``) instead all-gathers ZeRO-1/2's updated shards after the optimizer
+    step, into the parameters in place.
+    """
+    if plan.grad_replicas == 1:
+        return False
+    return plan.zero_stage == 3 or (plan.zero_stage in (1, 2) and plan.dp_impl == "fsdp2")
 
 
 def loop_stage_to_rank(pp: int, num_stages: int) -> list[int]:
@@ -327,6 +342,7 @@ __all__ = [
     "block_policies",
     "copies_dp_buffers",
     "data_parallel_units",
+    "gathers_before_forward",
     "keeps_gathered_weights",
     "loop_stage_to_rank",
     "rank_stages",

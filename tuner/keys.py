@@ -17,9 +17,9 @@ pre-hooks, which DTensor and FSDP2 do not have. ``mindpipe tune --what-if`` sear
 (:mod:`mindpipe.tuner.frequency`); the sixth, ``blocking_p2p`` (Megatron's blocking pipeline
 exchanges), ``--what-if blocking_p2p --fix blocking_p2p=true`` pins to plan for a Megatron-LM
 deployment (``all`` leaves it out: it only costs time); the seventh, ``fused_elementwise`` (a Llama
-block's norms, rotary embedding and SwiGLU as Transformer Engine's fused kernels), and the eighth,
-``contiguous_dp_buffers`` (Megatron's in-place data-parallel buffers, where FSDP2 copies), likewise
-(they only save time). Every output marks a plan that uses one (:func:`what_if_used`).
+block's norms, rotary embedding and SwiGLU as Transformer Engine's fused kernels), likewise
+(it only saves time), and the eighth, ``dp_impl`` (``megatron``: Megatron-LM's DDP and distributed
+optimizer instead of the executor's FSDP2), likewise (it plans for another framework). Every output marks a plan that uses one (:func:`what_if_used`).
 
 Keys searched on request (``--search``, :data:`SEARCH_ON_REQUEST_KEYS`) are plan keys the executor
 runs but the default space leaves at one value: ``cp`` (context parallelism) splits each mesh's
@@ -38,6 +38,7 @@ from typing import Any
 from mindpipe.traces.config import (
     COMM_PRIORITIES,
     CP_COMM_TYPES,
+    DP_IMPLS,
     PLAN_SCALAR_KEYS,
     PRECISIONS,
     RANK_ORDERS,
@@ -77,21 +78,22 @@ POINT_KEYS = (
     "dp", "tp", "pp", "cp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages", "recompute",
     "sequence_parallel", "zero_stage", "comm_priority", "precision", "overlap_grad_reduce", "tp_comm_overlap",
     "overlap_param_gather", "flash_attention", "loss_chunks", "fused_head_loss", "blocking_p2p", "fused_elementwise",
-    "contiguous_dp_buffers", "rank_order", "cp_comm_type", "partitioner",
+    "dp_impl", "rank_order", "cp_comm_type", "partitioner",
 )
 # Keys a point may leave out, with the value that means (points written before the key existed,
 # or by hand); a point's identity (point_key) names them only when they differ from it, so a sweep
 # stored before the key existed resumes as the same points.
 OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False, "loss_chunks": 1, "fused_head_loss": False,
                                        "blocking_p2p": False, "fused_elementwise": False,
-                                       "contiguous_dp_buffers": False, "cp": 1,
+                                       "dp_impl": "fsdp2", "cp": 1,
                                        "cp_comm_type": "allgather"}
 # What-if knobs ``--what-if`` searches (or lets ``--fix KEY=VALUE`` pin) only when it names them, though
-# ``all`` leaves them out: ``blocking_p2p=true`` only ever costs time and ``fused_elementwise=true`` and
-# ``contiguous_dp_buffers=true`` only ever save it, so searching them is never wanted, but pinning
-# them plans for a Megatron-LM deployment (blocking pipeline exchanges; Transformer Engine's fused
-# norm, rotary and SwiGLU kernels; in-place data-parallel buffers) instead of the executor's.
-NAMED_WHAT_IF_KEYS = ("blocking_p2p", "fused_elementwise", "contiguous_dp_buffers")
+# ``all`` leaves them out: ``blocking_p2p=true`` only ever costs time, ``fused_elementwise=true`` only
+# ever saves it and ``dp_impl=megatron`` is another framework's, so searching them is never wanted,
+# but pinning them plans for a Megatron-LM deployment (blocking pipeline exchanges; Transformer
+# Engine's fused norm, rotary and SwiGLU kernels; Megatron's DDP and distributed optimizer) instead
+# of the executor's.
+NAMED_WHAT_IF_KEYS = ("blocking_p2p", "fused_elementwise", "dp_impl")
 # Plan keys the executor runs that the default space leaves at their OPTIONAL_POINT_KEYS value and
 # ``--search`` opens: ``cp`` (context parallelism) multiplies the device meshes.
 SEARCH_ON_REQUEST_KEYS = ("cp",)
@@ -102,11 +104,11 @@ LIST_KEYS = ("partition", "layer_memory_policy")  # pinned as JSON lists, copied
 _INT_KEYS = ("dp", "tp", "pp", "cp", "micro_batch_size", "global_batch_size", "virtual_stages", "zero_stage", "subnet_window",
              "loss_chunks")
 _BOOL_KEYS = ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "flash_attention",
-              "blocking_p2p", "fused_head_loss", "fused_elementwise", "contiguous_dp_buffers")
+              "blocking_p2p", "fused_head_loss", "fused_elementwise")
 _STR_CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": SCHEDULES, "recompute": RECOMPUTE, "comm_priority": COMM_PRIORITIES, "precision": PRECISIONS,
     "rank_order": RANK_ORDERS, "partitioner": PARTITIONERS, "subnet_schedule": SUBNET_SCHEDULES,
-    "cp_comm_type": CP_COMM_TYPES,
+    "cp_comm_type": CP_COMM_TYPES, "dp_impl": DP_IMPLS,
 }
 
 Point = dict[str, Any]

@@ -44,6 +44,7 @@ from mindpipe.traces.catalog import check_precision, get_device
 from mindpipe.traces.config import (
     COMM_PRIORITIES,
     CP_COMM_TYPES,
+    DP_IMPLS,
     RECOMPUTE,
     SCHEDULES,
     V_SCHEDULES,
@@ -75,7 +76,7 @@ DEFAULT_INTERLEAVE = (2, 4)  # virtual stages tried for interleaved_1f1b (Megatr
 _WHAT_IF_VALUES: dict[str, tuple[Any, ...]] = {"comm_priority": COMM_PRIORITIES, "overlap_grad_reduce": (False, True),
                                                "tp_comm_overlap": (False, True), "overlap_param_gather": (False, True),
                                                "blocking_p2p": (False, True), "fused_elementwise": (False, True),
-                                               "contiguous_dp_buffers": (False, True)}
+                                               "dp_impl": DP_IMPLS}
 
 
 def _divisors(n: int) -> list[int]:
@@ -297,23 +298,23 @@ class SearchSpace:
         product = itertools.product(
             recompute, knobs.zero_stage, knobs.comm_priority, self.choices("precision", ["bf16"]),
             knobs.overlap_grad_reduce, knobs.tp_comm_overlap, knobs.overlap_param_gather, flash_choices, chunk_choices,
-            fused_choices, knobs.blocking_p2p, elementwise, self._knob("contiguous_dp_buffers"),
+            fused_choices, knobs.blocking_p2p, elementwise, self._knob("dp_impl"),
             self.choices("rank_order", ["tp-dp-pp"]), part_choices, knobs.cp_comm_type,
         )
-        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, fused, p2p, fel, cdb, order, part, cpc in product:
+        for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, fused, p2p, fel, impl, order, part, cpc in product:
             if part in MEMORY_PARTITIONERS and rc != recompute[0]:
                 continue  # their per-block policy overrides the recompute level: one point, not one per level
             if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
                 self.rejected[Rule.PLAN] += 1
                 continue
-            if opg and zero not in (1, 2):  # no distributed-optimizer all-gather to overlap (Plan's rule)
+            if opg and (zero not in (1, 2) or impl != "megatron"):  # no all-gather after the step (Plan's rules)
                 if self._pinned("overlap_param_gather"):
                     self.rejected[Rule.PLAN] += 1
                 continue
             point = dict(base, recompute=rc, zero_stage=zero, comm_priority=comm, precision=prec,
                          overlap_grad_reduce=ogr, tp_comm_overlap=tpo, overlap_param_gather=opg, flash_attention=flash,
                          loss_chunks=chunks, fused_head_loss=fused, blocking_p2p=p2p, fused_elementwise=fel,
-                         contiguous_dp_buffers=cdb, rank_order=order,
+                         dp_impl=impl, rank_order=order,
                          partitioner=part, cp_comm_type=cpc)
             yield {k: point[k] for k in POINT_KEYS}
 

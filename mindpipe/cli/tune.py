@@ -88,8 +88,8 @@ def _add_space_arguments(p: argparse.ArgumentParser) -> None:
                         "(Megatron's blocking pipeline exchanges: name it with --fix blocking_p2p=true to plan "
                         "for a Megatron-LM deployment), fused_elementwise (a Llama block's norms, rotary "
                         "embedding and SwiGLU as Transformer Engine's fused kernels: --fix fused_elementwise=true) "
-                        "and contiguous_dp_buffers (Megatron's in-place data-parallel buffers, where FSDP2 copies: "
-                        "--fix contiguous_dp_buffers=true)")
+                        "and dp_impl (Megatron-LM's DDP and distributed optimizer instead of FSDP2: "
+                        "--fix dp_impl=megatron)")
     p.add_argument("--search", default=None, metavar="KEY[,KEY]",
                    help="also search plan keys the default space leaves at one value: cp (context parallelism: "
                         "each mesh's data-parallel devices split into dp x cp, with FlashAttention; cp=1 is then "
@@ -208,7 +208,7 @@ def _format(info: dict[str, Any]) -> str:
     keys: tuple[str, ...] = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages",
                              "recompute", "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce",
                              "tp_comm_overlap", "overlap_param_gather", "flash_attention", "loss_chunks",
-                             "fused_head_loss", "blocking_p2p", "fused_elementwise", "contiguous_dp_buffers", "partition")
+                             "fused_head_loss", "blocking_p2p", "fused_elementwise", "dp_impl", "partition")
     net = info.get("supernet")
     if net is not None:
         keys = ("dp", "pp", "micro_batch_size", "global_batch_size", "subnet_schedule", "subnet_window", "partition")

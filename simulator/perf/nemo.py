@@ -25,9 +25,10 @@ recompute level (``selective`` for the GPT-3 20B and 175B recipes, else none).
 Transformer Engine's fused RMSNorm, rotary (``apply_rope_fusion: true``) and SwiGLU
 (``bias_activation_fusion: true``, ``activation: fast-swiglu``; e.g. the launcher's
 ``conf/training/llama/llama3_8b.yaml``) → ``fused_elementwise=true``. Megatron-core's data parallelism
-reduces and gathers in contiguous buffers in place → ``contiguous_dp_buffers=true``.
+(DDP and distributed optimizer) reduces and gathers in contiguous buffers in place, the parameters
+after the optimizer step → ``dp_impl=megatron``.
 ``overlap_grad_reduce``, ``overlap_param_gather``, ``tp_comm_overlap``, ``blocking_p2p``, ``fused_elementwise`` and
-``contiguous_dp_buffers`` are
+``dp_impl`` are
 what-if knobs: the simulator models them, MindPipe's executor does not run them. What the plan cannot say is left out
 and reported by the error: the gradient reduce-scatter in bf16 (``grad_sync_dtype: bf16`` in some
 recipes; the plan reduces fp32 main gradients), TE's extra all-gather of the normed input for the
@@ -176,7 +177,7 @@ def nemo_plan(gpus: int, global_batch: int, micro_batch: int, tp: int, pp: int, 
                 blocking_p2p=pp > 1 and vp == 1,
                 # Megatron-core's DDP reduces the gradients in one contiguous buffer in place, and its
                 # distributed optimizer all-gathers the parameters straight into theirs.
-                contiguous_dp_buffers=True)
+                dp_impl="megatron")
 
 
 def _row(cells: dict[str, str], where: str) -> NemoRow:

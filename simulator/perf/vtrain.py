@@ -13,7 +13,7 @@ Megatron-DeepSpeed pads it, to a multiple of 128 × tp (``_vocab_size_with_paddi
 Megatron's default dropout 0.1, and Megatron's blocking pipeline sends (``blocking_p2p``:
 ``p2p_communication._communicate`` waits on its ``batch_isend_irecv`` requests and calls
 ``torch.cuda.synchronize()``, so each activation or gradient transfer delays its sender), and its
-data-parallel gradients reduced in place in one contiguous buffer (``contiguous_dp_buffers``). The micro-batch size is the measured row's (vTrain's simulator
+data parallelism Megatron's: gradients reduced in place in one contiguous buffer (``dp_impl="megatron"``). The micro-batch size is the measured row's (vTrain's simulator
 replaces it by global/dp when pp = 1; Megatron ran the listed value). Rows with fewer
 micro-batches than pipeline stages (96 single-node rows) get ``schedule="gpipe"``: Megatron's
 1F1B degenerates to GPipe's order there.
@@ -118,7 +118,7 @@ def _row(cells: dict[str, str], where: str, gpu: str) -> VTrainRow:
         schedule = "1f1b" if micro >= pp else "gpipe"
         plan = Plan(dp=dp, tp=tp, pp=pp, micro_batch_size=v["micro batch"], global_batch_size=v["global batch"],
                     schedule=schedule, recompute="full", precision="fp16", overlap_grad_reduce=False,
-                    blocking_p2p=True, contiguous_dp_buffers=True)
+                    blocking_p2p=True, dp_impl="megatron")
         check_plan(plan, model, cluster, source=where)
     except ContractError as e:
         raise ContractError(where, e.key, e.rule) from None

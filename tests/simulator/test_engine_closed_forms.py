@@ -14,7 +14,7 @@ from mindpipe.simulator.perf.gpu import GpuComputeModel
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Cluster, Model, Plan
-from mindpipe.traces.layout import copies_dp_buffers, data_parallel_units
+from mindpipe.traces.layout import copies_dp_buffers, data_parallel_units, gathers_before_forward
 
 
 @dataclass
@@ -149,8 +149,9 @@ def test_zero_without_pipelining_reduces_every_microbatch_and_gathers_again(zero
     # Gathers go per sharded module (FSDP2's units: the stage's own parameters, then each block).
     units = data_parallel_units(plan, model.num_layers)
     assert units == 1 + model.num_layers
-    # ZeRO-2: m − 1 gathers in the step (the first forward's is the previous step's); ZeRO-3: m + m.
-    assert len(gathers) == (m - 1 if zero == 2 else 2 * m) * units
+    # ZeRO-2: m gathers in the step (FSDP2 reshards after the last backward: the first forward
+    # gathers too); ZeRO-3: m + m.
+    assert len(gathers) == (m if zero == 2 else 2 * m) * units
     piped = simulate(model, cluster, Plan(dp=2, pp=2, micro_batch_size=1, global_batch_size=2 * m, zero_stage=zero),
                      SimulationOptions(timeline=True))
     issued = [(e["rank"], e["name"]) for e in piped.timeline if e["category"] == "dp" and e["name"].startswith("grad-reduce")]
@@ -191,7 +192,7 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
     r = simulate(model, cluster, plan, SimulationOptions(timeline=True))
     tl = [e for e in r.timeline if e["rank"] == 0]
     # Megatron-style replicas reduce in place: no gathers and no copies.
-    replicated = simulate(model, cluster, dataclasses.replace(plan, zero_stage=0, contiguous_dp_buffers=True),
+    replicated = simulate(model, cluster, dataclasses.replace(plan, zero_stage=0, dp_impl="megatron"),
                           SimulationOptions(timeline=True))
     compute = {(e["category"], e["name"]): e["end_s"] - e["start_s"] for e in replicated.timeline
                if e["rank"] == 0 and e["thread"] == "compute" and e["category"] in ("F", "B")}
@@ -226,23 +227,23 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
             assert a["end_s"] == pytest.approx(last + c / units, rel=1e-9)  # the gathers set its length
 
 
-@pytest.mark.parametrize(("zero", "pp", "dp", "precision", "contiguous", "copies"), [
-    (3, 1, 2, "bf16", False, True),   # fully_shard: gathered before every forward and backward
-    (2, 1, 2, "bf16", False, True),   # resharded after each backward, gathered again
-    (3, 2, 2, "bf16", False, True),   # gathered once, before the stage's first forward
-    (0, 1, 2, "bf16", False, True),   # replicate: its unshard copies the replica too
-    (1, 2, 2, "bf16", False, True),
-    (0, 1, 1, "bf16", False, True),   # one replica in bf16: the wrapper still casts and copies
-    (0, 1, 1, "fp32", False, False),  # one fp32 replica: no wrapper (data_parallel_units)
-    (0, 1, 2, "bf16", True, False),   # Megatron's contiguous buffers: reduced and gathered in place
-    (1, 2, 2, "bf16", True, False),
+@pytest.mark.parametrize(("zero", "pp", "dp", "precision", "impl", "copies"), [
+    (3, 1, 2, "bf16", "fsdp2", True),     # fully_shard: gathered before every forward and backward
+    (2, 1, 2, "bf16", "fsdp2", True),     # resharded after each backward, gathered again
+    (3, 2, 2, "bf16", "fsdp2", True),     # gathered once, before the stage's first forward
+    (0, 1, 2, "bf16", "fsdp2", True),     # replicate: its unshard copies the replica too
+    (1, 2, 2, "bf16", "fsdp2", True),
+    (0, 1, 1, "bf16", "fsdp2", True),     # one replica in bf16: the wrapper still casts and copies
+    (0, 1, 1, "fp32", "fsdp2", False),    # one fp32 replica: no wrapper (data_parallel_units)
+    (0, 1, 2, "bf16", "megatron", False),  # Megatron's contiguous buffers: reduced and gathered in place
+    (1, 2, 2, "bf16", "megatron", False),
 ])
 def test_stages_under_fsdp2_copy_their_weights_and_gradients(zero: int, pp: int, dp: int, precision: str,
-                                                             contiguous: bool, copies: bool) -> None:
+                                                             impl: str, copies: bool) -> None:
     model = Model(kind="gpt", num_layers=4, hidden_size=512, num_heads=8, seq_len=256, vocab_size=1024)
     cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=dp * pp)
     plan = Plan(dp=dp, pp=pp, micro_batch_size=2, global_batch_size=8, zero_stage=zero, precision=precision,
-                contiguous_dp_buffers=contiguous)
+                dp_impl=impl)
     assert copies_dp_buffers(plan) == copies
     _, _, stages, _, params_by_rank = Simulator(model, cluster).work(plan)
     per_byte = 2 / GpuComputeModel(get_device(cluster.gpu)).kernel_params(plan.precision).bandwidth_Bps
@@ -254,18 +255,19 @@ def test_stages_under_fsdp2_copy_their_weights_and_gradients(zero: int, pp: int,
         assert st.reduce_copy_s == pytest.approx(want, rel=1e-12)
 
 
-@pytest.mark.parametrize(("zero", "pp"), [(0, 1), (1, 2), (2, 2)])
-def test_a_step_copies_once_where_the_weights_stay_gathered(zero: int, pp: int) -> None:
+@pytest.mark.parametrize("pp", [1, 2])
+def test_a_step_copies_once_where_the_weights_stay_gathered(pp: int) -> None:
     """Without re-gathers FSDP2 gathers (and copies out) each stage's weights once per step, in its
     first forward (they are resharded after the last backward), and copies the gradients into the
     reduction's buffer once, after the rank's last backward (torch's pipelining runtime runs
     FSDP2's post-backward in ``perform_reduce_grad``, once the input gradient is sent on): every
-    action but the first forward lasts as long as under Megatron's in-place buffers."""
+    action but the first forward lasts as long as under Megatron's in-place buffers (ZeRO-0:
+    nothing gathered over the network either way)."""
     model = Model(kind="gpt", num_layers=4, hidden_size=512, num_heads=8, seq_len=256, vocab_size=1024)
     cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=2 * pp)
-    plan = Plan(dp=2, pp=pp, micro_batch_size=2, global_batch_size=16, zero_stage=zero)
-    (fsdp, megatron) = (simulate(model, cluster, dataclasses.replace(plan, contiguous_dp_buffers=c),
-                                 SimulationOptions(timeline=True)) for c in (False, True))
+    plan = Plan(dp=2, pp=pp, micro_batch_size=2, global_batch_size=16)
+    (fsdp, megatron) = (simulate(model, cluster, dataclasses.replace(plan, dp_impl=impl),
+                                 SimulationOptions(timeline=True)) for impl in ("fsdp2", "megatron"))
     stages = Simulator(model, cluster).work(plan)[2]
 
     def actions(r: Any) -> list[tuple[str, str, float]]:
@@ -285,3 +287,26 @@ def test_a_step_copies_once_where_the_weights_stay_gathered(zero: int, pp: int) 
     assert copy["start_s"] >= last - 1e-12
     assert not [e for e in megatron.timeline if e["category"] == "copy"]
     assert fsdp.iteration_time_s > megatron.iteration_time_s
+
+
+@pytest.mark.parametrize(("zero", "pp"), [(1, 2), (2, 2), (1, 1), (2, 1)])
+def test_zero12_gathers_before_the_first_forward_under_fsdp2(zero: int, pp: int) -> None:
+    """The executor runs ZeRO-1/2 as ``fully_shard``, resharded after the step's last backward: the
+    step's first forward gathers each module (the first before it, the rest prefetched under it),
+    as ZeRO-3 under pipelining. Megatron's distributed optimizer gathers after the optimizer step."""
+    model = Model(kind="gpt", num_layers=4, hidden_size=512, num_heads=8, seq_len=256, vocab_size=1024)
+    cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=2 * pp)
+    plan = Plan(dp=2, pp=pp, micro_batch_size=2, global_batch_size=16, zero_stage=zero)
+    for impl in ("fsdp2", "megatron"):
+        p = dataclasses.replace(plan, dp_impl=impl)
+        assert gathers_before_forward(p) == (impl == "fsdp2")
+        r = simulate(model, cluster, p, SimulationOptions(timeline=True))
+        tl = [e for e in r.timeline if e["rank"] == 0]
+        first_f = min(e["start_s"] for e in tl if e["category"] == "F")
+        last_b = max(e["end_s"] for e in tl if e["category"] == "B")
+        before = [e for e in tl if e["name"].startswith("param-gather stage") and e["start_s"] <= first_f + 1e-12]
+        after = [e for e in tl if e["name"].startswith("param-gather bucket")]
+        if impl == "fsdp2":
+            assert before and not after
+        else:
+            assert not before and after and all(e["start_s"] >= last_b - 1e-12 for e in after)

@@ -41,6 +41,11 @@ first forward, and the gradients into the reduction's buffer (in the last backwa
 moves: A100 cases +0.26 % (``zbv_slow_nic``) to +5.5 % (``gpipe_pp_only``: gpt-13b on 4 GPUs, one
 bf16 replica, where each stage's first-forward copy and last-backward copy chain along the
 pipeline), ``headline_175b_1024`` +0.87 %; CPU cases +3.0 / +1.9 %. ``1f1b_no_overlap`` +1.7 %.
+Re-pinned (the same day, ``Plan.dp_impl``, ``traces.layout.gathers_before_forward``): ZeRO-1/2
+under FSDP2 gather each stage's weights before its first forward, module by module with the rest
+prefetched under it (as ZeRO-3 under pipelining: the executor runs all three as ``fully_shard``),
+not after the optimizer step as Megatron's distributed optimizer does: ``1f1b_zero1`` −2.77 %,
+``1f1b_zero2_pp_first`` −2.78 %, no other case.
 """
 
 from __future__ import annotations
@@ -218,18 +223,18 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "bytes_by_link_type": {'nvlink': 27179286528.0, 'nic': 27270799359.99999},
     },
     "1f1b_zero1": {
-        "iteration_time_s": 1.4047187816963655,
-        "bubble_fraction": 0.3219671160893236,
-        "pipeline_time_s": 1.2448760826523293,
-        "rank_end_s": [1.4047187816963655, 1.3116354793693965, 1.2368031150309313, 1.1739622051049663],
-        "bytes_by_link_type": {'nvlink': 27179286528.0, 'nic': 20704757760.000015},
+        "iteration_time_s": 1.3657606263711357,
+        "bubble_fraction": 0.3335603521132171,
+        "pipeline_time_s": 1.276110581427106,
+        "rank_end_s": [1.3657606263711357, 1.2784510061441712, 1.203618641805706, 1.1354230705797435],
+        "bytes_by_link_type": {'nvlink': 27179286528.0, 'nic': 20704757760.000046},
     },
     "1f1b_zero2_pp_first": {
-        "iteration_time_s": 1.402202199296366,
-        "bubble_fraction": 0.32059366048172855,
-        "pipeline_time_s": 1.2423595002523298,
-        "rank_end_s": [1.402202199296366, 1.3099577577693968, 1.2359642542309315, 1.1739622051049665],
-        "bytes_by_link_type": {'nvlink': 27179286528.0, 'nic': 20704757760.000015},
+        "iteration_time_s": 1.3632440439711362,
+        "bubble_fraction": 0.3322434879557109,
+        "pipeline_time_s": 1.2735939990271066,
+        "rank_end_s": [1.3632440439711362, 1.2767732845441715, 1.2027797810057062, 1.1354230705797437],
+        "bytes_by_link_type": {'nvlink': 27179286528.0, 'nic': 20704757760.000046},
     },
     "interleaved_zero3": {
         "iteration_time_s": 1.2161992925849432,

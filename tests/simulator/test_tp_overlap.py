@@ -41,8 +41,11 @@ def test_plan_rules_of_the_overlap_keys() -> None:
         Plan(tp=2, tp_comm_overlap=True)
     assert e.value.key == "tp_comm_overlap"
     with pytest.raises(ContractError, match="zero_stage 1 or 2"):
-        Plan(dp=2, global_batch_size=2, overlap_param_gather=True, zero_stage=0)
-    assert Plan(dp=2, global_batch_size=2, overlap_param_gather=True, zero_stage=2).as_executed().overlap_param_gather is False
+        Plan(dp=2, global_batch_size=2, overlap_param_gather=True, zero_stage=0, dp_impl="megatron")
+    with pytest.raises(ContractError, match="needs dp_impl=megatron"):
+        Plan(dp=2, global_batch_size=2, overlap_param_gather=True, zero_stage=2)
+    executed = Plan(dp=2, global_batch_size=2, overlap_param_gather=True, zero_stage=2, dp_impl="megatron").as_executed()
+    assert executed.overlap_param_gather is False and executed.dp_impl == "fsdp2"
     assert Plan(tp=2, sequence_parallel=True, tp_comm_overlap=True).as_executed().tp_comm_overlap is False
 
 
@@ -96,7 +99,7 @@ def test_a_trace_prices_only_plans_that_run_attention_as_it_was_profiled() -> No
 
 def test_param_gather_overlap_leaves_the_first_bucket_exposed() -> None:
     model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:2x8")
-    plan = Plan(dp=16, micro_batch_size=1, global_batch_size=32, zero_stage=1, precision="bf16")
+    plan = Plan(dp=16, micro_batch_size=1, global_batch_size=32, zero_stage=1, precision="bf16", dp_impl="megatron")
     sim = Simulator(model, cluster, compute=GpuComputeModel(get_device(cluster.gpu)))
     t_off = sim.run(plan).iteration_time_s
     t_on = sim.run(dataclasses.replace(plan, overlap_param_gather=True)).iteration_time_s

@@ -116,7 +116,9 @@ def test_default_space_holds_only_what_the_executor_runs(model, cluster, batches
     wide = SearchSpace(model, cluster, batches, what_if=parse_what_if("all"))
     assert wide.size > space.size
     used = {k for p in wide.points for k in what_if_used(p)}
-    assert used == set(SEARCHED_WHAT_IF_KEYS)
+    # overlap_param_gather overlaps Megatron's gather after the step: only with dp_impl=megatron,
+    # which "all" leaves out (FSDP2, the executor's, gathers under the forward already).
+    assert used == set(SEARCHED_WHAT_IF_KEYS) - {"overlap_param_gather"}
     assert {p["cp_comm_type"] for p in wide.points} == {"allgather"}  # no cp > 1 point: no K/V exchange
     assert not any(p["comm_priority"] != "fair" for p in wide.points if p["pp"] == 1)
     assert not any(p["overlap_grad_reduce"] for p in wide.points if p["dp"] == 1)
@@ -240,11 +242,15 @@ def test_fp8_is_searched_only_when_pinned_and_only_on_devices_with_fp8():
 
 def test_overlap_knobs_are_searched_only_where_they_mean_something():
     model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
-    space = SearchSpace(model, cluster, [64], what_if=parse_what_if("tp_comm_overlap,overlap_param_gather"))
+    space = SearchSpace(model, cluster, [64], parse_fixes(["dp_impl=megatron"]),
+                        what_if=parse_what_if("tp_comm_overlap,overlap_param_gather,dp_impl"))
     tpo = {p["tp_comm_overlap"] for p in space.points if p["sequence_parallel"]}
     assert tpo == {False, True}
     assert not any(p["tp_comm_overlap"] for p in space.points if not p["sequence_parallel"])
     assert {p["overlap_param_gather"] for p in space.points if p["zero_stage"] in (1, 2) and p["dp"] > 1} == {False, True}
     assert not any(p["overlap_param_gather"] for p in space.points if p["zero_stage"] in (0, 3) or p["dp"] == 1)
+    # Under FSDP2 (the executor's) there is no gather after the step to overlap.
+    fsdp2 = SearchSpace(model, cluster, [64], what_if=parse_what_if("overlap_param_gather"))
+    assert fsdp2.size > 0 and not any(p["overlap_param_gather"] for p in fsdp2.points)
     # Without --what-if both stay at the executor's value.
     assert not any(p["tp_comm_overlap"] or p["overlap_param_gather"] for p in SearchSpace(model, cluster, [64]).points)

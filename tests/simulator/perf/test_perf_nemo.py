@@ -130,9 +130,9 @@ def test_recipes_come_from_the_launcher_configs_and_reach_the_plans(tmp_path: Pa
     assert (twenty.tp_comm_overlap, twenty.sequence_parallel, twenty.recompute) == (True, True, "selective")
     assert (big.tp_comm_overlap, big.recompute) == (True, "none")
     assert set(what_if_used(big)) == {"overlap_grad_reduce", "tp_comm_overlap", "overlap_param_gather", "fused_elementwise",
-                                       "contiguous_dp_buffers"}
+                                       "dp_impl"}
     assert all(p.fused_elementwise for p in plans)  # Transformer Engine's fused norm, rotary and SwiGLU kernels
-    assert all(p.contiguous_dp_buffers for p in plans)  # Megatron-core DDP: in-place buffers, no FSDP2 copies
+    assert all(p.dp_impl == "megatron" for p in plans)  # Megatron-core DDP: in-place buffers, no FSDP2 copies
     # vp > 1: Megatron-core's interleaved schedule with overlap_p2p_comm leaves sends in flight; a
     # 1F1B pipeline (vp = 1) blocks on them; no pipeline, nothing to send.
     assert not big.blocking_p2p and not five.blocking_p2p

@@ -25,7 +25,7 @@ def test_single_node_rows(shared_data: Path) -> None:
     assert (p.tp, p.dp, p.pp, p.micro_batch_size, p.global_batch_size) == (1, 1, 2, 8, 16)
     assert (p.schedule, p.recompute, p.precision, p.overlap_grad_reduce) == ("1f1b", "full", "fp16", False)
     assert p.blocking_p2p  # Megatron waits on its pipeline sends
-    assert p.contiguous_dp_buffers  # and reduces its gradients in one contiguous buffer, in place
+    assert p.dp_impl == "megatron"  # and reduces its gradients in one contiguous buffer, in place
     assert (first.cluster.num_nodes, first.cluster.gpus_per_node, first.cluster.gpu) == (1, 2, "a100-sxm4-80gb")
     assert first.measured_iteration_time_s == pytest.approx(0.372160408)
     assert first.source.endswith("vtrain_a100_single_node.csv:2") and first.stated_params_billion is None
