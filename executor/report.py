@@ -25,7 +25,6 @@ from mindpipe.executor.payload import RankPayload
 from mindpipe.executor.precheck import Precheck
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.chrome_trace import write_chrome_trace
-from mindpipe.traces.config import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
 from mindpipe.traces.flops import model_flops_per_iteration
 from mindpipe.traces.measured import (
     ActionRecord,
@@ -37,6 +36,7 @@ from mindpipe.traces.measured import (
     typical_iteration_s,
 )
 from mindpipe.traces.trace import Provenance, Trace
+from mindpipe.traces.what_if import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
 
 _CATEGORY = {"p2p_wait": "p2p", "dp_sync": "dp"}
 

@@ -9,8 +9,7 @@ more than one document (plan vs model vs cluster) live in :func:`check_plan`.
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -18,6 +17,7 @@ from mindpipe.traces.catalog import check_precision
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, number, shown, within_limit
 from mindpipe.traces.schema import check_format_version
+from mindpipe.traces.what_if import WHAT_IF_KEYS
 
 MODEL_FORMAT_VERSION = 1
 CLUSTER_FORMAT_VERSION = 1
@@ -43,20 +43,6 @@ LAYER_MEMORY_POLICIES = ("keep", "selective", "nongemm", "recompute", "swap")
 STAGE_CUTS = ("between_blocks", "after_attention")
 # How global ranks are laid out over (tp, dp, pp), innermost first; Megatron's default is tp-dp-pp.
 RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
-# What-if knobs (DESIGN.md "searched means runnable"): plan keys only the simulator models, each
-# with the one value the executor carries out (why it runs no other: executor.precheck.what_if_notes).
-# ``tune --what-if`` searches the first four; ``action_clocks_mhz`` (Perseus's per-action clocks) only
-# the clock planner sets (tuner.frequency); ``blocking_p2p=true`` (Megatron-LM's blocking pipeline
-# sends) only ever costs time, and ``fused_elementwise=true`` (Transformer Engine's fused Llama
-# norm/rotary/SwiGLU kernels) only ever saves it, and ``dp_impl=megatron`` (Megatron-LM's data
-# parallelism instead of the executor's FSDP2) plans for another framework, so ``--what-if all``
-# leaves all three out: the
-# validations of Megatron's and NeMo's published runs set them, and ``tune --what-if KEY --fix
-# KEY=true`` pins them (tuner.keys).
-SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
-                                         "tp_comm_overlap": False, "overlap_param_gather": False}
-WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False,
-                                "fused_elementwise": False, "dp_impl": "fsdp2"}
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
@@ -419,7 +405,7 @@ class Plan:
     ``--tp-comm-overlap``; the arithmetic is :func:`mindpipe.simulator.collectives.overlapped_exposed_s`);
     ``overlap_param_gather`` issues the ZeRO-1/2 parameter all-gather after the optimizer step
     bucket by bucket under the next iteration's forward (Megatron ``--overlap-param-gather``, NeMo
-    ``overlap_param_sync``). All four are what-if knobs (:data:`WHAT_IF_KEYS`): their defaults are
+    ``overlap_param_sync``). All four are what-if knobs (:data:`~mindpipe.traces.what_if.WHAT_IF_KEYS`): their defaults are
     what the executor runs. ``rank_order`` lays global ranks out over the mesh axes,
     innermost first (Megatron: ``tp-dp-pp``, so TP stays inside a node). ``made_for`` names the
     model and cluster a tuned plan was made for (:class:`MadeFor`); hand-written plans leave it out.
@@ -458,7 +444,7 @@ class Plan:
     activation or gradient has landed on the neighbouring stage, and each transfer sits on the
     critical path of every micro-batch. Megatron-core's interleaved schedule with
     ``overlap_p2p_comm`` (NeMo's recipes) and torch.distributed.pipelining's runtime (the executor)
-    leave sends in flight; it is a what-if knob (:data:`WHAT_IF_KEYS`), set by the validation of
+    leave sends in flight; it is a what-if knob (:data:`~mindpipe.traces.what_if.WHAT_IF_KEYS`), set by the validation of
     Megatron's published runs (:mod:`mindpipe.simulator.perf.vtrain`).
     ``fused_elementwise`` prices a Llama block's norms, rotary embedding and SwiGLU as one fused
     kernel each (Transformer Engine) instead of the executor's eager kernels
@@ -647,26 +633,6 @@ class Plan:
         return self.dp * self.cp
 
 
-def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
-    """The what-if knobs a plan (or a point of plan keys) sets to a value the executor does not carry out."""
-    # A point may leave a knob out (one the tuner never searches): that is the executor's value.
-    get = (lambda k: plan.get(k, WHAT_IF_KEYS[k])) if isinstance(plan, Mapping) else lambda k: getattr(plan, k)
-    return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run]
-
-
-def knob_value(key: str, value: Any) -> str:
-    """A what-if knob's value for a one-line note: :func:`plan_value`, but per-action clocks (thousands of
-    numbers) as their count."""
-    if key == "action_clocks_mhz" and isinstance(value, list):
-        return f"[{sum(len(row) for pair in value for row in pair)} per-action clocks]"
-    return plan_value(value)
-
-
-def plan_value(value: Any) -> str:
-    """A plan value as the command line and the plan files write it (``fair``, ``false``, ``[4, 4]``)."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 def even_partition(num_layers: int, num_stages: int) -> list[int]:
     """Equal layer counts per stage; the remainder goes to the first stages (torch's default split)."""
     base, extra = divmod(num_layers, num_stages)
@@ -790,12 +756,10 @@ __all__ = [
     "PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
-    "SEARCHED_WHAT_IF_KEYS",
     "SEQUENTIAL_EQUIVALENT_SCHEDULES",
     "STAGE_CUTS",
     "SUBNET_SCHEDULES",
     "SUPERNET_PLAN_KEYS",
-    "WHAT_IF_KEYS",
     "Cluster",
     "MadeFor",
     "Model",
@@ -803,11 +767,8 @@ __all__ = [
     "check_plan",
     "check_plan_key",
     "even_partition",
-    "knob_value",
     "nongemm_refusal",
-    "plan_value",
     "stage_layers",
-    "what_if_used",
 ]
 
 # MadeFor.supernet's type, resolved when a plan is read (schema.from_dict). Imported last, as a module:

@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from mindpipe.traces.catalog import check_precision
-from mindpipe.traces.config import Cluster, Plan, even_partition, one_of, what_if_used
+from mindpipe.traces.config import Cluster, Plan, even_partition, one_of
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, shown
 from mindpipe.traces.schema import check_format_version
+from mindpipe.traces.what_if import what_if_used
 
 SUPERNET_FORMAT_VERSION = 1
 CANDIDATE_OPS = ("attention", "ffn", "conv")

@@ -40,7 +40,7 @@ from mindpipe.tuner.clock_dag import ClockDag, DagPoint
 ClockMethod = Literal["perseus", "envpipe", "default", "perseus_action"]
 # What ``tune --clocks`` offers: plans the executor runs (one locked clock per rank).
 CLOCK_METHODS: tuple[str, ...] = ("perseus", "envpipe", "default")
-# ``perseus_action`` plans ``action_clocks_mhz``, a what-if knob (traces.config.WHAT_IF_KEYS): a
+# ``perseus_action`` plans ``action_clocks_mhz``, a what-if knob (traces.what_if.WHAT_IF_KEYS): a
 # clock per forward/backward of each micro-batch (:mod:`mindpipe.tuner.clock_actions`).
 PLANNER_METHODS: tuple[str, ...] = (*CLOCK_METHODS, "perseus_action")
 

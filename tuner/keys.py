@@ -5,7 +5,7 @@ the rule that will write the partition (:mod:`mindpipe.tuner.partition`). :func:
 one place a point becomes a :class:`~mindpipe.traces.config.Plan`.
 
 What-if knobs (DESIGN.md "searched means runnable") are plan keys that only the simulator
-models: the executor runs one value of each, :data:`mindpipe.traces.config.WHAT_IF_KEYS` (their
+models: the executor runs one value of each, :data:`mindpipe.traces.what_if.WHAT_IF_KEYS` (their
 owner, on the Plan contract) names it, and the default
 search space pins every knob there. ``comm_priority=pp_first`` (p2p traffic first on shared
 links) needs stream priorities the executor does not set; ``overlap_grad_reduce=true`` needs
@@ -44,17 +44,15 @@ from mindpipe.traces.config import (
     RANK_ORDERS,
     RECOMPUTE,
     SCHEDULES,
-    SEARCHED_WHAT_IF_KEYS,
     SUBNET_SCHEDULES,
     SUPERNET_PLAN_KEYS,
-    WHAT_IF_KEYS,
     Plan,
     check_plan_key,
-    what_if_used,
 )
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, limit, shown
 from mindpipe.traces.reading import parse_json
+from mindpipe.traces.what_if import SEARCHED_WHAT_IF_KEYS, WHAT_IF_KEYS, what_if_used
 
 PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
 

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from mindpipe.cli import loaders
 from mindpipe.cli.output import check_outputs, print_json, stderr
-from mindpipe.traces.config import WHAT_IF_KEYS, Model, Plan, knob_value, plan_value, what_if_used
+from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.supernet import Supernet
+from mindpipe.traces.what_if import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
 
 if TYPE_CHECKING:
     from mindpipe.simulator.subnet_sim import SupernetResult

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from mindpipe.cli import loaders, tune_target
 from mindpipe.cli.args import count, real, seed
 from mindpipe.cli.output import print_json, stderr
-from mindpipe.traces.config import SEARCHED_WHAT_IF_KEYS, WHAT_IF_KEYS
 from mindpipe.traces.limits import limit
 from mindpipe.traces.supernet import Supernet
+from mindpipe.traces.what_if import SEARCHED_WHAT_IF_KEYS, WHAT_IF_KEYS
 from mindpipe.tuner.objectives import OBJECTIVES
 from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
 
@@ -386,7 +386,7 @@ def _note_cpu_bf16(precision: str, cluster_arg: str) -> None:
 
 def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, calibration: Any) -> int:
     """``--objective max_batch`` (:func:`mindpipe.tuner.maxbatch.tune_max_batch`)."""
-    from mindpipe.traces.config import plan_value
+    from mindpipe.traces.what_if import plan_value
     from mindpipe.tuner.keys import OPTIONAL_POINT_KEYS
     from mindpipe.tuner.maxbatch import tune_max_batch
 

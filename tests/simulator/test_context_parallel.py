@@ -12,8 +12,9 @@ from mindpipe.simulator.ops import block_ops
 from mindpipe.simulator.topology import Topology
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.catalog import get_device
-from mindpipe.traces.config import Cluster, Model, Plan, check_plan, what_if_used
+from mindpipe.traces.config import Cluster, Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.what_if import what_if_used
 
 LLAMA = load_model("llama3-8b")  # s 8192, GQA 32/8
 H100x8 = load_cluster("h100-sxm5-80gb:1x8")

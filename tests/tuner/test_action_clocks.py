@@ -13,8 +13,9 @@ import sys
 import pytest
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_model
-from mindpipe.traces.config import Cluster, Plan, check_plan, what_if_used
+from mindpipe.traces.config import Cluster, Plan, check_plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.what_if import what_if_used
 from mindpipe.tuner.clock_actions import ActionGrid, _hull_segments, absorb_slack, energy_bound, lp_plan
 from mindpipe.tuner.clock_dag import ClockDag
 from mindpipe.tuner.frequency import clock_grid, plan_clocks

@@ -7,8 +7,8 @@ import json
 import pytest
 from mindpipe.simulator.api import simulate
 from mindpipe.traces.builtin import load_cluster, load_model
-from mindpipe.traces.config import what_if_used
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.what_if import what_if_used
 from mindpipe.tuner.api import build_space, tune
 from mindpipe.tuner.keys import plan_of, point_key
 from mindpipe.tuner.rules import Rule

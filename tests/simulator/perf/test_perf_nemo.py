@@ -10,8 +10,8 @@ from mindpipe.simulator.perf.constants import read_constants
 from mindpipe.simulator.perf.fp8 import FP8_KEY
 from mindpipe.simulator.perf.nemo import COLUMNS, load_nemo, nemo_models, nemo_plan
 from mindpipe.simulator.perf.nemo_validate import nemo_report, nemo_split
-from mindpipe.traces.config import what_if_used
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.what_if import what_if_used
 
 from mindpipe.cli import main
 
