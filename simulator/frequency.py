@@ -204,7 +204,7 @@ def rank_busy_power_w(stages: list[StageWork], table: StageClockTable, clocks: S
         for t, ph in ((st.forward_s, fwd), (st.backward_compute_s, bwd)):
             energy[r] += power.busy_power_w(clocks[s], ph.compute_share) * t * num_microbatches
             seconds[r] += t * num_microbatches
-        c = copies.stage_s(s) if copies is not None else 0.0
+        c = copies.stage_total[s] if copies is not None else 0.0
         energy[r] += power.busy_power_w(clocks[s], 0.0) * c
         seconds[r] += c
     return [e / t if t > 0 else power.max_power_W for e, t in zip(energy, seconds, strict=True)]

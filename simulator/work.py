@@ -143,10 +143,12 @@ class StepCopies:
         in_action: Seconds per (kind, stage, micro-batch) action that holds copies.
         after: Per stage, seconds after its rank's last action and the micro-batch of the stage's
             last gradient action (whose clock the copy keeps under per-action clocks).
+        stage_total: Per stage, all its copy seconds in one step.
     """
 
     in_action: dict[tuple[str, int, int], float]
     after: list[tuple[float, int]]
+    stage_total: list[float]
 
     @classmethod
     def of(cls, stages: Sequence[StageWork], orders: Sequence[Sequence[_Action]], overlap_grad_reduce: bool) -> StepCopies:
@@ -161,11 +163,10 @@ class StepCopies:
                     in_action[key] = in_action.get(key, 0.0) + t
             for s, i in last.items():
                 after[s] = (stages[s].copy_after_s(overlap_grad_reduce), order[i].microbatch)
-        return cls(in_action, after)
-
-    def stage_s(self, s: int) -> float:
-        """All of stage ``s``'s copy seconds in one step."""
-        return sum(t for (_, st, _), t in self.in_action.items() if st == s) + self.after[s][0]
+        total = [t for t, _ in after]
+        for (_, s, _), t in in_action.items():
+            total[s] += t
+        return cls(in_action, after, total)
 
 
 @dataclass(frozen=True)

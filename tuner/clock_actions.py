@@ -59,7 +59,7 @@ class ActionGrid:
         rank_next: Per node, the next node on its rank (−1 at the end).
         succ: Per node, its data successors and the send between them.
         after: Per rank, seconds of the data-parallel wrapper's copies after its last node
-            (:meth:`~mindpipe.tuner.clock_dag.ClockDag.rank_after_s`): its last node ends that much
+            (:attr:`~mindpipe.tuner.clock_dag.ClockDag.after_s`): its last node ends that much
             before the span. Copies inside a node are in its ``dur`` and ``eff``; those after the rank's
             last node draw their e′ in the stage's last gradient node, at its clock.
     """
@@ -103,7 +103,7 @@ class ActionGrid:
                 cache[(s, code)] = (d_row, e_row, best)
             d_row, e_row, best = cache[(s, code)]
             inside = dag.node_copy_s(s, code, mb)
-            copied = inside + (dag.copies.after[s][0] if dag.copies.after and last_grad.get(s) == n else 0.0)
+            copied = inside + (dag.copies.after[s][0] if last_grad.get(s) == n else 0.0)
             if copied > 0.0:  # memory-bound copies: unstretched, at memory-bound power
                 d_row = [d + inside for d in d_row]
                 e_row = [e + p * copied for e, p in zip(e_row, copy_power, strict=True)]
@@ -122,8 +122,7 @@ class ActionGrid:
             last[r] = n
             if pred >= 0:
                 succ[pred].append((n, send))
-        after = [dag.rank_after_s(r) for r in range(dag.pp)]
-        return cls(dag, grid, nodes, phase, dur, eff, floor, rank_next, succ, after)
+        return cls(dag, grid, nodes, phase, dur, eff, floor, rank_next, succ, list(dag.after_s))
 
     def index_of(self, rank_clocks: Sequence[int]) -> list[int]:
         """Per node, the grid index of its rank's clock (a per-stage plan as a per-action one)."""

@@ -54,7 +54,8 @@ class ClockDag:
     table: StageClockTable
     power: PowerModel
     devices_per_rank: int
-    copies: StepCopies = field(default_factory=lambda: StepCopies({}, []))
+    copies: StepCopies
+    after_s: list[float]  # per rank: copy seconds after its last node (StepCopies.after, summed)
     tail_s: float = 0.0
     _order: list[tuple[int, int, int, int, float, int]] | None = field(default=None, init=False, repr=False)
 
@@ -65,6 +66,10 @@ class ClockDag:
         if sim.power is None:
             raise ValueError(f"{sim.device.name} has no frequency data")
         schedule, topo, stages, _, _ = sim.work(plan)
+        copies = StepCopies.of(stages, schedule.orders, plan.overlap_grad_reduce)
+        after_s = [0.0] * plan.pp
+        for s, (t, _) in enumerate(copies.after):
+            after_s[schedule.stage_to_rank[s]] += t
         tr = Transfers(None, None, topo, sim.comm)  # type: ignore[arg-type]
 
         def alone(phases: list | None) -> float:
@@ -78,7 +83,7 @@ class ClockDag:
             tp_b=[alone(st.bwd_tp) for st in stages], send_f=[alone(st.send_fwd) for st in stages],
             send_b=[alone(st.send_bwd) for st in stages], table=sim.clock_table(plan, set(clocks)), power=sim.power,
             devices_per_rank=plan.grad_replicas * plan.tp,
-            copies=StepCopies.of(stages, schedule.orders, plan.overlap_grad_reduce))
+            copies=copies, after_s=after_s)
         default = dag.power.spec.default_sm_clock_MHz
         span = dag.span([default] * plan.pp)[0]
         dag.tail_s = max(0.0, sim.run(dataclasses.replace(plan, stage_clocks_mhz=None)).iteration_time_s - span)
@@ -104,10 +109,6 @@ class ClockDag:
     def node_copy_s(self, s: int, code: int, mb: int) -> float:
         """Copy seconds inside the node of stage ``s``, kind ``code`` (0 F, 1 B, 2 I, 3 W), micro-batch ``mb``."""
         return self.copies.in_action.get(("FBIW"[code], s, mb), 0.0)
-
-    def rank_after_s(self, r: int) -> float:
-        """Copy seconds after rank ``r``'s last node."""
-        return sum(t for s, (t, _) in enumerate(self.copies.after) if self.stage_to_rank[s] == r)
 
     def topo(self) -> list[tuple[int, int, int, int, float, int]]:
         """Nodes in a dependency-respecting order: (rank, stage, kind code, predecessor node or −1,
@@ -170,7 +171,7 @@ class ClockDag:
                 t += copy.get(("FBIW"[code], s, mb), 0.0)
             end.append(t)
             free[r] = t
-        free = [f + self.rank_after_s(r) for r, f in enumerate(free)]
+        free = [f + a for f, a in zip(free, self.after_s, strict=True)]
         return max(free), free
 
     def evaluate(self, rank_clocks: Sequence[int]) -> DagPoint:
@@ -189,7 +190,7 @@ class ClockDag:
             cb = comp[s] - cf
             energy += m * (self.power.busy_power_w(mhz, fwd.compute_share) * cf + self.power.busy_power_w(mhz, bwd.compute_share) * cb)
             busy[r] += m * comp[s]
-            copy = self.copies.stage_s(s) if self.copies.after else 0.0
+            copy = self.copies.stage_total[s]
             energy += self.power.busy_power_w(mhz, 0.0) * copy
             busy[r] += copy
         energy += sum(self.power.blocked_power_W * max(0.0, t - b) for b in busy)

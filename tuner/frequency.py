@@ -110,8 +110,8 @@ def energy_optimal_index(dag: ClockDag, grid: Sequence[int]) -> list[int]:
                 fwd, bwd = dag.table.at(s, mhz)
                 cf, cb = dag.compute_f[s] * fwd.stretch, (dag.compute_i[s] + dag.compute_w[s]) * bwd.stretch
                 e += dag.power.busy_power_w(mhz, fwd.compute_share) * cf + dag.power.busy_power_w(mhz, bwd.compute_share) * cb
-                if dag.copies.after:  # the step's data-parallel copies, per micro-batch
-                    e += dag.power.busy_power_w(mhz, 0.0) * dag.copies.stage_s(s) / dag.num_microbatches
+                # The step's data-parallel copies, per micro-batch.
+                e += dag.power.busy_power_w(mhz, 0.0) * dag.copies.stage_total[s] / dag.num_microbatches
             if e < best_e:
                 best, best_e = k, e
         out.append(best)
