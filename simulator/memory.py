@@ -326,7 +326,9 @@ def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
     (:func:`mindpipe.traces.layout.keeps_gathered_weights`: ZeRO-0/1/2 over dp > 1, and ZeRO-3
     under pipelining) the rank holds them whole beside their local storage; under mixed precision
     that storage is the fp32 master copy (in ``OPTIMIZER_BYTES``), under fp32 it is a copy of its
-    own (1/dp more under ZeRO ≥ 1; a whole second copy for ZeRO-0's replica).
+    own (1/dp more under ZeRO ≥ 1; a whole second copy for ZeRO-0's replica). Megatron-LM's data
+    parallelism (``dp_impl`` ``megatron``) gathers ZeRO-0/1/2's weights into their own buffer: no
+    second copy.
     """
     # The ranks that shard a distributed optimizer: dp·cp (context-parallel ranks hold the same weights).
     p, dp, z = plan.precision, plan.grad_replicas, plan.zero_stage

@@ -143,7 +143,15 @@ def keeps_gathered_weights(plan: Plan) -> bool:
     over a mesh dimension of size one, and its "all-gather" still copies each parameter into a new
     buffer (checked on CPU/gloo: the unsharded parameter's storage is not the replica's), so an
     fp32 replica holds its weights twice during the step.
+
+    Megatron-LM's data parallelism (``plan.dp_impl`` ``megatron``) keeps no such copy for ZeRO-0/1/2:
+    its DDP reduces the gradients in their own buffer and the distributed optimizer all-gathers the
+    updated shards straight into the parameters' one buffer (Megatron-LM
+    ``distributed_data_parallel.py``, ``param_and_grad_buffer.py``), so an fp32 rank holds its weights
+    once. ZeRO-3 gathers into buffers of its own under either.
     """
+    if plan.dp_impl != "fsdp2" and plan.zero_stage < 3:
+        return False
     return plan.grad_replicas > 1 and not reshards_after_forward(plan)
 
 

@@ -339,6 +339,16 @@ def test_fsdp_keeps_gathered_weights_and_whole_gradients():
     assert model_state_bytes(P, z0) == (4 * P + 4 * P, 4 * P, 8 * P)
     assert model_state_bytes(P, dataclasses.replace(z0, precision="bf16")) == (2 * P, 4 * P, 12 * P)
     assert model_state_bytes(P, dataclasses.replace(z0, dp=1, global_batch_size=2)) == (4 * P, 4 * P, 8 * P)
+    # Megatron-LM's DDP and distributed optimizer gather into the parameters' own buffer: one copy
+    # of the weights in fp32, the same totals as FSDP2 under mixed precision; ZeRO-3 gathers apart.
+    for fsdp in (z0, z1, dataclasses.replace(z1, zero_stage=2)):
+        mega = dataclasses.replace(fsdp, dp_impl="megatron")
+        assert model_state_bytes(P, mega)[0] == 4 * P
+        assert model_state_bytes(P, mega)[1:] == model_state_bytes(P, fsdp)[1:]
+        bf16 = dataclasses.replace(fsdp, precision="bf16")
+        assert model_state_bytes(P, dataclasses.replace(bf16, dp_impl="megatron")) == model_state_bytes(P, bf16)
+    z3 = dataclasses.replace(z1, zero_stage=3, pp=2, global_batch_size=8)
+    assert model_state_bytes(P, dataclasses.replace(z3, dp_impl="megatron")) == model_state_bytes(P, z3)
 
 
 def test_cpu_device_masks_and_reserve():
