@@ -57,6 +57,10 @@ def format_nemo(report: dict[str, Any]) -> str:
     lines.append(f"{'model':<14} {'rows':>5} {'MAPE':>8} {'max':>8}")
     for k, s in report["by_model_size"].items():
         lines.append(f"{k:<14} {s['n']:>5} {s['mape']:>7.2f}% {s['max_abs_pct_error']:>7.1f}%")
+    lines.append("")
+    lines.append(f"{'layout':<14} {'rows':>5} {'MAPE':>8} {'max':>8}")
+    for k, s in report["by_layout"].items():
+        lines.append(f"{k:<14} {s['n']:>5} {s['mape']:>7.2f}% {s['max_abs_pct_error']:>7.1f}%")
     return "\n".join(lines)
 
 

@@ -231,10 +231,12 @@ def ranking_summary(groups: Sequence[RankingGroup]) -> RankingSummary:
 
 @dataclass(frozen=True)
 class ValidationSummary:
-    """Whole-set errors, per model size, per fit/hold-out half (when the fit rows are known), and the ranking."""
+    """Whole-set errors, per model size, per layout (``tp·pp``: a bias that follows the parallelism, not
+    the model, shows there), per fit/hold-out half (when the fit rows are known), and the ranking."""
 
     overall: ErrorStats
     by_model_size: dict[str, ErrorStats]
+    by_layout: dict[str, ErrorStats]
     fit_half: ErrorStats | None
     holdout_half: ErrorStats | None
     ranking: list[RankingGroup]
@@ -242,10 +244,11 @@ class ValidationSummary:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``mindpipe validate --json`` and the benchmarks: the overall stats' keys,
-        ``by_model_size``, ``fit_half`` and ``holdout_half`` (only with a fit split), ``ranking`` and
-        ``ranking_summary``."""
+        ``by_model_size``, ``by_layout``, ``fit_half`` and ``holdout_half`` (only with a fit split),
+        ``ranking`` and ``ranking_summary``."""
         out: dict[str, Any] = {**self.overall.to_dict(),
-                               "by_model_size": {k: v.to_dict() for k, v in self.by_model_size.items()}}
+                               "by_model_size": {k: v.to_dict() for k, v in self.by_model_size.items()},
+                               "by_layout": {k: v.to_dict() for k, v in self.by_layout.items()}}
         if self.fit_half is not None and self.holdout_half is not None:
             out["fit_half"] = self.fit_half.to_dict()
             out["holdout_half"] = self.holdout_half.to_dict()
@@ -262,8 +265,10 @@ def summarize(results: Sequence[RowResult], fit_sources: set[str] | None = None)
         fit_sources: ``source`` of the rows a fit of constants used; the rest is the hold-out.
     """
     groups: dict[str, list[RowResult]] = defaultdict(list)
+    layouts: dict[tuple[int, int], list[RowResult]] = defaultdict(list)
     for r in results:
         groups[r.size].append(r)
+        layouts[(r.tp, r.pp)].append(r)
     fit = hold = None
     if fit_sources is not None:
         fit = error_stats([r for r in results if r.source in fit_sources])
@@ -271,6 +276,7 @@ def summarize(results: Sequence[RowResult], fit_sources: set[str] | None = None)
     rank = ranking_groups(results)
     return ValidationSummary(error_stats(results),
                              {k: error_stats(v) for k, v in sorted(groups.items(), key=lambda kv: size_key(kv[0]))},
+                             {f"tp{tp} pp{pp}": error_stats(layouts[(tp, pp)]) for tp, pp in sorted(layouts)},
                              fit, hold, rank, ranking_summary(rank))
 
 

@@ -88,7 +88,8 @@ def validate_rows(rows: Iterable[VTrainRow], constants: GpuConstants | None = No
 
 
 def format_report(dataset: str, results: Sequence[RowResult], summary: ValidationSummary, rows_shown: bool = True) -> str:
-    """Human-readable table: one line per row, then the summary and the error by model size."""
+    """Human-readable table: one line per row, then the summary and the error by model size and by
+    layout (tp·pp)."""
     lines = []
     if rows_shown:
         lines.append(f"{'row':<34} {'size':<20} {'gpus':>4} {'tp':>3} {'pp':>3} {'dp':>3} {'mb':>3} {'gbs':>5} "
@@ -110,6 +111,10 @@ def format_report(dataset: str, results: Sequence[RowResult], summary: Validatio
     lines.append("")
     lines.append(f"{'model size':<22} {'rows':>5} {'MAPE':>8} {'max':>8} {'median':>8}")
     for k, s in summary.by_model_size.items():
+        lines.append(f"{k:<22} {s.n:>5} {s.mape:>7.2f}% {s.max_abs_pct_error:>7.1f}% {s.median_signed_pct_error:>+7.1f}%")
+    lines.append("")
+    lines.append(f"{'layout':<22} {'rows':>5} {'MAPE':>8} {'max':>8} {'median':>8}")
+    for k, s in summary.by_layout.items():
         lines.append(f"{k:<22} {s.n:>5} {s.mape:>7.2f}% {s.max_abs_pct_error:>7.1f}% {s.median_signed_pct_error:>+7.1f}%")
     if summary.ranking:
         lines.append("")

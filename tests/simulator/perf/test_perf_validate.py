@@ -189,10 +189,14 @@ def test_summary_and_report_carry_the_ranking() -> None:
     # The JSON keeps its flat shape: a group's keys beside its size, GPUs and batch.
     flat = summ.to_dict()
     assert flat["ranking"][0]["regret_pct"] == pytest.approx(25.0) and flat["ranking"][0]["predicted_best"]["tp"] == 2
-    assert list(flat) == ["n", "mape", "max_abs_pct_error", "median_signed_pct_error", "by_model_size", "ranking",
-                          "ranking_summary"]
+    assert list(flat) == ["n", "mape", "max_abs_pct_error", "median_signed_pct_error", "by_model_size", "by_layout",
+                          "ranking", "ranking_summary"]
     text = format_report("demo", rows, summ, rows_shown=False)
     assert "Spearman" in text and "regret" in text and "25.0%" in text and "tp2 pp1 dp4 mb1" in text
+    # The error per layout, in tp order: tp2 −50 %, tp4 −25 %, tp8 −22.2 % (predicted below measured).
+    assert list(flat["by_layout"]) == ["tp2 pp1", "tp4 pp1", "tp8 pp1"]
+    assert [round(v["mape"], 1) for v in flat["by_layout"].values()] == [50.0, 25.0, 22.2]
+    assert "layout" in text and "tp4 pp1" in text
 
 
 @needs_data
