@@ -53,14 +53,11 @@ def format_nemo(report: dict[str, Any]) -> str:
         lines.append(f"  {half.replace('_', ' '):<13} {h['n']:>3} rows, MAPE {h['mape']:.2f}%, "
                      f"max {h['max_abs_pct_error']:.1f}%")
     lines.append(f"  Echo's published error (GPT-175B, 96 H800): {report['echo_published_error_pct']:.0f}%")
-    lines.append("")
-    lines.append(f"{'model':<14} {'rows':>5} {'MAPE':>8} {'max':>8}")
-    for k, s in report["by_model_size"].items():
-        lines.append(f"{k:<14} {s['n']:>5} {s['mape']:>7.2f}% {s['max_abs_pct_error']:>7.1f}%")
-    lines.append("")
-    lines.append(f"{'layout':<14} {'rows':>5} {'MAPE':>8} {'max':>8}")
-    for k, s in report["by_layout"].items():
-        lines.append(f"{k:<14} {s['n']:>5} {s['mape']:>7.2f}% {s['max_abs_pct_error']:>7.1f}%")
+    for title, key in (("model", "by_model_size"), ("layout", "by_layout")):
+        lines.append("")
+        lines.append(f"{title:<14} {'rows':>5} {'MAPE':>8} {'max':>8}")
+        for k, s in report[key].items():
+            lines.append(f"{k:<14} {s['n']:>5} {s['mape']:>7.2f}% {s['max_abs_pct_error']:>7.1f}%")
     return "\n".join(lines)
 
 

@@ -108,14 +108,11 @@ def format_report(dataset: str, results: Sequence[RowResult], summary: Validatio
     published = VTRAIN_PUBLISHED_MAPE.get(dataset)
     if published is not None:
         lines.append(f"  vTrain's published MAPE on this data: {published:.2f}%")
-    lines.append("")
-    lines.append(f"{'model size':<22} {'rows':>5} {'MAPE':>8} {'max':>8} {'median':>8}")
-    for k, s in summary.by_model_size.items():
-        lines.append(f"{k:<22} {s.n:>5} {s.mape:>7.2f}% {s.max_abs_pct_error:>7.1f}% {s.median_signed_pct_error:>+7.1f}%")
-    lines.append("")
-    lines.append(f"{'layout':<22} {'rows':>5} {'MAPE':>8} {'max':>8} {'median':>8}")
-    for k, s in summary.by_layout.items():
-        lines.append(f"{k:<22} {s.n:>5} {s.mape:>7.2f}% {s.max_abs_pct_error:>7.1f}% {s.median_signed_pct_error:>+7.1f}%")
+    for title, table in (("model size", summary.by_model_size), ("layout", summary.by_layout)):
+        lines.append("")
+        lines.append(f"{title:<22} {'rows':>5} {'MAPE':>8} {'max':>8} {'median':>8}")
+        for k, s in table.items():
+            lines.append(f"{k:<22} {s.n:>5} {s.mape:>7.2f}% {s.max_abs_pct_error:>7.1f}% {s.median_signed_pct_error:>+7.1f}%")
     if summary.ranking:
         lines.append("")
         lines += format_ranking(summary.ranking, summary.ranking_summary)
