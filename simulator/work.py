@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 from mindpipe.simulator.topology import Phase
@@ -143,12 +144,18 @@ class StepCopies:
         in_action: Seconds per (kind, stage, micro-batch) action that holds copies.
         after: Per stage, seconds after its rank's last action and the micro-batch of the stage's
             last gradient action (whose clock the copy keeps under per-action clocks).
-        stage_total: Per stage, all its copy seconds in one step.
     """
 
     in_action: dict[tuple[str, int, int], float]
     after: list[tuple[float, int]]
-    stage_total: list[float]
+
+    @cached_property
+    def stage_total(self) -> list[float]:
+        """Per stage, all its copy seconds in one step (summed once, read on every DAG evaluation)."""
+        total = [t for t, _ in self.after]
+        for (_, s, _), t in self.in_action.items():
+            total[s] += t
+        return total
 
     @classmethod
     def of(cls, stages: Sequence[StageWork], orders: Sequence[Sequence[_Action]], overlap_grad_reduce: bool) -> StepCopies:
@@ -163,10 +170,7 @@ class StepCopies:
                     in_action[key] = in_action.get(key, 0.0) + t
             for s, i in last.items():
                 after[s] = (stages[s].copy_after_s(overlap_grad_reduce), order[i].microbatch)
-        total = [t for t, _ in after]
-        for (_, s, _), t in in_action.items():
-            total[s] += t
-        return cls(in_action, after, total)
+        return cls(in_action, after)
 
 
 @dataclass(frozen=True)

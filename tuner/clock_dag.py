@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from mindpipe.simulator.actions import Action
 from mindpipe.simulator.frequency import PowerModel, StageClockTable
@@ -55,7 +56,6 @@ class ClockDag:
     power: PowerModel
     devices_per_rank: int
     copies: StepCopies
-    after_s: list[float]  # per rank: copy seconds after its last node (StepCopies.after, summed)
     tail_s: float = 0.0
     _order: list[tuple[int, int, int, int, float, int]] | None = field(default=None, init=False, repr=False)
 
@@ -66,10 +66,6 @@ class ClockDag:
         if sim.power is None:
             raise ValueError(f"{sim.device.name} has no frequency data")
         schedule, topo, stages, _, _ = sim.work(plan)
-        copies = StepCopies.of(stages, schedule.orders, plan.overlap_grad_reduce)
-        after_s = [0.0] * plan.pp
-        for s, (t, _) in enumerate(copies.after):
-            after_s[schedule.stage_to_rank[s]] += t
         tr = Transfers(None, None, topo, sim.comm)  # type: ignore[arg-type]
 
         def alone(phases: list | None) -> float:
@@ -83,7 +79,7 @@ class ClockDag:
             tp_b=[alone(st.bwd_tp) for st in stages], send_f=[alone(st.send_fwd) for st in stages],
             send_b=[alone(st.send_bwd) for st in stages], table=sim.clock_table(plan, set(clocks)), power=sim.power,
             devices_per_rank=plan.grad_replicas * plan.tp,
-            copies=copies, after_s=after_s)
+            copies=StepCopies.of(stages, schedule.orders, plan.overlap_grad_reduce))
         default = dag.power.spec.default_sm_clock_MHz
         span = dag.span([default] * plan.pp)[0]
         dag.tail_s = max(0.0, sim.run(dataclasses.replace(plan, stage_clocks_mhz=None)).iteration_time_s - span)
@@ -93,6 +89,15 @@ class ClockDag:
     def pp(self) -> int:
         """Pipeline ranks."""
         return len(self.orders)
+
+    @cached_property
+    def after_s(self) -> list[float]:
+        """Per rank, the copy seconds after its last node (:attr:`StepCopies.after` summed over the
+        rank's stages; summed once, read on every span)."""
+        out = [0.0] * self.pp
+        for s, (t, _) in enumerate(self.copies.after):
+            out[self.stage_to_rank[s]] += t
+        return out
 
     def _durations(self, rank_clocks: Sequence[int]) -> tuple[list[float], list[float], list[float], list[float]]:
         """Per stage: F, I (or B's input part), W node durations and compute seconds of one micro-batch."""

@@ -35,7 +35,9 @@ def _refuse_other_options(args: argparse.Namespace, argv: Sequence[str]) -> None
 
 
 def format_nemo(report: dict[str, Any]) -> str:
-    """Human-readable table: one line per row, both halves, per-model error."""
+    """Human-readable table: one line per row, both halves, the error per model and per layout."""
+    from mindpipe.simulator.perf.accuracy import ErrorStats, error_table_lines
+
     lines = [f"{'row':<30} {'model':<14} {'gpus':>4} {'tp':>3} {'pp':>3} {'cp':>3} {'dp':>3} {'mb':>3} {'gbs':>5} "
              f"{'half':<8} {'measured s':>10} {'predicted s':>11} {'error':>8}"]
     for r in report["rows"]:
@@ -54,10 +56,7 @@ def format_nemo(report: dict[str, Any]) -> str:
                      f"max {h['max_abs_pct_error']:.1f}%")
     lines.append(f"  Echo's published error (GPT-175B, 96 H800): {report['echo_published_error_pct']:.0f}%")
     for title, key in (("model", "by_model_size"), ("layout", "by_layout")):
-        lines.append("")
-        lines.append(f"{title:<14} {'rows':>5} {'MAPE':>8} {'max':>8}")
-        for k, s in report[key].items():
-            lines.append(f"{k:<14} {s['n']:>5} {s['mape']:>7.2f}% {s['max_abs_pct_error']:>7.1f}%")
+        lines += error_table_lines(title, {k: ErrorStats(**s) for k, s in report[key].items()}, 14, median=False)
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -61,6 +61,16 @@ def error_stats(results: Sequence[RowResult]) -> ErrorStats:
     errs = [r.error for r in results]
     return ErrorStats(len(results), 100 * statistics.fmean(abs(e) for e in errs), 100 * max(abs(e) for e in errs),
                       100 * statistics.median(errs))
+
+
+def error_table_lines(title: str, table: Mapping[str, ErrorStats], width: int, median: bool = True) -> list[str]:
+    """A blank line, a header and one line per group of ``table`` (rows, MAPE, max, and the median
+    signed error unless ``median`` is off): the per-model and per-layout tables of the reports."""
+    lines = ["", f"{title:<{width}} {'rows':>5} {'MAPE':>8} {'max':>8}" + (f" {'median':>8}" if median else "")]
+    for k, st in table.items():
+        line = f"{k:<{width}} {st.n:>5} {st.mape:>7.2f}% {st.max_abs_pct_error:>7.1f}%"
+        lines.append(line + (f" {st.median_signed_pct_error:>+7.1f}%" if median else ""))
+    return lines
 
 
 def _ranks(values: Sequence[float]) -> list[float]:
@@ -281,5 +291,5 @@ def summarize(results: Sequence[RowResult], fit_sources: set[str] | None = None)
 
 
 __all__ = ["ErrorStats", "PlanBrief", "RankingGroup", "RankingStats", "RankingSummary", "RowResult", "ValidationSummary",
-           "error_stats", "ranked", "ranking_groups", "ranking_stats", "ranking_summary", "size_key", "spearman_rho",
-           "summarize"]
+           "error_stats", "error_table_lines", "ranked", "ranking_groups", "ranking_stats", "ranking_summary", "size_key",
+           "spearman_rho", "summarize"]

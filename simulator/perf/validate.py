@@ -33,6 +33,7 @@ from mindpipe.simulator.perf.accuracy import (
     RowResult,
     ValidationSummary,
     error_stats,
+    error_table_lines,
     ranked,
     ranking_groups,
     ranking_stats,
@@ -108,11 +109,8 @@ def format_report(dataset: str, results: Sequence[RowResult], summary: Validatio
     published = VTRAIN_PUBLISHED_MAPE.get(dataset)
     if published is not None:
         lines.append(f"  vTrain's published MAPE on this data: {published:.2f}%")
-    for title, table in (("model size", summary.by_model_size), ("layout", summary.by_layout)):
-        lines.append("")
-        lines.append(f"{title:<22} {'rows':>5} {'MAPE':>8} {'max':>8} {'median':>8}")
-        for k, s in table.items():
-            lines.append(f"{k:<22} {s.n:>5} {s.mape:>7.2f}% {s.max_abs_pct_error:>7.1f}% {s.median_signed_pct_error:>+7.1f}%")
+    lines += error_table_lines("model size", summary.by_model_size, 22)
+    lines += error_table_lines("layout", summary.by_layout, 22)
     if summary.ranking:
         lines.append("")
         lines += format_ranking(summary.ranking, summary.ranking_summary)
