@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     s = summary(held_rows)
     # Ablation: the same fit without the host CPU outside the actions (step 3 of the fit).
     bare, _ = calibrate(fit_all, host_cpu=False)
-    ablation = {"holdout_mape_calibrated_pct_without_host_cpu": summary(fidelity(held_runs, bare))["mape_calibrated_pct"],
-                "fit_mape_calibrated_pct_without_host_cpu": summary(fidelity(fit_runs, bare))["mape_calibrated_pct"]}
+    ablation = {"holdout_mape_calibrated_pct_without_host_cpu": summary(fidelity(held_runs, bare)).mape_calibrated_pct,
+                "fit_mape_calibrated_pct_without_host_cpu": summary(fidelity(fit_runs, bare)).mape_calibrated_pct}
     result = {
         "command": ".venv/bin/python benchmarks/calibration_fidelity.py" + (" --rerun" if args.rerun else ""),
         "machine": {"torch": fit_runs[0].measurement.torch_version, "cpus": fit_runs[0].measurement.cpus_per_node},
@@ -134,20 +134,20 @@ def main(argv: list[str] | None = None) -> int:
         "fit_plans": {n: to_dict(p) for n, p in FIT.items()},
         "holdout_plans": {n: to_dict(p) for n, p in HOLDOUT.items()},
         "calibration": to_dict(cal),
-        "rounds": len(rounds), "fit": summary(fit_rows), "holdout": s,
-        "holdout_by_round": {str(k): {key: v[key] for key in ("mape_uncalibrated_pct", "mape_calibrated_pct")}
+        "rounds": len(rounds), "fit": summary(fit_rows).to_dict(), "holdout": s.to_dict(),
+        "holdout_by_round": {str(k): {"mape_uncalibrated_pct": v.mape_uncalibrated_pct, "mape_calibrated_pct": v.mape_calibrated_pct}
                              for k, v in per_round.items()},
         "ablation": ablation,
-        "acceptance": {"holdout_mape_le_15pct": s["mape_calibrated_pct"] <= 15.0,
-                       "at_least_2x_lower_than_uncalibrated": s["improvement_factor"] >= 2.0,
-                       "holdout_plans": s["n"]},
+        "acceptance": {"holdout_mape_le_15pct": (s.mape_calibrated_pct or 0.0) <= 15.0,
+                       "at_least_2x_lower_than_uncalibrated": (s.improvement_factor or 0.0) >= 2.0,
+                       "holdout_plans": s.n},
         "rows": {"fit": [vars(r) for r in fit_rows], "holdout": [vars(r) for r in held_rows]},
         "warnings": notes.warnings,
     }
     (RESULTS / "calibration_fidelity.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print("fitted on:\n" + table_text(fit_rows) + "\n\nheld out:\n" + table_text(held_rows))
     print("held-out MAPE of each round alone: " + ", ".join(
-        f"{v['mape_calibrated_pct']:.1f}%" for v in per_round.values()))
+        f"{v.mape_calibrated_pct:.1f}%" for v in per_round.values()))
     print(f"without the host CPU fit: held-out MAPE {ablation['holdout_mape_calibrated_pct_without_host_cpu']:.1f}%, "
           f"in-sample {ablation['fit_mape_calibrated_pct_without_host_cpu']:.1f}%")
     print(json.dumps(result["acceptance"]))

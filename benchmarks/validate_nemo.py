@@ -53,7 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = load_nemo(Path(args.data) / "validation" / "nemo_2407_h100_fp8.csv")
     t0 = time.perf_counter()
-    report = nemo_report(rows)
+    report = nemo_report(rows).to_dict()
     wall = time.perf_counter() - t0
     fit, holdout = nemo_split(rows)
     refit, refit_mape = fit_fp8_efficiency(fit)

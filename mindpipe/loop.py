@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.runs import RunSpec, run_plan
-from mindpipe.simulator.calibrate.fidelity import plan_label
+from mindpipe.simulator.calibrate.fidelity import FidelitySummary, plan_label
 from mindpipe.simulator.calibrate.fit import calibrate
 from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run, merge_repeats
 from mindpipe.traces.builtin import load_cluster, load_model
@@ -149,7 +149,7 @@ class LoopResult:
     speedup: float
     ranges_overlap: bool
     regret: float
-    holdout: dict[str, Any]
+    holdout: FidelitySummary
     calibration: Calibration
 
 

@@ -180,7 +180,7 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
         "rounds_side_by_side": {"default_s": h.default_rounds, "tuned_s": h.tuned_rounds},
         "measured_default_s": h.default_s, "measured_tuned_s": h.tuned_s, "speedup": h.speedup,
         "round_ranges_overlap": h.overlap, "regret": h.regret, "fastest_plan": h.fastest,
-        "median_s_by_plan": h.medians, "side_by_side_median_s_by_plan": h.side_medians, "holdout": s,
+        "median_s_by_plan": h.medians, "side_by_side_median_s_by_plan": h.side_medians, "holdout": s.to_dict(),
         "holdout_rows": [vars(r) for r in held_rows], "fitted_rows": [vars(r) for r in fit_rows],
         "memory_by_plan": {k: [{**vars(r), "rel_error": r.rel_error} for r in rows] for k, rows in memory.items()},
     }, indent=1, allow_nan=False) + "\n", encoding="utf-8")

@@ -110,8 +110,8 @@ def _report(args: argparse.Namespace, cal: Any, warnings: list[str], constants: 
         preface=[f"Calibration: `{args.out}`", "", "```", constants, "```", ""],
         print_to=None if args.json else sys.stdout)]
     if args.json:
-        print_json({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows),
-                    "holdout": summary(held_rows) if held_rows else None,
+        print_json({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows).to_dict(),
+                    "holdout": summary(held_rows).to_dict() if held_rows else None,
                     "rows": {"fitted": [vars(r) for r in fitted_rows], "holdout": [vars(r) for r in held_rows]},
                     "warnings": warnings, "report": files})
     else:

@@ -60,9 +60,9 @@ def cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
     print(f"tuned plan {res.speedup:.2f}x {verdict(res.speedup)} the default plan (measured {res.tuned_s:.3f} s vs "
           f"{res.default_s:.3f} s per iteration; their rounds {overlap}); tuner regret {100 * res.regret:.1f}%")
     s = res.holdout
-    if s.get("n"):
-        print(f"held-out fidelity over {s['n']} plans: MAPE {s['mape_uncalibrated_pct']:.1f}% uncalibrated, "
-              f"{s['mape_calibrated_pct']:.1f}% calibrated")
+    if s.n and s.mape_calibrated_pct is not None:
+        print(f"held-out fidelity over {s.n} plans: MAPE {s.mape_uncalibrated_pct:.1f}% uncalibrated, "
+              f"{s.mape_calibrated_pct:.1f}% calibrated")
     print(f"report: {res.report}")
     return 0
 

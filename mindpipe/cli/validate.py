@@ -134,7 +134,7 @@ def _validate_measured(args: argparse.Namespace, calibration: Calibration | None
                                              print_to=None if args.json else sys.stdout)]
     if args.json:
         print_json({"dataset": "measured", "data": list(args.data), "calibration": args.calibration,
-                    **summary(rows), "rows": [vars(r) for r in rows], "report": files})
+                    **summary(rows).to_dict(), "rows": [vars(r) for r in rows], "report": files})
     elif files:
         print("wrote " + ", ".join(files))
     return 0

@@ -15,11 +15,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mindpipe.cli import loaders
 from mindpipe.cli.output import print_json
 from mindpipe.traces.errors import ContractError
+
+if TYPE_CHECKING:
+    from mindpipe.simulator.perf.nemo_validate import NemoReport
 
 DATASET = "nemo-h100"
 
@@ -34,29 +37,30 @@ def _refuse_other_options(args: argparse.Namespace, argv: Sequence[str]) -> None
         raise ContractError("--data", None, f"{DATASET} takes one CSV file, got {len(args.data)}")
 
 
-def format_nemo(report: dict[str, Any]) -> str:
+def format_nemo(report: NemoReport) -> str:
     """Human-readable table: one line per row, both halves, the error per model and per layout."""
-    from mindpipe.simulator.perf.accuracy import ErrorStats, error_table_lines
+    from mindpipe.simulator.perf.accuracy import error_table_lines
+    from mindpipe.simulator.perf.nemo_validate import ECHO_PUBLISHED_ERROR_PCT
 
     lines = [f"{'row':<30} {'model':<14} {'gpus':>4} {'tp':>3} {'pp':>3} {'cp':>3} {'dp':>3} {'mb':>3} {'gbs':>5} "
              f"{'half':<8} {'measured s':>10} {'predicted s':>11} {'error':>8}"]
-    for r in report["rows"]:
-        lines.append(f"{Path(r['source']).name:<30} {r['model']:<14} {r['gpus']:>4} {r['tp']:>3} {r['pp']:>3} "
-                     f"{r['cp']:>3} {r['dp']:>3} {r['micro_batch']:>3} {r['global_batch']:>5} {r['half']:<8} "
-                     f"{r['measured_s']:>10.3f} {r['predicted_s']:>11.3f} {r['pct_error']:>+7.1f}%")
+    for row in report.rows:
+        r = row.result
+        lines.append(f"{Path(r.source).name:<30} {r.size:<14} {r.gpus:>4} {r.tp:>3} {r.pp:>3} "
+                     f"{row.cp:>3} {r.dp:>3} {r.micro_batch:>3} {r.global_batch:>5} {row.half:<8} "
+                     f"{r.measured_s:>10.3f} {r.predicted_s:>11.3f} {100 * r.error:>+7.1f}%")
+    s = report.summary
     lines.append("")
-    lines.append(f"{DATASET}: {report['n']} rows simulated, MAPE {report['mape']:.2f}%, max |error| "
-                 f"{report['max_abs_pct_error']:.1f}%, median signed {report['median_signed_pct_error']:+.1f}%")
-    for half in ("fit_half", "holdout_half"):
-        h = report[half]
-        if not h["n"]:
-            lines.append(f"  {half.replace('_', ' '):<13}   0 rows")
+    lines.append(f"{DATASET}: {s.overall.n} rows simulated, MAPE {s.overall.mape:.2f}%, max |error| "
+                 f"{s.overall.max_abs_pct_error:.1f}%, median signed {s.overall.median_signed_pct_error:+.1f}%")
+    for name, h in (("fit half", s.fit_half), ("holdout half", s.holdout_half)):
+        if h is None or not h.n:
+            lines.append(f"  {name:<13}   0 rows")
             continue
-        lines.append(f"  {half.replace('_', ' '):<13} {h['n']:>3} rows, MAPE {h['mape']:.2f}%, "
-                     f"max {h['max_abs_pct_error']:.1f}%")
-    lines.append(f"  Echo's published error (GPT-175B, 96 H800): {report['echo_published_error_pct']:.0f}%")
-    for title, key in (("model", "by_model_size"), ("layout", "by_layout")):
-        lines += error_table_lines(title, {k: ErrorStats(**s) for k, s in report[key].items()}, 14, median=False)
+        lines.append(f"  {name:<13} {h.n:>3} rows, MAPE {h.mape:.2f}%, max {h.max_abs_pct_error:.1f}%")
+    lines.append(f"  Echo's published error (GPT-175B, 96 H800): {ECHO_PUBLISHED_ERROR_PCT:.0f}%")
+    for title, table in (("model", s.by_model_size), ("layout", s.by_layout)):
+        lines += error_table_lines(title, table, 14, median=False)
     return "\n".join(lines)
 
 
@@ -67,10 +71,10 @@ def validate_nemo_h100(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _refuse_other_options(args, argv)
     data = args.data[0]
     report = nemo_report(loaders.nemo_rows(data))
-    if not report["n"]:
+    if not report.summary.overall.n:
         raise ContractError(data, None, "the table has no rows")
     if args.json:
-        print_json({"dataset": DATASET, "data": data, "gpu": "h100-sxm5-80gb", "precision": "fp8", **report})
+        print_json({"dataset": DATASET, "data": data, "gpu": "h100-sxm5-80gb", "precision": "fp8", **report.to_dict()})
     else:
         print(format_nemo(report))
     return 0

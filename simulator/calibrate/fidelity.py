@@ -10,7 +10,7 @@ and ``mindpipe validate measured --report`` both call it).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -73,20 +73,38 @@ def fidelity(runs: list[MeasuredRun], calibration: Calibration | None) -> list[F
     return rows
 
 
-def summary(rows: list[FidelityRow]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class FidelitySummary:
+    """MAPE and largest error (percent) of a set of runs before and after calibration.
+
+    The uncalibrated figures are None for no runs; the calibrated ones (and ``improvement_factor``,
+    uncalibrated ÷ calibrated MAPE) are None without a calibration.
+    """
+
+    n: int
+    mape_uncalibrated_pct: float | None = None
+    max_abs_error_uncalibrated_pct: float | None = None
+    mape_calibrated_pct: float | None = None
+    max_abs_error_calibrated_pct: float | None = None
+    improvement_factor: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``--json`` and ``report.json``: the figures that exist (``{"n": 0}`` for no runs)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def summary(rows: list[FidelityRow]) -> FidelitySummary:
     """MAPE (percent) before and after calibration, their ratio, and the worst errors."""
     if not rows:
-        return {"n": 0}
+        return FidelitySummary(0)
     before = [abs(r.uncalibrated_error) for r in rows]
-    out: dict[str, Any] = {"n": len(rows), "mape_uncalibrated_pct": 100 * sum(before) / len(rows),
-                           "max_abs_error_uncalibrated_pct": 100 * max(before)}
     after = [abs(e) for r in rows if (e := r.calibrated_error) is not None]
-    if after:
-        out["mape_calibrated_pct"] = 100 * sum(after) / len(after)
-        out["max_abs_error_calibrated_pct"] = 100 * max(after)
-        out["improvement_factor"] = (out["mape_uncalibrated_pct"] / out["mape_calibrated_pct"]
-                                     if out["mape_calibrated_pct"] > 0 else float("inf"))
-    return out
+    mape_before = 100 * sum(before) / len(rows)
+    if not after:
+        return FidelitySummary(len(rows), mape_before, 100 * max(before))
+    mape_after = 100 * sum(after) / len(after)
+    return FidelitySummary(len(rows), mape_before, 100 * max(before), mape_after, 100 * max(after),
+                           mape_before / mape_after if mape_after > 0 else float("inf"))
 
 
 def table_markdown(rows: list[FidelityRow]) -> str:
@@ -105,11 +123,11 @@ def table_markdown(rows: list[FidelityRow]) -> str:
 def _mape_phrase(rows: list[FidelityRow], times: str) -> str:
     """``uncalibrated X%, calibrated Y% (Z× lower)`` (the calibrated part only with a calibration)."""
     s = summary(rows)
-    phrase = f"uncalibrated {s['mape_uncalibrated_pct']:.1f}%"
-    if "mape_calibrated_pct" in s:
-        phrase += f", calibrated {s['mape_calibrated_pct']:.1f}%"
+    phrase = f"uncalibrated {s.mape_uncalibrated_pct:.1f}%"
+    if s.mape_calibrated_pct is not None:
+        phrase += f", calibrated {s.mape_calibrated_pct:.1f}%"
         # Below 0.05 % the fit reproduces its own data (as many constants as groups): no ratio to show.
-        phrase += f" ({s['improvement_factor']:.1f}{times} lower)" if s["mape_calibrated_pct"] >= 0.05 else " (fits its own data exactly)"
+        phrase += f" ({s.improvement_factor:.1f}{times} lower)" if s.mape_calibrated_pct >= 0.05 else " (fits its own data exactly)"
     return phrase
 
 
@@ -146,11 +164,11 @@ def scatter_png(rows: list[FidelityRow], path: str | Path, title: str = "Predict
     ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="grey", alpha=0.15, label="±15%")
     s = summary(rows)
     ax.scatter([r.measured_s for r in rows], [r.uncalibrated_s for r in rows], marker="x", color="tab:red",
-               label=f"uncalibrated (held-out MAPE {s.get('mape_uncalibrated_pct', 0):.0f}%)")
+               label=f"uncalibrated (held-out MAPE {s.mape_uncalibrated_pct or 0:.0f}%)")
     cal_rows = [r for r in rows if r.calibrated_s is not None]
     if cal_rows:
         ax.scatter([r.measured_s for r in cal_rows], [float(r.calibrated_s or 0) for r in cal_rows], marker="o",
-                   color="tab:blue", label=f"calibrated (held-out MAPE {s.get('mape_calibrated_pct', 0):.1f}%)")
+                   color="tab:blue", label=f"calibrated (held-out MAPE {s.mape_calibrated_pct or 0:.1f}%)")
     fit_rows = [r for r in fitted or [] if r.calibrated_s is not None]
     if fit_rows:
         ax.scatter([r.measured_s for r in fit_rows], [float(r.calibrated_s or 0) for r in fit_rows], marker="o",
@@ -256,5 +274,5 @@ def fidelity_report(rows: list[FidelityRow], fitted: list[FidelityRow] | None = 
     return [out / "fidelity.md", png]
 
 
-__all__ = ["FidelityRow", "fidelity", "fidelity_report", "format_calibration", "plan_label", "scatter_png", "summary",
+__all__ = ["FidelityRow", "FidelitySummary", "fidelity", "fidelity_report", "format_calibration", "plan_label", "scatter_png", "summary",
            "table_markdown", "table_text"]

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from mindpipe.simulator.api import SimulationOptions, simulate
+from mindpipe.simulator.perf.accuracy import RowResult, ValidationSummary, summarize
 from mindpipe.simulator.perf.fp8 import Fp8Constants
 from mindpipe.simulator.perf.gpu import GpuComputeModel
 from mindpipe.simulator.perf.nemo import NemoRow
-from mindpipe.simulator.perf.validate import RowResult, summarize
 from mindpipe.simulator.perf.vtrain import split_fit_holdout
 from mindpipe.traces.catalog import get_device
 
@@ -83,23 +84,49 @@ def validate_nemo(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None) -> l
     return out
 
 
-def nemo_report(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None, seed: int = SPLIT_SEED) -> dict[str, Any]:
-    """Rows and the summary with both halves, as one JSON-ready object."""
+@dataclass(frozen=True, slots=True)
+class NemoRowResult:
+    """One row of the table: predicted against measured, its context parallelism and its half."""
+
+    result: RowResult
+    cp: int
+    half: Literal["fit", "holdout"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row's JSON object (``source``, ``model``, the mesh, both times, ``pct_error``, ``half``)."""
+        r = self.result
+        return {"source": r.source, "model": r.size, "gpus": r.gpus, "tp": r.tp, "pp": r.pp, "cp": self.cp, "dp": r.dp,
+                "micro_batch": r.micro_batch, "global_batch": r.global_batch, "measured_s": r.measured_s,
+                "predicted_s": r.predicted_s, "pct_error": 100 * r.error, "half": self.half}
+
+
+@dataclass(frozen=True)
+class NemoReport:
+    """What ``mindpipe validate nemo-h100`` reports: the summary with both halves, how the rows were
+    split, and every row."""
+
+    summary: ValidationSummary
+    fit_split: str
+    rows: list[NemoRowResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``--json`` and ``benchmarks/validate_nemo.py``: the summary's keys,
+        ``fit_split``, ``echo_published_error_pct`` and ``rows``."""
+        return {**self.summary.to_dict(), "fit_split": self.fit_split,
+                "echo_published_error_pct": ECHO_PUBLISHED_ERROR_PCT, "rows": [r.to_dict() for r in self.rows]}
+
+
+def nemo_report(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None, seed: int = SPLIT_SEED) -> NemoReport:
+    """Every row simulated, summarized with the fit/hold-out halves of :func:`nemo_split`."""
     results = validate_nemo(rows, fp8)
     fit, _ = nemo_split(rows, seed)
     fit_sources = {r.source for r in fit}
-    summary = summarize(results, fit_sources)
-    return {
-        **summary.to_dict(),
-        "fit_split": (f"split_fit_holdout(seed={seed}, fit_fraction=0.5) of the {sum(r.cp == 1 for r in rows)} rows "
-                      f"without context parallelism; the {sum(r.cp > 1 for r in rows)} with it are hold-out"),
-        "echo_published_error_pct": ECHO_PUBLISHED_ERROR_PCT,
-        "rows": [{"source": r.source, "model": r.size, "gpus": r.gpus, "tp": r.tp, "pp": r.pp, "cp": row.cp,
-                  "dp": r.dp, "micro_batch": r.micro_batch, "global_batch": r.global_batch, "measured_s": r.measured_s,
-                  "predicted_s": r.predicted_s, "pct_error": 100 * r.error,
-                  "half": "fit" if r.source in fit_sources else "holdout"} for r, row in zip(results, rows, strict=True)],
-    }
+    split = (f"split_fit_holdout(seed={seed}, fit_fraction=0.5) of the {sum(r.cp == 1 for r in rows)} rows "
+             f"without context parallelism; the {sum(r.cp > 1 for r in rows)} with it are hold-out")
+    return NemoReport(summarize(results, fit_sources), split,
+                      [NemoRowResult(r, row.cp, "fit" if r.source in fit_sources else "holdout")
+                       for r, row in zip(results, rows, strict=True)])
 
 
-__all__ = ["ECHO_PUBLISHED_ERROR_PCT", "MECHANISMS", "nemo_report", "nemo_split", "pct_errors", "predict_s",
+__all__ = ["ECHO_PUBLISHED_ERROR_PCT", "MECHANISMS", "NemoReport", "NemoRowResult", "nemo_report", "nemo_split", "pct_errors", "predict_s",
            "simulate_row", "validate_nemo", "without"]

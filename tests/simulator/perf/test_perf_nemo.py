@@ -93,10 +93,13 @@ def test_report_matches_the_shipped_fit_record() -> None:
     """The shipped fp8.json's hold-out MAPE is what the command reports (re-fit when the model changes)."""
     report = nemo_report(load_nemo(CSV))
     record = read_constants(shipped="fp8.json").records[FP8_KEY]
-    assert report["n"] == 12
-    assert report["fit_half"]["n"] + report["holdout_half"]["n"] == 12
+    s = report.summary
+    assert s.overall.n == 12 and len(report.rows) == 12
+    assert s.fit_half is not None and s.holdout_half is not None
+    assert s.fit_half.n + s.holdout_half.n == 12
+    assert sum(r.half == "fit" for r in report.rows) == s.fit_half.n
     if record.method == "fit":
-        assert report["holdout_half"]["mape"] == pytest.approx(record.holdout_mape_percent, abs=0.01)
+        assert s.holdout_half.mape == pytest.approx(record.holdout_mape_percent, abs=0.01)
 
 
 @needs_data
