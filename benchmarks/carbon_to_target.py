@@ -113,7 +113,7 @@ def search(budget: int, cfg: FrontConfig) -> tuple[list[Candidate], list[Candida
                 for c in cands]
 
     info = {"search_wall_s": time.perf_counter() - began,
-            "evaluations": fastest.summary["evaluations"] + carbon.summary["evaluations"],
+            "evaluations": fastest.summary.evaluations + carbon.summary.evaluations,
             "throughput_search_best": _describe(ref_a), "carbon_search_fastest": _describe(ref_b),
             "candidates": [{"plan": c.name, "clocks": c.clocks, "clock_slowdown_limit": c.slowdown_limit,
                             "stage_clocks_mhz": c.plan.stage_clocks_mhz, "iteration_time_s": c.iteration_time_s,

@@ -119,7 +119,7 @@ def tuner_check(work: Path, budget: int) -> dict[str, Any]:
         outcome = tune("gpt3-175b", "a100-sxm4-40gb:128x8", out=work / label.split()[0], global_batch=1536,
                        fixes=fixes + extra, partitioners=parts,
                        config=SweepConfig(optimizer="grid", budget=budget, workers=1), plots=False)
-        info = outcome.summary
+        info = outcome.summary.to_dict()
         plan = info["best_plan"]
         policy = plan.get("layer_memory_policy")
         out[label] = {"throughput_samples_per_s": info["best_value"], "evaluations": info["evaluations"],

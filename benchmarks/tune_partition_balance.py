@@ -58,7 +58,7 @@ def tuned_plans(work: Path) -> tuple[dict[str, Plan], dict[str, Any]]:
                    partitioners=["even", "pipedream", "balanced"],
                    config=SweepConfig(optimizer="grid", budget=3, workers=1), plots=False)
     plans = {r.point["partitioner"]: r.plan for r in outcome.result.records if r.plan is not None}
-    return plans, outcome.summary
+    return plans, outcome.summary.to_dict()
 
 
 def run_plan(plan_path: Path, model_path: Path, steps: int, out: Path) -> list[float]:

@@ -167,7 +167,7 @@ def _tune(model: Model, cfg: LoopConfig, out: Path, trace: Trace | None,
     best = outcome.result.best
     if best is None or best.plan is None:  # tune raises NoFeasiblePlan first; kept for the type checker
         raise ContractError("demo", None, "the tuner found no feasible plan")
-    return cfg.at_batch(best.plan), int(outcome.summary["evaluations"])
+    return cfg.at_batch(best.plan), outcome.summary.evaluations
 
 
 def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> LoopResult:

@@ -4,8 +4,9 @@ Builds the search space, runs the sweep with the simulator as cost function, wri
 (:mod:`mindpipe.tuner.output`) and returns the summary. Usable from a notebook::
 
     from mindpipe.tuner.api import tune
-    info = tune("gpt-13b", "a100-sxm4-80gb:8x8", objective="throughput", global_batch=512,
-                fixes=["tp=8"], out="sweeps/13b", config=SweepConfig(optimizer="bo", budget=60))
+    outcome = tune("gpt-13b", "a100-sxm4-80gb:8x8", objective="throughput", global_batch=512,
+                   fixes=["tp=8"], out="sweeps/13b", config=SweepConfig(optimizer="bo", budget=60))
+    outcome.summary.best_plan, outcome.summary.best_value  # a TuneSummary; .to_dict() is summary.json
 
 A supernet (``tune("supernet-mini", "cpu:1x4", out=..., subnets=256)``) is searched over dp × pp,
 micro-batch, ``subnet_schedule``, ``subnet_window`` and the supernet partitioner
@@ -25,8 +26,7 @@ from typing import Any
 
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.simulator.subnet_costs import check_candidate_trace
-from mindpipe.traces.atomic import write_text
-from mindpipe.traces.builtin import load_cluster, load_network, load_plan
+from mindpipe.traces.builtin import load_cluster, load_network
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, MadeFor, Model
 from mindpipe.traces.errors import ContractError
@@ -37,10 +37,11 @@ from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.evaluate import screen as screen_memory
 from mindpipe.tuner.keys import parse_fixes, parse_global_batch, parse_search, parse_what_if
 from mindpipe.tuner.materialize import Problem
-from mindpipe.tuner.objectives import Objective
+from mindpipe.tuner.objectives import CriticalBatch, Objective
 from mindpipe.tuner.output import write_outputs
 from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.store import SweepStore
+from mindpipe.tuner.summary import TuneSummary
 from mindpipe.tuner.sweep import Evaluator, Progress, Screener, SweepConfig, SweepResult, run_sweep
 from mindpipe.tuner.target import Placement, TrainingTarget
 from mindpipe.tuner.target_front import FrontConfig, run_front
@@ -55,9 +56,9 @@ class NoFeasiblePlan(ContractError):
 
 @dataclass
 class TuneOutcome:
-    """What :func:`tune` returns: the JSON summary, the sweep result and the space."""
+    """What :func:`tune` returns: the summary (``summary.json``), the sweep result and the space."""
 
-    summary: dict[str, Any]
+    summary: TuneSummary
     result: SweepResult
     space: SearchSpace
 
@@ -147,18 +148,29 @@ def target_identity(obj: Objective) -> dict[str, Any]:
 
 
 def write_front(sim: Simulator, result: SweepResult, target: TrainingTarget, placement: Placement | None,
-                cfg: FrontConfig, out_dir: Path, plots: bool) -> dict[str, Any]:
-    """The carbon-to-target front (:func:`mindpipe.tuner.target_front.run_front`); the chosen plan,
-    with its clocks, replaces ``best_plan.json`` (``made_for`` kept); returns the summary keys."""
+                cfg: FrontConfig, out_dir: Path, summary: TuneSummary, plots: bool) -> None:
+    """The carbon-to-target front (:func:`mindpipe.tuner.target_front.run_front`): its keys join
+    ``summary``, and the chosen plan, with its clocks, replaces the best plan (``made_for`` kept)."""
     keys, plan = run_front(sim, result.records, target, placement, cfg, out_dir, plots)
-    old = load_plan(str(out_dir / "best_plan.json"))
-    chosen = dataclasses.replace(plan, made_for=old.made_for)
+    old = summary.best_plan
+    chosen = dataclasses.replace(plan, made_for=old.made_for if old is not None else plan.made_for)
     write_json(chosen, out_dir / "best_plan.json")
-    keys["best_plan"] = to_dict(chosen)
-    summary = json.loads((out_dir / "summary.json").read_text())
-    summary.update(keys)
-    write_text(out_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
-    return keys
+    summary.best_plan = chosen
+    summary.target = keys
+
+
+def add_clocks(problem: Problem, model: Model, out_dir: Path, summary: TuneSummary, method: str, max_slowdown: float,
+               plots: bool) -> None:
+    """Plan the best plan's stage clocks (:func:`mindpipe.tuner.clock_step.add_stage_clocks`): the plan
+    with its clocks replaces the best plan in ``best_plan.json`` and ``summary``."""
+    from mindpipe.tuner.clock_step import add_stage_clocks
+
+    if summary.best_plan is None:
+        return
+    cp = add_stage_clocks(out_dir, summary.best_plan, model, problem.cluster, method, max_slowdown,
+                          trace=problem.trace, calibration=problem.calibration, plots=plots)
+    summary.clocks = cp
+    summary.best_plan = cp.plan
 
 
 def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Path,
@@ -170,7 +182,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
          progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate,
          screen: Screener | None = screen_memory,
          subnets: int | None = None, front: FrontConfig | None = None,
-         search: str | Sequence[str] | None = None) -> TuneOutcome:
+         search: str | Sequence[str] | None = None, clocks: str = "default", max_slowdown: float = 0.01,
+         critical: CriticalBatch | None = None) -> TuneOutcome:
     """Search for the best plan of ``model`` on ``cluster`` and write the outputs to ``out``.
 
     Args:
@@ -200,6 +213,10 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
             :data:`DEFAULT_SUBNETS`; a ``sync`` plan needs a multiple of its window).
         front: For ``carbon_to_target``: the plans × clocks × start times front's width
             (:mod:`mindpipe.tuner.target_front`; default :class:`FrontConfig`).
+        clocks, max_slowdown: Plan the best plan's stage clocks by this method (``perseus``,
+            ``envpipe``; ``default`` leaves the clocks) within this iteration-time slowdown. The
+            ``carbon_to_target`` front plans its own clocks and ignores them.
+        critical: Where the objective's critical batch came from (reported in the summary).
 
     Raises:
         ContractError: invalid arguments, an empty space, or a different sweep in ``out``.
@@ -208,6 +225,9 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     model = load_network(model)
     cluster = load_cluster(cluster)
     supernet = isinstance(model, Supernet)
+    if supernet and clocks != "default":
+        raise ContractError("--clocks", None, "per-stage clocks are planned for GPT and Llama models (the supernet "
+                            "simulator prices no energy)")
     obj = objective if isinstance(objective, Objective) else Objective(objective, supernet=supernet)
     if obj.supernet != supernet:
         obj = dataclasses.replace(obj, supernet=supernet)  # re-checked for the model's kind
@@ -238,10 +258,14 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
                        trace=reference(trace_source, trace) if trace is not None else None,
                        calibration=reference(calibration_source, calibration) if calibration is not None else None)
     info = _write(problem, result, obj, space, out_dir, made_for, plots, front)
+    info.critical_batch = critical
+    if clocks != "default" and isinstance(model, Model) and obj.target is None:  # the front plans its own
+        add_clocks(problem, model, out_dir, info, clocks, max_slowdown, plots)
+    info.write()
     if result.best is None:
-        counts = ", ".join(f"{k}: {v}" for k, v in sorted(info["infeasible_by_reason"].items()))
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(info.infeasible_by_reason.items()))
         late = (" (no_value: the job, at that plan's speed, runs past the carbon series)"
-                if obj.shift is not None and info["infeasible_by_reason"].get("no_value") else "")
+                if obj.shift is not None and info.infeasible_by_reason.get("no_value") else "")
         raise NoFeasiblePlan("tune", None, f"no feasible plan among the {len(result.records)} evaluated "
                              f"({counts}){late}; see {out_dir / 'evaluations.csv'}")
     return TuneOutcome(info, result, space)
@@ -271,7 +295,7 @@ def _sweep_identity(problem: Problem, space: SearchSpace, obj: Objective, cfg: S
 
 
 def _write(problem: Problem, result: SweepResult, obj: Objective, space: SearchSpace, out_dir: Path, made_for: MadeFor,
-           plots: bool, front: FrontConfig | None) -> dict[str, Any]:
+           plots: bool, front: FrontConfig | None) -> TuneSummary:
     """Write the sweep's outputs (and a time-shifted job's start, a target's front); their summary."""
     shifted = None
     if obj.shift is not None and result.best is not None:
@@ -281,8 +305,8 @@ def _write(problem: Problem, result: SweepResult, obj: Objective, space: SearchS
     info = write_outputs(result, obj, space, out_dir, made_for, plots=plots, timeshift=shifted)
     if obj.target is not None and result.best is not None and isinstance(problem.model, Model):
         sim = Simulator(problem.model, problem.cluster, trace=problem.trace, calibration=problem.calibration)
-        info.update(write_front(sim, result, obj.target, obj.placement, front or FrontConfig(), out_dir, plots))
+        write_front(sim, result, obj.target, obj.placement, front or FrontConfig(), out_dir, info, plots)
     return info
 
 
-__all__ = ["DEFAULT_SUBNETS", "NoFeasiblePlan", "TuneOutcome", "attention_as_profiled", "build_space", "default_global_batch", "fingerprint", "reference", "tune"]
+__all__ = ["DEFAULT_SUBNETS", "NoFeasiblePlan", "TuneOutcome", "add_clocks", "attention_as_profiled", "build_space", "default_global_batch", "fingerprint", "reference", "tune"]

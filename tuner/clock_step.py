@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.atomic import save_figure, write_text
-from mindpipe.traces.builtin import load_plan
 from mindpipe.traces.calibration import Calibration
-from mindpipe.traces.config import Cluster, Model
+from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.schema import write_json
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.frequency import ClockPlan, plan_clocks
@@ -47,26 +45,25 @@ def plot_frontier(cp: ClockPlan, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def add_stage_clocks(out: str | Path, model: Model, cluster: Cluster, method: str, max_slowdown: float = 0.01, *,
-                     trace: Trace | None = None, calibration: Calibration | None = None, stride: int = 1,
-                     plots: bool = True) -> dict[str, Any]:
-    """Plan clocks for ``out/best_plan.json`` and write them back (module docstring); return the summary.
+def add_stage_clocks(out: str | Path, plan: Plan, model: Model, cluster: Cluster, method: str,
+                     max_slowdown: float = 0.01, *, trace: Trace | None = None, calibration: Calibration | None = None,
+                     stride: int = 1, plots: bool = True) -> ClockPlan:
+    """Plan clocks for ``plan`` and write it with them to ``out/best_plan.json`` (module docstring).
+
+    Returns:
+        The clock plan (``.plan``: ``plan`` with its ``stage_clocks_mhz``).
 
     Raises:
-        ContractError: the device has no frequency data, or the plan file is invalid.
+        ContractError: the device has no frequency data.
     """
     out = Path(out)
-    plan = load_plan(str(out / "best_plan.json"))
     sim = Simulator(model, cluster, trace=trace, calibration=calibration)
     cp = plan_clocks(sim, plan, method, max_slowdown, stride)
     write_json(cp.plan, out / "best_plan.json")
-    info = cp.to_dict()
-    write_text(out / "clocks.json", json.dumps(info, indent=1) + "\n")
+    write_text(out / "clocks.json", json.dumps(cp.to_dict(), indent=1) + "\n")
     if plots:
         plot_frontier(cp, out / "clock_frontier.png")
-    info.pop("frontier")
-    info["frontier_points"] = len(cp.frontier)
-    return info
+    return cp
 
 
 __all__ = ["add_stage_clocks", "plot_frontier"]

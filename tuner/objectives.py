@@ -36,7 +36,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from mindpipe.simulator.energy import J_PER_KWH
 from mindpipe.traces.errors import ContractError
@@ -102,7 +102,7 @@ class CriticalBatch:
     """
 
     value: float | None
-    source: str
+    source: Literal["typed", "measured", "none"]
     note: str = ""
 
 

@@ -8,7 +8,7 @@
   and ``best.json`` its metrics;
 * ``pareto.csv``: the feasible plans no other beats on both throughput and carbon per sample;
 * ``convergence.png`` (best value so far vs. simulations) and ``pareto.png``;
-* ``summary.json``: what ``--json`` prints;
+* ``summary.json``: what ``--json`` prints (:mod:`mindpipe.tuner.summary`, written by :func:`mindpipe.tuner.api.tune`);
 * ``timeshift.json`` (``--objective carbon`` with a start window): the chosen start or run/pause
   hours, each segment's step to train until, and the carbon against the throughput-optimal plan
   started now (:mod:`mindpipe.tuner.timeshift`); its headline keys are also in the summary.
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +39,8 @@ from mindpipe.tuner.objectives import Objective, pareto_front
 from mindpipe.tuner.records import ScoredRecord
 from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.subnet_space import equivalent_to_sequential
+from mindpipe.tuner.summary import METRIC_COLUMNS, TuneSummary, build_summary
 from mindpipe.tuner.sweep import SweepResult
-
-METRIC_COLUMNS = (
-    "iteration_time_s", "throughput_samples_per_s", "throughput_tokens_per_s", "goodput_samples_per_s",
-    "statistical_efficiency", "tflops_per_gpu", "mfu", "bubble_fraction", "exposed_dp_comm_s", "peak_memory_gib",
-    "energy_j", "energy_per_sample_j", "carbon_gco2", "carbon_per_sample_g", "subnets_per_hour",
-    "iterations_to_target", "compute_hours_to_target", "wait_hours_to_target", "energy_to_target_kwh",
-    "carbon_to_target_g",
-)
-
 
 COLUMNS = ("index", "status", "code", "feasible", "reason", "value", "simulated", "what_if", *POINT_KEYS,
            *SUPERNET_POINT_KEYS, "equivalent_to_sequential", "partition", *METRIC_COLUMNS, "message", "eval_s")
@@ -154,12 +145,6 @@ def _plot_pareto(table: list[dict[str, Any]], front: list[dict[str, Any]], path:
     _save(fig, plt, path)
 
 
-def _finite(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def best_plan(best: ScoredRecord | None, made_for: MadeFor) -> Plan | None:
     """The best plan with ``made_for`` filled in (the what-if knobs it uses included)."""
     if best is None or best.plan is None:
@@ -167,56 +152,10 @@ def best_plan(best: ScoredRecord | None, made_for: MadeFor) -> Plan | None:
     return dataclasses.replace(best.plan, made_for=dataclasses.replace(made_for, what_if=what_if_used(best.plan)))
 
 
-def summary(result: SweepResult, objective: Objective, space: SearchSpace, out: Path,
-            pareto_count: int, plan: Plan | None) -> dict[str, Any]:
-    """The ``--json`` summary object (``plan``: the best plan as written to ``best_plan.json``)."""
-    best = result.best
-    infeasible: dict[str, int] = {v.value: n for v, n in result.infeasible.items()}
-    rules = space.rejected_total
-    if rules:
-        infeasible["rules"] = rules
-    return {
-        "objective": objective.describe(),
-        "best_plan": to_dict(plan) if plan is not None else None,
-        "best_value": best.value if best else None,
-        "best_metrics": {k: _finite(best.metrics.get(k)) for k in METRIC_COLUMNS} if best else None,
-        "what_if": {"searched": [k for k in space.what_if if k not in space.fixes],
-                    "pinned": {k: space.fixes[k] for k in space.what_if if k in space.fixes},
-                    "best_plan_uses": plan.made_for.what_if if plan is not None and plan.made_for else []},
-        # Attention kernels the search covered: explicit ones only unless --fix (or a trace) says otherwise.
-        "flash_attention_searched": sorted({bool(p.get("flash_attention", False)) for p in space.points}),
-        "evaluations": result.simulations,
-        "evaluated_points": len(result.records),
-        "reused": result.reused,
-        "infeasible": sum(infeasible.values()),
-        "infeasible_by_reason": infeasible,
-        "space_size": space.size,
-        "pareto_points": pareto_count,
-        "out": str(out),
-        **_supernet_summary(space, plan),
-        # --search: the values each key took in the space (absent without it, so other summaries are unchanged).
-        **({"search": {k: sorted({p.get(k) for p in space.points}) for k in space.search}} if space.search else {}),
-    }
-
-
-def _supernet_summary(space: SearchSpace, plan: Plan | None) -> dict[str, Any]:
-    """The ``supernet`` key of a supernet sweep's summary (nothing for a GPT sweep)."""
-    if not isinstance(space.model, Supernet):
-        return {}
-    equivalent = equivalent_to_sequential({"subnet_schedule": plan.subnet_schedule or "csp"}) if plan else None
-    return {"supernet": {
-        "name": space.model.label, "value_unit": "subnets/hour",
-        "goodput": "for supernets, goodput counts subnets trained per hour",
-        "samples_per_subnet": plan.global_batch_size if plan is not None else None,
-        "subnet_schedules_searched": space.describe()["values"].get("subnet_schedule", []),
-        "best_plan_equivalent_to_sequential": equivalent,
-        "note": "sync and async are not equivalent to sequential training (searched only when pinned)",
-    }}
-
-
 def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace, out: Path,
-                  made_for: MadeFor, plots: bool = True, timeshift: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write every output file and return the summary (``made_for``: what the sweep planned for).
+                  made_for: MadeFor, plots: bool = True, timeshift: dict[str, Any] | None = None) -> TuneSummary:
+    """Write every output file but ``summary.json`` and return the summary (``made_for``: what the
+    sweep planned for); :func:`mindpipe.tuner.api.tune` writes the summary once its last step ran.
 
     ``timeshift`` (:func:`mindpipe.tuner.timeshift.report_for`): its headline keys join the
     summary and the whole report goes to ``timeshift.json``.
@@ -241,12 +180,11 @@ def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace,
         _plot_convergence(result, objective, out / "convergence.png")
         if not isinstance(space.model, Supernet):  # no energy, so no carbon front, for supernets
             _plot_pareto(table, front, out / "pareto.png")
-    info = summary(result, objective, space, out, len(front), plan)
+    info = build_summary(result, objective, space, out, len(front), plan)
     if timeshift is not None:
-        info.update(timeshift)
+        info.timeshift = timeshift
         write_text(out / "timeshift.json", json.dumps(timeshift, indent=1) + "\n")
-    write_text(out / "summary.json", json.dumps(info, indent=1) + "\n")
     return info
 
 
-__all__ = ["COLUMNS", "METRIC_COLUMNS", "best_plan", "pareto_rows", "rows", "summary", "write_outputs", "write_tables"]
+__all__ = ["COLUMNS", "METRIC_COLUMNS", "best_plan", "pareto_rows", "rows", "write_outputs", "write_tables"]

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from mindpipe.traces.calibration import Calibration
     from mindpipe.traces.config import Model
     from mindpipe.traces.trace import Trace
+    from mindpipe.tuner.frequency import ClockPlan
     from mindpipe.tuner.objectives import CriticalBatch, Objective
+    from mindpipe.tuner.summary import TuneSummary
 
 MAX_WORKERS = 256  # local evaluation processes, and proposals per round
 # Options of the search the other objectives run, which --objective max_batch (an exhaustive search of
@@ -203,23 +205,23 @@ def _format_timeshift(info: dict[str, Any]) -> list[str]:
     ]
 
 
-def _format(info: dict[str, Any]) -> str:
+def _format(summary: TuneSummary) -> str:
+    info = summary.to_dict()
     plan = info["best_plan"] or {}
     keys: tuple[str, ...] = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages",
                              "recompute", "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce",
                              "tp_comm_overlap", "overlap_param_gather", "flash_attention", "loss_chunks",
                              "fused_head_loss", "blocking_p2p", "fused_elementwise", "dp_impl", "partition")
-    net = info.get("supernet")
+    net = summary.supernet
     if net is not None:
         keys = ("dp", "pp", "micro_batch_size", "global_batch_size", "subnet_schedule", "subnet_window", "partition")
     if plan.get("cp", 1) != 1:  # context parallelism (--search cp), named only where a plan uses it
         keys = (*keys[:3], "cp", "cp_comm_type", *keys[3:])
     shown = ", ".join(f"{k}={plan.get(k)}" for k in keys if k in plan)
-    by_reason = dict(info["infeasible_by_reason"])
+    by_reason = dict(summary.infeasible_by_reason)
     rules = by_reason.pop("rules", 0)
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) or "none evaluated"
-    searched, uses = info["what_if"]["searched"], info["what_if"]["best_plan_uses"]
-    pinned = info["what_if"]["pinned"]
+    searched, uses, pinned = summary.what_if.searched, summary.what_if.best_plan_uses, summary.what_if.pinned
     if not searched and not pinned:
         what_if = "none searched: every plan is one the executor runs"
     else:
@@ -228,44 +230,46 @@ def _format(info: dict[str, Any]) -> str:
         said = ([f"searched {', '.join(searched)}"] if searched else []) + (
             [f"pinned {', '.join(f'{k}={json.dumps(v)}' for k, v in pinned.items())}"] if pinned else [])
         what_if = f"{'; '.join(said)}; the best plan uses {used}"
-    shifted = _format_timeshift(info) if "timeshift" in info else []
+    shifted = _format_timeshift(summary.timeshift) if summary.timeshift is not None else []
     if net is not None:
-        same = net["best_plan_equivalent_to_sequential"]
-        what_if = (f"{net['name']}: {net['goodput']}; the best plan "
+        same = net.best_plan_equivalent_to_sequential
+        what_if = (f"{net.name}: {net.goodput}; the best plan "
                    + ("trains exactly as sequential training" if same else
                       "is NOT equivalent to sequential training (sync/async)"))
-    front = ([f"pareto front     {info['pareto_points']} plans (throughput vs carbon per sample)"] if net is None
+    front = ([f"pareto front     {summary.pareto_points} plans (throughput vs carbon per sample)"] if net is None
              else [])
-    made_for = (info.get("best_plan") or {}).get("made_for") or {}
-    if net is None and info.get("flash_attention_searched") == [False] and not made_for.get("trace"):
+    made_for = summary.best_plan.made_for if summary.best_plan is not None else None
+    if net is None and summary.flash_attention_searched == [False] and not (made_for and made_for.trace):
         # say what the search left out (a trace prices only the attention it was profiled with)
         front.append("attention        explicit kernels only (Megatron's default): add --fix flash_attention=false,true "
                      "to search FlashAttention too")
-    critical = info.get("critical_batch")
+    critical = summary.critical_batch
     return "\n".join([
-        f"objective        {info['objective']}",
-        *([f"critical batch   {critical['value']:.6g} samples: {critical['note']}"] if critical else []),
-        f"best value       {info['best_value']:.6g}",
+        f"objective        {summary.objective}",
+        *([f"critical batch   {critical.value:.6g} samples: {critical.note}"]
+          if critical is not None and critical.value is not None else []),
+        f"best value       {summary.best_value:.6g}",
         f"best plan        {shown}",
         f"{'what-if knobs' if net is None else 'supernet':16s} {what_if}",
-        *[f"also searched    {k} = {', '.join(map(str, v))} (--search)" for k, v in info.get("search", {}).items()],
-        f"simulations      {info['evaluations']} ({info['evaluated_points']} points considered, {info['reused']} from a previous run)",
-        f"space            {info['space_size']} valid points",
-        f"infeasible       {info['infeasible']}: {rules} combinations filtered by the plan rules, {reasons}",
+        *[f"also searched    {k} = {', '.join(map(str, v))} (--search)" for k, v in (summary.search or {}).items()],
+        f"simulations      {summary.evaluations} ({summary.evaluated_points} points considered, {summary.reused} "
+        "from a previous run)",
+        f"space            {summary.space_size} valid points",
+        f"infeasible       {summary.infeasible}: {rules} combinations filtered by the plan rules, {reasons}",
         *front,
         *shifted,
-        *(tune_target.format_lines(info) if "compute_hours" in info else []),
-        f"outputs          {info['out']}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png"
+        *(tune_target.format_lines(summary.target) if summary.target is not None else []),
+        f"outputs          {summary.out}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png"
         + (", timeshift.json" if shifted else ""),
-        *_clock_lines(info.get("clocks")),
+        *_clock_lines(summary.clocks),
     ])
 
 
-def _clock_lines(c: dict[str, Any] | None) -> list[str]:
-    if not c:
+def _clock_lines(c: ClockPlan | None) -> list[str]:
+    if c is None:
         return []
-    return [f"clocks           {c['method']}: stage_clocks_mhz={c['stage_clocks_mhz']}, "
-            f"{c['energy_saving']:.1%} less GPU energy at {c['slowdown']:+.2%} iteration time "
+    return [f"clocks           {c.method}: stage_clocks_mhz={c.plan.stage_clocks_mhz}, "
+            f"{c.energy_saving:.1%} less GPU energy at {c.slowdown:+.2%} iteration time "
             f"(clocks.json, clock_frontier.png)"]
 
 
@@ -279,20 +283,11 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return _max_batch(args, partitioners, trace, calibration)
     model = loaders.network(args.model)
     objective, critical = _objective(args, model, calibration)
-    summary = _search(args, model, objective, partitioners, trace, calibration)
-    if critical.value is not None:  # which critical batch goodput used, and where it came from
-        summary["critical_batch"] = {"value": critical.value, "source": critical.source, "note": critical.note}
-    if args.clocks != "default" and summary.get("best_plan") and args.objective != tune_target.OBJECTIVE:
-        from mindpipe.tuner.clock_step import add_stage_clocks  # the front searched clocks itself
-
-        summary["clocks"] = add_stage_clocks(args.out, loaders.model(args.model), loaders.cluster(args.cluster),
-                                             args.clocks, args.max_slowdown, trace=trace, calibration=calibration,
-                                             plots=not args.no_plots)
-        summary["best_plan"]["stage_clocks_mhz"] = summary["clocks"]["stage_clocks_mhz"]
-    if not isinstance(model, Supernet) and summary.get("best_plan"):  # a supernet run trains in fp32
-        _note_cpu_bf16(summary["best_plan"].get("precision", "bf16"), args.cluster)
+    summary = _search(args, model, objective, partitioners, trace, calibration, critical)
+    if not isinstance(model, Supernet) and summary.best_plan is not None:  # a supernet run trains in fp32
+        _note_cpu_bf16(summary.best_plan.precision, args.cluster)
     if args.json:
-        print_json(summary)
+        print_json(summary.to_dict())
     else:
         print(_format(summary))
     sys.stdout.flush()
@@ -347,8 +342,8 @@ def _objective(args: argparse.Namespace, model: Model | Supernet,
 
 
 def _search(args: argparse.Namespace, model: Model | Supernet, objective: Objective, partitioners: list[str],
-            trace: Trace | None, calibration: Calibration | None) -> dict[str, Any]:
-    """Run the sweep (with a progress bar unless ``--quiet``); its summary."""
+            trace: Trace | None, calibration: Calibration | None, critical: CriticalBatch) -> TuneSummary:
+    """Run the sweep (with a progress bar unless ``--quiet``) and the clock step of ``--clocks``; the summary."""
     from mindpipe.tuner.api import tune
     from mindpipe.tuner.progress import ProgressBar
     from mindpipe.tuner.sweep import SweepConfig
@@ -365,7 +360,8 @@ def _search(args: argparse.Namespace, model: Model | Supernet, objective: Object
                        trace_source=Path(args.trace).name if args.trace else "trace",
                        calibration_source=os.path.basename(args.calibration) if args.calibration else "calibration",
                        config=cfg, resume=args.resume, progress=bar, plots=not args.no_plots, subnets=args.subnets,
-                       front=tune_target.front_config(args) if to_target else None)
+                       front=tune_target.front_config(args) if to_target else None, clocks=args.clocks,
+                       max_slowdown=args.max_slowdown, critical=critical)
     finally:
         if bar is not None:
             bar.close()

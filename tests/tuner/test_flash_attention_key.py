@@ -71,4 +71,4 @@ def test_the_summary_says_which_attention_the_search_covered(tmp_path) -> None:
         out = tmp_path / "-".join(fixes or ["default"])
         outcome = tune("gpt-mini", "cpu:1x2", global_batch=8, fixes=fixes, out=out, plots=False,
                        config=SweepConfig(optimizer="random", budget=2))
-        assert outcome.summary["flash_attention_searched"] == searched
+        assert outcome.summary.flash_attention_searched == searched

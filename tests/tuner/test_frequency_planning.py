@@ -100,3 +100,5 @@ def test_tune_clocks_adds_stage_clocks_to_the_best_plan(tmp_path) -> None:
     assert best["stage_clocks_mhz"] == summary["clocks"]["stage_clocks_mhz"] == summary["best_plan"]["stage_clocks_mhz"]
     assert summary["clocks"]["slowdown"] <= 0.01
     assert json.loads((tmp_path / "clocks.json").read_text())["method"] == "envpipe"
+    # summary.json is written once, after the clock step: it is what --json printed.
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary

@@ -74,7 +74,7 @@ def test_tune_returns_a_cp_plan_priced_as_simulate_prices_it(tmp_path) -> None:
     # --fix cp=2 pins it without --search, like any plan key.
     outcome = tune(MODEL, CLUSTER, out=tmp_path, global_batch=16, fixes=["cp=2", "tp=1", "pp=1"],
                    config=SweepConfig(budget=4, workers=1), plots=False)
-    info = outcome.summary
+    info = outcome.summary.to_dict()
     best = info["best_plan"]
     assert best["cp"] == 2 and best["dp"] == 2 and best["flash_attention"] is True
     assert info["what_if"]["best_plan_uses"] == []

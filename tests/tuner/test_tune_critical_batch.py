@@ -117,6 +117,7 @@ def test_calibrate_then_tune_goodput_uses_the_measured_noise_scale(tmp_path, cap
     assert main([*common, "--out", str(tmp_path / "t2"), "--critical-batch", "100"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["critical_batch"] == {"value": 100.0, "source": "typed", "note": "--critical-batch (typed)"}
+    assert json.loads((tmp_path / "t2" / "summary.json").read_text()) == out  # the file says it too
 
 
 def _write_measured(m: Measurement, path) -> str:

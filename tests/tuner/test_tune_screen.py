@@ -129,4 +129,4 @@ def test_an_interrupted_screened_bo_sweep_resumes_into_the_same_search(tmp_path)
         tune(TIGHT, CLUSTER, out=tmp_path / "cut", evaluator=dies_after_5, **kwargs)
     resumed = tune(TIGHT, CLUSTER, out=tmp_path / "cut", resume=True, **kwargs)
     assert [r.key for r in resumed.result.records] == [r.key for r in whole.result.records]
-    assert resumed.result.reused >= 5 and resumed.summary["best_plan"] == whole.summary["best_plan"]
+    assert resumed.result.reused >= 5 and resumed.summary.best_plan == whole.summary.best_plan

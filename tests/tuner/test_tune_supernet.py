@@ -171,7 +171,7 @@ def test_tune_supernet_end_to_end(tmp_path):
     out = tmp_path / "sweep"
     outcome = tune(NET, CLUSTER, out=out, partitioners=("balanced", "even"), subnets=64,
                    config=SweepConfig(optimizer="grid", budget=40, workers=1), plots=False)
-    info = outcome.summary
+    info = outcome.summary.to_dict()
     table = pd.read_csv(out / "evaluations.csv")
     feasible = table[table["feasible"]]
     assert len(feasible) == outcome.space.size  # grid: every point, all of them fit a CPU
@@ -244,3 +244,10 @@ def test_gpt_runner_refuses_a_tuned_supernet_plan_naming_the_supernet():
         resolve_model(None, plan, "best_plan.json")
     with pytest.raises(ContractError, match="supernet-mini"):
         resolve_model("gpt-mini", plan, "best_plan.json")
+
+
+def test_stage_clocks_are_refused_for_a_supernet_before_the_search(tmp_path):
+    """The supernet simulator prices no energy: --clocks is refused in one line, before any simulation."""
+    with pytest.raises(ContractError, match="--clocks: per-stage clocks are planned for GPT and Llama models"):
+        tune(NET, CLUSTER, out=tmp_path / "t", clocks="perseus", config=SweepConfig(budget=2, workers=1), plots=False)
+    assert not (tmp_path / "t" / "evaluations.csv").exists()

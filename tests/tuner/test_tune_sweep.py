@@ -127,7 +127,7 @@ def test_constrained_objective_respects_the_bound(grid_sweep, tmp_path, case):
         expected = allowed["carbon_per_sample_g"].min()
     assert 0 < len(allowed) < len(feasible)
     info = tune(SMALL, CLUSTER, out=tmp_path / "c", global_batch=32, fixes=NARROW_FIXES, objective=objective,
-                config=SweepConfig(optimizer="grid", budget=200, workers=1), plots=False).summary
+                config=SweepConfig(optimizer="grid", budget=200, workers=1), plots=False).summary.to_dict()
     assert info["best_value"] == pytest.approx(expected, rel=1e-12)
     assert info["infeasible_by_reason"]["constraint"] == len(feasible) - len(allowed)
 
@@ -233,7 +233,7 @@ def test_interrupted_bo_sweep_resumes_into_the_uninterrupted_search(tmp_path):
     keys = [r.key for r in resumed.result.records]
     assert keys == [r.key for r in whole.result.records]
     assert counting.keys == keys[6:] and resumed.result.reused == 6
-    assert resumed.summary["best_plan"] == whole.summary["best_plan"]
+    assert resumed.summary.best_plan == whole.summary.best_plan
 
 
 def _on_worker(problem, point):
@@ -257,7 +257,7 @@ def test_dask_local_cluster_sweep_matches_local(tmp_path):
     assert {r.message for r in remote.result.records} == {worker}  # every evaluation ran on the Dask worker
     assert [r.key for r in remote.result.records] == [r.key for r in local.result.records]
     assert [r.value for r in remote.result.records] == [r.value for r in local.result.records]
-    assert remote.summary["best_plan"] == local.summary["best_plan"]
+    assert remote.summary.best_plan == local.summary.best_plan
 
 
 def test_local_process_pool_sweep_matches_inline(tmp_path):
@@ -269,7 +269,7 @@ def test_local_process_pool_sweep_matches_inline(tmp_path):
                   config=SweepConfig(**cfg, workers=1))
     assert [r.key for r in pooled.result.records] == [r.key for r in inline.result.records]
     assert [r.value for r in pooled.result.records] == [r.value for r in inline.result.records]
-    assert pooled.summary["evaluations"] == inline.summary["evaluations"] == 6
+    assert pooled.summary.evaluations == inline.summary.evaluations == 6
 
 
 def test_unreachable_dask_scheduler_is_a_clear_error(tmp_path):
@@ -364,7 +364,7 @@ def test_trace_and_calibration_are_named_in_made_for(tmp_path):
     assert made_for is not None and made_for.model == load_model("gpt-mini")
     assert made_for.trace is not None and made_for.trace.startswith("gpt-mini.cpu sha256:")
     assert made_for.calibration is None
-    assert outcome.summary["best_plan"]["made_for"]["trace"] == made_for.trace
+    assert outcome.summary.to_dict()["best_plan"]["made_for"]["trace"] == made_for.trace
 
 
 def test_a_store_of_another_version_is_refused_in_one_line(tmp_path):
