@@ -151,12 +151,13 @@ def write_front(sim: Simulator, result: SweepResult, target: TrainingTarget, pla
                 cfg: FrontConfig, out_dir: Path, summary: TuneSummary, plots: bool) -> None:
     """The carbon-to-target front (:func:`mindpipe.tuner.target_front.run_front`): its keys join
     ``summary``, and the chosen plan, with its clocks, replaces the best plan (``made_for`` kept)."""
-    keys, plan = run_front(sim, result.records, target, placement, cfg, out_dir, plots)
+    choice = run_front(sim, result.records, target, placement, cfg, out_dir, plots)
+    plan = choice.chosen.candidate.plan
     old = summary.best_plan
     chosen = dataclasses.replace(plan, made_for=old.made_for if old is not None else plan.made_for)
     write_json(chosen, out_dir / "best_plan.json")
     summary.best_plan = chosen
-    summary.target = keys
+    summary.target = choice
 
 
 def add_clocks(problem: Problem, model: Model, out_dir: Path, summary: TuneSummary, method: str, max_slowdown: float,

@@ -41,6 +41,7 @@ from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.subnet_space import equivalent_to_sequential
 from mindpipe.tuner.summary import METRIC_COLUMNS, TuneSummary, build_summary
 from mindpipe.tuner.sweep import SweepResult
+from mindpipe.tuner.timeshift import ShiftReport
 
 COLUMNS = ("index", "status", "code", "feasible", "reason", "value", "simulated", "what_if", *POINT_KEYS,
            *SUPERNET_POINT_KEYS, "equivalent_to_sequential", "partition", *METRIC_COLUMNS, "message", "eval_s")
@@ -153,7 +154,7 @@ def best_plan(best: ScoredRecord | None, made_for: MadeFor) -> Plan | None:
 
 
 def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace, out: Path,
-                  made_for: MadeFor, plots: bool = True, timeshift: dict[str, Any] | None = None) -> TuneSummary:
+                  made_for: MadeFor, plots: bool = True, timeshift: ShiftReport | None = None) -> TuneSummary:
     """Write every output file but ``summary.json`` and return the summary (``made_for``: what the
     sweep planned for); :func:`mindpipe.tuner.api.tune` writes the summary once its last step ran.
 
@@ -183,7 +184,7 @@ def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace,
     info = build_summary(result, objective, space, out, len(front), plan)
     if timeshift is not None:
         info.timeshift = timeshift
-        write_text(out / "timeshift.json", json.dumps(timeshift, indent=1) + "\n")
+        write_text(out / "timeshift.json", json.dumps(timeshift.to_dict(), indent=1) + "\n")
     return info
 
 

@@ -23,6 +23,8 @@ from mindpipe.tuner.objectives import CriticalBatch, Objective
 from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.subnet_space import equivalent_to_sequential
 from mindpipe.tuner.sweep import SweepResult
+from mindpipe.tuner.target_front import TargetChoice
+from mindpipe.tuner.timeshift import ShiftReport
 
 METRIC_COLUMNS = (
     "iteration_time_s", "throughput_samples_per_s", "throughput_tokens_per_s", "goodput_samples_per_s",
@@ -83,10 +85,10 @@ class TuneSummary:
         out: The output directory.
         supernet: A supernet sweep's note (None for GPT models).
         search: ``--search``: the values each key took in the space.
-        timeshift: ``--carbon-csv`` with ``--objective carbon``: the headline keys and the
-            ``timeshift`` block of :func:`mindpipe.tuner.timeshift.report_for`.
-        target: ``--objective carbon_to_target``: the front's keys
-            (:func:`mindpipe.tuner.target_front.summary_keys`).
+        timeshift: ``--carbon-csv`` with ``--objective carbon``: the chosen start and its carbon
+            (:func:`mindpipe.tuner.timeshift.report_for`; its headline keys and ``timeshift`` block).
+        target: ``--objective carbon_to_target``: the front's choice
+            (:class:`mindpipe.tuner.target_front.TargetChoice`).
         critical_batch: The critical batch goodput used and where it came from.
         clocks: ``--clocks``: the clock plan of the best plan (:mod:`mindpipe.tuner.clock_step`).
     """
@@ -106,8 +108,8 @@ class TuneSummary:
     out: str
     supernet: SupernetSummary | None = None
     search: dict[str, list[Any]] | None = None
-    timeshift: dict[str, Any] | None = None
-    target: dict[str, Any] | None = None
+    timeshift: ShiftReport | None = None
+    target: TargetChoice | None = None
     critical_batch: CriticalBatch | None = None
     clocks: ClockPlan | None = None
 
@@ -130,8 +132,10 @@ class TuneSummary:
             out["supernet"] = self.supernet.to_dict()
         if self.search is not None:  # absent without --search, so other summaries are unchanged
             out["search"] = self.search
-        out.update(self.timeshift or {})
-        out.update(self.target or {})
+        if self.timeshift is not None:
+            out.update(self.timeshift.to_dict())
+        if self.target is not None:
+            out.update(self.target.to_dict())
         if self.critical_batch is not None and self.critical_batch.value is not None:
             out["critical_batch"] = asdict(self.critical_batch)
         if self.clocks is not None:

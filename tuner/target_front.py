@@ -220,15 +220,31 @@ def saving(chosen: FrontPoint, ref: FrontPoint) -> dict[str, float]:
             "compute_time_increase_fraction": chosen.cost.compute_hours / ref.cost.compute_hours - 1.0}
 
 
-def summary_keys(chosen: FrontPoint, ref: FrontPoint, n_front: int, n_points: int) -> dict[str, Any]:
-    """The ``--json`` keys of ``carbon_to_target`` (README: "carbon to target")."""
-    return {"start": chosen.start, "run_hours": list(chosen.run_hours), "carbon_gco2": chosen.cost.carbon_gco2,
+@dataclass(frozen=True)
+class TargetChoice:
+    """What the front chose: the point, the reference it is judged against, the front's size, and why
+    only default clocks were priced (``clock_note``, when so)."""
+
+    chosen: FrontPoint
+    reference: FrontPoint
+    front_points: int
+    priced_points: int
+    clock_note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` keys of ``carbon_to_target`` (README: "carbon to target")."""
+        chosen, ref = self.chosen, self.reference
+        out: dict[str, Any] = {
+            "start": chosen.start, "run_hours": list(chosen.run_hours), "carbon_gco2": chosen.cost.carbon_gco2,
             "carbon_gco2_if_now": ref.cost.carbon_gco2, "energy_kwh": chosen.cost.energy_kwh,
             "energy_kwh_if_now": ref.cost.energy_kwh, "compute_hours": chosen.cost.compute_hours,
             "compute_hours_if_now": ref.cost.compute_hours, "wait_hours": chosen.cost.wait_hours,
             "iterations_to_target": chosen.cost.iterations, "clock_method": chosen.candidate.clocks,
             "stage_clocks_mhz": chosen.candidate.plan.stage_clocks_mhz, **saving(chosen, ref),
-            "front_points": n_front, "priced_points": n_points}
+            "front_points": self.front_points, "priced_points": self.priced_points}
+        if self.clock_note is not None:
+            out["clock_note"] = self.clock_note
+        return out
 
 
 def plot(points: Sequence[FrontPoint], fr: Sequence[FrontPoint], ref: FrontPoint, chosen: FrontPoint,
@@ -274,11 +290,11 @@ def select_plans(records: Sequence[ScoredRecord], top: int) -> list[Plan]:
 
 
 def run_front(sim: Simulator, records: Sequence[ScoredRecord], target: TrainingTarget, placement: Placement | None,
-              cfg: FrontConfig, out: Path, plots: bool = True) -> tuple[dict[str, Any], Plan]:
+              cfg: FrontConfig, out: Path, plots: bool = True) -> TargetChoice:
     """Candidates from the sweep's records, the front, the choice; writes the outputs (module docstring).
 
     Returns:
-        The summary keys (:func:`summary_keys`) and the chosen plan (with its clocks).
+        The choice (``.chosen.candidate.plan``: the chosen plan, with its clocks).
 
     Raises:
         ContractError: no feasible simulated plan, or the reference cannot be priced.
@@ -296,17 +312,29 @@ def run_front(sim: Simulator, records: Sequence[ScoredRecord], target: TrainingT
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    info = summary_keys(best, ref, len(fr), len(points))
-    if skipped:
-        info["clock_note"] = "default clocks only: " + "; ".join(skipped)
-    doc = {**info, "chosen": best.row(), "reference": ref.row(), "front": [p.row() for p in fr],
+    choice = TargetChoice(best, ref, len(fr), len(points),
+                          "default clocks only: " + "; ".join(skipped) if skipped else None)
+    doc = {**choice.to_dict(), "chosen": best.row(), "reference": ref.row(), "front": [p.row() for p in fr],
            "target": dataclasses.asdict(target), "config": dataclasses.asdict(cfg),
            "interruptible": placement.interruptible if placement is not None else None}
     write_text(out / "target.json", json.dumps(doc, indent=1) + "\n")
     if plots:
         plot(points, fr, ref, best, out / "target_front.png")
-    return info, best.candidate.plan
+    return choice
 
 
-__all__ = ["Candidate", "FrontConfig", "FrontPoint", "candidates", "choose", "front", "place", "plot",
-           "reference", "run_front", "saving", "select_plans", "summary_keys"]
+__all__ = [
+    "Candidate",
+    "FrontConfig",
+    "FrontPoint",
+    "TargetChoice",
+    "candidates",
+    "choose",
+    "front",
+    "place",
+    "plot",
+    "reference",
+    "run_front",
+    "saving",
+    "select_plans",
+]

@@ -24,16 +24,18 @@ From a notebook::
 
     shift = TimeShift(load_carbon_csv("GB_2024_hourly.csv"), parse_window("2024-06-01T00:00Z/2024-06-02T00:00Z"),
                       JobLength(iterations=2000), interruptible=True)
-    info = tune("gpt3-175b", "a100-sxm4-80gb:16x8", objective=Objective("carbon", shift=shift), out="sweeps/gb").summary
-    info["start"], info["run_hours"], info["carbon_saving_fraction"]
+    report = tune("gpt3-175b", "a100-sxm4-80gb:16x8", objective=Objective("carbon", shift=shift),
+                  out="sweeps/gb").summary.timeshift
+    report.start, report.schedule.run_hours(), report.carbon_saving_fraction
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mindpipe.simulator.carbon import CarbonSeries, stamp
@@ -129,26 +131,101 @@ class PlanRun:
         return self.energy_j / self.iteration_time_s
 
 
-def _steps(shift: TimeShift, run: PlanRun, sched: ShiftedSchedule) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class SegmentSteps:
+    """One run segment of a shifted job, with the global step to train until (``mindpipe run --steps``)."""
+
+    start: str
+    end: str
+    hours: float
+    until_step: int
+    intensity_g_per_kwh: float
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """The job as the reference plan would run it: contiguously from the window's start."""
+
+    iteration_time_s: float
+    power_w: float
+    job_hours: float
+    samples: float
+    intensity_g_per_kwh: float
+    energy_kwh: float
+    plan_point: dict[str, Any] | None = None  # the sweep's point, when the reference is one of its plans
+    what: str = "throughput-optimal plan of this sweep, run contiguously from the window start"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``reference`` object of ``timeshift.json`` (``plan_point`` only when known)."""
+        out: dict[str, Any] = {"what": self.what, "iteration_time_s": self.iteration_time_s, "power_w": self.power_w,
+                               "job_hours": self.job_hours, "samples": self.samples,
+                               "intensity_g_per_kwh": self.intensity_g_per_kwh, "energy_kwh": self.energy_kwh}
+        if self.plan_point is not None:
+            out["plan_point"] = self.plan_point
+        return out
+
+
+@dataclass(frozen=True)
+class ShiftReport:
+    """The chosen plan's schedule and carbon against the reference plan started now (:func:`shift_report`).
+
+    Attributes:
+        schedule: The chosen plan's cleanest schedule.
+        steps: Its segments with the step to train until in each.
+        carbon_gco2, carbon_gco2_if_now: Emissions of the chosen schedule, and of the reference
+            plan run from the window's start.
+        carbon_saving_fraction: ``1 −`` the ratio of their gCO2 per sample.
+        samples, energy_kwh: What the chosen plan trains and draws over the job.
+        carbon_gco2_same_plan_if_now: The chosen plan run from the window's start.
+        reference: The reference run.
+    """
+
+    schedule: ShiftedSchedule
+    steps: list[SegmentSteps]
+    carbon_gco2: float
+    carbon_gco2_if_now: float
+    carbon_saving_fraction: float
+    samples: float
+    energy_kwh: float
+    carbon_gco2_same_plan_if_now: float
+    reference: ReferenceRun
+
+    @property
+    def start(self) -> str:
+        """The chosen start (UTC, ISO-8601)."""
+        return stamp(self.schedule.start)
+
+    @property
+    def job_hours(self) -> float:
+        """Hours the job runs (waiting excluded)."""
+        return self.schedule.job_s / 3600
+
+    def to_dict(self) -> dict[str, Any]:
+        """``timeshift.json``, and the summary's keys: ``start``, ``run_hours``, ``job_hours``, ``carbon_gco2``,
+        ``carbon_gco2_if_now``, ``carbon_saving_fraction`` and the ``timeshift`` block (the schedule with
+        each segment's step, the same plan started now, the reference)."""
+        block: dict[str, Any] = {k: v for k, v in self.schedule.to_json().items() if k not in ("start", "run_hours")}
+        block.update(segments=[asdict(seg) for seg in self.steps], samples=self.samples, energy_kwh=self.energy_kwh,
+                     carbon_gco2_same_plan_if_now=self.carbon_gco2_same_plan_if_now, reference=self.reference.to_dict())
+        return {"start": self.start, "run_hours": self.schedule.run_hours(), "job_hours": self.job_hours,
+                "carbon_gco2": self.carbon_gco2, "carbon_gco2_if_now": self.carbon_gco2_if_now,
+                "carbon_saving_fraction": self.carbon_saving_fraction, "timeshift": block}
+
+
+def _steps(shift: TimeShift, run: PlanRun, sched: ShiftedSchedule) -> list[SegmentSteps]:
     """Per segment: the global step to train until (``mindpipe run --steps``), for an operator to follow."""
     out, done = [], 0.0
     total = shift.job.iterations_of(run.iteration_time_s)
     for seg in sched.segments:
         done += seg.seconds
         end_step = total if seg is sched.segments[-1] else done / run.iteration_time_s
-        out.append({"start": stamp(seg.start), "end": stamp(seg.end), "hours": seg.seconds / 3600,
-                    "until_step": math.floor(end_step + 1e-9), "intensity_g_per_kwh": seg.intensity_g_per_kwh})
+        out.append(SegmentSteps(stamp(seg.start), stamp(seg.end), seg.seconds / 3600, math.floor(end_step + 1e-9),
+                                seg.intensity_g_per_kwh))
     return out
 
 
-def shift_report(shift: TimeShift, best: PlanRun, reference: PlanRun) -> dict[str, Any]:
-    """The chosen plan's schedule and carbon against the throughput-optimal plan started now.
-
-    Returns:
-        ``start``, ``run_hours`` (UTC starts of every hour the job runs in), ``job_hours``,
-        ``carbon_gco2``, ``carbon_gco2_if_now``, ``carbon_saving_fraction`` and a ``timeshift``
-        block (segments with the step to train until, the same plan started now, the reference).
-    """
+def shift_report(shift: TimeShift, best: PlanRun, reference: PlanRun) -> ShiftReport:
+    """The chosen plan's schedule and carbon against the throughput-optimal plan started now."""
     sched = shift.schedule_for(best.iteration_time_s)
     carbon = sched.carbon_gco2(best.power_w)
     ref_s = shift.job.seconds(reference.iteration_time_s)
@@ -158,25 +235,10 @@ def shift_report(shift: TimeShift, best: PlanRun, reference: PlanRun) -> dict[st
     samples_now = shift.job.iterations_of(reference.iteration_time_s) * reference.global_batch
     per_sample, per_sample_now = carbon / samples, carbon_now / samples_now
     saving = 0.0 if per_sample_now <= 0 else 1.0 - per_sample / per_sample_now
-    return {
-        "start": stamp(sched.start),
-        "run_hours": sched.run_hours(),
-        "job_hours": sched.job_s / 3600,
-        "carbon_gco2": carbon,
-        "carbon_gco2_if_now": carbon_now,
-        "carbon_saving_fraction": saving,
-        "timeshift": {
-            **{k: v for k, v in sched.to_json().items() if k not in ("start", "run_hours")},  # top level
-            "segments": _steps(shift, best, sched),
-            "samples": samples,
-            "energy_kwh": best.power_w * sched.job_s / J_PER_KWH,
-            "carbon_gco2_same_plan_if_now": sched.carbon_if_now_gco2(best.power_w),
-            "reference": {"what": "throughput-optimal plan of this sweep, run contiguously from the window start",
-                          "iteration_time_s": reference.iteration_time_s, "power_w": reference.power_w,
-                          "job_hours": ref_s / 3600, "samples": samples_now, "intensity_g_per_kwh": ref_ci,
-                          "energy_kwh": reference.power_w * ref_s / J_PER_KWH},
-        },
-    }
+    return ShiftReport(sched, _steps(shift, best, sched), carbon, carbon_now, saving, samples,
+                       best.power_w * sched.job_s / J_PER_KWH, sched.carbon_if_now_gco2(best.power_w),
+                       ReferenceRun(reference.iteration_time_s, reference.power_w, ref_s / 3600, samples_now, ref_ci,
+                                    reference.power_w * ref_s / J_PER_KWH))
 
 
 def _run_of(rec: ScoredRecord) -> PlanRun | None:
@@ -187,7 +249,7 @@ def _run_of(rec: ScoredRecord) -> PlanRun | None:
     return PlanRun(m.iteration_time_s, m.energy_j, int(rec.point["global_batch_size"]))
 
 
-def report_for(shift: TimeShift, records: Sequence[ScoredRecord], best: ScoredRecord) -> dict[str, Any]:
+def report_for(shift: TimeShift, records: Sequence[ScoredRecord], best: ScoredRecord) -> ShiftReport:
     """:func:`shift_report` for a sweep: ``best`` against its fastest plan that fits in memory.
 
     Raises:
@@ -199,8 +261,7 @@ def report_for(shift: TimeShift, records: Sequence[ScoredRecord], best: ScoredRe
     runs = [(r, run) for r in records if (run := _run_of(r)) is not None]
     fastest, reference = max(runs, key=lambda rr: (rr[0].metrics.throughput_samples_per_s or 0.0, -rr[0].index))
     report = shift_report(shift, chosen, reference)
-    report["timeshift"]["reference"]["plan_point"] = dict(fastest.point)
-    return report
+    return dataclasses.replace(report, reference=dataclasses.replace(report.reference, plan_point=dict(fastest.point)))
 
 
-__all__ = ["JobLength", "PlanRun", "TimeShift", "report_for", "shift_report"]
+__all__ = ["JobLength", "PlanRun", "ReferenceRun", "SegmentSteps", "ShiftReport", "TimeShift", "report_for", "shift_report"]

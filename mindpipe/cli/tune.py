@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from mindpipe.tuner.frequency import ClockPlan
     from mindpipe.tuner.objectives import CriticalBatch, Objective
     from mindpipe.tuner.summary import TuneSummary
+    from mindpipe.tuner.timeshift import ShiftReport
 
 MAX_WORKERS = 256  # local evaluation processes, and proposals per round
 # Options of the search the other objectives run, which --objective max_batch (an exhaustive search of
@@ -190,18 +191,18 @@ def _timeshift(args: argparse.Namespace) -> Any:
     return TimeShift(series, window, job, args.interruptible)
 
 
-def _format_timeshift(info: dict[str, Any]) -> list[str]:
-    ts = info["timeshift"]
-    kind = "interruptible" if ts["interruptible"] else "non-interruptible"
-    runs = "; ".join(f"{seg['start'][:16]} to {seg['end'][:16]}" for seg in ts["segments"])
+def _format_timeshift(r: ShiftReport) -> list[str]:
+    sched = r.schedule
+    kind = "interruptible" if sched.interruptible else "non-interruptible"
+    runs = "; ".join(f"{seg.start[:16]} to {seg.end[:16]}" for seg in r.steps)
     return [
-        f"start            {info['start']} ({kind}, {info['job_hours']:.4g} h job, waits {ts['wait_hours']:.4g} h "
+        f"start            {r.start} ({kind}, {r.job_hours:.4g} h job, waits {sched.wait_s / 3600:.4g} h "
         f"after the window start)",
-        f"runs             {runs} (UTC; {len(info['run_hours'])} hours; steps to pause at in timeshift.json)",
-        f"carbon           {info['carbon_gco2']:.6g} gCO2 at {ts['intensity_g_per_kwh']:.4g} g/kWh vs "
-        f"{info['carbon_gco2_if_now']:.6g} gCO2 for the throughput-optimal plan started now; saving "
-        f"{100 * info['carbon_saving_fraction']:.1f} % per sample (the chosen plan started now: "
-        f"{ts['carbon_gco2_same_plan_if_now']:.6g} gCO2)",
+        f"runs             {runs} (UTC; {len(sched.run_hours())} hours; steps to pause at in timeshift.json)",
+        f"carbon           {r.carbon_gco2:.6g} gCO2 at {sched.intensity_g_per_kwh:.4g} g/kWh vs "
+        f"{r.carbon_gco2_if_now:.6g} gCO2 for the throughput-optimal plan started now; saving "
+        f"{100 * r.carbon_saving_fraction:.1f} % per sample (the chosen plan started now: "
+        f"{r.carbon_gco2_same_plan_if_now:.6g} gCO2)",
     ]
 
 

@@ -8,12 +8,15 @@ The objective and the front live in :mod:`mindpipe.tuner.target` and
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mindpipe.cli import loaders
 from mindpipe.cli.args import count, real
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
+
+if TYPE_CHECKING:
+    from mindpipe.tuner.target_front import TargetChoice
 
 OBJECTIVE = "carbon_to_target"
 
@@ -82,20 +85,24 @@ def front_config(args: argparse.Namespace) -> Any:
     return FrontConfig(("default", method), args.front_plans, args.max_slowdown, args.max_time_increase)
 
 
-def format_lines(info: dict[str, Any]) -> list[str]:
+def format_lines(choice: TargetChoice) -> list[str]:
     """The carbon-to-target lines of the text output."""
-    where = (f"starts {info['start']}, {len(info['run_hours'])} run hours, waits {info['wait_hours']:.4g} h"
-             if info.get("start") else "annual intensity (no --carbon-csv)")
+    from mindpipe.tuner.target_front import saving
+
+    c, ref = choice.chosen, choice.reference
+    cost, gain = c.cost, saving(c, ref)
+    where = (f"starts {c.start}, {len(c.run_hours)} run hours, waits {cost.wait_hours:.4g} h"
+             if c.start else "annual intensity (no --carbon-csv)")
+    clocks = c.candidate.plan.stage_clocks_mhz
     return [
-        f"to target        {info['iterations_to_target']:.6g} iterations, {info['compute_hours']:.4g} h computing "
-        f"({info['compute_time_increase_fraction']:+.2%} vs the throughput-optimal plan), {where}",
-        f"clocks           {info['clock_method']}" + (f": stage_clocks_mhz={info['stage_clocks_mhz']}"
-                                                if info.get("stage_clocks_mhz") else "")
-        + (f" ({info['clock_note']})" if info.get("clock_note") else ""),
-        f"carbon           {info['carbon_gco2'] / 1e3:.6g} kgCO2, {info['energy_kwh']:.6g} kWh vs "
-        f"{info['carbon_gco2_if_now'] / 1e3:.6g} kgCO2, {info['energy_kwh_if_now']:.6g} kWh for the throughput-optimal "
-        f"plan started now at default clocks; saving {info['carbon_saving_fraction']:.1%}",
-        f"front            {info['front_points']} of {info['priced_points']} (plan, clocks, start) points "
+        f"to target        {cost.iterations:.6g} iterations, {cost.compute_hours:.4g} h computing "
+        f"({gain['compute_time_increase_fraction']:+.2%} vs the throughput-optimal plan), {where}",
+        f"clocks           {c.candidate.clocks}" + (f": stage_clocks_mhz={clocks}" if clocks else "")
+        + (f" ({choice.clock_note})" if choice.clock_note else ""),
+        f"carbon           {cost.carbon_gco2 / 1e3:.6g} kgCO2, {cost.energy_kwh:.6g} kWh vs "
+        f"{ref.cost.carbon_gco2 / 1e3:.6g} kgCO2, {ref.cost.energy_kwh:.6g} kWh for the throughput-optimal "
+        f"plan started now at default clocks; saving {gain['carbon_saving_fraction']:.1%}",
+        f"front            {choice.front_points} of {choice.priced_points} (plan, clocks, start) points "
         "(target_front.csv, target_front.png, target.json)",
     ]
 

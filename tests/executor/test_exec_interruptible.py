@@ -33,7 +33,7 @@ def _segments() -> list[dict]:
     series = CarbonSeries.of([(T0 + dt.timedelta(hours=k), v) for k, v in enumerate(values)])
     shift = TimeShift(series, Window(T0, T0 + dt.timedelta(hours=3)), JobLength(iterations=STEPS), interruptible=True)
     run = PlanRun(iteration_time_s=1800.0, energy_j=1.0, global_batch=4)
-    return shift_report(shift, run, run)["timeshift"]["segments"]
+    return shift_report(shift, run, run).to_dict()["timeshift"]["segments"]
 
 
 @pytest.mark.slow
