@@ -220,14 +220,33 @@ def row(r: MaxBatch) -> dict[str, Any]:
             "policy_counts": {p: policy.count(p) for p in LAYER_MEMORY_POLICIES} if policy else None}
 
 
+@dataclass(frozen=True)
+class MaxBatchSummary:
+    """What ``tune --objective max_batch`` reports: the largest batch found (its plan with ``made_for``),
+    every (mesh, partitioner) result and the output directory."""
+
+    best: MaxBatch
+    results: list[MaxBatch]
+    out: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """``summary.json`` and ``--json``: ``best_value`` (the global batch), ``best_plan``, the
+        throughput there, and every result as in ``max_batch.json``."""
+        b = self.best
+        return {"objective": "max_batch", "best_value": b.global_batch_size,
+                "best_plan": to_dict(b.plan) if b.plan is not None else None, "partitioner": b.partitioner,
+                "micro_batch_size": b.micro_batch_size, "num_microbatches": b.num_microbatches,
+                "throughput_samples_per_s": b.throughput_samples_per_s, "peak_memory_gib": b.peak_memory_gib,
+                "results": [row(r) for r in self.results], "out": self.out}
+
+
 def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Path, partitioners: Sequence[str],
                    fixes: dict[str, Any] | Sequence[str] | None = None, num_microbatches: int | None = None,
-                   trace: Trace | None = None, calibration: Calibration | None = None) -> dict[str, Any]:
+                   trace: Trace | None = None, calibration: Calibration | None = None) -> MaxBatchSummary:
     """The largest trainable global batch over the allowed meshes and ``partitioners``; writes outputs.
 
-    Writes ``best_plan.json`` (with ``made_for``) and ``max_batch.json`` (every mesh and partitioner)
-    to ``out`` and returns the summary: ``best_value`` (the global batch), ``best_plan`` and the
-    throughput there.
+    Writes ``best_plan.json`` (with ``made_for``), ``max_batch.json`` (every mesh and partitioner) and
+    ``summary.json`` (what ``--json`` prints) to ``out``, and returns the summary.
 
     Raises:
         ContractError: an unknown partitioner, or no plan fits even one sample per micro-batch.
@@ -259,11 +278,10 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
                             f"{cluster.world_size} × {cluster.gpu} (see {out_dir / 'max_batch.json'})")
     plan = dataclasses.replace(best.plan, made_for=MadeFor(model, cluster, tool="mindpipe tune --objective max_batch"))
     write_json(plan, out_dir / "best_plan.json")
-    return {"objective": "max_batch", "best_value": best.global_batch_size, "best_plan": to_dict(plan),
-            "partitioner": best.partitioner, "micro_batch_size": best.micro_batch_size,
-            "num_microbatches": best.num_microbatches, "throughput_samples_per_s": best.throughput_samples_per_s,
-            "peak_memory_gib": best.peak_memory_gib, "results": table, "out": str(out_dir)}
+    summary = MaxBatchSummary(dataclasses.replace(best, plan=plan), results, str(out_dir))
+    write_text(out_dir / "summary.json", json.dumps(summary.to_dict(), indent=1) + "\n")
+    return summary
 
 
-__all__ = ["MaxBatch", "base_point", "largest_fit", "max_batch", "meshes", "point_at", "ratio", "row", "search",
+__all__ = ["MaxBatch", "MaxBatchSummary", "base_point", "largest_fit", "max_batch", "meshes", "point_at", "ratio", "row", "search",
            "throughput_at", "tune_max_batch"]

@@ -383,28 +383,30 @@ def _note_cpu_bf16(precision: str, cluster_arg: str) -> None:
 
 def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, calibration: Any) -> int:
     """``--objective max_batch`` (:func:`mindpipe.tuner.maxbatch.tune_max_batch`)."""
+    from mindpipe.traces.schema import to_dict
     from mindpipe.traces.what_if import plan_value
     from mindpipe.tuner.keys import OPTIONAL_POINT_KEYS
     from mindpipe.tuner.maxbatch import tune_max_batch
 
-    info = tune_max_batch(args.model, args.cluster, out=args.out, partitioners=partitioners, fixes=args.fix,
-                          num_microbatches=args.microbatches, trace=trace, calibration=calibration)
+    summary = tune_max_batch(args.model, args.cluster, out=args.out, partitioners=partitioners, fixes=args.fix,
+                             num_microbatches=args.microbatches, trace=trace, calibration=calibration)
     if args.json:
-        print_json(info)
+        print_json(summary.to_dict())
     else:
-        plan = info["best_plan"]
-        thr = info["throughput_samples_per_s"]
+        best = summary.best
+        plan = to_dict(best.plan)
         # Keys that change what fits, named when pinned away from their defaults (--fix loss_chunks=16).
         pinned = "".join(f", {k}={plan_value(plan[k])}" for k, default in OPTIONAL_POINT_KEYS.items()
                          if plan.get(k, default) != default)
         print("\n".join([
             "objective        max_batch (largest global batch that fits)",
-            f"best value       {info['best_value']} (micro_batch_size {info['micro_batch_size']} x "
-            f"{info['num_microbatches']} micro-batches x dp {plan['dp']})",
-            f"best plan        partitioner={info['partitioner']}, dp={plan['dp']}, tp={plan['tp']}, pp={plan['pp']}, "
+            f"best value       {best.global_batch_size} (micro_batch_size {best.micro_batch_size} x "
+            f"{best.num_microbatches} micro-batches x dp {best.dp})",
+            f"best plan        partitioner={best.partitioner}, dp={best.dp}, tp={best.tp}, pp={best.pp}, "
             f"partition={plan.get('partition')}{pinned}",
-            f"throughput       {thr:.6g} samples/s at that batch; peak memory {info['peak_memory_gib']:.2f} GiB",
-            f"outputs          {info['out']}/best_plan.json, max_batch.json",
+            f"throughput       {best.throughput_samples_per_s:.6g} samples/s at that batch; peak memory "
+            f"{best.peak_memory_gib:.2f} GiB",
+            f"outputs          {summary.out}/best_plan.json, max_batch.json, summary.json",
         ]))
     sys.stdout.flush()
     return 0

@@ -107,6 +107,7 @@ def test_cli_max_batch_json(tmp_path):
     assert info["best_value"] == plan["global_batch_size"] == plan["dp"] * plan["micro_batch_size"] * 4
     assert plan["layer_memory_policy"] and plan["partition"] and info["throughput_samples_per_s"] > 0
     assert json.loads((tmp_path / "best_plan.json").read_text())["made_for"]["tool"].endswith("max_batch")
+    assert json.loads((tmp_path / "summary.json").read_text()) == info  # the file says what --json printed
 
 
 def test_stage_times_are_the_plans_own():
