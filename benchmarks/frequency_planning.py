@@ -83,13 +83,13 @@ def run_config(sim: Simulator, cfg: dict, stride: int) -> tuple[dict, list[Clock
               f"({info['planner_wall_s']:.0f} s)" + (f"; no plan saves more than {cp.bounds['lp_exact']:.1%}"
                                                      if "lp_exact" in cp.bounds else ""), flush=True)
     base = sim.run(plan)
-    row["baseline"] = {"iteration_s": base.iteration_time_s, "device_energy_j": base.extra["device_energy_j"],
+    row["baseline"] = {"iteration_s": base.iteration_time_s, "device_energy_j": base.extra.device_energy_j,
                        "bubble_fraction": base.bubble_fraction}
     # The slope near the top clock: every rank one clock step down (engine).
     step = clock_grid(sim)[1]
     one = sim.run(dataclasses.replace(plan, stage_clocks_mhz=[step] * plan.num_stages))
     row["all_ranks_one_step_down"] = {"mhz": step, "slowdown": one.iteration_time_s / base.iteration_time_s - 1,
-                                      "energy_saving": 1 - one.extra["device_energy_j"] / base.extra["device_energy_j"]}
+                                      "energy_saving": 1 - one.extra.device_energy_j / base.extra.device_energy_j}
     return row, plans
 
 

@@ -8,8 +8,7 @@ calls :meth:`~mindpipe.simulator.simulator.Simulator.run` per plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from mindpipe.simulator.carbon import Hourly
 from mindpipe.simulator.costs import CommModel, ComputeModel
@@ -37,7 +36,6 @@ class SimulationOptions:
             instead of the region's annual mean.
         catalog: A device catalog to look the cluster's device up in (default: shipped).
         calibration: Constants fitted from measured runs (``mindpipe calibrate``).
-        extra: Entries added to ``result.extra``.
     """
 
     trace: Trace | None = None
@@ -49,7 +47,6 @@ class SimulationOptions:
     hourly_intensity: Hourly | None = None
     catalog: dict[str, DeviceSpec] | None = None
     calibration: Calibration | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def simulator(self, model: Model, cluster: Cluster) -> Simulator:
         """The :class:`Simulator` these options describe."""
@@ -65,8 +62,7 @@ def simulate(model: Model, cluster: Cluster, plan: Plan, options: SimulationOpti
         ContractError: the plan does not fit the model or the cluster (names key and rule).
     """
     opts = options or SimulationOptions()
-    return opts.simulator(model, cluster).run(plan, timeline=opts.timeline, hourly=opts.hourly_intensity,
-                                              extra=opts.extra)
+    return opts.simulator(model, cluster).run(plan, timeline=opts.timeline, hourly=opts.hourly_intensity)
 
 
 __all__ = ["SimulationOptions", "Simulator", "default_models", "simulate"]

@@ -63,7 +63,7 @@ from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Cluster, Model, Plan, check_plan, stage_layers
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import flat_action_clocks, frequency_spec, has_frequency_data
-from mindpipe.traces.result import SimulationResult
+from mindpipe.traces.result import CalibrationUse, SimulationDetails, SimulationResult, StageMemoryParts
 from mindpipe.traces.trace import Trace
 
 GIB = 2**30
@@ -73,6 +73,17 @@ GIB = 2**30
 COST_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "precision", "tp_comm_overlap", "flash_attention",
                "loss_chunks", "fused_head_loss", "cp_comm_type", "fused_elementwise")
 
+
+
+@dataclass(frozen=True)
+class SimulationNotes:
+    """What :meth:`Simulator.run` knows beside the engine's result: the clocks priced and each rank's
+    busy power under them, why clocks were not priced, and what a calibration applied."""
+
+    stage_clocks_mhz: list[int] | None
+    rank_busy_power_w: list[float] | None
+    stage_clocks_note: str | None
+    calibration: CalibrationUse | None
 
 @dataclass
 class HostModel:
@@ -266,8 +277,7 @@ class Simulator:
         return schedule, topo, stages, ranks, params_by_rank
 
     def run(self, plan: Plan, *, timeline: bool = False,
-            hourly: Hourly | None = None,
-            extra: dict[str, Any] | None = None) -> SimulationResult:
+            hourly: Hourly | None = None) -> SimulationResult:
         """Simulate one iteration of ``plan``.
 
         Args:
@@ -275,7 +285,6 @@ class Simulator:
             timeline: Return every compute action and transfer in ``result.timeline``.
             hourly: An hourly carbon-intensity series and the iteration's start time, instead of
                 the region's annual mean.
-            extra: Entries added to ``result.extra``.
 
         Raises:
             ContractError: the plan does not fit the model or the cluster (names key and rule).
@@ -322,21 +331,16 @@ class Simulator:
             blocking_p2p=plan.blocking_p2p,
         )
         res = Engine(schedule, stages, ranks, network, opts).run()
-        result = self._result(plan, schedule, res, params_by_rank, hourly, busy_w)
-        if busy_w is not None:
-            if clocks is not None:
-                result.extra["stage_clocks_mhz"] = clocks
-            result.extra["rank_busy_power_w"] = busy_w
-        elif plan.stage_clocks_mhz is not None or plan.action_clocks_mhz is not None:
+        clock_note = None
+        if busy_w is None and (plan.stage_clocks_mhz is not None or plan.action_clocks_mhz is not None):
             key = "stage_clocks_mhz" if plan.action_clocks_mhz is None else "action_clocks_mhz"
-            result.extra["stage_clocks_note"] = f"{key} not modelled: {self.device.name} has no frequency data"
+            clock_note = f"{key} not modelled: {self.device.name} has no frequency data"
+        cal = None
         if self.calibration is not None:
-            result.extra["calibration"] = {"applied": True, "notes": self._calibration_notes(plan),
-                                           "cores_per_rank_slots": host.cores_per_rank_slots,
-                                           "step_overhead_s": host.step_overhead_s, "step_host_cpu_s": host.step_host_s,
-                                           "transfers_on_cores": opts.comm_on_cores}
-        result.extra.update(extra or {})
-        return result
+            cal = CalibrationUse(self._calibration_notes(plan), host.cores_per_rank_slots, host.step_overhead_s,
+                                 host.step_host_s, opts.comm_on_cores)
+        notes = SimulationNotes(clocks if busy_w is not None else None, busy_w, clock_note, cal)
+        return self._result(plan, schedule, res, params_by_rank, hourly, notes)
 
     def _dp_unit_s(self, plan: Plan) -> float:
         """Calibrated host time of the data-parallel wrapper per wrapped module and action (0 if none)."""
@@ -380,7 +384,7 @@ class Simulator:
         return notes
 
     def _result(self, plan: Plan, schedule: Schedule, res: EngineResult, params_by_rank: list[int],
-                hourly: Hourly | None, busy_w: list[float] | None = None) -> SimulationResult:
+                hourly: Hourly | None, notes: SimulationNotes) -> SimulationResult:
         model, cluster, device = self.model, self.cluster, self.device
         t = res.iteration_time_s
         world = plan.world_size
@@ -394,8 +398,9 @@ class Simulator:
             intensity = (hourly_intensity(series, when, t), f"hourly series, mean over {stamp(when)} + {t:.6g} s")
         else:
             intensity = annual_intensity(cluster.region)
-        energy = energy_report(device, t, list(res.compute_s), plan.grad_replicas * plan.tp, cluster.pue, intensity, busy_w)
-        extra = self._extra(plan, schedule, res, params_by_rank, flops, mem, energy)
+        energy = energy_report(device, t, list(res.compute_s), plan.grad_replicas * plan.tp, cluster.pue, intensity,
+                               notes.rank_busy_power_w)
+        extra = self._extra(plan, schedule, res, params_by_rank, flops, mem, energy, notes)
         timeline = None
         if res.timeline is not None:
             timeline = [{"rank": e.rank, "thread": e.thread, "name": e.name, "start_s": e.start, "end_s": e.end,
@@ -417,36 +422,26 @@ class Simulator:
         )
 
     def _extra(self, plan: Plan, schedule: Schedule, res: EngineResult, params_by_rank: list[int], flops: float,
-               mem: list[RankMemory], energy: EnergyReport) -> dict[str, Any]:
+               mem: list[RankMemory], energy: EnergyReport, notes: SimulationNotes) -> SimulationDetails:
         """``result.extra``: the engine's per-rank figures, the memory and energy parts, and notes."""
-        extra = {
-            "schedule": schedule.name,
-            "num_microbatches": plan.num_microbatches,
-            "pipeline_time_s": res.pipeline_time_s,
-            "exposed_dp_comm_s": max(res.exposed_dp_s) if res.exposed_dp_s else 0.0,
-            "rank_end_s": res.end_s,
-            "rank_compute_s": res.compute_s,
-            "rank_tp_comm_s": res.comm_busy_s,
-            "params_per_device_by_rank": params_by_rank,
-            "model_flops_per_iteration": flops,
-            "bytes_by_link_type": res.bytes_by_link_type,
-            "device_energy_j": energy.device_energy_j,
-            "carbon_intensity_g_per_kwh": energy.intensity_g_per_kwh,
-            "carbon_intensity_source": energy.intensity_source,
-            "compute_model": type(self.compute).__name__,
-            "memory_by_stage": [
-                {k: getattr(rm, k) for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
-                                             "other_bytes", "total_bytes")} for rm in mem
-            ],
-            "precision_bytes": DTYPE_BYTES[plan.precision],
-        }
         compute = self.compute
+        warning = None
         if isinstance(compute, TraceComputeModel) and compute.scaled(plan):
-            extra["warning"] = (
-                f"trace taken at micro_batch_size={compute.trace.micro_batch_size}, tp={compute.trace.tp}; "
-                f"times scaled linearly to micro_batch_size={plan.micro_batch_size}, tp={plan.tp}"
-            )
-        return extra
+            warning = (f"trace taken at micro_batch_size={compute.trace.micro_batch_size}, tp={compute.trace.tp}; "
+                       f"times scaled linearly to micro_batch_size={plan.micro_batch_size}, tp={plan.tp}")
+        return SimulationDetails(
+            schedule=schedule.name, num_microbatches=plan.num_microbatches, pipeline_time_s=res.pipeline_time_s,
+            exposed_dp_comm_s=max(res.exposed_dp_s) if res.exposed_dp_s else 0.0, rank_end_s=list(res.end_s),
+            rank_compute_s=list(res.compute_s), rank_tp_comm_s=list(res.comm_busy_s),
+            params_per_device_by_rank=params_by_rank, model_flops_per_iteration=flops,
+            bytes_by_link_type=dict(res.bytes_by_link_type), device_energy_j=energy.device_energy_j,
+            carbon_intensity_g_per_kwh=energy.intensity_g_per_kwh, carbon_intensity_source=energy.intensity_source,
+            compute_model=type(compute).__name__,
+            memory_by_stage=[StageMemoryParts(rm.weights_bytes, rm.gradients_bytes, rm.optimizer_bytes,
+                                              rm.activations_bytes, rm.other_bytes, rm.total_bytes) for rm in mem],
+            precision_bytes=DTYPE_BYTES[plan.precision], warning=warning, stage_clocks_mhz=notes.stage_clocks_mhz,
+            rank_busy_power_w=notes.rank_busy_power_w, stage_clocks_note=notes.stage_clocks_note,
+            calibration=notes.calibration)
 
 
 __all__ = ["COST_FIELDS", "HostModel", "Simulator"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mindpipe.traces.config import non_negative
@@ -11,6 +11,77 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
 
 RESULT_FORMAT_VERSION = 1
+
+
+@dataclass
+class StageMemoryParts:
+    """One pipeline rank's peak memory by part, in bytes (the simulator's memory model)."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    other_bytes: float
+    total_bytes: float
+
+
+@dataclass
+class CalibrationUse:
+    """How a calibration file changed a simulation: its notes and the host constants it applied."""
+
+    notes: list[str]
+    cores_per_rank_slots: float | None
+    step_overhead_s: float
+    step_host_cpu_s: float
+    transfers_on_cores: bool
+    applied: bool = True
+
+
+@dataclass
+class SimulationDetails:
+    """The engine's per-rank figures, the memory and energy parts, and notes (``result.extra``).
+
+    Attributes:
+        schedule, num_microbatches: The schedule that ran and its micro-batches.
+        pipeline_time_s: The schedule's span (the iteration less the work after the last action).
+        exposed_dp_comm_s: Data-parallel communication not hidden under compute (largest rank).
+        rank_end_s, rank_compute_s, rank_tp_comm_s: Per pipeline rank: when it finished, its
+            compute time, its tensor-parallel communication time.
+        params_per_device_by_rank: Parameters each device of a rank holds (before ZeRO sharding).
+        model_flops_per_iteration: Model FLOPs of the iteration (no recompute counted).
+        bytes_by_link_type: Bytes moved per link type (``nvlink``, ``nic``, ...).
+        device_energy_j: Device energy of the iteration (before PUE).
+        carbon_intensity_g_per_kwh, carbon_intensity_source: The intensity used and where from.
+        compute_model: The compute model's class.
+        memory_by_stage: Each rank's peak memory by part.
+        precision_bytes: Bytes per element of the plan's precision.
+        warning: A trace taken at another micro-batch size or tp, scaled linearly.
+        stage_clocks_mhz, rank_busy_power_w: Clocks the plan locks and each rank's busy power under them.
+        stage_clocks_note: Why the plan's clocks were not priced (a device without frequency data).
+        calibration: What a calibration file applied.
+    """
+
+    schedule: str
+    num_microbatches: int
+    pipeline_time_s: float
+    exposed_dp_comm_s: float
+    rank_end_s: list[float]
+    rank_compute_s: list[float]
+    rank_tp_comm_s: list[float]
+    params_per_device_by_rank: list[int]
+    model_flops_per_iteration: float
+    bytes_by_link_type: dict[str, float]
+    device_energy_j: float
+    carbon_intensity_g_per_kwh: float
+    carbon_intensity_source: str
+    compute_model: str
+    memory_by_stage: list[StageMemoryParts]
+    precision_bytes: int
+    warning: str | None = None
+    stage_clocks_mhz: list[int] | None = None
+    rank_busy_power_w: list[float] | None = None
+    stage_clocks_note: str | None = None
+    calibration: CalibrationUse | None = None
 
 
 @dataclass
@@ -30,6 +101,7 @@ class SimulationResult:
         energy_j: Facility energy for one iteration (device energy × PUE).
         carbon_gco2: Grid emissions for one iteration.
         timeline: Per-rank events when requested (Chrome-trace ready), else None.
+        extra: The engine's per-rank figures, the memory and energy parts and notes.
     """
 
     iteration_time_s: float
@@ -43,8 +115,8 @@ class SimulationResult:
     fits_in_memory: bool
     energy_j: float
     carbon_gco2: float
+    extra: SimulationDetails
     timeline: list[dict[str, Any]] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
     format_version: int = RESULT_FORMAT_VERSION
 
     def __post_init__(self) -> None:

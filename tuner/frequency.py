@@ -207,7 +207,7 @@ def plan_clocks(sim: Simulator, plan: Plan, method: str = "perseus", max_slowdow
         return plan_action_clocks(sim, plan, max_slowdown, stride)
     base_plan = dataclasses.replace(plan, stage_clocks_mhz=None, action_clocks_mhz=None)
     base = sim.run(base_plan)
-    base_t, base_e = base.iteration_time_s, base.extra["device_energy_j"]
+    base_t, base_e = base.iteration_time_s, base.extra.device_energy_j
     if method == "default":
         return ClockPlan(method, base_plan, base_t, base_e, base_t, base_e)
     frequency_spec(sim.device.name, "cluster")
@@ -222,7 +222,7 @@ def plan_clocks(sim: Simulator, plan: Plan, method: str = "perseus", max_slowdow
             trial = with_clocks(base_plan, p.rank_clocks_mhz)
             r = sim.run(trial)
             if r.iteration_time_s <= limit:
-                return ClockPlan(method, trial, base_t, base_e, r.iteration_time_s, r.extra["device_energy_j"], frontier)
+                return ClockPlan(method, trial, base_t, base_e, r.iteration_time_s, r.extra.device_energy_j, frontier)
         return ClockPlan(method, with_clocks(base_plan, [grid[0]] * dag.pp), base_t, base_e, base_t, base_e, frontier)
     target = limit
     for _ in range(len(grid)):
@@ -230,7 +230,7 @@ def plan_clocks(sim: Simulator, plan: Plan, method: str = "perseus", max_slowdow
         trial = with_clocks(base_plan, clocks)
         r = sim.run(trial)
         if r.iteration_time_s <= limit:
-            return ClockPlan(method, trial, base_t, base_e, r.iteration_time_s, r.extra["device_energy_j"])
+            return ClockPlan(method, trial, base_t, base_e, r.iteration_time_s, r.extra.device_energy_j)
         target -= r.iteration_time_s - limit  # the DAG was optimistic by about this much
     return ClockPlan(method, with_clocks(base_plan, [grid[0]] * dag.pp), base_t, base_e, base_t, base_e)
 
@@ -278,9 +278,9 @@ def plan_action_clocks(sim: Simulator, plan: Plan, max_slowdown: float = 0.01, s
             trial = dataclasses.replace(base_plan, action_clocks_mhz=ag.action_clocks(idx))
             r = sim.run(trial)
             if r.iteration_time_s <= limit:
-                if r.extra["device_energy_j"] < best.energy_j:
+                if r.extra.device_energy_j < best.energy_j:
                     best = ClockPlan("perseus_action", trial, stage.baseline_s, stage.baseline_energy_j,
-                                     r.iteration_time_s, r.extra["device_energy_j"], bounds=bounds)
+                                     r.iteration_time_s, r.extra.device_energy_j, bounds=bounds)
                 break
             target -= r.iteration_time_s - limit  # the DAG was optimistic by about this much
     return best

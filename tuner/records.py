@@ -97,7 +97,7 @@ class Metrics:
     def of_result(cls, result: SimulationResult) -> Metrics:
         """The fields of a simulation result (and its exposed data-parallel communication)."""
         return cls(**{k: getattr(result, k) for k in RESULT_FIELDS},
-                   exposed_dp_comm_s=result.extra.get("exposed_dp_comm_s"))
+                   exposed_dp_comm_s=result.extra.exposed_dp_comm_s)
 
     @classmethod
     def of_supernet(cls, result: SupernetResult, seq_len: int) -> Metrics:

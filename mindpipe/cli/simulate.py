@@ -59,26 +59,26 @@ def format_result(result: SimulationResult, plan: Plan | None = None) -> str:
     (values the simulator prices and the executor does not carry out)."""
     e = result.extra
     lines = [
-        f"iteration time        {result.iteration_time_s:.6g} s  ({e.get('schedule')}, {e.get('num_microbatches')} micro-batches)",
+        f"iteration time        {result.iteration_time_s:.6g} s  ({e.schedule}, {e.num_microbatches} micro-batches)",
         f"throughput            {result.throughput_samples_per_s:.6g} samples/s, {result.throughput_tokens_per_s:.6g} tokens/s",
         f"per device            {result.tflops_per_gpu:.4g} TFLOP/s, MFU {100 * result.mfu:.1f}%",
-        (f"pipeline bubble       {100 * result.bubble_fraction:.1f}% of the pipeline span" if len(e.get("rank_end_s", [])) != 1
+        (f"pipeline bubble       {100 * result.bubble_fraction:.1f}% of the pipeline span" if len(e.rank_end_s) != 1
          else f"idle between actions  {100 * result.bubble_fraction:.1f}% of the span (one stage: no pipeline bubble)"),
-        f"exposed DP comm       {e.get('exposed_dp_comm_s', 0.0):.4g} s",
+        f"exposed DP comm       {e.exposed_dp_comm_s:.4g} s",
         "memory by stage (GiB) " + ", ".join(f"{m:.2f}" for m in result.memory_by_stage_gib)
         + ("" if result.fits_in_memory else "   ** does not fit in device memory **"),
         f"energy                {result.energy_j:.6g} J per iteration (facility)",
-        f"carbon                {result.carbon_gco2:.6g} gCO2eq per iteration ({e.get('carbon_intensity_g_per_kwh'):.0f} g/kWh)",
+        f"carbon                {result.carbon_gco2:.6g} gCO2eq per iteration ({e.carbon_intensity_g_per_kwh:.0f} g/kWh)",
     ]
-    if "calibration" in e:
-        cal = e["calibration"]
+    cal = e.calibration
+    if cal is not None:
         lines.append("calibrated            " + "; ".join(
-            [f"step overhead {cal['step_overhead_s']:.4g} s"]
-            + ([f"{cal['cores_per_rank_slots']:g} ranks at full speed per host"] if cal["cores_per_rank_slots"] else [])
-            + (["transfers are host copies on the shared cores"] if cal.get("transfers_on_cores") else [])
-            + cal["notes"]))
-    if "warning" in e:
-        lines.append(f"warning: {e['warning']}")
+            [f"step overhead {cal.step_overhead_s:.4g} s"]
+            + ([f"{cal.cores_per_rank_slots:g} ranks at full speed per host"] if cal.cores_per_rank_slots else [])
+            + (["transfers are host copies on the shared cores"] if cal.transfers_on_cores else [])
+            + cal.notes))
+    if e.warning is not None:
+        lines.append(f"warning: {e.warning}")
     knobs = what_if_used(plan) if plan is not None else []
     if knobs:
         lines.append("what-if knobs         " + ", ".join(f"{k}={knob_value(k, getattr(plan, k))}" for k in knobs)

@@ -116,7 +116,7 @@ def _synthetic_run(plan: Plan, truth: Calibration = TRUTH, with_cpu: bool = Fals
     steps.append(StepRecord(4, 5.0, 3 * res.iteration_time_s, 1.0))  # the profiled step: slower, left out
     share = min(1.0, 2 / plan.world_size)
     # Each rank's optimizer steps its own parameters, a 1/dp shard of them under ZeRO (the engine's rule).
-    params = [optimizer_shard(plan, n) for n in res.extra["params_per_device_by_rank"]]
+    params = [optimizer_shard(plan, n) for n in res.extra.params_per_device_by_rank]
     cpu = _rank_cpu_s(plan, cluster, truth, actions, params) if with_cpu else {}
     ranks = [RankRecord(topo.global_rank(p), p, 0, 0, [p], "h", 0.1, 0.0, 0.0,
                         (cal.optimizer_overhead_s + cal.optimizer_s_per_param * params[p]) / share, 1, "process_rss",
@@ -340,7 +340,7 @@ def test_cores_are_shared_by_the_replicas_of_a_stage():
     def pipeline_s(dp: int) -> float:
         plan = _plan(dp=dp, micro_batch_size=2, global_batch_size=2 * dp)
         res = simulate(MODEL, load_cluster(f"cpu:1x{dp}"), plan, SimulationOptions(calibration=cal))
-        return res.extra["pipeline_time_s"]
+        return res.extra.pipeline_time_s
 
     assert pipeline_s(4) == pytest.approx(2 * pipeline_s(2), rel=1e-6)
     assert pipeline_s(2) / 2 < pipeline_s(1) < pipeline_s(2)
@@ -372,7 +372,7 @@ def test_apply_calibration_notes_what_it_cannot_cover():
     plan = Plan(tp=8, micro_batch_size=1, global_batch_size=8)
     base = simulate(load_model("gpt-1.3b"), cluster, plan).iteration_time_s
     cal = simulate(load_model("gpt-1.3b"), cluster, plan, SimulationOptions(calibration=TRUTH))
-    assert cal.iteration_time_s == pytest.approx(base) and cal.extra["calibration"]["notes"]
+    assert cal.iteration_time_s == pytest.approx(base) and cal.extra.calibration is not None and cal.extra.calibration.notes
 
 
 def test_calibration_file_roundtrip_and_errors(tmp_path):

@@ -106,7 +106,7 @@ def test_carbon_follows_the_mean_over_the_iteration(tmp_path):
     base = simulate(model, cluster, plan)
     start = _at(1) - dt.timedelta(seconds=base.iteration_time_s / 2)  # half in hour 0, half in hour 1
     r = simulate(model, cluster, plan, SimulationOptions(hourly_intensity=(series, start)))
-    assert r.extra["carbon_intensity_g_per_kwh"] == pytest.approx(150.0)
+    assert r.extra.carbon_intensity_g_per_kwh == pytest.approx(150.0)
 
 
 def test_cli_refuses_a_start_outside_the_series_and_prints_strict_json(tmp_path, capsys):

@@ -122,12 +122,12 @@ def test_simulated_memory_and_time_of_a_long_sequence() -> None:
                cp_comm_type="p2p")
     cp1 = dataclasses.replace(cp2, cp=1, dp=8)
     a, b = simulate(LLAMA, H100x8, cp2), simulate(LLAMA, H100x8, cp1)
-    acts = [s["activations_bytes"] for s in (a.extra["memory_by_stage"][0], b.extra["memory_by_stage"][0])]
+    acts = [s.activations_bytes for s in (a.extra.memory_by_stage[0], b.extra.memory_by_stage[0])]
     assert acts[0] == pytest.approx(acts[1] / 2, rel=0.02)
     assert a.peak_memory_gib < b.peak_memory_gib
     # Same work per device (dp·cp equal), plus the ring's exposed part: a little slower, not more.
     assert b.iteration_time_s < a.iteration_time_s < 1.2 * b.iteration_time_s
-    assert a.extra["params_per_device_by_rank"] == b.extra["params_per_device_by_rank"]
+    assert a.extra.params_per_device_by_rank == b.extra.params_per_device_by_rank
     # The executor's all-gather: the same memory, slower (masked pairs, the re-run, the blocking exchange).
     c = simulate(LLAMA, H100x8, dataclasses.replace(cp2, cp_comm_type="allgather"))
     assert c.peak_memory_gib == pytest.approx(a.peak_memory_gib)

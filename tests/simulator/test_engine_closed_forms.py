@@ -198,10 +198,10 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
                if e["rank"] == 0 and e["thread"] == "compute" and e["category"] in ("F", "B")}
     units = data_parallel_units(plan, model.num_layers)
     (stage,) = Simulator(model, cluster).work(plan)[2]
-    weights = r.extra["params_per_device_by_rank"][0] * DTYPE_BYTES[plan.precision]
+    weights = r.extra.params_per_device_by_rank[0] * DTYPE_BYTES[plan.precision]
     copy = 2 * weights / GpuComputeModel(get_device(cluster.gpu)).kernel_params(plan.precision).bandwidth_Bps
     assert stage.gather_copy_s == pytest.approx(copy, rel=1e-12) and copy > 0
-    grads = r.extra["params_per_device_by_rank"][0] * (DTYPE_BYTES[plan.precision] + GRAD_BYTES[plan.precision])
+    grads = r.extra.params_per_device_by_rank[0] * (DTYPE_BYTES[plan.precision] + GRAD_BYTES[plan.precision])
     copy_in = grads / GpuComputeModel(get_device(cluster.gpu)).kernel_params(plan.precision).bandwidth_Bps
     assert stage.reduce_copy_s == pytest.approx(copy_in, rel=1e-12) and copy_in > 0
     actions = [e for e in tl if e["thread"] == "compute" and e["category"] in ("F", "B")]

@@ -138,8 +138,8 @@ def figures(case: Case) -> dict[str, Any]:
     """The pinned figures of ``case``: iteration time, bubble, pipeline span and every rank's end."""
     r = run_case(case)
     return {"iteration_time_s": r.iteration_time_s, "bubble_fraction": r.bubble_fraction,
-            "pipeline_time_s": r.extra["pipeline_time_s"], "rank_end_s": list(r.extra["rank_end_s"]),
-            "bytes_by_link_type": dict(r.extra["bytes_by_link_type"])}
+            "pipeline_time_s": r.extra.pipeline_time_s, "rank_end_s": list(r.extra.rank_end_s),
+            "bytes_by_link_type": dict(r.extra.bytes_by_link_type)}
 
 
 def timeline_digest(case: Case) -> dict[str, list[float]]:

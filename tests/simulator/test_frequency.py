@@ -77,7 +77,7 @@ def test_default_clocks_equal_no_clocks_and_lower_clocks_stretch_time(sim: Simul
     assert same.energy_j == pytest.approx(base.energy_j, rel=1e-12)
     slow = sim.run(dataclasses.replace(PLAN, stage_clocks_mhz=[1095] * 4))
     assert base.iteration_time_s < slow.iteration_time_s < base.iteration_time_s * 1410 / 1095
-    assert slow.extra["device_energy_j"] < base.extra["device_energy_j"]
+    assert slow.extra.device_energy_j < base.extra.device_energy_j
 
 
 def test_a_bubble_free_pipeline_saves_no_time_neutral_energy(sim: Simulator) -> None:
@@ -97,7 +97,7 @@ def test_a_stage_with_slack_runs_at_a_lower_clock_for_free() -> None:
     slack = sim.run(dataclasses.replace(plan, stage_clocks_mhz=[1095, 1410]))
     # Only the fill and drain see stage 0's longer forward and backward: one micro-batch of m=32.
     assert slack.iteration_time_s <= base.iteration_time_s * 1.01
-    assert slack.extra["device_energy_j"] < base.extra["device_energy_j"] * 0.97
+    assert slack.extra.device_energy_j < base.extra.device_energy_j * 0.97
 
 
 def test_clock_plans_are_refused_for_devices_without_frequency_data() -> None:

@@ -33,8 +33,8 @@ def test_pp_first_shortens_a_contended_iteration() -> None:
     fair = simulate(model, cluster, _contended("fair"))
     first = simulate(model, cluster, _contended("pp_first"))
     # Both move the same bytes over the NIC; only who waits differs.
-    assert fair.extra["bytes_by_link_type"] == pytest.approx(first.extra["bytes_by_link_type"])
-    assert fair.extra["bytes_by_link_type"]["nic"] > 0
+    assert fair.extra.bytes_by_link_type == pytest.approx(first.extra.bytes_by_link_type)
+    assert fair.extra.bytes_by_link_type["nic"] > 0
     assert first.iteration_time_s < 0.98 * fair.iteration_time_s  # measured: 4.7 % shorter
     # On an uncontended cluster (one node, NVLink for everything) the policy changes nothing.
     quiet = Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=8)
@@ -52,10 +52,10 @@ def test_energy_and_carbon_follow_busy_and_blocked_power() -> None:
     dev = get_device("a100-sxm4-80gb")
     t = r.iteration_time_s
     # Busy power is the frequency model's at each rank's clock and load (at most the board limit).
-    busy = r.extra["rank_busy_power_w"]
+    busy = r.extra.rank_busy_power_w
     assert all(wait_power_w(dev) < p <= dev.max_power_W for p in busy)
-    expected = sum(p * c + wait_power_w(dev) * (t - c) for p, c in zip(busy, r.extra["rank_compute_s"], strict=True)) * 4
-    assert r.extra["device_energy_j"] == pytest.approx(expected, rel=1e-9)
+    expected = sum(p * c + wait_power_w(dev) * (t - c) for p, c in zip(busy, r.extra.rank_compute_s, strict=True)) * 4
+    assert r.extra.device_energy_j == pytest.approx(expected, rel=1e-9)
     assert r.energy_j == pytest.approx(1.2 * expected, rel=1e-9)
     g_per_kwh, _ = annual_intensity("SG")
     assert r.carbon_gco2 == pytest.approx(r.energy_j / J_PER_KWH * g_per_kwh, rel=1e-9)

@@ -81,6 +81,6 @@ def test_cpu_hosts_on_several_nodes_need_the_link_between_them_and_then_use_it()
     exposed = {}
     for gbps in (1.0, 100.0):
         res = simulate(model, Cluster(gpu="cpu", num_nodes=2, gpus_per_node=1, inter_node_bandwidth_Gbps=gbps), plan)
-        assert res.extra["bytes_by_link_type"].get("nic", 0.0) > 0  # the gradient all-reduce crosses the nodes
-        exposed[gbps] = res.extra["exposed_dp_comm_s"]
+        assert res.extra.bytes_by_link_type.get("nic", 0.0) > 0  # the gradient all-reduce crosses the nodes
+        exposed[gbps] = res.extra.exposed_dp_comm_s
     assert exposed[1.0] > 10 * exposed[100.0] > 0

@@ -186,13 +186,18 @@ def test_trace_value_errors(tmp_path):
 
 
 def test_simulation_result_roundtrip(tmp_path):
-    r = SimulationResult(
-        iteration_time_s=1.5, throughput_samples_per_s=10.0, throughput_tokens_per_s=20480.0, tflops_per_gpu=150.0,
-        mfu=0.48, bubble_fraction=0.1, memory_by_stage_gib=[30.0, 28.0], peak_memory_gib=30.0, fits_in_memory=True,
-        energy_j=1e5, carbon_gco2=12.0,
-    )
+    from mindpipe.simulator.api import simulate
+
+    # A result the simulator made (its typed details included, clocks priced on an A100) reads back equal.
+    plan = Plan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4, stage_clocks_mhz=[1410, 1200])
+    r = simulate(load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x2"), plan)
+    assert r.extra.stage_clocks_mhz == [1410, 1200] and len(r.extra.memory_by_stage) == 2
     r.save(tmp_path / "r.json")
     assert SimulationResult.load(tmp_path / "r.json") == r
+    with pytest.raises(ContractError, match=r"extra\.memory_by_stage\[0\]\.weights_bytes: missing required key"):
+        doc = to_dict(r)
+        del doc["extra"]["memory_by_stage"][0]["weights_bytes"]
+        from_dict(SimulationResult, doc, "r.json")
     with pytest.raises(ContractError, match=r"bubble_fraction=1\.5 must be in"):
         from_dict(SimulationResult, {**to_dict(r), "bubble_fraction": 1.5}, "r.json")
 

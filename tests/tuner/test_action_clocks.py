@@ -39,7 +39,7 @@ def test_uniform_action_clocks_equal_stage_clocks(case) -> None:
         a = sim.run(dataclasses.replace(plan, action_clocks_mhz=_uniform(plan, mhz)))
         s = sim.run(dataclasses.replace(plan, stage_clocks_mhz=[mhz] * 3))
         assert a.iteration_time_s == pytest.approx(s.iteration_time_s, rel=1e-12)
-        assert a.extra["device_energy_j"] == pytest.approx(s.extra["device_energy_j"], rel=1e-12)
+        assert a.extra.device_energy_j == pytest.approx(s.extra.device_energy_j, rel=1e-12)
 
 
 def test_one_slower_action_costs_its_own_stretch_and_less_energy(case) -> None:
@@ -50,7 +50,7 @@ def test_one_slower_action_costs_its_own_stretch_and_less_energy(case) -> None:
     clocks = _uniform(plan, 1410)
     clocks[0][0][1] = 1200  # stage 0, forward of micro-batch 1: warm-up, before the first backward arrives
     r = sim.run(dataclasses.replace(plan, action_clocks_mhz=clocks))
-    assert r.extra["device_energy_j"] < base.extra["device_energy_j"]
+    assert r.extra.device_energy_j < base.extra.device_energy_j
     assert r.iteration_time_s == pytest.approx(base.iteration_time_s, rel=1e-9)  # it had slack
     assert what_if_used(dataclasses.replace(plan, action_clocks_mhz=clocks)) == ["action_clocks_mhz"]
     assert dataclasses.replace(plan, action_clocks_mhz=clocks).as_executed().action_clocks_mhz is None
@@ -103,7 +103,7 @@ def test_absorbed_plan_meets_the_deadline_and_stays_under_the_bound(case) -> Non
     assert free <= window <= got < base.energy_j
     r = sim.run(dataclasses.replace(plan, action_clocks_mhz=ag.action_clocks(idx)))
     assert r.iteration_time_s == pytest.approx(span + dag.tail_s, rel=1e-6)
-    assert r.extra["device_energy_j"] == pytest.approx(got, rel=1e-6)
+    assert r.extra.device_energy_j == pytest.approx(got, rel=1e-6)
     best_stage = min(p.energy_j for p in (dag.evaluate(c) for c in itertools.product(grid[:8], repeat=3))
                      if p.iteration_s <= limit)
     assert window <= best_stage
