@@ -59,8 +59,8 @@ def predict(policy: str, nic_gbps: float, fused_elementwise: bool = False) -> di
     plan = Plan(dp=GPUS, zero_stage=3, micro_batch_size=1, global_batch_size=GPUS, precision="bf16",
                 flash_attention=True, fused_elementwise=fused_elementwise, **POLICIES[policy])
     r = simulate(load_model("llama3-8b"), cluster, plan, SimulationOptions(timeline=True))
-    compute = sum(e["end_s"] - e["start_s"] for e in r.timeline or []
-                  if e["rank"] == 0 and e["thread"] == "compute" and e["category"] in ("F", "B"))
+    compute = sum(e.end_s - e.start_s for e in r.timeline or []
+                  if e.rank == 0 and e.thread == "compute" and e.category in ("F", "B"))
     return {"iteration_s": r.iteration_time_s, "tokens_per_s_per_gpu": r.throughput_tokens_per_s / GPUS,
             "mfu": r.mfu, "actions_s": compute}
 

@@ -24,7 +24,7 @@ from mindpipe.executor.layer_records import LAYER_TIMES, layer_table
 from mindpipe.executor.payload import RankPayload
 from mindpipe.executor.precheck import Precheck
 from mindpipe.traces.catalog import DeviceSpec, get_device
-from mindpipe.traces.chrome_trace import write_chrome_trace
+from mindpipe.traces.chrome_trace import TimelineEvent, write_chrome_trace
 from mindpipe.traces.flops import model_flops_per_iteration
 from mindpipe.traces.measured import (
     ActionRecord,
@@ -41,19 +41,16 @@ from mindpipe.traces.what_if import WHAT_IF_KEYS, knob_value, plan_value, what_i
 _CATEGORY = {"p2p_wait": "p2p", "dp_sync": "dp"}
 
 
-def _timeline(payloads: list[RankPayload]) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
+def _timeline(payloads: list[RankPayload]) -> list[TimelineEvent]:
+    events: list[TimelineEvent] = []
     for p in payloads:
         r = p.rank
-        for a in p.spans.actions:
-            events.append({"rank": r, "thread": "compute", "name": f"{a.kind}{a.microbatch} stage {a.stage}",
-                           "start_s": a.start_s, "end_s": a.end_s, "category": a.kind, "step": a.step})
-        for o in p.spans.optimizer:
-            events.append({"rank": r, "thread": "compute", "name": "optimizer", "start_s": o.start_s, "end_s": o.end_s,
-                           "category": "optimizer", "step": o.step})
-        for c in p.spans.comms:
-            events.append({"rank": r, "thread": "comm", "name": f"{c.op} ({c.axis})", "start_s": c.start_s,
-                           "end_s": c.end_s, "category": _CATEGORY.get(c.kind, c.axis), "step": c.step})
+        events += [TimelineEvent(r, "compute", f"{a.kind}{a.microbatch} stage {a.stage}", a.start_s, a.end_s, a.kind,
+                                 a.step) for a in p.spans.actions]
+        events += [TimelineEvent(r, "compute", "optimizer", o.start_s, o.end_s, "optimizer", o.step)
+                   for o in p.spans.optimizer]
+        events += [TimelineEvent(r, "comm", f"{c.op} ({c.axis})", c.start_s, c.end_s, _CATEGORY.get(c.kind, c.axis),
+                                 c.step) for c in p.spans.comms]
     return events
 
 

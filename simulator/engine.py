@@ -48,7 +48,7 @@ engine's records (work, options, result) live in :mod:`mindpipe.simulator.work`.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Literal, cast
 
 import simpy
 from mindpipe.simulator.actions import Action, Schedule
@@ -209,7 +209,8 @@ class Engine:
         self.net.start(links, mult, seconds, 1.0, 0, ev.succeed)
         return ev
 
-    def _record(self, r: int, thread: str, name: str, start: float, end: float, cat: str) -> None:
+    def _record(self, r: int, thread: Literal["compute", "comm"], name: str, start: float, end: float,
+                cat: str) -> None:
         if self.timeline is not None and end > start:
             self.timeline.append(TimelineEvent(r, thread, name, start, end, cat))
 

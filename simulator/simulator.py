@@ -401,10 +401,7 @@ class Simulator:
         energy = energy_report(device, t, list(res.compute_s), plan.grad_replicas * plan.tp, cluster.pue, intensity,
                                notes.rank_busy_power_w)
         extra = self._extra(plan, schedule, res, params_by_rank, flops, mem, energy, notes)
-        timeline = None
-        if res.timeline is not None:
-            timeline = [{"rank": e.rank, "thread": e.thread, "name": e.name, "start_s": e.start, "end_s": e.end,
-                         "category": e.category} for e in res.timeline]
+        timeline = list(res.timeline) if res.timeline is not None else None
         return SimulationResult(
             iteration_time_s=t,
             throughput_samples_per_s=gbs / t,

@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Protocol
 
 from mindpipe.simulator.topology import Phase
+from mindpipe.traces.chrome_trace import TimelineEvent
 
 
 @dataclass
@@ -235,18 +236,6 @@ class EngineOptions:
     step_host_s: float = 0.0
     record: bool = False
     blocking_p2p: bool = False
-
-
-@dataclass
-class TimelineEvent:
-    """One span of the timeline: rank, thread (``compute``/``comm``), label, start, end."""
-
-    rank: int
-    thread: str
-    name: str
-    start: float
-    end: float
-    category: str
 
 
 @dataclass

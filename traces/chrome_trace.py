@@ -1,9 +1,10 @@
 """Chrome trace-event JSON (Perfetto, chrome://tracing) of a per-rank timeline.
 
-Events are dicts with ``rank``, ``thread`` (``compute`` or ``comm``), ``name``, ``start_s``,
-``end_s`` and ``category``: the shape of ``SimulationResult.timeline`` and of the executor's
-measured timeline, so a simulated and a measured run open side by side in the same viewer. The
-writer lives with the data contracts because both the simulator and the executor write it.
+Events are :class:`TimelineEvent` records: ``SimulationResult.timeline``, the executor's measured
+timeline and a measured run's step (:func:`mindpipe.simulator.calibrate.runs.measured_events`) are
+all lists of them, so a simulated and a measured run open side by side in the same viewer. The
+record and the writer live with the data contracts because the simulator and the executor both
+write them.
 """
 
 from __future__ import annotations
@@ -11,17 +12,41 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from mindpipe.traces.atomic import write_text
 
 THREADS = {"compute": 0, "comm": 1}
 
 
-def chrome_trace(events: Sequence[dict[str, Any]], label: str = "mindpipe") -> dict[str, Any]:
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One span of a per-rank timeline.
+
+    Attributes:
+        rank: The pipeline rank (a timeline draws one representative pipeline) or the global rank
+            (the executor's measured timeline).
+        thread: ``compute`` (actions, copies, the optimizer) or ``comm`` (transfers and waits).
+        name: Label, e.g. ``0F3`` or ``grad-reduce``.
+        start_s, end_s: Seconds from the start of the iteration (or run).
+        category: ``F``, ``B``, ``W``, ``p2p``, ``dp``, ``tp``, ``optimizer``, ... (the colour key).
+        step: The training step (measured timelines only).
+    """
+
+    rank: int
+    thread: Literal["compute", "comm"]
+    name: str
+    start_s: float
+    end_s: float
+    category: str
+    step: int | None = None
+
+
+def chrome_trace(events: Sequence[TimelineEvent], label: str = "mindpipe") -> dict[str, Any]:
     """Chrome trace-event document: one process per rank, compute and communication threads."""
     out: list[dict[str, Any]] = []
-    ranks = sorted({int(e["rank"]) for e in events})
+    ranks = sorted({e.rank for e in events})
     for r in ranks:
         out.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"{label} rank {r}"}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
@@ -30,19 +55,19 @@ def chrome_trace(events: Sequence[dict[str, Any]], label: str = "mindpipe") -> d
     for e in events:
         out.append({
             "ph": "X",
-            "name": e["name"],
-            "cat": e.get("category", ""),
-            "pid": int(e["rank"]),
-            "tid": THREADS.get(e.get("thread", "compute"), 0),
-            "ts": float(e["start_s"]) * 1e6,
-            "dur": max(float(e["end_s"]) - float(e["start_s"]), 0.0) * 1e6,
+            "name": e.name,
+            "cat": e.category,
+            "pid": e.rank,
+            "tid": THREADS[e.thread],
+            "ts": e.start_s * 1e6,
+            "dur": max(e.end_s - e.start_s, 0.0) * 1e6,
         })
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], label: str = "mindpipe") -> None:
+def write_chrome_trace(events: Sequence[TimelineEvent], path: str | os.PathLike[str], label: str = "mindpipe") -> None:
     """Write :func:`chrome_trace` to ``path`` (parent folders are created)."""
     write_text(path, json.dumps(chrome_trace(events, label)), make_parents=True)
 
 
-__all__ = ["THREADS", "chrome_trace", "write_chrome_trace"]
+__all__ = ["THREADS", "TimelineEvent", "chrome_trace", "write_chrome_trace"]

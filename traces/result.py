@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
+from mindpipe.traces.chrome_trace import TimelineEvent
 from mindpipe.traces.config import non_negative
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
@@ -116,7 +116,7 @@ class SimulationResult:
     energy_j: float
     carbon_gco2: float
     extra: SimulationDetails
-    timeline: list[dict[str, Any]] | None = None
+    timeline: list[TimelineEvent] | None = None
     format_version: int = RESULT_FORMAT_VERSION
 
     def __post_init__(self) -> None:

@@ -13,9 +13,9 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.chrome_trace import TimelineEvent
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.measured import Measurement
@@ -62,7 +62,7 @@ class MeasuredRun:
         return run_label(self.source)
 
 
-def measured_events(run: MeasuredRun, step: int | None = None) -> list[dict[str, Any]]:
+def measured_events(run: MeasuredRun, step: int | None = None) -> list[TimelineEvent]:
     """Timeline events of one clean step of the representative pipeline (dp 0, tp 0, cp 0).
 
     Ranks are numbered by pipeline position, as the simulator's timeline numbers them, and
@@ -76,11 +76,10 @@ def measured_events(run: MeasuredRun, step: int | None = None) -> list[dict[str,
     if not acts:
         return []
     t0 = min(a.start_s for a in acts)
-    events = [{"rank": pipe[a.rank], "thread": "compute", "name": f"{a.stage}{a.kind}{a.microbatch}",
-               "start_s": a.start_s - t0, "end_s": a.start_s + a.duration_s - t0, "category": a.kind} for a in acts]
-    events += [{"rank": pipe[c.rank], "thread": "comm", "name": c.op, "start_s": c.start_s - t0,
-                "end_s": c.start_s + c.duration_s - t0, "category": "p2p" if c.kind == "p2p_wait" else "dp"}
-               for c in comms]
+    events = [TimelineEvent(pipe[a.rank], "compute", f"{a.stage}{a.kind}{a.microbatch}", a.start_s - t0,
+                            a.start_s + a.duration_s - t0, a.kind) for a in acts]
+    events += [TimelineEvent(pipe[c.rank], "comm", c.op, c.start_s - t0, c.start_s + c.duration_s - t0,
+                             "p2p" if c.kind == "p2p_wait" else "dp") for c in comms]
     return events
 
 

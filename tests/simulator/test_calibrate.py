@@ -94,14 +94,14 @@ def _synthetic_run(plan: Plan, truth: Calibration = TRUTH, with_cpu: bool = Fals
     for step in (1, 2, 3):
         steps.append(StepRecord(step, 5.0, res.iteration_time_s, 1.0))
         for e in res.timeline:
-            if e["thread"] != "compute" or e["category"] not in ("F", "B", "I", "W"):
+            if e.thread != "compute" or e.category not in ("F", "B", "I", "W"):
                 continue
-            stage, kind, mb = int(e["name"][0]), e["name"][1], int(e["name"][2:])
+            stage, kind, mb = int(e.name[0]), e.name[1], int(e.name[2:])
             work = float(np.dot(feats[(stage, kind)], x))
             for d in range(plan.dp):
                 for t in range(plan.tp):
-                    rank = topo.global_rank(e["rank"], d, t)
-                    actions.append(ActionRecord(rank, step, stage, mb, kind, e["start_s"], e["end_s"] - e["start_s"], work))
+                    rank = topo.global_rank(e.rank, d, t)
+                    actions.append(ActionRecord(rank, step, stage, mb, kind, e.start_s, e.end_s - e.start_s, work))
     link = truth.comm["gloo"]["local"]
     for n in (2**19, 2**20, 2**22):
         for op, k in (("allreduce", 2), ("recv", 2)):
@@ -272,7 +272,7 @@ def test_tp_wait_is_wall_time_per_blocking_collective_off_the_cores():
     # Without tensor parallelism only the step's gradient all-reduce (one bucket here) waits.
     one = _plan(dp=2)
     buckets = simulate(MODEL, cluster, one, SimulationOptions(calibration=TRUTH, timeline=True)).timeline
-    n = sum(1 for e in buckets if e["rank"] == 0 and e["name"].startswith("grad-reduce"))
+    n = sum(1 for e in buckets if e.rank == 0 and e.name.startswith("grad-reduce"))
     assert n >= 1
     assert (simulate(MODEL, cluster, one, SimulationOptions(calibration=TRUTH)).iteration_time_s
             - simulate(MODEL, cluster, one, SimulationOptions(calibration=without)).iteration_time_s
@@ -293,13 +293,13 @@ def test_zero3_collectives_on_shared_cores_block_the_rank_and_wait_for_peers():
     cluster = load_cluster("cpu:1x2")
     without = dataclasses.replace(TRUTH, comm={"gloo": {"local": dataclasses.replace(TRUTH.comm["gloo"]["local"], tp_wait_s=0.0)}})
     r = simulate(MODEL, cluster, plan, SimulationOptions(calibration=TRUTH, timeline=True))
-    mine = [e for e in r.timeline if e["rank"] == 0]
-    backward = [e for e in mine if e["thread"] == "compute" and e["category"] == "B"]
-    reduces = [e for e in mine if e["name"].startswith("grad-reduce")]
-    gathers = [e for e in mine if e["name"].startswith("param-gather")]
+    mine = [e for e in r.timeline if e.rank == 0]
+    backward = [e for e in mine if e.thread == "compute" and e.category == "B"]
+    reduces = [e for e in mine if e.name.startswith("grad-reduce")]
+    gathers = [e for e in mine if e.name.startswith("param-gather")]
     assert len(backward) == plan.num_microbatches and reduces and gathers
     for e in reduces:  # inside a backward, which ends no earlier than its reduction
-        assert any(b["start_s"] <= e["start_s"] and e["end_s"] <= b["end_s"] + 1e-12 for b in backward), e
+        assert any(b.start_s <= e.start_s and e.end_s <= b.end_s + 1e-12 for b in backward), e
     t0 = simulate(MODEL, cluster, plan, SimulationOptions(calibration=without)).iteration_time_s
     wait = TRUTH.comm["gloo"]["local"].tp_wait_s
     # Each collective adds its wait, except that the step's first gathers run beside the step's
@@ -561,14 +561,14 @@ def test_a_swapped_cpu_block_copies_inside_its_actions():
     copy = sim.swap_copy_s(swap, sim.swap_bytes_per_block(swap))
 
     def durations(res, kind: str) -> dict[int, float]:
-        return {e["rank"]: e["end_s"] - e["start_s"] for e in res.timeline
-                if e["thread"] == "compute" and e["category"] == kind}
+        return {e.rank: e.end_s - e.start_s for e in res.timeline
+                if e.thread == "compute" and e.category == kind}
 
     for kind in ("F", "B"):
         # Stage 0 swaps block 0 (one copy), stage 1 blocks 2 and 3 (two).
         grown = {r: durations(t_swap, kind)[r] - durations(t_keep, kind)[r] for r in (0, 1)}
         assert grown == pytest.approx({0: copy, 1: 2 * copy}, rel=1e-6)
-    assert not any(e["category"] == "swap" for e in t_swap.timeline)
+    assert not any(e.category == "swap" for e in t_swap.timeline)
 
 
 def test_recompute_cost_is_fitted_through_the_forward_operator_constants():

@@ -120,11 +120,11 @@ def test_blocking_p2p_timeline_no_action_starts_before_the_previous_send_lands(p
     r = _p2p_run(True, 0.25, p, m, record=True)
     sends = 0
     for rank in range(p):
-        mine = sorted((e for e in r.timeline if e["rank"] == rank), key=lambda e: e["start_s"])
-        for e in (x for x in mine if x["category"] == "p2p"):
+        mine = sorted((e for e in r.timeline if e.rank == rank), key=lambda e: e.start_s)
+        for e in (x for x in mine if x.category == "p2p"):
             sends += 1
-            nxt = [x for x in mine if x["thread"] == "compute" and x["start_s"] >= e["start_s"]]
-            assert not nxt or nxt[0]["start_s"] >= e["end_s"] - 1e-9, (rank, e, nxt[0])
+            nxt = [x for x in mine if x.thread == "compute" and x.start_s >= e.start_s]
+            assert not nxt or nxt[0].start_s >= e.end_s - 1e-9, (rank, e, nxt[0])
     assert sends == 2 * (p - 1) * m
     assert r.iteration_time_s > _p2p_run(False, 0.25, p, m).iteration_time_s
 
@@ -141,7 +141,7 @@ def test_zero_without_pipelining_reduces_every_microbatch_and_gathers_again(zero
     plan = Plan(dp=2, micro_batch_size=1, global_batch_size=2 * m, zero_stage=zero)
     r = simulate(model, Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=2), plan,
                  SimulationOptions(timeline=True))
-    names = [e["name"] for e in r.timeline if e["category"] == "dp"]
+    names = [e.name for e in r.timeline if e.category == "dp"]
     reduces = [n for n in names if n.startswith("grad-reduce")]
     gathers = [n for n in names if n.startswith("param-gather stage")]  # not the post-step gather
     buckets = len({n for n in reduces})
@@ -154,7 +154,7 @@ def test_zero_without_pipelining_reduces_every_microbatch_and_gathers_again(zero
     assert len(gathers) == (m if zero == 2 else 2 * m) * units
     piped = simulate(model, cluster, Plan(dp=2, pp=2, micro_batch_size=1, global_batch_size=2 * m, zero_stage=zero),
                      SimulationOptions(timeline=True))
-    issued = [(e["rank"], e["name"]) for e in piped.timeline if e["category"] == "dp" and e["name"].startswith("grad-reduce")]
+    issued = [(e.rank, e.name) for e in piped.timeline if e.category == "dp" and e.name.startswith("grad-reduce")]
     assert issued and len(issued) == len(set(issued))  # each stage's buckets once per step
 
 
@@ -169,11 +169,11 @@ def test_zero_without_pipelining_one_microbatch_reduces_during_its_backward(zero
     plan = Plan(dp=2, micro_batch_size=4, global_batch_size=8, zero_stage=zero, overlap_grad_reduce=False)
     assert plan.num_microbatches == 1
     r = simulate(model, cluster, plan, SimulationOptions(timeline=True))
-    tl = [e for e in r.timeline if e["rank"] == 0]
-    backward = next(e for e in tl if e["thread"] == "compute" and e["category"] == "B")
-    reduces = sorted((e for e in tl if e["name"].startswith("grad-reduce")), key=lambda e: e["start_s"])
+    tl = [e for e in r.timeline if e.rank == 0]
+    backward = next(e for e in tl if e.thread == "compute" and e.category == "B")
+    reduces = sorted((e for e in tl if e.name.startswith("grad-reduce")), key=lambda e: e.start_s)
     assert len(reduces) >= 2
-    assert reduces[0]["start_s"] < backward["end_s"] - 1e-9
+    assert reduces[0].start_s < backward.end_s - 1e-9
 
 
 @pytest.mark.parametrize("nic_gbps", [400.0, 0.5], ids=["gathers_hidden", "gathers_exposed"])
@@ -190,12 +190,12 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
     cluster = Cluster(gpu="a100-sxm4-80gb", num_nodes=2, gpus_per_node=1, inter_node_bandwidth_Gbps=nic_gbps)
     plan = Plan(dp=2, micro_batch_size=2, global_batch_size=8, zero_stage=3)
     r = simulate(model, cluster, plan, SimulationOptions(timeline=True))
-    tl = [e for e in r.timeline if e["rank"] == 0]
+    tl = [e for e in r.timeline if e.rank == 0]
     # Megatron-style replicas reduce in place: no gathers and no copies.
     replicated = simulate(model, cluster, dataclasses.replace(plan, zero_stage=0, dp_impl="megatron"),
                           SimulationOptions(timeline=True))
-    compute = {(e["category"], e["name"]): e["end_s"] - e["start_s"] for e in replicated.timeline
-               if e["rank"] == 0 and e["thread"] == "compute" and e["category"] in ("F", "B")}
+    compute = {(e.category, e.name): e.end_s - e.start_s for e in replicated.timeline
+               if e.rank == 0 and e.thread == "compute" and e.category in ("F", "B")}
     units = data_parallel_units(plan, model.num_layers)
     (stage,) = Simulator(model, cluster).work(plan)[2]
     weights = r.extra.params_per_device_by_rank[0] * DTYPE_BYTES[plan.precision]
@@ -204,27 +204,27 @@ def test_zero3_gathers_each_module_ahead_of_its_compute(nic_gbps: float) -> None
     grads = r.extra.params_per_device_by_rank[0] * (DTYPE_BYTES[plan.precision] + GRAD_BYTES[plan.precision])
     copy_in = grads / GpuComputeModel(get_device(cluster.gpu)).kernel_params(plan.precision).bandwidth_Bps
     assert stage.reduce_copy_s == pytest.approx(copy_in, rel=1e-12) and copy_in > 0
-    actions = [e for e in tl if e["thread"] == "compute" and e["category"] in ("F", "B")]
-    gathers = [e for e in tl if e["name"].startswith("param-gather stage")]
+    actions = [e for e in tl if e.thread == "compute" and e.category in ("F", "B")]
+    gathers = [e for e in tl if e.name.startswith("param-gather stage")]
     assert len(gathers) == 2 * plan.num_microbatches * units and len(actions) == 2 * plan.num_microbatches
     for a in actions:
-        mine = [g for g in gathers if a["start_s"] - 1e-12 <= g["end_s"] and g["start_s"] <= a["end_s"] + 1e-12
-                and not (g["name"].endswith(" unit 0") and g["end_s"] > a["start_s"] + 1e-12)]
-        first = [g for g in mine if g["name"].endswith(" unit 0")]
-        rest = [g for g in mine if not g["name"].endswith(" unit 0")]
+        mine = [g for g in gathers if a.start_s - 1e-12 <= g.end_s and g.start_s <= a.end_s + 1e-12
+                and not (g.name.endswith(" unit 0") and g.end_s > a.start_s + 1e-12)]
+        first = [g for g in mine if g.name.endswith(" unit 0")]
+        rest = [g for g in mine if not g.name.endswith(" unit 0")]
         assert len(rest) == units - 1, (a, mine)
-        assert all(g["start_s"] >= a["start_s"] - 1e-12 for g in rest)  # under the action
+        assert all(g.start_s >= a.start_s - 1e-12 for g in rest)  # under the action
         if first:
-            assert first[0]["end_s"] <= a["start_s"] + 1e-12  # the first one before it
-        assert a["end_s"] >= max(g["end_s"] for g in rest) - 1e-12
+            assert first[0].end_s <= a.start_s + 1e-12  # the first one before it
+        assert a.end_s >= max(g.end_s for g in rest) - 1e-12
         # Its compute alone: the same action under in-place replication (nothing gathered or copied).
-        c = compute[(a["category"], a["name"])] + copy + (copy_in if a["category"] == "B" else 0.0)
-        last = max(g["end_s"] for g in rest)
-        assert a["end_s"] == pytest.approx(max(a["start_s"] + c, last + c / units), rel=1e-9, abs=1e-12)
+        c = compute[(a.category, a.name)] + copy + (copy_in if a.category == "B" else 0.0)
+        last = max(g.end_s for g in rest)
+        assert a.end_s == pytest.approx(max(a.start_s + c, last + c / units), rel=1e-9, abs=1e-12)
         if nic_gbps > 100:
-            assert a["end_s"] - a["start_s"] == pytest.approx(c, rel=1e-9)  # every later gather hidden
+            assert a.end_s - a.start_s == pytest.approx(c, rel=1e-9)  # every later gather hidden
         else:
-            assert a["end_s"] == pytest.approx(last + c / units, rel=1e-9)  # the gathers set its length
+            assert a.end_s == pytest.approx(last + c / units, rel=1e-9)  # the gathers set its length
 
 
 @pytest.mark.parametrize(("zero", "pp", "dp", "precision", "impl", "copies"), [
@@ -271,8 +271,8 @@ def test_a_step_copies_once_where_the_weights_stay_gathered(pp: int) -> None:
     stages = Simulator(model, cluster).work(plan)[2]
 
     def actions(r: Any) -> list[tuple[str, str, float]]:
-        return [(e["category"], e["name"], e["end_s"] - e["start_s"]) for e in r.timeline
-                if e["thread"] == "compute" and e["category"] in ("F", "B") and e["rank"] == 0]
+        return [(e.category, e.name, e.end_s - e.start_s) for e in r.timeline
+                if e.thread == "compute" and e.category in ("F", "B") and e.rank == 0]
 
     mine, theirs = actions(fsdp), actions(megatron)
     assert [a[:2] for a in mine] == [a[:2] for a in theirs] and len(mine) == 2 * plan.num_microbatches
@@ -280,12 +280,12 @@ def test_a_step_copies_once_where_the_weights_stay_gathered(pp: int) -> None:
     first_f = next(i for i, a in enumerate(mine) if a[0] == "F")
     assert extra[first_f] == pytest.approx(stages[0].gather_copy_s, rel=1e-9) and stages[0].gather_copy_s > 0
     assert all(abs(x) < 1e-12 for i, x in enumerate(extra) if i != first_f)
-    (copy,) = [e for e in fsdp.timeline if e["rank"] == 0 and e["category"] == "copy"]
-    assert copy["thread"] == "compute" and stages[0].reduce_copy_s > 0
-    assert copy["end_s"] - copy["start_s"] == pytest.approx(stages[0].reduce_copy_s, rel=1e-9)
-    last = max(e["end_s"] for e in fsdp.timeline if e["rank"] == 0 and e["category"] == "B")
-    assert copy["start_s"] >= last - 1e-12
-    assert not [e for e in megatron.timeline if e["category"] == "copy"]
+    (copy,) = [e for e in fsdp.timeline if e.rank == 0 and e.category == "copy"]
+    assert copy.thread == "compute" and stages[0].reduce_copy_s > 0
+    assert copy.end_s - copy.start_s == pytest.approx(stages[0].reduce_copy_s, rel=1e-9)
+    last = max(e.end_s for e in fsdp.timeline if e.rank == 0 and e.category == "B")
+    assert copy.start_s >= last - 1e-12
+    assert not [e for e in megatron.timeline if e.category == "copy"]
     assert fsdp.iteration_time_s > megatron.iteration_time_s
 
 
@@ -301,12 +301,12 @@ def test_zero12_gathers_before_the_first_forward_under_fsdp2(zero: int, pp: int)
         p = dataclasses.replace(plan, dp_impl=impl)
         assert gathers_before_forward(p) == (impl == "fsdp2")
         r = simulate(model, cluster, p, SimulationOptions(timeline=True))
-        tl = [e for e in r.timeline if e["rank"] == 0]
-        first_f = min(e["start_s"] for e in tl if e["category"] == "F")
-        last_b = max(e["end_s"] for e in tl if e["category"] == "B")
-        before = [e for e in tl if e["name"].startswith("param-gather stage") and e["start_s"] <= first_f + 1e-12]
-        after = [e for e in tl if e["name"].startswith("param-gather bucket")]
+        tl = [e for e in r.timeline if e.rank == 0]
+        first_f = min(e.start_s for e in tl if e.category == "F")
+        last_b = max(e.end_s for e in tl if e.category == "B")
+        before = [e for e in tl if e.name.startswith("param-gather stage") and e.start_s <= first_f + 1e-12]
+        after = [e for e in tl if e.name.startswith("param-gather bucket")]
         if impl == "fsdp2":
             assert before and not after
         else:
-            assert not before and after and all(e["start_s"] >= last_b - 1e-12 for e in after)
+            assert not before and after and all(e.start_s >= last_b - 1e-12 for e in after)

@@ -148,10 +148,10 @@ def timeline_digest(case: Case) -> dict[str, list[float]]:
                  SimulationOptions(timeline=True, **case.options))
     out: dict[str, list[float]] = {}
     for e in r.timeline or []:
-        d = out.setdefault(e["category"], [0, 0.0, 0.0])
+        d = out.setdefault(e.category, [0, 0.0, 0.0])
         d[0] += 1
-        d[1] += e["end_s"] - e["start_s"]
-        d[2] += e["start_s"]
+        d[1] += e.end_s - e.start_s
+        d[2] += e.start_s
     return out
 
 
@@ -399,9 +399,9 @@ def test_overhead_is_spent_between_actions() -> None:
                  SimulationOptions(timeline=True, **case.options))
     events = r.timeline or []
     for rank in (0, 1):
-        mine = sorted((e for e in events if e["rank"] == rank and e["thread"] == "compute"), key=lambda e: e["start_s"])
-        overhead = [e for e in mine if e["category"] == "overhead"]
-        actions = [e for e in mine if e["category"] in ("F", "B", "I", "W")]
+        mine = sorted((e for e in events if e.rank == rank and e.thread == "compute"), key=lambda e: e.start_s)
+        overhead = [e for e in mine if e.category == "overhead"]
+        actions = [e for e in mine if e.category in ("F", "B", "I", "W")]
         assert len(overhead) == len(actions) + 1
-        assert sum(e["end_s"] - e["start_s"] for e in overhead) == pytest.approx(case.options["step_overhead_s"])
-        assert mine[0]["category"] == "overhead" and mine[-1]["category"] == "overhead"
+        assert sum(e.end_s - e.start_s for e in overhead) == pytest.approx(case.options["step_overhead_s"])
+        assert mine[0].category == "overhead" and mine[-1].category == "overhead"

@@ -35,19 +35,19 @@ def test_each_rank_reduces_its_stages_norms_once_before_its_step():
     model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
     base = {"tp": 4, "pp": 2, "micro_batch_size": 1, "global_batch_size": 8, "schedule": "1f1b"}
     sp = simulate(model, cluster, Plan(**base, sequence_parallel=True), SimulationOptions(timeline=True))
-    events = [e for e in sp.timeline if e["name"] == "norm gradients all-reduce"]
-    assert sorted(e["rank"] for e in events) == [0, 1] and all(e["category"] == "tp" for e in events)
+    events = [e for e in sp.timeline if e.name == "norm gradients all-reduce"]
+    assert sorted(e.rank for e in events) == [0, 1] and all(e.category == "tp" for e in events)
     for e in events:
-        mine = [x for x in sp.timeline if x["rank"] == e["rank"]]
-        last_backward = max(x["end_s"] for x in mine if x["category"] in ("B", "W"))
-        optimizer = next(x for x in mine if x["name"] == "optimizer")
-        assert last_backward <= e["start_s"] < e["end_s"] <= optimizer["start_s"]
+        mine = [x for x in sp.timeline if x.rank == e.rank]
+        last_backward = max(x.end_s for x in mine if x.category in ("B", "W"))
+        optimizer = next(x for x in mine if x.name == "optimizer")
+        assert last_backward <= e.start_s < e.end_s <= optimizer.start_s
     plain = simulate(model, cluster, Plan(**base), SimulationOptions(timeline=True))
-    assert not [e for e in plain.timeline if e["name"] == "norm gradients all-reduce"]
+    assert not [e for e in plain.timeline if e.name == "norm gradients all-reduce"]
     # Interleaved: two stages per rank, each reduced in its own message (as the executor does).
     inter = simulate(model, cluster, Plan(**{**base, "schedule": "interleaved_1f1b", "virtual_stages": 2},
                                           sequence_parallel=True), SimulationOptions(timeline=True))
-    assert sorted(e["rank"] for e in inter.timeline if e["name"] == "norm gradients all-reduce") == [0, 1]
+    assert sorted(e.rank for e in inter.timeline if e.name == "norm gradients all-reduce") == [0, 1]
     plan = Plan(**{**base, "schedule": "interleaved_1f1b", "virtual_stages": 2}, sequence_parallel=True)
     device = get_device(cluster.gpu)
     owner = stage_to_rank(plan)

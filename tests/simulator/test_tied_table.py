@@ -54,18 +54,18 @@ def test_the_two_ranks_exchange_their_shards_before_the_step(kw: dict, ranks: se
     plan = _plan(**kw)
     tied = Simulator(TIED, CLUSTER).run(plan, timeline=True)
     untied = Simulator(UNTIED, CLUSTER).run(plan)
-    events = [e for e in tied.timeline or [] if e["name"] == "tied table all-reduce"]
-    assert {e["rank"] for e in events} == ranks
-    exchange = max(e["end_s"] - e["start_s"] for e in events)
+    events = [e for e in tied.timeline or [] if e.name == "tied table all-reduce"]
+    assert {e.rank for e in events} == ranks
+    exchange = max(e.end_s - e.start_s for e in events)
     # A ZeRO-1 shard of the fp32 gradient of the 128256 × 3072 table, over NVLink: milliseconds.
     assert 1e-4 < exchange < 0.05
-    opt = [e for e in tied.timeline or [] if e["name"] == "optimizer" and e["rank"] in ranks]
-    assert all(o["start_s"] >= max(e["end_s"] for e in events) - 1e-12 for o in opt)
+    opt = [e for e in tied.timeline or [] if e.name == "optimizer" and e.rank in ranks]
+    assert all(o.start_s >= max(e.end_s for e in events) - 1e-12 for o in opt)
     assert untied.iteration_time_s < tied.iteration_time_s <= untied.iteration_time_s + exchange * (1 + 1e-3)
 
 
 def test_one_rank_holding_both_stages_exchanges_nothing() -> None:
     plan = _plan(dp=8, pp=2, schedule="zbv", virtual_stages=2)
     res = Simulator(TIED, CLUSTER).run(plan, timeline=True)
-    assert not [e for e in res.timeline or [] if e["name"] == "tied table all-reduce"]
+    assert not [e for e in res.timeline or [] if e.name == "tied table all-reduce"]
     assert res.iteration_time_s == Simulator(UNTIED, CLUSTER).run(plan).iteration_time_s
