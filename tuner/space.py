@@ -372,16 +372,18 @@ class SearchSpace:
         fused_choices = self.choices("fused_head_loss", [False])
         return flash_choices, chunk_choices, fused_choices
 
+    def values(self, key: str) -> list[Any]:
+        """The values ``key`` takes over the points, in first-seen order."""
+        seen: list[Any] = []
+        for p in self.points:
+            if p[key] not in seen:
+                seen.append(p[key])
+        return seen
+
     def describe(self) -> dict[str, Any]:
         """JSON summary of the space: size, rejected counts, per-key value sets, what-if knobs searched."""
-        values: dict[str, list[Any]] = {}
         keys = (*POINT_KEYS, *SUPERNET_POINT_KEYS) if isinstance(self.model, Supernet) else POINT_KEYS
-        for key in keys:
-            seen: list[Any] = []
-            for p in self.points:
-                if p[key] not in seen:
-                    seen.append(p[key])
-            values[key] = seen
+        values = {key: self.values(key) for key in keys}
         return {"size": self.size, "rejected": self.rejected_total,
                 "rejected_by_rule": {rule.value: n for rule, n in self.rejected.most_common()},
                 "values": values, "what_if": list(self.what_if), "search": list(self.search)}

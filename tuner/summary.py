@@ -167,7 +167,7 @@ def _supernet(space: SearchSpace, plan: Plan | None) -> SupernetSummary | None:
         return None
     equivalent = equivalent_to_sequential({"subnet_schedule": plan.subnet_schedule or "csp"}) if plan else None
     return SupernetSummary(space.model.label, plan.global_batch_size if plan is not None else None,
-                           space.describe()["values"].get("subnet_schedule", []), equivalent)
+                           space.values("subnet_schedule"), equivalent)
 
 
 def build_summary(result: SweepResult, objective: Objective, space: SearchSpace, out: Path, pareto_count: int,

@@ -337,8 +337,9 @@ def _objective(args: argparse.Namespace, model: Model | Supernet,
     else:
         critical = critical_batch_for(args.critical_batch, calibration, model,
                                       needed=needs_critical_batch(args.objective, constraints))
+    parts = tune_target.objective_parts(args, critical.value)
     objective = Objective(args.objective, critical.value, constraints, shift=_timeshift(args),
-                          supernet=isinstance(model, Supernet), **tune_target.objective_parts(args, critical.value))
+                          supernet=isinstance(model, Supernet), target=parts.target, placement=parts.placement)
     return objective, critical
 
 

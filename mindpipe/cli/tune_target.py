@@ -8,6 +8,7 @@ The objective and the front live in :mod:`mindpipe.tuner.target` and
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mindpipe.cli import loaders
@@ -16,6 +17,7 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 
 if TYPE_CHECKING:
+    from mindpipe.tuner.target import Placement, TrainingTarget
     from mindpipe.tuner.target_front import TargetChoice
 
 OBJECTIVE = "carbon_to_target"
@@ -36,8 +38,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="best plans of the search to try clocks and start times on (default 3)")
 
 
-def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> dict[str, Any]:
-    """``target`` and ``placement`` keyword arguments for :class:`~mindpipe.tuner.objectives.Objective`.
+@dataclass(frozen=True)
+class TargetParts:
+    """The ``target`` and ``placement`` of :class:`~mindpipe.tuner.objectives.Objective` (None for
+    other objectives, and ``placement`` None without ``--carbon-csv``)."""
+
+    target: TrainingTarget | None = None
+    placement: Placement | None = None
+
+
+def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> TargetParts:
+    """The target and placement of ``--objective carbon_to_target`` from its flags.
 
     ``noise_scale`` is the critical batch :func:`mindpipe.tuner.objectives.critical_batch_for`
     found: ``--critical-batch``, else the gradient noise scale a ``--calibration`` file carries.
@@ -53,7 +64,7 @@ def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> dict
         if args.target_samples is not None or args.target_batch is not None:
             flag = "--target-samples" if args.target_samples is not None else "--target-batch"
             raise ContractError(flag, None, f"{flag} needs --objective {OBJECTIVE}, not {args.objective}")
-        return {}
+        return TargetParts()
     if args.target_samples is None:
         raise ContractError("--target-samples", None, f"--objective {OBJECTIVE} needs --target-samples N")
     if noise_scale is None:
@@ -74,7 +85,7 @@ def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> dict
     elif args.interruptible:
         raise ContractError("--interruptible", None, "--interruptible places the job in --carbon-csv's series; "
                                                      "give --carbon-csv and --window")
-    return {"target": target, "placement": placement}
+    return TargetParts(target, placement)
 
 
 def front_config(args: argparse.Namespace) -> Any:
@@ -107,4 +118,4 @@ def format_lines(choice: TargetChoice) -> list[str]:
     ]
 
 
-__all__ = ["OBJECTIVE", "add_arguments", "format_lines", "front_config", "objective_parts"]
+__all__ = ["OBJECTIVE", "TargetParts", "add_arguments", "format_lines", "front_config", "objective_parts"]
