@@ -55,11 +55,10 @@ from mindpipe.executor.offload import is_weight
 from mindpipe.executor.offload import local_tensor as _local
 from mindpipe.executor.torch_pipelining import around_metadata_inference
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.result import GIB
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.utils._python_dispatch import TorchDispatchMode
-
-GIB = 2**30
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,4 +498,4 @@ class MemoryAccount:
         return contextlib.nullcontext(), _RecomputeOutputs(self)
 
 
-__all__ = ["GIB", "MemoryAccount", "MemoryTerms", "fsdp_param_groups"]
+__all__ = ["MemoryAccount", "MemoryTerms", "fsdp_param_groups"]

@@ -32,9 +32,9 @@ from mindpipe.traces.config import Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import check_stage_clocks
 from mindpipe.traces.layout import WHOLE_BLOCK_ONLY, block_policies, stage_layout
+from mindpipe.traces.result import GIB
 from mindpipe.traces.what_if import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
 
-GIB = 2**30
 # torch.distributed.pipelining class per schedule name of the plan (torch 2.13 names).
 TORCH_SCHEDULES = {
     "gpipe": "GPipe",

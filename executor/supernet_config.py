@@ -31,6 +31,7 @@ from mindpipe.traces.config import Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer
 from mindpipe.traces.reading import CONFIG
+from mindpipe.traces.result import GIB
 from mindpipe.traces.schema import from_dict, read_json, write_json
 from mindpipe.traces.supernet import (
     Supernet,
@@ -43,7 +44,6 @@ from mindpipe.traces.supernet import (
 
 CONTEXT_SWITCH = ("auto", "on", "off")
 MODEL_STATE_BYTES_PER_PARAM = 16  # fp32 weight + gradient + AdamW's two moments
-GIB = 1 << 30
 
 
 @dataclass

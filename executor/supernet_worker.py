@@ -30,7 +30,7 @@ from mindpipe.executor.distributed import build_mesh, coordinates, host_name, in
 from mindpipe.executor.measure import cpu_seconds
 from mindpipe.executor.payload import Coords, Spans
 from mindpipe.executor.rundir import ProgressReporter, record_error, record_finished
-from mindpipe.executor.supernet_config import GIB, SupernetRunConfig
+from mindpipe.executor.supernet_config import SupernetRunConfig
 from mindpipe.executor.supernet_repartition import exchange, next_partition, segment_compute_s
 from mindpipe.executor.supernet_stage import StageLinks, StageRunner, make_optimizer
 from mindpipe.executor.supernet_switch import ContextSwitcher
@@ -38,6 +38,7 @@ from mindpipe.executor.worker import _fault
 from mindpipe.simulator.subnet_schedules import build_subnet_schedule, csp_violations
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.measured import SubnetSegment
+from mindpipe.traces.result import GIB
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.supernet import sample_subnets, subnet_stage_operators, supernet_stage_layers
 from mindpipe.traces.torch_supernet import SupernetStage, synthetic_tokens

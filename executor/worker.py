@@ -27,7 +27,7 @@ from mindpipe.executor.data import TokenSource
 from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
 from mindpipe.executor.fp8 import convert_to_fp8
 from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory, stage_memory
-from mindpipe.executor.memory_account import GIB, MemoryAccount
+from mindpipe.executor.memory_account import MemoryAccount
 from mindpipe.executor.noise_probe import NoiseProbe, noise_method
 from mindpipe.executor.offload import HostPool
 from mindpipe.executor.parallelize import parallelize_stage
@@ -42,6 +42,7 @@ from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_wa
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import block_policies, data_parallel_units, one_weight_pass, stage_layout
 from mindpipe.traces.noise_scale import NoiseEmaState
+from mindpipe.traces.result import GIB
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.torch_context_parallel import ContextShard
 from mindpipe.traces.torch_gpt import VocabShard

@@ -104,8 +104,8 @@ from mindpipe.traces.layout import (
     stage_layout,
     weight_groups,
 )
+from mindpipe.traces.result import GIB, StageMemoryParts
 
-GIB = 2**30
 # Bool dropout mask of CUDA's fused dropout (Korthikanti et al. §4.1 count 1 byte per element).
 GPU_MASK_BYTES = 1
 # Embedding backward needs the token ids: int64 (Megatron's calculator counts 8·s·b per micro-batch).
@@ -347,11 +347,10 @@ def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
 
 
 @dataclass(frozen=True)
-class RankMemory:
+class RankMemory(StageMemoryParts):
     """Peak device memory of one pipeline rank, in bytes.
 
     Attributes:
-        rank: Pipeline rank.
         weights_bytes, gradients_bytes, optimizer_bytes: Model states after ZeRO sharding.
         activations_bytes: Peak over the schedule of the activations held for backward (blocks,
             embedding and head extras), weighted per stage.
@@ -359,24 +358,14 @@ class RankMemory:
             recomputed or swapped back (less what the backward freed before it,
             ``StageMemoryModel.redone_bytes``), ZeRO-3's gathered weights, and the reserved bytes.
         total_bytes: Sum of the above.
+        rank: Pipeline rank.
         capacity_bytes: The device's memory.
         fits: ``total_bytes <= capacity_bytes``.
     """
 
     rank: int
-    weights_bytes: float
-    gradients_bytes: float
-    optimizer_bytes: float
-    activations_bytes: float
-    other_bytes: float
-    total_bytes: float
     capacity_bytes: float
     fits: bool
-
-    @property
-    def total_gib(self) -> float:
-        """Total in GiB."""
-        return self.total_bytes / GIB
 
     def gib(self) -> dict[str, float]:
         """Every ``*_bytes`` field in GiB, keyed ``*_gib``."""
@@ -591,7 +580,8 @@ class StageMemoryModel:
         other = self.reserve + extra(redo)
         total = weights + grads + optim + acts + other
         cap = float(self.device.memory_capacity_bytes)
-        return RankMemory(rank, weights, grads, optim, acts, other, total, cap, total <= cap)
+        return RankMemory(weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=acts,
+                          other_bytes=other, total_bytes=total, rank=rank, capacity_bytes=cap, fits=total <= cap)
 
 
 def stage_memory(

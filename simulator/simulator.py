@@ -63,10 +63,9 @@ from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Cluster, Model, Plan, check_plan, stage_layers
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import flat_action_clocks, frequency_spec, has_frequency_data
-from mindpipe.traces.result import CalibrationUse, SimulationDetails, SimulationResult, StageMemoryParts
+from mindpipe.traces.result import GIB, CalibrationUse, SimulationDetails, SimulationResult
 from mindpipe.traces.trace import Trace
 
-GIB = 2**30
 # Plan fields that change per-layer costs (micro-batch shape, sharding, dtype, how K/V are exchanged);
 # the cost cache key. Every Plan field a compute model reads must be here, or one plan's costs are
 # served to another (tests/simulator/test_cost_cache_key.py checks it).
@@ -434,8 +433,7 @@ class Simulator:
             bytes_by_link_type=dict(res.bytes_by_link_type), device_energy_j=energy.device_energy_j,
             carbon_intensity_g_per_kwh=energy.intensity_g_per_kwh, carbon_intensity_source=energy.intensity_source,
             compute_model=type(compute).__name__,
-            memory_by_stage=[StageMemoryParts(rm.weights_bytes, rm.gradients_bytes, rm.optimizer_bytes,
-                                              rm.activations_bytes, rm.other_bytes, rm.total_bytes) for rm in mem],
+            memory_by_stage=[rm.parts() for rm in mem],
             precision_bytes=DTYPE_BYTES[plan.precision], warning=warning, stage_clocks_mhz=notes.stage_clocks_mhz,
             rank_busy_power_w=notes.rank_busy_power_w, stage_clocks_note=notes.stage_clocks_note,
             calibration=notes.calibration)

@@ -24,26 +24,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mindpipe.simulator.costs import DTYPE_BYTES
-from mindpipe.simulator.memory import GIB, GPU_RESERVED_BYTES, model_state_bytes
+from mindpipe.simulator.memory import GPU_RESERVED_BYTES, model_state_bytes
 from mindpipe.simulator.subnet_costs import SupernetCosts
 from mindpipe.simulator.subnet_schedules import SubnetSchedule
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Plan
+from mindpipe.traces.result import StageMemoryParts
 from mindpipe.traces.supernet import Choices
 
 
 @dataclass(frozen=True)
-class StageMemory:
+class StageMemory(StageMemoryParts):
     """Peak memory of one pipeline stage, in bytes.
 
     Attributes:
-        stage: Pipeline stage.
-        context_switching: Whether only resident subnets' candidates are on the device.
-        param_count: Parameters on the device at the peak.
         weights_bytes, gradients_bytes, optimizer_bytes: Model states at the peak.
         activations_bytes: Saved activations of the subnets in flight at the peak.
         other_bytes: Reserved framework memory.
         total_bytes: Sum of the above.
+        stage: Pipeline stage.
+        context_switching: Whether only resident subnets' candidates are on the device.
+        param_count: Parameters on the device at the peak.
         capacity_bytes: The device's memory (or the budget given).
         fits: ``total_bytes <= capacity_bytes``.
         in_flight_peak: Most subnets in flight on the stage at once.
@@ -52,20 +53,10 @@ class StageMemory:
     stage: int
     context_switching: bool
     param_count: int
-    weights_bytes: float
-    gradients_bytes: float
-    optimizer_bytes: float
-    activations_bytes: float
-    other_bytes: float
-    total_bytes: float
     capacity_bytes: float
     fits: bool
     in_flight_peak: int
 
-    @property
-    def total_gib(self) -> float:
-        """Total in GiB."""
-        return self.total_bytes / GIB
 
 
 def _states(shared: int, shared_trained: bool, trained: int, plan: Plan) -> tuple[float, float, float]:
@@ -132,8 +123,9 @@ def stage_memory(costs: SupernetCosts, plan: Plan, device: DeviceSpec, schedule:
             if total > best[0]:
                 best = (total, w_b, g_b, o_b, act, shared + trained)
         total, w_b, g_b, o_b, act, params = best
-        out.append(StageMemory(s, context_switching, int(params), w_b, g_b, o_b, act, other, total, cap,
-                               total <= cap, peak_flight))
+        out.append(StageMemory(weights_bytes=w_b, gradients_bytes=g_b, optimizer_bytes=o_b, activations_bytes=act,
+                               other_bytes=other, total_bytes=total, stage=s, context_switching=context_switching,
+                               param_count=int(params), capacity_bytes=cap, fits=total <= cap, in_flight_peak=peak_flight))
         first += n_layers
     return out
 

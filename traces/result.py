@@ -11,11 +11,14 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
 
 RESULT_FORMAT_VERSION = 1
+GIB = 2**30
+"""Bytes per GiB: the unit of every memory figure MindPipe prints (``memory_by_stage_gib``)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageMemoryParts:
-    """One pipeline rank's peak memory by part, in bytes (the simulator's memory model)."""
+    """One pipeline rank's peak memory by part, in bytes (the simulator's memory model; its records
+    of a rank or a supernet stage extend this one)."""
 
     weights_bytes: float
     gradients_bytes: float
@@ -23,6 +26,16 @@ class StageMemoryParts:
     activations_bytes: float
     other_bytes: float
     total_bytes: float
+
+    @property
+    def total_gib(self) -> float:
+        """Total in GiB."""
+        return self.total_bytes / GIB
+
+    def parts(self) -> StageMemoryParts:
+        """These six parts alone (the record ``SimulationResult.extra.memory_by_stage`` holds)."""
+        return StageMemoryParts(self.weights_bytes, self.gradients_bytes, self.optimizer_bytes, self.activations_bytes,
+                                self.other_bytes, self.total_bytes)
 
 
 @dataclass
