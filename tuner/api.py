@@ -30,6 +30,7 @@ from mindpipe.traces.builtin import load_cluster, load_network
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, MadeFor, Model
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.frequency import frequency_spec
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.trace import Trace
@@ -232,6 +233,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     obj = objective if isinstance(objective, Objective) else Objective(objective, supernet=supernet)
     if obj.supernet != supernet:
         obj = dataclasses.replace(obj, supernet=supernet)  # re-checked for the model's kind
+    if clocks != "default" and obj.target is None:  # refused before the sweep, not after it
+        frequency_spec(cluster.gpu, source="--clocks")
     if subnets is not None and not supernet:
         raise ContractError("--subnets", None, f"--subnets counts subnets of a supernet; {model.label} is a GPT model")
     cfg = config or SweepConfig()

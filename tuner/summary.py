@@ -10,6 +10,8 @@ JSON object; its keys are the ones the file has always had (README, "tune --json
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -146,8 +148,6 @@ class TuneSummary:
 
     def write(self) -> Path:
         """Write ``summary.json`` into :attr:`out` (atomically); its path."""
-        import json
-
         path = Path(self.out) / "summary.json"
         write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
         return path
@@ -155,8 +155,6 @@ class TuneSummary:
 
 def _finite(x: float | None) -> float | None:
     """JSON has no inf/NaN: they become null."""
-    import math
-
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return None
     return x

@@ -102,3 +102,12 @@ def test_tune_clocks_adds_stage_clocks_to_the_best_plan(tmp_path) -> None:
     assert json.loads((tmp_path / "clocks.json").read_text())["method"] == "envpipe"
     # summary.json is written once, after the clock step: it is what --json printed.
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
+
+
+def test_tune_clocks_on_a_device_without_frequency_data_is_refused_before_the_sweep(tmp_path) -> None:
+    p = _cli("tune", "--model", "gpt-mini", "--cluster", "cpu:1x2", "--budget", "2", "--clocks", "perseus",
+             "--out", str(tmp_path / "t"), "--quiet", "--no-plots")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--clocks: stage_clocks_mhz: no frequency data for 'cpu'" in lines[0]
+    assert not (tmp_path / "t" / "evaluations.csv").exists()  # nothing simulated before the refusal
