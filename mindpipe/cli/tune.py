@@ -207,8 +207,9 @@ def _format_timeshift(r: ShiftReport) -> list[str]:
 
 
 def _format(summary: TuneSummary) -> str:
-    info = summary.to_dict()
-    plan = info["best_plan"] or {}
+    from mindpipe.traces.schema import to_dict
+
+    plan = to_dict(summary.best_plan) if summary.best_plan is not None else {}
     keys: tuple[str, ...] = ("dp", "tp", "pp", "micro_batch_size", "global_batch_size", "schedule", "virtual_stages",
                              "recompute", "sequence_parallel", "zero_stage", "comm_priority", "overlap_grad_reduce",
                              "tp_comm_overlap", "overlap_param_gather", "flash_attention", "loss_chunks",
