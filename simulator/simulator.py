@@ -73,7 +73,6 @@ COST_FIELDS = ("tp", "cp", "micro_batch_size", "sequence_parallel", "precision",
                "loss_chunks", "fused_head_loss", "cp_comm_type", "fused_elementwise")
 
 
-
 @dataclass(frozen=True)
 class SimulationNotes:
     """What :meth:`Simulator.run` knows beside the engine's result: the clocks priced and each rank's
@@ -83,6 +82,7 @@ class SimulationNotes:
     rank_busy_power_w: list[float] | None
     stage_clocks_note: str | None
     calibration: CalibrationUse | None
+
 
 @dataclass
 class HostModel:
