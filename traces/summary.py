@@ -2,47 +2,83 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mindpipe.traces.trace import Trace
 
 
-def summarize(trace: Trace) -> dict[str, Any]:
+@dataclass
+class KindTotals:
+    """Records of one layer kind: how many, and their summed times and saved activations."""
+
+    count: int = 0
+    forward_s: float = 0.0
+    backward_input_s: float = 0.0
+    backward_weight_s: float = 0.0
+    activation_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """Totals of a trace by layer kind and overall, with what it was taken at (``inspect --json``).
+
+    ``step_forward_backward_s`` and ``layer_sum_over_step`` (per-layer sum ÷ the whole step timed
+    separately) are None when the trace has no step cross-check.
+    """
+
+    model: str | None
+    device: str
+    dtype: str
+    micro_batch_size: int | None
+    seq_len: int | None
+    tp: int
+    granularity: str
+    backward_split: str
+    num_records: int
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    forward_backward_s: float
+    activation_bytes: int
+    param_count: int
+    forward_flops: float
+    by_kind: dict[str, KindTotals]
+    provenance: dict[str, str | None] = field(default_factory=dict)
+    step_forward_backward_s: float | None = None
+    layer_sum_over_step: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``--json`` (the step keys only when the trace has a step cross-check)."""
+        out = asdict(self)
+        if self.layer_sum_over_step is None:
+            del out["step_forward_backward_s"], out["layer_sum_over_step"]
+        return out
+
+
+def summarize(trace: Trace) -> TraceSummary:
     """Totals by layer kind and for the whole trace, plus the step cross-check if present."""
-    kinds: dict[str, dict[str, float]] = {}
+    kinds: dict[str, KindTotals] = {}
     for r in trace.layers:
-        k = kinds.setdefault(
-            r.kind, {"count": 0, "forward_s": 0.0, "backward_input_s": 0.0, "backward_weight_s": 0.0, "activation_bytes": 0}
-        )
-        k["count"] += 1
-        k["forward_s"] += r.forward_s
-        k["backward_input_s"] += r.backward_input_s
-        k["backward_weight_s"] += r.backward_weight_s
-        k["activation_bytes"] += r.activation_bytes or 0
-    out: dict[str, Any] = {
-        "model": trace.model.label if trace.model else trace.model_name,
-        "device": trace.device,
-        "dtype": trace.dtype,
-        "micro_batch_size": trace.micro_batch_size,
-        "seq_len": trace.seq_len,
-        "tp": trace.tp,
-        "granularity": trace.granularity,
-        "backward_split": trace.backward_split,
-        "num_records": len(trace.layers),
-        "forward_s": trace.total("forward_s"),
-        "backward_input_s": trace.total("backward_input_s"),
-        "backward_weight_s": trace.total("backward_weight_s"),
-        "forward_backward_s": trace.forward_backward_s,
-        "activation_bytes": int(trace.total("activation_bytes")),
-        "param_count": int(trace.total("param_count")),
-        "forward_flops": trace.total("forward_flops"),
-        "by_kind": kinds,
-        "provenance": {"tool": trace.provenance.tool, "date": trace.provenance.date, "torch_version": trace.provenance.torch_version},
-    }
-    if trace.step is not None and trace.step.forward_backward_s > 0:
-        out["step_forward_backward_s"] = trace.step.forward_backward_s
-        out["layer_sum_over_step"] = trace.forward_backward_s / trace.step.forward_backward_s
-    return out
+        k = kinds.setdefault(r.kind, KindTotals())
+        k.count += 1
+        k.forward_s += r.forward_s
+        k.backward_input_s += r.backward_input_s
+        k.backward_weight_s += r.backward_weight_s
+        k.activation_bytes += r.activation_bytes or 0
+    step = trace.step if trace.step is not None and trace.step.forward_backward_s > 0 else None
+    return TraceSummary(
+        model=trace.model.label if trace.model else trace.model_name, device=trace.device, dtype=trace.dtype,
+        micro_batch_size=trace.micro_batch_size, seq_len=trace.seq_len, tp=trace.tp, granularity=trace.granularity,
+        backward_split=trace.backward_split, num_records=len(trace.layers), forward_s=trace.total("forward_s"),
+        backward_input_s=trace.total("backward_input_s"), backward_weight_s=trace.total("backward_weight_s"),
+        forward_backward_s=trace.forward_backward_s, activation_bytes=int(trace.total("activation_bytes")),
+        param_count=int(trace.total("param_count")), forward_flops=trace.total("forward_flops"), by_kind=kinds,
+        provenance={"tool": trace.provenance.tool, "date": trace.provenance.date,
+                    "torch_version": trace.provenance.torch_version},
+        step_forward_backward_s=step.forward_backward_s if step is not None else None,
+        layer_sum_over_step=trace.forward_backward_s / step.forward_backward_s if step is not None else None,
+    )
 
 
 def _fmt_s(seconds: float) -> str:
@@ -64,8 +100,8 @@ def format_summary(trace: Trace, max_rows: int = 24) -> str:
     """A table of the trace's layers (first ``max_rows``) and its totals."""
     s = summarize(trace)
     lines = [
-        f"trace: {s['model']} on {s['device']} ({s['dtype']}), micro-batch {s['micro_batch_size']}, "
-        f"seq {s['seq_len']}, tp {s['tp']}, {s['num_records']} {s['granularity']} records "
+        f"trace: {s.model} on {s.device} ({s.dtype}), micro-batch {s.micro_batch_size}, "
+        f"seq {s.seq_len}, tp {s.tp}, {s.num_records} {s.granularity} records "
         f"[{trace.provenance.tool}, {trace.provenance.date}]",
         f"{'layer':28s} {'kind':14s} {'forward':>11s} {'bwd input':>11s} {'bwd weight':>11s} {'activations':>12s}",
     ]
@@ -78,13 +114,13 @@ def format_summary(trace: Trace, max_rows: int = 24) -> str:
     if len(trace.layers) > max_rows:
         lines.append(f"... {len(trace.layers) - max_rows} more records")
     lines.append(
-        f"{'total':43s} {_fmt_s(s['forward_s'])} {_fmt_s(s['backward_input_s'])} {_fmt_s(s['backward_weight_s'])} "
-        f"{_fmt_bytes(s['activation_bytes'])}"
+        f"{'total':43s} {_fmt_s(s.forward_s)} {_fmt_s(s.backward_input_s)} {_fmt_s(s.backward_weight_s)} "
+        f"{_fmt_bytes(s.activation_bytes)}"
     )
-    lines.append(f"sum of per-layer forward+backward: {_fmt_s(s['forward_backward_s']).strip()}")
-    if "layer_sum_over_step" in s:
+    lines.append(f"sum of per-layer forward+backward: {_fmt_s(s.forward_backward_s).strip()}")
+    if s.layer_sum_over_step is not None and s.step_forward_backward_s is not None:
         lines.append(
-            f"whole step measured separately:    {_fmt_s(s['step_forward_backward_s']).strip()} "
-            f"(per-layer sum / step = {s['layer_sum_over_step']:.3f})"
+            f"whole step measured separately:    {_fmt_s(s.step_forward_backward_s).strip()} "
+            f"(per-layer sum / step = {s.layer_sum_over_step:.3f})"
         )
     return "\n".join(lines)

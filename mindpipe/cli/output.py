@@ -78,7 +78,7 @@ def emit_trace(args: argparse.Namespace, trace: Trace, out: str | None) -> None:
         trace.save(out)
         stderr(f"wrote {out}")
     if getattr(args, "json", False):
-        payload: dict[str, Any] = summarize(trace)
+        payload = summarize(trace).to_dict()
         payload["out"] = out
         print_json(payload)
     else:
