@@ -144,21 +144,37 @@ class SegmentSteps:
 
 @dataclass(frozen=True)
 class ReferenceRun:
-    """The job as the reference plan would run it: contiguously from the window's start."""
+    """The job as the reference plan would run it: contiguously from the window's start.
 
-    iteration_time_s: float
-    power_w: float
-    job_hours: float
+    Attributes:
+        run: The reference plan's power and speed.
+        job_s: Seconds its job runs.
+        samples: Samples it trains.
+        intensity_g_per_kwh: Mean intensity over those seconds from the window's start.
+        plan_point: The sweep's point, when the reference is one of its plans.
+    """
+
+    run: PlanRun
+    job_s: float
     samples: float
     intensity_g_per_kwh: float
-    energy_kwh: float
-    plan_point: dict[str, Any] | None = None  # the sweep's point, when the reference is one of its plans
+    plan_point: dict[str, Any] | None = None
     what: str = "throughput-optimal plan of this sweep, run contiguously from the window start"
+
+    @property
+    def energy_kwh(self) -> float:
+        """Facility energy of the job."""
+        return self.run.power_w * self.job_s / J_PER_KWH
+
+    @property
+    def carbon_gco2(self) -> float:
+        """Emissions of the job."""
+        return self.energy_kwh * self.intensity_g_per_kwh
 
     def to_dict(self) -> dict[str, Any]:
         """The ``reference`` object of ``timeshift.json`` (``plan_point`` only when known)."""
-        out: dict[str, Any] = {"what": self.what, "iteration_time_s": self.iteration_time_s, "power_w": self.power_w,
-                               "job_hours": self.job_hours, "samples": self.samples,
+        out: dict[str, Any] = {"what": self.what, "iteration_time_s": self.run.iteration_time_s,
+                               "power_w": self.run.power_w, "job_hours": self.job_s / 3600, "samples": self.samples,
                                "intensity_g_per_kwh": self.intensity_g_per_kwh, "energy_kwh": self.energy_kwh}
         if self.plan_point is not None:
             out["plan_point"] = self.plan_point
@@ -172,22 +188,15 @@ class ShiftReport:
     Attributes:
         schedule: The chosen plan's cleanest schedule.
         steps: Its segments with the step to train until in each.
-        carbon_gco2, carbon_gco2_if_now: Emissions of the chosen schedule, and of the reference
-            plan run from the window's start.
-        carbon_saving_fraction: ``1 −`` the ratio of their gCO2 per sample.
-        samples, energy_kwh: What the chosen plan trains and draws over the job.
-        carbon_gco2_same_plan_if_now: The chosen plan run from the window's start.
+        run: The chosen plan's power and speed.
+        samples: What it trains over the job.
         reference: The reference run.
     """
 
     schedule: ShiftedSchedule
     steps: list[SegmentSteps]
-    carbon_gco2: float
-    carbon_gco2_if_now: float
-    carbon_saving_fraction: float
+    run: PlanRun
     samples: float
-    energy_kwh: float
-    carbon_gco2_same_plan_if_now: float
     reference: ReferenceRun
 
     @property
@@ -199,6 +208,32 @@ class ShiftReport:
     def job_hours(self) -> float:
         """Hours the job runs (waiting excluded)."""
         return self.schedule.job_s / 3600
+
+    @property
+    def carbon_gco2(self) -> float:
+        """Emissions of the chosen schedule."""
+        return self.schedule.carbon_gco2(self.run.power_w)
+
+    @property
+    def carbon_gco2_if_now(self) -> float:
+        """Emissions of the reference plan run from the window's start."""
+        return self.reference.carbon_gco2
+
+    @property
+    def carbon_gco2_same_plan_if_now(self) -> float:
+        """Emissions of the chosen plan run from the window's start."""
+        return self.schedule.carbon_if_now_gco2(self.run.power_w)
+
+    @property
+    def energy_kwh(self) -> float:
+        """Facility energy of the chosen plan's job."""
+        return self.run.power_w * self.schedule.job_s / J_PER_KWH
+
+    @property
+    def carbon_saving_fraction(self) -> float:
+        """``1 −`` (gCO2 per sample, chosen) ÷ (gCO2 per sample, reference); 0 for a clean reference."""
+        per_sample_now = self.carbon_gco2_if_now / self.reference.samples
+        return 0.0 if per_sample_now <= 0 else 1.0 - self.carbon_gco2 / self.samples / per_sample_now
 
     def to_dict(self) -> dict[str, Any]:
         """``timeshift.json``, and the summary's keys: ``start``, ``run_hours``, ``job_hours``, ``carbon_gco2``,
@@ -227,18 +262,11 @@ def _steps(shift: TimeShift, run: PlanRun, sched: ShiftedSchedule) -> list[Segme
 def shift_report(shift: TimeShift, best: PlanRun, reference: PlanRun) -> ShiftReport:
     """The chosen plan's schedule and carbon against the throughput-optimal plan started now."""
     sched = shift.schedule_for(best.iteration_time_s)
-    carbon = sched.carbon_gco2(best.power_w)
     ref_s = shift.job.seconds(reference.iteration_time_s)
-    ref_ci = shift.series.intensity_over(shift.window.start, ref_s)
-    carbon_now = reference.power_w * ref_s / J_PER_KWH * ref_ci
-    samples = shift.job.iterations_of(best.iteration_time_s) * best.global_batch
-    samples_now = shift.job.iterations_of(reference.iteration_time_s) * reference.global_batch
-    per_sample, per_sample_now = carbon / samples, carbon_now / samples_now
-    saving = 0.0 if per_sample_now <= 0 else 1.0 - per_sample / per_sample_now
-    return ShiftReport(sched, _steps(shift, best, sched), carbon, carbon_now, saving, samples,
-                       best.power_w * sched.job_s / J_PER_KWH, sched.carbon_if_now_gco2(best.power_w),
-                       ReferenceRun(reference.iteration_time_s, reference.power_w, ref_s / 3600, samples_now, ref_ci,
-                                    reference.power_w * ref_s / J_PER_KWH))
+    ref = ReferenceRun(reference, ref_s, shift.job.iterations_of(reference.iteration_time_s) * reference.global_batch,
+                       shift.series.intensity_over(shift.window.start, ref_s))
+    return ShiftReport(sched, _steps(shift, best, sched), best,
+                       shift.job.iterations_of(best.iteration_time_s) * best.global_batch, ref)
 
 
 def _run_of(rec: ScoredRecord) -> PlanRun | None:
