@@ -144,7 +144,9 @@ def to_target(target: TrainingTarget, global_batch: int, iteration_time_s: float
     kwh = iters * energy_j / J_PER_KWH
     if sched is not None:
         ci = sched.intensity_g_per_kwh
-        wait_h = ((sched.finish - sched.window.start).total_seconds() - compute_s) / 3600
+        # Datetimes hold whole microseconds: the segment ends are the job length rounded to one, so
+        # the difference is too (a job that starts at once waits 0 h, not a rounding residue).
+        wait_h = round((sched.finish - sched.window.start).total_seconds() - compute_s, 6) / 3600
     elif intensity_g_per_kwh is not None:
         ci, wait_h = intensity_g_per_kwh, 0.0
     else:

@@ -73,6 +73,20 @@ def test_cost_to_target_is_iterations_times_energy_times_intensity():
         assert placed.wait_hours == pytest.approx(13.0)
 
 
+
+def test_a_job_that_starts_at_once_waits_exactly_zero_hours():
+    # All hours clean: the job starts at the window's start. Its length (iterations × a non-round
+    # iteration time) is not a whole number of microseconds, which the segment ends round to.
+    t0 = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
+    flat = CarbonSeries(tuple(t0 + dt.timedelta(hours=h) for h in range(48)), (100.0,) * 48, source="test")
+    w = Window(t0, t0 + dt.timedelta(hours=12))
+    t = TrainingTarget(samples=3600.0, noise_scale=60.0)
+    for interruptible in (False, True):
+        cost = to_target(t, 60, 29.123456789, 3.6e6, intensity_g_per_kwh=100.0)
+        sched = Placement(flat, w, interruptible).schedule(cost.compute_hours * 3600)
+        placed = to_target(t, 60, 29.123456789, 3.6e6, sched=sched)
+        assert sched.start == t0 and placed.wait_hours == 0.0
+
 def _cand(name: str, it_s: float, energy_j: float, fastest: bool = False, clocks: str = "default") -> Candidate:
     plan = Plan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=60)
     return Candidate(plan, clocks, it_s, energy_j, 300.0, fastest, name)
