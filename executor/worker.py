@@ -184,6 +184,8 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
     rank = _build(cfg, device, pre)
     parts = rank.parts
     start = _resume(cfg, parts, rank.optimizers, rank.probe) if cfg.resume and cfg.checkpoint_dir else 0
+    if start:  # the restored optimizer state is resident from the first step on, before any step re-reads it
+        rank.memory.refresh_optimizer(rank.optimizers)
     if start >= cfg.steps:
         raise ContractError("--steps", None, f"the checkpoint is at step {start}; --steps {cfg.steps} leaves nothing to run")
     try:

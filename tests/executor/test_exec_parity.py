@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -128,6 +129,20 @@ def test_resume_continues_exactly(pp2_run, tmp_path):
 
     assert ema(resumed) == ema(full)[4:]
 
+
+
+def test_a_resumed_run_counts_the_restored_optimizer_state(pp2_run, tmp_path):
+    # One step after the resume: the restored Adam state is resident during that step's peak, as it
+    # is during every step after the first of an uninterrupted run, so the accounted peaks agree.
+    tmp, full = pp2_run
+    shutil.copytree(tmp / "ckpt", tmp_path / "ckpt")  # this run's own checkpoint at step 5 stays out of the fixture's
+    resumed = launched(tmp_path, PP2, 2, "--schedule-source", "torch", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                       "--resume-from", "4", "--steps", "5")
+    assert resumed.measurement.losses == full.measurement.losses[4:5]
+    for before, after in zip(full.measurement.ranks, resumed.measurement.ranks, strict=True):
+        assert before.memory is not None and after.memory is not None and before.memory.optimizer_bytes > 0
+        assert after.memory.optimizer_bytes == before.memory.optimizer_bytes
+        assert after.memory.accounted_peak_bytes == before.memory.accounted_peak_bytes
 
 def test_pp2_simulator_action_table_parity(tmp_path):
     from mindpipe.simulator.schedules import build_schedule
