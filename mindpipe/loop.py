@@ -28,6 +28,7 @@ goes under ``out``.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import sys
@@ -90,6 +91,17 @@ class LoopConfig:
         for key in ("ranks", "global_batch", "micro_batch", "profile_micro_batch", "rounds"):
             if getattr(self, key) < 1:
                 raise ContractError("demo", key, f"{key}={getattr(self, key)} must be >= 1")
+        # Every plan the loop will run is built now, so a batch that one of them cannot split is
+        # refused before anything is profiled, tuned or trained.
+        fixed = [*self.probes, *self.holdout]
+        multiple = math.lcm(self.micro_batch, *(p.micro_batch_size * p.dp * p.cp for p in fixed))
+        try:
+            self.default_plan()
+            for p in fixed:
+                self.at_batch(p)
+        except ContractError as e:
+            raise ContractError("--global-batch", None, f"{self.global_batch}: the demo's plans need a multiple of "
+                                                        f"{multiple} samples ({e.rule})") from None
 
     def at_batch(self, plan: Plan) -> Plan:
         """``plan`` at this loop's global batch (the others' plans are written for 8 samples)."""

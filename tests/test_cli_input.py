@@ -32,7 +32,10 @@ def _one_line(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str, 
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
-    (["demo", "--ranks", "2", "--steps", "0"], "demo: argument --steps: '0' is not a whole number in [2, 1,000]"),
+    (["demo", "--ranks", "2", "--steps", "0"], "demo: argument --steps: '0' is not a whole number in [3, 1,000]"),
+    # two steps would leave only the warm-up and the profiled step: nothing timed
+    (["demo", "--ranks", "2", "--steps", "2"], "demo: argument --steps: '2' is not a whole number in [3, 1,000]"),
+    (["demo", "--global-batch", "3"], "mindpipe: error: --global-batch: 3: the demo's plans need a multiple of 16 samples"),
     (["demo", "--ranks", "0"], "argument --ranks: '0' is not a whole number"),
     (["tune", "--model", "gpt-mini", "--cluster", "cpu:1x2", "--out", "x", "--budget", "10" * 20],
      "argument --budget"),

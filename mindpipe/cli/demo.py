@@ -27,9 +27,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=count(1, MAX_RANKS), default=2,
                    help=f"CPU ranks, 1 to {MAX_RANKS}; one per core is best (default 2)")
     p.add_argument("--global-batch", type=count(1, MAX_GLOBAL_BATCH), default=16,
-                   help=f"samples per iteration, 1 to {MAX_GLOBAL_BATCH} (default 16)")
-    p.add_argument("--steps", type=count(2, MAX_STEPS), default=8,
-                   help=f"training steps per run, 2 (one warm-up) to {MAX_STEPS} (default 8)")
+                   help=f"samples per iteration, a multiple of 16 (the calibration probes' dp 2 × micro-batch 8) up to "
+                        f"{MAX_GLOBAL_BATCH} (default 16)")
+    p.add_argument("--steps", type=count(3, MAX_STEPS), default=8,
+                   help=f"training steps per run, 3 (a warm-up, a timed and the profiled last step) to {MAX_STEPS} "
+                        "(default 8)")
     p.add_argument("--rounds", type=count(1, MAX_ROUNDS), default=3,
                    help=f"interleaved rounds of every measured plan, 1 to {MAX_ROUNDS} (default 3)")
     p.set_defaults(func=cmd_demo)
