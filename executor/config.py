@@ -87,6 +87,9 @@ class RunConfig:
         non_negative("weight_decay", self.weight_decay)
         for key in ("checkpoint_every", "warmup_steps", "profile_step"):
             integer(key, getattr(self, key), 0, "train_steps")
+        if self.profile_step > self.steps:
+            raise ContractError("", "profile_step", f"--profile-step {self.profile_step} is after the run's last step "
+                                                    f"(--steps {self.steps}): that step never runs")
         one_of("schedule_source", self.schedule_source, SCHEDULE_SOURCES)
         if self.memory_budget_gib is not None:
             positive("memory_budget_gib", self.memory_budget_gib)

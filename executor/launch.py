@@ -172,21 +172,25 @@ def _first_error(records: dict[int, rundir.RankError], output: Sequence[str], co
     return f"{runner} failed: {last.strip()[:300]}", EXIT_FAILED
 
 
-def check_checkpoint(cfg: RunConfig) -> None:
+def check_checkpoint(cfg: RunConfig) -> int:
     """Refuse an untrusted checkpoint directory, and verify a resumed checkpoint, before anything starts.
+
+    Returns the step the run resumes from (0: from the start).
 
     Raises:
         ContractError: see :func:`mindpipe.executor.checkpoint_trust.check_resume`; or the
             checkpoint is already at ``--steps``.
     """
     if not cfg.checkpoint_dir:
-        return
+        return 0
     if cfg.resume:
         step = check_resume(cfg.checkpoint_dir, to_dict(cfg.model), cfg.plan.tp, cfg.resume_from)
         if step >= cfg.steps:
             raise ContractError("--steps", None, f"the checkpoint is at step {step}; --steps {cfg.steps} leaves nothing to run")
-    elif os.path.lexists(cfg.checkpoint_dir):
+        return step
+    if os.path.lexists(cfg.checkpoint_dir):
         check_private_dir(cfg.checkpoint_dir)
+    return 0
 
 
 def _keep_log(log: Path, records: dict[int, rundir.RankError]) -> None:
@@ -293,8 +297,12 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
                     cfg.schedule_source, text_data=cfg.data != "synthetic", source=plan_source(args.plan),
                     ranks_per_device=int(args.nproc) if kind == "cpu" else 1, memory_check=memory_check,
                     memory_budget_gib=cfg.memory_budget_gib)
-    check_checkpoint(cfg)
-    for note in pre.notes:
+    start = check_checkpoint(cfg)
+    notes = list(pre.notes)
+    if 0 < cfg.steps - start <= cfg.warmup_steps:  # the worker then times every step (executor/worker.py _loop)
+        notes.append(f"--warmup-steps {cfg.warmup_steps} would leave none of the {cfg.steps - start} steps this run "
+                     "trains to time: every step is timed, the first one's start-up costs included")
+    for note in notes:
         print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
     return run_and_read(cfg, args, kind, run_timeout)
 

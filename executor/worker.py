@@ -275,7 +275,7 @@ def _loop(cfg: RunConfig, rank: _Rank, source: TokenSource, start: int, device: 
     """Train steps ``start + 1 .. cfg.steps``: one schedule step, the tied tables' sum and the optimizers each."""
     plan, coords, probe = cfg.plan, rank.coords, rank.probe
     energy = EnergyMeter(device)
-    # Aggregates leave out the warm-up steps, unless that would leave nothing.
+    # Aggregates leave out the warm-up steps, unless that would leave nothing (the launcher says so).
     first_measured = start + 1 + cfg.warmup_steps if cfg.steps - start > cfg.warmup_steps else start + 1
     losses: list[torch.Tensor | None] = []
     marks: dict[str, Any] = {}

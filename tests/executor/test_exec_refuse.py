@@ -113,3 +113,16 @@ def test_a_memory_refusal_suggests_swap_unless_the_plan_swaps():
     with pytest.raises(ContractError) as err:
         check_run(model, swapping, 2, "cpu", get_device("cpu"), memory_check=simulator_memory_check, memory_budget_gib=0.5)
     assert "needs an estimated" in err.value.rule and "swap" not in err.value.rule
+
+
+def test_a_warm_up_that_leaves_nothing_to_time_is_said(tmp_path):
+    # --warmup-steps 5 of a 2-step run: the run still times its steps, and says that it does so.
+    out = tmp_path / "m.json"
+    res = _run('{"global_batch_size": 2}', "--nproc", "1", "--warmup-steps", "5", "--out", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "mindpipe: note: --warmup-steps 5 would leave none of the 2 steps this run trains to time" in res.stderr
+    from mindpipe.traces.trace import Trace
+
+    assert Trace.load(out).measurement.warmup_steps == 0
+    quiet = _run('{"global_batch_size": 2}', "--nproc", "1", "--out", str(tmp_path / "q.json"))
+    assert quiet.returncode == 0 and "--warmup-steps" not in quiet.stderr

@@ -125,6 +125,10 @@ def test_run_config_roundtrip_and_rules(tmp_path):
         config_from_args(_args("{}", "--nproc", "1", "--steps", "1", "--resume"))
     with pytest.raises(ContractError, match=r"file not found \('synthetic' or a text file\)"):
         config_from_args(_args("{}", "--nproc", "1", "--steps", "1", "--data", str(tmp_path / "missing.txt")))
+    # A profiled step after the last one would never run: refused, not silently skipped.
+    with pytest.raises(ContractError, match=r"--profile-step 5 is after the run's last step \(--steps 2\)"):
+        config_from_args(_args("{}", "--nproc", "1", "--steps", "2", "--profile-step", "5"))
+    assert config_from_args(_args("{}", "--nproc", "1", "--steps", "2", "--profile-step", "2")).profile_step == 2
 
 
 def test_torchrun_command_single_node_and_rendezvous():
