@@ -18,6 +18,7 @@ from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.schema import write_json
 from mindpipe.traces.trace import Trace
+from mindpipe.traces.units import ENERGY_UNITS, scaled_unit
 from mindpipe.tuner.frequency import ClockPlan, plan_clocks
 
 
@@ -28,16 +29,18 @@ def plot_frontier(cp: ClockPlan, path: Path, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # the unit that puts the values between 1 and 1000 (kJ for a small model's iteration, MJ for a large one)
+    unit, per = scaled_unit([cp.baseline_energy_j, cp.energy_j, *(p.energy_j for p in cp.frontier)], ENERGY_UNITS)
     fig, ax = plt.subplots(figsize=(6, 4))
     if cp.frontier:
-        ax.plot([p.iteration_s for p in cp.frontier], [p.energy_j / 1e6 for p in cp.frontier], ".-",
+        ax.plot([p.iteration_s for p in cp.frontier], [p.energy_j / per for p in cp.frontier], ".-",
                 label="Perseus frontier (DAG)")
-    ax.plot([cp.baseline_s], [cp.baseline_energy_j / 1e6], "ks", label="default clocks")
-    ax.plot([cp.iteration_s], [cp.energy_j / 1e6], "r*", markersize=12,
+    ax.plot([cp.baseline_s], [cp.baseline_energy_j / per], "ks", label="default clocks")
+    ax.plot([cp.iteration_s], [cp.energy_j / per], "r*", markersize=12,
             label=f"{cp.method}: {cp.energy_saving:.1%} less energy, {cp.slowdown:+.2%} time")
     ax.axvline(cp.baseline_s * 1.01, color="grey", linestyle=":", label="+1 % time")
     ax.set_xlabel("iteration time (s)")
-    ax.set_ylabel("GPU energy per iteration (MJ)")
+    ax.set_ylabel(f"GPU energy per iteration ({unit})")
     ax.set_title(title or "per-stage SM clocks: time vs energy")
     ax.legend(fontsize=7)
     fig.tight_layout()

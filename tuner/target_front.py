@@ -37,6 +37,7 @@ from mindpipe.simulator.timeshift import Window, schedule
 from mindpipe.traces.atomic import open_output, save_figure, write_text
 from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.units import CARBON_UNITS, scaled_unit
 from mindpipe.tuner.frequency import plan_clocks
 from mindpipe.tuner.objectives import pareto_front
 from mindpipe.tuner.records import ScoredRecord
@@ -103,18 +104,26 @@ class FrontPoint:
         return self.cost.compute_hours + self.cost.wait_hours
 
     def row(self) -> dict[str, Any]:
-        """A flat CSV/JSON row."""
+        """A flat JSON row (``target.json``): ``stage_clocks_mhz`` a list of MHz or None (default clocks),
+        ``start`` None without an hourly series. :meth:`csv_row` is the same row for ``target_front.csv``."""
         c = self.candidate
+        clocks = c.plan.stage_clocks_mhz
         return {"plan": c.name, "clocks": c.clocks, "clock_slowdown_limit": c.slowdown_limit,
                 "throughput_optimal": c.throughput_optimal,
-                "stage_clocks_mhz": json.dumps(c.plan.stage_clocks_mhz) if c.plan.stage_clocks_mhz else "",
+                "stage_clocks_mhz": list(clocks) if clocks else None,
                 "global_batch_size": c.plan.global_batch_size, "iteration_time_s": c.iteration_time_s,
                 "energy_per_iteration_j": c.energy_j, "latest_start_hours": self.latest_start_hours,
-                "start": self.start or "", "iterations_to_target": self.cost.iterations,
+                "start": self.start, "iterations_to_target": self.cost.iterations,
                 "compute_hours": self.cost.compute_hours, "wait_hours": self.cost.wait_hours,
                 "hours_to_target": self.hours_to_target, "energy_kwh": self.cost.energy_kwh,
                 "intensity_g_per_kwh": self.cost.intensity_g_per_kwh, "carbon_gco2": self.cost.carbon_gco2,
                 "samples": self.cost.samples}
+
+    def csv_row(self) -> dict[str, Any]:
+        """:meth:`row` for a CSV cell each: the clocks as a JSON list in one cell, a missing value empty."""
+        row = self.row()
+        clocks = row["stage_clocks_mhz"]
+        return {**row, "stage_clocks_mhz": json.dumps(clocks) if clocks else "", "start": row["start"] or ""}
 
 
 def _label(plan: Plan) -> str:
@@ -255,18 +264,20 @@ def plot(points: Sequence[FrontPoint], fr: Sequence[FrontPoint], ref: FrontPoint
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # the unit that puts the values between 1 and 1000 (gCO2 of a small job, tCO2 of a large one)
+    unit, per = scaled_unit([p.cost.carbon_gco2 for p in points], CARBON_UNITS)
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for clocks, marker in (("default", "o"), ("perseus", "^"), ("envpipe", "s")):
         pts = [p for p in points if p.candidate.clocks == clocks]
         if pts:
-            ax.scatter([p.hours_to_target for p in pts], [p.cost.carbon_gco2 / 1e6 for p in pts], s=10,
+            ax.scatter([p.hours_to_target for p in pts], [p.cost.carbon_gco2 / per for p in pts], s=10,
                        marker=marker, alpha=0.35, label=f"{clocks} clocks")
-    ax.plot([p.hours_to_target for p in fr], [p.cost.carbon_gco2 / 1e6 for p in fr], "k.-", label="front")
-    ax.plot([ref.hours_to_target], [ref.cost.carbon_gco2 / 1e6], "rs", label="throughput-optimal, now")
-    ax.plot([chosen.hours_to_target], [chosen.cost.carbon_gco2 / 1e6], "g*", markersize=13,
+    ax.plot([p.hours_to_target for p in fr], [p.cost.carbon_gco2 / per for p in fr], "k.-", label="front")
+    ax.plot([ref.hours_to_target], [ref.cost.carbon_gco2 / per], "rs", label="throughput-optimal, now")
+    ax.plot([chosen.hours_to_target], [chosen.cost.carbon_gco2 / per], "g*", markersize=13,
             label=f"chosen: {saving(chosen, ref)['carbon_saving_fraction']:.1%} less gCO2")
     ax.set_xlabel("hours to target (computing + waiting)")
-    ax.set_ylabel("tCO2 to target")
+    ax.set_ylabel(f"{unit} to target")
     ax.set_title(title or "carbon to target: plans x clocks x start times", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -304,7 +315,7 @@ def run_front(sim: Simulator, records: Sequence[ScoredRecord], target: TrainingT
     ref = reference(points)
     best = choose(points, ref, cfg.max_time_increase)
     fr = front(points)
-    rows = [p.row() for p in points]
+    rows = [p.csv_row() for p in points]
     on_front = {id(p) for p in fr}
     for p, row in zip(points, rows, strict=True):
         row["on_front"] = id(p) in on_front

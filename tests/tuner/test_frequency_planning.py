@@ -12,8 +12,9 @@ import pytest
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_model
 from mindpipe.traces.config import Cluster, Plan
-from mindpipe.tuner.clock_dag import ClockDag
-from mindpipe.tuner.frequency import clock_grid, envpipe_clocks, pareto, perseus_frontier, plan_clocks
+from mindpipe.tuner import clock_step
+from mindpipe.tuner.clock_dag import ClockDag, DagPoint
+from mindpipe.tuner.frequency import ClockPlan, clock_grid, envpipe_clocks, pareto, perseus_frontier, plan_clocks
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +112,17 @@ def test_tune_clocks_on_a_device_without_frequency_data_is_refused_before_the_sw
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "--clocks: stage_clocks_mhz: no frequency data for 'cpu'" in lines[0]
     assert not (tmp_path / "t" / "evaluations.csv").exists()  # nothing simulated before the refusal
+
+
+@pytest.mark.parametrize(("energy_j", "unit"), [(1.5e3, "kJ"), (44e3, "kJ"), (2.2e6, "MJ"), (300.0, "J")])
+def test_the_clock_frontier_plot_labels_energy_in_the_unit_of_its_magnitude(monkeypatch, tmp_path, energy_j, unit):
+    plan = Plan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4, stage_clocks_mhz=[1410, 1290])
+    frontier = [DagPoint((1410, 1410), 1.0, energy_j), DagPoint((1410, 1290), 1.01, 0.97 * energy_j)]
+    cp = ClockPlan("perseus", plan, 1.0, energy_j, 1.01, 0.97 * energy_j, frontier)
+    drawn = {}
+    monkeypatch.setattr(clock_step, "save_figure", lambda fig, path: drawn.update(ax=fig.axes[0]))
+    clock_step.plot_frontier(cp, tmp_path / "clock_frontier.png")
+    ax = drawn["ax"]
+    assert ax.get_ylabel() == f"GPU energy per iteration ({unit})"
+    ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+    assert 1 <= max(ys) < 1000

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 import random
 
 import pytest
@@ -11,6 +13,7 @@ from mindpipe.simulator.energy import J_PER_KWH
 from mindpipe.simulator.timeshift import Window
 from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.tuner import target_front
 from mindpipe.tuner.objectives import statistical_efficiency
 from mindpipe.tuner.target import Placement, TrainingTarget, to_target
 from mindpipe.tuner.target_front import Candidate, FrontPoint, choose, front, place, reference
@@ -123,3 +126,38 @@ def test_reference_is_the_fastest_plan_now_and_the_choice_keeps_the_time_budget(
     assert choose(points, ref, 0.5).candidate.name == "slow"
     energy = 120 * 3.0e6 / J_PER_KWH
     assert best.cost.carbon_gco2 == pytest.approx(energy * (3600 * 100 + 36 * 400) / 3636, rel=1e-9)
+
+
+def _placed_with_clocks() -> tuple[list[FrontPoint], FrontPoint]:
+    w = Window(dt.datetime(2024, 6, 1, tzinfo=dt.UTC), dt.datetime(2024, 6, 2, tzinfo=dt.UTC))
+    clocked = Plan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=60, stage_clocks_mhz=[1410, 1290])
+    cands = [_cand("fast", 30.0, 3.6e6, fastest=True),
+             Candidate(clocked, "perseus", 30.3, 3.0e6, 300.0, True, "fast")]
+    points = place(cands, TrainingTarget(samples=3600.0, noise_scale=60.0), Placement(_series(), w, False))
+    return points, reference(points)
+
+
+def test_a_front_rows_clocks_are_a_json_list_of_mhz_and_a_csv_cell():
+    points, ref = _placed_with_clocks()
+    clocked = next(p for p in points if p.candidate.clocks == "perseus")
+    row = json.loads(json.dumps(clocked.row()))  # as target.json holds it
+    assert row["stage_clocks_mhz"] == [1410, 1290]
+    assert ref.row()["stage_clocks_mhz"] is None  # default clocks
+    assert clocked.csv_row()["stage_clocks_mhz"] == "[1410, 1290]" and ref.csv_row()["stage_clocks_mhz"] == ""
+    unplaced = place([ref.candidate], TrainingTarget(samples=3600.0, noise_scale=60.0), None)[0]
+    assert unplaced.row()["start"] is None and unplaced.csv_row()["start"] == ""
+
+
+@pytest.mark.parametrize(("scale", "unit"), [(1e-3, "gCO2"), (1.0, "kgCO2"), (1e3, "tCO2")])
+def test_the_front_plot_labels_gco2_in_the_unit_of_its_magnitude(monkeypatch, tmp_path, scale, unit):
+    points, ref = _placed_with_clocks()  # ~12 to 36 kgCO2 to target
+    points = [dataclasses.replace(p, cost=dataclasses.replace(p.cost, carbon_gco2=p.cost.carbon_gco2 * scale))
+              for p in points]
+    ref = reference(points)
+    drawn = {}
+    monkeypatch.setattr(target_front, "save_figure", lambda fig, path: drawn.update(ax=fig.axes[0]))
+    target_front.plot(points, front(points), ref, choose(points, ref, 0.03), tmp_path / "f.png")
+    ax = drawn["ax"]
+    assert ax.get_ylabel() == f"{unit} to target"
+    ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+    assert 1 <= max(ys) < 1000
