@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mindpipe.cli import loaders
+from mindpipe.cli.args import count
 from mindpipe.cli.output import check_outputs, print_json, stderr
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.limits import limit
 from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.what_if import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
@@ -44,7 +46,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--start", default=None, help="with --carbon-csv: UTC start time of the iteration (ISO format)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the simulation result) on stdout")
     sn = p.add_argument_group("supernets (--model names a supernet)")
-    sn.add_argument("--subnets", type=int, default=None, metavar="N",
+    sn.add_argument("--subnets", type=count(1, int(limit("train_steps"))), default=None, metavar="N",
                     help=f"subnets to simulate (default {DEFAULT_SUBNETS})")
     sn.add_argument("--no-context-switch", action="store_true",
                     help="keep every stage's whole slice of the supernet on the device (no context switching)")
@@ -114,7 +116,7 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if isinstance(net, Supernet):
         return _simulate_supernet(args, net)
     for key in SUPERNET_ONLY:
-        if getattr(args, key) not in (None, False):
+        if getattr(args, key) is not None and getattr(args, key) is not False:  # 0 is given too
             raise ContractError(f"--{key.replace('_', '-')}", None, "applies to supernets only; --model is a GPT model")
     model = net
     cluster = loaders.cluster(args.cluster)

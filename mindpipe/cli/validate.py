@@ -83,6 +83,9 @@ def _validate_vtrain(args: argparse.Namespace, calibration: Calibration | None) 
 
     if len(args.data) != 1:
         raise ContractError("--data", None, f"{args.dataset} takes one CSV file, got {len(args.data)}")
+    if args.report is not None:
+        raise ContractError("--report", None, f"--report writes the fidelity report of 'measured' runs; {args.dataset} "
+                                              "prints its tables (--json gives every row)")
     data = args.data[0]
     try:
         device = get_device(args.gpu)

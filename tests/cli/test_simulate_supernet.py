@@ -46,7 +46,7 @@ def test_summary():
 @pytest.mark.parametrize("extra,needle", [
     (("--plan", '{"pp":2,"tp":2}'), "tp=2"),
     (("--plan", '{"pp":2,"subnet_schedule":"pipedream"}'), "subnet_schedule"),
-    (("--plan", CSP, "--subnets", "0"), "subnets"),
+    (("--plan", CSP, "--subnets", "0"), "argument --subnets: '0' is not a whole number"),
     (("--plan", CSP, "--timeline", "t.json"), "--timeline"),
     (("--plan", CSP, "--memory-budget-gib", "-1"), "--memory-budget-gib"),
 ])
@@ -59,7 +59,10 @@ def test_bad_input_is_one_line_exit_2(extra, needle):
 
 def test_supernet_flags_refused_for_gpt():
     res = run("--model", "gpt-mini", "--cluster", "cpu:1x2", "--plan", '{"pp":2}', "--subnets", "10")
-    assert res.returncode == 2 and "--subnets" in res.stderr
+    assert res.returncode == 2 and "--subnets: applies to supernets only" in res.stderr
+    # a flag given as 0 or 0.0 is given too (it was taken for "not given": 0 == False)
+    res = run("--model", "gpt-mini", "--cluster", "cpu:1x2", "--plan", '{"pp":2}', "--memory-budget-gib", "0.0")
+    assert res.returncode == 2 and "--memory-budget-gib: applies to supernets only" in res.stderr
 
 
 def test_per_candidate_trace(tmp_path):

@@ -119,6 +119,16 @@ def test_cli_bad_csv_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert cap.out == "" and cap.err.count("\n") == 1 and "header" in cap.err
 
 
+
+def test_cli_report_is_refused_for_vtrain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --report writes only the measured runs' report: a vTrain run refuses it instead of ignoring it.
+    csv = tmp_path / "any.csv"
+    csv.write_text("x\n")
+    assert main(["validate", "vtrain-single", "--data", str(csv), "--report", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--report writes the fidelity report of 'measured' runs" in err
+    assert not (tmp_path / "rep").exists()
+
 @needs_data
 def test_cli_wrong_dataset_kind_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "vtrain-multi", "--data", str(_small_csv(tmp_path))]) == 2
