@@ -15,6 +15,7 @@ from mindpipe.cli.args import count, real, seed
 from mindpipe.cli.output import print_json, stderr
 from mindpipe.traces.limits import limit
 from mindpipe.traces.supernet import Supernet
+from mindpipe.traces.units import plural
 from mindpipe.traces.what_if import SEARCHED_WHAT_IF_KEYS, WHAT_IF_KEYS
 from mindpipe.tuner.objectives import OBJECTIVES
 from mindpipe.tuner.optimizers import OPTIMIZERS, SURROGATES
@@ -206,7 +207,27 @@ def _format_timeshift(r: ShiftReport) -> list[str]:
     ]
 
 
-def _format(summary: TuneSummary) -> str:
+def _outputs(summary: TuneSummary, plots: bool, shifted: bool) -> str:
+    """The files the sweep wrote (:func:`mindpipe.tuner.output.write_outputs`): a supernet has no carbon front."""
+    carbon_front = summary.supernet is None
+    files = [*(["best_plan.json"] if summary.best_plan is not None else []), "evaluations.csv/.parquet",
+             *(["pareto.csv"] if carbon_front else []),
+             *((["convergence.png"] + (["pareto.png"] if carbon_front else [])) if plots else []),
+             *(["timeshift.json"] if shifted else []), "summary.json"]
+    return f"outputs          {summary.out}/" + ", ".join(files)
+
+
+def _infeasible(summary: TuneSummary) -> str:
+    """Infeasible points: combinations the plan rules filtered, then evaluated plans per reason."""
+    by_reason = dict(summary.infeasible_by_reason)
+    rules = by_reason.pop("rules", 0)
+    reasons = (", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) if by_reason
+               else f"none of the {plural(summary.evaluated_points, 'evaluated plan')}")
+    return (f"infeasible       {summary.infeasible}: {plural(rules, 'combination')} filtered by the plan rules, "
+            f"{reasons}")
+
+
+def _format(summary: TuneSummary, plots: bool = True) -> str:
     from mindpipe.traces.schema import to_dict
 
     plan = to_dict(summary.best_plan) if summary.best_plan is not None else {}
@@ -220,9 +241,6 @@ def _format(summary: TuneSummary) -> str:
     if plan.get("cp", 1) != 1:  # context parallelism (--search cp), named only where a plan uses it
         keys = (*keys[:3], "cp", "cp_comm_type", *keys[3:])
     shown = ", ".join(f"{k}={plan.get(k)}" for k in keys if k in plan)
-    by_reason = dict(summary.infeasible_by_reason)
-    rules = by_reason.pop("rules", 0)
-    reasons = ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) or "none evaluated"
     searched, uses, pinned = summary.what_if.searched, summary.what_if.best_plan_uses, summary.what_if.pinned
     if not searched and not pinned:
         what_if = "none searched: every plan is one the executor runs"
@@ -257,12 +275,11 @@ def _format(summary: TuneSummary) -> str:
         f"simulations      {summary.evaluations} ({summary.evaluated_points} points considered, {summary.reused} "
         "from a previous run)",
         f"space            {summary.space_size} valid points",
-        f"infeasible       {summary.infeasible}: {rules} combinations filtered by the plan rules, {reasons}",
+        _infeasible(summary),
         *front,
         *shifted,
         *(tune_target.format_lines(summary.target) if summary.target is not None else []),
-        f"outputs          {summary.out}/best_plan.json, evaluations.csv/.parquet, pareto.csv, *.png"
-        + (", timeshift.json" if shifted else ""),
+        _outputs(summary, plots, bool(shifted)),
         *_clock_lines(summary.clocks),
     ])
 
@@ -291,7 +308,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.json:
         print_json(summary.to_dict())
     else:
-        print(_format(summary))
+        print(_format(summary, plots=not args.no_plots))
     sys.stdout.flush()
     return 0
 
@@ -349,12 +366,17 @@ def _search(args: argparse.Namespace, model: Model | Supernet, objective: Object
     """Run the sweep (with a progress bar unless ``--quiet``) and the clock step of ``--clocks``; the summary."""
     from mindpipe.tuner.api import tune
     from mindpipe.tuner.progress import ProgressBar
+    from mindpipe.tuner.store import CONFIG_NAME
     from mindpipe.tuner.sweep import SweepConfig
 
     to_target = args.objective == tune_target.OBJECTIVE
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size,
                       dask_timeout_s=args.dask_timeout)
+    if args.resume and not os.path.lexists(os.path.join(args.out, CONFIG_NAME)):
+        # Not an error: a sweep killed before its first evaluation stored nothing yet. Said, so that a
+        # mistyped --out does not pass for a resumed sweep.
+        stderr(f"mindpipe: note: --resume: {args.out} holds no sweep yet ({CONFIG_NAME}); starting a new one")
     bar = None if args.quiet else ProgressBar(f"tune {args.optimizer}", objective.unit)
     try:
         outcome = tune(model, args.cluster, out=args.out, objective=objective, global_batch=args.global_batch,

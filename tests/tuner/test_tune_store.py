@@ -114,6 +114,17 @@ def test_evaluations_without_sweep_json_are_refused(tmp_path):
             SweepStore(out, {"x": 1}, resume=resume)
 
 
+
+def test_resume_without_a_stored_sweep_says_it_starts_one(finished, tmp_path):
+    # A mistyped --out with --resume: the sweep runs (a sweep killed before its first evaluation
+    # stored nothing either), and says that nothing was resumed.
+    code, out, err = _cli("tune", *ARGS, "--out", str(tmp_path / "typo"), "--resume", "--json")
+    assert code == 0, err
+    assert f"mindpipe: note: --resume: {tmp_path / 'typo'} holds no sweep yet (sweep.json); starting a new one" in err
+    assert json.loads(out)["evaluations"] == 3
+    code, out, err = _cli("tune", *ARGS, "--out", str(_copy(finished, tmp_path / "copy")), "--resume", "--json")
+    assert code == 0 and "holds no sweep" not in err and json.loads(out)["reused"] == 3
+
 def test_out_that_is_a_file_is_refused(tmp_path):
     f = tmp_path / "afile"
     f.write_text("keep")
