@@ -305,8 +305,12 @@ class _Sweep:
 
 def no_plan_message(space: SearchSpace) -> str:
     """Why a space is empty: the rules that rejected its combinations, most frequent first."""
-    reasons = "; ".join(f"{rule.text} ({n}×)" for rule, n in space.rejected.most_common(5))
-    return (f"no feasible plan: all {space.rejected_total} combinations of the search space break a rule"
+    total = space.rejected_total
+    reasons = "; ".join(f"{rule.text}" + (f" ({n} of them)" if total > 1 else "")
+                        for rule, n in space.rejected.most_common(5))
+    every = f"all {total} combinations of the search space break a rule" if total != 1 else \
+        "the one combination of the search space breaks a rule"
+    return (f"no feasible plan on {space.cluster.world_size} devices: {every}"
             + (f" — {reasons}" if reasons else "") + ". Relax --fix or change --global-batch.")
 
 

@@ -287,6 +287,9 @@ def test_no_plan_passes_the_rules_exit_2(tmp_path):
     assert res.stdout == ""
     assert "no feasible plan" in res.stderr and "tp" in res.stderr and "Relax --fix" in res.stderr
     assert "Traceback" not in res.stderr
+    # The device count is said, and a rule's count is of combinations (not a device count in parentheses).
+    assert "no feasible plan on 8 devices: the one combination of the search space breaks a rule" in res.stderr
+    assert "×)" not in res.stderr
 
 
 def test_no_plan_fits_in_memory_exit_2(tmp_path, capsys):
@@ -393,3 +396,17 @@ def test_store_round_trips_typed_records(tmp_path):
     again = SweepStore(tmp_path, {"x": 1}, resume=True)
     again.close()
     assert [again.get(r.key) for r in recs] == recs
+
+
+def test_cli_text_lists_the_files_written_and_words_counts_of_one(tmp_path, capsys):
+    """--no-plots: no PNG listed; one rule-filtered combination, one front plan in the singular."""
+    out = tmp_path / "t"
+    argv = ["tune", "--model", SMALL, "--cluster", "a100-sxm4-80gb:1x2", "--global-batch", "8", *NARROW,
+            "--fix", "micro_batch_size=8", "--fix", "dp=1", "--fix", "tp=1,2",
+            "--fix", "pp=1,2", "--optimizer", "grid", "--budget", "10", "--workers", "1", "--no-plots", "--quiet",
+            "--out", str(out)]
+    assert mindpipe_main(argv) == 0
+    lines = {line[:16].strip(): line[17:] for line in capsys.readouterr().out.splitlines()}
+    assert lines["outputs"] == f"{out}/best_plan.json, evaluations.csv/.parquet, pareto.csv, summary.json"
+    assert not list(out.glob("*.png"))
+    assert lines["pareto front"].startswith("1 plan (")
