@@ -19,8 +19,8 @@ were searched and which the best plan uses.
 A supernet sweep (NASPipe) values plans in subnets trained per hour (``subnets_per_hour``; goodput
 for supernets); its rows carry ``subnet_schedule``, ``subnet_window`` and
 ``equivalent_to_sequential`` (false for ``sync`` and ``async``, whose training is not sequential
-training's), and its summary a ``supernet`` object saying so. The throughput-vs-carbon front and
-its plot are left out there: the supernet simulator prices no energy.
+training's), and its summary a ``supernet`` object saying so. The throughput-vs-carbon front
+(``pareto.csv``, ``pareto.png``) is left out there: the supernet simulator prices no energy.
 """
 
 from __future__ import annotations
@@ -167,10 +167,12 @@ def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace,
     table = rows(result)
     write_tables(table, out)
     front = pareto_rows(table)
-    import pandas as pd
+    supernet = isinstance(space.model, Supernet)  # no energy, so no carbon front (nor its table or plot)
+    if not supernet:
+        import pandas as pd
 
-    with open_output(out / "pareto.csv", newline="") as fh:
-        pd.DataFrame(front, columns=list(table[0]) if table else None).to_csv(fh, index=False)
+        with open_output(out / "pareto.csv", newline="") as fh:
+            pd.DataFrame(front, columns=list(table[0]) if table else None).to_csv(fh, index=False)
     plan = best_plan(result.best, made_for)
     if result.best is not None and plan is not None:
         write_json(plan, out / "best_plan.json")
@@ -179,7 +181,7 @@ def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace,
         write_text(out / "best.json", json.dumps(best, indent=1, default=str) + "\n")
     if plots and table:
         _plot_convergence(result, objective, out / "convergence.png")
-        if not isinstance(space.model, Supernet):  # no energy, so no carbon front, for supernets
+        if not supernet:
             _plot_pareto(table, front, out / "pareto.png")
     info = build_summary(result, objective, space, out, len(front), plan)
     if timeshift is not None:

@@ -199,7 +199,7 @@ def _format_timeshift(r: ShiftReport) -> list[str]:
     return [
         f"start            {r.start} ({kind}, {r.job_hours:.4g} h job, waits {sched.wait_s / 3600:.4g} h "
         f"after the window start)",
-        f"runs             {runs} (UTC; {len(sched.run_hours())} hours; steps to pause at in timeshift.json)",
+        f"runs             {runs} (UTC; {plural(len(sched.run_hours()), 'hour')}; steps to pause at in timeshift.json)",
         f"carbon           {r.carbon_gco2:.6g} gCO2 at {sched.intensity_g_per_kwh:.4g} g/kWh vs "
         f"{r.carbon_gco2_if_now:.6g} gCO2 for the throughput-optimal plan started now; saving "
         f"{100 * r.carbon_saving_fraction:.1f} % per sample (the chosen plan started now: "
@@ -256,7 +256,7 @@ def _format(summary: TuneSummary, plots: bool = True) -> str:
         what_if = (f"{net.name}: {net.goodput}; the best plan "
                    + ("trains exactly as sequential training" if same else
                       "is NOT equivalent to sequential training (sync/async)"))
-    front = ([f"pareto front     {summary.pareto_points} plans (throughput vs carbon per sample)"] if net is None
+    front = ([f"pareto front     {plural(summary.pareto_points, 'plan')} (throughput vs carbon per sample)"] if net is None
              else [])
     made_for = summary.best_plan.made_for if summary.best_plan is not None else None
     if net is None and summary.flash_attention_searched == [False] and not (made_for and made_for.trace):
@@ -272,9 +272,9 @@ def _format(summary: TuneSummary, plots: bool = True) -> str:
         f"best plan        {shown}",
         f"{'what-if knobs' if net is None else 'supernet':16s} {what_if}",
         *[f"also searched    {k} = {', '.join(map(str, v))} (--search)" for k, v in (summary.search or {}).items()],
-        f"simulations      {summary.evaluations} ({summary.evaluated_points} points considered, {summary.reused} "
+        f"simulations      {summary.evaluations} ({plural(summary.evaluated_points, 'point')} considered, {summary.reused} "
         "from a previous run)",
-        f"space            {summary.space_size} valid points",
+        f"space            {plural(summary.space_size, 'valid point')}",
         _infeasible(summary),
         *front,
         *shifted,
@@ -425,7 +425,7 @@ def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, ca
         print("\n".join([
             "objective        max_batch (largest global batch that fits)",
             f"best value       {best.global_batch_size} (micro_batch_size {best.micro_batch_size} x "
-            f"{best.num_microbatches} micro-batches x dp {best.dp})",
+            f"{plural(best.num_microbatches, 'micro-batch', 'micro-batches')} x dp {best.dp})",
             f"best plan        partitioner={best.partitioner}, dp={best.dp}, tp={best.tp}, pp={best.pp}, "
             f"partition={plan.get('partition')}{pinned}",
             f"throughput       {best.throughput_samples_per_s:.6g} samples/s at that batch; peak memory "

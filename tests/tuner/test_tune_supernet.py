@@ -251,3 +251,18 @@ def test_stage_clocks_are_refused_for_a_supernet_before_the_search(tmp_path):
     with pytest.raises(ContractError, match="--clocks: per-stage clocks are planned for GPT and Llama models"):
         tune(NET, CLUSTER, out=tmp_path / "t", clocks="perseus", config=SweepConfig(budget=2, workers=1), plots=False)
     assert not (tmp_path / "t" / "evaluations.csv").exists()
+
+
+def test_cli_text_names_only_the_files_written_and_counts_feasible_plans_as_such(tmp_path):
+    """No carbon front for a supernet: no pareto.csv or pareto.png, and the outputs line lists neither."""
+    out = tmp_path / "s"
+    res = run_cli("--model", NET, "--cluster", CLUSTER, "--out", str(out), "--budget", "3", "--workers", "1",
+                  "--fix", "pp=2", "--subnets", "64", "--quiet")
+    assert res.returncode == 0, res.stderr
+    lines = {line[:16].strip(): line[17:] for line in res.stdout.splitlines()}
+    assert lines["infeasible"] == "0: 0 combinations filtered by the plan rules, none of the 3 evaluated plans"
+    listed = lines["outputs"].removeprefix(f"{out}/").split(", ")
+    assert listed == ["best_plan.json", "evaluations.csv/.parquet", "convergence.png", "summary.json"]
+    assert not (out / "pareto.csv").exists() and not (out / "pareto.png").exists()
+    for name in listed:
+        assert all((out / f).exists() for f in name.replace("csv/.parquet", "csv,evaluations.parquet").split(","))
