@@ -205,6 +205,12 @@ def verify_step(step_path: str | os.PathLike[str]) -> None:
                                 f"expected {files[name]['sha256'][:12]}…): corrupted or changed since it was written")
 
 
+def _shown(value: Any) -> str:
+    """A model key's value in a message: JSON, at most 40 characters."""
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
 def _same_model(recorded: Any, model: dict[str, Any]) -> bool:
     """Whether the checkpoint's model document describes ``model``, keys left out meaning their defaults.
 
@@ -236,8 +242,12 @@ def check_resume(directory: str | os.PathLike[str], model: dict[str, Any], tp: i
     record = read_record(directory)
     if not _same_model(record.model, model):
         name = record.model.get("name") or record.model.get("kind")
-        raise ContractError(str(directory), "model", f"the checkpoint was written for another model ({name}, "
-                            f"{json.dumps(record.model, sort_keys=True)[:200]}); this run trains {model.get('name') or model.get('kind')}")
+        keys = sorted(k for k in set(record.model) | set(model) if record.model.get(k) != model.get(k) and k != "name")
+        diff = ", ".join(f"{k} {_shown(record.model.get(k))} (this run: {_shown(model.get(k))})" for k in keys[:4])
+        more = f" and {len(keys) - 4} more" if len(keys) > 4 else ""
+        raise ContractError(str(directory), "model", f"the checkpoint was written for another model, {name}"
+                            + (f": {diff}{more}" if diff else "")
+                            + f"; this run trains {model.get('name') or model.get('kind')}")
     if record.tp != tp:
         raise ContractError(str(directory), "tp", f"checkpoint was written with tp={record.tp}, this plan has tp={tp}")
     chosen = record.step if step is None else step

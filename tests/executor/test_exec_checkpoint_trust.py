@@ -110,6 +110,11 @@ def test_another_model_or_tp_is_refused_before_torch_reads_it(one_rank, tmp_path
     m, opt = _part(1)
     with pytest.raises(ContractError, match="written for another model"):
         ckpt.load(root, [m], [opt], tp=1, model={**MODEL, "name": "other"})
+    # the keys that differ are named with both values, not the checkpoint's document cut off
+    wider = {**MODEL, "kind": "gpt", "name": "wider"}
+    with pytest.raises(ContractError, match=r"another model, linear4: kind \"toy\" \(this run: \"gpt\"\); "
+                                            "this run trains wider"):
+        ckpt.load(root, [m], [opt], tp=1, model=wider)
     with pytest.raises(ContractError, match="tp=1, this plan has tp=2"):
         ckpt.load(root, [m], [opt], tp=2, model=MODEL)
     assert spied.calls == 0
