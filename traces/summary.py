@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mindpipe.traces.trace import Trace
+from mindpipe.traces.units import plural
 
 
 @dataclass
@@ -96,13 +97,27 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:8.0f} B  "
 
 
+def _known(value: object, missing: str = "unknown") -> str:
+    """``value`` as printed, or ``missing`` where the trace does not say (an imported or measured trace)."""
+    return missing if value is None else str(value)
+
+
+def _total_activations(trace: Trace, total: int) -> str:
+    """The saved-activation total: unknown when no record knows its own, marked when only some do."""
+    known = [r.activation_bytes for r in trace.layers if r.activation_bytes is not None]
+    if not known:
+        return "     unknown"
+    return _fmt_bytes(total) + (" + unknown" if len(known) < len(trace.layers) else "")
+
+
 def format_summary(trace: Trace, max_rows: int = 24) -> str:
     """A table of the trace's layers (first ``max_rows``) and its totals."""
     s = summarize(trace)
     lines = [
-        f"trace: {s.model} on {s.device} ({s.dtype}), micro-batch {s.micro_batch_size}, "
-        f"seq {s.seq_len}, tp {s.tp}, {s.num_records} {s.granularity} records "
-        f"[{trace.provenance.tool}, {trace.provenance.date}]",
+        f"trace: {_known(s.model, 'unknown model')} on {s.device} ({s.dtype}), "
+        f"micro-batch {_known(s.micro_batch_size)}, seq {_known(s.seq_len)}, tp {s.tp}, "
+        f"{plural(s.num_records, f'{s.granularity} record')} "
+        f"[{_known(trace.provenance.tool)}, {_known(trace.provenance.date)}]",
         f"{'layer':28s} {'kind':14s} {'forward':>11s} {'bwd input':>11s} {'bwd weight':>11s} {'activations':>12s}",
     ]
     for r in trace.layers[:max_rows]:
@@ -112,10 +127,10 @@ def format_summary(trace: Trace, max_rows: int = 24) -> str:
             f"{_fmt_s(r.backward_weight_s)} {act}"
         )
     if len(trace.layers) > max_rows:
-        lines.append(f"... {len(trace.layers) - max_rows} more records")
+        lines.append(f"... {plural(len(trace.layers) - max_rows, 'more record')}")
     lines.append(
         f"{'total':43s} {_fmt_s(s.forward_s)} {_fmt_s(s.backward_input_s)} {_fmt_s(s.backward_weight_s)} "
-        f"{_fmt_bytes(s.activation_bytes)}"
+        f"{_total_activations(trace, s.activation_bytes)}"
     )
     lines.append(f"sum of per-layer forward+backward: {_fmt_s(s.forward_backward_s).strip()}")
     if s.layer_sum_over_step is not None and s.step_forward_backward_s is not None:
