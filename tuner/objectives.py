@@ -167,7 +167,10 @@ def parse_constraint(text: str) -> Constraint:
     if name not in CONSTRAINT_METRICS:
         known = ", ".join(sorted({*CONSTRAINT_METRICS, *METRIC_ALIASES}))
         raise ContractError("--constraint", None, f"{m[1]!r} is not a metric (known: {known})")
-    return Constraint(name, m[2], parse_float(m[3], "--constraint", m[1]))
+    value = parse_float(m[3], "--constraint", m[1])
+    if m[2] == "<=" and value < 0:  # refused before the sweep, which could only end with no feasible plan
+        raise ContractError("--constraint", None, f"{text.strip()!r}: {m[1]} is never negative, so no plan can meet it")
+    return Constraint(name, m[2], value)
 
 
 @dataclass

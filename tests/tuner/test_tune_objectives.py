@@ -62,6 +62,10 @@ def test_constraints():
     for bad in ("carbon<0.5", "speed>=3", "carbon<=abc", ""):
         with pytest.raises(ContractError):
             parse_constraint(bad)
+    # every metric is >= 0: an upper bound below 0 is refused before a sweep that could meet nothing
+    with pytest.raises(ContractError, match="throughput is never negative, so no plan can meet it"):
+        parse_constraint("throughput<=-3")
+    assert parse_constraint("mfu>=-1").bound == -1.0 and parse_constraint("mfu<=0").bound == 0.0
 
 
 def test_objective_validation():
