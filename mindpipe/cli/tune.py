@@ -407,6 +407,8 @@ def _note_cpu_bf16(precision: str, cluster_arg: str) -> None:
 
 def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, calibration: Any) -> int:
     """``--objective max_batch`` (:func:`mindpipe.tuner.maxbatch.tune_max_batch`)."""
+    from collections import Counter
+
     from mindpipe.traces.schema import to_dict
     from mindpipe.traces.what_if import plan_value
     from mindpipe.tuner.keys import OPTIONAL_POINT_KEYS
@@ -422,12 +424,20 @@ def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, ca
         # Keys that change what fits, named when pinned away from their defaults (--fix loss_chunks=16).
         pinned = "".join(f", {k}={plan_value(plan[k])}" for k, default in OPTIONAL_POINT_KEYS.items()
                          if plan.get(k, default) != default)
+        # What decides the memory, always named: a memory-blind partitioner keeps every activation
+        # unless --fix recompute says otherwise, and ZeRO stays at the plan's default unless pinned.
+        policy = best.plan.layer_memory_policy
+        counts = ", ".join(f"{n} {p}" for p, n in sorted(Counter(policy).items())) if policy else None
+        memory = (f"per-block policy from {best.partitioner}: {counts}" if counts else
+                  f"recompute={plan['recompute']} for every block ({best.partitioner} chooses no per-block policy; "
+                  "--partitioner vpipe,dawnpiper do)") + f"; zero_stage={plan['zero_stage']}"
         print("\n".join([
             "objective        max_batch (largest global batch that fits)",
             f"best value       {best.global_batch_size} (micro_batch_size {best.micro_batch_size} x "
             f"{plural(best.num_microbatches, 'micro-batch', 'micro-batches')} x dp {best.dp})",
             f"best plan        partitioner={best.partitioner}, dp={best.dp}, tp={best.tp}, pp={best.pp}, "
             f"partition={plan.get('partition')}{pinned}",
+            f"memory policy    {memory}",
             f"throughput       {best.throughput_samples_per_s:.6g} samples/s at that batch; peak memory "
             f"{best.peak_memory_gib:.2f} GiB",
             f"outputs          {summary.out}/best_plan.json, max_batch.json, summary.json",

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -192,3 +193,19 @@ def test_dawnpiper_nongemm_beats_layer_and_core_choices_and_is_priced_by_the_sim
     # Its re-run is the core and the memory-bound operators, more than selective's, less than full's.
     block = next(c for c in SIM.layer_costs(plan) if c.kind == "block")
     assert block.recompute_selective_s < block.recompute_nongemm_s < block.forward_s
+
+
+def test_cli_max_batch_text_names_the_memory_policy(tmp_path):
+    # The text output says what decided the memory: a memory-blind partitioner's one recompute
+    # setting (and ZeRO), or the per-block policy a memory-aware one chose.
+    base = [sys.executable, "-m", "mindpipe.cli", "tune", "--model", "gpt-1.3b", "--cluster", "a100-sxm4-40gb:1x4",
+            "--objective", "max_batch", "--fix", "pp=2", "--fix", "tp=1", "--fix", "dp=2"]
+    blind = subprocess.run([*base, "--out", str(tmp_path / "a")], capture_output=True, text=True, timeout=300)
+    assert blind.returncode == 0, blind.stderr
+    assert ("memory policy    recompute=none for every block (balanced chooses no per-block policy; "
+            "--partitioner vpipe,dawnpiper do); zero_stage=0") in blind.stdout
+    aware = subprocess.run([*base, "--partitioner", "vpipe", "--out", str(tmp_path / "b")], capture_output=True,
+                           text=True, timeout=300)
+    plan = json.loads((tmp_path / "b" / "best_plan.json").read_text())
+    counts = ", ".join(f"{n} {p}" for p, n in sorted(Counter(plan["layer_memory_policy"]).items()))
+    assert f"memory policy    per-block policy from vpipe: {counts}; zero_stage=0" in aware.stdout
