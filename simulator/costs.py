@@ -466,8 +466,11 @@ class TraceComputeModel:
     def __post_init__(self) -> None:
         if self.trace.granularity == "op":
             self._op_blocks = op_blocks(self.trace, self.source)
-        elif "block" not in [r.kind for r in self.trace.layers]:
-            raise ContractError(self.source, "layers", "the trace has no block records")
+        elif "block" not in (kinds := list(dict.fromkeys(r.kind for r in self.trace.layers))):
+            shown = ", ".join(kinds[:6]) + (", ..." if len(kinds) > 6 else "")
+            raise ContractError(self.source, "layers", f"the trace has no block records (its kinds: {shown}); the "
+                                "simulator prices a transformer block per record, as `mindpipe profile` and `mindpipe "
+                                "run` write them (an AICB import keeps AICB's own units: compare it with `inspect`)")
 
     def _scale(self, plan: Plan) -> float:
         mbs = self.trace.micro_batch_size or plan.micro_batch_size

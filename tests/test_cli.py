@@ -44,6 +44,15 @@ def test_import_aicb_cli(tmp_path, shared_data):
     res = run("import", "aicb", str(src), "--out", str(tmp_path / "l7b.json"), "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["tp"] == 2
+    # inspect --model cannot check a trace that names no model: it says so instead of passing it
+    res = run("inspect", str(tmp_path / "l7b.json"), "--model", TINY)
+    assert res.returncode == 0 and "records no model (e.g. imported without --model): not checked against" in res.stderr
+    assert "not checked" not in run("inspect", str(tmp_path / "l7b.json")).stderr
+    # the simulator prices blocks: an AICB trace (half-block units) is refused, naming what it holds
+    res = run("simulate", "--model", TINY, "--cluster", "a100-sxm4-80gb:1x2",
+              "--trace", str(tmp_path / "l7b.json"), "--plan", '{"tp":2,"micro_batch_size":1,"global_batch_size":1}')
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert "the trace has no block records (its kinds: " in res.stderr and "attention_layer" in res.stderr
 
 
 def _model_file(tmp_path, text):

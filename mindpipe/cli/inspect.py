@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mindpipe.cli import loaders
-from mindpipe.cli.output import emit_trace
+from mindpipe.cli.output import emit_trace, stderr
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -23,6 +23,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def cmd_inspect(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Load the trace (refusing one taken for another ``--model``) and print its summary."""
     trace = loaders.trace(args.trace, loaders.model(args.model) if args.model else None)
+    if args.model and trace.model is None:  # nothing to compare: said, not passed as a match
+        stderr(f"mindpipe: note: {args.trace} records no model (e.g. imported without --model): "
+               f"not checked against {args.model}")
     emit_trace(args, trace, None)
     return 0
 
