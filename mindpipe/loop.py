@@ -48,6 +48,7 @@ from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.trace import Trace
+from mindpipe.traces.units import plural
 
 
 def demo_plan(**kw: Any) -> Plan:
@@ -215,7 +216,7 @@ def closed_loop(cfg: LoopConfig, log: Callable[[str], None] | None = None) -> Lo
     step(f"3/6 running the default plan and {len(fit_plans) - 1} calibration probes, {cfg.rounds} rounds each")
     runs.measure(fit_plans, cfg.rounds)
 
-    step(f"4/6 calibrating on {len(fit_plans)} plans ({cfg.rounds} rounds each)")
+    step(f"4/6 calibrating on {plural(len(fit_plans), 'plan')} ({plural(cfg.rounds, 'round')} each)")
     cal, notes = calibrate([run for p in fit_plans for run in runs.runs[Measured.key(p)]])
     save_calibration(cal, out / "calibration.json")
     for w in notes.warnings:

@@ -105,6 +105,7 @@ from mindpipe.traces.layout import (
     weight_groups,
 )
 from mindpipe.traces.result import GIB, StageMemoryParts
+from mindpipe.traces.units import plural
 
 # Bool dropout mask of CUDA's fused dropout (Korthikanti et al. §4.1 count 1 byte per element).
 GPU_MASK_BYTES = 1
@@ -383,7 +384,7 @@ def _check(model: Model, plan: Plan, schedule: Schedule, stage_layers: list[int]
     if any(n < 0 for n in stage_layers) or sum(stage_layers) != model.num_layers:
         fail("partition", f"stage layers {stage_layers} do not split num_layers={model.num_layers}")
     if plan.layer_memory_policy is not None and len(plan.layer_memory_policy) != model.num_layers:
-        fail("layer_memory_policy", f"{len(plan.layer_memory_policy)} entries for num_layers={model.num_layers}")
+        fail("layer_memory_policy", f"{plural(len(plan.layer_memory_policy), 'entry', 'entries')} for num_layers={model.num_layers}")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from mindpipe.traces.catalog import check_precision
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, number, shown, within_limit
 from mindpipe.traces.schema import check_format_version
+from mindpipe.traces.units import plural
 from mindpipe.traces.what_if import WHAT_IF_KEYS
 
 MODEL_FORMAT_VERSION = 1
@@ -567,7 +568,7 @@ class Plan:
                 raise ContractError("", key, f"{key}={shown(getattr(self, key))} must be a list")
         if self.partition is not None:
             if len(self.partition) != self.num_stages:
-                raise ContractError("", "partition", f"partition has {len(self.partition)} entries, expected "
+                raise ContractError("", "partition", f"partition has {plural(len(self.partition), 'entry', 'entries')}, expected "
                                     f"pp×virtual_stages={self.num_stages}")
             for i, n in enumerate(self.partition):
                 integer(f"partition[{i}]", n, 1, "num_layers")
@@ -576,7 +577,7 @@ class Plan:
                 one_of(f"layer_memory_policy[{i}]", p, LAYER_MEMORY_POLICIES)
         if self.stage_cuts is not None:
             if len(self.stage_cuts) != self.num_stages - 1:
-                raise ContractError("", "stage_cuts", f"stage_cuts has {len(self.stage_cuts)} entries, expected one "
+                raise ContractError("", "stage_cuts", f"stage_cuts has {plural(len(self.stage_cuts), 'entry', 'entries')}, expected one "
                                     f"per stage boundary pp×virtual_stages−1={self.num_stages - 1}")
             for i, c in enumerate(self.stage_cuts):
                 one_of(f"stage_cuts[{i}]", c, STAGE_CUTS)
@@ -689,11 +690,11 @@ def _check_layers(plan: Plan, model: Model, fail: Callable[[str, str], NoReturn]
     if plan.num_stages > model.num_layers:
         fail("pp", f"pp×virtual_stages={plan.num_stages} exceeds num_layers={model.num_layers}")
     if plan.partition is not None and sum(plan.partition) != model.num_layers:
-        fail("partition", f"partition sums to {sum(plan.partition)} layers, model has num_layers={model.num_layers}")
+        fail("partition", f"partition sums to {plural(sum(plan.partition), 'layer')}, model has num_layers={model.num_layers}")
     if plan.layer_memory_policy is not None and len(plan.layer_memory_policy) != model.num_layers:
         fail(
             "layer_memory_policy",
-            f"layer_memory_policy has {len(plan.layer_memory_policy)} entries, model has num_layers={model.num_layers}",
+            f"layer_memory_policy has {plural(len(plan.layer_memory_policy), 'entry', 'entries')}, model has num_layers={model.num_layers}",
         )
     if plan.layer_memory_policy is not None and "nongemm" in plan.layer_memory_policy:
         refusal = nongemm_refusal(plan)

@@ -19,6 +19,7 @@ from typing import Any
 
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.reading import parse_json
+from mindpipe.traces.units import plural
 
 _SHIPPED = "traces/hardware/frequency.json"
 FORMAT_VERSION = 1
@@ -130,7 +131,7 @@ def check_stage_clocks_shape(clocks: Any, stage_rank: list[int]) -> None:
     num_stages = len(stage_rank)
     if len(clocks) != num_stages:
         raise ContractError("", "stage_clocks_mhz",
-                            f"stage_clocks_mhz has {len(clocks)} entries, expected pp×virtual_stages={num_stages}")
+                            f"stage_clocks_mhz has {plural(len(clocks), 'entry', 'entries')}, expected pp×virtual_stages={num_stages}")
     for i, v in enumerate(clocks):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ContractError("", f"stage_clocks_mhz[{i}]", f"stage_clocks_mhz[{i}]={v!r} must be a positive integer (MHz)")

@@ -35,6 +35,7 @@ from mindpipe.traces.torch_gpt import lm_loss, synthetic_batch
 from mindpipe.traces.torch_models import TransformerLM, build_model
 from mindpipe.traces.torch_supernet import CandidateBlock, SupernetEmbedding, SupernetHead, synthetic_tokens
 from mindpipe.traces.trace import LayerRecord, Provenance, StepMeasurement, Trace
+from mindpipe.traces.units import plural
 
 Progress = Callable[[str], None]
 # A profiled unit: (name, kind, module, the callable timed, its input).
@@ -205,8 +206,8 @@ def _provenance(opts: ProfileOptions, device: torch.device, command: str | None)
         torch_version=torch.__version__,
         host=host_description() if device.type == "cpu" else torch.cuda.get_device_name(device),
         notes=(
-            f"{'CPU' if device.type == 'cpu' else 'GPU'} trace; median of {opts.repeats} runs after "
-            f"{opts.warmup} warm-up runs; backward split as B=grad(inputs), W=full-B"
+            f"{'CPU' if device.type == 'cpu' else 'GPU'} trace; median of {plural(opts.repeats, 'run')} after "
+            f"{plural(opts.warmup, 'warm-up run')}; backward split as B=grad(inputs), W=full-B"
             + ("; attention core fused (scaled_dot_product_attention)" if opts.flash_attention else "")
         ),
     )
@@ -303,8 +304,8 @@ def profile_supernet(net: Supernet, opts: ProfileOptions, *, command: str | None
             tool="mindpipe profile", command=command if command is not None else " ".join(["mindpipe", *sys.argv[1:]]),
             date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), torch_version=torch.__version__,
             host=host_description() if device.type == "cpu" else torch.cuda.get_device_name(device),
-            notes=(f"supernet trace, one record per candidate operator; median of {opts.repeats} runs after "
-                   f"{opts.warmup} warm-up runs; backward split as B=grad(inputs), W=full-B; shared parts "
+            notes=(f"supernet trace, one record per candidate operator; median of {plural(opts.repeats, 'run')} after "
+                   f"{plural(opts.warmup, 'warm-up run')}; backward split as B=grad(inputs), W=full-B; shared parts "
                    f"{'trained' if net.train_shared else 'frozen (no W)'}")),
         model_name=net.label, micro_batch_size=opts.micro_batch_size, seq_len=seq_len, granularity="candidate",
         supernet=net,

@@ -36,6 +36,7 @@ from mindpipe.traces.config import Cluster, Plan, even_partition, one_of
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, shown
 from mindpipe.traces.schema import check_format_version
+from mindpipe.traces.units import plural
 from mindpipe.traces.what_if import what_if_used
 
 SUPERNET_FORMAT_VERSION = 1
@@ -218,7 +219,7 @@ class Supernet:
 def check_choices(supernet: Supernet, choices: Sequence[int], source: str = "subnet") -> None:
     """Raise unless ``choices`` is a valid choice vector of ``supernet``."""
     if len(choices) != supernet.num_layers:
-        raise ContractError(source, "choices", f"has {len(choices)} entries, supernet has num_layers="
+        raise ContractError(source, "choices", f"has {plural(len(choices), 'entry', 'entries')}, supernet has num_layers="
                             f"{supernet.num_layers}")
     for i, k in enumerate(choices):
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k < supernet.num_choices:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from mindpipe.simulator.energy import J_PER_KWH
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.reading import parse_float
+from mindpipe.traces.units import plural
 from mindpipe.tuner.records import Metrics
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def critical_batch_for(typed: float | None, calibration: Calibration | None, mod
             f"the calibration's gradient noise scale was measured on {noise.model.describe()}, not "
             f"{model.describe()}; give --critical-batch"))
     return CriticalBatch(noise.noise_scale, "measured", (
-        f"measured gradient noise scale ({len(noise.runs)} run(s), {noise.samples} samples, "
+        f"measured gradient noise scale ({plural(len(noise.runs), 'run')}, {plural(noise.samples, 'sample')}, "
         f"data {', '.join(noise.data) or 'unknown'})"))
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from mindpipe.cli.output import check_outputs, print_json, stderr
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.units import plural
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -65,7 +66,7 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.trace:
         raise ContractError("--trace", None, "applies to supernet runs only (GPT runs are fitted on the operator model)")
     check_one_model(runs)  # before the progress line: a refusal is the only line on stderr
-    stderr(f"calibrating on {len(runs)} measured run(s)")
+    stderr(f"calibrating on {plural(len(runs), 'measured run')}")
     cal, notes = calibrate(runs)
     save_calibration(cal, args.out)
     fitted_rows = fidelity(runs, cal)
@@ -82,8 +83,8 @@ def _calibrate_supernet(args: argparse.Namespace, runs: list[Any], holdout: list
 
     traces = [loaders.trace(t) for t in args.trace]
     check_profiles(traces, runs)  # before the progress line: a refusal is the only line on stderr
-    stderr(f"calibrating the supernet simulator on {len(runs)} measured supernet run(s)"
-           + (f" against {len(traces)} per-candidate trace(s)" if traces else ""))
+    stderr(f"calibrating the supernet simulator on {plural(len(runs), 'measured supernet run')}"
+           + (f" against {plural(len(traces), 'per-candidate trace')}" if traces else ""))
     cal, notes = calibrate_supernet(runs, traces)
     save_calibration(cal, args.out)
     fitted_rows = supernet_fidelity(runs, cal, traces)

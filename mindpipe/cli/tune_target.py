@@ -15,6 +15,7 @@ from mindpipe.cli import loaders
 from mindpipe.cli.args import count, real
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
+from mindpipe.traces.units import plural
 
 if TYPE_CHECKING:
     from mindpipe.tuner.target import Placement, TrainingTarget
@@ -102,7 +103,7 @@ def format_lines(choice: TargetChoice) -> list[str]:
 
     c, ref = choice.chosen, choice.reference
     cost, gain = c.cost, saving(c, ref)
-    where = (f"starts {c.start}, {len(c.run_hours)} run hours, waits {cost.wait_hours:.4g} h"
+    where = (f"starts {c.start}, {plural(len(c.run_hours), 'run hour')}, waits {cost.wait_hours:.4g} h"
              if c.start else "annual intensity (no --carbon-csv)")
     clocks = c.candidate.plan.stage_clocks_mhz
     return [

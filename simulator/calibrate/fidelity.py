@@ -19,6 +19,7 @@ from mindpipe.simulator.calibrate.runs import MeasuredRun
 from mindpipe.traces.atomic import output_dir, save_figure, write_text
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Plan
+from mindpipe.traces.units import plural
 
 
 def plan_label(plan: Plan) -> str:
@@ -116,7 +117,7 @@ def table_markdown(rows: list[FidelityRow]) -> str:
         lines.append(f"| {r.name} | {r.plan} | {r.ranks} | {r.measured_s:.3f} | "
                      f"{r.uncalibrated_s:.3f} ({100 * r.uncalibrated_error:+.1f}%) | {cal} |")
     if rows:
-        lines.append(f"\nMAPE {_mape_phrase(rows, '×')}, over {len(rows)} runs.")
+        lines.append(f"\nMAPE {_mape_phrase(rows, '×')}, over {plural(len(rows), 'run')}.")
     return "\n".join(lines)
 
 
@@ -214,17 +215,17 @@ def format_calibration(cal: Calibration) -> str:
                             f"({1e-9 / c.swap_s_per_byte:.1f} GB/s); " if c.swap_s_per_byte else "")
                          + f"optimizer {1e3 * c.optimizer_overhead_s:.2f} ms + {1e9 * c.optimizer_s_per_param:.2f} ns/param; "
                          + (f"actions ×{c.trace_scale:.3f} the per-candidate profile's times; " if c.trace_scale else "")
-                         + f"fit on {c.samples} action groups, MAPE {100 * c.fit_mape:.1f}%")
+                         + f"fit on {plural(c.samples, 'action group')}, MAPE {100 * c.fit_mape:.1f}%")
         shared = f"; {dev.cpus_per_node} CPUs per host shared by its ranks" if dev.cpus_per_node else ""
         if dev.host_samples:
             lines.append(f"host work {name}: {1e3 * dev.step_cpu_s:.1f} ms CPU per iteration + "
-                         f"{1e6 * dev.op_cpu_s:.0f} µs per op outside the actions; fit on {dev.host_samples} ranks, "
+                         f"{1e6 * dev.op_cpu_s:.0f} µs per op outside the actions; fit on {plural(dev.host_samples, 'rank')}, "
                          f"MAPE {100 * dev.host_fit_mape:.1f}%")
         lines.append(f"step overhead {name}: {1e3 * dev.step_overhead_s:.1f} ms per iteration{shared}")
     for backend, links in cal.comm.items():
         for link, lc in links.items():
             lines.append(f"comm {backend} {link}: {1e6 * lc.step_latency_s:.1f} µs per step, "
-                         f"{lc.bandwidth_Bps / 1e9:.3g} GB/s; fit on {lc.samples} collectives, MAPE {100 * lc.fit_mape:.1f}%")
+                         f"{lc.bandwidth_Bps / 1e9:.3g} GB/s; fit on {plural(lc.samples, 'collective')}, MAPE {100 * lc.fit_mape:.1f}%")
             if lc.cpu_s_per_step or lc.cpu_s_per_byte:
                 lines.append(f"comm {backend} {link} host copies: {1e6 * lc.cpu_s_per_step:.1f} µs CPU per step + "
                              f"{1e9 * lc.cpu_s_per_byte:.2f} ns CPU per byte, on the cores the ranks share")
@@ -235,7 +236,7 @@ def format_calibration(cal: Calibration) -> str:
     noise = cal.gradient_noise
     if noise is not None:
         lines.append(f"gradient noise scale {noise.model.label}: {noise.noise_scale:.4g} samples (critical batch for "
-                     f"goodput), from {len(noise.runs)} run(s), {noise.samples} samples, data {', '.join(noise.data)}")
+                     f"goodput), from {plural(len(noise.runs), 'run')}, {plural(noise.samples, 'sample')}, data {', '.join(noise.data)}")
     return "\n".join(lines)
 
 

@@ -71,6 +71,7 @@ from mindpipe.traces.calibration import (
 )
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import stage_to_rank
+from mindpipe.traces.units import plural
 from scipy.optimize import lsq_linear, nnls
 
 # A group's transfer time: this quantile of its events (0: the fastest, where nobody waited).
@@ -409,7 +410,7 @@ def _compute_constants(label: str, rows: ComputeRows, warnings: list[str]) -> Co
     # Constants whose feature no run has are not fitted (they stay 0 or the common scale).
     present = sum(1 for k in range(len(FEATURES)) if any(row[k] > 0 for row in design))
     if len(design) < present:
-        warnings.append(f"{label}: {len(design)} action groups, too few to fit {present} constants")
+        warnings.append(f"{label}: {plural(len(design), 'action group')}, too few to fit {plural(present, 'constant')}")
         return None
     x, mape = _fit_compute_constants(design, [y for _, y in rows.actions])
     scale = kind_scales(x, design)
@@ -471,7 +472,7 @@ def fit_host(runs: list[MeasuredRun], cal: Calibration, warnings: list[str]) -> 
         if link is None:
             warnings.append(f"{device}: no {backend} {link_type} link fitted; host CPU of transfers not fitted")
         if len(design) < 2 * cols:
-            warnings.append(f"{device}: {len(design)} rank-iterations, too few to fit the host CPU")
+            warnings.append(f"{device}: {plural(len(design), 'rank-iteration')}, too few to fit the host CPU")
             continue
         x, mape = _nnls_relative([row[:cols] for row in design], ys[(device, backend, link_type)])
         dev = cal.devices[device]

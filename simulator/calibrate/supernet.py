@@ -74,6 +74,7 @@ from mindpipe.traces.measured import Measurement
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.supernet import Supernet, subnet_schedule, supernet_stage_layers
 from mindpipe.traces.trace import Trace
+from mindpipe.traces.units import plural
 
 FEATURES = (*OP_KINDS, "ops")
 """Per-action features: reference time per operator kind, then the operator count."""
@@ -335,7 +336,7 @@ def _supernet_constants(label: str, rows: ComputeRows, trace_sum: tuple[float, f
     design = [f for f, _ in rows.actions]
     if len(design) < 2 * len(FEATURES):
         raise ContractError(source, "measurement.actions",
-                            f"{label}: {len(design)} actions, too few to fit {len(FEATURES)} constants")
+                            f"{label}: {plural(len(design), 'action')}, too few to fit {len(FEATURES)} constants")
     ys = [y for _, y in rows.actions]
     x, _ = _fit_compute_constants(design, ys)
     # Relative-error fits sit below the mean of a right-skewed sample (an action the OS preempted

@@ -46,6 +46,7 @@ from mindpipe.simulator.perf.gpu import GpuComputeModel
 from mindpipe.simulator.perf.vtrain import VOCAB, VTrainRow
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.catalog import get_device
+from mindpipe.traces.units import plural
 
 # Published MAPE of vTrain on the same data (MICRO'24, §V): the figure to beat.
 VTRAIN_PUBLISHED_MAPE = {"vtrain-single": 8.37, "vtrain-multi": 14.73}
@@ -101,11 +102,11 @@ def format_report(dataset: str, results: Sequence[RowResult], summary: Validatio
                          f"{r.global_batch:>5} {1e3 * r.measured_s:>12.2f} {1e3 * r.predicted_s:>12.2f} {100 * r.error:>+7.1f}%")
         lines.append("")
     o = summary.overall
-    lines.append(f"{dataset}: {o.n} rows, MAPE {o.mape:.2f}%, max |error| {o.max_abs_pct_error:.1f}%, "
+    lines.append(f"{dataset}: {plural(o.n, 'row')}, MAPE {o.mape:.2f}%, max |error| {o.max_abs_pct_error:.1f}%, "
                  f"median signed {o.median_signed_pct_error:+.1f}%")
     for half, h in (("fit half", summary.fit_half), ("holdout half", summary.holdout_half)):
         if h is not None and h.n:
-            lines.append(f"  {half:<13} {h.n:>5} rows, MAPE {h.mape:.2f}%, max {h.max_abs_pct_error:.1f}%")
+            lines.append(f"  {half:<13} {h.n:>5} {'row' if h.n == 1 else 'rows'}, MAPE {h.mape:.2f}%, max {h.max_abs_pct_error:.1f}%")
     published = VTRAIN_PUBLISHED_MAPE.get(dataset)
     if published is not None:
         lines.append(f"  vTrain's published MAPE on this data: {published:.2f}%")
@@ -126,7 +127,7 @@ def format_ranking(groups: Sequence[RankingGroup], summary: RankingSummary, max_
         shown = sorted(shown, key=lambda g: -(g.stats.regret_pct or 0.0))[:5]
     title = "ranking within each group (same model, GPUs, global batch)"
     if len(shown) < total:
-        title += f": the {len(shown)} of {total} groups with the largest regret"
+        title += f": the {len(shown)} of {plural(total, 'group')} with the largest regret"
     lines = [title, f"{'group':<34} {'rows':>5} {'Spearman':>9} {'regret':>8}  {'predicted best':<22} measured best"]
     for g in shown:
         st = g.stats
@@ -137,7 +138,7 @@ def format_ranking(groups: Sequence[RankingGroup], summary: RankingSummary, max_
     if summary.groups:
         med, low = summary.median_spearman_rho, summary.min_spearman_rho
         rho_txt = "—" if med is None or low is None else f"median {med:.3f}, lowest {low:.3f}"
-        lines.append(f"  {summary.groups} groups: Spearman {rho_txt}; regret mean {summary.mean_regret_pct or 0.0:.2f}%, "
+        lines.append(f"  {plural(summary.groups, 'group')}: Spearman {rho_txt}; regret mean {summary.mean_regret_pct or 0.0:.2f}%, "
                      f"largest {summary.max_regret_pct or 0.0:.1f}%; rho >= 0.9 in {summary.groups_rho_at_least_0_9}, "
                      f"regret <= 1% in {summary.groups_regret_at_most_1pct}")
     return lines

@@ -667,3 +667,12 @@ def test_multi_node_runs_without_groups_inside_a_node_fit_no_nic():
     run = _multi_node_run(Plan(dp=4, micro_batch_size=1, global_batch_size=8), "a100-sxm4-80gb:2x2")
     links, _ = fit_comm([run])  # its groups span both nodes: the NVLink part cannot be taken out
     assert "nic" not in links.get("nccl", {})
+
+
+def test_fidelity_table_of_one_run_says_run():
+    from mindpipe.simulator.calibrate.fidelity import FidelityRow, table_markdown
+
+    one = table_markdown([FidelityRow("r", "dp1 tp1 pp1", 1, 1.0, 1.1, None)])
+    assert one.endswith(", over 1 run.")
+    two = table_markdown([FidelityRow("r", "p", 1, 1.0, 1.1, None), FidelityRow("s", "p", 1, 1.0, 0.9, None)])
+    assert two.endswith(", over 2 runs.")

@@ -80,7 +80,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(("clocks", "message"), [
     ([1410, 1100], "stage_clocks_mhz[1]=1100 is not a supported a100-sxm4-80gb SM clock"),
-    ([1410], "stage_clocks_mhz has 1 entries, expected pp×virtual_stages=2"),
+    ([1410], "stage_clocks_mhz has 1 entry, expected pp×virtual_stages=2"),
     ([1410, "fast"], "stage_clocks_mhz[1]: must be an integer, got 'fast'"),
 ])
 def test_bad_stage_clocks_exit_2_with_one_line(clocks, message: str) -> None:

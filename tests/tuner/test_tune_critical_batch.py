@@ -144,4 +144,4 @@ def test_calibrate_command_carries_the_noise_scale_to_tune(tmp_path, capsys):
                  "--workers", "1", "--quiet", "--no-plots", "--calibration", str(tmp_path / "cal.json"),
                  "--out", str(tmp_path / "t")]) == 0
     text = capsys.readouterr().out
-    assert "critical batch   32.5 samples: measured gradient noise scale (2 run(s), 320 samples" in text
+    assert "critical batch   32.5 samples: measured gradient noise scale (2 runs, 320 samples" in text

@@ -216,3 +216,10 @@ def test_cli_json_has_ranking(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert {"ranking", "ranking_summary"} <= set(obj)
     g = obj["ranking"][0]
     assert {"size", "gpus", "global_batch", "n", "spearman_rho", "regret_pct", "predicted_best", "measured_best"} <= set(g)
+
+
+def test_report_of_one_row_and_one_group_is_in_the_singular() -> None:
+    text = format_report("demo", [_rr(10.0, 9.0)], summarize([_rr(10.0, 9.0)]), rows_shown=False)
+    assert "demo: 1 row, MAPE" in text and "1 rows" not in text
+    two = [_rr(10.0, 5.0, tp=2), _rr(8.0, 6.0, tp=4)]
+    assert "  1 group: Spearman" in format_report("demo", two, summarize(two), rows_shown=False)
