@@ -142,3 +142,22 @@ def test_fidelity_report_one_set_of_rows_no_files_no_print(tmp_path):
     files = fidelity_report(_rows("run", 2), report_dir=tmp_path, title="Predicted vs measured (no calibration)")
     md = files[0].read_text()
     assert md.startswith("# Predicted vs measured (no calibration)\n\n| run |") and "##" not in md
+
+
+def test_help_texts_say_what_the_commands_do():
+    from mindpipe.tuner.keys import parse_global_batch
+
+    parser = build_parser()
+    parsers = _subparsers(parser)
+    helps = {a.dest: a.help for a in next(a for a in parser._actions
+                                           if isinstance(a, argparse._SubParsersAction))._choices_actions}
+    # run: the one-host CPU launch forks its ranks (executor/launch.py uses_spawner), others go through torchrun
+    assert "wraps torchrun" not in helps["run"] and "rank spawner" in helps["run"] and "torchrun" in helps["run"]
+
+    def option_help(name: str, flag: str) -> str:
+        return next(a.help for a in parsers[name]._actions if flag in a.option_strings) or ""
+
+    assert "nemo-h100" in option_help("validate", "--data") and "vTrain" in option_help("validate", "--data")
+    batch = option_help("tune", "--global-batch")
+    assert "power-of-two range" not in batch and "doubling from A up to B" in batch
+    assert "3:100 is 3,6,...,96" in batch and parse_global_batch("3:100") == [3, 6, 12, 24, 48, 96]

@@ -24,7 +24,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``run`` subcommand to ``sub`` and return its parser."""
     from mindpipe.executor.config import add_run_arguments  # torch-free
 
-    p = sub.add_parser("run", help="train a plan with torch.distributed (wraps torchrun) and measure it")
+    p = sub.add_parser("run", help="train a plan with torch.distributed and measure it (on one CPU host MindPipe's "
+                       "rank spawner forks the ranks; on GPUs or several nodes torchrun starts them)")
     add_run_arguments(p, launcher=True)
     p.set_defaults(func=cmd_run)
     return p

@@ -82,7 +82,8 @@ def _add_objective_arguments(p: argparse.ArgumentParser) -> None:
 def _add_space_arguments(p: argparse.ArgumentParser) -> None:
     """The plan space: ``--global-batch --fix --what-if --search --partitioner``."""
     p.add_argument("--global-batch", default=None, metavar="N|A,B|A:B",
-                   help="global batch: fixed, a list, or a power-of-two range (default: power of two >= 4x devices)")
+                   help="global batch: fixed (N), a list (A,B,...), or A:B, doubling from A up to B (3:100 is 3,6,...,96; "
+                        "default: the smallest power of two >= 4x devices)")
     p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help="pin a plan key, e.g. --fix tp=8 --fix recompute=full (KEY=A,B restricts to a set)")
     p.add_argument("--what-if", nargs="?", const="all", default=None, metavar="KEY[,KEY]",

@@ -47,7 +47,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="simulate published runs and print the error of the performance model")
     p.add_argument("dataset", choices=DATASETS, help="which measurements --data holds")
     p.add_argument("--data", required=True, nargs="+", metavar="FILE",
-                   help="the dataset's CSV (vTrain ground_truth_{single,multi}.csv), or measured traces for 'measured'")
+                   help="the dataset's CSV (vTrain ground_truth_{single,multi}.csv, or NeMo's nemo_2407_h100_fp8.csv for "
+                        "nemo-h100), or measured traces for 'measured'")
     p.add_argument("--calibration", default=None, metavar="FILE", help="simulate with this calibration (mindpipe calibrate)")
     p.add_argument("--report", default=None, metavar="DIR", help="measured: write fidelity.md and calibration_scatter.png")
     p.add_argument("--gpu", default="a100-sxm4-80gb", help="catalog GPU to simulate the runs on (default a100-sxm4-80gb)")
