@@ -269,7 +269,9 @@ def _format(summary: TuneSummary, plots: bool = True) -> str:
         f"objective        {summary.objective}",
         *([f"critical batch   {critical.value:.6g} samples: {critical.note}"]
           if critical is not None and critical.value is not None else []),
-        f"best value       {summary.best_value:.6g}",
+        f"best value       {summary.best_value:.6g}"
+        + (" (the search's best plan at default clocks, before the front's clocks and start times below)"
+           if summary.target is not None else ""),
         f"best plan        {shown}",
         f"{'what-if knobs' if net is None else 'supernet':16s} {what_if}",
         *[f"also searched    {k} = {', '.join(map(str, v))} (--search)" for k, v in (summary.search or {}).items()],

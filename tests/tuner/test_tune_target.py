@@ -109,6 +109,10 @@ def test_without_a_series_the_annual_intensity_prices_the_target(tmp_path):
     assert info["start"] is None and info["wait_hours"] == 0
     assert info["carbon_gco2"] == pytest.approx(info["energy_kwh"] * info["carbon_gco2_if_now"]
                                                 / info["energy_kwh_if_now"])
+    # The text's search value is labelled as such: the carbon line after it is the front's choice.
+    code, text, stderr = _tune(tmp_path / "t", "--objective", "carbon_to_target", *TARGET, "--no-plots")
+    assert code == 0, stderr
+    assert "(the search's best plan at default clocks, before the front's clocks and start times below)" in text
 
 
 def test_the_calibrations_measured_noise_scale_sets_the_target_when_none_is_typed(tmp_path):
