@@ -21,8 +21,40 @@ COLORS = {
 }
 
 
+MIN_BAR_PX = 2.0
+"""Narrowest drawn span, in pixels of the Axes at the figure's dpi: wide enough to cover one pixel whole
+(antialiasing fades a narrower one into its neighbours), more at a higher saving dpi."""
+THIN_BAR_PX = 3.0
+"""Spans narrower than this are drawn without the white edge that separates wide ones."""
+
+
+def _pixel_s(ax: Any, events: Sequence[TimelineEvent]) -> float:
+    """Seconds per pixel of ``ax`` across the events' time range (0 when it has no width)."""
+    t0, t1 = min(e.start_s for e in events), max(e.end_s for e in events)
+    width = ax.get_window_extent().width
+    return (t1 - t0) / width if t1 > t0 and width > 0 else 0.0
+
+
+def _split_thin(spans: list[tuple[float, float]], px: float) -> tuple[list[tuple[float, float]],
+                                                                       list[tuple[float, float]]]:
+    """(wide spans, thin spans widened to :data:`MIN_BAR_PX` about their middle) for ``px`` seconds per pixel.
+
+    A transfer of 2 ms on a 14 s axis is a fifth of a pixel: antialiased, and under a white edge of
+    its own, it vanished except where it happened to straddle a pixel boundary, so p2p showed on
+    some ranks in some windows only although every rank has hundreds.
+    """
+    least, thin_below = MIN_BAR_PX * px, THIN_BAR_PX * px
+    wide = [(s, w) for s, w in spans if w >= thin_below]
+    thin = [(s + w / 2 - max(w, least) / 2, max(w, least)) for s, w in spans if w < thin_below]
+    return wide, thin
+
+
 def draw_gantt(ax: Any, events: Sequence[TimelineEvent], title: str = "") -> None:
-    """Draw a Gantt chart on a matplotlib Axes: a row per rank, compute above communication."""
+    """Draw a Gantt chart on a matplotlib Axes: a row per rank, compute above communication.
+
+    Every span is at least :data:`MIN_BAR_PX` wide, so short transfers stay visible on a long
+    iteration (drawn over the wide spans of their row, without an edge).
+    """
     ranks = sorted({e.rank for e in events})
     row = {r: i for i, r in enumerate(ranks)}
     # One broken_barh (one PolyCollection) per row, thread and category, not one per event: drawing
@@ -31,10 +63,16 @@ def draw_gantt(ax: Any, events: Sequence[TimelineEvent], title: str = "") -> Non
     for e in events:
         key = (row[e.rank], e.thread == "comm", e.category)
         bars.setdefault(key, []).append((e.start_s, e.end_s - e.start_s))
+    px = _pixel_s(ax, events) if events else 0.0
     for (y, comm, cat), spans in bars.items():
         height, off = (0.3, -0.35) if comm else (0.6, 0.0)
-        ax.broken_barh(spans, (y + off - height / 2 + (0.15 if not comm else 0.0), height),
-                       facecolors=COLORS.get(cat, "#999999"), edgecolor="white", linewidth=0.2)
+        where = (y + off - height / 2 + (0.15 if not comm else 0.0), height)
+        wide, thin = _split_thin(spans, px)
+        if wide:
+            ax.broken_barh(wide, where, facecolors=COLORS.get(cat, "#999999"), edgecolor="white", linewidth=0.2)
+        if thin:
+            ax.broken_barh(thin, where, facecolors=COLORS.get(cat, "#999999"), edgecolor="none", linewidth=0,
+                           zorder=2.5)
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([f"rank {r}" for r in ranks])
     ax.invert_yaxis()
