@@ -51,6 +51,7 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.host_alloc import set_rank_allocator
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.trace import Trace
+from mindpipe.traces.units import plural
 
 EXIT_FAILED = 1
 EXIT_INPUT = 2
@@ -203,15 +204,21 @@ def _keep_log(log: Path, records: dict[int, rundir.RankError]) -> None:
 class ProgressLine:
     """Prints the run's progress record (:func:`mindpipe.executor.rundir.read_progress`) to stderr as it
     advances, ever less often as the run goes on (:func:`~mindpipe.executor.rundir.progress_gap`) and
-    always its last step.
+    always its last step; and every note a rank left (:func:`~mindpipe.executor.rundir.record_note`).
     """
 
     def __init__(self, run_dir: Path, unit: str = "step") -> None:
         self.run_dir, self.unit = run_dir, unit
         self.started = self.printed_at = time.monotonic()
         self.shown = 0
+        self.notes_shown = 0
 
     def __call__(self) -> None:
+        notes = rundir.read_notes(self.run_dir)
+        for note in notes[self.notes_shown:]:
+            with contextlib.suppress(OSError):
+                print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
+        self.notes_shown = max(self.notes_shown, len(notes))
         progress = rundir.read_progress(self.run_dir)
         if progress is None or progress.step <= self.shown:
             return
@@ -300,8 +307,8 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
     start = check_checkpoint(cfg)
     notes = list(pre.notes)
     if 0 < cfg.steps - start <= cfg.warmup_steps:  # the worker then times every step (executor/worker.py _loop)
-        notes.append(f"--warmup-steps {cfg.warmup_steps} would leave none of the {cfg.steps - start} steps this run "
-                     "trains to time: every step is timed, the first one's start-up costs included")
+        notes.append(f"--warmup-steps {cfg.warmup_steps} would leave nothing to time of this run's "
+                     f"{plural(cfg.steps - start, 'step')}: every step is timed, the first one's start-up costs included")
     for note in notes:
         print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
     return run_and_read(cfg, args, kind, run_timeout)

@@ -261,6 +261,27 @@ class ProgressReporter:
             self.printed = now
 
 
+def record_note(text: str) -> bool:
+    """Leave a one-line note for the launcher to print (a rank's own output goes to the run's log,
+    which is dropped when the run succeeds). Returns False where no launcher's run directory is set,
+    so the caller prints it itself."""
+    where = os.environ.get(RUN_DIR_ENV)
+    if not where:
+        return False
+    with open(Path(where) / "notes.txt", "a", encoding="utf-8") as fh:
+        fh.write(" ".join(text.split()) + "\n")
+    return True
+
+
+def read_notes(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The notes the ranks left (:func:`record_note`), in order; none before the first."""
+    try:
+        text = (Path(run_dir) / "notes.txt").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.split("\n")[:-1] if line.strip()]  # a line still being written is left
+
+
 def read_progress(run_dir: str | os.PathLike[str]) -> Progress | None:
     """The run's latest :class:`Progress`, or None before the first (or from a record it cannot read)."""
     try:

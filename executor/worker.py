@@ -14,6 +14,7 @@ measured trace and the timeline (:mod:`mindpipe.executor.report`).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ from mindpipe.executor.partial_grads import reduce_before_grad_sync, reduce_part
 from mindpipe.executor.payload import Coords, RankPayload
 from mindpipe.executor.pipeline import make_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
-from mindpipe.executor.rundir import ProgressReporter, record_error, record_finished
+from mindpipe.executor.rundir import ProgressReporter, record_error, record_finished, record_note
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.tied_table import TiedTable
 from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_waits
@@ -129,8 +130,10 @@ def _resume(cfg: RunConfig, parts: list[Any], optimizers: list[Any], probe: Nois
     if (saved.method, saved.ema_beta) == (probe.estimator.result.method, probe.estimator.result.ema_beta):
         probe.estimator.restore(saved)
     elif dist.get_rank() == 0:  # another split of the same model (e.g. dp changed): the norms differ in kind
-        print(f"mindpipe run: the checkpoint's noise-scale averages were taken with method {saved.method}; this plan "
-              f"measures {probe.estimator.result.method}: the noise scale starts afresh", flush=True)
+        note = (f"the checkpoint's noise-scale averages were taken with method {saved.method}; this plan measures "
+                f"{probe.estimator.result.method}: the noise scale starts afresh")
+        if not record_note(note):
+            print(f"executor: note: {note}", file=sys.stderr, flush=True)
     return start
 
 

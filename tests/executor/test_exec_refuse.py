@@ -120,9 +120,23 @@ def test_a_warm_up_that_leaves_nothing_to_time_is_said(tmp_path):
     out = tmp_path / "m.json"
     res = _run('{"global_batch_size": 2}', "--nproc", "1", "--warmup-steps", "5", "--out", str(out))
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "mindpipe: note: --warmup-steps 5 would leave none of the 2 steps this run trains to time" in res.stderr
+    assert "mindpipe: note: --warmup-steps 5 would leave nothing to time of this run's 2 steps: every step is timed" in res.stderr
     from mindpipe.traces.trace import Trace
 
     assert Trace.load(out).measurement.warmup_steps == 0
     quiet = _run('{"global_batch_size": 2}', "--nproc", "1", "--out", str(tmp_path / "q.json"))
     assert quiet.returncode == 0 and "--warmup-steps" not in quiet.stderr
+
+
+def test_a_ranks_note_reaches_the_user(tmp_path):
+    # A rank's output goes to the run's log (dropped when the run succeeds): a note it leaves in the
+    # run directory is printed by the launcher. Here: a resume under another data-parallel split.
+    ck = str(tmp_path / "ck")
+    plan = {"micro_batch_size": 2, "global_batch_size": 8, "precision": "fp32"}
+    first = _run(json.dumps(plan), "--nproc", "1", "--checkpoint-dir", ck, "--out", str(tmp_path / "a.json"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    res = mindpipe("run", json.dumps({**plan, "dp": 2}), "--nproc", "2", "--steps", "3", "--model", json.dumps(TINY),
+                   "--checkpoint-dir", ck, "--resume", "--out", str(tmp_path / "b.json"), timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert ("mindpipe: note: the checkpoint's noise-scale averages were taken with method microbatch; this plan "
+            "measures data_parallel: the noise scale starts afresh") in res.stderr
