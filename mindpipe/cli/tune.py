@@ -429,7 +429,7 @@ def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, ca
                          if plan.get(k, default) != default)
         # What decides the memory, always named: a memory-blind partitioner keeps every activation
         # unless --fix recompute says otherwise, and ZeRO stays at the plan's default unless pinned.
-        policy = best.plan.layer_memory_policy
+        policy = plan.get("layer_memory_policy")
         counts = ", ".join(f"{n} {p}" for p, n in sorted(Counter(policy).items())) if policy else None
         memory = (f"per-block policy from {best.partitioner}: {counts}" if counts else
                   f"recompute={plan['recompute']} for every block ({best.partitioner} chooses no per-block policy; "
