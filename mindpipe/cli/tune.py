@@ -369,14 +369,14 @@ def _search(args: argparse.Namespace, model: Model | Supernet, objective: Object
     """Run the sweep (with a progress bar unless ``--quiet``) and the clock step of ``--clocks``; the summary."""
     from mindpipe.tuner.api import tune
     from mindpipe.tuner.progress import ProgressBar
-    from mindpipe.tuner.store import CONFIG_NAME
+    from mindpipe.tuner.store import CONFIG_NAME, RECORDS_NAME
     from mindpipe.tuner.sweep import SweepConfig
 
     to_target = args.objective == tune_target.OBJECTIVE
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size,
                       dask_timeout_s=args.dask_timeout)
-    if args.resume and not os.path.lexists(os.path.join(args.out, CONFIG_NAME)):
+    if args.resume and not any(os.path.lexists(os.path.join(args.out, n)) for n in (CONFIG_NAME, RECORDS_NAME)):
         # Not an error: a sweep killed before its first evaluation stored nothing yet. Said, so that a
         # mistyped --out does not pass for a resumed sweep.
         stderr(f"mindpipe: note: --resume: {args.out} holds no sweep yet ({CONFIG_NAME}); starting a new one")
