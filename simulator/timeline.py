@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from mindpipe.traces.atomic import save_figure
+from mindpipe.traces.atomic import figure, save_figure
 from mindpipe.traces.chrome_trace import TimelineEvent, chrome_trace, write_chrome_trace
 
 COLORS = {
@@ -82,34 +82,27 @@ def draw_gantt(ax: Any, events: Sequence[TimelineEvent], title: str = "") -> Non
 
 
 def write_gantt(events: Sequence[TimelineEvent], path: str | os.PathLike[str], title: str = "") -> None:
-    """Save a Gantt chart PNG of ``events`` (matplotlib, Agg backend)."""
+    """Save a Gantt chart PNG of ``events`` (matplotlib, without pyplot: :func:`~mindpipe.traces.atomic.figure`)."""
     write_gantts([(events, title)], path)
 
 
 def write_gantts(panels: Sequence[tuple[Sequence[TimelineEvent], str]], path: str | os.PathLike[str]) -> None:
     """Save Gantt charts stacked on one time axis (e.g. measured above simulated) as a PNG (or the
     image format the file name ends with), through :func:`mindpipe.traces.atomic.save_figure`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     rows = [max(len({e.rank for e in events}), 1) for events, _ in panels]
     legend_in = 0.45  # a strip of its own under the time axis, so it hides neither actions nor the axis label
     height = sum(1.0 + 0.6 * r for r in rows) + legend_in
-    fig, axes = plt.subplots(len(panels), 1, figsize=(12, height), sharex=True,
-                             gridspec_kw={"height_ratios": rows}, squeeze=False)
+    fig, axes = figure(len(panels), 1, figsize=(12, height), sharex=True, gridspec_kw={"height_ratios": rows},
+                       squeeze=False)
     for ax, (events, title) in zip(axes[:, 0], panels, strict=True):
         draw_gantt(ax, events, title)
     cats = sorted({e.category for events, _ in panels for e in events})
     fig.legend(handles=[Patch(color=COLORS.get(c, "#999999"), label=c) for c in cats], loc="lower center",
                fontsize="small", ncol=len(cats), frameon=False)
     fig.tight_layout(rect=(0.0, legend_in / height, 1.0, 1.0))
-    try:
-        save_figure(fig, path, dpi=120)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 __all__ = ["chrome_trace", "draw_gantt", "write_chrome_trace", "write_gantt", "write_gantts"]

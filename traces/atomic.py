@@ -222,6 +222,19 @@ def write_bytes(path: str | os.PathLike[str], data: bytes, *, make_parents: bool
         fh.write(data)
 
 
+def figure(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None, **subplots: Any) -> tuple[Any, Any]:
+    """A matplotlib figure and its axes, as ``pyplot.subplots`` gives them, but without pyplot.
+
+    No backend is chosen or switched (``matplotlib.use("Agg")`` in a library call turned a notebook's
+    inline plots off for the rest of its session), no figure is registered with pyplot, so nothing
+    needs closing; :func:`save_figure` writes it in any format matplotlib has.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **subplots)
+
+
 def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 100, make_parents: bool = True) -> None:
     """Save a matplotlib figure safely, in the format its file name ends with (``.png`` by default).
 
@@ -308,5 +321,5 @@ def open_append(path: str | os.PathLike[str]) -> IO[str]:
     return open(fd, "a", encoding="utf-8", closefd=True)
 
 
-__all__ = ["FIFO_WAIT_S", "check_output", "classify", "open_append", "open_output", "output_dir", "save_figure", "write_bytes",
+__all__ = ["FIFO_WAIT_S", "check_output", "classify", "figure", "open_append", "open_output", "output_dir", "save_figure", "write_bytes",
            "write_text"]

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from mindpipe.simulator.simulator import Simulator
-from mindpipe.traces.atomic import save_figure, write_text
+from mindpipe.traces.atomic import figure, save_figure, write_text
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.schema import write_json
@@ -24,14 +24,9 @@ from mindpipe.tuner.frequency import ClockPlan, plan_clocks
 
 def plot_frontier(cp: ClockPlan, path: Path, title: str = "") -> None:
     """Time–energy frontier (DAG) with the baseline and the chosen plan (engine) marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     # the unit that puts the values between 1 and 1000 (kJ for a small model's iteration, MJ for a large one)
     unit, per = scaled_unit([cp.baseline_energy_j, cp.energy_j, *(p.energy_j for p in cp.frontier)], ENERGY_UNITS)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = figure(figsize=(6, 4))
     if cp.frontier:
         ax.plot([p.iteration_s for p in cp.frontier], [p.energy_j / per for p in cp.frontier], ".-",
                 label="Perseus frontier (DAG)")
@@ -45,7 +40,6 @@ def plot_frontier(cp: ClockPlan, path: Path, title: str = "") -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def add_stage_clocks(out: str | Path, plan: Plan, model: Model, cluster: Cluster, method: str,

@@ -30,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mindpipe.traces.atomic import open_output, output_dir, save_figure, write_text
+from mindpipe.traces.atomic import figure, open_output, output_dir, save_figure, write_text
 from mindpipe.traces.config import MadeFor, Plan
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.supernet import Supernet
@@ -89,21 +89,13 @@ def pareto_rows(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [feasible[i] for i in pareto_front(feasible)]
 
 
-def _save(fig: Any, plt: Any, path: Path) -> None:
-    """Lay out, write (safely) and close one figure."""
+def _save(fig: Any, path: Path) -> None:
+    """Lay out and write (safely) one figure."""
     fig.tight_layout()
-    try:
-        save_figure(fig, path, dpi=100)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def _plot_convergence(result: SweepResult, objective: Objective, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     xs, ys, best, sims = [], [], None, 0
     each_x, each_y = [], []
     for r in result.records:
@@ -116,7 +108,7 @@ def _plot_convergence(result: SweepResult, objective: Objective, path: Path) -> 
         if best is not None and r.simulated:
             xs.append(sims)
             ys.append(best)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = figure(figsize=(6, 4))
     ax.scatter(each_x, each_y, s=8, color="0.6", label="feasible plan evaluated")
     ax.step(xs, ys, where="post", label="best so far")
     ax.legend(fontsize=8)
@@ -124,17 +116,12 @@ def _plot_convergence(result: SweepResult, objective: Objective, path: Path) -> 
     ax.set_ylabel(f"{objective.name} ({objective.unit})")
     ax.set_title(f"convergence: {objective.describe()}", fontsize=9)
     ax.grid(alpha=0.3)
-    _save(fig, plt, path)
+    _save(fig, path)
 
 
 def _plot_pareto(table: list[dict[str, Any]], front: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     feas = [r for r in table if r["feasible"]]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = figure(figsize=(6, 4))
     ax.scatter([r["carbon_per_sample_g"] for r in feas], [r["throughput_samples_per_s"] for r in feas], s=10,
                alpha=0.5, label="feasible plans")
     ax.plot([r["carbon_per_sample_g"] for r in front], [r["throughput_samples_per_s"] for r in front], "o-",
@@ -143,7 +130,7 @@ def _plot_pareto(table: list[dict[str, Any]], front: list[dict[str, Any]], path:
     ax.set_ylabel("throughput (samples/s)")
     ax.legend()
     ax.grid(alpha=0.3)
-    _save(fig, plt, path)
+    _save(fig, path)
 
 
 def best_plan(best: ScoredRecord | None, made_for: MadeFor) -> Plan | None:

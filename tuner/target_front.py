@@ -34,7 +34,7 @@ from mindpipe.simulator.carbon import stamp
 from mindpipe.simulator.energy import J_PER_KWH
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.simulator.timeshift import Window, schedule
-from mindpipe.traces.atomic import open_output, save_figure, write_text
+from mindpipe.traces.atomic import figure, open_output, save_figure, write_text
 from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.units import CARBON_UNITS, scaled_unit
@@ -259,14 +259,9 @@ class TargetChoice:
 def plot(points: Sequence[FrontPoint], fr: Sequence[FrontPoint], ref: FrontPoint, chosen: FrontPoint,
          path: Path, title: str = "") -> None:
     """Hours to target vs gCO2: every point (by clocks), the front, the reference and the choice."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     # the unit that puts the values between 1 and 1000 (gCO2 of a small job, tCO2 of a large one)
     unit, per = scaled_unit([p.cost.carbon_gco2 for p in points], CARBON_UNITS)
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = figure(figsize=(6.5, 4.2))
     for clocks, marker in (("default", "o"), ("perseus", "^"), ("envpipe", "s")):
         pts = [p for p in points if p.candidate.clocks == clocks]
         if pts:
@@ -283,7 +278,6 @@ def plot(points: Sequence[FrontPoint], fr: Sequence[FrontPoint], ref: FrontPoint
     ax.grid(alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def select_plans(records: Sequence[ScoredRecord], top: int) -> list[Plan]:

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from mindpipe.simulator.api import SimulationOptions, simulate
 from mindpipe.simulator.calibrate.runs import MeasuredRun
-from mindpipe.traces.atomic import output_dir, save_figure, write_text
+from mindpipe.traces.atomic import figure, output_dir, save_figure, write_text
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Plan
 from mindpipe.traces.units import plural
@@ -152,12 +152,7 @@ def scatter_png(rows: list[FidelityRow], path: str | Path, title: str = "Predict
     ``rows`` are the held-out runs; ``fitted`` (optional) the runs the calibration was fitted
     on, drawn hollow so the two are not confused.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 5.4))
+    fig, ax = figure(figsize=(6.4, 5.4))
     allrows = rows + (fitted or [])
     values = [v for r in allrows for v in (r.measured_s, r.uncalibrated_s, r.calibrated_s or r.measured_s)]
     lo, hi = min(values) / 1.5, max(values) * 1.5
@@ -194,10 +189,7 @@ def scatter_png(rows: list[FidelityRow], path: str | Path, title: str = "Predict
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     out = Path(path)
-    try:
-        save_figure(fig, out, dpi=120)
-    finally:
-        plt.close(fig)
+    save_figure(fig, out, dpi=120)
     return out
 
 

@@ -170,20 +170,39 @@ def test_output_dir_and_open_append_refuse_the_wrong_kind(tmp_path):
 
 
 def test_save_figure_refuses_an_unknown_format_before_writing(tmp_path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, _ = plt.subplots()
-    try:
-        with pytest.raises(ContractError, match=r"unsupported image format \.xyz"):
-            save_figure(fig, tmp_path / "g.xyz")
-        save_figure(fig, tmp_path / "g.svg")
-    finally:
-        plt.close(fig)
+    fig, _ = atomic.figure()
+    with pytest.raises(ContractError, match=r"unsupported image format \.xyz"):
+        save_figure(fig, tmp_path / "g.xyz")
+    save_figure(fig, tmp_path / "g.svg")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.svg"]
     assert (tmp_path / "g.svg").read_text().lstrip().startswith("<?xml")
+
+
+PLOTS_IN_A_NOTEBOOK = """
+import sys
+import matplotlib
+matplotlib.use("svg")  # stands for a notebook's inline backend
+from mindpipe.simulator.timeline import write_gantt
+from mindpipe.traces.chrome_trace import TimelineEvent
+from mindpipe.tuner.api import tune
+from mindpipe.tuner.sweep import SweepConfig
+write_gantt([TimelineEvent(0, "compute", "0F0", 0.0, 1.0, "F")], sys.argv[1] + "/g.png")
+tune("gpt-mini", "cpu:1x2", out=sys.argv[1] + "/t", config=SweepConfig(optimizer="random", budget=2, workers=1))
+print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules)
+"""
+
+
+def test_plots_leave_the_callers_matplotlib_backend_alone(tmp_path):
+    # Library plots draw on pyplot-free figures: a notebook's backend stays what it was (calling
+    # matplotlib.use("Agg") from a plot turned inline figures off for the rest of the session).
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", PLOTS_IN_A_NOTEBOOK, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["svg", "False"]
+    assert (tmp_path / "g.png").stat().st_size > 0 and (tmp_path / "t" / "convergence.png").stat().st_size > 0
 
 
 def test_check_output_creates_what_the_writer_would_and_leaves_nothing(tmp_path, monkeypatch):
