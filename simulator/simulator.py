@@ -123,6 +123,8 @@ class Simulator:
                  cores_per_rank_slots: float | None = None, step_overhead_s: float = 0.0) -> None:
         self.model = model
         self.device = get_device(cluster.gpu, catalog)
+        if trace is not None:  # a trace prices only the model it was taken for (simulate(), tune_max_batch(), ...)
+            trace.check_model(model, source="trace")
         self.trace = trace
         self.calibration = calibration
         hw_compute, hw_comm = default_models(self.device, cluster)

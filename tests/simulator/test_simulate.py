@@ -127,3 +127,23 @@ def test_bad_plans_are_one_line_errors_with_exit_2(plan: dict, needle: str) -> N
     assert len(lines) == 1 and lines[0].startswith("mindpipe: error:"), res.stderr
     assert needle in lines[0] and "Traceback" not in res.stderr
     assert res.stdout == ""
+
+
+def test_a_trace_of_another_model_is_refused_from_python_too(tmp_path) -> None:
+    # simulate() (and everything that builds a Simulator: tune_max_batch, the sweeps) refuses a trace
+    # taken for another model, as the CLI does, instead of pricing gpt-13b with gpt-mini's layers.
+    from mindpipe.traces.builtin import load_cluster
+    from mindpipe.traces.data import load_shipped_trace
+    from mindpipe.traces.errors import ContractError
+    from mindpipe.tuner.maxbatch import tune_max_batch
+
+    mini = load_shipped_trace("gpt-mini.cpu")
+    plan = Plan(dp=8, tp=8, global_batch_size=128)
+    with pytest.raises(ContractError, match="trace was taken for gpt-mini .*, not for gpt-13b"):
+        simulate(load_model("gpt-13b"), load_cluster("a100-sxm4-80gb:8x8"), plan, SimulationOptions(trace=mini))
+    with pytest.raises(ContractError, match="trace was taken for gpt-mini"):
+        tune_max_batch("gpt-1.3b", "a100-sxm4-80gb:1x8", out=tmp_path / "mb", partitioners=["balanced"],
+                       fixes=["dp=8", "tp=1", "pp=1"], trace=mini)
+    own = simulate(load_model("gpt-mini"), load_cluster("cpu:1x2"), Plan(dp=2, global_batch_size=8),
+                   SimulationOptions(trace=mini))
+    assert own.iteration_time_s > 0
