@@ -31,12 +31,13 @@ from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Cluster, MadeFor, Model
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import frequency_spec
+from mindpipe.traces.limits import shown
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.evaluate import screen as screen_memory
-from mindpipe.tuner.keys import parse_fixes, parse_global_batch, parse_search, parse_what_if
+from mindpipe.tuner.keys import parse_global_batch, parse_search, parse_what_if, read_fixes
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import CriticalBatch, Objective
 from mindpipe.tuner.output import write_outputs
@@ -120,18 +121,21 @@ def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | S
         batches = [default_global_batch(cluster)]
     elif isinstance(global_batch, str):
         batches = parse_global_batch(global_batch)
-    elif isinstance(global_batch, int):
-        batches = [global_batch]
-    else:
-        batches = sorted(set(global_batch))
-    fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
+    else:  # a size or sizes from Python: the same rules as the text (0 < size <= the limit, how many)
+        values = list(global_batch) if isinstance(global_batch, list | tuple | set | range) else [global_batch]
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise ContractError("--global-batch", None, f"{shown(global_batch)}: a global batch size is a whole number "
+                                                        "(or give a list of them, or 'A:B')")
+        batches = parse_global_batch(",".join(map(str, values)))
+    fixed = read_fixes(fixes)
     knobs, opened = parse_what_if(what_if), parse_search(search)
     if trace is not None and not isinstance(model, Supernet):
         fixed = attention_as_profiled(fixed, trace)
         if "cp" in opened:  # the trace compute model's own refusal, before any point is proposed
             raise ContractError("--search", "cp", "cp: a trace's layers ran whole sequences, so it cannot price "
                                 "context parallelism; tune cp without --trace (the hardware model)")
-    return SearchSpace(model, cluster, batches, fixed, tuple(partitioners), knobs,
+    named = (partitioners,) if isinstance(partitioners, str) else tuple(partitioners)  # "even" is one, not four
+    return SearchSpace(model, cluster, batches, fixed, named, knobs,
                        batch_given=global_batch is not None, search=opened)
 
 

@@ -226,6 +226,38 @@ def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def read_fixes(fixes: Mapping[str, Any] | Iterable[str] | str | None) -> dict[str, Any]:
+    """Pinned plan keys from ``--fix KEY=VALUE`` strings (one string, a list) or a Python mapping
+    (``{"tp": 8, "schedule": ["1f1b", "zb_h1"]}``), every value checked by :func:`parse_fixes`'s rules:
+    a mapping is written as the strings it stands for, so both forms refuse the same values.
+
+    Raises:
+        ContractError: see :func:`parse_fixes`.
+    """
+    if fixes is None:
+        return {}
+    if isinstance(fixes, str):
+        return parse_fixes([fixes])
+    if isinstance(fixes, Mapping):
+        return parse_fixes(f"{key}={_fix_text(str(key).strip().replace('-', '_'), value)}"
+                           for key, value in fixes.items())
+    return parse_fixes(fixes)
+
+
+def _fix_text(key: str, value: Any) -> str:
+    """A mapping's value as ``--fix`` text: a JSON list for the list keys, else values joined by commas."""
+    if key in LIST_KEYS:
+        return json.dumps(value) if isinstance(value, list | tuple) else shown(value)
+    values = list(value) if isinstance(value, list | tuple) else [value]
+
+    def one(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return str(v) if isinstance(v, int | str) else shown(v)  # 8.0 then fails an integer key's rule
+
+    return ",".join(one(v) for v in values)
+
+
 def check_fixes_what_if(fixes: Mapping[str, Any], what_if: Iterable[str]) -> None:
     """Refuse ``--fix`` of a what-if knob to a value the executor does not run, unless it is searched.
 
@@ -321,5 +353,6 @@ __all__ = [
     "parse_what_if",
     "plan_of",
     "point_key",
+    "read_fixes",
     "what_if_used",
 ]

@@ -33,7 +33,7 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.trace import Trace
-from mindpipe.tuner.keys import WHAT_IF_KEYS, Point, check_partitioners, parse_fixes
+from mindpipe.tuner.keys import WHAT_IF_KEYS, Point, check_partitioners, read_fixes
 from mindpipe.tuner.materialize import Materialized, Problem, materialize
 
 
@@ -254,7 +254,7 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
     from mindpipe.tuner.api import fingerprint
 
     model, cluster = load_model(model), load_cluster(cluster)
-    fixed = dict(fixes) if isinstance(fixes, dict) else parse_fixes(fixes or [])
+    fixed = read_fixes(fixes)
     for key, run in WHAT_IF_KEYS.items():  # the meshes here are dp·tp·pp, the plans the executor runs
         if key in fixed and any(v != run for v in (fixed[key] if isinstance(fixed[key], list) else [fixed[key]])):
             raise ContractError("--fix", key, f"{key} is a what-if knob (the executor runs only {key}="

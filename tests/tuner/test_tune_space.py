@@ -18,6 +18,7 @@ from mindpipe.tuner.keys import (
     parse_what_if,
     plan_of,
     point_key,
+    read_fixes,
     what_if_used,
 )
 from mindpipe.tuner.rules import Rule
@@ -192,6 +193,31 @@ def test_fix_pins_and_restricts():
                         what_if=("comm_priority",))
     assert {p["comm_priority"] for p in space.points} == {"pp_first"}
 
+
+def test_fixes_from_python_follow_the_same_rules_as_the_flag():
+    # tune(fixes={...}) went straight into the space: unknown keys were ignored and bad values
+    # evaluated thousands of invalid plans or raised a TypeError deep in the space's arithmetic.
+    both = {"tp": 8, "schedule": ["1f1b", "zb_h1"], "sequence-parallel": True, "partition": [20, 4]}
+    assert read_fixes(both) == parse_fixes(["tp=8", "schedule=1f1b,zb_h1", "sequence_parallel=true",
+                                            "partition=[20,4]"])
+    assert read_fixes("tp=8") == {"tp": 8} and read_fixes(None) == {} and read_fixes(["pp=2"]) == {"pp": 2}
+    for bad, needle in (({"bogus": 1}, "bogus: not a plan key"), ({"schedule": "1F1B"}, "is not one of"),
+                        ({"recompute": True}, "recompute='true' is not one of"), ({"zero_stage": 7}, "must be 0, 1"),
+                        ({"tp": 8.0}, "tp='8.0' must be an integer"), ({"tp": True}, "must be an integer"),
+                        ({"partition": 4}, "partition must be a JSON list")):
+        with pytest.raises(ContractError, match=needle):
+            read_fixes(bad)
+
+
+def test_global_batch_and_partitioners_from_python(tmp_path):
+    from mindpipe.tuner.api import build_space
+
+    model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
+    assert build_space(model, cluster, [128, 64], None, ["even"]).global_batches == [64, 128]
+    assert build_space(model, cluster, 64, None, "even").partitioners == ("even",)  # one name, not its letters
+    for bad in (0, 128.0, True, []):
+        with pytest.raises(ContractError, match="--global-batch"):
+            build_space(model, cluster, bad, None, ["balanced"])
 
 def test_fix_partition_pins_the_partitioner():
     model, cluster = load_model("gpt-1.3b"), load_cluster("a100-sxm4-80gb:1x8")
