@@ -348,7 +348,7 @@ class Measurement:
     seed: int
     data: str
     warmup_steps: int
-    steps: list[StepRecord]
+    steps: list[StepRecord] = field(repr=False)
     tokens_per_s: float
     model_flops_per_iteration: float
     peak_flops_per_s: float
@@ -358,8 +358,8 @@ class Measurement:
     energy_source: str
     energy_notes: str = ""
     layer_times: str = ""
-    actions: list[ActionRecord] = field(default_factory=list)
-    comms: list[CommEvent] = field(default_factory=list)
+    actions: list[ActionRecord] = field(default_factory=list, repr=False)  # per micro-batch: thousands
+    comms: list[CommEvent] = field(default_factory=list, repr=False)
     ranks: list[RankRecord] = field(default_factory=list)
     timeline_file: str | None = None
     cpus_per_node: int | None = None

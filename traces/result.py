@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mindpipe.traces.chrome_trace import TimelineEvent
 from mindpipe.traces.config import non_negative
@@ -129,7 +129,7 @@ class SimulationResult:
     energy_j: float
     carbon_gco2: float
     extra: SimulationDetails
-    timeline: list[TimelineEvent] | None = None
+    timeline: list[TimelineEvent] | None = field(default=None, repr=False)  # thousands of events
     format_version: int = RESULT_FORMAT_VERSION
 
     def __post_init__(self) -> None:

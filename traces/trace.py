@@ -150,7 +150,7 @@ class Trace:
 
     device: str
     dtype: str
-    layers: list[LayerRecord]
+    layers: list[LayerRecord] = field(repr=False)  # a notebook shows the header, not every record
     provenance: Provenance
     model: Model | None = None
     model_name: str | None = None

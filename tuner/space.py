@@ -139,8 +139,8 @@ class SearchSpace:
     what_if: tuple[str, ...] = ()
     batch_given: bool = True
     search: tuple[str, ...] = ()
-    points: list[Point] = field(default_factory=list, init=False)
-    rejected: Counter[Rule] = field(default_factory=Counter, init=False)
+    points: list[Point] = field(default_factory=list, init=False, repr=False)  # thousands of plans
+    rejected: Counter[Rule] = field(default_factory=Counter, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if "partition" in self.fixes:

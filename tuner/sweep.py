@@ -97,7 +97,7 @@ class SweepConfig:
 class SweepResult:
     """Every evaluation of a sweep, scored under the objective, and the tallies."""
 
-    records: list[ScoredRecord]
+    records: list[ScoredRecord] = field(repr=False)  # every evaluation: a notebook shows the best
     best: ScoredRecord | None
     simulations: int
     reused: int

@@ -410,3 +410,20 @@ def test_cli_text_lists_the_files_written_and_words_counts_of_one(tmp_path, caps
     assert lines["outputs"] == f"{out}/best_plan.json, evaluations.csv/.parquet, pareto.csv, summary.json"
     assert not list(out.glob("*.png"))
     assert lines["pareto front"].startswith("1 plan (")
+
+
+def test_a_notebook_shows_results_in_kilobytes_not_megabytes(tmp_path):
+    # The cell that ends with tune()'s outcome or a timeline result printed every point of the space
+    # (3.7 MB for gpt-13b on 64 GPUs) or every timeline event (1.2 MB for gpt3-175b pp16).
+    from mindpipe.simulator.api import SimulationOptions, simulate
+    from mindpipe.traces.builtin import load_cluster, load_model
+    from mindpipe.traces.config import Plan
+    from mindpipe.tuner.api import tune
+    from mindpipe.tuner.sweep import SweepConfig
+
+    oc = tune("gpt-13b", "a100-sxm4-80gb:8x8", out=tmp_path / "t", plots=False,
+              config=SweepConfig(optimizer="random", budget=2, workers=1))
+    assert len(oc.space.points) > 1000 and len(repr(oc)) < 20_000
+    r = simulate(load_model("gpt3-175b"), load_cluster("a100-sxm4-80gb:64x8"),
+                 Plan(tp=8, pp=16, dp=4, micro_batch_size=1, global_batch_size=512), SimulationOptions(timeline=True))
+    assert r.timeline is not None and len(r.timeline) > 1000 and len(repr(r)) < 20_000
