@@ -116,13 +116,20 @@ class NemoReport:
                 "echo_published_error_pct": ECHO_PUBLISHED_ERROR_PCT, "rows": [r.to_dict() for r in self.rows]}
 
 
-def nemo_report(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None, seed: int = SPLIT_SEED) -> NemoReport:
-    """Every row simulated, summarized with the fit/hold-out halves of :func:`nemo_split`."""
+def nemo_report(rows: Sequence[NemoRow], fp8: Fp8Constants | None = None, seed: int = SPLIT_SEED,
+                table: Sequence[NemoRow] | None = None) -> NemoReport:
+    """Every row simulated, summarized with the fit/hold-out halves of :func:`nemo_split`.
+
+    The halves are drawn from ``table``, the whole published table (default: ``rows``). Give it when
+    ``rows`` are part of it (one model, a sample): the split drawn from a part labels other rows
+    "fit" than the ones ``fp8_gemm_efficiency`` was fitted on.
+    """
+    whole = rows if table is None else table
     results = validate_nemo(rows, fp8)
-    fit, _ = nemo_split(rows, seed)
+    fit, _ = nemo_split(whole, seed)
     fit_sources = {r.source for r in fit}
-    split = (f"split_fit_holdout(seed={seed}, fit_fraction=0.5) of the {sum(r.cp == 1 for r in rows)} rows "
-             f"without context parallelism; the {sum(r.cp > 1 for r in rows)} with it are hold-out")
+    split = (f"split_fit_holdout(seed={seed}, fit_fraction=0.5) of the {sum(r.cp == 1 for r in whole)} rows "
+             f"without context parallelism; the {sum(r.cp > 1 for r in whole)} with it are hold-out")
     return NemoReport(summarize(results, fit_sources), split,
                       [NemoRowResult(r, row.cp, "fit" if r.source in fit_sources else "holdout")
                        for r, row in zip(results, rows, strict=True)])

@@ -103,6 +103,16 @@ def test_report_matches_the_shipped_fit_record() -> None:
 
 
 @needs_data
+def test_a_part_of_the_table_keeps_the_whole_tables_halves() -> None:
+    # From Python, a report on some rows labels them as the shipped fit did when given the whole
+    # table; a split drawn from the part alone labelled rows "fit" that fp8_gemm_efficiency never saw.
+    rows = load_nemo(CSV)
+    whole = {r.result.source: r.half for r in nemo_report(rows).rows}
+    part = nemo_report(rows[:4], table=rows)
+    assert [r.half for r in part.rows] == [whole[r.result.source] for r in part.rows]
+    assert [r.half for r in part.rows] == ["holdout", "fit", "holdout", "fit"]
+
+@needs_data
 def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "nemo-h100", "--data", str(CSV), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
