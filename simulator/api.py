@@ -14,6 +14,7 @@ from mindpipe.simulator.carbon import Hourly
 from mindpipe.simulator.costs import CommModel, ComputeModel
 from mindpipe.simulator.perf import default_models
 from mindpipe.simulator.simulator import Simulator
+from mindpipe.traces.builtin import Arg, load_cluster, load_model, load_plan
 from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
@@ -55,14 +56,20 @@ class SimulationOptions:
                          step_overhead_s=self.step_overhead_s)
 
 
-def simulate(model: Model, cluster: Cluster, plan: Plan, options: SimulationOptions | None = None) -> SimulationResult:
+def simulate(model: Model | Arg, cluster: Cluster | Arg, plan: Plan | Arg,
+             options: SimulationOptions | None = None) -> SimulationResult:
     """Predict one training iteration of ``model`` on ``cluster`` under ``plan``.
 
+    Each may be its object or what the CLI takes for it (``"gpt-13b"``, ``"a100-sxm4-80gb:8x8"``, a
+    file, JSON text) or a dict (:func:`mindpipe.traces.builtin.load_model` and its siblings).
+
     Raises:
-        ContractError: the plan does not fit the model or the cluster (names key and rule).
+        ContractError: an argument names nothing, or the plan does not fit the model or the cluster
+            (names key and rule).
     """
     opts = options or SimulationOptions()
-    return opts.simulator(model, cluster).run(plan, timeline=opts.timeline, hourly=opts.hourly_intensity)
+    return opts.simulator(load_model(model), load_cluster(cluster)).run(load_plan(plan), timeline=opts.timeline,
+                                                                        hourly=opts.hourly_intensity)
 
 
 __all__ = ["SimulationOptions", "Simulator", "default_models", "simulate"]

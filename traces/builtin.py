@@ -6,7 +6,9 @@ Clusters accept ``DEVICE`` (one node) or ``DEVICE:NODESxPER_NODE``, e.g. ``a100-
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,16 +78,30 @@ def model_names() -> list[str]:
 
 def config_source(arg: str, kind: str) -> str:
     """How errors name a model, cluster or plan argument: ``<inline plan>`` for inline JSON, else the argument."""
-    text = arg.strip()
+    text = str(arg).strip()
     return f"<inline {kind}>" if text.startswith("{") else text
 
 
-def _parse_arg(arg: str, kind: str) -> tuple[Any, str] | None:
-    """Return (parsed JSON, source) for a file path or inline JSON, or None for a bare name.
+Arg = str | os.PathLike[str] | Mapping[str, Any]
+"""What a loader takes besides the object itself: a name, a file, inline JSON text or a dict (Python)."""
+
+
+def _parse_arg(arg: Arg, kind: str) -> tuple[Any, str] | None:
+    """Return (parsed JSON, source) for a file path, inline JSON or a dict, or None for a bare name.
 
     A key given twice is refused (JSON would keep the last one silently): these files are written by hand.
+
+    Raises:
+        ContractError: ``arg`` is none of those (from Python: e.g. None or a number).
     """
-    text = arg.strip()
+    if isinstance(arg, Mapping):
+        return dict(arg), f"<{kind} dict>"
+    if isinstance(arg, os.PathLike):
+        return read_json(os.fspath(arg), CONFIG, unique_keys=True), config_source(os.fspath(arg), kind)
+    if not isinstance(arg, str):
+        raise ContractError(f"<{kind}>", None, f"a {kind} is a built-in name, a file, JSON text, a dict or a "
+                                               f"{kind.capitalize()} object, not {type(arg).__name__}")
+    text = str(arg).strip()
     source = config_source(arg, kind)
     if text.startswith("{"):
         if len(text.encode("utf-8", "surrogatepass")) > CONFIG.max_bytes:
@@ -106,8 +122,8 @@ def _exists(text: str) -> bool:
 _NOT_HERE = "kind='supernet': this command takes a GPT model (kind \"gpt\") or a Llama model (kind \"llama\"), not a supernet"
 
 
-def load_model(arg: str | Model) -> Model:
-    """Resolve a model argument (file, inline JSON or built-in name)."""
+def load_model(arg: Arg | Model) -> Model:
+    """Resolve a model argument (file, inline JSON, a dict or built-in name)."""
     if isinstance(arg, Model):
         return arg
     parsed = _parse_arg(arg, "model")
@@ -115,15 +131,15 @@ def load_model(arg: str | Model) -> Model:
         if isinstance(parsed[0], dict) and parsed[0].get("kind") == "supernet":
             raise ContractError(parsed[1], "kind", _NOT_HERE)
         return from_dict(Model, *parsed)
-    name = arg.strip().lower()
+    name = str(arg).strip().lower()
     if name in BUILTIN_SUPERNETS:
-        raise ContractError(arg, None, f"{name} is a built-in supernet; {_NOT_HERE}")
+        raise ContractError(str(arg), None, f"{name} is a built-in supernet; {_NOT_HERE}")
     if name not in BUILTIN_MODELS:
-        raise ContractError(arg, None, f"not a file and not a built-in model (built-ins: {', '.join(model_names())})")
+        raise ContractError(str(arg), None, f"not a file and not a built-in model (built-ins: {', '.join(model_names())})")
     return from_dict(Model, {**BUILTIN_MODELS[name], "name": name}, f"built-in model {name}")
 
 
-def load_network(arg: str | Model | Supernet) -> Model | Supernet:
+def load_network(arg: Arg | Model | Supernet) -> Model | Supernet:
     """Resolve a model argument that may name a GPT model or a supernet (file, inline JSON or built-in)."""
     if isinstance(arg, Model | Supernet):
         return arg
@@ -133,16 +149,16 @@ def load_network(arg: str | Model | Supernet) -> Model | Supernet:
         if isinstance(data, dict) and data.get("kind") == "supernet":
             return from_dict(Supernet, data, source)
         return from_dict(Model, data, source)
-    name = arg.strip().lower()
+    name = str(arg).strip().lower()
     if name in BUILTIN_SUPERNETS:
         return from_dict(Supernet, {**BUILTIN_SUPERNETS[name], "name": name}, f"built-in supernet {name}")
     if name not in BUILTIN_MODELS:
         names = ", ".join(sorted([*BUILTIN_MODELS, *BUILTIN_SUPERNETS]))
-        raise ContractError(arg, None, f"not a file and not a built-in model or supernet (built-ins: {names})")
+        raise ContractError(str(arg), None, f"not a file and not a built-in model or supernet (built-ins: {names})")
     return load_model(arg)
 
 
-def load_supernet(arg: str | Supernet) -> Supernet:
+def load_supernet(arg: Arg | Supernet) -> Supernet:
     """Resolve a supernet argument (file, inline JSON or built-in name such as ``supernet-mini``).
 
     Raises:
@@ -154,19 +170,19 @@ def load_supernet(arg: str | Supernet) -> Supernet:
     return net
 
 
-def load_cluster(arg: str | Cluster) -> Cluster:
-    """Resolve a cluster argument (file, inline JSON, ``DEVICE`` or ``DEVICE:NxG``)."""
+def load_cluster(arg: Arg | Cluster) -> Cluster:
+    """Resolve a cluster argument (file, inline JSON, a dict, ``DEVICE`` or ``DEVICE:NxG``)."""
     if isinstance(arg, Cluster):
         return arg
     parsed = _parse_arg(arg, "cluster")
     if parsed is not None:
         return from_dict(Cluster, *parsed)
-    m = _CLUSTER_RE.match(arg.strip())
+    m = _CLUSTER_RE.match(str(arg).strip())
     if m is None:
-        raise ContractError(arg, None, "not a file and not DEVICE or DEVICE:NODESxPER_NODE (e.g. a100-sxm4-80gb:64x8)")
+        raise ContractError(str(arg), None, "not a file and not DEVICE or DEVICE:NODESxPER_NODE (e.g. a100-sxm4-80gb:64x8)")
     named = BUILTIN_CLUSTERS.get(m["dev"].lower())
     if named is not None:
-        data = {**named, "name": arg.strip()}
+        data = {**named, "name": str(arg).strip()}
         if m["nodes"]:
             data.update(num_nodes=int(m["nodes"]), gpus_per_node=int(m["per"]))
         return from_dict(Cluster, data, f"cluster {arg}")
@@ -178,15 +194,15 @@ def load_cluster(arg: str | Cluster) -> Cluster:
         ) from None
     nodes = int(m["nodes"]) if m["nodes"] else 1
     per = int(m["per"]) if m["per"] else _DEFAULT_PER_NODE.get(device, 8)
-    data = {"gpu": device, "num_nodes": nodes, "gpus_per_node": per, "name": arg.strip()}
+    data = {"gpu": device, "num_nodes": nodes, "gpus_per_node": per, "name": str(arg).strip()}
     return from_dict(Cluster, data, f"cluster {arg}")
 
 
-def load_plan(arg: str | Plan) -> Plan:
-    """Resolve a plan argument (file or inline JSON)."""
+def load_plan(arg: Arg | Plan) -> Plan:
+    """Resolve a plan argument (file, inline JSON or a dict)."""
     if isinstance(arg, Plan):
         return arg
     parsed = _parse_arg(arg, "plan")
     if parsed is None:
-        raise ContractError(arg, None, "plan must be a JSON file or inline JSON object")
+        raise ContractError(str(arg), None, "plan must be a JSON file or inline JSON object")
     return from_dict(Plan, *parsed)

@@ -147,3 +147,23 @@ def test_a_trace_of_another_model_is_refused_from_python_too(tmp_path) -> None:
     own = simulate(load_model("gpt-mini"), load_cluster("cpu:1x2"), Plan(dp=2, global_batch_size=8),
                    SimulationOptions(trace=mini))
     assert own.iteration_time_s > 0
+
+
+def test_simulate_takes_what_the_cli_takes_and_dicts(tmp_path) -> None:
+    # From Python, names, files, JSON text and dicts work as they do on the command line; anything
+    # else is a ContractError naming what a model/cluster/plan may be (was an AttributeError deep inside).
+    from mindpipe.traces.builtin import load_cluster
+    from mindpipe.traces.errors import ContractError
+
+    by_object = simulate(load_model("gpt-13b"), load_cluster("a100-sxm4-80gb:8x8"), Plan(dp=8, tp=8, global_batch_size=128))
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text('{"dp": 8, "tp": 8, "global_batch_size": 128}')
+    for args in (("gpt-13b", "a100-sxm4-80gb:8x8", {"dp": 8, "tp": 8, "global_batch_size": 128}),
+                 (dict(load_model("gpt-13b").__dict__), "a100-sxm4-80gb:8x8", plan_file),
+                 ("gpt-13b", {"gpu": "a100-sxm4-80gb", "num_nodes": 8, "gpus_per_node": 8}, str(plan_file))):
+        assert simulate(*args).iteration_time_s == by_object.iteration_time_s
+    with pytest.raises(ContractError, match="a model is a built-in name, a file, JSON text, a dict or a Model object, "
+                                            "not NoneType"):
+        simulate(None, "a100-sxm4-80gb:8x8", {})  # type: ignore[arg-type]
+    with pytest.raises(ContractError, match=r"<plan dict>: dpp: unknown key"):
+        simulate("gpt-13b", "a100-sxm4-80gb:8x8", {"dpp": 2})
