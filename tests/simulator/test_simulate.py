@@ -139,7 +139,7 @@ def test_a_trace_of_another_model_is_refused_from_python_too(tmp_path) -> None:
 
     mini = load_shipped_trace("gpt-mini.cpu")
     plan = Plan(dp=8, tp=8, global_batch_size=128)
-    with pytest.raises(ContractError, match="trace was taken for gpt-mini .*, not for gpt-13b"):
+    with pytest.raises(ContractError, match=r"trace was taken for gpt-mini .*, not for gpt-13b"):
         simulate(load_model("gpt-13b"), load_cluster("a100-sxm4-80gb:8x8"), plan, SimulationOptions(trace=mini))
     with pytest.raises(ContractError, match="trace was taken for gpt-mini"):
         tune_max_batch("gpt-1.3b", "a100-sxm4-80gb:1x8", out=tmp_path / "mb", partitioners=["balanced"],
