@@ -1,8 +1,8 @@
 """Run plans with the executor from Python: ``mindpipe run`` in a subprocess, one plan at a time.
 
 The closed loop (``make demo``, the calibration benchmark, notebook b) trains several plans and
-reads their measured traces back. Each run is its own ``mindpipe run`` (on one CPU host its own rank spawner forks the ranks), so
-the caller's process never imports torch or joins a process group.
+reads their measured traces back. Each run is its own ``mindpipe run`` (on one CPU host its own rank
+spawner forks the ranks), so the caller's process never imports torch or joins a process group.
 """
 
 from __future__ import annotations
