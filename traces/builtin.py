@@ -190,7 +190,7 @@ def load_cluster(arg: Arg | Cluster) -> Cluster:
         device = get_device(m["dev"]).name
     except ContractError:
         raise ContractError(
-            arg, None, f"not a file and not a known device (devices: {', '.join(device_names())})"
+            str(arg), None, f"not a file and not a known device (devices: {', '.join(device_names())})"
         ) from None
     nodes = int(m["nodes"]) if m["nodes"] else 1
     per = int(m["per"]) if m["per"] else _DEFAULT_PER_NODE.get(device, 8)
