@@ -229,12 +229,23 @@ class MaxBatchSummary:
     results: list[MaxBatch]
     out: str
 
+    @property
+    def best_value(self) -> int:
+        """The largest fitting global batch (``best_value`` in the JSON, as :class:`~mindpipe.tuner.summary.TuneSummary` names it)."""
+        return self.best.global_batch_size
+
+    @property
+    def best_plan(self) -> Plan | None:
+        """The plan at that batch, with ``made_for`` (``best_plan`` in the JSON)."""
+        return self.best.plan
+
     def to_dict(self) -> dict[str, Any]:
         """``summary.json`` and ``--json``: ``best_value`` (the global batch), ``best_plan``, the
         throughput there, and every result as in ``max_batch.json``."""
         b = self.best
-        return {"objective": "max_batch", "best_value": b.global_batch_size,
-                "best_plan": to_dict(b.plan) if b.plan is not None else None, "partitioner": b.partitioner,
+        return {"objective": "max_batch", "best_value": self.best_value,
+                "best_plan": to_dict(self.best_plan) if self.best_plan is not None else None,
+                "partitioner": b.partitioner,
                 "micro_batch_size": b.micro_batch_size, "num_microbatches": b.num_microbatches,
                 "throughput_samples_per_s": b.throughput_samples_per_s, "peak_memory_gib": b.peak_memory_gib,
                 "results": [row(r) for r in self.results], "out": self.out}

@@ -110,6 +110,15 @@ def test_cli_max_batch_json(tmp_path):
     assert json.loads((tmp_path / "best_plan.json").read_text())["made_for"]["tool"].endswith("max_batch")
     assert json.loads((tmp_path / "summary.json").read_text()) == info  # the file says what --json printed
 
+    # From Python the summary has the JSON's names too
+    from mindpipe.traces.schema import to_dict
+    from mindpipe.tuner.maxbatch import tune_max_batch
+
+    summary = tune_max_batch("gpt-1.3b", "a100-sxm4-40gb:1x4", out=tmp_path / "py", partitioners=["vpipe"],
+                             fixes={"pp": 4, "tp": 1})
+    assert summary.best_value == info["best_value"] and summary.best_plan is not None
+    assert to_dict(summary.best_plan) == info["best_plan"] | {"made_for": to_dict(summary.best_plan)["made_for"]}
+
 
 def test_stage_times_are_the_plans_own():
     """The planner's stage time is time_of of its policies; a stage that fits kept is all keep."""
