@@ -41,7 +41,7 @@ class TraceSummary:
     backward_input_s: float
     backward_weight_s: float
     forward_backward_s: float
-    activation_bytes: int
+    activation_bytes: int | None  # None when no record says (an imported or measured trace)
     param_count: int
     forward_flops: float
     by_kind: dict[str, KindTotals]
@@ -73,7 +73,9 @@ def summarize(trace: Trace) -> TraceSummary:
         micro_batch_size=trace.micro_batch_size, seq_len=trace.seq_len, tp=trace.tp, granularity=trace.granularity,
         backward_split=trace.backward_split, num_records=len(trace.layers), forward_s=trace.total("forward_s"),
         backward_input_s=trace.total("backward_input_s"), backward_weight_s=trace.total("backward_weight_s"),
-        forward_backward_s=trace.forward_backward_s, activation_bytes=int(trace.total("activation_bytes")),
+        forward_backward_s=trace.forward_backward_s,
+        activation_bytes=int(trace.total("activation_bytes"))
+        if any(r.activation_bytes is not None for r in trace.layers) else None,
         param_count=int(trace.total("param_count")), forward_flops=trace.total("forward_flops"), by_kind=kinds,
         provenance={"tool": trace.provenance.tool, "date": trace.provenance.date,
                     "torch_version": trace.provenance.torch_version},
@@ -102,12 +104,12 @@ def _known(value: object, missing: str = "unknown") -> str:
     return missing if value is None else str(value)
 
 
-def _total_activations(trace: Trace, total: int) -> str:
+def _total_activations(trace: Trace, total: int | None) -> str:
     """The saved-activation total: unknown when no record knows its own, marked when only some do."""
-    known = [r.activation_bytes for r in trace.layers if r.activation_bytes is not None]
-    if not known:
+    if total is None:
         return "     unknown"
-    return _fmt_bytes(total) + (" + unknown" if len(known) < len(trace.layers) else "")
+    known = sum(r.activation_bytes is not None for r in trace.layers)
+    return _fmt_bytes(total) + (" + unknown" if known < len(trace.layers) else "")
 
 
 def format_summary(trace: Trace, max_rows: int = 24) -> str:
