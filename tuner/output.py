@@ -166,7 +166,8 @@ def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace,
         best = {"point": result.best.point, "plan": to_dict(plan), "metrics": result.best.metrics.to_json(),
                 "value": result.best.value, "what_if": result.best.what_if}
         write_text(out / "best.json", json.dumps(best, indent=1, default=str) + "\n")
-    if plots and table:
+    plotted = bool(plots and table)
+    if plotted:
         _plot_convergence(result, objective, out / "convergence.png")
         if not supernet:
             _plot_pareto(table, front, out / "pareto.png")
@@ -174,6 +175,10 @@ def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace,
     if timeshift is not None:
         info.timeshift = timeshift
         write_text(out / "timeshift.json", json.dumps(timeshift.to_dict(), indent=1) + "\n")
+    info.written = [*(["best_plan.json"] if result.best is not None and plan is not None else []),
+                    "evaluations.csv/.parquet", *([] if supernet else ["pareto.csv"]),
+                    *((["convergence.png"] + ([] if supernet else ["pareto.png"])) if plotted else []),
+                    *(["timeshift.json"] if timeshift is not None else [])]
     return info
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,8 @@ class TuneSummary:
             (:class:`mindpipe.tuner.target_front.TargetChoice`).
         critical_batch: The critical batch goodput used and where it came from.
         clocks: ``--clocks``: the clock plan of the best plan (:mod:`mindpipe.tuner.clock_step`).
+        written: The files :func:`mindpipe.tuner.output.write_outputs` wrote to ``out`` (names as the
+            text output lists them; not in the JSON).
     """
 
     objective: str
@@ -114,6 +116,7 @@ class TuneSummary:
     target: TargetChoice | None = None
     critical_batch: CriticalBatch | None = None
     clocks: ClockPlan | None = None
+    written: list[str] = field(default_factory=list)
 
     @property
     def infeasible(self) -> int:

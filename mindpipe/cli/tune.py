@@ -208,14 +208,9 @@ def _format_timeshift(r: ShiftReport) -> list[str]:
     ]
 
 
-def _outputs(summary: TuneSummary, plots: bool, shifted: bool) -> str:
-    """The files the sweep wrote (:func:`mindpipe.tuner.output.write_outputs`): a supernet has no carbon front."""
-    carbon_front = summary.supernet is None
-    files = [*(["best_plan.json"] if summary.best_plan is not None else []), "evaluations.csv/.parquet",
-             *(["pareto.csv"] if carbon_front else []),
-             *((["convergence.png"] + (["pareto.png"] if carbon_front else [])) if plots else []),
-             *(["timeshift.json"] if shifted else []), "summary.json"]
-    return f"outputs          {summary.out}/" + ", ".join(files)
+def _outputs(summary: TuneSummary) -> str:
+    """The files the sweep wrote, as :func:`mindpipe.tuner.output.write_outputs` recorded them, and the summary."""
+    return f"outputs          {summary.out}/" + ", ".join([*summary.written, "summary.json"])
 
 
 def _infeasible(summary: TuneSummary) -> str:
@@ -228,7 +223,7 @@ def _infeasible(summary: TuneSummary) -> str:
             f"{reasons}")
 
 
-def _format(summary: TuneSummary, plots: bool = True) -> str:
+def _format(summary: TuneSummary) -> str:
     from mindpipe.traces.schema import to_dict
 
     plan = to_dict(summary.best_plan) if summary.best_plan is not None else {}
@@ -282,7 +277,7 @@ def _format(summary: TuneSummary, plots: bool = True) -> str:
         *front,
         *shifted,
         *(tune_target.format_lines(summary.target) if summary.target is not None else []),
-        _outputs(summary, plots, bool(shifted)),
+        _outputs(summary),
         *_clock_lines(summary.clocks),
     ])
 
@@ -311,7 +306,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.json:
         print_json(summary.to_dict())
     else:
-        print(_format(summary, plots=not args.no_plots))
+        print(_format(summary))
     sys.stdout.flush()
     return 0
 
