@@ -103,7 +103,7 @@ def sync_batch(pp: int, subnets: int) -> int:
 def row(space: str, gpus: int, partition: list[int], r: SupernetResult, seq: float) -> dict[str, Any]:
     return {
         "space": space, "gpus": gpus, "pp": gpus, "partition": partition, "schedule": r.schedule,
-        "window": r.window if r.schedule == "csp" else None, "batch": r.batch if r.schedule == "sync" else None,
+        "window": r.window if r.schedule == "csp" else None, "batch": r.sync_batch if r.schedule == "sync" else None,
         "context_switching": r.context_switching, "subnets_per_hour": r.subnets_per_hour,
         "speedup_vs_sequential": r.subnets_per_hour / seq, "bubble_fraction": r.bubble_fraction,
         "conflict_stall_share": [s.conflict_stall_s / r.total_time_s for s in r.stages],

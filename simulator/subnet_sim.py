@@ -91,7 +91,8 @@ class SupernetResult:
 
     Attributes:
         supernet: The supernet's label.
-        schedule, window, batch: The subnet schedule and its CSP window / sync batch.
+        schedule, window, sync_batch: The subnet schedule, its CSP window and its subnets per
+            synchronous update (``sync``; 1 for the others).
         num_subnets: Subnets trained, N.
         total_time_s: Span of the run.
         time_per_subnet_s: ``total_time_s / N``.
@@ -107,7 +108,7 @@ class SupernetResult:
     supernet: str
     schedule: str
     window: int
-    batch: int
+    sync_batch: int
     num_subnets: int
     total_time_s: float
     time_per_subnet_s: float

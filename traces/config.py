@@ -530,8 +530,9 @@ class Plan:
         and the keys that need another (Megatron-LM's rules where it has them)."""
         per_step = self.micro_batch_size * self.dp
         if self.global_batch_size % per_step:
+            unset = " (global_batch_size defaults to 1: give it)" if self.global_batch_size == 1 else ""
             raise ContractError("", "global_batch_size", f"global_batch_size={self.global_batch_size} is not a "
-                                f"multiple of micro_batch_size×dp={per_step}")
+                                f"multiple of micro_batch_size×dp={per_step}{unset}")
         if self.schedule in V_SCHEDULES and self.virtual_stages != 2:
             raise ContractError("", "virtual_stages", f"schedule {self.schedule!r} needs virtual_stages=2, "
                                 f"got {self.virtual_stages}")

@@ -150,7 +150,7 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def format_supernet_result(r: SupernetResult) -> str:
     """Human-readable summary of a simulated supernet run."""
-    how = {"csp": f"window {r.window}", "sync": f"batch {r.batch}"}.get(r.schedule, "")
+    how = {"csp": f"window {r.window}", "sync": f"batch {r.sync_batch}"}.get(r.schedule, "")
     lines = [
         f"supernet              {r.supernet}: {r.num_subnets} subnets, {r.schedule}" + (f" ({how})" if how else ""),
         f"throughput            {r.subnets_per_hour:.6g} subnets/hour ({r.time_per_subnet_s:.6g} s per subnet, "

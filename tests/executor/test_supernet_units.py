@@ -121,6 +121,6 @@ def test_the_simulator_times_the_table_the_executor_runs(plan: str) -> None:
     p = load_plan(plan)
     cfg = SupernetRunConfig(supernet=NET, plan=p, steps=8)
     result = SupernetSimulator(NET, load_cluster("cpu:1x2")).run(p, 8)
-    assert (result.schedule, result.batch) == (cfg.schedule, cfg.batch)
+    assert (result.schedule, result.sync_batch) == (cfg.schedule, cfg.batch)
     if cfg.schedule == "csp":
         assert result.window == cfg.window

@@ -226,7 +226,7 @@ def test_sync_needs_whole_batches(mini):
     with pytest.raises(ContractError, match="multiple"):
         sim.run(Plan(pp=2, micro_batch_size=1, global_batch_size=1, subnet_schedule="sync"), 10)
     r = sim.run(Plan(pp=2, micro_batch_size=1, global_batch_size=1, subnet_schedule="sync"), 12)
-    assert r.batch == 4
+    assert r.sync_batch == 4 and r.to_dict()["sync_batch"] == 4
 
 
 def test_ops_come_from_the_one_owner(mini):

@@ -87,6 +87,8 @@ def test_malformed_and_missing_files(tmp_path):
 def test_plan_rules():
     with pytest.raises(ContractError, match=r"global_batch_size=10 is not a multiple of micro_batch_size×dp=4"):
         from_dict(Plan, {"dp": 2, "micro_batch_size": 2, "global_batch_size": 10}, "plan.json")
+    with pytest.raises(ContractError, match=r"micro_batch_size×dp=3 \(global_batch_size defaults to 1: give it\)"):
+        from_dict(Plan, {"dp": 3}, "plan.json")
     with pytest.raises(ContractError, match=r"plan.json: schedule='pipedream' is not one of"):
         from_dict(Plan, {"schedule": "pipedream"}, "plan.json")
     with pytest.raises(ContractError, match=r"zero_stage=4 must be 0, 1, 2 or 3"):
