@@ -175,7 +175,7 @@ def write_outputs(result: SweepResult, objective: Objective, space: SearchSpace,
     if timeshift is not None:
         info.timeshift = timeshift
         write_text(out / "timeshift.json", json.dumps(timeshift.to_dict(), indent=1) + "\n")
-    info.written = [*(["best_plan.json"] if result.best is not None and plan is not None else []),
+    info.written = [*(["best_plan.json", "best.json"] if result.best is not None and plan is not None else []),
                     "evaluations.csv/.parquet", *([] if supernet else ["pareto.csv"]),
                     *((["convergence.png"] + ([] if supernet else ["pareto.png"])) if plotted else []),
                     *(["timeshift.json"] if timeshift is not None else [])]

@@ -407,7 +407,10 @@ def test_cli_text_lists_the_files_written_and_words_counts_of_one(tmp_path, caps
             "--out", str(out)]
     assert mindpipe_main(argv) == 0
     lines = {line[:16].strip(): line[17:] for line in capsys.readouterr().out.splitlines()}
-    assert lines["outputs"] == f"{out}/best_plan.json, evaluations.csv/.parquet, pareto.csv, summary.json"
+    assert lines["outputs"] == f"{out}/best_plan.json, best.json, evaluations.csv/.parquet, pareto.csv, summary.json"
+    state = {"sweep.json", "evaluations.jsonl"}  # the sweep's own state, for --resume
+    assert {p.name for p in out.iterdir()} == state | {"best_plan.json", "best.json", "evaluations.csv",
+                                                       "evaluations.parquet", "pareto.csv", "summary.json"}
     assert not list(out.glob("*.png"))
     assert lines["pareto front"].startswith("1 plan (")
 
