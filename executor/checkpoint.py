@@ -6,16 +6,16 @@ flattened by parameter name (``StateDictOptions(flatten_optimizer_state_dict=Tru
 parts of all pipeline ranks merge into one namespace and DCP can reshard on load (another
 ``dp``/``pp`` split of the same model resumes). Sharded DTensors (FSDP2, TP) are written shard by
 shard. A step's checkpoint lives in ``DIR/step-<N>``; after all ranks finished writing, rank 0
-writes the step's manifest (size and sha256 of every file) and records the step in
-``DIR/latest.json`` (the newest step, every complete one, the model and TP degree), so an
-interrupted save is never picked up. Resume loads the newest, or a chosen complete step.
+writes the step's manifest (size and sha256 of every file, the model and TP degree it was
+written for) and records the step in ``DIR/latest.json`` (the newest step and every complete one),
+so an interrupted save is never picked up. Resume loads the newest, or a chosen complete step.
 Run state that is not a tensor (the gradient noise scale's moving averages, which a resumed run
 continues) is a small JSON document, ``run_state.json``, written by rank 0 into the step before
 its manifest, so the same sha256 check covers it; it is read back as JSON, never unpickled.
 
 A checkpoint is code (DCP's reader unpickles ``.metadata``), so :func:`load` runs every check of
 :mod:`mindpipe.executor.checkpoint_trust` — ownership, permissions, manifest, model, TP — before
-torch reads a byte of it. ``latest.json`` keeps ``tp`` because the fused QKV weight is stored in the
+torch reads a byte of it. A step's manifest keeps ``tp`` because the fused QKV weight is stored in the
 head-major order of that TP degree (:func:`mindpipe.executor.stages.head_major_qkv`), so resuming
 with another ``tp`` is refused.
 """
@@ -85,27 +85,16 @@ def save(directory: str | Path, step: int, parts: Sequence[nn.Module], optimizer
     root = Path(directory)
     path = trust.step_dir(root, step)
     if dist.get_rank() == 0:
-        trust.prepare_save_dir(root)
-        trust.remove_manifest(path)  # a step written again is unverifiable until its new manifest exists
+        trust.begin_save(root, step)  # a step written again leaves the record, unverifiable until its new manifest
     dist.barrier()
     dcp.save(_state(parts, optimizers), checkpoint_id=str(path))
     dist.barrier()
     if dist.get_rank() == 0:
         if run_state is not None:
             write_text(path / RUN_STATE, json.dumps(run_state) + "\n")
-        trust.write_manifest(path)
-        done = sorted(set(_complete(root)) | {step})
-        trust.write_record(root, trust.CheckpointRecord(step, tp, tuple(done), model))
+        trust.finish_save(root, step, model, tp)
     dist.barrier()
     return path
-
-
-def _complete(root: Path) -> list[int]:
-    """Steps recorded complete so far (none if the record is missing or not ours: they are not reused)."""
-    try:
-        return list(trust.read_record(root).complete)
-    except ContractError:
-        return []
 
 
 def latest(directory: str | Path) -> dict[str, Any]:
@@ -137,8 +126,12 @@ def load(directory: str | Path, parts: Sequence[nn.Module], optimizers: Sequence
             set_model_state_dict(part, mine)
             set_optimizer_state_dict(part, opt, _own_optim(part, opt, state["optim"]), options=_OPTS)
     except (RuntimeError, ValueError, KeyError, OSError, CheckpointException) as e:
-        # DCP's CheckpointException (a BaseException) carries each failed rank's own exception.
-        cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
+        # DCP's CheckpointException (a BaseException) carries each failed rank's own exception, as
+        # (exception, traceback) pairs from its collectives.
+        cause: BaseException = e
+        if isinstance(e, CheckpointException) and e.failures:
+            first_failure = next(iter(e.failures.values()))
+            cause = first_failure[0] if isinstance(first_failure, tuple) else first_failure
         first = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
         raise ContractError(str(trust.step_dir(directory, step)), None,
                             f"cannot load this checkpoint into the run's model: {first[:300]}") from e

@@ -11,7 +11,10 @@ nobody else could have changed since (the trust model, stated in the README):
 * ``DIR/step-N/manifest.json``, written by rank 0 after every rank finished saving, lists every file
   of the step with its size and sha256; a step without one, with a file it does not list, or with a
   file whose bytes differ is refused;
-* ``latest.json`` names the model the checkpoint was written for and its TP degree.
+* each step's manifest names the model the step was written for and its TP degree (``written_for``),
+  so a directory that two runs wrote into resumes each step only into the run it fits;
+  ``latest.json`` names the newest step and every complete one (a manifest without
+  ``written_for``, from before it existed, is read with the record's model and TP degree).
 
 All of this is checked before torch reads any byte of the checkpoint, by the launcher (before any
 rank starts) and again by every rank (:func:`mindpipe.executor.checkpoint.load`). The manifest
@@ -152,8 +155,9 @@ def _entries(step_path: Path) -> list[str]:
     return sorted(names)
 
 
-def write_manifest(step_path: str | os.PathLike[str]) -> None:
-    """Take group/other write permission off the step's files and record their sizes and sha256 (rank 0)."""
+def write_manifest(step_path: str | os.PathLike[str], model: dict[str, Any], tp: int) -> None:
+    """Take group/other write permission off the step's files and record their sizes and sha256,
+    and the model and TP degree the step was written for (rank 0)."""
     p = Path(step_path)
     os.chmod(p, stat.S_IMODE(os.stat(p).st_mode) & ~0o022)
     files = {}
@@ -161,7 +165,8 @@ def write_manifest(step_path: str | os.PathLike[str]) -> None:
         os.chmod(p / name, stat.S_IMODE(os.lstat(p / name).st_mode) & ~0o022)
         size, digest, _ = _hash_open(p / name)
         files[name] = {"bytes": size, "sha256": digest}
-    write_text(p / MANIFEST, json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1) + "\n")
+    doc = {"format": MANIFEST_FORMAT, "written_for": {"model": model, "tp": tp}, "files": files}
+    write_text(p / MANIFEST, json.dumps(doc, indent=1) + "\n")
 
 
 def remove_manifest(step_path: str | os.PathLike[str]) -> None:
@@ -170,8 +175,20 @@ def remove_manifest(step_path: str | os.PathLike[str]) -> None:
         os.unlink(Path(step_path) / MANIFEST)
 
 
-def verify_step(step_path: str | os.PathLike[str]) -> None:
+def _origin(doc: dict[str, Any]) -> tuple[dict[str, Any], int] | None:
+    """A manifest's ``written_for`` as (model, tp); None when it has none (written before it existed)."""
+    w = doc.get("written_for")
+    if w is None:
+        return None
+    if not (isinstance(w, dict) and isinstance(w.get("model"), dict) and _int(w.get("tp"))):
+        raise ContractError(MANIFEST, "written_for", "not a model document and a TP degree")
+    return w["model"], w["tp"]
+
+
+def verify_step(step_path: str | os.PathLike[str]) -> tuple[dict[str, Any], int] | None:
     """Check a step's files against its manifest and the trust rules, without reading them as a checkpoint.
+
+    Returns the model and TP degree the step was written for (None: its manifest predates them).
 
     Raises:
         ContractError: one line naming the file and what is wrong.
@@ -203,6 +220,10 @@ def verify_step(step_path: str | os.PathLike[str]) -> None:
         if size != files[name]["bytes"] or digest != files[name]["sha256"]:
             raise ContractError(str(p / name), None, f"does not match {MANIFEST} (sha256 {digest[:12]}…, "
                                 f"expected {files[name]['sha256'][:12]}…): corrupted or changed since it was written")
+    try:
+        return _origin(doc)
+    except ContractError as e:
+        raise ContractError(str(mp), e.key, e.rule) from None
 
 
 def _shown(value: Any) -> str:
@@ -240,22 +261,101 @@ def check_resume(directory: str | os.PathLike[str], model: dict[str, Any], tp: i
         ContractError: any trust, manifest or compatibility check fails (one line).
     """
     record = read_record(directory)
-    if not _same_model(record.model, model):
-        name = record.model.get("name") or record.model.get("kind")
-        keys = sorted(k for k in set(record.model) | set(model) if record.model.get(k) != model.get(k) and k != "name")
-        diff = ", ".join(f"{k} {_shown(record.model.get(k))} (this run: {_shown(model.get(k))})" for k in keys[:4])
-        more = f" and {len(keys) - 4} more" if len(keys) > 4 else ""
-        raise ContractError(str(directory), "model", f"the checkpoint was written for another model, {name}"
-                            + (f": {diff}{more}" if diff else "")
-                            + f"; this run trains {model.get('name') or model.get('kind')}")
-    if record.tp != tp:
-        raise ContractError(str(directory), "tp", f"checkpoint was written with tp={record.tp}, this plan has tp={tp}")
     chosen = record.step if step is None else step
     if chosen not in record.complete:
         raise ContractError(str(directory), "step", f"no complete checkpoint of step {chosen} "
                             f"(complete: {list(record.complete)})")
-    verify_step(step_dir(directory, chosen))
+    if chosen == record.step:  # the record names the newest step's model and TP degree: refused before hashing
+        _check_written_for(record.model, record.tp, model, tp, str(directory))
+    origin = verify_step(step_dir(directory, chosen))
+    if origin is not None:
+        _check_written_for(*origin, model, tp, str(step_dir(directory, chosen)))
+    elif chosen != record.step:  # a manifest from before written_for: the record's, as it always was
+        _check_written_for(record.model, record.tp, model, tp, str(directory))
     return chosen
+
+
+def _check_written_for(written_model: dict[str, Any], written_tp: int, model: dict[str, Any], tp: int,
+                       where: str) -> None:
+    """Refuse a checkpoint written for another model or TP degree (one line naming what differs)."""
+    if not _same_model(written_model, model):
+        name = written_model.get("name") or written_model.get("kind")
+        keys = sorted(k for k in set(written_model) | set(model)
+                      if written_model.get(k) != model.get(k) and k != "name")
+        diff = ", ".join(f"{k} {_shown(written_model.get(k))} (this run: {_shown(model.get(k))})" for k in keys[:4])
+        more = f" and {len(keys) - 4} more" if len(keys) > 4 else ""
+        raise ContractError(where, "model", f"the checkpoint was written for another model, {name}"
+                            + (f": {diff}{more}" if diff else "")
+                            + f"; this run trains {model.get('name') or model.get('kind')}")
+    if written_tp != tp:
+        raise ContractError(where, "tp", f"checkpoint was written with tp={written_tp}, this plan has tp={tp}")
+
+
+def complete_steps(directory: str | os.PathLike[str]) -> list[int]:
+    """The directory's complete steps: the record's, or, when it is missing or unreadable, every
+    ``step-N`` whose manifest names what it was written for (each is verified when resumed)."""
+    try:
+        return list(read_record(directory).complete)
+    except ContractError:
+        found = []
+        for p in Path(directory).glob("step-*"):
+            if not p.name[5:].isdigit():
+                continue
+            with contextlib.suppress(ContractError, OSError):
+                doc = read_json(p / MANIFEST)
+                if isinstance(doc, dict) and _origin(doc) is not None:
+                    found.append(int(p.name[5:]))
+        return sorted(found)
+
+
+def fresh_run_notes(directory: str | os.PathLike[str]) -> list[str]:
+    """Make the checkpoint directory of a run that does not resume (refusing one it cannot create
+    or may not trust) and say what it already holds: that run writes its steps beside them,
+    replacing those it reaches.
+
+    Raises:
+        ContractError: the directory cannot be created, or is another user's or writable by others.
+    """
+    prepare_save_dir(directory)
+    held = complete_steps(directory)
+    if not held:
+        return []
+    return [f"{directory} already holds complete checkpoint steps {held}: this run does not resume "
+            f"(--resume continues from step {max(held)}), so it writes its own steps beside them and "
+            "replaces those it reaches"]
+
+
+def begin_save(directory: str | os.PathLike[str], step: int) -> None:
+    """Before any rank writes ``step`` (rank 0): the directory made ready, and the step, if it was
+    complete, taken out of the record first and its manifest removed, so an interrupted save leaves
+    a record naming only steps that are whole (``--resume`` then takes the newest of those)."""
+    prepare_save_dir(directory)
+    try:
+        record: CheckpointRecord | None = read_record(directory)
+    except ContractError:
+        record = None
+    if record is not None and step in record.complete:
+        rest = tuple(s for s in record.complete if s != step)
+        if not rest:
+            os.unlink(Path(directory) / LATEST)
+        elif record.step == step:
+            newest = max(rest)
+            with contextlib.suppress(ContractError, OSError):
+                doc = read_json(step_dir(directory, newest) / MANIFEST)
+                origin = _origin(doc) if isinstance(doc, dict) else None
+                if origin is not None:
+                    record = CheckpointRecord(newest, origin[1], rest, origin[0])
+            write_record(directory, CheckpointRecord(newest, record.tp, rest, record.model))
+        else:
+            write_record(directory, CheckpointRecord(record.step, record.tp, rest, record.model))
+    remove_manifest(step_dir(directory, step))
+
+
+def finish_save(directory: str | os.PathLike[str], step: int, model: dict[str, Any], tp: int) -> None:
+    """After every rank wrote ``step`` (rank 0): its manifest, then the record naming it newest."""
+    write_manifest(step_dir(directory, step), model, tp)
+    done = sorted(set(complete_steps(directory)) | {step})
+    write_record(directory, CheckpointRecord(step, tp, tuple(done), model))
 
 
 def prepare_save_dir(directory: str | os.PathLike[str]) -> None:
@@ -271,5 +371,6 @@ def prepare_save_dir(directory: str | os.PathLike[str]) -> None:
     check_private_dir(p)
 
 
-__all__ = ["LATEST", "MANIFEST", "CheckpointRecord", "check_private_dir", "check_resume", "prepare_save_dir",
-           "read_record", "remove_manifest", "step_dir", "verify_step", "write_manifest", "write_record"]
+__all__ = ["LATEST", "MANIFEST", "CheckpointRecord", "begin_save", "check_private_dir", "check_resume", "complete_steps",
+           "finish_save", "fresh_run_notes", "prepare_save_dir", "read_record", "remove_manifest", "step_dir", "verify_step",
+           "write_manifest", "write_record"]

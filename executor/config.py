@@ -99,6 +99,8 @@ class RunConfig:
             self.resume = True
         if self.resume and not self.checkpoint_dir:
             raise ContractError("", "resume", "--resume needs --checkpoint-dir")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ContractError("", "checkpoint_every", "--checkpoint-every needs --checkpoint-dir (where the steps go)")
         if self.data != "synthetic":
             # Checked here, before any rank starts: a regular file within the training-text limit.
             try:

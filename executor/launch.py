@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.executor import rundir, spawn, supervise
-from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
+from mindpipe.executor.checkpoint_trust import check_resume, fresh_run_notes
 from mindpipe.executor.config import RunConfig, check_launch_arguments, config_from_args, plan_source
 from mindpipe.executor.precheck import MemoryCheck, catalog_device, check_run, detect_device
 from mindpipe.traces.errors import ContractError
@@ -173,25 +173,25 @@ def _first_error(records: dict[int, rundir.RankError], output: Sequence[str], co
     return f"{runner} failed: {last.strip()[:300]}", EXIT_FAILED
 
 
-def check_checkpoint(cfg: RunConfig) -> int:
-    """Refuse an untrusted checkpoint directory, and verify a resumed checkpoint, before anything starts.
+def check_checkpoint(cfg: RunConfig) -> tuple[int, list[str]]:
+    """Refuse an untrusted checkpoint directory, and verify a resumed checkpoint, before anything
+    starts; a run that does not resume gets its directory made here (one line if it cannot be) and
+    a note when it already holds steps (:func:`~mindpipe.executor.checkpoint_trust.fresh_run_notes`).
 
-    Returns the step the run resumes from (0: from the start).
+    Returns the step the run resumes from (0: from the start) and the notes.
 
     Raises:
         ContractError: see :func:`mindpipe.executor.checkpoint_trust.check_resume`; or the
             checkpoint is already at ``--steps``.
     """
     if not cfg.checkpoint_dir:
-        return 0
+        return 0, []
     if cfg.resume:
         step = check_resume(cfg.checkpoint_dir, to_dict(cfg.model), cfg.plan.tp, cfg.resume_from)
         if step >= cfg.steps:
             raise ContractError("--steps", None, f"the checkpoint is at step {step}; --steps {cfg.steps} leaves nothing to run")
-        return step
-    if os.path.lexists(cfg.checkpoint_dir):
-        check_private_dir(cfg.checkpoint_dir)
-    return 0
+        return step, []
+    return 0, fresh_run_notes(cfg.checkpoint_dir)
 
 
 def _keep_log(log: Path, records: dict[int, rundir.RankError]) -> None:
@@ -304,8 +304,8 @@ def launch(cfg: RunConfig, args: argparse.Namespace, run_timeout: float | None =
                     cfg.schedule_source, text_data=cfg.data != "synthetic", source=plan_source(args.plan),
                     ranks_per_device=int(args.nproc) if kind == "cpu" else 1, memory_check=memory_check,
                     memory_budget_gib=cfg.memory_budget_gib)
-    start = check_checkpoint(cfg)
-    notes = list(pre.notes)
+    start, checkpoint_notes = check_checkpoint(cfg)
+    notes = list(pre.notes) + checkpoint_notes
     if 0 < cfg.steps - start <= cfg.warmup_steps:  # the worker then times every step (executor/worker.py _loop)
         notes.append(f"--warmup-steps {cfg.warmup_steps} would leave nothing to time of this run's "
                      f"{plural(cfg.steps - start, 'step')}: every step is timed, the first one's start-up costs included")
@@ -343,14 +343,23 @@ def _written_since(path: str, since: float) -> bool:
 
 
 def summary(trace: Trace) -> dict[str, object]:
-    """The run's headline numbers (what ``--json`` prints)."""
+    """The run's headline numbers (what ``--json`` prints). Memory twice, as measured two ways:
+    ``peak_memory_bytes`` (``peak_memory_source``: the CUDA allocator's peak, or a CPU process's
+    resident set, interpreter and libraries included) and ``device_peak_bytes``
+    (``device_memory_source``: what the text output, the memory model and ``--memory-budget-gib``
+    use — the allocator's peak, or the live-tensor accounting on a CPU; null for a rank without
+    the record)."""
     m = trace.measurement
     if m is None:
         raise ContractError("trace", "measurement", "not a measured run (no measurement record)")
+    devices = [r.memory for r in m.ranks if r.memory is not None]
     return {
         "steps": [s.step for s in m.steps], "losses": m.losses, "iteration_s": m.iteration_s,
         "tokens_per_s": m.tokens_per_s, "mfu": m.mfu, "energy_j_per_iteration": m.energy_j_per_iteration,
         "energy_source": m.energy_source, "peak_memory_bytes": max(r.peak_memory_bytes for r in m.ranks),
+        "peak_memory_source": m.ranks[0].memory_source,
+        "device_peak_bytes": max(d.peak_bytes for d in devices) if len(devices) == len(m.ranks) else None,
+        "device_memory_source": devices[0].source if devices else None,
         "world_size": m.world_size, "backend": m.backend, "schedule_source": m.schedule_source,
     }
 

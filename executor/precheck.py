@@ -97,8 +97,11 @@ def check_made_for(plan: Plan, world_size: int, device_kind: str, source: str = 
         raise ContractError(source, "made_for", f"the plan was tuned for {made.describe()}, "
                             f"{'GPUs' if tuned_gpu else 'CPUs'}; this launch runs on {here}")
     if plan.world_size != world_size:
-        raise ContractError(source, "dp", f"the plan was tuned for {made.describe()}; this launch has {world_size} "
-                            f"rank{'s' if world_size != 1 else ''}")
+        mesh = "×".join(str(getattr(plan, k)) for k in ("dp", "tp", "pp", "cp") if k != "cp" or plan.cp > 1)
+        edited = ", so it was edited since" if made.cluster.world_size != plan.world_size else ""
+        raise ContractError(source, "dp", f"{'dp×tp×pp×cp' if plan.cp > 1 else 'dp×tp×pp'}={mesh}={plan.world_size} "
+                            f"ranks needed, this launch has {world_size}; the plan was tuned for "
+                            f"{made.describe()}{edited}")
 
 
 def what_if_notes(plan: Plan) -> list[str]:

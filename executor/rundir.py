@@ -14,7 +14,6 @@ after a grace period); the launcher calls it when it is interrupted, and the wat
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import math
 import os
@@ -28,9 +27,9 @@ from pathlib import Path
 from typing import Literal
 
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.processes import die_with_parent
 
 RUN_DIR_ENV = "MINDPIPE_RUN_DIR"
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -127,20 +126,6 @@ def stop(run_dir: str | os.PathLike[str], torchrun: ProcRef | None, grace_s: flo
             return
 
 
-def die_with_parent(parent: int | None = None) -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``, Linux; a
-    no-op elsewhere), and exit at once if the parent (pid ``parent``, default: the current one)
-    is already gone."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid() if parent is None else parent
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the prctl took effect
-            os._exit(1)
-
-
 def register_rank() -> None:
     """In a rank started by ``mindpipe run``: die with torchrun (or the spawner), and leave our pid for the launcher."""
     where = os.environ.get(RUN_DIR_ENV)
@@ -162,12 +147,13 @@ def _one_line(e: BaseException) -> tuple[Literal["input", "failure"], str]:
     """The error's kind and one line. A wrapper such as torch pipelining's "[Stage 0] failed to run
     forward:" (raised ``from`` the real error) is followed by its innermost cause, the error a
     user can act on; a contract error anywhere in the chain makes it an input error."""
-    cause, seen = e, {id(e)}
-    while cause.__cause__ is not None and id(cause.__cause__) not in seen:
+    cause, chain = e, [e]
+    while cause.__cause__ is not None and all(cause.__cause__ is not c for c in chain):
         cause = cause.__cause__
-        seen.add(id(cause))
-    if isinstance(cause, ContractError):
-        return "input", next((ln for ln in str(cause).splitlines() if ln.strip()), "input error")
+        chain.append(cause)
+    contract = next((c for c in chain if isinstance(c, ContractError)), None)
+    if contract is not None:  # e.g. a checkpoint DCP cannot load, raised from DCP's own exception
+        return "input", next((ln for ln in str(contract).splitlines() if ln.strip()), "input error")
     if cause is e:
         return "failure", _first_line(e)
     return "failure", f"{_first_line(e)} ← {_first_line(cause)}"

@@ -38,8 +38,7 @@ def save(directory: str | Path, step: int, module: nn.Module, optimizer: torch.o
     root = Path(directory)
     path = trust.step_dir(root, step)
     if dist.get_rank() == 0:
-        trust.prepare_save_dir(root)
-        trust.remove_manifest(path)
+        trust.begin_save(root, step)
         path.mkdir(mode=0o700, exist_ok=True)
     dist.barrier()
     torch.save({"model": module.state_dict(), "optim": optimizer.state_dict(), "next_subnet": step,
@@ -47,12 +46,7 @@ def save(directory: str | Path, step: int, module: nn.Module, optimizer: torch.o
                _file(root, step, stage, dp_rank))
     dist.barrier()
     if dist.get_rank() == 0:
-        trust.write_manifest(path)
-        try:
-            done = set(trust.read_record(root).complete)
-        except ContractError:
-            done = set()
-        trust.write_record(root, trust.CheckpointRecord(step, 1, tuple(sorted(done | {step})), model))
+        trust.finish_save(root, step, model, 1)
     dist.barrier()
 
 

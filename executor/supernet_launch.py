@@ -15,13 +15,12 @@ import argparse
 import dataclasses
 import itertools
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from mindpipe.executor.checkpoint_trust import check_private_dir, check_resume
+from mindpipe.executor.checkpoint_trust import check_resume, fresh_run_notes
 from mindpipe.executor.config import plan_source
 from mindpipe.executor.launch import reported, run_and_read
 from mindpipe.executor.precheck import detect_device
@@ -81,8 +80,9 @@ def precheck(cfg: SupernetRunConfig, world_size: int | None, source: str) -> Non
         if done >= cfg.steps:
             raise ContractError("--steps", None, f"the checkpoint is after {done} subnets; --steps {cfg.steps} "
                                 "leaves nothing to run")
-    elif cfg.checkpoint_dir and os.path.lexists(cfg.checkpoint_dir):
-        check_private_dir(cfg.checkpoint_dir)
+    elif cfg.checkpoint_dir:
+        for note in fresh_run_notes(cfg.checkpoint_dir):
+            print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass(frozen=True)

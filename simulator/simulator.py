@@ -183,11 +183,14 @@ class Simulator:
             if r.total_bytes * share > r.capacity_bytes:
                 g = r.gib()
                 shared = f" × {share} ranks sharing it" if share > 1 else ""
+                digits = 2  # enough digits that the need and the capacity do not print as one number
+                while digits < 6 and f"{r.total_gib * share:.{digits}f}" == f"{r.capacity_bytes / GIB:.{digits}f}":
+                    digits += 1
                 raise ContractError(source, None, (
-                    f"pipeline rank {r.rank} needs an estimated {r.total_gib:.2f} GiB{shared} (simulator memory "
+                    f"pipeline rank {r.rank} needs an estimated {r.total_gib:.{digits}f} GiB{shared} (simulator memory "
                     f"model: weights {g['weights_gib']:.2f}, gradients {g['gradients_gib']:.2f}, optimizer "
                     f"{g['optimizer_gib']:.2f}, activations {g['activations_gib']:.2f}, other {g['other_gib']:.2f}) "
-                    f"but {self.device.name} has {r.capacity_bytes / GIB:.2f} GiB; raise pp, tp or zero_stage, "
+                    f"but {self.device.name} has {r.capacity_bytes / GIB:.{digits}f} GiB; raise pp, tp or zero_stage, "
                     "recompute, or lower micro_batch_size"))
         return [r.total_gib for r in ranks]
 

@@ -101,3 +101,48 @@ def test_validate_progress_in_a_log_is_one_line_per_step(shared_data, capsys):
     err = capsys.readouterr().err
     assert "\r" not in err
     assert err.splitlines() == ["simulated 50/109 rows", "simulated 100/109 rows", "simulated 109/109 rows"]
+
+
+def _mindpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+    return subprocess.run([sys.executable, "-m", "mindpipe.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env=env)
+
+
+PLAN = {"dp": 2, "micro_batch_size": 1, "global_batch_size": 2, "precision": "fp32"}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--out", "plan.json"], "plan.json: is also this command's input plan.json: writing it would replace what it reads"),
+        (["--out", "m.json", "--timeline", "m.json"], "m.json: is given for two outputs: the second would replace the first"),
+        (["--out", "m.json", "--timeline", "./m.json"], "./m.json: is given for two outputs (also as m.json)"),
+        (["--out", "/dev/null"], "/dev/null: is a device or pipe: rank 0's process writes this output"),
+        (["--out", "m.json", "--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
+        (["--out", "m.json", "--checkpoint-dir", "/proc/ck"], "/proc/ck: cannot create this directory"),
+    ],
+    ids=["out-is-the-plan", "out-is-the-timeline", "same-file-two-names", "device", "every-without-dir",
+         "uncreatable-checkpoint-dir"],
+)
+def test_run_refuses_outputs_that_collide_or_cannot_be_written_before_any_rank_starts(tmp_path, args, needle):
+    """`run` writes at the end of training: a collision found then would cost the run (or the plan
+    file it read), so it is refused first, in one line."""
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    res = _mindpipe("run", "plan.json", "--nproc", "2", "--steps", "2", "--model", "gpt-mini", *args, cwd=tmp_path)
+    line = _one_error_line(res)
+    assert needle in line, line
+    assert json.loads((tmp_path / "plan.json").read_text()) == PLAN and not (tmp_path / "m.json").exists()
+    assert "rank" not in line.split(needle)[0]  # the launcher's refusal, not a rank's
+
+
+def test_calibrate_refuses_an_output_that_is_an_input_and_a_run_given_twice(tmp_path):
+    """Both are refused before any file is read as a run (so the file's content does not matter)."""
+    path = tmp_path / "m.json"
+    path.write_text("{}")
+    before = path.read_bytes()
+    line = _one_error_line(_mindpipe("calibrate", "m.json", "--out", "m.json", cwd=tmp_path))
+    assert line == "mindpipe: error: m.json: is also this command's input m.json: writing it would replace what it reads"
+    assert path.read_bytes() == before
+    line = _one_error_line(_mindpipe("calibrate", "m.json", "./m.json", "--out", "cal.json", cwd=tmp_path))
+    assert line == "mindpipe: error: ./m.json: is given twice: each measured run counts once in the fit"

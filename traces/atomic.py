@@ -293,6 +293,8 @@ def output_dir(path: str | os.PathLike[str]) -> Path:
             p.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise ContractError(str(p), None, "a parent of this path is not a directory") from None
+        except OSError as e:  # e.g. no permission, a read-only file system, /proc or /sys
+            raise ContractError(str(p), None, f"cannot create this directory ({e.strerror})") from None
     return p
 
 

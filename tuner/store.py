@@ -37,6 +37,16 @@ RECORDS_NAME = "evaluations.jsonl"
 STATE_VERSION = 2
 RECORD_KEYS = frozenset({"key", "point", "status", "plan", "code", "simulated", "metrics", "message", "eval_s"})
 _METRICS = frozenset(f.name for f in dataclasses.fields(Metrics))
+# What a user changes to change each key of a sweep's identity (tuner/api.py _sweep_identity, SweepConfig.identity).
+_CHANGED_BY = {
+    "problem": "--model, --cluster, --trace or --calibration",
+    "model": "--model", "global_batch": "--global-batch; its default follows --cluster", "fixes": "--fix",
+    "partitioners": "--partitioner", "what_if": "--what-if", "search": "--search",
+    "objective": "--objective, --constraint or the critical batch", "optimizer": "--optimizer", "seed": "--seed",
+    "surrogate": "--surrogate", "n_initial": "--initial-points", "batch_size": "--batch-size, or --workers without it",
+    "timeshift": "--carbon-csv, --window, --job-hours, --iterations or --interruptible", "subnets": "--subnets",
+    "target": "the carbon-to-target flags",
+}
 _START_AGAIN = "start the sweep again in a new --out"
 
 
@@ -133,6 +143,7 @@ class SweepStore:
                                 "this version can resume; remove it or choose another --out")
 
     def _check_config(self) -> None:
+        """Refuse to resume a stored sweep whose identity differs from this one's, naming what differs."""
         old = parse_json(_read_regular(self.config_path), str(self.config_path))
         if not isinstance(old, dict):
             raise ContractError(str(self.config_path), None, f"expected a JSON object, got {type(old).__name__}; "
@@ -145,8 +156,9 @@ class SweepStore:
         stored = self._stored
         diff = sorted(k for k in set(old) | set(stored) if old.get(k) != stored.get(k))
         if diff:
+            named = ", ".join(f"{k} ({_CHANGED_BY[k]})" if k in _CHANGED_BY else k for k in diff)
             raise ContractError(str(self.config_path), diff[0],
-                                f"the stored sweep differs in {', '.join(diff)}; cannot resume it with these arguments")
+                                f"the stored sweep differs in {named}; cannot resume it with these arguments")
 
     def _load(self) -> None:
         if not os.path.lexists(self.records_path):

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
+import signal
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.processes import die_with_parent
 from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.evaluate import screen as screen_memory
 from mindpipe.tuner.keys import Point, point_key
@@ -143,8 +146,31 @@ class _InlineExecutor(cf.Executor):
         return fut
 
 
-def open_executor(cfg: SweepConfig) -> tuple[cf.Executor, Callable[[], None]]:
-    """The executor for ``cfg`` and a function that releases it."""
+def _worker_start(parent: int) -> None:
+    """A pool worker's first act: leave Ctrl-C to the sweep (the terminal sends SIGINT to the whole
+    process group; the sweep stops its workers itself, without a traceback from each), and die
+    with the sweep if it is killed outright."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
+
+
+def _stop_pool(pool: cf.ProcessPoolExecutor, abort: bool) -> None:
+    """Release the pool: wait for its workers, or, when the sweep is interrupted, end them now
+    (an evaluation under way is lost; every finished one is in the store)."""
+    if not abort:
+        pool.shutdown(wait=True, cancel_futures=True)
+        return
+    workers = list(getattr(pool, "_processes", {}).values())  # Python < 3.14 has no terminate_workers()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for w in workers:
+        w.terminate()
+    for w in workers:
+        w.join(timeout=10)
+
+
+def open_executor(cfg: SweepConfig) -> tuple[cf.Executor, Callable[[bool], None]]:
+    """The executor for ``cfg`` and a function that releases it (``True``: the sweep was
+    interrupted, so local workers are stopped rather than waited for)."""
     if cfg.dask:
         try:
             from dask.distributed import Client
@@ -156,16 +182,17 @@ def open_executor(cfg: SweepConfig) -> tuple[cf.Executor, Callable[[], None]]:
             raise ContractError("--dask", None, f"cannot reach the Dask scheduler at {cfg.dask}: {e}") from None
         ex = client.get_executor(pure=False)
 
-        def close_dask() -> None:
-            ex.shutdown(wait=True)
+        def close_dask(abort: bool) -> None:
+            ex.shutdown(wait=not abort)
             client.close()
 
         return ex, close_dask
     if cfg.workers == 1:
         inline = _InlineExecutor()
-        return inline, lambda: None
-    pool = cf.ProcessPoolExecutor(max_workers=cfg.workers, mp_context=multiprocessing.get_context("spawn"))
-    return pool, lambda: pool.shutdown(wait=True, cancel_futures=True)
+        return inline, lambda abort: None
+    pool = cf.ProcessPoolExecutor(max_workers=cfg.workers, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_worker_start, initargs=(os.getpid(),))
+    return pool, lambda abort: _stop_pool(pool, abort)
 
 
 def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: SweepConfig, store: SweepStore,
@@ -211,8 +238,10 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
                 break
             done = sweep.evaluate(batch)
             searcher.tell(batch, sweep.record(batch, done))
-    finally:
-        sweep.close()
+    except BaseException:  # Ctrl-C, a stop signal, an evaluator's error: the workers go now
+        sweep.close(True)
+        raise
+    sweep.close(False)
     infeasible = Counter(r.verdict for r in sweep.records if not r.feasible)
     return SweepResult(sweep.records, sweep.best, sweep.simulations, sweep.reused, infeasible)
 
@@ -230,7 +259,7 @@ class _Sweep:
         self.simulations = self.reused = 0
         self.refused: list[tuple[int, EvaluationRecord]] = []
         self.executor: cf.Executor | None = None
-        self.close: Callable[[], None] = lambda: None
+        self.close: Callable[[bool], None] = lambda abort: None
 
     def refuse_with(self, check: Screener) -> Callable[[int], bool]:
         """The searcher's refusal test: a point the screen (or, on resume, the store) says cannot fit."""

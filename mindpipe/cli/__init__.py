@@ -15,8 +15,11 @@ run, demo), and only when they run.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 from mindpipe import __version__
 from mindpipe.cli import calibrate, demo, import_, inspect, profile, run, simulate, tune, validate
@@ -50,7 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
     func: Callable[[argparse.Namespace, Sequence[str]], int] = args.func
     try:
-        return func(args, argv)
+        with _stop_signals_raise():
+            return func(args, argv)
+    except Stopped as e:  # SIGTERM or SIGHUP: cleanup ran (a sweep's workers stopped, its state saved)
+        stderr(f"mindpipe: stopped by {signal.Signals(e.signum).name}")
+        return 128 + e.signum
     except ContractError as e:
         stderr(f"mindpipe: error: {e}")
         return EXIT_USAGE
@@ -66,6 +73,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         stderr("mindpipe: interrupted")
         return 130
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived: raised in the main thread so that every ``finally`` and context
+    manager on the way out runs, as for Ctrl-C (a BaseException, so ``except Exception`` passes it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    """While a command runs, SIGTERM and SIGHUP raise :class:`Stopped` (the default would end the
+    process at once, leaving child processes behind). ``mindpipe run`` installs its own handlers
+    while it supervises ranks. Only in the main thread; the previous handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _silence_stdout() -> None:

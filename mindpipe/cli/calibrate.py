@@ -17,6 +17,7 @@ stdout.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,7 +52,11 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from mindpipe.simulator.calibrate.supernet import SupernetRun, load_measured
     from mindpipe.traces.calibration import save_calibration
 
-    check_outputs([args.out], [args.report])
+    check_outputs([args.out], [args.report], inputs=[*args.measured, *args.holdout, *(args.trace or [])])
+    twice = next((b for i, a in enumerate(args.measured) for b in args.measured[i + 1:]
+                  if os.path.isfile(a) and os.path.isfile(b) and os.path.samefile(a, b)), None)
+    if twice is not None:
+        raise ContractError(twice, None, "is given twice: each measured run counts once in the fit")
     runs, nets = load_measured(args.measured)
     holdout, held_nets = load_measured(args.holdout) if args.holdout else ([], [])
     fitted_on: list[MeasuredRun | SupernetRun] = [*runs, *nets]

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from mindpipe.traces.atomic import check_output
+from mindpipe.traces.atomic import check_output, classify
+from mindpipe.traces.errors import ContractError
 from mindpipe.traces.summary import format_summary, summarize
 from mindpipe.traces.trace import Trace
 
@@ -27,18 +29,48 @@ def stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def check_outputs(files: Iterable[str | None] = (), dirs: Iterable[str | None] = ()) -> None:
-    """Refuse, before any work starts, the output files and directories the command would refuse to write.
+def _file_identity(path: str) -> tuple[str, object] | None:
+    """What makes two paths one regular file: its device and inode if it exists, else its real path;
+    None for a stream (a device or FIFO), which several outputs may share."""
+    kind, where = classify(path)
+    if kind == "stream":
+        return None
+    if kind == "regular":
+        st = os.stat(where)
+        return "inode", (st.st_dev, st.st_ino)
+    return "path", os.path.realpath(where)
+
+
+def check_outputs(files: Iterable[str | None] = (), dirs: Iterable[str | None] = (),
+                  inputs: Iterable[str | None] = ()) -> None:
+    """Refuse, before any work starts, the output files and directories the command would refuse to
+    write, an output file given twice (the second would replace the first), and an output file that
+    is one of the command's ``inputs`` (files it reads: writing would replace what it read).
 
     Raises:
         ContractError: see :func:`mindpipe.traces.atomic.check_output` (None entries are skipped).
     """
+    written: dict[tuple[str, object], str] = {}
     for path in files:
-        if path is not None:
-            check_output(path)
+        if path is None:
+            continue
+        check_output(path)
+        key = _file_identity(path)
+        if key is not None and key in written:
+            also = f" (also as {written[key]})" if written[key] != path else ""
+            raise ContractError(path, None, f"is given for two outputs{also}: the second would replace the first")
+        if key is not None:
+            written[key] = path
     for path in dirs:
         if path is not None:
             check_output(path, directory=True)
+    for path in inputs:
+        if path is None or not os.path.isfile(path):
+            continue
+        st = os.stat(path)
+        out = written.get(("inode", (st.st_dev, st.st_ino)))
+        if out is not None:
+            raise ContractError(out, None, f"is also this command's input {path}: writing it would replace what it reads")
 
 
 def command_line(argv: Sequence[str]) -> str:

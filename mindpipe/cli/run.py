@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.cli.output import check_outputs
+from mindpipe.traces.atomic import classify
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
@@ -36,7 +37,12 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     then, unless ``--json``, each pipeline rank's measured peak memory against the simulator's."""
     from mindpipe.executor.launch import cmd_run as run_plan
 
-    check_outputs([args.out, args.timeline])  # rank 0 writes them at the end: refused now, not after training
+    # rank 0 writes them at the end: refused now, not after training
+    check_outputs([args.out, args.timeline], inputs=[args.plan, args.model, args.data])
+    for path in (args.out, args.timeline):
+        if path is not None and classify(path)[0] == "stream":
+            raise ContractError(path, None, "is a device or pipe: rank 0's process writes this output (and the "
+                                "launcher reads the measured trace back), so give a file")
     code = run_plan(args, argv, memory_check=memory_check)
     if code == 0 and not args.json and Path(args.out).is_file():
         for line in memory_lines(Path(args.out)):

@@ -150,10 +150,81 @@ def test_a_checkpoint_dcp_cannot_load_is_one_contract_error_naming_the_ranks_cau
     root = _saved(tmp_path / "ck")
 
     def failing(*args, **kwargs):
-        raise CheckpointException("load", {0: RuntimeError("Missing key in checkpoint state_dict: optim.state.w.\nmore")})
+        # DCP's collectives give each rank's failure as an (exception, traceback) pair
+        raise CheckpointException("load", {0: (RuntimeError("Missing key in checkpoint state_dict: optim.state.w.\nmore"),
+                                               [])})
 
     monkeypatch.setattr(ckpt.dcp, "load", failing)
     m, opt = _part(1)
     with pytest.raises(ContractError, match=r"cannot load this checkpoint into the run's model: "
                                             r"Missing key in checkpoint state_dict: optim\.state\.w\.$"):
         ckpt.load(root, [m], [opt], tp=1, model=MODEL)
+
+
+OTHER = {"kind": "toy", "name": "linear4-other"}
+
+
+def test_each_step_resumes_only_into_the_run_it_was_written_for(one_rank, tmp_path, spied):
+    """Two runs share a directory: step 3 of one model at tp 1, then step 1 of another at tp 2. The
+    record's newest step is step 1, but resuming step 3 checks step 3's own model and TP degree."""
+    root = _saved(tmp_path / "ck")
+    m, opt = _part(0)
+    ckpt.save(root, 1, [m], [opt], tp=2, model=OTHER)
+    assert json.loads((root / "latest.json").read_text())["complete"] == [1, 3]
+    assert check_resume(root, MODEL, 1, 3) == 3  # step 3 is the first run's: it resumes there
+    assert check_resume(root, OTHER, 2) == 1  # the newest is the second run's
+    with pytest.raises(ContractError, match=r"step-3: tp: checkpoint was written with tp=1, this plan has tp=2"):
+        check_resume(root, MODEL, 2, 3)
+    with pytest.raises(ContractError, match=r"ck: model: the checkpoint was written for another model, linear4-other"):
+        check_resume(root, MODEL, 1, 1)
+    assert spied.calls == 0
+
+
+def test_a_step_written_again_leaves_the_record_until_it_is_whole(one_rank, tmp_path, monkeypatch):
+    """Saving a step that is already complete takes it out of the record before its old manifest
+    goes, so a save interrupted there leaves --resume the newest step that is still whole."""
+    root = _saved(tmp_path / "ck")
+    m, opt = _part(0)
+    ckpt.save(root, 6, [m], [opt], tp=1, model=MODEL)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt.dcp, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(root, 6, [m], [opt], tp=1, model=MODEL)
+    record = json.loads((root / "latest.json").read_text())
+    assert (record["step"], record["complete"]) == (3, [3])
+    assert check_resume(root, MODEL, 1) == 3
+    with pytest.raises(ContractError, match=r"no complete checkpoint of step 6 \(complete: \[3\]\)"):
+        check_resume(root, MODEL, 1, 6)
+
+
+def test_a_lost_record_is_rebuilt_from_the_steps_manifests(one_rank, tmp_path):
+    """latest.json damaged or gone: the next save records every step whose manifest says what it
+    was written for, instead of forgetting them."""
+    root = _saved(tmp_path / "ck")
+    (root / "latest.json").write_text("{not json")
+    m, opt = _part(0)
+    ckpt.save(root, 5, [m], [opt], tp=1, model=MODEL)
+    assert json.loads((root / "latest.json").read_text())["complete"] == [3, 5]
+    assert check_resume(root, MODEL, 1, 3) == 3
+
+
+def test_two_runs_in_one_directory_each_resume_only_their_own_steps(tmp_path):
+    """A tp=1 run leaves step 3; a tp=2 run, not resuming, then writes step 1 beside it (and is told
+    the directory holds step 3). Resuming step 3 with tp=2 is refused by step 3's own record; with
+    tp=1 it resumes (the folder's newest record is the tp=2 run's and does not decide)."""
+    ck = str(tmp_path / "ck")
+    tp1 = {"dp": 2, "micro_batch_size": 1, "global_batch_size": 2, "precision": "fp32"}
+    tp2 = {"tp": 2, "micro_batch_size": 1, "global_batch_size": 1, "precision": "fp32"}
+    first = run_plan(tmp_path, tp1, 2, "--checkpoint-dir", ck, steps=3)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run_plan(tmp_path, tp2, 2, "--checkpoint-dir", ck, steps=1)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"mindpipe: note: {ck} already holds complete checkpoint steps [3]: this run does not resume" in second.stderr
+    wrong = run_plan(tmp_path, tp2, 2, "--checkpoint-dir", ck, "--resume-from", "3", steps=4)
+    assert wrong.returncode == 2 and wrong.stderr.strip().splitlines() == [
+        f"mindpipe: error: {ck}/step-3: tp: checkpoint was written with tp=1, this plan has tp=2"], wrong.stderr[-2000:]
+    right = run_plan(tmp_path, tp1, 2, "--checkpoint-dir", ck, "--resume-from", "3", steps=4)
+    assert right.returncode == 0, right.stderr[-2000:]

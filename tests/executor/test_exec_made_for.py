@@ -52,8 +52,8 @@ def test_a_tuned_plan_runs_without_model(tmp_path):
     ("plan", "extra", "needle"),
     [
         (_tuned(), ("--model", json.dumps(TINY)), "made_for: the plan was tuned for gpt-mini; --model gives tiny4"),
-        (_tuned(), ("--nproc", "1"), "dp: the plan was tuned for gpt-mini on cpu:1x2 (2 devices); "
-                                     "this launch has 1 rank"),
+        (_tuned(), ("--nproc", "1"), "dp×tp×pp=1×1×2=2 ranks needed, this launch has 1; "
+                                     "the plan was tuned for gpt-mini on cpu:1x2 (2 devices)"),
         (_tuned("a100-sxm4-80gb:1x2"), ("--device", "cpu"),
          "made_for: the plan was tuned for gpt-mini on a100-sxm4-80gb:1x2 (2 devices), GPUs; this launch runs on the CPU"),
     ],
@@ -85,6 +85,11 @@ def test_made_for_checks_and_what_if_notes():
     with pytest.raises(ContractError, match=r"tuned for gpt-mini on cpu:1x2 \(2 devices\), CPUs; this launch runs on CUDA"):
         check_made_for(cpu_plan, 2, "cuda")
     check_made_for(Plan(**PLAN), 5, "cuda")  # a hand-written plan: nothing to compare with
+    # tuned for 2 devices, pp edited down to 1, launched on 2: the mesh is named, and the edit
+    edited = Plan(**{**PLAN, "pp": 1, "made_for": MadeFor(load_model("gpt-mini"), load_cluster("cpu:1x2"))})
+    with pytest.raises(ContractError, match=r"^plan: dp×tp×pp=1×1×1=1 ranks needed, this launch has 2; the plan "
+                                            r"was tuned for gpt-mini on cpu:1x2 \(2 devices\), so it was edited since$"):
+        check_made_for(edited, 2, "cpu")
     assert what_if_notes(Plan(**PLAN)) == []
     dp_plan = Plan(dp=2, global_batch_size=2, comm_priority="pp_first", overlap_grad_reduce=True)
     (note,) = what_if_notes(dp_plan)

@@ -88,6 +88,9 @@ def test_dp2_parity(tmp_path):
     assert_layer_times(trace)
     assert summary["losses"] == trace.measurement.losses and summary["world_size"] == 2
     assert summary["out"] == str(tmp_path / "measured.json") and summary["schedule_source"] == "torch"
+    # both memory figures, each named: the process's resident set and the device figure the text prints
+    assert (summary["peak_memory_source"], summary["device_memory_source"]) == ("process_rss", "tensor_accounting")
+    assert summary["device_peak_bytes"] == max(r.memory.peak_bytes for r in trace.measurement.ranks)
     assert_noise_norms(trace, DP2, "data_parallel")
 
 

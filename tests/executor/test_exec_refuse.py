@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -140,3 +141,14 @@ def test_a_ranks_note_reaches_the_user(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert ("mindpipe: note: the checkpoint's noise-scale averages were taken with method microbatch; this plan "
             "measures data_parallel: the noise scale starts afresh") in res.stderr
+
+
+def test_a_need_just_over_the_budget_is_printed_with_the_digits_that_tell_them_apart():
+    """A budget a hair under the estimate printed "needs 0.07 GiB ... but cpu has 0.07 GiB"."""
+    model, plan, cpu = load_model("gpt-mini"), Plan(dp=2, micro_batch_size=1, global_batch_size=2), get_device("cpu")
+    (need,) = simulator_memory_check(model, plan, cpu, 1)
+    tight = dataclasses.replace(cpu, memory_capacity_bytes=int(need * 0.999 * 2**30))  # as --memory-budget-gib does
+    with pytest.raises(ContractError) as e:
+        simulator_memory_check(model, plan, tight, 1)
+    m = re.search(r"needs an estimated ([\d.]+) GiB .* but cpu has ([\d.]+) GiB", e.value.rule)
+    assert m is not None and m.group(1) != m.group(2) and float(m.group(1)) > float(m.group(2)), e.value.rule

@@ -232,6 +232,16 @@ def test_a_wrapped_error_is_reported_with_its_root_cause(tmp_path, monkeypatch):
     assert got[0].error == ("RuntimeError: [Stage 0] failed to run forward: ← "
                             "AttributeError: 'Ctx' object has no attribute 'op_output'")
     assert (got[1].kind, got[1].error) == ("input", "--memory-budget-gib: rank 1 needs 3 GiB, over 2 GiB")
+    # a contract error raised *from* a library's error (a checkpoint DCP cannot load) is an input error too
+    try:
+        try:
+            raise ValueError("Size mismatch")
+        except ValueError as e:
+            raise ContractError("ck/step-3", None, "cannot load this checkpoint into the run's model: Size mismatch") from e
+    except ContractError as e:
+        record_error(2, e)
+    assert (read_errors(tmp_path)[2].kind, read_errors(tmp_path)[2].error) == \
+        ("input", "ck/step-3: cannot load this checkpoint into the run's model: Size mismatch")
 
 
 def test_fsdp_param_groups_reads_both_torch_layouts():

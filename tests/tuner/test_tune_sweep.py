@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -180,9 +181,12 @@ def test_killed_sweep_resumes_without_re_evaluating(tmp_path):
 
     # Without --resume the directory is refused; with other search settings it cannot resume.
     assert mindpipe_main(["tune", *args, "--quiet"]) == 2
-    with pytest.raises(ContractError, match="seed"):
+    with pytest.raises(ContractError, match=r"differs in seed \(--seed\); cannot resume"):
         tune(SMALL, CLUSTER, out=out, global_batch=32, fixes=fixes, resume=True, plots=False,
              config=SweepConfig(optimizer="random", seed=seed + 1, budget=budget, workers=1))
+    with pytest.raises(ContractError, match=r"problem \(--model, --cluster, --trace or --calibration\)"):
+        tune(SMALL, "a100-sxm4-80gb:1x4", out=out, global_batch=32, fixes=fixes, resume=True, plots=False,
+             config=SweepConfig(optimizer="random", seed=seed, budget=budget, workers=1))
 
     counting = _Counting()
     outcome = tune(SMALL, CLUSTER, out=out, global_batch=32, fixes=fixes, resume=True, plots=False,
@@ -430,3 +434,41 @@ def test_a_notebook_shows_results_in_kilobytes_not_megabytes(tmp_path):
     r = simulate(load_model("gpt3-175b"), load_cluster("a100-sxm4-80gb:64x8"),
                  Plan(tp=8, pp=16, dp=4, micro_batch_size=1, global_batch_size=512), SimulationOptions(timeline=True))
     assert r.timeline is not None and len(r.timeline) > 1000 and len(repr(r)) < 20_000
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signalled_sweep_stops_its_workers_says_one_line_and_resumes(tmp_path, sig):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM to a sweep with
+    worker processes: one line, exit 128 + the signal, no worker left running and no worker's
+    traceback; what was evaluated is kept for --resume."""
+    out = tmp_path / "t"
+    argv = [sys.executable, "-m", "mindpipe.cli", "tune", "--model", "gpt-mini", "--cluster", "cpu:1x4",
+            "--budget", "2000", "--workers", "2", "--optimizer", "random", "--no-plots", "--out", str(out)]
+
+    def own_group() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a shell's foreground job has it
+        os.setsid()
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=own_group)
+    jsonl = out / "evaluations.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and \
+            (not jsonl.exists() or len(jsonl.read_text().splitlines()) < 4):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    signum = getattr(signal, sig)
+    if sig == "SIGINT":
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert "Traceback" not in err and err.splitlines()[-1] == \
+        ("mindpipe: interrupted" if sig == "SIGINT" else "mindpipe: stopped by SIGTERM")
+    time.sleep(0.5)
+    left = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(proc.pid)], capture_output=True, text=True).stdout
+    assert [ln for ln in left.splitlines() if "Z" not in ln.split()[-1]] == [], left  # zombies hold nothing
+    again = subprocess.run([*argv, "--resume", "--budget", "20", "--quiet"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    reused = re.search(r"simulations +\d+ \(\d+ points considered, (\d+) from a previous run\)", again.stdout)
+    assert reused is not None and int(reused.group(1)) >= 3, again.stdout
