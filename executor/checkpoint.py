@@ -71,7 +71,7 @@ def _own_optim(part: nn.Module, opt: torch.optim.Optimizer, optim: dict[str, Any
 
 
 def save(directory: str | Path, step: int, parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
-         tp: int, model: dict[str, Any], run_state: dict[str, Any] | None = None) -> Path:
+         tp: int, model: dict[str, Any], run_state: dict[str, Any] | None = None, keep: int = 0) -> Path:
     """Write the checkpoint of global step ``step`` (collective: every rank calls it).
 
     Args:
@@ -81,6 +81,7 @@ def save(directory: str | Path, step: int, parts: Sequence[nn.Module], optimizer
         tp: The plan's TP degree (recorded: resuming needs the same).
         model: The model as a JSON document (recorded: resuming needs the same).
         run_state: JSON-able state besides the tensors, the same on every rank (rank 0's is written).
+        keep: Keep only this many complete steps, this one and the highest others (0: all).
     """
     root = Path(directory)
     path = trust.step_dir(root, step)
@@ -92,7 +93,7 @@ def save(directory: str | Path, step: int, parts: Sequence[nn.Module], optimizer
     if dist.get_rank() == 0:
         if run_state is not None:
             write_text(path / RUN_STATE, json.dumps(run_state) + "\n")
-        trust.finish_save(root, step, model, tp)
+        trust.finish_save(root, step, model, tp, keep)
     dist.barrier()
     return path
 

@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,11 +352,21 @@ def begin_save(directory: str | os.PathLike[str], step: int) -> None:
     remove_manifest(step_dir(directory, step))
 
 
-def finish_save(directory: str | os.PathLike[str], step: int, model: dict[str, Any], tp: int) -> None:
-    """After every rank wrote ``step`` (rank 0): its manifest, then the record naming it newest."""
+def finish_save(directory: str | os.PathLike[str], step: int, model: dict[str, Any], tp: int, keep: int = 0) -> None:
+    """After every rank wrote ``step`` (rank 0): its manifest, then the record naming it newest.
+
+    ``keep`` > 0 keeps only that many complete steps, ``step`` and the highest others
+    (torchtitan's ``keep_latest_k``): the rest leave the record first, then the disk, so an
+    interruption between the two leaves only unrecorded directories, never a recorded step that is gone.
+    """
     write_manifest(step_dir(directory, step), model, tp)
     done = sorted(set(complete_steps(directory)) | {step})
-    write_record(directory, CheckpointRecord(step, tp, tuple(done), model))
+    others = [s for s in done if s != step]
+    kept = done if keep <= 0 else sorted([step, *(others[-(keep - 1):] if keep > 1 else [])])
+    write_record(directory, CheckpointRecord(step, tp, tuple(kept), model))
+    for old in sorted(set(done) - set(kept)):
+        remove_manifest(step_dir(directory, old))  # unverifiable at once, should the removal stop half-way
+        shutil.rmtree(step_dir(directory, old), ignore_errors=True)
 
 
 def prepare_save_dir(directory: str | os.PathLike[str]) -> None:

@@ -42,7 +42,8 @@ class RunConfig:
         out: Where rank 0 writes the measured trace (``measured.json``).
         timeline: Where rank 0 writes the Chrome-trace timeline (default: beside ``out``).
         checkpoint_dir: torch.distributed.checkpoint directory; written at the end of the run
-            and every ``checkpoint_every`` steps (0: only at the end).
+            and every ``checkpoint_every`` steps (0: only at the end); only the newest
+            ``keep_checkpoints`` complete steps are kept (0: all).
         resume: Load the latest checkpoint in ``checkpoint_dir`` before training.
         resume_from: Load the checkpoint of this step instead of the latest (implies ``resume``).
         schedule_source: ``torch`` runs torch's schedule class of the plan's schedule;
@@ -68,6 +69,7 @@ class RunConfig:
     timeline: str | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    keep_checkpoints: int = 0
     resume: bool = False
     resume_from: int | None = None
     schedule_source: str = "auto"
@@ -85,7 +87,7 @@ class RunConfig:
         positive("timeout_s", self.timeout_s)
         within_limit("timeout_s", self.timeout_s)
         non_negative("weight_decay", self.weight_decay)
-        for key in ("checkpoint_every", "warmup_steps", "profile_step"):
+        for key in ("checkpoint_every", "keep_checkpoints", "warmup_steps", "profile_step"):
             integer(key, getattr(self, key), 0, "train_steps")
         if self.profile_step > self.steps:
             raise ContractError("", "profile_step", f"--profile-step {self.profile_step} is after the run's last step "
@@ -99,8 +101,9 @@ class RunConfig:
             self.resume = True
         if self.resume and not self.checkpoint_dir:
             raise ContractError("", "resume", "--resume needs --checkpoint-dir")
-        if self.checkpoint_every and not self.checkpoint_dir:
-            raise ContractError("", "checkpoint_every", "--checkpoint-every needs --checkpoint-dir (where the steps go)")
+        for key in ("checkpoint_every", "keep_checkpoints"):
+            if getattr(self, key) and not self.checkpoint_dir:
+                raise ContractError("", key, f"--{key.replace('_', '-')} needs --checkpoint-dir (where the steps go)")
         if self.data != "synthetic":
             # Checked here, before any rank starts: a regular file within the training-text limit.
             try:
@@ -153,6 +156,8 @@ def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
     p.add_argument("--timeline", default=None, help="Chrome-trace timeline (default: OUT with .timeline.json)")
     p.add_argument("--checkpoint-dir", default=None, help="torch.distributed.checkpoint directory")
     p.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps (default: end only)")
+    p.add_argument("--keep-checkpoints", type=int, default=0, metavar="K",
+                   help="keep only the newest K complete checkpoint steps, deleting older ones (default 0: keep all)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
     p.add_argument("--resume-from", type=int, default=None, metavar="STEP", help="continue from the checkpoint of STEP")
     p.add_argument("--data", default="synthetic", help="'synthetic' (default) or a text file read as byte tokens")
@@ -288,7 +293,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     fields: dict[str, Any] = {
         "model": model, "plan": plan, "steps": args.steps, "seed": args.seed, "data": args.data, "lr": args.lr,
         "weight_decay": args.weight_decay, "out": args.out, "timeline": args.timeline,
-        "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every, "resume": args.resume,
+        "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
+        "keep_checkpoints": args.keep_checkpoints, "resume": args.resume,
         "resume_from": args.resume_from,
         "schedule_source": args.schedule_source, "device": args.device, "timeout_s": args.timeout,
         "warmup_steps": args.warmup_steps, "profile_step": args.profile_step,

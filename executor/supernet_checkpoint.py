@@ -33,7 +33,7 @@ def _file(directory: str | Path, step: int, stage: int, dp_rank: int) -> Path:
 
 
 def save(directory: str | Path, step: int, module: nn.Module, optimizer: torch.optim.Optimizer, stage: int,
-         dp_rank: int, model: dict[str, Any], partition: list[int]) -> None:
+         dp_rank: int, model: dict[str, Any], partition: list[int], keep: int = 0) -> None:
     """Write the checkpoint after ``step`` subnets (collective: every rank calls it)."""
     root = Path(directory)
     path = trust.step_dir(root, step)
@@ -46,7 +46,7 @@ def save(directory: str | Path, step: int, module: nn.Module, optimizer: torch.o
                _file(root, step, stage, dp_rank))
     dist.barrier()
     if dist.get_rank() == 0:
-        trust.finish_save(root, step, model, 1)
+        trust.finish_save(root, step, model, 1, keep)
     dist.barrier()
 
 

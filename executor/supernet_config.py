@@ -54,6 +54,7 @@ class SupernetRunConfig:
         supernet: The supernet contract.
         plan: dp × pp, ``micro_batch_size``, ``subnet_schedule``, ``subnet_window``.
         steps: Train subnets ``0 .. steps−1`` (a resumed run continues from its checkpoint).
+        keep_checkpoints: Keep only the newest K complete checkpoints (0: all).
         checkpoint_every: Drain the pipeline and checkpoint every N subnets (0: at the end only);
             the schedule table is built per segment of N subnets.
         context_switch: ``auto`` (on for csp), ``on`` or ``off`` (see module docstring).
@@ -72,6 +73,7 @@ class SupernetRunConfig:
     out: str | None = "measured.json"
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    keep_checkpoints: int = 0
     resume: bool = False
     device: str = "auto"
     timeout_s: float = 300.0
@@ -83,6 +85,9 @@ class SupernetRunConfig:
         integer("steps", self.steps, 1, "train_steps")
         integer("seed", self.seed, 0, "seed")
         integer("checkpoint_every", self.checkpoint_every, 0, "train_steps")
+        integer("keep_checkpoints", self.keep_checkpoints, 0, "train_steps")
+        if self.keep_checkpoints and not self.checkpoint_dir:
+            raise ContractError("", "keep_checkpoints", "--keep-checkpoints needs --checkpoint-dir (where the steps go)")
         positive("lr", self.lr)
         non_negative("weight_decay", self.weight_decay)
         positive("timeout_s", self.timeout_s)

@@ -61,6 +61,7 @@ def supernet_config(args: argparse.Namespace) -> SupernetRunConfig:
         return SupernetRunConfig(
             supernet=net, plan=plan, steps=args.steps, seed=args.seed, lr=args.lr, weight_decay=args.weight_decay,
             out=args.out, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=getattr(args, "keep_checkpoints", 0),
             resume=args.resume, device=args.device, timeout_s=args.timeout, memory_budget_gib=args.memory_budget_gib,
             context_switch=getattr(args, "context_switch", "auto"), repartition=getattr(args, "repartition", None))
     except ContractError as e:

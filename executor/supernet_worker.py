@@ -187,7 +187,8 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
             _repartition(cfg, rank, new, device)
         if cfg.checkpoint_dir and (done == cfg.steps or cfg.checkpoint_every):
             rank.switcher.restore_all()
-            ckpt.save(cfg.checkpoint_dir, done, rank.module, rank.optimizer, s, r, rank.model_doc, rank.partition)
+            ckpt.save(cfg.checkpoint_dir, done, rank.module, rank.optimizer, s, r, rank.model_doc, rank.partition,
+                      cfg.keep_checkpoints)
             rank.switcher.evict_all()
     end_s = time.perf_counter() - origin
     sw = rank.switcher

@@ -112,7 +112,8 @@ def _save(cfg: RunConfig, step: int, parts: list[Any], optimizers: list[Any], pr
     from mindpipe.executor import checkpoint as ckpt  # DCP is imported only by runs that checkpoint
 
     state = None if probe is None else {"gradient_noise": probe.estimator.state().to_json()}
-    ckpt.save(cfg.checkpoint_dir or ".", step, parts, optimizers, cfg.plan.tp, to_dict(cfg.model), state)
+    ckpt.save(cfg.checkpoint_dir or ".", step, parts, optimizers, cfg.plan.tp, to_dict(cfg.model), state,
+              cfg.keep_checkpoints)
 
 
 def _resume(cfg: RunConfig, parts: list[Any], optimizers: list[Any], probe: NoiseProbe | None) -> int:

@@ -228,3 +228,29 @@ def test_two_runs_in_one_directory_each_resume_only_their_own_steps(tmp_path):
         f"mindpipe: error: {ck}/step-3: tp: checkpoint was written with tp=1, this plan has tp=2"], wrong.stderr[-2000:]
     right = run_plan(tmp_path, tp1, 2, "--checkpoint-dir", ck, "--resume-from", "3", steps=4)
     assert right.returncode == 0, right.stderr[-2000:]
+
+
+def test_keep_checkpoints_keeps_the_newest_steps_and_records_only_those(one_rank, tmp_path):
+    root = tmp_path / "ck"
+    m, opt = _part(0)
+    for step in (2, 4, 6, 8):
+        ckpt.save(root, step, [m], [opt], tp=1, model=MODEL, keep=2)
+    assert json.loads((root / "latest.json").read_text())["complete"] == [6, 8]
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-6", "step-8"]
+    assert check_resume(root, MODEL, 1, 6) == 6
+    ckpt.save(root, 4, [m], [opt], tp=1, model=MODEL, keep=2)  # a run resumed from earlier writes 4 again
+    assert json.loads((root / "latest.json").read_text())["complete"] == [4, 8]  # the new step and the highest other
+    ckpt.save(root, 10, [m], [opt], tp=1, model=MODEL)  # keep=0: every step stays
+    assert json.loads((root / "latest.json").read_text())["complete"] == [4, 8, 10]
+
+
+def test_mindpipe_run_keeps_only_the_newest_checkpoints_it_is_told_to(tmp_path):
+    plan = {"dp": 2, "micro_batch_size": 1, "global_batch_size": 2, "precision": "fp32"}
+    ck = tmp_path / "ck"
+    res = run_plan(tmp_path, plan, 2, "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--keep-checkpoints", "2",
+                   steps=4)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-3", "step-4"]
+    assert json.loads((ck / "latest.json").read_text())["complete"] == [3, 4]
+    again = run_plan(tmp_path, plan, 2, "--checkpoint-dir", str(ck), "--resume-from", "3", steps=5)
+    assert again.returncode == 0, again.stderr[-2000:]
