@@ -143,9 +143,10 @@ class Measured:
                 run_plan(plan, self.model, path, self.spec)
                 self.runs[k].append(load_run(path))
 
-    def combined(self, plan: Plan) -> MeasuredRun:
-        """The plan's runs as one: the median of their iteration times."""
-        return merge_repeats(self.runs[self.key(plan)])[0]
+    def combined(self, plan: Plan, first: int | None = None) -> MeasuredRun:
+        """The plan's runs as one (the median of their iteration times); only its ``first`` runs
+        when given (a fitted plan's calibration rounds, without the rounds run after the fit)."""
+        return merge_repeats(self.runs[self.key(plan)][:first])[0]
 
     def times(self, plan: Plan) -> list[float]:
         """Iteration seconds of each of the plan's runs, in order."""

@@ -39,6 +39,7 @@ from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.trace import Trace
+from mindpipe.traces.units import plural
 
 
 @dataclass
@@ -147,11 +148,12 @@ def _plan_table(f: LoopFacts, runs: Measured, h: Headline, pred: dict[str, Fidel
     def role(k: str) -> str:
         roles = [name for name, plan in (("default", f.default), ("tuned, uncalibrated", f.tuned1),
                                           ("tuned, calibrated", f.tuned2)) if Measured.key(plan) == k]
+        fitted = any(Measured.key(p) == k for p in f.fit_plans)
         if not roles:
-            roles = ["probe (fitted on)" if any(Measured.key(p) == k for p in f.fit_plans) else "held out"]
-        return ", ".join(roles)
+            return "probe (fitted on)" if fitted else "held out"
+        return ", ".join(roles) + (" (fitted on)" if fitted else "")
 
-    table = ["| role | plan | rounds, s | median s | predicted uncalibrated s | predicted calibrated s |",
+    table = ["| role | plan | rounds, s | median of all rounds, s | predicted uncalibrated s | predicted calibrated s |",
              "|---|---|---|---:|---:|---:|"]
     for k in sorted(h.medians, key=h.medians.__getitem__):
         row = pred.get(k)
@@ -167,7 +169,7 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     h = headline(f, runs)
-    fit_rows = fidelity([runs.combined(p) for p in f.fit_plans], f.calibration)
+    fit_rows = fidelity([runs.combined(p, first=f.cfg.rounds) for p in f.fit_plans], f.calibration)  # the rounds fitted
     held_rows = fidelity([runs.combined(p) for p in f.held_plans], f.calibration)
     _figures(f, runs, figs, fit_rows, held_rows)
     s = summary(held_rows)
@@ -208,9 +210,10 @@ def _md_title(f: LoopFacts) -> list[str]:
         "",
         f"Written by `mindpipe demo` on {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} "
         f"({platform.processor() or platform.machine()}, Python {platform.python_version()}). Every figure below "
-        f"was measured or simulated in this run. Global batch {cfg.global_batch}; every plan ran in {cfg.rounds} "
-        f"interleaved rounds of {cfg.run.steps} steps ({cfg.run.warmup_steps} warm-up, the last one profiled); a "
-        "round's time is the median of its measured steps, a plan's the median of its rounds.",
+        f"was measured or simulated in this run. Global batch {cfg.global_batch}; each phase ran its plans in {cfg.rounds} "
+        f"interleaved rounds of {cfg.run.steps} steps ({cfg.run.warmup_steps} warm-up, the last one profiled), so a "
+        f"plan run in both phases (calibration, then side by side) has {2 * cfg.rounds} rounds; a round's time is the "
+        "median of its measured steps.",
         "",
     ]
 
@@ -220,11 +223,15 @@ def _md_result(f: LoopFacts, h: Headline, table: list[str]) -> list[str]:
     apart = ("The two plans' rounds do not overlap: the difference is larger than this machine's drift."
              if not h.overlap else "The two plans' rounds overlap: the difference is within this machine's drift, "
              "so this run cannot tell them apart.")
-    among = (f"among the {len(h.side_medians)} plans run side by side in the last phase (the default, the "
-             "tuner's pick, the fastest plan of the calibration runs and the held-out plans)")
-    regret_line = (f"{among}, the tuner's pick is the fastest (regret 0 %)." if h.regret <= 0 else
+    # the default, the tuner's pick, the fastest plan of the calibration runs and the held-out plans: some may coincide
+    among = (f"among the {len(h.side_medians)} distinct plans run side by side in the last phase "
+             f"({'; '.join(f'{k} {v:.3f} s' for k, v in sorted(h.side_medians.items(), key=lambda kv: kv[1]))})")
+    drift = " (by median: the pick's and the default's rounds overlap)" if h.overlap else ""
+    regret_line = (f"{among}, the tuner's pick is the fastest (regret 0 %){drift}." if h.regret <= 0 else
                    f"{among}, the fastest is {h.fastest} ({h.side_medians[h.fastest]:.3f} s); the tuner's pick is "
                    f"{100 * h.regret:.1f} % slower (its regret).")
+    medians_note = ("The table's medians are over all of a plan's rounds, both phases for the plans run in both; the "
+                    "headline and the regret compare the last phase's side-by-side rounds only.")
     return [
         "## Result",
         "",
@@ -237,6 +244,8 @@ def _md_result(f: LoopFacts, h: Headline, table: list[str]) -> list[str]:
         f"**Regret:** {regret_line}",
         "",
         *table,
+        "",
+        medians_note,
         "",
     ]
 
@@ -262,7 +271,8 @@ def _md_what_happened(f: LoopFacts, medians: dict[str, float]) -> list[str]:
         *(f"   warning: {w}" for w in f.warnings),
         "",
         f"5. **Re-tune with the calibration**: best {plan_label(f.tuned2)}; run beside the default, the fastest "
-        f"plan of step 3 and {len(f.held_plans)} plan(s) held out of the fit, {cfg.rounds} rounds each.",
+        f"plan of step 3 and {plural(len(f.held_plans), 'plan')} held out of the fit, {cfg.rounds} rounds each "
+        f"({plural(len(f.side_by_side), 'distinct plan')}: some of these may be one plan).",
         "",
     ]
 

@@ -104,3 +104,44 @@ def test_headline_takes_the_last_rounds_side_by_side_and_the_median_of_every_rou
     # Rounds that interleave overlap.
     runs.runs[Measured.key(tuned)][-1] = NS(iteration_s=1.15)  # type: ignore[call-overload]
     assert headline(facts, runs).overlap  # type: ignore[arg-type]
+
+
+def test_the_plan_table_says_which_plans_were_fitted_on_and_what_its_medians_cover():
+    """The tuned plan and the default were among the fitted plans but read as plain "tuned" and
+    "default", so their in-sample predictions looked held out; and the table's medians (all rounds)
+    disagreed with the headline's (the last phase) without a word."""
+    from types import SimpleNamespace as NS
+
+    from mindpipe.loop import Measured
+    from mindpipe.loop_report import _md_result, _plan_table, headline
+
+    default, tuned, held = demo_plan(pp=2, micro_batch_size=2), demo_plan(dp=2, micro_batch_size=4), \
+        demo_plan(tp=2, micro_batch_size=4)
+    runs = Measured(out=Path("."), model=None, spec=None, say=print)  # type: ignore[arg-type]
+    for plan, times in ((default, [1.0, 1.2, 1.1, 1.3]), (tuned, [0.9, 0.8, 0.5, 0.6]), (held, [0.7, 0.7])):
+        runs.plans[Measured.key(plan)] = plan
+        runs.runs[Measured.key(plan)] = [NS(iteration_s=x) for x in times]  # type: ignore[misc]
+    facts = NS(cfg=NS(rounds=2, micro_batch=2), default=default, tuned1=tuned, tuned2=tuned,
+               side_by_side=[default, tuned, held], fit_plans=[default, tuned])
+    h = headline(facts, runs)  # type: ignore[arg-type]
+    rows = {line.split(" | ")[1]: line for line in _plan_table(facts, runs, h, {})[2:]}  # type: ignore[arg-type]
+    assert rows[Measured.key(default)].startswith("| default (fitted on) |")
+    assert rows[Measured.key(tuned)].startswith("| tuned, uncalibrated, tuned, calibrated (fitted on) |")
+    assert rows[Measured.key(held)].startswith("| held out |")
+    text = "\n".join(_md_result(facts, h, []))  # type: ignore[arg-type]
+    assert "headline and the regret compare the last phase's side-by-side rounds only" in text
+    assert "among the 3 distinct plans run side by side in the last phase (" in text
+
+
+def test_in_sample_fidelity_merges_only_the_rounds_the_calibration_was_fitted_on(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    import mindpipe.loop as loop
+    from mindpipe.loop import Measured
+
+    plan = demo_plan(dp=2, micro_batch_size=4)
+    runs = Measured(out=Path("."), model=None, spec=None, say=print)  # type: ignore[arg-type]
+    runs.runs[Measured.key(plan)] = [NS(iteration_s=x) for x in (0.9, 0.8, 0.5, 0.6)]  # type: ignore[misc]
+    monkeypatch.setattr(loop, "merge_repeats", lambda rs: [[r.iteration_s for r in rs]])
+    assert runs.combined(plan, first=2) == [0.9, 0.8]  # type: ignore[comparison-overlap]
+    assert runs.combined(plan) == [0.9, 0.8, 0.5, 0.6]  # type: ignore[comparison-overlap]

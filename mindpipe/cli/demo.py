@@ -11,6 +11,7 @@ from mindpipe.cli import loaders
 from mindpipe.cli.args import count
 from mindpipe.cli.output import check_outputs, stderr
 from mindpipe.cli.profile import check_memory
+from mindpipe.traces.units import plural
 
 # The demo trains every plan on this machine's CPU: bounds that keep it a demo.
 MAX_RANKS = 64
@@ -63,7 +64,7 @@ def cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
           f"{res.default_s:.3f} s per iteration; their rounds {overlap}); tuner regret {100 * res.regret:.1f}%")
     s = res.holdout
     if s.n and s.mape_calibrated_pct is not None:
-        print(f"held-out fidelity over {s.n} plans: MAPE {s.mape_uncalibrated_pct:.1f}% uncalibrated, "
+        print(f"held-out fidelity over {plural(s.n, 'plan')}: MAPE {s.mape_uncalibrated_pct:.1f}% uncalibrated, "
               f"{s.mape_calibrated_pct:.1f}% calibrated")
     print(f"report: {res.report}")
     return 0

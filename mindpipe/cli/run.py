@@ -66,7 +66,7 @@ def memory_lines(measured: Path) -> list[str]:
         return [f"memory: not compared with the simulator ({e})"]
     source = {"cuda_allocator": "CUDA allocator's peak", "tensor_accounting": "live-tensor accounting"}
     return [f"memory, pipeline rank {r.pp_rank}: measured {r.measured_bytes / 2**20:.1f} MiB "
-            f"({source.get(r.source, r.source)}), simulated {r.predicted_bytes / 2**20:.1f} MiB ({100 * r.rel_error:+.1f} %)"
+            f"({source.get(r.source, r.source)}), simulated {r.predicted_bytes / 2**20:.1f} MiB ({100 * r.rel_error:+.2f} %)"
             for r in largest_replica(rows)]
 
 

@@ -67,7 +67,7 @@ def format_result(result: SimulationResult, plan: Plan | None = None) -> str:
         (f"pipeline bubble       {100 * result.bubble_fraction:.1f}% of the pipeline span" if len(e.rank_end_s) != 1
          else f"idle between actions  {100 * result.bubble_fraction:.1f}% of the span (one stage: no pipeline bubble)"),
         f"exposed DP comm       {e.exposed_dp_comm_s:.4g} s",
-        "memory by stage (GiB) " + ", ".join(f"{m:.2f}" for m in result.memory_by_stage_gib)
+        "memory by rank (GiB)  " + ", ".join(f"{m:.2f}" for m in result.memory_by_stage_gib)
         + ("" if result.fits_in_memory else "   ** does not fit in device memory **"),
         f"energy                {result.energy_j:.6g} J per iteration (facility)",
         f"carbon                {result.carbon_gco2:.6g} gCO2eq per iteration ({e.carbon_intensity_g_per_kwh:.0f} g/kWh)",

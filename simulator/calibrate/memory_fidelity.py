@@ -82,7 +82,7 @@ def memory_table_markdown(rows_by_plan: dict[str, list[MemoryRow]]) -> str:
         for worst in largest_replica(rows):
             pp = worst.pp_rank
             lines.append(f"| {plan} | {pp} | {worst.predicted_bytes / MIB:.1f} | {worst.measured_bytes / MIB:.1f} | "
-                         f"{100 * worst.rel_error:+.1f} % |")
+                         f"{100 * worst.rel_error:+.2f} % |")
     return "\n".join(lines)
 
 

@@ -470,3 +470,11 @@ def test_gradients_exist_from_the_first_backward():
         g0 = model_state_bytes(sizes["embedding"] + sizes["block.0"] + sizes["block.1"], plan)[1]
         assert first.activations_bytes == 2 * per
         assert first.gradients_bytes == (g0 if with_grads else 0.0)
+
+
+def test_the_memory_table_shows_errors_under_a_tenth_of_a_percent():
+    """The demo's table printed every row as "-0.0 %" where the errors were −0.01 to −0.09 %."""
+    from mindpipe.simulator.calibrate.memory_fidelity import MemoryRow, memory_table_markdown
+
+    row = MemoryRow(rank=0, pp_rank=0, stages=[0], predicted_bytes=9996.0, measured_bytes=10000, source="tensor_accounting")
+    assert memory_table_markdown({"dp2": [row]}).splitlines()[-1].endswith("| -0.04 % |")

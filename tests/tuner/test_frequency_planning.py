@@ -126,3 +126,16 @@ def test_the_clock_frontier_plot_labels_energy_in_the_unit_of_its_magnitude(monk
     assert ax.get_ylabel() == f"GPU energy per iteration ({unit})"
     ys = [y for line in ax.get_lines() for y in line.get_ydata()]
     assert 1 <= max(ys) < 1000
+
+
+@pytest.mark.parametrize("max_slowdown", [0.01, 0.05])
+def test_the_clock_frontier_marks_the_slowdown_the_plan_was_allowed(monkeypatch, tmp_path, max_slowdown):
+    """The dotted line was drawn at +1 % whatever --max-slowdown said."""
+    plan = Plan(dp=1, tp=1, pp=2, micro_batch_size=1, global_batch_size=4, stage_clocks_mhz=[1410, 1290])
+    cp = ClockPlan("perseus", plan, 1.0, 1e3, 1.04, 900.0, [DagPoint((1410, 1410), 1.0, 1e3)])
+    drawn = {}
+    monkeypatch.setattr(clock_step, "save_figure", lambda fig, path: drawn.update(ax=fig.axes[0]))
+    clock_step.plot_frontier(cp, tmp_path / "clock_frontier.png", max_slowdown=max_slowdown)
+    (line,) = [ln for ln in drawn["ax"].get_lines() if ln.get_linestyle() == ":"]
+    assert line.get_xdata()[0] == pytest.approx(1 + max_slowdown)
+    assert line.get_label() == f"allowed: +{100 * max_slowdown:g} % time"
