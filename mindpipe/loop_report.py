@@ -70,7 +70,8 @@ def _gantt(run: MeasuredRun, cal: Calibration, path: Path) -> None:
     sim = simulate(run.model, run.cluster, run.plan, SimulationOptions(calibration=cal, timeline=True))
     events = measured_events(run)
     span = max((e.end_s for e in events), default=0.0)
-    write_gantts([(events, f"measured: {plan_label(run.plan)}, one step ({span:.2f} s of actions), pipeline of dp 0, tp 0"),
+    write_gantts([(events, f"measured: {plan_label(run.plan)}, one step: {span:.2f} s of forward/backward and waits "
+                           f"of {run.iteration_s:.2f} s (optimizer, host time not recorded per action), dp 0, tp 0"),
                   (sim.timeline or [], f"simulated, calibrated: iteration {sim.iteration_time_s:.2f} s")], path)
 
 

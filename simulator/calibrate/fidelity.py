@@ -153,14 +153,15 @@ def scatter_png(rows: list[FidelityRow], path: str | Path, title: str = "Predict
     on, drawn hollow so the two are not confused.
     """
     fig, ax = figure(figsize=(6.4, 5.4))
-    allrows = rows + (fitted or [])
-    values = [v for r in allrows for v in (r.measured_s, r.uncalibrated_s, r.calibrated_s or r.measured_s)]
+    # the axes span what is drawn: held-out points both ways, fitted ones calibrated only
+    values = [v for r in rows for v in (r.measured_s, r.uncalibrated_s, r.calibrated_s or r.measured_s)]
+    values += [v for r in fitted or [] for v in (r.measured_s, r.calibrated_s or r.measured_s)]
     lo, hi = min(values) / 1.5, max(values) * 1.5
     ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="predicted = measured")
     ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="grey", alpha=0.15, label="±15%")
     s = summary(rows)
     ax.scatter([r.measured_s for r in rows], [r.uncalibrated_s for r in rows], marker="x", color="tab:red",
-               label=f"uncalibrated (held-out MAPE {s.mape_uncalibrated_pct or 0:.0f}%)")
+               label=f"uncalibrated (held-out MAPE {s.mape_uncalibrated_pct or 0:.1f}%)")
     cal_rows = [r for r in rows if r.calibrated_s is not None]
     if cal_rows:
         ax.scatter([r.measured_s for r in cal_rows], [float(r.calibrated_s or 0) for r in cal_rows], marker="o",
@@ -169,18 +170,22 @@ def scatter_png(rows: list[FidelityRow], path: str | Path, title: str = "Predict
     if fit_rows:
         ax.scatter([r.measured_s for r in fit_rows], [float(r.calibrated_s or 0) for r in fit_rows], marker="o",
                    facecolors="none", edgecolors="tab:blue", label="calibrated, runs it was fitted on")
+    middle = (lo * hi) ** 0.5  # log scale: a label right of the middle goes to the point's left, inside the axes
     for r in rows:
         if r.calibrated_s is not None:
-            ax.annotate(r.plan, (r.measured_s, r.calibrated_s), fontsize=6, xytext=(4, -3), textcoords="offset points")
-    from matplotlib.ticker import FormatStrFormatter, NullFormatter, ScalarFormatter
+            right = r.measured_s > middle
+            ax.annotate(r.plan, (r.measured_s, r.calibrated_s), fontsize=6, xytext=(-4 if right else 4, -3),
+                        textcoords="offset points", ha="right" if right else "left")
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
     ax.set_xscale("log")
     ax.set_yscale("log")
-    # Within one decade (the demo's 0.1–1 s) no major tick falls inside the axes: label the minor ones.
-    narrow = hi / lo < 12
-    for axis in (ax.xaxis, ax.yaxis):  # after set_*scale, which resets the formatters
-        axis.set_major_formatter(ScalarFormatter())
-        axis.set_minor_formatter(FormatStrFormatter("%.2g") if narrow else NullFormatter())
+    # Ticks at 1, 2 and 5 of each decade, labelled: the demo's 0.1–2 s range had one readable tick
+    # per axis with only powers of ten labelled.
+    for axis in (ax.xaxis, ax.yaxis):  # after set_*scale, which resets the locators and formatters
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FormatStrFormatter("%.3g"))
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured iteration time (s)")

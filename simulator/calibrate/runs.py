@@ -79,7 +79,7 @@ def measured_events(run: MeasuredRun, step: int | None = None) -> list[TimelineE
     events = [TimelineEvent(pipe[a.rank], "compute", f"{a.stage}{a.kind}{a.microbatch}", a.start_s - t0,
                             a.start_s + a.duration_s - t0, a.kind) for a in acts]
     events += [TimelineEvent(pipe[c.rank], "comm", c.op, c.start_s - t0, c.start_s + c.duration_s - t0,
-                             "p2p" if c.kind == "p2p_wait" else "dp") for c in comms]
+                             "p2p" if c.kind == "p2p_wait" else c.axis) for c in comms]  # the axis it ran over
     return events
 
 

@@ -676,3 +676,22 @@ def test_fidelity_table_of_one_run_says_run():
     assert one.endswith(", over 1 run.")
     two = table_markdown([FidelityRow("r", "p", 1, 1.0, 1.1, None), FidelityRow("s", "p", 1, 1.0, 0.9, None)])
     assert two.endswith(", over 2 runs.")
+
+
+def test_the_calibration_scatter_labels_several_ticks_and_keeps_labels_inside(monkeypatch, tmp_path):
+    """The demo's scatter (0.15–1.84 s) had one labelled tick per axis, and the rightmost point's
+    label ran past the axes."""
+    from mindpipe.simulator.calibrate import fidelity as fid
+
+    rows = [fid.FidelityRow("a.run1", "dp1·tp1·pp2 zb_h1 mb2", 2, 1.226, 1.84, 0.606),
+            fid.FidelityRow("b.run1", "dp2 mb4", 2, 0.48, 0.15, 0.47)]
+    drawn = {}
+    monkeypatch.setattr(fid, "save_figure", lambda fig, path, dpi=None: drawn.update(fig=fig, ax=fig.axes[0]))
+    fid.scatter_png(rows, tmp_path / "s.png")
+    ax = drawn["ax"]
+    drawn["fig"].canvas.draw()
+    lo, hi = ax.get_xlim()
+    labelled = [t.get_text() for t in ax.xaxis.get_ticklabels() if t.get_text() and lo <= t.get_position()[0] <= hi]
+    assert len(labelled) >= 3, labelled
+    (note,) = [t for t in ax.texts if t.get_text() == "dp1·tp1·pp2 zb_h1 mb2"]
+    assert note.get_ha() == "right"  # drawn to the left of its point, inside the axes

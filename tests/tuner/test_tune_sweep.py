@@ -472,3 +472,15 @@ def test_a_signalled_sweep_stops_its_workers_says_one_line_and_resumes(tmp_path,
     assert again.returncode == 0, again.stderr[-2000:]
     reused = re.search(r"simulations +\d+ \(\d+ points considered, (\d+) from a previous run\)", again.stdout)
     assert reused is not None and int(reused.group(1)) >= 3, again.stdout
+
+
+def test_the_pareto_plot_says_what_was_tuned_and_when_its_front_is_one_plan(monkeypatch, tmp_path):
+    from mindpipe.tuner import output
+
+    drawn = {}
+    monkeypatch.setattr(output, "_save", lambda fig, path: drawn.update(ax=fig.axes[0]))
+    rows = [{"feasible": True, "carbon_per_sample_g": 1e-5, "throughput_samples_per_s": 30.0},
+            {"feasible": True, "carbon_per_sample_g": 2e-5, "throughput_samples_per_s": 20.0}]
+    output._plot_pareto(rows, rows[:1], tmp_path / "p.png", "gpt-mini on cpu:1x2 (2 devices)")
+    assert drawn["ax"].get_title() == "Pareto front: gpt-mini on cpu:1x2 (2 devices) — one plan: the fastest is also " \
+                                      "the cleanest"
