@@ -177,7 +177,8 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
     memory = _memory(runs, sorted(h.medians, key=h.medians.__getitem__))
     table = _plan_table(f, runs, h, {row.plan: row for row in fit_rows + held_rows})
     report = out / "report.md"
-    report.write_text("\n".join(_markdown(f, h, table, fit_rows, held_rows, memory)), encoding="utf-8")
+    spread = "; ".join(f"{Measured.key(p)} {_fmt(runs.times(p))} s" for p in f.held_plans)
+    report.write_text("\n".join(_markdown(f, h, table, fit_rows, held_rows, memory, spread)), encoding="utf-8")
     (out / "report.json").write_text(json.dumps({
         "default_plan": to_dict(f.default), "tuned_plan_uncalibrated": to_dict(f.tuned1), "tuned_plan": to_dict(f.tuned2),
         "rounds_side_by_side": {"default_s": h.default_rounds, "tuned_s": h.tuned_rounds},
@@ -191,13 +192,13 @@ def write_report(f: LoopFacts, runs: Measured) -> LoopResult:
 
 
 def _markdown(f: LoopFacts, h: Headline, table: list[str], fit_rows: list[FidelityRow], held_rows: list[FidelityRow],
-              memory: dict[str, list[MemoryRow]]) -> list[str]:
+              memory: dict[str, list[MemoryRow]], spread: str = "") -> list[str]:
     """The lines of ``report.md``, section by section (each section ends with a blank line)."""
     return [
         *_md_title(f),
         *_md_result(f, h, table),
         *_md_what_happened(f, h.medians),
-        *_md_fidelity(fit_rows, held_rows),
+        *_md_fidelity(fit_rows, held_rows, spread),
         *_md_memory(memory),
         *_md_figures(),
     ]
@@ -278,13 +279,17 @@ def _md_what_happened(f: LoopFacts, medians: dict[str, float]) -> list[str]:
     ]
 
 
-def _md_fidelity(fit_rows: list[FidelityRow], held_rows: list[FidelityRow]) -> list[str]:
-    """The simulator's fidelity: held-out plans (with the scatter), then the plans fitted on."""
+def _md_fidelity(fit_rows: list[FidelityRow], held_rows: list[FidelityRow], spread: str = "") -> list[str]:
+    """The simulator's fidelity: held-out plans (with the scatter and their rounds' spread, which
+    bounds what an error over so few runs can say), then the plans fitted on."""
     return [
         "## Fidelity on plans the calibration did not see",
         "",
         table_markdown(held_rows),
         "",
+        *([f"Each plan's measured time is the median of its rounds (the run named is its first); the held-out "
+           f"rounds: {spread}. On this shared machine a round can drift by tens of percent, so an error over "
+           f"{plural(len(held_rows), 'plan')} is within that spread.", ""] if spread else []),
         "![calibration scatter](figures/calibration_scatter.png)",
         "",
         "Plans the calibration was fitted on (in-sample):",

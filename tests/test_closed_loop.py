@@ -46,6 +46,7 @@ def test_closed_loop_on_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert summary["speedup"] == pytest.approx(res.speedup)
     assert f"{res.tuned_s:.3f} s vs {res.default_s:.3f} s per iteration" in text
     assert "Rounds side by side: default" in text and "**Regret:**" in text
+    assert "the held-out rounds: " in text and "median of all rounds, s" in text
     assert summary["regret"] == pytest.approx(res.regret) and res.regret >= 0
     assert summary["round_ranges_overlap"] == res.ranges_overlap
     # Every plan measured appears with its rounds; the fastest is named; nothing is written outside --out.

@@ -218,9 +218,9 @@ def _infeasible(summary: TuneSummary) -> str:
     by_reason = dict(summary.infeasible_by_reason)
     rules = by_reason.pop("rules", 0)
     reasons = (", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) if by_reason
-               else f"none of the {plural(summary.evaluated_points, 'evaluated plan')}")
-    return (f"infeasible       {summary.infeasible}: {plural(rules, 'combination')} filtered by the plan rules, "
-            f"{reasons}")
+               else f"and none of the {plural(summary.evaluated_points, 'evaluated plan')}")
+    return (f"infeasible       {summary.infeasible}: {plural(rules, 'combination')} filtered by the plan rules"
+            f"{' ' if not by_reason else ', '}{reasons}")
 
 
 def _format(summary: TuneSummary) -> str:

@@ -526,7 +526,7 @@ def test_swap_constant_is_fitted_from_runs_that_swap_and_prices_held_out_swaps()
     catalog = copy_without_swap(cal)
     assert simulate(MODEL, load_cluster("cpu:1x4"), held, SimulationOptions(calibration=catalog)).iteration_time_s \
         < 0.97 * truth_s
-    assert "swap 0.60 ns per swapped byte copied (1.7 GB/s)" in format_calibration(cal)
+    assert "swap 0.6 ns per swapped byte copied (1.7 GB/s)" in format_calibration(cal)
 
 
 def copy_without_swap(cal: Calibration) -> Calibration:
