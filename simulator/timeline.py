@@ -21,6 +21,12 @@ COLORS = {
 }
 
 
+COMPUTE_LANE = (-0.15, 0.5)
+"""A rank's compute lane in its row: (bottom offset from the row's centre, height), in row units."""
+COMM_LANE = (-0.37, 0.2)
+"""Its communication lane, just above the compute lane (the y axis is inverted) and touching it, so a
+transfer reads as its own rank's, not the rank above's (they were 0.05 row from each)."""
+
 MIN_BAR_PX = 2.0
 """Narrowest drawn span, in pixels of the Axes at the figure's dpi: wide enough to cover one pixel whole
 (antialiasing fades a narrower one into its neighbours), more at a higher saving dpi."""
@@ -65,8 +71,8 @@ def draw_gantt(ax: Any, events: Sequence[TimelineEvent], title: str = "") -> Non
         bars.setdefault(key, []).append((e.start_s, e.end_s - e.start_s))
     px = _pixel_s(ax, events) if events else 0.0
     for (y, comm, cat), spans in bars.items():
-        height, off = (0.3, -0.35) if comm else (0.6, 0.0)
-        where = (y + off - height / 2 + (0.15 if not comm else 0.0), height)
+        bottom, height = COMM_LANE if comm else COMPUTE_LANE
+        where = (y + bottom, height)
         wide, thin = _split_thin(spans, px)
         if wide:
             ax.broken_barh(wide, where, facecolors=COLORS.get(cat, "#999999"), edgecolor="white", linewidth=0.2)

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import to_rgb
-from mindpipe.simulator.timeline import COLORS, draw_gantt
+from mindpipe.simulator.timeline import COLORS, COMM_LANE, draw_gantt
 from mindpipe.traces.chrome_trace import TimelineEvent
 
 
@@ -38,7 +38,8 @@ def test_every_ranks_short_transfers_are_drawn_in_their_colour():
             p2p = [e for e in events if e.rank == r and e.category == "p2p"]
             seen = 0
             for e in p2p:
-                x, y = ax.transData.transform(((e.start_s + e.end_s) / 2, r - 0.35))  # the comm row's middle
+                middle = r + COMM_LANE[0] + COMM_LANE[1] / 2  # the comm lane's middle
+                x, y = ax.transData.transform(((e.start_s + e.end_s) / 2, middle))
                 col, line = int(np.rint(x)), height - int(np.rint(y))
                 patch = img[line - 2:line + 3, col - 1:col + 2].reshape(-1, 3)
                 seen += bool((np.abs(patch - want).max(axis=1) < 0.12).any())
