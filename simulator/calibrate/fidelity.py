@@ -198,6 +198,12 @@ def scatter_png(rows: list[FidelityRow], path: str | Path, title: str = "Predict
     return out
 
 
+def _g(value: float) -> str:
+    """A fitted constant to three significant figures; ``0`` for one the fit left at zero up to float
+    noise (a TP byte's CPU cost printed as 1.68e-16 ns)."""
+    return "0" if abs(value) < 1e-9 else f"{value:.3g}"
+
+
 def format_calibration(cal: Calibration) -> str:
     """The fitted constants of a calibration, one line each (terminal and Markdown code block), to three
     significant figures: a constant the fit left at zero prints ``0``, a small one its digits (fixed
@@ -207,18 +213,18 @@ def format_calibration(cal: Calibration) -> str:
         for precision, c in dev.compute.items():
             scales = ", ".join(f"{k} ×{v:.3g}" for k, v in c.scale.items())
             lines.append(f"compute {name} {precision} ({c.threads_per_rank} thread(s)/rank): {scales}; "
-                         f"{1e6 * c.op_overhead_s:.3g} µs per op (+{1e6 * c.tp_op_overhead_s:.3g} µs tensor-parallel, "
-                         f"+{1e9 * c.tp_comm_cpu_s_per_byte:.3g} ns CPU per TP byte sent); "
-                         + (f"{1e9 * c.fresh_s_per_byte:.3g} ns per byte of fresh large results; " if c.fresh_s_per_byte else "")
-                         + (f"swap {1e9 * c.swap_s_per_byte:.3g} ns per swapped byte copied "
+                         f"{_g(1e6 * c.op_overhead_s)} µs per op (+{_g(1e6 * c.tp_op_overhead_s)} µs tensor-parallel, "
+                         f"+{_g(1e9 * c.tp_comm_cpu_s_per_byte)} ns CPU per TP byte sent); "
+                         + (f"{_g(1e9 * c.fresh_s_per_byte)} ns per byte of fresh large results; " if c.fresh_s_per_byte else "")
+                         + (f"swap {_g(1e9 * c.swap_s_per_byte)} ns per swapped byte copied "
                             f"({1e-9 / c.swap_s_per_byte:.1f} GB/s); " if c.swap_s_per_byte else "")
-                         + f"optimizer {1e3 * c.optimizer_overhead_s:.3g} ms + {1e9 * c.optimizer_s_per_param:.3g} ns/param; "
+                         + f"optimizer {_g(1e3 * c.optimizer_overhead_s)} ms + {_g(1e9 * c.optimizer_s_per_param)} ns/param; "
                          + (f"actions ×{c.trace_scale:.3f} the per-candidate profile's times; " if c.trace_scale else "")
                          + f"fit on {plural(c.samples, 'action group')}, MAPE {100 * c.fit_mape:.1f}%")
         shared = f"; {dev.cpus_per_node} CPUs per host shared by its ranks" if dev.cpus_per_node else ""
         if dev.host_samples:
             lines.append(f"host work {name}: {1e3 * dev.step_cpu_s:.1f} ms CPU per iteration + "
-                         f"{1e6 * dev.op_cpu_s:.3g} µs per op outside the actions; fit on {plural(dev.host_samples, 'rank')}, "
+                         f"{_g(1e6 * dev.op_cpu_s)} µs per op outside the actions; fit on {plural(dev.host_samples, 'rank')}, "
                          f"MAPE {100 * dev.host_fit_mape:.1f}%")
         lines.append(f"step overhead {name}: {1e3 * dev.step_overhead_s:.1f} ms per iteration{shared}")
     for backend, links in cal.comm.items():

@@ -695,3 +695,9 @@ def test_the_calibration_scatter_labels_several_ticks_and_keeps_labels_inside(mo
     assert len(labelled) >= 3, labelled
     (note,) = [t for t in ax.texts if t.get_text() == "dp1·tp1·pp2 zb_h1 mb2"]
     assert note.get_ha() == "right"  # drawn to the left of its point, inside the axes
+
+
+def test_fitted_constants_print_zero_for_float_noise_and_digits_for_small_values():
+    from mindpipe.simulator.calibrate.fidelity import _g
+
+    assert (_g(1.68e-16), _g(0.0), _g(0.0043), _g(68.94), _g(-2.5e-3)) == ("0", "0", "0.0043", "68.9", "-0.0025")
