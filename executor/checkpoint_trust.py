@@ -298,15 +298,18 @@ def complete_steps(directory: str | os.PathLike[str]) -> list[int]:
     try:
         return list(read_record(directory).complete)
     except ContractError:
-        found = []
-        for p in Path(directory).glob("step-*"):
-            if not p.name[5:].isdigit():
-                continue
-            with contextlib.suppress(ContractError, OSError):
-                doc = read_json(p / MANIFEST)
-                if isinstance(doc, dict) and _origin(doc) is not None:
-                    found.append(int(p.name[5:]))
-        return sorted(found)
+        steps = (int(p.name[5:]) for p in Path(directory).glob("step-*") if p.name[5:].isdigit())
+        return sorted(s for s in steps if _written_for(directory, s) is not None)
+
+
+def _written_for(directory: str | os.PathLike[str], step: int) -> tuple[dict[str, Any], int] | None:
+    """What a step's manifest says it was written for, unverified (None: no readable manifest, or
+    one from before ``written_for``); only to keep a record, never to trust a step."""
+    try:
+        doc = read_json(step_dir(directory, step) / MANIFEST)
+        return _origin(doc) if isinstance(doc, dict) else None
+    except (ContractError, OSError):
+        return None
 
 
 def fresh_run_notes(directory: str | os.PathLike[str]) -> list[str]:
@@ -341,12 +344,8 @@ def begin_save(directory: str | os.PathLike[str], step: int) -> None:
             os.unlink(Path(directory) / LATEST)
         elif record.step == step:
             newest = max(rest)
-            with contextlib.suppress(ContractError, OSError):
-                doc = read_json(step_dir(directory, newest) / MANIFEST)
-                origin = _origin(doc) if isinstance(doc, dict) else None
-                if origin is not None:
-                    record = CheckpointRecord(newest, origin[1], rest, origin[0])
-            write_record(directory, CheckpointRecord(newest, record.tp, rest, record.model))
+            model, tp = _written_for(directory, newest) or (record.model, record.tp)
+            write_record(directory, CheckpointRecord(newest, tp, rest, model))
         else:
             write_record(directory, CheckpointRecord(record.step, record.tp, rest, record.model))
     remove_manifest(step_dir(directory, step))
@@ -369,6 +368,18 @@ def finish_save(directory: str | os.PathLike[str], step: int, model: dict[str, A
         shutil.rmtree(step_dir(directory, old), ignore_errors=True)
 
 
+def check_checkpoint_options(checkpoint_dir: str | None, **given: object) -> None:
+    """Refuse a checkpoint option given without ``--checkpoint-dir`` (``resume=True``,
+    ``keep_checkpoints=2``, ...; a false or zero value is not given), naming its flag.
+
+    Raises:
+        ContractError: the first such option.
+    """
+    for key, value in given.items():
+        if value and not checkpoint_dir:
+            raise ContractError("", key, f"--{key.replace('_', '-')} needs --checkpoint-dir")
+
+
 def prepare_save_dir(directory: str | os.PathLike[str]) -> None:
     """Create the checkpoint directory (only its owner may write it), or refuse an existing one others may write.
 
@@ -382,6 +393,6 @@ def prepare_save_dir(directory: str | os.PathLike[str]) -> None:
     check_private_dir(p)
 
 
-__all__ = ["LATEST", "MANIFEST", "CheckpointRecord", "begin_save", "check_private_dir", "check_resume", "complete_steps",
+__all__ = ["LATEST", "MANIFEST", "CheckpointRecord", "begin_save", "check_checkpoint_options", "check_private_dir", "check_resume", "complete_steps",
            "finish_save", "fresh_run_notes", "prepare_save_dir", "read_record", "remove_manifest", "step_dir", "verify_step",
            "write_manifest", "write_record"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mindpipe.executor.checkpoint_trust import check_checkpoint_options
 from mindpipe.traces.builtin import load_model, load_plan
 from mindpipe.traces.config import Model, Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
@@ -99,11 +100,8 @@ class RunConfig:
         if self.resume_from is not None:
             integer("resume_from", self.resume_from, 1, "train_steps")
             self.resume = True
-        if self.resume and not self.checkpoint_dir:
-            raise ContractError("", "resume", "--resume needs --checkpoint-dir")
-        for key in ("checkpoint_every", "keep_checkpoints"):
-            if getattr(self, key) and not self.checkpoint_dir:
-                raise ContractError("", key, f"--{key.replace('_', '-')} needs --checkpoint-dir (where the steps go)")
+        check_checkpoint_options(self.checkpoint_dir, resume=self.resume, checkpoint_every=self.checkpoint_every,
+                                 keep_checkpoints=self.keep_checkpoints)
         if self.data != "synthetic":
             # Checked here, before any rank starts: a regular file within the training-text limit.
             try:

@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from mindpipe.executor.checkpoint_trust import check_checkpoint_options
 from mindpipe.traces.config import Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer
@@ -86,8 +87,6 @@ class SupernetRunConfig:
         integer("seed", self.seed, 0, "seed")
         integer("checkpoint_every", self.checkpoint_every, 0, "train_steps")
         integer("keep_checkpoints", self.keep_checkpoints, 0, "train_steps")
-        if self.keep_checkpoints and not self.checkpoint_dir:
-            raise ContractError("", "keep_checkpoints", "--keep-checkpoints needs --checkpoint-dir (where the steps go)")
         positive("lr", self.lr)
         non_negative("weight_decay", self.weight_decay)
         positive("timeout_s", self.timeout_s)
@@ -103,8 +102,7 @@ class SupernetRunConfig:
             if not self.checkpoint_every:
                 raise ContractError("", "repartition", "--repartition moves layers at drained segment boundaries: "
                                     "give --checkpoint-every N (the segment length)")
-        if self.resume and not self.checkpoint_dir:
-            raise ContractError("", "resume", "--resume needs --checkpoint-dir")
+        check_checkpoint_options(self.checkpoint_dir, resume=self.resume, keep_checkpoints=self.keep_checkpoints)
         check_supernet_plan(self.plan, self.supernet)
         if self.schedule == "async":
             # PipeDream's async needs weight stashing: B(c) must see the weights F(c) used, after B(b) updated them.
