@@ -103,15 +103,21 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def read_record(directory: str | os.PathLike[str]) -> CheckpointRecord:
-    """``latest.json`` of ``directory``, after the directory's and the file's trust checks.
+def _record_file(directory: str | os.PathLike[str]) -> Path | None:
+    """``DIR/latest.json`` after the directory's and the file's trust checks (None: there is none).
 
     Raises:
-        ContractError: no record, an untrusted directory or file, or a record not of this format.
+        ContractError: an untrusted directory or file.
     """
     check_private_dir(directory)
     p = Path(directory) / LATEST
-    _trusted_file(p, LATEST, ContractError(str(directory), None, f"no checkpoint to resume from ({LATEST} missing)"))
+    if not os.path.lexists(p):
+        return None
+    _trusted_file(p, LATEST, ContractError(str(p), None, "missing"))
+    return p
+
+
+def _parse_record(p: Path) -> CheckpointRecord:
     data = read_json(p)
     ok = isinstance(data, dict) and set(data) == {"step", "tp", "complete", "model"} and _int(data["step"]) \
         and _int(data["tp"]) and isinstance(data["complete"], list) and all(_int(s) for s in data["complete"]) \
@@ -120,6 +126,46 @@ def read_record(directory: str | os.PathLike[str]) -> CheckpointRecord:
         raise ContractError(str(p), None, "not a checkpoint record of this mindpipe (needs step, tp, complete, model); "
                             "checkpoints written before manifests cannot be resumed")
     return CheckpointRecord(data["step"], data["tp"], tuple(data["complete"]), data["model"])
+
+
+def read_record(directory: str | os.PathLike[str]) -> CheckpointRecord:
+    """``latest.json`` of ``directory``, after the directory's and the file's trust checks.
+
+    Raises:
+        ContractError: no record, an untrusted directory or file, or a record not of this format.
+    """
+    p = _record_file(directory)
+    if p is None:
+        raise ContractError(str(directory), None, f"no checkpoint to resume from ({LATEST} missing)")
+    return _parse_record(p)
+
+
+def repair_record(directory: str | os.PathLike[str]) -> list[str]:
+    """Before a resume (the launcher, before any rank starts): a ``latest.json`` that is missing or
+    unreadable while step manifests say what they were written for is rebuilt from them, and a note
+    says so; each step is still verified before it is loaded. An untrusted record is not replaced.
+
+    Raises:
+        ContractError: the directory or the record may not be trusted.
+    """
+    p = _record_file(directory)
+    if p is None:
+        why = "missing"
+    else:
+        try:
+            _parse_record(p)
+            return []
+        except ContractError as e:
+            why = f"unreadable ({e.rule})"
+    steps = _manifest_steps(directory)
+    if not steps:
+        return []  # nothing to rebuild from: check_resume refuses with the record's own message
+    origin = _written_for(directory, steps[-1])
+    if origin is None:  # its manifest went since it was listed
+        return []
+    model, tp = origin
+    write_record(directory, CheckpointRecord(steps[-1], tp, tuple(steps), model))
+    return [f"{Path(directory) / LATEST} was {why}: rebuilt from the manifests of steps {steps}"]
 
 
 def write_record(directory: str | os.PathLike[str], record: CheckpointRecord) -> None:
@@ -298,8 +344,13 @@ def complete_steps(directory: str | os.PathLike[str]) -> list[int]:
     try:
         return list(read_record(directory).complete)
     except ContractError:
-        steps = (int(p.name[5:]) for p in Path(directory).glob("step-*") if p.name[5:].isdigit())
-        return sorted(s for s in steps if _written_for(directory, s) is not None)
+        return _manifest_steps(directory)
+
+
+def _manifest_steps(directory: str | os.PathLike[str]) -> list[int]:
+    """Every ``step-N`` whose manifest names what it was written for (unverified), ascending."""
+    steps = (int(p.name[5:]) for p in Path(directory).glob("step-*") if p.name[5:].isdigit())
+    return sorted(s for s in steps if _written_for(directory, s) is not None)
 
 
 def _written_for(directory: str | os.PathLike[str], step: int) -> tuple[dict[str, Any], int] | None:
@@ -394,5 +445,5 @@ def prepare_save_dir(directory: str | os.PathLike[str]) -> None:
 
 
 __all__ = ["LATEST", "MANIFEST", "CheckpointRecord", "begin_save", "check_checkpoint_options", "check_private_dir", "check_resume", "complete_steps",
-           "finish_save", "fresh_run_notes", "prepare_save_dir", "read_record", "remove_manifest", "step_dir", "verify_step",
+           "finish_save", "fresh_run_notes", "prepare_save_dir", "read_record", "remove_manifest", "repair_record", "step_dir", "verify_step",
            "write_manifest", "write_record"]

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.executor import rundir, spawn, supervise
-from mindpipe.executor.checkpoint_trust import check_resume, fresh_run_notes
+from mindpipe.executor.checkpoint_trust import check_resume, fresh_run_notes, repair_record
 from mindpipe.executor.config import RunConfig, check_launch_arguments, config_from_args, plan_source
 from mindpipe.executor.precheck import MemoryCheck, catalog_device, check_run, detect_device
 from mindpipe.traces.errors import ContractError
@@ -176,7 +176,9 @@ def _first_error(records: dict[int, rundir.RankError], output: Sequence[str], co
 def check_checkpoint(cfg: RunConfig) -> tuple[int, list[str]]:
     """Refuse an untrusted checkpoint directory, and verify a resumed checkpoint, before anything
     starts; a run that does not resume gets its directory made here (one line if it cannot be) and
-    a note when it already holds steps (:func:`~mindpipe.executor.checkpoint_trust.fresh_run_notes`).
+    a note when it already holds steps (:func:`~mindpipe.executor.checkpoint_trust.fresh_run_notes`);
+    a resumed directory whose record is missing or damaged gets it rebuilt from the steps' manifests
+    (:func:`~mindpipe.executor.checkpoint_trust.repair_record`), with a note.
 
     Returns the step the run resumes from (0: from the start) and the notes.
 
@@ -187,10 +189,11 @@ def check_checkpoint(cfg: RunConfig) -> tuple[int, list[str]]:
     if not cfg.checkpoint_dir:
         return 0, []
     if cfg.resume:
+        notes = repair_record(cfg.checkpoint_dir)
         step = check_resume(cfg.checkpoint_dir, to_dict(cfg.model), cfg.plan.tp, cfg.resume_from)
         if step >= cfg.steps:
             raise ContractError("--steps", None, f"the checkpoint is at step {step}; --steps {cfg.steps} leaves nothing to run")
-        return step, []
+        return step, notes
     return 0, fresh_run_notes(cfg.checkpoint_dir)
 
 

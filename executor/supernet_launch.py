@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mindpipe.executor.checkpoint_trust import check_resume, fresh_run_notes
+from mindpipe.executor.checkpoint_trust import check_resume, fresh_run_notes, repair_record
 from mindpipe.executor.config import plan_source
 from mindpipe.executor.launch import reported, run_and_read
 from mindpipe.executor.precheck import detect_device
@@ -77,6 +77,8 @@ def precheck(cfg: SupernetRunConfig, world_size: int | None, source: str) -> Non
                             f"the launch has {world_size}")
     check_memory_budget(cfg, source)
     if cfg.checkpoint_dir and cfg.resume:
+        for note in repair_record(cfg.checkpoint_dir):
+            print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
         done = check_resume(cfg.checkpoint_dir, to_dict(cfg.supernet), 1)
         if done >= cfg.steps:
             raise ContractError("--steps", None, f"the checkpoint is after {done} subnets; --steps {cfg.steps} "

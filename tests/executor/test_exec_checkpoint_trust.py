@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from mindpipe.executor import checkpoint as ckpt
-from mindpipe.executor.checkpoint_trust import MANIFEST, check_resume
+from mindpipe.executor.checkpoint_trust import MANIFEST, check_resume, repair_record
 from mindpipe.traces.errors import ContractError
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 
@@ -211,6 +211,34 @@ def test_a_lost_record_is_rebuilt_from_the_steps_manifests(one_rank, tmp_path):
     assert check_resume(root, MODEL, 1, 3) == 3
 
 
+def test_a_resume_rebuilds_a_missing_or_damaged_record_from_the_manifests(one_rank, tmp_path):
+    """Before a resume the launcher rebuilds a record that is gone or unreadable from the steps'
+    manifests (each step is still verified when loaded); an intact or untrusted one is left alone,
+    and a directory with no manifest to rebuild from still says there is nothing to resume."""
+    root = _saved(tmp_path / "ck")
+    m, opt = _part(0)
+    ckpt.save(root, 5, [m], [opt], tp=1, model=MODEL)
+    assert repair_record(root) == []
+    for damage in ('{"step": 5, "tp', '{"step": 5, "tp": 1, "complete": [5]}', None):
+        if damage is None:
+            (root / "latest.json").unlink()
+        else:
+            (root / "latest.json").write_text(damage)
+        notes = repair_record(root)
+        assert len(notes) == 1 and notes[0].endswith("rebuilt from the manifests of steps [3, 5]"), notes
+        assert json.loads((root / "latest.json").read_text()) == {"step": 5, "tp": 1, "complete": [3, 5], "model": MODEL}
+        assert check_resume(root, MODEL, 1) == 5 and check_resume(root, MODEL, 1, 3) == 3
+    (root / "latest.json").write_text("{not json")
+    (root / "latest.json").chmod(0o666)
+    with pytest.raises(ContractError, match="writable by others"):
+        repair_record(root)
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o755)
+    assert repair_record(empty) == []
+    with pytest.raises(ContractError, match=r"no checkpoint to resume from \(latest.json missing\)"):
+        check_resume(empty, MODEL, 1)
+
+
 def test_two_runs_in_one_directory_each_resume_only_their_own_steps(tmp_path):
     """A tp=1 run leaves step 3; a tp=2 run, not resuming, then writes step 1 beside it (and is told
     the directory holds step 3). Resuming step 3 with tp=2 is refused by step 3's own record; with
@@ -252,5 +280,8 @@ def test_mindpipe_run_keeps_only_the_newest_checkpoints_it_is_told_to(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert sorted(p.name for p in ck.glob("step-*")) == ["step-3", "step-4"]
     assert json.loads((ck / "latest.json").read_text())["complete"] == [3, 4]
+    (ck / "latest.json").write_text('{"step": 4, "tp')  # a record cut short: the resume rebuilds it first
     again = run_plan(tmp_path, plan, 2, "--checkpoint-dir", str(ck), "--resume-from", "3", steps=5)
     assert again.returncode == 0, again.stderr[-2000:]
+    assert f"mindpipe: note: {ck}/latest.json was unreadable (" in again.stderr
+    assert "rebuilt from the manifests of steps [3, 4]" in again.stderr
