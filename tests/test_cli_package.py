@@ -34,6 +34,14 @@ def test_one_module_per_subcommand_each_with_add_parser_and_cmd():
         assert parsers[name].get_default("func") is cmd, name
 
 
+def test_python_dash_m_mindpipe_is_the_mindpipe_command():
+    """``python -m mindpipe`` (scripts not on PATH) behaves as ``mindpipe``: same program name, same exit codes."""
+    ok = subprocess.run([sys.executable, "-m", "mindpipe", "--version"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.startswith("mindpipe "), ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "mindpipe", "nosuch"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("mindpipe: error:") and len(bad.stderr.splitlines()) == 1, bad.stderr
+
+
 def test_help_and_simulate_do_not_import_torch():
     code = f"""
 import contextlib, io, json, sys
