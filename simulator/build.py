@@ -272,8 +272,8 @@ def _stage_work(plan: Plan, stages: list[list[LayerCost]], s: int, topo: Topolog
         regather_buckets=gathers if reshards_after_forward(plan) else [],
         forward_regather_buckets=allgather if every else [],
         reduce_every_backward=every,
-        swap_out=topo.swap(rank, swap) if swap > 0 else [],
-        swap_in=topo.swap(rank, swap) if swap > 0 else [],
+        swap_out=topo.swap(rank, swap, "out") if swap > 0 else [],
+        swap_in=topo.swap(rank, swap, "in") if swap > 0 else [],
         fwd_tp_overlap=_tp_overlaps(topo, fwd_comm, rank),
         bwd_tp_overlap=_tp_overlaps(topo, re_comm + bwd_comm, rank),
     )

@@ -92,6 +92,8 @@ class Engine:
         self._prefetch_gathers = self.opt.cores_per_rank_slots is None
         self._params_rest: dict[int, simpy.Process] = {}  # a stage's first gather still in flight
         self.swapped_in: dict[tuple[int, int], simpy.Event] = {}
+        # A (stage, micro-batch)'s copy to the host has landed: its copy back starts no earlier.
+        self._swapped_out: dict[tuple[int, int], simpy.Event] = {}
         self._has_swap = any(st.swap_in for st in stages)
         pp = schedule.pp
         self.busy = [0.0] * pp
@@ -354,7 +356,7 @@ class Engine:
         s = a.stage
         if a.kind == "F":
             if st.swap_out:
-                self.env.process(self._comm(r, st.swap_out, f"swap-out {a}", "swap", False))
+                self.env.process(self._swap_out(r, st.swap_out, a))
             if s + 1 < self.schedule.num_stages:
                 return self._send(r, st.send_fwd, 0, (s + 1) * self._m + a.microbatch, a, s + 1)
         elif a.kind != "W" and s > 0:
@@ -388,10 +390,33 @@ class Engine:
         return done
 
     def _prefetch(self, nxt: Action) -> None:
-        """vPipe-style swap-in of the next backward's activations while this action runs."""
+        """vPipe-style swap-in of the next backward's activations while this action runs.
+
+        The copy back starts once the copy out of the same (stage, micro-batch) has landed: where
+        the backward directly follows its own forward (1F1B's last stage, pp = 1) that forward is
+        the action this runs under, and its bytes reach the host only after it (the executor's
+        host→device copy waits for the device→host copy's event, ``executor/offload.py``).
+        """
         st = self.stages[nxt.stage]
-        if nxt.kind in ("B", "I") and st.swap_in and (nxt.stage, nxt.microbatch) not in self.swapped_in:
-            self.swapped_in[(nxt.stage, nxt.microbatch)] = self._transfer(None, st.swap_in)
+        key = (nxt.stage, nxt.microbatch)
+        if nxt.kind in ("B", "I") and st.swap_in and key not in self.swapped_in:
+            self.swapped_in[key] = self.env.process(self._swap_back(st.swap_in, self._swap_out_event(key)))
+
+    def _swap_out_event(self, key: tuple[int, int]) -> simpy.Event:
+        """The event of ``key``'s copy to the host landing (made by whichever side asks first)."""
+        ev = self._swapped_out.get(key)
+        if ev is None:
+            ev = self._swapped_out[key] = self.env.event()
+        return ev
+
+    def _swap_out(self, r: int, phases: list[Phase], a: Action):
+        yield from self._comm(r, phases, f"swap-out {a}", "swap", False)
+        self._swap_out_event((a.stage, a.microbatch)).succeed()
+
+    def _swap_back(self, phases: list[Phase], out: simpy.Event):
+        if not out.processed:
+            yield out
+        yield self._transfer(None, phases)
 
     def _comm(self, r: int, phases: list[Phase], label: str, cat: str, pp_traffic: bool):
         start = self.env.now

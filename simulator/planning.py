@@ -11,9 +11,11 @@ engine's swap cost without building a plan for each try. Both rules stay with th
   ``stage_memory``'s rank total for a plan with one stage per rank (a test holds them equal);
 * swap: :func:`exposed_swap_s` is the engine's behaviour (:mod:`mindpipe.simulator.engine`): a
   swapped stage copies its blocks' activations to the host after each forward and starts copying
-  them back when the action before the backward starts (``Engine._prefetch``); the backward waits
-  for the copy. In 1F1B's steady state that action is a forward of the same stage, and each
-  forward–backward pair moves the bytes out and in over the one host link.
+  them back when the action before the backward starts, but not before they reached the host
+  (``Engine._prefetch``); the backward waits for the copy. In 1F1B's steady state that action is a
+  forward of a later micro-batch, so the copy back hides in it; where the backward directly follows
+  its own forward (1F1B's last stage, pp = 1) the bytes make the whole round trip in the open. The
+  two directions are separate links (PCIe is full duplex, :mod:`mindpipe.simulator.topology`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mindpipe.simulator.actions import Held, Schedule
+from mindpipe.simulator.actions import Action, Held, Schedule
 from mindpipe.simulator.memory import RankMemory, StageMemoryModel, activation_bytes_per_layer
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
@@ -37,6 +39,8 @@ class StageBudget:
     Attributes:
         stage: Virtual stage (= pipeline rank: one stage per rank).
         in_flight: Peak micro-batches the stage holds under the schedule (1F1B: min(p − s, m)).
+        round_trip_share: The share of the stage's backwards (B or I) that directly follow their own
+            micro-batch's forward on the rank (1F1B: 1 on the last stage, 0 on the others).
         held: The distinct states of the stage over the schedule (micro-batches awaiting I or B,
             awaiting W, gradients present: :meth:`~mindpipe.simulator.actions.Schedule.held_timeline`).
         capacity_bytes: The device's memory.
@@ -45,6 +49,7 @@ class StageBudget:
 
     stage: int
     in_flight: int
+    round_trip_share: float
     capacity_bytes: float
     has_embedding: bool
     has_head: bool
@@ -95,9 +100,17 @@ def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedu
     for s in range(schedule.num_stages):
         held = tuple(sorted({t.get(s, Held(0, 0, False)) for t in schedule.held_timeline(s)}))
         out.append(StageBudget(s, max((h.awaiting_input + h.awaiting_weight for h in held), default=0),
-                               float(device.memory_capacity_bytes),
+                               _round_trip_share(schedule, s), float(device.memory_capacity_bytes),
                                s == 0, s == last, held, mm))
     return out
+
+
+def _round_trip_share(schedule: Schedule, stage: int) -> float:
+    """The share of ``stage``'s backwards whose rank ran their own micro-batch's forward just before."""
+    order = schedule.orders[schedule.stage_to_rank[stage]]
+    backs = [i for i, a in enumerate(order) if a.stage == stage and a.kind in ("B", "I")]
+    after = sum(1 for i in backs if i > 0 and order[i - 1] == Action(stage, "F", order[i].microbatch))
+    return after / len(backs) if backs else 0.0
 
 
 def swap_bytes_per_block(model: Model, plan: Plan) -> float:
@@ -106,19 +119,19 @@ def swap_bytes_per_block(model: Model, plan: Plan) -> float:
     return activation_bytes_per_layer(model, plan, policy="none")
 
 
-def exposed_swap_s(copy_s: float, forward_s: float, cycle_s: float) -> float:
+def exposed_swap_s(copy_s: float, forward_s: float, round_trip_share: float = 0.0) -> float:
     """Seconds per micro-batch a stage's backward waits for its swapped activations (module docstring).
 
     Args:
         copy_s: Time to copy the stage's swapped bytes of one micro-batch one way, alone on the link.
         forward_s: The stage's forward per micro-batch: the window the copy back hides in.
-        cycle_s: The stage's forward + backward per micro-batch: the link moves the bytes out and
-            back once per cycle, so 2·copy_s beyond it cannot hide either.
+        round_trip_share: The share of the stage's backwards that directly follow their own forward
+            (:attr:`StageBudget.round_trip_share`): each waits for the copy out and the copy back.
 
     Returns:
-        max(0, copy_s − forward_s, 2·copy_s − cycle_s).
+        round_trip_share · 2·copy_s + (1 − round_trip_share) · max(0, copy_s − forward_s).
     """
-    return max(0.0, copy_s - forward_s, 2.0 * copy_s - cycle_s)
+    return round_trip_share * 2.0 * copy_s + (1.0 - round_trip_share) * max(0.0, copy_s - forward_s)
 
 
 __all__ = ["StageBudget", "exposed_swap_s", "stage_budgets", "swap_bytes_per_block"]

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from mindpipe.simulator.actions import Action, Schedule
-from mindpipe.traces.config import V_SCHEDULES
+from mindpipe.traces.config import V_SCHEDULES, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import loop_stage_to_rank, v_stage_to_rank
 
@@ -339,4 +339,19 @@ def schedule_rule(name: str, pp: int, num_microbatches: int, virtual_stages: int
     return None
 
 
-__all__ += ["schedule_rule"]
+def check_schedule(plan: Plan, source: str = "plan") -> None:
+    """Raise :func:`build_schedule`'s refusal of ``plan``'s schedule as an error about the plan itself:
+    naming ``source`` (the plan's file) and the plan key the user sets — ``global_batch_size`` for a
+    micro-batch rule (m = global_batch_size / (micro_batch_size·dp)), since m is not a plan key.
+
+    :func:`mindpipe.traces.config.check_plan` holds the rules every schedule shares; this adds the
+    schedules' own (DualPipeV's m >= 2·pp), so a plan is refused before any simulation starts.
+    """
+    try:
+        _check(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+    except ContractError as e:
+        key = "global_batch_size" if e.key == "num_microbatches" else e.key
+        raise ContractError(source, key, e.rule) from None
+
+
+__all__ += ["check_schedule", "schedule_rule"]

@@ -15,6 +15,10 @@ Links (capacities in bytes/s, one direction):
   between nodes. Every device of the node shares it, so DP, TP and PP traffic contend there.
 * ``("local", n)``: CPU ranks of node n exchange data through loopback/shared memory; one shared
   resource per node.
+* ``("pcieout", g)``, ``("pciein", g)``: device g's PCIe link to the host, device→host and
+  host→device (vPipe's swap). PCIe is full duplex and a GPU copies each way on its own copy
+  engine, so a copy out and a copy back run side by side at the link's per-direction bandwidth
+  (the catalog's ``pcie_bandwidth_GBps``).
 
 The engine simulates one representative pipeline (data-parallel rank 0, tensor-parallel rank 0);
 the other replicas do the same thing at the same time. Their traffic that shares a representative
@@ -25,6 +29,7 @@ max-min fair allocation. Links private to one device (NVLink ports) need no mult
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from mindpipe.simulator.collectives import link_type_capacities, wire_factor
 from mindpipe.traces.catalog import DeviceSpec
@@ -126,7 +131,7 @@ class Topology:
         if cap is None:
             kind = link[0]
             cap = {"nvout": self.nvlink_Bps, "nvin": self.nvlink_Bps, "nicout": self.nic_Bps, "nicin": self.nic_Bps,
-                   "local": self.local_Bps, "pcie": self.pcie_Bps}[kind]
+                   "local": self.local_Bps, "pcieout": self.pcie_Bps, "pciein": self.pcie_Bps}[kind]
             if cap <= 0:
                 raise ValueError(f"link {kind} has no bandwidth for device {self.device.name}")
             self.capacity[link] = cap
@@ -220,9 +225,11 @@ class Topology:
         """Bytes/s one device gets on the slowest link of its ``axis`` ring (0 for a group of one)."""
         return self._share_Bps(self.collective("allreduce", 1.0, axis, pp_rank))
 
-    def swap(self, pp_rank: int, nbytes: float) -> list[Phase]:
-        """Host↔device copy over the device's PCIe link (vPipe's swap)."""
-        return [Phase("p2p", 1, "pcie", (FlowSpec((("pcie", self.rep(pp_rank)),), nbytes, (1,), "pcie"),), nbytes)]
+    def swap(self, pp_rank: int, nbytes: float, direction: Literal["out", "in"] = "out") -> list[Phase]:
+        """Copy of ``nbytes`` over the device's PCIe link (vPipe's swap): to the host (``out``) or back
+        (``in``), each direction a link of its own (module docstring)."""
+        link = ("pcie" + direction, self.rep(pp_rank))
+        return [Phase("p2p", 1, "pcie", (FlowSpec((link,), nbytes, (1,), "pcie"),), nbytes)]
 
 
 __all__ = ["FlowSpec", "Phase", "Topology"]

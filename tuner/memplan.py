@@ -158,26 +158,26 @@ class StageModel:
             out.append((self.parts[hi // 2][0], "attention", hi // 2))
         return out
 
-    def _exposed(self, swapped: int, fwd: float, cycle: float) -> float:
+    def _exposed(self, stage: int, swapped: int, fwd: float) -> float:
         if swapped not in self._copy:
             self._copy[swapped] = self.copy_s(swapped * self.swap_bytes)
-        return exposed_swap_s(self._copy[swapped], fwd, cycle)
+        return exposed_swap_s(self._copy[swapped], fwd, self.budgets[stage].round_trip_share)
 
     def _totals(self, stage: int, nodes: Sequence[Node]) -> tuple[float, float]:
         """(forward, forward + backward) seconds of the stage with every unit kept."""
         ef, et = self.extra.get(stage, (0.0, 0.0))
         return ef + sum(n.forward_s for n in nodes), et + sum(n.time_s for n in nodes)
 
-    def _time(self, fwd: float, base: float, redo: float, swapped: int) -> float:
+    def _time(self, stage: int, fwd: float, base: float, redo: float, swapped: int) -> float:
         """Stage time: kept time, re-run forwards, and the swap copy that does not hide."""
-        return base + redo + (self._exposed(swapped, fwd, base + redo) if swapped else 0.0)
+        return base + redo + (self._exposed(stage, swapped, fwd) if swapped else 0.0)
 
     def time_of(self, stage: int, lo: int, hi: int, policies: Sequence[LayerPolicy]) -> float:
         """Seconds per micro-batch of stage ``stage`` holding positions ``lo..hi-1`` under ``policies``."""
         nodes = [u[0] for u in self.units(lo, hi)]
         fwd, base = self._totals(stage, nodes)
         redo = sum(_REDO[p](n) for n, p in zip(nodes, policies, strict=True))
-        return self._time(fwd, base, redo, sum(1 for p in policies if p == "swap"))
+        return self._time(stage, fwd, base, redo, sum(1 for p in policies if p == "swap"))
 
     def fits(self, stage: int, policies: Sequence[LayerPolicy], parts: Sequence[BlockPart] | None = None) -> bool:
         """True when the stage fits under ``policies`` (the simulator's memory model)."""
@@ -214,7 +214,7 @@ class StageModel:
         swapped = sum(1 for p in fixed.values() if p == "swap")
 
         def time(r: float, k: int) -> float:
-            return self._time(fwd, base, r, k)
+            return self._time(stage, fwd, base, r, k)
 
         while not self.fits(stage, pol, parts):
             now = time(redo, swapped)

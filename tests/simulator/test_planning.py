@@ -46,9 +46,33 @@ def test_stage_budgets_refuse_interleaving(sim):
 
 
 def test_exposed_swap_closed_form():
-    assert exposed_swap_s(1.0, 2.0, 5.0) == 0.0  # hides in the forward, the link keeps up
-    assert exposed_swap_s(3.0, 2.0, 10.0) == pytest.approx(1.0)  # longer than the forward window
-    assert exposed_swap_s(2.0, 2.0, 3.0) == pytest.approx(1.0)  # out + in exceed the cycle
+    assert exposed_swap_s(1.0, 2.0) == 0.0  # hides in the forward
+    assert exposed_swap_s(3.0, 2.0) == pytest.approx(1.0)  # longer than the forward window
+    assert exposed_swap_s(2.0, 2.0) == 0.0  # out and back on separate directions of the link
+    assert exposed_swap_s(1.0, 2.0, 1.0) == pytest.approx(2.0)  # backward right after its forward: the round trip
+    assert exposed_swap_s(3.0, 2.0, 0.5) == pytest.approx(0.5 * 6.0 + 0.5 * 1.0)
+
+
+def test_round_trip_share_is_where_a_backward_follows_its_own_forward(sim):
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=1, global_batch_size=8)
+    assert [b.round_trip_share for b in sim.stage_budgets(plan)] == [0.0, 0.0, 0.0, 1.0]
+    one = Plan(dp=1, tp=1, pp=1, micro_batch_size=1, global_batch_size=4)
+    assert [b.round_trip_share for b in sim.stage_budgets(one)] == [1.0]
+
+
+def test_the_planners_swap_price_is_the_engines_on_the_last_stage():
+    """Swapping every block of 1F1B's last stage: the engine's iteration grows by the exposed
+    round trip per micro-batch the planners price (to within the other stages' slack)."""
+    sim = Simulator(load_model("gpt-13b"), load_cluster("a100-sxm4-40gb:1x4"))
+    base = Plan(dp=1, tp=1, pp=4, micro_batch_size=1, global_batch_size=16, partition=[10, 10, 10, 10])
+    keep = sim.run(dataclasses.replace(base, layer_memory_policy=["keep"] * 40)).iteration_time_s
+    last = sim.run(dataclasses.replace(base, layer_memory_policy=["keep"] * 30 + ["swap"] * 10)).iteration_time_s
+    budgets = sim.stage_budgets(base)
+    blocks = [c for c in sim.layer_costs(base) if c.kind == "block"][:10]
+    copy10 = sim.swap_copy_s(base, 10 * sim.swap_bytes_per_block(base))
+    per_mb = exposed_swap_s(copy10, sum(c.forward_s for c in blocks), budgets[3].round_trip_share)
+    assert per_mb == pytest.approx(2 * copy10)
+    assert last - keep == pytest.approx(base.num_microbatches * per_mb, rel=0.1)
 
 
 def test_swap_copy_is_the_host_link(sim):
@@ -61,19 +85,21 @@ def test_swap_copy_is_the_host_link(sim):
 
 def test_engine_hides_a_swap_that_fits_its_window():
     """One swapped block per stage copies within the stage's forward: no slower than keeping it;
-    swapping every block does not hide (exposed_swap_s > 0), and the engine's iteration grows."""
+    swapping every block does not hide (exposed_swap_s > 0), and the engine's iteration grows.
+    Not on the last stage: there each backward directly follows its own forward, so its swapped
+    bytes make the round trip in the open (``test_first_principles``)."""
     sim = Simulator(load_model("gpt-13b"), load_cluster("a100-sxm4-40gb:1x4"))
     base = Plan(dp=1, tp=1, pp=4, micro_batch_size=1, global_batch_size=16, partition=[10, 10, 10, 10])
     keep = sim.run(dataclasses.replace(base, layer_memory_policy=["keep"] * 40)).iteration_time_s
-    one = (["keep"] * 9 + ["swap"]) * 4
+    one = (["keep"] * 9 + ["swap"]) * 3 + ["keep"] * 10
     blocks = [c for c in sim.layer_costs(base) if c.kind == "block"][:10]
     fwd = sum(c.forward_s for c in blocks)
     cycle = sum(c.forward_s + c.backward_input_s + c.backward_weight_s for c in blocks)
     copy1 = sim.swap_copy_s(base, sim.swap_bytes_per_block(base))
-    assert exposed_swap_s(copy1, fwd, cycle) == 0.0
+    assert exposed_swap_s(copy1, fwd) == 0.0
     assert sim.run(dataclasses.replace(base, layer_memory_policy=one)).iteration_time_s == pytest.approx(keep, rel=1e-6)
     copy10 = sim.swap_copy_s(base, 10 * sim.swap_bytes_per_block(base))
-    assert exposed_swap_s(copy10, fwd, cycle) > 0.0
+    assert exposed_swap_s(copy10, fwd) > 0.0
     every = sim.run(dataclasses.replace(base, layer_memory_policy=["swap"] * 40)).iteration_time_s
     assert every > keep * 1.05
 
