@@ -29,7 +29,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from mindpipe.simulator.actions import Action, Schedule
-from mindpipe.traces.config import V_SCHEDULES, Plan
+from mindpipe.traces.config import V_SCHEDULES, microbatch_rule, virtual_stages_rule
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import loop_stage_to_rank, v_stage_to_rank
 
@@ -192,16 +192,10 @@ def _check(name: str, pp: int, m: int, v: int) -> None:
         fail("num_microbatches", f"num_microbatches={m} must be >= 1")
     if v < 1:
         fail("virtual_stages", f"virtual_stages={v} must be >= 1")
-    if name in ("gpipe", "1f1b", "zb_h1") and v != 1:
-        fail("virtual_stages", f"schedule {name!r} needs virtual_stages=1, got {v}")
-    if name in V_SCHEDULES and v != 2:
-        fail("virtual_stages", f"schedule {name!r} needs virtual_stages=2, got {v}")
-    if name == "interleaved_1f1b" and m % pp:
-        # Megatron asserts this; the micro-batch ↔ chunk mapping assumes whole groups of pp.
-        fail("num_microbatches", f"interleaved_1f1b needs num_microbatches={m} to be a multiple of pp={pp}")
-    if name == "dualpipev" and m < 2 * pp:
-        # DeepSeek's dualpipev.py and torch ScheduleDualPipeV: at least as many micro-batches as stages.
-        fail("num_microbatches", f"dualpipev needs num_microbatches={m} >= 2·pp={2 * pp}")
+    if (rule := virtual_stages_rule(name, v)) is not None:
+        fail("virtual_stages", rule)
+    if (rule := microbatch_rule(name, pp, m)) is not None:
+        fail("num_microbatches", rule)
 
 
 _GENERATORS: dict[str, Callable[[int, int, int], list[Action]]] = {
@@ -339,19 +333,4 @@ def schedule_rule(name: str, pp: int, num_microbatches: int, virtual_stages: int
     return None
 
 
-def check_schedule(plan: Plan, source: str = "plan") -> None:
-    """Raise :func:`build_schedule`'s refusal of ``plan``'s schedule as an error about the plan itself:
-    naming ``source`` (the plan's file) and the plan key the user sets — ``global_batch_size`` for a
-    micro-batch rule (m = global_batch_size / (micro_batch_size·dp)), since m is not a plan key.
-
-    :func:`mindpipe.traces.config.check_plan` holds the rules every schedule shares; this adds the
-    schedules' own (DualPipeV's m >= 2·pp), so a plan is refused before any simulation starts.
-    """
-    try:
-        _check(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
-    except ContractError as e:
-        key = "global_batch_size" if e.key == "num_microbatches" else e.key
-        raise ContractError(source, key, e.rule) from None
-
-
-__all__ += ["check_schedule", "schedule_rule"]
+__all__ += ["schedule_rule"]

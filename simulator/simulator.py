@@ -55,7 +55,7 @@ from mindpipe.simulator.ops import model_flops_per_iteration
 from mindpipe.simulator.perf import default_models
 from mindpipe.simulator.perf.gpu import GpuComputeModel
 from mindpipe.simulator.planning import StageBudget, stage_budgets, swap_bytes_per_block
-from mindpipe.simulator.schedules import build_schedule, check_schedule
+from mindpipe.simulator.schedules import build_schedule
 from mindpipe.simulator.topology import Topology
 from mindpipe.simulator.work import StepCopies
 from mindpipe.traces.calibration import Calibration
@@ -148,10 +148,8 @@ class Simulator:
 
     # -- plan-level answers ------------------------------------------------------------------
     def check(self, plan: Plan, source: str = "plan") -> None:
-        """Raise a ContractError unless ``plan`` fits the model and the cluster (and its schedule's
-        own micro-batch rules, :func:`~mindpipe.simulator.schedules.check_schedule`)."""
+        """Raise a ContractError unless ``plan`` fits the model and the cluster."""
         check_plan(plan, self.model, self.cluster, source=source)
-        check_schedule(plan, source)
 
     def schedule(self, plan: Plan) -> Schedule:
         """The plan's schedule (per-rank action lists)."""

@@ -533,12 +533,8 @@ class Plan:
             unset = " (global_batch_size defaults to 1: give it)" if self.global_batch_size == 1 else ""
             raise ContractError("", "global_batch_size", f"global_batch_size={self.global_batch_size} is not a "
                                 f"multiple of micro_batch_size×dp={per_step}{unset}")
-        if self.schedule in V_SCHEDULES and self.virtual_stages != 2:
-            raise ContractError("", "virtual_stages", f"schedule {self.schedule!r} needs virtual_stages=2, "
-                                f"got {self.virtual_stages}")
-        if self.schedule in ("gpipe", "1f1b", "zb_h1") and self.virtual_stages != 1:
-            raise ContractError("", "virtual_stages", f"schedule {self.schedule!r} needs virtual_stages=1, "
-                                f"got {self.virtual_stages}")
+        if (rule := virtual_stages_rule(self.schedule, self.virtual_stages)) is not None:
+            raise ContractError("", "virtual_stages", rule)
         if self.sequence_parallel and self.tp == 1:
             raise ContractError("", "sequence_parallel", "sequence_parallel=true needs tp > 1")
         if self.tp_comm_overlap and not self.sequence_parallel:
@@ -641,6 +637,32 @@ def even_partition(num_layers: int, num_stages: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(num_stages)]
 
 
+def virtual_stages_rule(schedule: str, virtual_stages: int) -> str | None:
+    """The schedule's rule on its chunks per rank (None: accepted). The one owner: :class:`Plan` and
+    :func:`mindpipe.simulator.schedules.build_schedule` both ask it."""
+    need = 2 if schedule in V_SCHEDULES else 1 if schedule in ("gpipe", "1f1b", "zb_h1") else None
+    if need is not None and virtual_stages != need:
+        return f"schedule {schedule!r} needs virtual_stages={need}, got {virtual_stages}"
+    return None
+
+
+def microbatch_rule(schedule: str, pp: int, num_microbatches: int) -> str | None:
+    """The schedule's own rule on its micro-batches m per iteration (None: accepted). The one owner:
+    :func:`check_plan` and :func:`mindpipe.simulator.schedules.build_schedule` both ask it.
+
+    Megatron's interleaved schedule needs whole groups of pp (its micro-batch ↔ chunk mapping);
+    DualPipeV needs m >= 2·pp (DeepSeek's dualpipev.py and torch's ScheduleDualPipeV). (A plan
+    also needs m >= pp for every schedule but GPipe, :func:`check_plan`: torch.distributed.pipelining
+    refuses fewer, though the schedules themselves are defined for them.)
+    """
+    m = num_microbatches
+    if schedule == "interleaved_1f1b" and pp > 1 and m % pp:
+        return f"interleaved_1f1b needs micro-batches m={m} to be a multiple of pp={pp}"
+    if schedule == "dualpipev" and m < 2 * pp:
+        return f"dualpipev needs micro-batches m={m} >= 2·pp={2 * pp}"
+    return None
+
+
 def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source: str = "plan") -> None:
     """Check the rules that tie a plan to a model and a cluster.
 
@@ -701,11 +723,11 @@ def _check_layers(plan: Plan, model: Model, fail: Callable[[str, str], NoReturn]
         refusal = nongemm_refusal(plan)
         if refusal:
             fail("layer_memory_policy", refusal)
-    m = plan.num_microbatches
+    m = plan.num_microbatches  # global_batch_size / (micro_batch_size·dp): not a plan key of its own
     if plan.schedule != "gpipe" and plan.pp > 1 and m < plan.pp:
         fail("global_batch_size", f"schedule {plan.schedule!r} needs micro-batches m={m} >= pp={plan.pp}")
-    if plan.schedule == "interleaved_1f1b" and plan.pp > 1 and m % plan.pp:
-        fail("global_batch_size", f"interleaved_1f1b needs micro-batches m={m} to be a multiple of pp={plan.pp}")
+    if (rule := microbatch_rule(plan.schedule, plan.pp, m)) is not None:
+        fail("global_batch_size", rule)
 
 
 def _check_cluster(plan: Plan, cluster: Cluster, source: str, fail: Callable[[str, str], NoReturn]) -> None:
@@ -769,8 +791,10 @@ __all__ = [
     "check_plan",
     "check_plan_key",
     "even_partition",
+    "microbatch_rule",
     "nongemm_refusal",
     "stage_layers",
+    "virtual_stages_rule",
 ]
 
 # MadeFor.supernet's type, resolved when a plan is read (schema.from_dict). Imported last, as a module:
