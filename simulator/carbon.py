@@ -180,6 +180,9 @@ def load_carbon_csv(path: str | os.PathLike[str]) -> CarbonSeries:
     if not cols:
         raise ContractError(name, "Carbon Intensity", "no carbon intensity column in the header (line 1)")
     v_col = ([i for i in cols if "lca" in header[i].lower()] or cols)[0]
+    if v_col == t_col:  # one field holds both names: another separator (a spreadsheet's ';')
+        raise ContractError(name, "Datetime (UTC)", f"line 1 is one field, {header[0][:60]!r}: the file must be "
+                                                    "comma-separated (Electricity Maps' CSV export)")
     top = limit("carbon_intensity")
     pairs: list[tuple[dt.datetime, float, int]] = []
     for n, row in enumerate(rows[1:], start=2):

@@ -11,12 +11,14 @@ Middleware'21):
   exactly 24 h late). The cost of a start ``t`` is linear between the instants where ``t`` or
   ``t + job_s`` crosses an hour of the series, so those breakpoints (and the window's ends) are
   the only candidates; the cheapest wins, ties going to the earliest.
-* **interruptible** (the job checkpoints, pauses and resumes): it runs in the cleanest one-hour
-  slots ``[start + k h, start + (k+1) h)`` before the **deadline** ``end + job length`` — the
-  latest finish of a job started at the window's last instant, so both kinds of job finish by the
-  same time. Slots are filled cleanest first (a slot's price is its mean intensity); a fractional
-  remainder runs at the start of the next-cleanest slot. With an hour-aligned window every slot
-  has one intensity and the choice is exact (a fractional knapsack).
+* **interruptible** (the job checkpoints, pauses and resumes): it runs in the cleanest hours of
+  the series between the window's start and the **deadline** ``end + job length`` — the latest
+  finish of a job started at the window's last instant, so both kinds of job finish by the same
+  time. The span is cut at the series' own points (and at its two ends, so a window starting at
+  00:30 has a first slot 00:30–01:00), which makes every slot one intensity; slots are filled
+  cleanest first and a fractional remainder runs at the start of the next-cleanest slot — exact
+  (a fractional knapsack), and never dirtier than the best contiguous run, which is one of its
+  choices.
 
 The reference ("now") is the same job run contiguously from the window's start. Every intensity
 is integrated by :meth:`mindpipe.simulator.carbon.CarbonSeries.intensity_over` (partial hours
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -205,19 +208,17 @@ def best_start(series: CarbonSeries, window: Window, job_s: float) -> ShiftedSch
 
 
 def cleanest_hours(series: CarbonSeries, window: Window, job_s: float) -> ShiftedSchedule:
-    """The cleanest one-hour slots from the window's start to its deadline, for an interruptible job.
+    """The cleanest slots (one intensity each) from the window's start to its deadline, for an interruptible job.
 
     Raises:
         ContractError: a non-positive length, or a series that does not cover the window plus the job.
     """
     _check_job(series, window, job_s)
     deadline = window.end + dt.timedelta(seconds=job_s)
-    slots: list[tuple[float, dt.datetime, float]] = []  # (mean g/kWh, start, capacity s)
-    t = window.start
-    while t < deadline:
-        cap = (min(t + HOUR, deadline) - t).total_seconds()
+    slots: list[tuple[float, dt.datetime, float]] = []  # (g/kWh, start, capacity s)
+    for t, until in _constant_pieces(series, window.start, deadline):
+        cap = (until - t).total_seconds()
         slots.append((series.intensity_over(t, cap), t, cap))
-        t += HOUR
     chosen: list[tuple[dt.datetime, float]] = []
     left = job_s
     for _ci, when, cap in sorted(slots, key=lambda s: (s[0], s[1])):
@@ -230,6 +231,15 @@ def cleanest_hours(series: CarbonSeries, window: Window, job_s: float) -> Shifte
     mean = sum(s.seconds * s.intensity_g_per_kwh for s in segments) / job_s
     now = series.intensity_over(window.start, job_s)
     return ShiftedSchedule(tuple(segments), job_s, True, mean, now, window)
+
+
+def _constant_pieces(series: CarbonSeries, start: dt.datetime,
+                     finish: dt.datetime) -> list[tuple[dt.datetime, dt.datetime]]:
+    """``[start, finish)`` cut at the series' points: spans of one intensity each (the series covers it)."""
+    lo = bisect.bisect_right(series.times, start)
+    hi = bisect.bisect_left(series.times, finish)
+    marks = [start, *series.times[lo:hi], finish]
+    return [(a, b) for a, b in itertools.pairwise(marks) if a < b]
 
 
 def _merge(series: CarbonSeries, runs: list[tuple[dt.datetime, float]]) -> list[Segment]:

@@ -47,6 +47,7 @@ from mindpipe.tuner.summary import TuneSummary
 from mindpipe.tuner.sweep import Evaluator, Progress, Screener, SweepConfig, SweepResult, run_sweep
 from mindpipe.tuner.target import Placement, TrainingTarget
 from mindpipe.tuner.target_front import FrontConfig, run_front
+from mindpipe.tuner.timeshift import PlanRun, TimeShift, reprice, write_report
 
 DEFAULT_SUBNETS = 256
 """Subnets a supernet plan is simulated for: a power of two, so every power-of-two sync batch divides it."""
@@ -166,9 +167,10 @@ def write_front(sim: Simulator, result: SweepResult, target: TrainingTarget, pla
 
 
 def add_clocks(problem: Problem, model: Model, out_dir: Path, summary: TuneSummary, method: str, max_slowdown: float,
-               plots: bool) -> None:
+               plots: bool, shift: TimeShift | None = None) -> None:
     """Plan the best plan's stage clocks (:func:`mindpipe.tuner.clock_step.add_stage_clocks`): the plan
-    with its clocks replaces the best plan in ``best_plan.json`` and ``summary``."""
+    with its clocks replaces the best plan in ``best_plan.json`` and ``summary``; a time-shifted job
+    (``shift``) is placed again for the clocked plan's speed and power (``timeshift.json``)."""
     from mindpipe.tuner.clock_step import add_stage_clocks
 
     if summary.best_plan is None:
@@ -177,6 +179,11 @@ def add_clocks(problem: Problem, model: Model, out_dir: Path, summary: TuneSumma
                           trace=problem.trace, calibration=problem.calibration, plots=plots)
     summary.clocks = cp
     summary.best_plan = cp.plan
+    if shift is not None and summary.timeshift is not None:
+        run = problem.simulator().run(cp.plan)
+        summary.timeshift = reprice(shift, PlanRun(run.iteration_time_s, run.energy_j, cp.plan.global_batch_size),
+                                    summary.timeshift.reference)
+        write_report(summary.timeshift, out_dir)
 
 
 def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Path,
@@ -268,7 +275,7 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     info = _write(problem, result, obj, space, out_dir, made_for, plots, front)
     info.critical_batch = critical
     if clocks != "default" and isinstance(model, Model) and obj.target is None:  # the front plans its own
-        add_clocks(problem, model, out_dir, info, clocks, max_slowdown, plots)
+        add_clocks(problem, model, out_dir, info, clocks, max_slowdown, plots, obj.shift)
     info.write()
     if result.best is None:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(info.infeasible_by_reason.items()))

@@ -151,7 +151,9 @@ def to_target(target: TrainingTarget, global_batch: int, iteration_time_s: float
         ci, wait_h = intensity_g_per_kwh, 0.0
     else:
         raise ContractError("tune", "carbon", "carbon to target needs a grid intensity or an hourly series")
-    return ToTarget(iters, compute_s / 3600, max(wait_h, 0.0), kwh, ci, kwh * ci, target.samples_at(global_batch))
+    # max(-0.0, 0.0) is -0.0 (JSON's "-0.0"): a rounding residue below zero is no wait at all.
+    return ToTarget(iters, compute_s / 3600, wait_h if wait_h > 0 else 0.0, kwh, ci, kwh * ci,
+                    target.samples_at(global_batch))
 
 
 __all__ = ["Placement", "ToTarget", "TrainingTarget", "to_target"]

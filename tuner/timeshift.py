@@ -33,14 +33,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mindpipe.simulator.carbon import CarbonSeries, stamp
 from mindpipe.simulator.energy import J_PER_KWH
 from mindpipe.simulator.timeshift import ShiftedSchedule, Window, schedule
+from mindpipe.traces.atomic import write_text
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 from mindpipe.tuner.records import ScoredRecord, Status
@@ -152,6 +155,7 @@ class ReferenceRun:
         samples: Samples it trains.
         intensity_g_per_kwh: Mean intensity over those seconds from the window's start.
         plan_point: The sweep's point, when the reference is one of its plans.
+        what: What the reference is (``timeshift.json``); ``label``: the same, short, for the text output.
     """
 
     run: PlanRun
@@ -160,6 +164,7 @@ class ReferenceRun:
     intensity_g_per_kwh: float
     plan_point: dict[str, Any] | None = None
     what: str = "throughput-optimal plan of this sweep, run contiguously from the window start"
+    label: str = "the throughput-optimal plan"
 
     @property
     def energy_kwh(self) -> float:
@@ -261,12 +266,26 @@ def _steps(shift: TimeShift, run: PlanRun, sched: ShiftedSchedule) -> list[Segme
 
 def shift_report(shift: TimeShift, best: PlanRun, reference: PlanRun) -> ShiftReport:
     """The chosen plan's schedule and carbon against the throughput-optimal plan started now."""
-    sched = shift.schedule_for(best.iteration_time_s)
     ref_s = shift.job.seconds(reference.iteration_time_s)
     ref = ReferenceRun(reference, ref_s, shift.job.iterations_of(reference.iteration_time_s) * reference.global_batch,
                        shift.series.intensity_over(shift.window.start, ref_s))
-    return ShiftReport(sched, _steps(shift, best, sched), best,
-                       shift.job.iterations_of(best.iteration_time_s) * best.global_batch, ref)
+    return reprice(shift, best, ref)
+
+
+def reprice(shift: TimeShift, chosen: PlanRun, reference: ReferenceRun) -> ShiftReport:
+    """The report for the plan the operator runs (``chosen``: its speed and power, e.g. with the stage
+    clocks ``--clocks`` adds after the search) against an unchanged ``reference``: the schedule, each
+    segment's step and the carbon are placed again for that plan's job."""
+    sched = shift.schedule_for(chosen.iteration_time_s)
+    return ShiftReport(sched, _steps(shift, chosen, sched), chosen,
+                       shift.job.iterations_of(chosen.iteration_time_s) * chosen.global_batch, reference)
+
+
+def write_report(report: ShiftReport, out: Path) -> Path:
+    """``out/timeshift.json`` (:meth:`ShiftReport.to_dict`), written safely; its path."""
+    path = out / "timeshift.json"
+    write_text(path, json.dumps(report.to_dict(), indent=1) + "\n")
+    return path
 
 
 def _run_of(rec: ScoredRecord) -> PlanRun | None:
@@ -277,19 +296,38 @@ def _run_of(rec: ScoredRecord) -> PlanRun | None:
     return PlanRun(m.iteration_time_s, m.energy_j, int(rec.point["global_batch_size"]))
 
 
+FALLBACK_REFERENCE = ("fastest plan of this sweep whose job the series covers from the window start (the "
+                      "throughput-optimal plan's job runs past the hours the series covers), run contiguously from "
+                      "the window start")
+
+
 def report_for(shift: TimeShift, records: Sequence[ScoredRecord], best: ScoredRecord) -> ShiftReport:
     """:func:`shift_report` for a sweep: ``best`` against its fastest plan that fits in memory.
 
+    With ``--iterations`` a plan's job is its own length, so the fastest plan's (at a larger global
+    batch, a longer job) may run past the series' end from the window's start while the chosen plan
+    fits: the reference is then the fastest plan whose job the series covers, and its ``what`` says so.
+
     Raises:
-        ContractError: the best record was not simulated (no power to price).
+        ContractError: the best record was not simulated (no power to price), or no plan's job run
+            from the window's start lies in the series.
     """
     chosen = _run_of(best)
     if chosen is None:
         raise ContractError("tune", None, "the best plan has no simulated energy to place in time")
-    runs = [(r, run) for r in records if (run := _run_of(r)) is not None]
-    fastest, reference = max(runs, key=lambda rr: (rr[0].metrics.throughput_samples_per_s or 0.0, -rr[0].index))
-    report = shift_report(shift, chosen, reference)
-    return dataclasses.replace(report, reference=dataclasses.replace(report.reference, plan_point=dict(fastest.point)))
+    runs = sorted(((r, run) for r in records if (run := _run_of(r)) is not None),
+                  key=lambda rr: (-(rr[0].metrics.throughput_samples_per_s or 0.0), rr[0].index))
+    for k, (fastest, reference) in enumerate(runs):
+        try:
+            report = shift_report(shift, chosen, reference)
+        except ContractError:  # its job, from the window's start, runs past the series
+            continue
+        ref = dataclasses.replace(report.reference, plan_point=dict(fastest.point))
+        if k:
+            ref = dataclasses.replace(ref, what=FALLBACK_REFERENCE, label="the fastest plan the series covers")
+        return dataclasses.replace(report, reference=ref)
+    raise ContractError("tune", None, "no plan's job, run from the window start, lies within the carbon series")
 
 
-__all__ = ["JobLength", "PlanRun", "ReferenceRun", "SegmentSteps", "ShiftReport", "TimeShift", "report_for", "shift_report"]
+__all__ = ["JobLength", "PlanRun", "ReferenceRun", "SegmentSteps", "ShiftReport", "TimeShift", "report_for", "reprice",
+           "shift_report", "write_report"]

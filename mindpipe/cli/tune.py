@@ -202,7 +202,7 @@ def _format_timeshift(r: ShiftReport) -> list[str]:
         f"after the window start)",
         f"runs             {runs} (UTC; {plural(len(sched.run_hours()), 'hour')}; steps to pause at in timeshift.json)",
         f"carbon           {r.carbon_gco2:.6g} gCO2 at {sched.intensity_g_per_kwh:.4g} g/kWh vs "
-        f"{r.carbon_gco2_if_now:.6g} gCO2 for the throughput-optimal plan started now; saving "
+        f"{r.carbon_gco2_if_now:.6g} gCO2 for {r.reference.label} started now; saving "
         f"{100 * r.carbon_saving_fraction:.1f} % per sample (the chosen plan started now: "
         f"{r.carbon_gco2_same_plan_if_now:.6g} gCO2)",
     ]
@@ -319,6 +319,10 @@ def _check_objective_options(args: argparse.Namespace) -> None:
         if args.microbatches is not None:
             raise ContractError("--microbatches", None, f"only --objective max_batch takes it; {args.objective} "
                                 "searches the micro-batch size (and so the micro-batches) with the other plan keys")
+        if (args.clocks == "default" and args.objective != tune_target.OBJECTIVE
+                and args.max_slowdown != args.max_batch_unused["max_slowdown"]):
+            raise ContractError("--max-slowdown", None, "bounds the slowdown of the clocks --clocks perseus|envpipe "
+                                "plans; without --clocks no clocks are planned")
         return
     if args.subnets is not None:
         raise ContractError("--objective", None, "max_batch searches GPT plans; a supernet's objective is "

@@ -55,7 +55,7 @@ def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> Targ
     found: ``--critical-batch``, else the gradient noise scale a ``--calibration`` file carries.
 
     Raises:
-        ContractError: a target flag with another objective, no ``--target-samples`` or noise
+        ContractError: a target or front flag with another objective, no ``--target-samples`` or noise
             scale, ``--job-hours``/``--iterations`` (the target sets the length), ``--carbon-csv``
             without ``--window`` or the reverse.
     """
@@ -65,6 +65,11 @@ def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> Targ
         if args.target_samples is not None or args.target_batch is not None:
             flag = "--target-samples" if args.target_samples is not None else "--target-batch"
             raise ContractError(flag, None, f"{flag} needs --objective {OBJECTIVE}, not {args.objective}")
+        for dest in ("max_time_increase", "front_plans"):  # away from their defaults: typed, and unused
+            if getattr(args, dest) != args.max_batch_unused[dest]:
+                flag = "--" + dest.replace("_", "-")
+                raise ContractError(flag, None, f"{flag} shapes the front of --objective {OBJECTIVE}; "
+                                                f"{args.objective} does not use it")
         return TargetParts()
     if args.target_samples is None:
         raise ContractError("--target-samples", None, f"--objective {OBJECTIVE} needs --target-samples N")
