@@ -24,7 +24,7 @@ from mindpipe.executor.layer_records import LAYER_TIMES, layer_table
 from mindpipe.executor.payload import RankPayload
 from mindpipe.executor.precheck import Precheck
 from mindpipe.traces.catalog import DeviceSpec, get_device
-from mindpipe.traces.chrome_trace import TimelineEvent, write_chrome_trace
+from mindpipe.traces.chrome_trace import TimelineEvent, chunk_of, write_chrome_trace
 from mindpipe.traces.flops import model_flops_per_iteration
 from mindpipe.traces.measured import (
     ActionRecord,
@@ -45,8 +45,9 @@ def _timeline(payloads: list[RankPayload]) -> list[TimelineEvent]:
     events: list[TimelineEvent] = []
     for p in payloads:
         r = p.rank
+        chunk = chunk_of((r, a.stage) for a in p.spans.actions)
         events += [TimelineEvent(r, "compute", f"{a.kind}{a.microbatch} stage {a.stage}", a.start_s, a.end_s, a.kind,
-                                 a.step) for a in p.spans.actions]
+                                 a.step, chunk[r, a.stage]) for a in p.spans.actions]
         events += [TimelineEvent(r, "compute", "optimizer", o.start_s, o.end_s, "optimizer", o.step)
                    for o in p.spans.optimizer]
         events += [TimelineEvent(r, "comm", f"{c.op} ({c.axis})", c.start_s, c.end_s, _CATEGORY.get(c.kind, c.axis),

@@ -95,6 +95,8 @@ class Engine:
         # A (stage, micro-batch)'s copy to the host has landed: its copy back starts no earlier.
         self._swapped_out: dict[tuple[int, int], simpy.Event] = {}
         self._has_swap = any(st.swap_in for st in stages)
+        # Each stage's model chunk on its rank (0: the rank's lowest stage), for the timeline.
+        self._chunk = {st: i for r in range(schedule.pp) for i, st in enumerate(schedule.stages_of_rank(r))}
         pp = schedule.pp
         self.busy = [0.0] * pp
         self.compute = [0.0] * pp
@@ -212,9 +214,9 @@ class Engine:
         return ev
 
     def _record(self, r: int, thread: Literal["compute", "comm"], name: str, start: float, end: float,
-                cat: str) -> None:
+                cat: str, chunk: int = 0) -> None:
         if self.timeline is not None and end > start:
-            self.timeline.append(TimelineEvent(r, thread, name, start, end, cat))
+            self.timeline.append(TimelineEvent(r, thread, name, start, end, cat, chunk=chunk))
 
     def _wait_input(self, grad: int, i: int) -> simpy.Event:
         """An event that fires when input ``i`` (0: activation, 1: gradient) lands."""
@@ -329,7 +331,7 @@ class Engine:
             compute += cend - start
             self.last_compute_end[r] = end
             if self.timeline is not None:
-                self._record(r, "compute", str(a), start, end, kind)
+                self._record(r, "compute", str(a), start, end, kind, self._chunk[a.stage])
             sent = self._after(r, a, st)
             if sent is not None and self.opt.blocking_p2p:
                 # Megatron waits on the batched send/recv before its next action (not busy: blocked).

@@ -8,6 +8,7 @@ a simulated and a measured run can be compared side by side. The Chrome-trace wr
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,25 @@ COLORS = {
     "F": "#4C72B0", "B": "#DD8452", "I": "#DD8452", "W": "#55A868", "optimizer": "#8172B3", "copy": "#CCB974",
     "p2p": "#937860", "dp": "#C44E52", "tp": "#DA8BC3", "swap": "#8C8C8C", "overhead": "#BBBBBB",
 }
+
+
+LEGEND_COLUMNS = 8
+"""Legend entries per row under the chart."""
+CHUNK_TINT = 0.5
+"""How far a rank's second model chunk's colour is blended towards white (interleaved and V schedules)."""
+
+
+def _colour(category: str, chunk: int) -> tuple[float, float, float]:
+    """The category's colour, lighter for a later model chunk of the rank."""
+    from matplotlib.colors import to_rgb
+
+    rgb = to_rgb(COLORS.get(category, "#999999"))
+    mix = 1.0 - (1.0 - CHUNK_TINT) ** chunk
+    return tuple(c + (1.0 - c) * mix for c in rgb)  # type: ignore[return-value]
+
+
+def _label(category: str, chunk: int, chunked: bool) -> str:
+    return f"{category} (chunk {chunk + 1})" if chunked and category in ("F", "B", "I", "W") else category
 
 
 COMPUTE_LANE = (-0.15, 0.5)
@@ -56,7 +76,8 @@ def _split_thin(spans: list[tuple[float, float]], px: float) -> tuple[list[tuple
 
 
 def draw_gantt(ax: Any, events: Sequence[TimelineEvent], title: str = "") -> None:
-    """Draw a Gantt chart on a matplotlib Axes: a row per rank, compute above communication.
+    """Draw a Gantt chart on a matplotlib Axes: a row per rank, compute above communication; a rank's
+    later model chunks (interleaved, V schedules) in lighter shades of their action's colour.
 
     Every span is at least :data:`MIN_BAR_PX` wide, so short transfers stay visible on a long
     iteration (drawn over the wide spans of their row, without an edge).
@@ -65,20 +86,20 @@ def draw_gantt(ax: Any, events: Sequence[TimelineEvent], title: str = "") -> Non
     row = {r: i for i, r in enumerate(ranks)}
     # One broken_barh (one PolyCollection) per row, thread and category, not one per event: drawing
     # stays linear in the events with a small constant (a call per event took minutes for 10^5 events).
-    bars: dict[tuple[int, bool, str], list[tuple[float, float]]] = {}
+    bars: dict[tuple[int, bool, str, int], list[tuple[float, float]]] = {}
     for e in events:
-        key = (row[e.rank], e.thread == "comm", e.category)
+        key = (row[e.rank], e.thread == "comm", e.category, e.chunk)
         bars.setdefault(key, []).append((e.start_s, e.end_s - e.start_s))
     px = _pixel_s(ax, events) if events else 0.0
-    for (y, comm, cat), spans in bars.items():
+    for (y, comm, cat, chunk), spans in bars.items():
         bottom, height = COMM_LANE if comm else COMPUTE_LANE
         where = (y + bottom, height)
         wide, thin = _split_thin(spans, px)
+        colour = _colour(cat, chunk)
         if wide:
-            ax.broken_barh(wide, where, facecolors=COLORS.get(cat, "#999999"), edgecolor="white", linewidth=0.2)
+            ax.broken_barh(wide, where, facecolors=colour, edgecolor="white", linewidth=0.2)
         if thin:
-            ax.broken_barh(thin, where, facecolors=COLORS.get(cat, "#999999"), edgecolor="none", linewidth=0,
-                           zorder=2.5)
+            ax.broken_barh(thin, where, facecolors=colour, edgecolor="none", linewidth=0, zorder=2.5)
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([f"rank {r}" for r in ranks])
     ax.invert_yaxis()
@@ -98,15 +119,18 @@ def write_gantts(panels: Sequence[tuple[Sequence[TimelineEvent], str]], path: st
     from matplotlib.patches import Patch
 
     rows = [max(len({e.rank for e in events}), 1) for events, _ in panels]
-    legend_in = 0.45  # a strip of its own under the time axis, so it hides neither actions nor the axis label
+    keys = sorted({(e.category, e.chunk) for events, _ in panels for e in events})
+    chunked = any(chunk for _, chunk in keys)
+    ncol = max(min(len(keys), LEGEND_COLUMNS), 1)
+    # A strip of its own under the time axis, so it hides neither actions nor the axis label.
+    legend_in = 0.25 + 0.2 * math.ceil(len(keys) / ncol)
     height = sum(1.0 + 0.6 * r for r in rows) + legend_in
     fig, axes = figure(len(panels), 1, figsize=(12, height), sharex=True, gridspec_kw={"height_ratios": rows},
                        squeeze=False)
     for ax, (events, title) in zip(axes[:, 0], panels, strict=True):
         draw_gantt(ax, events, title)
-    cats = sorted({e.category for events, _ in panels for e in events})
-    fig.legend(handles=[Patch(color=COLORS.get(c, "#999999"), label=c) for c in cats], loc="lower center",
-               fontsize="small", ncol=len(cats), frameon=False)
+    fig.legend(handles=[Patch(color=_colour(c, k), label=_label(c, k, chunked)) for c, k in keys], loc="lower center",
+               fontsize="small", ncol=ncol, frameon=False)
     fig.tight_layout(rect=(0.0, legend_in / height, 1.0, 1.0))
     save_figure(fig, path, dpi=120)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,6 +32,8 @@ class TimelineEvent:
         start_s, end_s: Seconds from the start of the iteration (or run).
         category: ``F``, ``B``, ``W``, ``p2p``, ``dp``, ``tp``, ``optimizer``, ... (the colour key).
         step: The training step (measured timelines only).
+        chunk: Which of its rank's model chunks a compute action ran (0: the rank's lowest stage; 1:
+            its second, under interleaved and V schedules), so the chunks can be told apart.
     """
 
     rank: int
@@ -41,6 +43,16 @@ class TimelineEvent:
     end_s: float
     category: str
     step: int | None = None
+    chunk: int = 0
+
+
+def chunk_of(rank_stages: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """``(rank, stage) → chunk`` for :attr:`TimelineEvent.chunk`: a stage's position among its rank's
+    stages, ascending (the simulator's ``Schedule.stages_of_rank`` order)."""
+    by_rank: dict[int, set[int]] = {}
+    for r, st in rank_stages:
+        by_rank.setdefault(r, set()).add(st)
+    return {(r, st): i for r, stages in by_rank.items() for i, st in enumerate(sorted(stages))}
 
 
 def chrome_trace(events: Sequence[TimelineEvent], label: str = "mindpipe") -> dict[str, Any]:
@@ -61,6 +73,7 @@ def chrome_trace(events: Sequence[TimelineEvent], label: str = "mindpipe") -> di
             "tid": THREADS[e.thread],
             "ts": e.start_s * 1e6,
             "dur": max(e.end_s - e.start_s, 0.0) * 1e6,
+            **({"args": {"chunk": e.chunk}} if e.chunk else {}),
         })
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
@@ -70,4 +83,4 @@ def write_chrome_trace(events: Sequence[TimelineEvent], path: str | os.PathLike[
     write_text(path, json.dumps(chrome_trace(events, label)), make_parents=True)
 
 
-__all__ = ["THREADS", "TimelineEvent", "chrome_trace", "write_chrome_trace"]
+__all__ = ["THREADS", "TimelineEvent", "chrome_trace", "chunk_of", "write_chrome_trace"]

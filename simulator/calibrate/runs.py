@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mindpipe.traces.catalog import DeviceSpec, get_device
-from mindpipe.traces.chrome_trace import TimelineEvent
+from mindpipe.traces.chrome_trace import TimelineEvent, chunk_of
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.measured import Measurement
@@ -76,8 +76,9 @@ def measured_events(run: MeasuredRun, step: int | None = None) -> list[TimelineE
     if not acts:
         return []
     t0 = min(a.start_s for a in acts)
+    chunk = chunk_of((a.rank, a.stage) for a in acts)
     events = [TimelineEvent(pipe[a.rank], "compute", f"{a.stage}{a.kind}{a.microbatch}", a.start_s - t0,
-                            a.start_s + a.duration_s - t0, a.kind) for a in acts]
+                            a.start_s + a.duration_s - t0, a.kind, chunk=chunk[a.rank, a.stage]) for a in acts]
     events += [TimelineEvent(pipe[c.rank], "comm", c.op, c.start_s - t0, c.start_s + c.duration_s - t0,
                              "p2p" if c.kind == "p2p_wait" else c.axis) for c in comms]  # the axis it ran over
     return events

@@ -46,3 +46,36 @@ def test_every_ranks_short_transfers_are_drawn_in_their_colour():
             assert seen == len(p2p), f"rank {r}: {seen} of {len(p2p)} transfers drawn"
     finally:
         plt.close(fig)
+
+
+def test_an_interleaved_ranks_two_chunks_are_told_apart():
+    """Interleaved 1F1B, pp2 v2: rank 0 runs stages 0 and 2. The simulated timeline says which chunk
+    each action ran (the Chrome trace too), and the Gantt draws the second chunk in a lighter shade."""
+    import json
+
+    from mindpipe.simulator.simulator import Simulator
+    from mindpipe.simulator.timeline import _colour
+    from mindpipe.traces.chrome_trace import chrome_trace
+    from mindpipe.traces.config import Cluster, Model, Plan
+
+    sim = Simulator(Model(kind="gpt", num_layers=8, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128),
+                    Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=2))
+    plan = Plan(pp=2, micro_batch_size=1, global_batch_size=4, schedule="interleaved_1f1b", virtual_stages=2)
+    events = sim.run(plan, timeline=True).timeline
+    fwd = [e for e in events if e.thread == "compute" and e.category == "F"]
+    by_stage = {int(e.name.split("F")[0]): e.chunk for e in fwd}
+    assert by_stage == {0: 0, 1: 0, 2: 1, 3: 1}
+    traced = [ev for ev in chrome_trace(events)["traceEvents"] if ev["ph"] == "X" and ev["cat"] == "F"]
+    assert sorted({ev.get("args", {}).get("chunk", 0) for ev in traced}) == [0, 1]
+    json.dumps(traced)
+    first, second = np.array(_colour("F", 0)), np.array(_colour("F", 1))
+    assert np.allclose(first, to_rgb(COLORS["F"])) and (second > first).all()
+    fig, ax = plt.subplots(figsize=(8, 3), dpi=100)
+    try:
+        draw_gantt(ax, events)
+        fig.canvas.draw()
+        img = np.asarray(fig.canvas.buffer_rgba())[:, :, :3].astype(float) / 255
+        for shade in (first, second):
+            assert (np.abs(img - shade).max(axis=2) < 0.02).sum() > 50
+    finally:
+        plt.close(fig)
