@@ -108,9 +108,11 @@ class SupernetRunConfig:
             # PipeDream's async needs weight stashing: B(c) must see the weights F(c) used, after B(b) updated them.
             raise ContractError("", "subnet_schedule", "async needs weight stashing (PipeDream), which the executor "
                                 "does not do; the simulator prices it (run csp, sequential or sync)")
-        if self.schedule == "sync" and self.segment % self.batch:
-            raise ContractError("", "steps", f"sync trains whole batches of subnet_window={self.batch} subnets: "
-                                f"--steps/--checkpoint-every ({self.segment}) must be a multiple of it")
+        # Every drained segment is whole batches: segments of --checkpoint-every, the last one the rest of --steps.
+        for key, value in (("steps", self.steps), ("checkpoint_every", self.checkpoint_every)):
+            if self.schedule == "sync" and value % self.batch:
+                raise ContractError("", key, f"sync trains whole batches of subnet_window={self.batch} subnets: "
+                                    f"--{key.replace('_', '-')} {value} must be a multiple of it")
 
     @property
     def schedule(self) -> str:

@@ -76,6 +76,10 @@ def precheck(cfg: SupernetRunConfig, world_size: int | None, source: str) -> Non
         raise ContractError(source, "dp", f"dp×pp={cfg.plan.dp}×{cfg.plan.pp}={cfg.plan.world_size} ranks needed, "
                             f"the launch has {world_size}")
     check_memory_budget(cfg, source)
+    if cfg.plan.precision != "fp32":  # the stages, the memory check and the measured trace are fp32 throughout
+        print(f"mindpipe: note: the supernet executor trains in fp32; the plan's precision {cfg.plan.precision} is "
+              "what the simulator and the tuner priced (fp32 weights and Adam state take more memory, and on a GPU "
+              "run slower)", file=sys.stderr, flush=True)
     if cfg.checkpoint_dir and cfg.resume:
         for note in repair_record(cfg.checkpoint_dir):
             print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)

@@ -112,8 +112,8 @@ def build_trace(cfg: SupernetRunConfig, payloads: list[SupernetPayload], backend
                         p2p_wait_s=r.stall_s / n, dp_sync_s=sum(c.end_s - c.start_s for c in p.spans.comms
                                                                 if c.kind == "dp_sync") / n,
                         optimizer_s=sum(o.end_s - o.start_s for o in p.spans.optimizer) / n,
-                        peak_memory_bytes=p.resident_state_bytes, memory_source="process_rss" if device.type == "cpu"
-                        else "cuda_allocator", cpu_time_s=p.cpu_s / n) for p in payloads]
+                        peak_memory_bytes=p.peak_memory_bytes, memory_source=p.memory_source,
+                        cpu_time_s=p.cpu_s / n) for p in payloads]
     measurement = Measurement(
         plan=plan, world_size=plan.world_size, nodes=len(hosts), backend=backend, device_kind=device.type,
         device_name=spec.name if spec is not None else torch.cuda.get_device_name(device),

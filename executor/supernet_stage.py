@@ -155,11 +155,19 @@ class StageRunner:
         in_flight: dict[int, list[str]] = {}
         touched: list[nn.Parameter] = []
         batch_keys: set[str] = set()
+        # The next forward after each action: its candidates are prefetched from the previous forward on
+        # (NASPipe's one subnet ahead; what mindpipe.simulator.subnet_replay times and subnet_memory counts).
+        next_f: list[int | None] = [None] * len(order)
+        ahead: int | None = None
+        for i in range(len(order) - 1, -1, -1):
+            next_f[i] = ahead
+            if order[i].kind == "F":
+                ahead = order[i].microbatch
         for i, a in enumerate(order):
             sid = first_id + a.microbatch
             ch = choices[a.microbatch]
-            nxt = order[i + 1] if i + 1 < len(order) else None
-            upcoming = self._keys(choices[nxt.microbatch]) if nxt is not None and nxt.kind == "F" else []
+            nf = next_f[i]
+            upcoming = self._keys(choices[nf]) if nf is not None else []
             if a.kind == "F":
                 in_flight[sid] = self._keys(ch)
                 self.switcher.ready(in_flight[sid])
@@ -178,7 +186,7 @@ class StageRunner:
                         in_flight.pop(k, None)
                     keep = {key for keys in in_flight.values() for key in keys} | set(upcoming)
                     self.switcher.release(keep)
-            self.switcher.fetch(upcoming)  # prefetch the next forward's candidates
+            self.switcher.fetch(upcoming)  # prefetch the next forward's candidates (already resident after a B)
         self.links.drain()
 
     def _forward(self, sid: int, ch: Choices) -> tuple[torch.Tensor | None, torch.Tensor]:

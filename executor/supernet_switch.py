@@ -6,9 +6,10 @@ that chose it is about to run its forward on this stage, and go back when the la
 using it has applied its update (BACKGROUND.md §5). The parameters keep their identity (the
 optimizer refers to them): only ``param.data`` and the optimizer's state tensors move.
 
-* CUDA: the pool is pinned host memory; copies are ``non_blocking`` on a side stream, so the next
-  subnet of the stage's order is prefetched while the current action computes; an action waits on
-  the copy's event before using the weights.
+* CUDA: the pool is pinned host memory; copies are ``non_blocking`` on a side stream, so the subnet
+  of the stage's next forward is prefetched from the previous forward on, under whatever actions
+  come between (NASPipe's one subnet ahead, as the simulator times it); an action waits on the
+  copy's event before using the weights.
 * CPU: host and device are the same RAM, so the pool keeps the tensors themselves and the
   parameter is left holding an empty tensor. What is resident is what the parameters hold, which
   is what the measurement counts (the host pool is not device memory, as in

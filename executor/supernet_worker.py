@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from mindpipe.executor import supernet_checkpoint as ckpt
 from mindpipe.executor.distributed import build_mesh, coordinates, host_name, init_process_group, pick_device, rank_env
-from mindpipe.executor.measure import cpu_seconds
+from mindpipe.executor.measure import cpu_seconds, peak_memory
 from mindpipe.executor.payload import Coords, Spans
 from mindpipe.executor.rundir import ProgressReporter, record_error, record_finished
 from mindpipe.executor.supernet_config import SupernetRunConfig
@@ -59,6 +59,9 @@ class SupernetPayload:
         resident_param_bytes, resident_state_bytes: Peaks of resident parameters, and of
             parameters + gradients + optimizer state.
         budget_bytes: ``--memory-budget-gib`` in bytes, if given.
+        peak_memory_bytes, memory_source: The process's peak as the GPT workers measure it
+            (:func:`~mindpipe.executor.measure.peak_memory`: CUDA's allocator peak, or the peak
+            resident set on a CPU), for the run record's ranks.
         orders: The stage's actions of the first segment (``1F3`` ...).
         segments: Every segment's partition and measured stage times (the same on every rank).
     """
@@ -77,6 +80,8 @@ class SupernetPayload:
     resident_param_bytes: int
     resident_state_bytes: int
     budget_bytes: int | None
+    peak_memory_bytes: int
+    memory_source: str
     orders: list[str]
     segments: list[SubnetSegment]
 
@@ -192,12 +197,13 @@ def _train(cfg: SupernetRunConfig, device: torch.device) -> list[SupernetPayload
             rank.switcher.evict_all()
     end_s = time.perf_counter() - origin
     sw = rank.switcher
+    mem, mem_source = peak_memory(device)
     payload = SupernetPayload(
         rank=dist.get_rank(), coords=Coords(pp=s, dp=r, tp=0), host=host_name(), cpu_count=os.cpu_count() or 1,
         threads=torch.get_num_threads(), spans=rank.spans, losses=rank.runner.losses, first_subnet=rank.start,
         end_s=end_s, cpu_s=cpu_seconds() - cpu0, param_bytes=sw.total_param_bytes,
         resident_param_bytes=sw.peak_param_bytes, resident_state_bytes=sw.peak_state_bytes,
-        budget_bytes=budget, orders=orders, segments=segments)
+        budget_bytes=budget, peak_memory_bytes=mem, memory_source=mem_source, orders=orders, segments=segments)
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     return gathered

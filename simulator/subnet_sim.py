@@ -40,7 +40,7 @@ from mindpipe.traces.calibration import Calibration
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Cluster, Plan
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.limits import integer
+from mindpipe.traces.limits import integer, within_limit
 from mindpipe.traces.supernet import (
     Choices,
     Supernet,
@@ -197,6 +197,10 @@ class SupernetSimulator:
         self.check(plan, source)
         integer("subnets", num_subnets, 1, "train_steps")
         net, p = self.supernet, plan.pp
+        # Work and memory grow with the choices drawn (pp <= num_layers bounds the actions too): refuse
+        # before drawing them, as a GPT plan past microbatch_stages is refused.
+        within_limit("subnets", num_subnets * net.num_layers, "subnet_choices",
+                     f"subnets×num_layers={num_subnets}×{net.num_layers}")
         name, window = subnet_schedule(plan), subnet_window(plan)
         batch = (sync_batch or subnet_batch(plan)) if name == "sync" else 1
         integer("sync_batch", batch, 1, "train_steps")

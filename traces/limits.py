@@ -56,6 +56,7 @@ LIMITS: dict[str, Limit] = {lim.key: lim for lim in (
     Limit("pipeline_stages", 4_096, "pipeline stages (pp × virtual_stages)"),
     Limit("micro_batches", 16_384, "micro-batches per iteration (m = global / (micro × dp))"),
     Limit("microbatch_stages", 131_072, "micro-batch stages per iteration (m × pp × virtual_stages)"),
+    Limit("subnet_choices", 524_288, "choices one supernet simulation draws (subnets × num_layers)"),
     Limit("bandwidth", 1e6, "GB/s or Gbit/s of a bandwidth override"),
     Limit("pue", 10.0, "power usage effectiveness"),
     Limit("carbon_intensity", 5000.0, "gCO2eq/kWh of a carbon-series value"),
