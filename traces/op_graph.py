@@ -25,11 +25,24 @@ import torch
 import torch.fx
 from mindpipe.traces.timing import Clock, measure_unit, tensor_bytes
 from mindpipe.traces.trace import LayerRecord
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 # Nodes that only describe, view or index a tensor: no kernel worth timing on their own.
 _FREE_METHODS = {"size", "view", "transpose", "chunk", "split", "permute", "reshape", "contiguous", "to", "unsqueeze"}
 _FREE_FUNCTIONS = {operator.getitem, getattr, torch.narrow, torch.transpose, torch.reshape}
+
+
+# Reads of a tensor's metadata, not its values: a cut only has to carry the numbers they return.
+_METADATA_METHODS = {"size", "dim"}
+_METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "layout", "is_cuda"}
+
+
+def _reads_only_metadata(node: torch.fx.Node) -> bool:
+    """``x.size()``, ``x.dim()``, ``x.shape``, ``x.dtype`` …: a use that does not need ``x``'s values."""
+    if node.op == "call_method":
+        return node.target in _METADATA_METHODS
+    return (node.op == "call_function" and node.target is getattr and len(node.args) > 1
+            and node.args[1] in _METADATA_ATTRS)
 
 
 def _is_free(node: torch.fx.Node) -> bool:
@@ -171,12 +184,16 @@ def _attributed_pass(bg: _BlockGraph, x: torch.Tensor) -> _ForwardPass:
 
 def _live_after(bg: _BlockGraph, gi: int, fwd: _ForwardPass) -> list[torch.Tensor]:
     """The tensors a cut right after unit ``gi`` must carry across."""
-    # Live across a cut after this unit: values made at or before it and used after it.
+    # Live across a cut after this unit: values made at or before it and read after it (a later
+    # size() or .shape reads only metadata: the block takes b and s from the LayerNorm output).
+    # A node may return a tuple (Llama's apply_rope: q and k): its tensors cross with it.
     return [
-        fwd.values[n.name]
+        t
         for n in [bg.placeholder, *(m for gj in bg.groups[: gi + 1] for m in gj)]
-        if isinstance(fwd.values.get(n.name), torch.Tensor)
-        and any(bg.unit_of.get(u.name, len(bg.groups)) > gi or u is bg.output for u in n.users)
+        if any(u is bg.output or (bg.unit_of.get(u.name, len(bg.groups)) > gi and not _reads_only_metadata(u))
+               for u in n.users)
+        for t in tree_flatten(fwd.values.get(n.name))[0]
+        if isinstance(t, torch.Tensor)
     ]
 
 
@@ -189,15 +206,21 @@ def _unit_record(
     ext = sorted({a.name for n in g for a in n.all_input_nodes if a.name not in members}, key=lambda s: (s != bg.placeholder.name, s))
     outs = [n.name for n in g if any(u.name not in members for u in n.users)]
 
+    # Inputs and outputs go to measure_unit flat: a tuple-valued node (apply_rope's (q, k)) is
+    # its tensors, so their gradients flow and the unit's backward is timed and counted.
+    flat_inputs, spec = tree_flatten([fwd.values[e] for e in ext])
+
     def unit(*inputs: Any) -> tuple[Any, ...]:
-        local = dict(zip(ext, inputs, strict=True))
+        local = dict(zip(ext, tree_unflatten(list(inputs), spec), strict=True))
         run_nodes(bg.gm, g, local)
-        return tuple(local[o] for o in outs)
+        return tuple(t for t in tree_flatten([local[o] for o in outs])[0] if isinstance(t, torch.Tensor))
 
     mods = [bg.gm.get_submodule(str(n.target)) for n in g if n.op == "call_module"]
-    unit_params = [p for m in mods for p in m.parameters()]
+    # A parameter a function reads through get_attr (Llama's rms_norm(x, ln1.weight)) is the unit's too.
+    read = [w for n in g if n.op == "get_attr" if isinstance(w := _fetch(bg.gm, str(n.target)), torch.nn.Parameter)]
+    unit_params = list({id(p): p for p in [*(p for m in mods for p in m.parameters()), *read]}.values())
     cost = measure_unit(
-        unit, [fwd.values[e] for e in ext], unit_params, clock,
+        unit, flat_inputs, unit_params, clock,
         warmup=warmup, repeats=repeats, exclude_storages=bg.excluded, seed=seed + gi,
     )
     live = _live_after(bg, gi, fwd)

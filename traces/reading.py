@@ -33,6 +33,7 @@ import os
 import re
 import stat
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -318,7 +319,10 @@ def read_headed_csv(path: str | os.PathLike[str], kind: InputKind, header_for: C
                     max_rows: int | None = None, sep: str = ", ") -> list[tuple[str, dict[str, str]]]:
     """The data rows of a CSV whose first line names its columns, as ``(<file>:<line>, {column: cell})``.
 
-    Cells are stripped; blank lines are skipped.
+    Cells are stripped; blank lines are skipped. The header must hold exactly the expected
+    columns, each once, in any order (cells are returned by name, so a file written with its
+    columns in another order reads the same rows); a header that differs is refused naming the
+    missing and the unexpected columns.
 
     Args:
         path, kind, max_rows: As :func:`read_csv`.
@@ -335,8 +339,16 @@ def read_headed_csv(path: str | os.PathLike[str], kind: InputKind, header_for: C
     def check_header(first: list[str]) -> None:
         header = [c.strip() for c in first]
         expected = header_for(header)
-        if header != expected:
-            raise ContractError(src, "line 1", f"header must be: {sep.join(expected)}")
+        if sorted(header) == sorted(expected) and len(set(header)) == len(header):
+            return
+        seen, wanted = set(header), set(expected)
+        missing = [c for c in expected if c not in seen]
+        unexpected = list(dict.fromkeys(c for c in header if c not in wanted))[:5]  # a foreign file may have many
+        repeated = sorted(c for c, n in Counter(header).items() if n > 1)[:5]
+        detail = "; ".join(f"{what} column{'s' if len(cols) > 1 else ''} {', '.join(_clip(c) for c in cols)}"
+                           for what, cols in (("missing", missing), ("unexpected", unexpected), ("repeated", repeated))
+                           if cols) if seen & wanted else ""  # another format: the header says enough
+        raise ContractError(src, "line 1", f"header must be: {sep.join(expected)}" + (f" ({detail})" if detail else ""))
 
     rows = read_csv(path, kind, max_rows=max_rows, on_header=check_header)
     if not rows:

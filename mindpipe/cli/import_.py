@@ -30,7 +30,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="torch-profiler: how to find layers")
     p.add_argument("--pattern", default=None, metavar="GLOB",
                    help="torch-profiler: globs selecting the layer ranges by name (Block_*, attn*|mlp*)")
-    p.add_argument("--steps", type=count(1, 10**6), default=None, help="torch-profiler: profiled steps to divide by")
+    p.add_argument("--steps", type=count(1, 10**6), default=None,
+                   help="torch-profiler: what to divide the summed times by (default: the ProfilerStep#N ranges, or "
+                        "the layers' runs where each ran several times per step: one micro-batch's times)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(func=cmd_import)
     return p

@@ -193,11 +193,24 @@ class KernelLaunches:
 
     A kernel is linked to its launch by ``args.correlation`` (shared with the ``cuda_runtime`` /
     ``cuda_driver`` call), else by an ``ac2g`` flow (start at the launch, end bound to the kernel),
-    else by ``args["External id"]`` to the CPU op that issued it. Unlinked kernels are counted.
+    else by ``args["External id"]`` to the CPU op that issued it. Unlinked kernels are counted. A
+    trace whose launches on two processes share a correlation id (ranks merged into one file: each
+    process numbers them from the same start) is refused, as its kernels cannot be linked.
     """
 
     def __init__(self, spans: Sequence[Span], events: Sequence[Any], source: str) -> None:
-        runtime = {c: s for s in spans if s.cat in RUNTIME_CATS if (c := int_arg(s, "correlation", source)) is not None}
+        runtime: dict[int, Span] = {}
+        for s in spans:
+            if s.cat in RUNTIME_CATS and (c := int_arg(s, "correlation", source)) is not None:
+                if c in runtime and runtime[c].thread[0] != s.thread[0]:
+                    # Each process numbers its correlation ids from the same start (ranks merged
+                    # into one file): a kernel's id no longer says which process launched it.
+                    where = f"traceEvents[{s.index}].args.correlation"
+                    raise ContractError(source, where, (
+                        f"{where}: correlation id {c} is used by CUDA launches of processes {runtime[c].thread[0]} "
+                        f"and {s.thread[0]} (a trace merged from several ranks), so GPU kernels cannot be linked to "
+                        "their launches: import each rank's trace on its own"))
+                runtime[c] = s
         ops = {x: s for s in spans if s.cat == "cpu_op" if (x := int_arg(s, "External id", source)) is not None}
         flow_start: dict[Any, tuple[Thread, int]] = {}
         flow_end: dict[tuple[Thread, int], Any] = {}

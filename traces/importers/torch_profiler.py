@@ -17,8 +17,14 @@ Layers are ranges on a CPU thread, found one of two ways (``group``):
 * ``auto``: ``record_function`` if the trace has such ranges besides torch's own, else ``module``.
 
 Forward time is the layers' range time divided by the profiled steps (``ProfilerStep#N`` ranges,
-else the occurrences of the first layer; ``steps`` overrides). With GPU kernels in the trace it is
-the time of the kernels launched inside the ranges (:class:`~.chrome_events.KernelLaunches`).
+else the occurrences of the first layer; ``steps`` overrides). Where every layer ran more often
+than there are ``ProfilerStep#N`` ranges (gradient accumulation: several micro-batches per step)
+it is divided by the runs of the least-run layer instead, since a trace's times are per
+micro-batch. A trace that spans several processes (ranks merged into one file, each under its own
+``pid``) is counted per process: a layer's time is its mean over the processes that hold it, and
+a backward op is matched only with forward ops of its own process (each rank numbers its autograd
+nodes from the same start). With GPU kernels in the trace it is the time of the kernels launched
+inside the ranges (:class:`~.chrome_events.KernelLaunches`).
 
 Backward time: each top-level ``autograd::engine::evaluate_function: XxxBackward0`` event (GPU
 kernels in it, with kernels) is charged to the layer whose range holds the forward op with the
@@ -167,10 +173,15 @@ def _select(spans: list[Span], group: str, names: NamePattern | None, source: st
 def _attribute_backward(
     spans: list[Span], ranges: list[Span], cost: Callable[[Span], int], source: str
 ) -> tuple[dict[str, int], Counter[str]]:
-    """Backward ns per layer, and ns per attribution rule (see the module docstring)."""
+    """Backward ns per layer, and ns per attribution rule (see the module docstring).
+
+    Sequence numbers and internal thread ids are per process (each rank numbers its autograd
+    nodes from the same start), so a backward op is matched only with forward ops of its own
+    process (``pid``).
+    """
     index = Ranges(ranges)
     twin: dict[tuple[Thread, int], str] = {}
-    seq_threads: dict[int, list[Thread]] = defaultdict(list)
+    seq_threads: dict[tuple[Any, int], list[Thread]] = defaultdict(list)
     ranged: dict[Thread, list[tuple[int, str]]] = defaultdict(list)
     evaluate: list[Span] = []
     for s in spans:
@@ -180,8 +191,8 @@ def _attribute_backward(
         if s.name.startswith(_EVALUATE):
             evaluate.append(s)
         elif seq is not None and seq >= 0 and not fwd_tid:  # backward-side ops carry the forward thread's id
-            if s.thread not in seq_threads[seq]:
-                seq_threads[seq].append(s.thread)
+            if s.thread not in seq_threads[(s.thread[0], seq)]:
+                seq_threads[(s.thread[0], seq)].append(s.thread)
             r = index.find(s.thread, s.start, s.end)
             if r is not None and (s.thread, seq) not in twin:
                 twin[(s.thread, seq)] = r.name
@@ -189,21 +200,27 @@ def _attribute_backward(
     for items in ranged.values():
         items.sort()
     top = sorted(outermost(evaluate), key=lambda s: (s.start, s.index))
-    votes: dict[int | None, Counter[Thread]] = defaultdict(Counter)
+    votes: dict[tuple[Any, int | None], Counter[Thread]] = defaultdict(Counter)
     for b in top:
         seq = int_arg(b, "Sequence number", source)
-        for t in seq_threads.get(seq, []) if seq is not None else []:
-            votes[int_arg(b, "Fwd thread id", source)][t] += 1
-    thread_of = {fid: min(c, key=lambda t: (-c[t], str(t))) for fid, c in votes.items()}
-    only = next(iter(ranged)) if len(ranged) == 1 else None
+        for t in seq_threads.get((b.thread[0], seq), []) if seq is not None else []:
+            votes[(b.thread[0], int_arg(b, "Fwd thread id", source))][t] += 1
+    thread_of = {key: min(c, key=lambda t: (-c[t], str(t))) for key, c in votes.items()}
+    ranged_by_pid: dict[Any, list[Thread]] = defaultdict(list)
+    for t in ranged:
+        ranged_by_pid[t[0]].append(t)
+    only = {pid: ts[0] for pid, ts in ranged_by_pid.items() if len(ts) == 1}
     per_layer: dict[str, int] = defaultdict(int)
     rules: Counter[str] = Counter()
     previous: dict[Thread, str | None] = {}
     for b in top:
+        pid = b.thread[0]
         seq = int_arg(b, "Sequence number", source)
         seq = seq if seq is not None and seq >= 0 else None
-        cands = seq_threads.get(seq, []) if seq is not None else []
-        thread: Thread | None = cands[0] if len(cands) == 1 else thread_of.get(int_arg(b, "Fwd thread id", source), only)
+        cands = seq_threads.get((pid, seq), []) if seq is not None else []
+        thread: Thread | None = (
+            cands[0] if len(cands) == 1 else thread_of.get((pid, int_arg(b, "Fwd thread id", source)), only.get(pid))
+        )
         layer: str | None = None
         rule = "unattributed"
         if seq is None:
@@ -225,47 +242,108 @@ def _nearest(items: list[tuple[int, str]], seq: int) -> str:
     return items[i - 1][1] if i > 0 else items[0][1]
 
 
-def _forward_ns(ranges: list[Span], cost: Callable[[Span], int]) -> tuple[dict[str, int], Counter[str]]:
-    """Per layer name, in order of first occurrence, its summed forward cost (ns) and its occurrences."""
+def _forward_ns(ranges: list[Span], cost: Callable[[Span], int]) -> tuple[dict[str, int], dict[str, set[Any]]]:
+    """Per layer name, in order of first occurrence, its summed forward cost (ns) and the processes holding it."""
     forward: dict[str, int] = {}
-    occurrences: Counter[str] = Counter()
+    pids: dict[str, set[Any]] = defaultdict(set)
     for r in sorted(ranges, key=lambda s: (s.start, s.index)):
         forward[r.name] = forward.get(r.name, 0) + cost(r)
-        occurrences[r.name] += 1
-    return forward, occurrences
+        pids[r.name].add(r.thread[0])
+    return forward, pids
 
 
-def _notes(how: str, num_ranges: int, kernels: KernelLaunches | None, n: int, divisor: str, rules: dict[str, int]) -> str:
+@dataclass(frozen=True)
+class _Steps:
+    """Profiled steps of each process (``pid``) that holds layer ranges, and where the counts came from.
+
+    A trace merged from several ranks holds each rank's steps; a layer's summed time is divided by
+    the steps of the processes holding it, so a layer every data-parallel rank runs gets its mean
+    over the ranks (not their sum), and a pipeline rank's layer its own rank's steps.
+    """
+
+    by_pid: dict[Any, int]
+    source: str
+    unit: str = "steps"
+
+    def of(self, pids: set[Any]) -> int:
+        """Steps summed over ``pids``: what a layer held by those processes is divided by."""
+        return sum(self.by_pid[p] for p in pids)
+
+    @property
+    def total(self) -> int:
+        """Steps summed over every process (the divisor of whole-trace totals)."""
+        return sum(self.by_pid.values())
+
+    def describe(self) -> str:
+        """``3 steps (ProfilerStep#N ranges)``, with the processes when there are several."""
+        counts = sorted(set(self.by_pid.values()))
+        text = f"{'/'.join(map(str, counts))} {self.unit} ({self.source})"
+        if len(self.by_pid) > 1:
+            text += (f" on each of {len(self.by_pid)} processes (pids {', '.join(map(str, self.by_pid))}; a layer's "
+                     "time is its mean over the processes that hold it)")
+        return text
+
+
+def _notes(how: str, num_ranges: int, kernels: KernelLaunches | None, steps: _Steps, rules: dict[str, int]) -> str:
     """The trace's provenance notes: how the layers were found, what was timed, what the backward charged."""
     timing = (
         f"GPU kernel time ({kernels.count} kernels, {kernels.unlinked} not linked to a launch)"
         if kernels is not None
         else "CPU wall time"
     )
-    charged = "; ".join(f"{ns / n / 1e9:.6g} s {rule}" for rule, ns in sorted(rules.items()))
+    charged = "; ".join(f"{ns / steps.total / 1e9:.6g} s {rule}" for rule, ns in sorted(rules.items()))
     return (
         f"torch.profiler Chrome trace; layers: {how} ({num_ranges} ranges); times: {timing} divided by "
-        f"{n} steps ({divisor}); backward per step: {charged or 'none found'}; backward_split=combined "
+        f"{steps.describe()}; backward per {'micro-batch' if steps.unit == 'micro-batches' else 'step'}: "
+        f"{charged or 'none found'}; backward_split=combined "
         "(the profiler cannot separate input and weight gradients)"
     )
 
 
-def _step_count(spans: list[Span], steps: int | None, first_layer_occurrences: int) -> tuple[int, str]:
-    """The number of profiled steps to divide by, and where it came from (for the notes)."""
-    profiler_steps = len({s.name for s in spans if s.cat in ("user_annotation", "cpu_op") and _STEP_RE.match(s.name)})
-    n = steps or profiler_steps or first_layer_occurrences
-    divisor = "given" if steps else "ProfilerStep#N ranges" if profiler_steps else "occurrences of the first layer"
-    return n, divisor
+def _step_count(spans: list[Span], ranges: list[Span], steps: int | None) -> _Steps:
+    """The profiled micro-batches of each process holding layer ranges: ``steps`` if given, else
+    its ``ProfilerStep#N`` ranges, or the runs of its least-run layer where every layer ran more
+    often than that (several micro-batches per step), else the runs of its first layer."""
+    ordered = sorted(ranges, key=lambda s: (s.start, s.index))
+    pids = list(dict.fromkeys(r.thread[0] for r in ordered))
+    if steps:
+        return _Steps(dict.fromkeys(pids, steps), "given")
+    named: dict[Any, set[str]] = defaultdict(set)
+    for s in spans:
+        if s.cat in ("user_annotation", "cpu_op") and _STEP_RE.match(s.name):
+            named[s.thread[0]].add(s.name)
+    everywhere = set().union(*named.values()) if len(pids) == 1 else set()  # one process: wherever torch put them
+    by_pid: dict[Any, int] = {}
+    sources: list[str] = []
+    for p in pids:
+        runs_of = Counter(r.name for r in ordered if r.thread[0] == p)
+        first = next(r.name for r in ordered if r.thread[0] == p)
+        step_names = named.get(p) or everywhere
+        if step_names and (fewest := min(runs_of.values())) > len(step_names):
+            # Gradient accumulation: prof.step() per optimizer step, every layer once per
+            # micro-batch inside it. A trace's times are per micro-batch (the Trace contract); the
+            # layer that ran fewest times counts them (a name two modules share runs more often).
+            by_pid[p] = fewest
+            sources.append(f"{len(step_names)} ProfilerStep#N ranges, {fewest / len(step_names):g} micro-batches per "
+                           "step: the runs of every layer")
+        elif step_names:
+            by_pid[p] = len(step_names)
+            sources.append("ProfilerStep#N ranges")
+        else:
+            by_pid[p] = runs_of[first]
+            sources.append("occurrences of the first layer")
+    unit = "micro-batches" if any("micro-batches per step" in s for s in sources) else "steps"
+    return _Steps(by_pid, " / ".join(dict.fromkeys(sources)), unit)
 
 
-def _layer_records(forward: dict[str, int], backward: dict[str, int], n: int) -> list[LayerRecord]:
-    """One record per layer, its summed nanoseconds turned into seconds per step."""
+def _layer_records(forward: dict[str, int], backward: dict[str, int], divisor: dict[str, int]) -> list[LayerRecord]:
+    """One record per layer, its summed nanoseconds divided by its ``divisor`` (steps or micro-batches), in seconds."""
     return [
         LayerRecord(
             name=name,
             kind=re.sub(r"[._]?\d+$", "", name) or name,
-            forward_s=ns / n / 1e9,
-            backward_input_s=backward.get(name, 0) / n / 1e9,
+            forward_s=ns / divisor[name] / 1e9,
+            backward_input_s=backward.get(name, 0) / divisor[name] / 1e9,
             backward_weight_s=0.0,
         )
         for name, ns in forward.items()
@@ -292,8 +370,9 @@ def import_torch_profiler(
         group: ``record_function``, ``module`` or ``auto`` (see the module docstring).
         pattern: Globs selecting the layer ranges by name (:class:`NamePattern`: ``Block_*``,
             ``attn*|mlp*``), matched against the whole name.
-        steps: Number of profiled steps to divide by (default: ``ProfilerStep#N`` ranges, else
-            the number of times the first layer occurs).
+        steps: Number to divide the summed times by (default: ``ProfilerStep#N`` ranges, or the
+            runs of the least-run layer where every layer ran several times per step, else the
+            number of times the first layer occurs; see the module docstring).
         device: Device label; default ``cuda`` if the trace has GPU kernels, else ``cpu``.
         dtype: Activation dtype, if known.
         model: The profiled model, if known.
@@ -316,11 +395,11 @@ def import_torch_profiler(
     ranges, how = _select(spans, group, names, source)
     kernels = KernelLaunches(spans, events, source) if any(s.cat == "kernel" for s in spans) else None
     cost: Callable[[Span], int] = kernels.gpu_ns if kernels is not None else (lambda s: s.dur)
-    forward, occurrences = _forward_ns(ranges, cost)
-    n, divisor = _step_count(spans, steps, occurrences[next(iter(forward))])
+    forward, holders = _forward_ns(ranges, cost)
+    profiled = _step_count(spans, ranges, steps)
     backward, rules = _attribute_backward(spans, ranges, cost, source)
-    notes = _notes(how, len(ranges), kernels, n, divisor, rules)
-    records = _layer_records(forward, backward, n)
+    notes = _notes(how, len(ranges), kernels, profiled, rules)
+    records = _layer_records(forward, backward, {name: profiled.of(pids) for name, pids in holders.items()})
     try:
         return Trace(
             device=device or ("cuda" if kernels is not None else "cpu"),
