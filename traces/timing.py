@@ -30,18 +30,24 @@ Outputs = tuple[torch.Tensor, ...]
 
 
 @cache
-def _gqa_formulas() -> dict[Any, Any]:
-    """FLOP formulas for the fused attention kernels under grouped-query attention, for torch
-    releases whose own ones refuse K/V with fewer heads than Q (torch < 2.12 asserts "query/key/value
-    shapes are incompatible"): K and V are counted as broadcast to the query's heads, as the
-    kernels do, with torch's own formulas. Empty where torch's formulas accept GQA."""
+def _attention_formulas() -> dict[Any, Any]:
+    """FLOP formulas for fused attention kernels torch's counter lacks or gets wrong, in torch's own form
+    (``sdpa_flop_count``: every query-key pair, as for the other fused kernels):
+
+    * the CPU flash kernel (``_scaled_dot_product_flash_attention_for_cpu`` and its backward), which
+      torch counts as 0: a ``profile --flash-attention`` trace on a CPU missed the attention core's
+      FLOPs (s/(6h) of a block's);
+    * under grouped-query attention, for torch releases whose formulas refuse K/V with fewer heads
+      than Q (torch < 2.12 asserts "query/key/value shapes are incompatible"): K and V are counted
+      as broadcast to the query's heads, as the kernels do.
+    """
     from torch.utils import flop_counter as fcm
 
     try:
         fcm.sdpa_flop_count((1, 4, 2, 8), (1, 2, 2, 8), (1, 2, 2, 8))
-        return {}
+        gqa_ok = True
     except AssertionError:
-        pass
+        gqa_ok = False
 
     def wide(kv: Any, q: Any) -> tuple[int, ...]:
         return (kv[0], q[1], *kv[2:])
@@ -53,16 +59,20 @@ def _gqa_formulas() -> dict[Any, Any]:
         return int(fcm.sdpa_backward_flop_count(g, q, wide(k, q), wide(v, q)))
 
     aten = torch.ops.aten
-    names = {"_scaled_dot_product_flash_attention": fwd, "_scaled_dot_product_efficient_attention": fwd,
-             "_scaled_dot_product_cudnn_attention": fwd, "_scaled_dot_product_flash_attention_backward": bwd,
-             "_scaled_dot_product_efficient_attention_backward": bwd,
-             "_scaled_dot_product_cudnn_attention_backward": bwd}
+    names = {"_scaled_dot_product_flash_attention_for_cpu": fwd,
+             "_scaled_dot_product_flash_attention_for_cpu_backward": bwd}
+    if not gqa_ok:
+        names |= {"_scaled_dot_product_flash_attention": fwd, "_scaled_dot_product_efficient_attention": fwd,
+                  "_scaled_dot_product_cudnn_attention": fwd, "_scaled_dot_product_flash_attention_backward": bwd,
+                  "_scaled_dot_product_efficient_attention_backward": bwd,
+                  "_scaled_dot_product_cudnn_attention_backward": bwd}
     return {getattr(aten, n): f for n, f in names.items() if hasattr(aten, n)}
 
 
 def flop_counter() -> FlopCounterMode:
-    """torch's FLOP counter, able to count grouped-query attention on every supported torch."""
-    return FlopCounterMode(display=False, custom_mapping=_gqa_formulas())
+    """torch's FLOP counter, able to count fused attention on a CPU and grouped-query attention on every
+    supported torch (:func:`_attention_formulas`)."""
+    return FlopCounterMode(display=False, custom_mapping=_attention_formulas())
 
 
 class Clock:

@@ -124,12 +124,30 @@ def test_gqa_attention_flops_where_torch_has_no_gqa_formula(monkeypatch):
 
     monkeypatch.setattr(fcm, "sdpa_flop_count", no_gqa(real_fwd))
     monkeypatch.setattr(fcm, "sdpa_backward_flop_count", no_gqa(real_bwd))
-    timing._gqa_formulas.cache_clear()  # decided once per process: decide again against the patched torch
+    timing._attention_formulas.cache_clear()  # decided once per process: decide again against the patched torch
     try:
-        formulas = timing._gqa_formulas()
+        formulas = timing._attention_formulas()
     finally:
-        timing._gqa_formulas.cache_clear()
+        timing._attention_formulas.cache_clear()
     aten = torch.ops.aten
     q, kv, wide = (2, 8, 16, 4), (2, 2, 16, 4), (2, 8, 16, 4)
     assert formulas[aten._scaled_dot_product_flash_attention](q, kv, kv) == real_fwd(q, wide, wide) > 0
     assert formulas[aten._scaled_dot_product_efficient_attention_backward](q, q, kv, kv) == real_bwd(q, q, wide, wide)
+
+
+def test_the_cpu_flash_kernel_counts_its_flops():
+    """torch's counter has no formula for the CPU flash kernel and counted it as 0, so a
+    ``profile --flash-attention`` trace on a CPU missed the attention core (s/(6h) of a block's FLOPs).
+    Now it counts every query-key pair, as torch does for the GPU kernels: 4·b·h·s²·d forward,
+    2.5 times that backward (the scores recomputed)."""
+    from mindpipe.traces.timing import flop_counter
+
+    b, h, s, d = 1, 4, 64, 16
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        with flop_counter() as fc:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert fc.get_total_flops() == 4 * b * h * s * s * d
+        with flop_counter() as fc:
+            out.sum().backward()
+    assert fc.get_total_flops() == 10 * b * h * s * s * d
