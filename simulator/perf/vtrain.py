@@ -132,8 +132,8 @@ def load_vtrain(path: str | Path, gpu: str = DEFAULT_GPU) -> list[VTrainRow]:
     Raises:
         ContractError: naming ``<file>:<line>`` and the column for a bad header or row.
     """
-    def header_for(seen: list[str]) -> list[str]:  # the multi-node layout adds a leading column
-        return list(COLUMNS) if seen[:1] != [MULTI_PREFIX] else [MULTI_PREFIX, *COLUMNS]
+    def header_for(seen: list[str]) -> list[str]:  # the multi-node layout adds a column (first, as published)
+        return [MULTI_PREFIX, *COLUMNS] if MULTI_PREFIX in seen else list(COLUMNS)
 
     return [_row(cells, where, gpu) for where, cells in
             read_headed_csv(path, VTRAIN_CSV, header_for, max_rows=int(limit("vtrain_rows")))]

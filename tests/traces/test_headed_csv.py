@@ -51,6 +51,14 @@ def test_vtrain_columns_in_another_order_read_the_same_rows(tmp_path: Path) -> N
 
 
 @needs_data
+def test_vtrain_multi_node_columns_in_another_order_read_the_same_rows(tmp_path: Path) -> None:
+    multi = DATA / "vtrain_a100_multi_node.csv"
+    n = len(multi.read_text().splitlines()[0].split(","))
+    order = [*range(1, n), 0]  # "Parameters (billion)" last, not first
+    _same(load_vtrain(_rewrite(multi, tmp_path / "m.csv", order)), load_vtrain(multi))
+
+
+@needs_data
 def test_a_header_that_differs_names_the_columns(tmp_path: Path) -> None:
     path = _rewrite(NEMO, tmp_path / "extra.csv", extra="notes")
     with pytest.raises(ContractError) as err:
