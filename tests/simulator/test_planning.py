@@ -94,7 +94,6 @@ def test_engine_hides_a_swap_that_fits_its_window():
     one = (["keep"] * 9 + ["swap"]) * 3 + ["keep"] * 10
     blocks = [c for c in sim.layer_costs(base) if c.kind == "block"][:10]
     fwd = sum(c.forward_s for c in blocks)
-    cycle = sum(c.forward_s + c.backward_input_s + c.backward_weight_s for c in blocks)
     copy1 = sim.swap_copy_s(base, sim.swap_bytes_per_block(base))
     assert exposed_swap_s(copy1, fwd) == 0.0
     assert sim.run(dataclasses.replace(base, layer_memory_policy=one)).iteration_time_s == pytest.approx(keep, rel=1e-6)
