@@ -70,7 +70,9 @@ def test_record_layers_fixture_module_and_record_function_agree() -> None:
     assert [r.name for r in by_name.layers] == ["embedding", "block.0", "block.1", "final_norm", "lm_head"]
     # torch 2.13 numbers modules per class object: GPT's children are these (see module docstring).
     assert [r.name for r in by_module.layers] == ["Embedding_0", "Block_0", "Block_1", "LayerNorm_4", "LMHead_0"]
-    assert [r.kind for r in by_module.layers] == ["Embedding", "Block", "Block", "LayerNorm", "LMHead"]
+    # Named by class, they get the simulator's kinds (standard_kinds), so `simulate --trace` prices them.
+    assert [r.kind for r in by_module.layers] == [r.kind for r in by_name.layers] == [
+        "embedding", "block", "block", "final_norm", "lm_head"]
     # The module range encloses the hooks' record_function range; both hold the same forward ops.
     for rf, mod in zip(by_name.layers, by_module.layers, strict=True):
         assert mod.forward_s >= rf.forward_s > 0
@@ -82,6 +84,34 @@ def test_record_layers_fixture_module_and_record_function_agree() -> None:
     emb = import_torch_profiler(FIXTURE, group="module", pattern="Embedding*")
     assert [r.name for r in emb.layers] == ["Embedding_0"]
     assert emb.layers[0].forward_s == by_module.layers[0].forward_s
+
+
+def test_module_names_get_the_simulators_kinds() -> None:
+    """``--group module`` names layers by class: the blocks are the one kind ending in Block or Layer,
+    an embedding before them, a norm and then a head or a linear layer after them (a Hugging Face
+    Llama's top-level children); nothing is guessed when the blocks cannot be told."""
+    from mindpipe.traces.importers.torch_profiler import standard_kinds
+
+    hf = ["Embedding", "LlamaDecoderLayer", "LlamaDecoderLayer", "LlamaRMSNorm", "Linear"]
+    assert standard_kinds(hf) == {"Embedding": "embedding", "LlamaDecoderLayer": "block",
+                                  "LlamaRMSNorm": "final_norm", "Linear": "lm_head"}
+    assert standard_kinds(["Embedding", "Dropout", "GPT2Block", "LayerNorm"]) == {
+        "Embedding": "embedding", "GPT2Block": "block", "LayerNorm": "final_norm"}
+    assert standard_kinds(["Linear", "Block"]) == {"Block": "block"}  # a linear before the blocks is no head
+    assert standard_kinds(["EncoderLayer", "DecoderLayer"]) == {}  # two kinds of block: not told
+    assert standard_kinds(["embedding", "block", "lm_head"]) == {}  # already the simulator's
+
+
+def test_a_module_grouped_import_is_priced_by_the_simulator(tmp_path: Path) -> None:
+    from mindpipe.simulator.simulator import Simulator
+    from mindpipe.traces.config import Cluster, Model, Plan
+
+    trace = import_torch_profiler(FIXTURE, group="module")
+    model = Model(kind="gpt", num_layers=2, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    result = Simulator(model, Cluster(gpu="cpu", num_nodes=1, gpus_per_node=1), trace=trace).run(
+        Plan(micro_batch_size=1, global_batch_size=1, precision="fp32"))
+    by = {r.kind: r for r in trace.layers}
+    assert result.iteration_time_s >= sum(r.forward_s + r.backward_input_s for r in trace.layers) > by["block"].forward_s
 
 
 # -- synthetic traces with exact numbers ------------------------------------------------------

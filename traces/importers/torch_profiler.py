@@ -351,12 +351,52 @@ def _step_count(spans: list[Span], ranges: list[Span], steps: int | None) -> _St
     return _Steps(by_pid, " / ".join(dict.fromkeys(sources)), unit)
 
 
+_BLOCK_NAME = re.compile(r"(block|layer)$", re.IGNORECASE)
+"""A range whose name, less its index, ends so is a transformer block (``Block``, ``GPT2Block``,
+``LlamaDecoderLayer``, ``TransformerLayer``)."""
+
+
+def standard_kinds(kinds: list[str]) -> dict[str, str]:
+    """The simulator's layer kinds (``embedding``, ``block``, ``final_norm``, ``lm_head``) for the
+    kinds of a model's layers in order, where they are named otherwise (``--group module`` names
+    them by class: ``Embedding``, ``LlamaDecoderLayer``, ``LlamaRMSNorm``, ``Linear``); ``{}`` when
+    the blocks are already ``block`` or cannot be told.
+
+    The blocks are the one kind ending in ``Block`` or ``Layer`` (any case); before the first of
+    them, a kind naming an embedding is the embedding; after the last, a norm is the final norm and
+    then a head or a linear layer is the LM head. Anything else keeps its kind.
+    """
+    if "block" in kinds:
+        return {}
+    blocks = {k for k in kinds if _BLOCK_NAME.search(k)}
+    if len(blocks) != 1:
+        return {}
+    (block,) = blocks
+    first, last = kinds.index(block), len(kinds) - 1 - kinds[::-1].index(block)
+    out = {block: "block"}
+    for k in dict.fromkeys(kinds[:first]):
+        if "embed" in k.lower():
+            out.setdefault(k, "embedding")
+    after = list(dict.fromkeys(kinds[last + 1:]))
+    norm = next((k for k in after if k.lower().endswith("norm")), None)
+    if norm is not None:
+        out[norm] = "final_norm"
+    head = next((k for k in after[after.index(norm) + 1 if norm is not None else 0:]
+                 if re.search(r"head|linear", k, re.IGNORECASE)), None)
+    if head is not None:
+        out[head] = "lm_head"
+    return out
+
+
 def _layer_records(forward: dict[str, int], backward: dict[str, int], divisor: dict[str, int]) -> list[LayerRecord]:
-    """One record per layer, its summed nanoseconds divided by its ``divisor`` (steps or micro-batches), in seconds."""
+    """One record per layer, its summed nanoseconds divided by its ``divisor`` (steps or micro-batches), in
+    seconds; its kind is its name less its index, as the simulator names it (:func:`standard_kinds`)."""
+    kinds = {name: re.sub(r"[._]?\d+$", "", name) or name for name in forward}
+    standard = standard_kinds(list(kinds.values()))
     return [
         LayerRecord(
             name=name,
-            kind=re.sub(r"[._]?\d+$", "", name) or name,
+            kind=standard.get(kinds[name], kinds[name]),
             forward_s=ns / divisor[name] / 1e9,
             backward_input_s=backward.get(name, 0) / divisor[name] / 1e9,
             backward_weight_s=0.0,
