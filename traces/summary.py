@@ -42,8 +42,8 @@ class TraceSummary:
     backward_weight_s: float
     forward_backward_s: float
     activation_bytes: int | None  # None when no record says (an imported or measured trace)
-    param_count: int
-    forward_flops: float
+    param_count: int | None  # None when no record says (an imported trace)
+    forward_flops: float | None
     by_kind: dict[str, KindTotals]
     provenance: dict[str, str | None] = field(default_factory=dict)
     step_forward_backward_s: float | None = None
@@ -55,6 +55,16 @@ class TraceSummary:
         if self.layer_sum_over_step is None:
             del out["step_forward_backward_s"], out["layer_sum_over_step"]
         return out
+
+
+def _said(trace: Trace, key: str) -> bool:
+    """True when some record says ``key`` (imported and measured traces leave it unset)."""
+    return any(getattr(r, key) is not None for r in trace.layers)
+
+
+def _known_int(trace: Trace, key: str) -> int | None:
+    """The records' total of ``key``, or None when no record says it (not 0: unknown is not none)."""
+    return int(trace.total(key)) if _said(trace, key) else None
 
 
 def summarize(trace: Trace) -> TraceSummary:
@@ -74,9 +84,8 @@ def summarize(trace: Trace) -> TraceSummary:
         backward_split=trace.backward_split, num_records=len(trace.layers), forward_s=trace.total("forward_s"),
         backward_input_s=trace.total("backward_input_s"), backward_weight_s=trace.total("backward_weight_s"),
         forward_backward_s=trace.forward_backward_s,
-        activation_bytes=int(trace.total("activation_bytes"))
-        if any(r.activation_bytes is not None for r in trace.layers) else None,
-        param_count=int(trace.total("param_count")), forward_flops=trace.total("forward_flops"), by_kind=kinds,
+        activation_bytes=_known_int(trace, "activation_bytes"), param_count=_known_int(trace, "param_count"),
+        forward_flops=trace.total("forward_flops") if _said(trace, "forward_flops") else None, by_kind=kinds,
         provenance={"tool": trace.provenance.tool, "date": trace.provenance.date,
                     "torch_version": trace.provenance.torch_version},
         step_forward_backward_s=step.forward_backward_s if step is not None else None,

@@ -19,7 +19,9 @@ def test_an_imported_traces_missing_model_batch_and_sequence_print_as_unknown():
     assert header.startswith("trace: unknown model on cpu (unknown), micro-batch unknown, seq unknown, tp 1, "
                              "2 layer records")
     assert total.startswith("total") and total.split()[-1] == "unknown" and " B" not in total
-    assert summarize(_trace([None, None])).activation_bytes is None  # --json: null, not a total of 0 bytes
+    summary = summarize(_trace([None, None]))
+    assert summary.activation_bytes is None  # --json: null, not a total of 0 bytes
+    assert summary.param_count is None and summary.forward_flops is None  # nor 0 parameters, 0 FLOPs
 
 
 def test_known_fields_and_totals_print_as_before_and_a_partial_total_says_so():
