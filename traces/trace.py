@@ -17,11 +17,12 @@ layer at the trace's micro-batch size (:mod:`mindpipe.simulator.subnet_costs` re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from mindpipe.traces.config import PRECISIONS, Model, non_negative, one_of
+from mindpipe.traces.config import PRECISIONS, Model, Plan, non_negative, one_of
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, within_limit
 from mindpipe.traces.measured import Measurement
@@ -35,6 +36,27 @@ BACKWARD_SPLITS = ("measured", "combined")
 COMM_PHASES = ("forward", "backward_input", "backward_weight", "update")
 COMM_OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "p2p")
 TRACE_DTYPES = (*PRECISIONS, "unknown")
+# The dtypes the profiler runs a model in (torch dtypes: FP8 is a GEMM recipe, not a parameter dtype);
+# the profiler's check and ``mindpipe profile --dtype`` both read it.
+PROFILE_DTYPES = ("fp32", "bf16", "fp16")
+
+
+def _other_document(data: dict[str, Any]) -> str | None:
+    """What a JSON document without ``layers`` is, told by its keys (None: not recognised)."""
+    keys = set(data)
+    if "traceEvents" in keys:
+        return "a Chrome trace (convert torch.profiler's with: mindpipe import torch-profiler FILE --out trace.json)"
+    if {"devices", "comm"} & keys and "measurements" in keys:
+        return "a calibration (mindpipe calibrate --out)"
+    if "kind" in keys and "num_layers" in keys:
+        return "a model description"
+    if "gpu" in keys and ({"num_nodes", "gpus_per_node"} & keys):
+        return "a cluster description"
+    if keys and keys <= {f.name for f in dataclasses.fields(Plan)}:
+        return "a plan"
+    if "best_plan" in keys or "best_value" in keys:
+        return "a tuner summary (its best_plan is a plan)"
+    return None
 
 
 @dataclass
@@ -222,8 +244,17 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
-        """Read a trace JSON file (plain or gzip; within the reading layer's trace size limit)."""
-        return from_dict(cls, read_json(path, TRACE_FILE), str(path))
+        """Read a trace JSON file (plain or gzip; within the reading layer's trace size limit).
+
+        Raises:
+            ContractError: not a trace of this format; a document without ``layers`` that is
+                another kind of file (a plan, a model, a calibration, a Chrome trace …) is named as such.
+        """
+        data = read_json(path, TRACE_FILE)
+        if isinstance(data, dict) and "layers" not in data and (kind := _other_document(data)) is not None:
+            raise ContractError(str(path), None, f"this is {kind}, not a per-layer trace (it has no layers; "
+                                "mindpipe profile, import or run --out write one)")
+        return from_dict(cls, data, str(path))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the trace as JSON."""

@@ -254,3 +254,27 @@ def test_an_unknown_key_with_a_line_break_in_it_is_refused_on_one_line(tmp_path)
     assert "\n" not in str(e.value) and "\\num_nodes: unknown key" in str(e.value)
     assert one_line("a\nb\r\tc\x85d\u2028e\x00") == "a\\nb\\r\\tc\\x85d\\u2028e\\x00"
     assert str(ContractError("f\nile", "k\ney", "rule\nbroken")) == "f\\nile: k\\ney: rule\\nbroken"
+
+
+@pytest.mark.parametrize("doc, kind", [
+    ({"dp": 2, "global_batch_size": 4}, "a plan"),
+    ({"traceEvents": []}, "a Chrome trace (convert torch.profiler's with: mindpipe import torch-profiler"),
+    ({"kind": "gpt", "num_layers": 2, "hidden_size": 8}, "a model description"),
+    ({"gpu": "a100-sxm4-80gb", "num_nodes": 1, "gpus_per_node": 8}, "a cluster description"),
+    ({"devices": {}, "comm": {}, "measurements": []}, "a calibration"),
+])
+def test_a_file_of_another_kind_given_as_a_trace_is_named(tmp_path, doc, kind):
+    """``inspect plan.json`` said ``dp: unknown key (known keys: backward_split, …)``: true, but it did
+    not say that the file is a plan, not a trace."""
+    import json
+
+    from mindpipe.traces.trace import Trace
+
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ContractError) as e:
+        Trace.load(path)
+    assert str(e.value).startswith(f"{path}: this is {kind}") and "not a per-layer trace" in str(e.value)
+    path.write_text(json.dumps({"dp": 2, "layers": []}))  # a trace with a stray key: the usual message
+    with pytest.raises(ContractError, match="dp: unknown key"):
+        Trace.load(path)
