@@ -29,11 +29,12 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from mindpipe.simulator.actions import Action, Schedule
-from mindpipe.traces.config import V_SCHEDULES, microbatch_rule, virtual_stages_rule
+from mindpipe.traces.config import SCHEDULES, microbatch_rule, virtual_stages_rule
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import loop_stage_to_rank, v_stage_to_rank
+from mindpipe.traces.layout import schedule_stage_to_rank
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
+# The Plan contract owns the list of schedule names; this module implements each of them.
+SCHEDULE_NAMES = SCHEDULES
 
 _Orders = tuple[tuple[Action, ...], ...]
 
@@ -232,7 +233,7 @@ def build_schedule(name: str, pp: int, num_microbatches: int, virtual_stages: in
     """
     _check(name, pp, num_microbatches, virtual_stages)
     n_st = pp * virtual_stages
-    placement = v_stage_to_rank(pp, n_st) if name in V_SCHEDULES else loop_stage_to_rank(pp, n_st)
+    placement = schedule_stage_to_rank(name, pp, n_st)
     orders = _orders(name, pp, num_microbatches, virtual_stages)
     return Schedule(name, pp, num_microbatches, n_st, placement, [list(o) for o in orders])
 

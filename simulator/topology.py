@@ -99,6 +99,11 @@ class Topology:
         """Global rank of the device at mesh coordinates (pp, dp, tp)."""
         return pp * self._stride["pp"] + dp * self._stride["dp"] + tp * self._stride["tp"]
 
+    def coords(self, g: int) -> tuple[int, int, int]:
+        """Mesh coordinates (pp, dp, tp) of global rank ``g``: the inverse of :meth:`global_rank`."""
+        return (g // self._stride["pp"] % self.plan.pp, g // self._stride["dp"] % self.plan.grad_replicas,
+                g // self._stride["tp"] % self.plan.tp)
+
     def node(self, g: int) -> int:
         """Node of global rank ``g``."""
         return g // self.cluster.gpus_per_node
@@ -203,12 +208,12 @@ class Topology:
         stage_on_node = sum(1 for _, _, g in self._members(pp_rank) if self.node(g) == n0)
         mult = max(stage_on_node // g_local, 1)
         if g_local > 1 and op in ("allreduce", "reducescatter"):
-            flow = self._intra(rep, members[1], (g_local - 1) / g_local * nbytes * count)
+            flow = self._intra(rep, members[1], wire_factor("reducescatter", g_local) * nbytes * count)
             phases.append(Phase("reducescatter", g_local, flow.link_type, (flow,), nbytes, count))
         inter = FlowSpec((("nicout", n0), ("nicin", n0)), wire_factor(op, n_nodes) * nbytes * count, (mult, mult), "nic")
         phases.append(Phase(op, n_nodes, "nic", (inter,), nbytes / g_local, count))
         if g_local > 1 and op in ("allreduce", "allgather"):
-            flow = self._intra(rep, members[1], (g_local - 1) / g_local * nbytes * count)
+            flow = self._intra(rep, members[1], wire_factor("allgather", g_local) * nbytes * count)
             phases.append(Phase("allgather", g_local, flow.link_type, (flow,), nbytes, count))
         return phases
 

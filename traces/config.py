@@ -637,10 +637,27 @@ def even_partition(num_layers: int, num_stages: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(num_stages)]
 
 
+def check_stage_count(num_stages: int, num_units: int, unit: str = "block") -> None:
+    """Raise unless ``num_stages`` stages can each hold at least one of ``num_units`` units (blocks,
+    or a supernet's choice layers). The one owner of the partitioners' rule.
+
+    Raises:
+        ContractError: source ``partition``, key ``pp``.
+    """
+    if not 1 <= num_stages <= num_units:
+        raise ContractError("partition", "pp", f"{num_stages} stages cannot each hold a {unit} of {num_units}")
+
+
+def fixed_virtual_stages(schedule: str) -> int | None:
+    """The chunks per rank a schedule fixes: 2 for the V schedules, 1 for gpipe, 1f1b and zb_h1; None
+    where any v >= 1 runs (interleaved_1f1b). :func:`virtual_stages_rule` and the tuner's space ask it."""
+    return 2 if schedule in V_SCHEDULES else 1 if schedule in ("gpipe", "1f1b", "zb_h1") else None
+
+
 def virtual_stages_rule(schedule: str, virtual_stages: int) -> str | None:
     """The schedule's rule on its chunks per rank (None: accepted). The one owner: :class:`Plan` and
     :func:`mindpipe.simulator.schedules.build_schedule` both ask it."""
-    need = 2 if schedule in V_SCHEDULES else 1 if schedule in ("gpipe", "1f1b", "zb_h1") else None
+    need = fixed_virtual_stages(schedule)
     if need is not None and virtual_stages != need:
         return f"schedule {schedule!r} needs virtual_stages={need}, got {virtual_stages}"
     return None
@@ -790,7 +807,9 @@ __all__ = [
     "Plan",
     "check_plan",
     "check_plan_key",
+    "check_stage_count",
     "even_partition",
+    "fixed_virtual_stages",
     "microbatch_rule",
     "nongemm_refusal",
     "stage_layers",

@@ -234,11 +234,18 @@ def v_stage_to_rank(pp: int, num_stages: int) -> list[int]:
     return [s if s < pp else 2 * pp - 1 - s for s in range(num_stages)]
 
 
+def schedule_stage_to_rank(schedule: str, pp: int, num_stages: int) -> list[int]:
+    """Pipeline rank of every virtual stage under ``schedule``: "V" placement for the V schedules,
+    loop placement for the others (the one owner: :func:`stage_to_rank` and
+    :func:`mindpipe.simulator.schedules.build_schedule` both ask it)."""
+    if schedule in V_SCHEDULES:
+        return v_stage_to_rank(pp, num_stages)
+    return loop_stage_to_rank(pp, num_stages)
+
+
 def stage_to_rank(plan: Plan) -> list[int]:
     """Pipeline rank of every virtual stage under the plan's schedule."""
-    if plan.schedule in V_SCHEDULES:
-        return v_stage_to_rank(plan.pp, plan.num_stages)
-    return loop_stage_to_rank(plan.pp, plan.num_stages)
+    return schedule_stage_to_rank(plan.schedule, plan.pp, plan.num_stages)
 
 
 @dataclass(frozen=True)
@@ -357,6 +364,7 @@ __all__ = [
     "recomputes",
     "reduces_every_microbatch",
     "reshards_after_forward",
+    "schedule_stage_to_rank",
     "stage_layout",
     "stage_to_rank",
     "tied_table_ranks",

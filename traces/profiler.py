@@ -31,10 +31,10 @@ from mindpipe.traces.config import Model
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.timing import Clock, measure_unit, median_iqr
-from mindpipe.traces.torch_gpt import lm_loss, synthetic_batch
+from mindpipe.traces.torch_gpt import TORCH_DTYPES, lm_loss, synthetic_batch
 from mindpipe.traces.torch_models import TransformerLM, build_model
 from mindpipe.traces.torch_supernet import CandidateBlock, SupernetEmbedding, SupernetHead, synthetic_tokens
-from mindpipe.traces.trace import LayerRecord, Provenance, StepMeasurement, Trace
+from mindpipe.traces.trace import PROFILE_DTYPES, LayerRecord, Provenance, StepMeasurement, Trace
 from mindpipe.traces.units import plural
 
 Progress = Callable[[str], None]
@@ -85,8 +85,9 @@ class ProfileOptions:
         if self.flash_attention and self.granularity == "op":
             raise ContractError("profile", "flash_attention", "a fused attention core has no operators to cut "
                                 "between; profile --flash-attention at layer granularity")
-        if self.dtype not in ("fp32", "bf16", "fp16"):
-            raise ContractError("profile", "dtype", f"dtype={self.dtype!r} is not fp32, bf16 or fp16")
+        if self.dtype not in PROFILE_DTYPES:
+            raise ContractError("profile", "dtype", f"dtype={self.dtype!r} is not {', '.join(PROFILE_DTYPES[:-1])} "
+                                f"or {PROFILE_DTYPES[-1]}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ContractError("profile", "device", f"device={self.device!r} but CUDA is not available here")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -280,7 +281,7 @@ def profile_supernet(net: Supernet, opts: ProfileOptions, *, command: str | None
     dataclasses.replace(opts, granularity="layer").check(net)  # type: ignore[arg-type]
     say = progress or (lambda _msg: None)
     device = torch.device(opts.device)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[opts.dtype]
+    dtype = TORCH_DTYPES[opts.dtype]
     clock = Clock(device)
     seq_len = opts.seq_len or net.seq_len
     torch.manual_seed(opts.seed)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from mindpipe.traces.catalog import check_precision
-from mindpipe.traces.config import Cluster, Plan, even_partition, one_of
+from mindpipe.traces.config import Cluster, Plan, check_stage_count, even_partition, one_of
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, shown
 from mindpipe.traces.schema import check_format_version
@@ -298,8 +298,7 @@ def water_fill(num_layers: int, num_stages: int, per_layer: float, first: float,
     Raises:
         ContractError: more stages than layers.
     """
-    if not 1 <= num_stages <= num_layers:
-        raise ContractError("partition", "pp", f"{num_stages} stages cannot each hold a choice layer of {num_layers}")
+    check_stage_count(num_stages, num_layers, "choice layer")
     counts = [1] * num_stages
     extra = [0.0] * num_stages
     extra[0] += first

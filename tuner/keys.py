@@ -30,6 +30,7 @@ pins it without ``--search``, like any plan key.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -81,10 +82,12 @@ POINT_KEYS = (
 # Keys a point may leave out, with the value that means (points written before the key existed,
 # or by hand); a point's identity (point_key) names them only when they differ from it, so a sweep
 # stored before the key existed resumes as the same points.
-OPTIONAL_POINT_KEYS: dict[str, Any] = {"flash_attention": False, "loss_chunks": 1, "fused_head_loss": False,
-                                       "blocking_p2p": False, "fused_elementwise": False,
-                                       "dp_impl": "fsdp2", "cp": 1,
-                                       "cp_comm_type": "allgather"}
+# A key a point leaves out takes the Plan's default (plan_of), so the value is the Plan contract's.
+PLAN_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Plan)
+                                 if f.default is not dataclasses.MISSING}
+OPTIONAL_POINT_KEYS: dict[str, Any] = {k: PLAN_DEFAULTS[k] for k in (
+    "flash_attention", "loss_chunks", "fused_head_loss", "blocking_p2p", "fused_elementwise", "dp_impl", "cp",
+    "cp_comm_type")}
 # What-if knobs ``--what-if`` searches (or lets ``--fix KEY=VALUE`` pin) only when it names them, though
 # ``all`` leaves them out: ``blocking_p2p=true`` only ever costs time, ``fused_elementwise=true`` only
 # ever saves it and ``dp_impl=megatron`` is another framework's, so searching them is never wanted,
@@ -340,6 +343,7 @@ __all__ = [
     "NAMED_WHAT_IF_KEYS",
     "OPTIONAL_POINT_KEYS",
     "PARTITIONERS",
+    "PLAN_DEFAULTS",
     "POINT_KEYS",
     "SEARCHED_WHAT_IF_KEYS",
     "SEARCH_ON_REQUEST_KEYS",

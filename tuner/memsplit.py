@@ -33,8 +33,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mindpipe.simulator.build import GRAD_BYTES
 from mindpipe.simulator.simulator import Simulator
-from mindpipe.traces.config import Plan, nongemm_refusal
+from mindpipe.traces.config import Plan, check_stage_count, nongemm_refusal
 from mindpipe.traces.errors import ContractError
 from mindpipe.tuner.memplan import (
     NO_PINS,
@@ -294,16 +295,14 @@ def memory_partition(name: str, sim: Simulator, plan: Plan) -> MemoryPlan:
     """
     if name not in MEMORY_PARTITIONERS:
         raise ContractError("partition", "partitioner", f"{name!r} is not one of {', '.join(MEMORY_PARTITIONERS)}")
-    if plan.num_stages > sim.model.num_layers:
-        raise ContractError("partition", "pp", f"{plan.num_stages} stages cannot each hold a block of "
-                            f"{sim.model.num_layers}")
+    check_stage_count(plan.num_stages, sim.model.num_layers)
     if name == "dawnpiper":
         return dawnpiper_partition(stage_model(sim, plan, halves=True))
     sm = stage_model(sim, plan)
     p2p, dp_bw = sim.link_bandwidths(plan)
     start = pipedream_partition(sim.layer_costs(plan), plan.num_stages, num_microbatches=plan.num_microbatches,
                                 dp=plan.dp, p2p_Bps=p2p, dp_Bps=dp_bw,
-                                grad_bytes_per_param=2 if plan.precision == "fp16" else 4)
+                                grad_bytes_per_param=GRAD_BYTES[plan.precision])
     return vpipe_partition(sm, start)
 
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from mindpipe.simulator.build import stage_recompute
+from mindpipe.simulator.build import GRAD_BYTES, stage_recompute
 from mindpipe.simulator.costs import LayerCost
-from mindpipe.traces.config import Plan, even_partition
+from mindpipe.traces.config import Plan, check_stage_count, even_partition
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import BlockPolicy, block_policies
 
@@ -56,11 +56,6 @@ def schedule_load(c: LayerCost, policy: BlockPolicy = "none") -> float:
     """
     extra = stage_recompute([c], [policy])[0] if c.kind == "block" else 0.0
     return c.forward_s + c.backward_input_s + c.backward_weight_s + extra
-
-
-def _check_stages(num_blocks: int, num_stages: int) -> None:
-    if not 1 <= num_stages <= num_blocks:
-        raise ContractError("partition", "pp", f"{num_stages} stages cannot each hold a block of {num_blocks}")
 
 
 # -- balanced min-max ---------------------------------------------------------------------------
@@ -111,7 +106,7 @@ def minmax_partition(loads: Sequence[float], num_stages: int, first: float = 0.0
         ContractError: more stages than blocks, or no partition respects the caps.
     """
     n = len(loads)
-    _check_stages(n, num_stages)
+    check_stage_count(num_stages, n)
     caps = list(caps) if caps is not None else [n] * num_stages
     total = first + last + sum(loads)
     hi = total * (1 + 1e-9) + 1e-30
@@ -273,7 +268,7 @@ def pipedream_partition(costs: Sequence[LayerCost], num_stages: int, *, num_micr
     """
     head, blocks, tail = _split(costs)
     n = len(blocks)
-    _check_stages(n, num_stages)
+    check_stage_count(num_stages, n)
     m = num_microbatches
     comp = np.array([c.forward_s + c.backward_input_s + c.backward_weight_s for c in blocks], dtype=float)
     comp[0] += sum(c.forward_s + c.backward_input_s + c.backward_weight_s for c in head)
@@ -344,7 +339,7 @@ def make_partition(name: str, costs: Sequence[LayerCost], plan: Plan, *, num_lay
     if name == "pipedream":
         return pipedream_partition(costs, stages, num_microbatches=plan.num_microbatches, dp=plan.dp,
                                    p2p_Bps=bandwidths[0], dp_Bps=bandwidths[1],
-                                   grad_bytes_per_param=2 if plan.precision == "fp16" else 4)
+                                   grad_bytes_per_param=GRAD_BYTES[plan.precision])
     if name == "balanced":
         candidates = balanced_candidates(costs, stages, block_policies(plan, num_layers), stage_to_rank, caps, fits)
         return choose(candidates) if choose is not None and len(candidates) > 1 else candidates[0]

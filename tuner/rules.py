@@ -4,7 +4,8 @@ The rules themselves have owners elsewhere — the :class:`~mindpipe.traces.conf
 (batch multiple, virtual stages per schedule, sequence parallelism needs tp > 1, context
 parallelism needs FlashAttention),
 :func:`~mindpipe.traces.config.check_plan` (heads, layers, mesh, micro-batches per schedule) and
-:func:`~mindpipe.simulator.schedules.schedule_rule` (the schedules' own micro-batch rules). The
+:func:`~mindpipe.simulator.schedules.schedule_rule` (the schedules' own micro-batch rules, which
+:func:`~mindpipe.traces.config.microbatch_rule` and ``virtual_stages_rule`` own). The
 tuner asks them and turns what they reject into a :class:`Rule` from the *key* the owner names
 (:func:`rule_of`), never from the message. Only the rules the search space adds on top (TP stays
 inside a node; values outside ``--fix``) are the space's own.

@@ -5,7 +5,7 @@ point 1): the :class:`~mindpipe.traces.config.Plan` contract and
 :func:`~mindpipe.traces.config.check_plan` (dp·tp·pp·cp = devices, tp dividing the heads and the MLP
 width, pp·v ≤ layers, global batch a multiple of micro-batch × dp, micro-batches per schedule,
 sequence parallelism) and :func:`~mindpipe.simulator.schedules.schedule_rule` (the schedules' own
-rules). The space adds two of its own: tp ≤ devices per node, and the values ``--fix`` pins.
+rules, owned by :func:`~mindpipe.traces.config.microbatch_rule` and ``virtual_stages_rule``). The space adds two of its own: tp ≤ devices per node, and the values ``--fix`` pins.
 Combinations that break a rule are counted per :class:`~mindpipe.tuner.rules.Rule`, so the output
 can say how many were filtered and why.
 
@@ -47,16 +47,17 @@ from mindpipe.traces.config import (
     DP_IMPLS,
     RECOMPUTE,
     SCHEDULES,
-    V_SCHEDULES,
     Cluster,
     Model,
     check_plan,
+    fixed_virtual_stages,
 )
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.keys import (
     LIST_KEYS,
     OPTIONAL_POINT_KEYS,
+    PLAN_DEFAULTS,
     POINT_KEYS,
     SEARCH_ON_REQUEST_KEYS,
     SUPERNET_POINT_KEYS,
@@ -236,7 +237,8 @@ class SearchSpace:
         """(schedule, virtual stages) pairs to try with pp stages."""
         pairs: list[tuple[str, int]] = []
         for name in self.choices("schedule", SCHEDULES):
-            vs = [2] if name in V_SCHEDULES else list(DEFAULT_INTERLEAVE) if name == "interleaved_1f1b" else [1]
+            fixed = fixed_virtual_stages(name)
+            vs = [fixed] if fixed is not None else list(DEFAULT_INTERLEAVE)
             pairs += [(name, v) for v in self.choices("virtual_stages", vs)]
         if pp == 1 and not (self._pinned("schedule") and self._pinned("virtual_stages")):
             # One stage: every non-V schedule runs F then B per micro-batch; keep one representative.
@@ -296,10 +298,10 @@ class SearchSpace:
         if not self.model.is_llama and not self._pinned("fused_elementwise"):
             elementwise = elementwise[:1]
         product = itertools.product(
-            recompute, knobs.zero_stage, knobs.comm_priority, self.choices("precision", ["bf16"]),
+            recompute, knobs.zero_stage, knobs.comm_priority, self.choices("precision", [PLAN_DEFAULTS["precision"]]),
             knobs.overlap_grad_reduce, knobs.tp_comm_overlap, knobs.overlap_param_gather, flash_choices, chunk_choices,
             fused_choices, knobs.blocking_p2p, elementwise, self._knob("dp_impl"),
-            self.choices("rank_order", ["tp-dp-pp"]), part_choices, knobs.cp_comm_type,
+            self.choices("rank_order", [PLAN_DEFAULTS["rank_order"]]), part_choices, knobs.cp_comm_type,
         )
         for rc, zero, comm, prec, ogr, tpo, opg, flash, chunks, fused, p2p, fel, impl, order, part, cpc in product:
             if part in MEMORY_PARTITIONERS and rc != recompute[0]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mindpipe.simulator.subnet_costs import PartCost, SupernetCosts
-from mindpipe.traces.config import even_partition
+from mindpipe.traces.config import check_stage_count, even_partition
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import water_fill
 from mindpipe.tuner.partition import stage_loads
@@ -79,8 +79,7 @@ def supernet_partition(name: str, costs: SupernetCosts, num_stages: int) -> list
         ContractError: an unknown rule, or more stages than choice layers.
     """
     layers = costs.supernet.num_layers
-    if not 1 <= num_stages <= layers:
-        raise ContractError("partition", "pp", f"{num_stages} stages cannot each hold a choice layer of {layers}")
+    check_stage_count(num_stages, layers, "choice layer")
     if name == "even":
         return even_partition(layers, num_stages)
     if name == "balanced":

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from mindpipe.traces.config import SEQUENTIAL_EQUIVALENT_SCHEDULES, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet, check_supernet_plan
-from mindpipe.tuner.keys import OPTIONAL_POINT_KEYS, POINT_KEYS, SUPERNET_POINT_KEYS, Point, plan_of
+from mindpipe.tuner.keys import OPTIONAL_POINT_KEYS, PLAN_DEFAULTS, POINT_KEYS, SUPERNET_POINT_KEYS, Point, plan_of
 from mindpipe.tuner.rules import Rule
 from mindpipe.tuner.subnet_partition import SUPERNET_PARTITIONERS
 
@@ -133,8 +133,8 @@ def supernet_points(space: SearchSpace) -> Iterator[Point]:
         for mbs, gbs in _batches(space, dp):
             for name in _schedules(space, pp):
                 for window in _windows(space, name, pp):
-                    for precision in space.choices("precision", ["bf16"]):
-                        for order in space.choices("rank_order", ["tp-dp-pp"]):
+                    for precision in space.choices("precision", [PLAN_DEFAULTS["precision"]]):
+                        for order in space.choices("rank_order", [PLAN_DEFAULTS["rank_order"]]):
                             for part in parts:
                                 point = _point(space, net, dp, pp, mbs, gbs, name, window, precision, order, part)
                                 if point is not None:

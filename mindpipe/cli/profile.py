@@ -14,6 +14,7 @@ from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 from mindpipe.traces.supernet import Supernet
+from mindpipe.traces.trace import PROFILE_DTYPES
 
 MAX_REPEATS = 10_000  # timed or untimed runs per layer
 
@@ -27,7 +28,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="sequences per micro-batch (default 1)")
     p.add_argument("--seq-len", type=count(1, int(limit("seq_len"))), default=None,
                    help="tokens per sequence (default: the model's)")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="parameter/activation dtype")
+    p.add_argument("--dtype", default="fp32", choices=list(PROFILE_DTYPES), help="parameter/activation dtype")
     p.add_argument("--granularity", default="layer", choices=["layer", "op"], help="layers, or operators inside blocks")
     p.add_argument("--flash-attention", action="store_true",
                    help="run the attention core as one fused kernel, as plans with flash_attention=true do "

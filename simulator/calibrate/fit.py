@@ -158,8 +158,8 @@ def _spanning(run: MeasuredRun, axis: str, n: int, k: int, rank: int) -> list[Ph
     plan = run.plan
     if run.measurement.nodes == 1 or axis not in ("dp", "tp") or k != (plan.tp if axis == "tp" else plan.grad_replicas):
         return None
-    topo = Topology(plan, run.cluster, run.device)
-    phases = topo.collective("allreduce", float(n), axis, rank // (plan.tp * plan.grad_replicas))
+    topo = Topology(plan, run.cluster, run.device, rank_order=plan.rank_order)  # placed as the simulator places it
+    phases = topo.collective("allreduce", float(n), axis, topo.coords(rank)[0])
     return phases if any(ph.link_type == "nic" for ph in phases) else None
 
 

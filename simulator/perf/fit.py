@@ -110,10 +110,11 @@ def fit_nvlink(luts: dict[int, Lut], use: Selector, bandwidth_Bps: float) -> Lin
     scale = np.array([1e-6, 1e-6, 1.0, 1.0, 1e6, 1.0])  # fit in µs and MB for conditioning
 
     def residual(x: Any) -> Any:
-        base, step, emax, pen, nh, g = x * scale
-        lat = base + step * 2 * (k_arr - 1)
-        eff = emax * (1 - pen / k_arr) / (1 + (nh / n_arr) ** g)
-        return (lat + 2 * (k_arr - 1) / k_arr * n_arr / (bandwidth_Bps * eff) - t_arr) / t_arr
+        # The model the fit is judged by (predict_allreduce_s: LinkCurve's ring steps, wire bytes and
+        # efficiency), not a second copy of its formulas.
+        curve = LinkCurve(*(float(v) for v in x * scale))
+        pred = np.array([predict_allreduce_s(curve, n, int(k), bandwidth_Bps) for k, n in zip(k_arr, n_arr, strict=True)])
+        return (pred - t_arr) / t_arr
 
     res = least_squares(residual, np.array(_X0) / scale, bounds=(np.array(_LO) / scale, np.array(_HI) / scale))
     return LinkCurve(*(float(v) for v in res.x * scale))

@@ -701,3 +701,19 @@ def test_fitted_constants_print_zero_for_float_noise_and_digits_for_small_values
     from mindpipe.simulator.calibrate.fidelity import _g
 
     assert (_g(1.68e-16), _g(0.0), _g(0.0043), _g(68.94), _g(-2.5e-3)) == ("0", "0", "0.0043", "68.9", "-0.0025")
+
+
+def test_a_spanning_group_is_placed_by_the_plans_rank_order():
+    """The NIC fit places a measured run's ranks as the simulator and the executor do, by the plan's
+    ``rank_order``: with dp-tp-pp on 2 nodes × 2 GPUs the dp pairs sit inside a node and the tp pairs
+    span the nodes (the fit used tp-dp-pp whatever the plan said, the other way round)."""
+    from mindpipe.simulator.calibrate.fit import _spanning
+
+    plan = Plan(tp=2, dp=2, micro_batch_size=1, global_batch_size=8, rank_order="dp-tp-pp")
+    run = _multi_node_run(plan, "a100-sxm4-80gb:2x2")
+    for rank in range(4):
+        assert _spanning(run, "dp", 2**20, 2, rank) is None
+        tp = _spanning(run, "tp", 2**20, 2, rank)
+        assert tp is not None and any(ph.link_type == "nic" for ph in tp)
+    topo = Topology(plan, run.cluster, run.device, rank_order=plan.rank_order)
+    assert [topo.coords(topo.global_rank(p, d, t)) for p, d, t in [(0, 1, 1), (0, 0, 1)]] == [(0, 1, 1), (0, 0, 1)]
