@@ -46,6 +46,7 @@ from mindpipe.traces.supernet import (
     Supernet,
     check_supernet_plan,
     conflict_probability,
+    default_subnets,
     sample_subnets,
     subnet_batch,
     subnet_schedule,
@@ -54,8 +55,6 @@ from mindpipe.traces.supernet import (
     supernet_stage_layers,
 )
 from mindpipe.traces.trace import Trace
-
-DEFAULT_SUBNETS = 1000
 
 
 @dataclass(frozen=True)
@@ -176,14 +175,15 @@ class SupernetSimulator:
             return trace_costs(self.supernet, plan, self.trace)
         return hardware_costs(self.supernet, plan, self.compute)
 
-    def run(self, plan: Plan, num_subnets: int = DEFAULT_SUBNETS, *, context_switching: bool = True,
+    def run(self, plan: Plan, num_subnets: int | None = None, *, context_switching: bool = True,
             memory_budget_bytes: float | None = None, sync_batch: int | None = None,
             source: str = "plan") -> SupernetResult:
         """Simulate training subnets ``0..num_subnets−1`` under ``plan``.
 
         Args:
             plan: A supernet plan (:func:`~mindpipe.traces.supernet.check_supernet_plan`).
-            num_subnets: Subnets trained, N.
+            num_subnets: Subnets trained, N (default :func:`~mindpipe.traces.supernet.default_subnets`:
+                :data:`~mindpipe.traces.supernet.DEFAULT_SUBNETS`, in whole batches of a ``sync`` plan).
             context_switching: Only the resident subnets' candidates on the device, copied in ahead
                 (else every stage keeps its whole slice of the supernet).
             memory_budget_bytes: A per-device memory budget instead of the device's capacity.
@@ -195,6 +195,7 @@ class SupernetSimulator:
             ContractError: the plan does not fit the supernet or the cluster, or a bad count.
         """
         self.check(plan, source)
+        num_subnets = default_subnets(plan) if num_subnets is None else num_subnets
         integer("subnets", num_subnets, 1, "train_steps")
         net, p = self.supernet, plan.pp
         # Work and memory grow with the choices drawn (pp <= num_layers bounds the actions too): refuse
@@ -282,4 +283,4 @@ class SupernetSimulator:
         return alone.time_alone(topo.swap(s, nbytes))
 
 
-__all__ = ["DEFAULT_SUBNETS", "StageReport", "SupernetResult", "SupernetSimulator"]
+__all__ = ["StageReport", "SupernetResult", "SupernetSimulator"]

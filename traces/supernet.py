@@ -266,6 +266,14 @@ def stage_operators(supernet: Supernet, choices: Choices, first_layer: int, num_
 
 
 DEFAULT_WINDOW_PER_STAGE = 2
+DEFAULT_SUBNETS = 1000
+"""Subnets ``mindpipe simulate`` and :meth:`~mindpipe.simulator.subnet_sim.SupernetSimulator.run` replay by default."""
+
+
+def default_subnets(plan: Plan) -> int:
+    """:data:`DEFAULT_SUBNETS`, rounded up to whole batches of a ``sync`` plan (:func:`subnet_batch`)."""
+    batch = subnet_batch(plan)
+    return -(-DEFAULT_SUBNETS // batch) * batch
 """CSP's default look-ahead window is 2 × pp subnets: room to skip a conflicting subnet past 1F1B's pp in flight."""
 
 
@@ -385,6 +393,7 @@ def conflict_probability(num_choices: int, layers_on_stage: int) -> float:
 __all__ = [
     "CANDIDATE_OPS",
     "CONV_TYPES",
+    "DEFAULT_SUBNETS",
     "SHARED_OPERATOR",
     "Candidate",
     "Choices",
@@ -393,6 +402,7 @@ __all__ = [
     "check_choices",
     "check_supernet_plan",
     "conflict_probability",
+    "default_subnets",
     "sample_subnet",
     "sample_subnets",
     "stage_operators",

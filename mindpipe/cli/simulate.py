@@ -15,13 +15,13 @@ from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 from mindpipe.traces.result import SimulationResult
-from mindpipe.traces.supernet import Supernet
+from mindpipe.traces.supernet import DEFAULT_SUBNETS, Supernet, default_subnets
+from mindpipe.traces.units import plural
 from mindpipe.traces.what_if import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
 
 if TYPE_CHECKING:
     from mindpipe.simulator.subnet_sim import SupernetResult
 
-DEFAULT_SUBNETS = 1000  # mindpipe.simulator.subnet_sim.DEFAULT_SUBNETS (not imported: --help stays light)
 SUPERNET_ONLY = ("subnets", "no_context_switch", "memory_budget_gib")
 GPT_ONLY = ("timeline", "gantt", "action_table", "carbon_csv")
 
@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (the simulation result) on stdout")
     sn = p.add_argument_group("supernets (--model names a supernet)")
     sn.add_argument("--subnets", type=count(1, int(limit("train_steps"))), default=None, metavar="N",
-                    help=f"subnets to simulate (default {DEFAULT_SUBNETS})")
+                    help=f"subnets to simulate (default {DEFAULT_SUBNETS}, rounded up to whole batches of a sync plan)")
     sn.add_argument("--no-context-switch", action="store_true",
                     help="keep every stage's whole slice of the supernet on the device (no context switching)")
     sn.add_argument("--memory-budget-gib", type=float, default=None, metavar="GIB",
@@ -152,9 +152,9 @@ def format_supernet_result(r: SupernetResult) -> str:
     """Human-readable summary of a simulated supernet run."""
     how = {"csp": f"window {r.window}", "sync": f"batch {r.sync_batch}"}.get(r.schedule, "")
     lines = [
-        f"supernet              {r.supernet}: {r.num_subnets} subnets, {r.schedule}" + (f" ({how})" if how else ""),
+        f"supernet              {r.supernet}: {plural(r.num_subnets, 'subnet')}, {r.schedule}" + (f" ({how})" if how else ""),
         f"throughput            {r.subnets_per_hour:.6g} subnets/hour ({r.time_per_subnet_s:.6g} s per subnet, "
-        f"{r.samples_per_subnet} samples each)",
+        f"{plural(r.samples_per_subnet, 'sample')} each)",
         f"total time            {r.total_time_s:.6g} s",
         f"pipeline bubble       {100 * r.bubble_fraction:.1f}% of all stages' time",
         f"compute costs         {r.cost_source}; context switching {'on' if r.context_switching else 'off'}",
@@ -183,7 +183,7 @@ def _simulate_supernet(args: argparse.Namespace, net: Supernet) -> int:
     trace = loaders.trace(args.trace) if args.trace else None
     sim = SupernetSimulator(net, cluster, trace=trace, calibration=loaders.calibration(args.calibration))
     budget = args.memory_budget_gib * 2**30 if args.memory_budget_gib is not None else None
-    result = sim.run(plan, DEFAULT_SUBNETS if args.subnets is None else args.subnets,
+    result = sim.run(plan, default_subnets(plan) if args.subnets is None else args.subnets,
                      context_switching=not args.no_context_switch, memory_budget_bytes=budget,
                      source=config_source(args.plan, "plan"))
     if args.json:

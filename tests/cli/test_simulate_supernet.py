@@ -81,3 +81,22 @@ def test_per_candidate_trace(tmp_path):
     assert payload["cost_source"] == "trace"
     # Sequential: per subnet, stage 0 = embedding + 4 candidates, stage 1 = 4 candidates + head, plus the optimizer.
     assert payload["total_time_s"] >= 10 * (1e-4 + 8 * 6e-4 + 2e-3)
+
+
+def test_the_default_stream_is_whole_batches_of_a_sync_plan():
+    """A ``sync`` plan trains whole batches of its window: the default 1,000 subnets are rounded up to
+    them (pp 3, window 6: 1,002), where it used to refuse its own default."""
+    from mindpipe.simulator.subnet_sim import SupernetSimulator
+    from mindpipe.traces.builtin import load_cluster, load_network
+    from mindpipe.traces.config import Plan
+    from mindpipe.traces.supernet import DEFAULT_SUBNETS, default_subnets
+
+    res = run("--model", "supernet-mini", "--cluster", "cpu:1x3", "--plan", '{"pp":3,"subnet_schedule":"sync"}', "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["num_subnets"] == 1002
+    csp = Plan(pp=3, micro_batch_size=1, global_batch_size=1, subnet_schedule="csp")
+    assert default_subnets(csp) == DEFAULT_SUBNETS == 1000
+    sim = SupernetSimulator(load_network("supernet-mini"), load_cluster("cpu:1x3"))
+    assert sim.run(csp).num_subnets == 1000
+    one = run("--model", "supernet-mini", "--cluster", "cpu:1x2", "--plan", CSP, "--subnets", "1")
+    assert "supernet-mini: 1 subnet, csp" in one.stdout and "1 sample each" in one.stdout
