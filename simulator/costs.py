@@ -480,6 +480,16 @@ class TraceComputeModel:
         """True when the trace's micro-batch size or TP degree differs from the plan's."""
         return abs(self._scale(plan) - 1.0) > 1e-12
 
+    def block_note(self, model: Model) -> str | None:
+        """A note when the trace's whole-block records are not one per block of ``model`` (they are
+        used in order, cyclically: fewer repeat, the extra ones go unused); None when they are."""
+        n = len(self._op_blocks) if self.trace.granularity == "op" else sum(
+            1 for r in self.trace.layers if r.kind == "block")
+        if n == model.num_layers or n == 0:
+            return None
+        how = "repeated in order" if n < model.num_layers else f"the first {model.num_layers} used"
+        return f"the trace has {n} block records for the model's {model.num_layers} blocks: {how}"
+
     def layer_costs(self, model: Model, plan: Plan) -> list[LayerCost]:
         """Per-layer costs from the trace (see class docstring)."""
         if plan.cp > 1:

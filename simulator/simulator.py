@@ -426,10 +426,13 @@ class Simulator:
                mem: list[RankMemory], energy: EnergyReport, notes: SimulationNotes) -> SimulationDetails:
         """``result.extra``: the engine's per-rank figures, the memory and energy parts, and notes."""
         compute = self.compute
-        warning = None
+        warnings: list[str] = []
         if isinstance(compute, TraceComputeModel) and compute.scaled(plan):
-            warning = (f"trace taken at micro_batch_size={compute.trace.micro_batch_size}, tp={compute.trace.tp}; "
-                       f"times scaled linearly to micro_batch_size={plan.micro_batch_size}, tp={plan.tp}")
+            warnings.append(f"trace taken at micro_batch_size={compute.trace.micro_batch_size}, tp={compute.trace.tp}; "
+                            f"times scaled linearly to micro_batch_size={plan.micro_batch_size}, tp={plan.tp}")
+        if isinstance(compute, TraceComputeModel) and (blocks := compute.block_note(self.model)) is not None:
+            warnings.append(blocks)
+        warning = "; ".join(warnings) or None
         return SimulationDetails(
             schedule=schedule.name, num_microbatches=plan.num_microbatches, pipeline_time_s=res.pipeline_time_s,
             exposed_dp_comm_s=max(res.exposed_dp_s) if res.exposed_dp_s else 0.0, rank_end_s=list(res.end_s),

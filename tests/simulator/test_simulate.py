@@ -167,3 +167,28 @@ def test_simulate_takes_what_the_cli_takes_and_dicts(tmp_path) -> None:
         simulate(None, "a100-sxm4-80gb:8x8", {})  # type: ignore[arg-type]
     with pytest.raises(ContractError, match=r"<plan dict>: dpp: unknown key"):
         simulate("gpt-13b", "a100-sxm4-80gb:8x8", {"dpp": 2})
+
+
+def test_a_trace_with_another_number_of_blocks_is_said():
+    """A trace's block records are used in order, cyclically: a 2-block trace priced for a 4-block
+    model, or a 4-block one for 2, is said in the result's warning (it was silent)."""
+    import dataclasses
+
+    from mindpipe.simulator.simulator import Simulator
+    from mindpipe.traces.config import Model
+    from mindpipe.traces.trace import LayerRecord, Provenance, Trace
+
+    def trace(blocks: int) -> Trace:
+        layers = [LayerRecord("embedding", "embedding", 1e-3, 1e-3, 0.0)]
+        layers += [LayerRecord(f"block.{i}", "block", 2e-3, 4e-3, 0.0) for i in range(blocks)]
+        layers += [LayerRecord("lm_head", "lm_head", 1e-3, 2e-3, 0.0)]
+        return Trace(device="cpu", dtype="fp32", layers=layers, provenance=Provenance(tool="test"))
+
+    model = Model(kind="gpt", num_layers=4, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
+    plan = Plan(micro_batch_size=1, global_batch_size=1, precision="fp32")
+    cluster = Cluster(gpu="cpu", num_nodes=1, gpus_per_node=1)
+    few = Simulator(model, cluster, trace=trace(2)).run(plan)
+    assert few.extra.warning == "the trace has 2 block records for the model's 4 blocks: repeated in order"
+    many = Simulator(dataclasses.replace(model, num_layers=2), cluster, trace=trace(4)).run(plan)
+    assert many.extra.warning == "the trace has 4 block records for the model's 2 blocks: the first 2 used"
+    assert Simulator(model, cluster, trace=trace(4)).run(plan).extra.warning is None
