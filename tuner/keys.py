@@ -58,8 +58,10 @@ from mindpipe.traces.what_if import SEARCHED_WHAT_IF_KEYS, WHAT_IF_KEYS, what_if
 PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
 
 
-def check_partitioners(names: Iterable[str], given_allowed: bool = False) -> None:
-    """Raise unless ``names`` (``--partitioner``) holds at least one known partitioner and no other.
+def check_partitioners(names: Iterable[str], given_allowed: bool = False) -> tuple[str, ...]:
+    """Raise unless ``names`` (``--partitioner``) holds at least one known partitioner and no other;
+    the names, each once (``balanced,balanced`` is one value of the dimension, not two copies of
+    every plan).
 
     ``given`` (the partition pinned with ``--fix partition=...``) is no name a user types: it is
     accepted only where ``given_allowed``.
@@ -71,6 +73,7 @@ def check_partitioners(names: Iterable[str], given_allowed: bool = False) -> Non
     for p in names:
         if p not in PARTITIONERS or (p == "given" and not given_allowed):
             raise ContractError("--partitioner", None, f"{p!r} is not one of {typed}")
+    return tuple(dict.fromkeys(names))
 
 # Keys a point (and --fix) may carry; order fixes the column order of the output tables.
 POINT_KEYS = (
@@ -218,10 +221,15 @@ def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
             raise ContractError("--fix", None, f"{item!r} is not KEY=VALUE")
         if key in out:
             raise ContractError("--fix", key, f"{key} is pinned twice")
+        if key == "partitioner":  # the space's partitioner dimension is --partitioner's alone
+            raise ContractError("--fix", key, "the partitioner is chosen with --partitioner NAME (a comma list "
+                                "is searched as a dimension), not --fix")
         if key in LIST_KEYS:
             out[key] = _parse_list(key, value)
         elif key in POINT_KEYS or key in SUPERNET_POINT_KEYS:
-            values = [_parse_scalar(key, v) for v in value.split(",")]
+            # A set of values: one named twice (tp=2,2; sequence_parallel=true,1) is one value, not
+            # a second copy of every point of the space.
+            values = list(dict.fromkeys(_parse_scalar(key, v) for v in value.split(",")))
             out[key] = values[0] if len(values) == 1 else values
         else:
             known = ", ".join((*POINT_KEYS, *SUPERNET_POINT_KEYS, *LIST_KEYS))

@@ -146,6 +146,30 @@ def meshes(problem: Problem, fixes: Mapping[str, Any]) -> Iterator[tuple[int, in
             yield dp, tp, pp
 
 
+MESH_KEYS = ("dp", "tp", "pp")
+"""The keys whose ``--fix`` lists :func:`meshes` searches; every other key is pinned to one value."""
+
+
+def check_fixes(fixes: Mapping[str, Any]) -> None:
+    """Refuse ``--fix`` values the search would otherwise drop (:func:`base_point` pins scalars only).
+
+    Raises:
+        ContractError: a list for a key other than dp, tp, pp; the batch keys, which are searched;
+            the partition or per-block policy, which ``--partitioner`` chooses with the batch.
+    """
+    for key, value in fixes.items():
+        if key in ("micro_batch_size", "global_batch_size"):
+            raise ContractError("--fix", key, f"{key}: --objective max_batch searches the micro-batch size (global "
+                                "batch = dp x micro-batch size x --microbatches); do not pin it")
+        if key in ("partition", "layer_memory_policy"):
+            raise ContractError("--fix", key, f"{key}: --objective max_batch chooses the partition and memory policy "
+                                "for each batch size with --partitioner (vpipe, dawnpiper choose per-block policies)")
+        if isinstance(value, list) and key not in MESH_KEYS:
+            shown_values = ",".join(json.dumps(v) if isinstance(v, bool) else str(v) for v in value)
+            raise ContractError("--fix", key, f"{key}={shown_values}: --objective max_batch pins {key} to one value "
+                                f"(only {', '.join(MESH_KEYS)} take a list, searched as meshes); run it once per value")
+
+
 def base_point(dp: int, tp: int, pp: int, partitioner: str, fixes: Mapping[str, Any]) -> Point:
     """A point of the mesh without the batch keys: pinned scalars, else 1F1B and the Plan's defaults."""
     point: Point = {"dp": dp, "tp": tp, "pp": pp, "partitioner": partitioner, "schedule": "1f1b", "recompute": "none"}
@@ -273,7 +297,8 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
     if any(v != 1 for v in (fixed["cp"] if isinstance(fixed.get("cp"), list) else [fixed.get("cp", 1)])):
         raise ContractError("--fix", "cp", "--objective max_batch searches dp x tp x pp meshes (cp=1); "
                             "context parallelism is searched by the other objectives")
-    check_partitioners(partitioners)
+    check_fixes(fixed)
+    partitioners = check_partitioners(partitioners)
     problem = Problem(model, cluster, trace, fingerprint=fingerprint(model, cluster, trace, calibration),
                       calibration=calibration)
     results = [r for name in partitioners for r in search(problem, fixed, name, num_microbatches)]
@@ -294,5 +319,5 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
     return summary
 
 
-__all__ = ["MaxBatch", "MaxBatchSummary", "base_point", "largest_fit", "max_batch", "meshes", "point_at", "ratio", "row", "search",
+__all__ = ["MESH_KEYS", "MaxBatch", "MaxBatchSummary", "base_point", "check_fixes", "largest_fit", "max_batch", "meshes", "point_at", "ratio", "row", "search",
            "throughput_at", "tune_max_batch"]

@@ -1,7 +1,8 @@
 """A dependency-free progress bar on stderr (``[#####.....] 12/60 simulations, best …``).
 
 On a terminal it redraws one line; otherwise (logs, CI) it prints a line every tenth of the
-budget, so captured stderr stays short.
+budget, so captured stderr stays short, and on closing the last state if that line was not printed
+(a sweep whose space runs out before its budget would otherwise leave an early line last).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class ProgressBar:
         self.start = time.monotonic()
         self._last_tenth = -1
         self._drawn = False
+        self._pending: str | None = None  # the latest line a log has not printed
 
     def __call__(self, done: int, total: int, best: float | None) -> None:
         """Redraw (terminal) or print a line at each new tenth of the budget."""
@@ -35,15 +37,22 @@ class ProgressBar:
         else:
             tenth = int(frac * 10)
             if tenth == self._last_tenth:
+                self._pending = line
                 return
             self._last_tenth = tenth
+            self._pending = None
             self.stream.write(line + "\n")
         self.stream.flush()
 
     def close(self) -> None:
-        """End the redrawn line."""
+        """End the redrawn line, or print the last state a log has not had."""
         if self.tty and self._drawn:
             self.stream.write("\n")
+            self._drawn = False
+            self.stream.flush()
+        elif self._pending is not None:
+            self.stream.write(self._pending + "\n")
+            self._pending = None
             self.stream.flush()
 
 

@@ -146,7 +146,7 @@ class SearchSpace:
     def __post_init__(self) -> None:
         if "partition" in self.fixes:
             self.partitioners = ("given",)
-        check_partitioners(self.partitioners, given_allowed="partition" in self.fixes)
+        self.partitioners = check_partitioners(self.partitioners, given_allowed="partition" in self.fixes)
         if isinstance(self.model, Supernet):
             if self.search:
                 raise ContractError("--search", self.search[0], f"{self.search[0]} is not searched for supernets")
