@@ -20,7 +20,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from mindpipe.cli.output import check_outputs, print_json, stderr
@@ -48,7 +47,7 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Fit, write, and report (see module docstring)."""
     from mindpipe.simulator.calibrate.fidelity import fidelity, format_calibration
     from mindpipe.simulator.calibrate.fit import calibrate, check_one_model
-    from mindpipe.simulator.calibrate.runs import MeasuredRun
+    from mindpipe.simulator.calibrate.runs import MeasuredRun, check_distinct
     from mindpipe.simulator.calibrate.supernet import SupernetRun, load_measured
     from mindpipe.traces.calibration import save_calibration
 
@@ -61,16 +60,14 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     holdout, held_nets = load_measured(args.holdout) if args.holdout else ([], [])
     fitted_on: list[MeasuredRun | SupernetRun] = [*runs, *nets]
     held_out: list[MeasuredRun | SupernetRun] = [*holdout, *held_nets]
-    overlap = {Path(r.source).resolve() for r in fitted_on} & {Path(r.source).resolve() for r in held_out}
-    if overlap:
-        raise ContractError("--holdout", None, f"{sorted(map(str, overlap))[0]} is both fitted on and held out")
     if (nets and holdout) or (runs and held_nets):
         raise ContractError("--holdout", None, "the held-out runs must be of the kind fitted on (GPT or supernet runs)")
+    check_one_model(runs)  # before the progress line: a refusal is the only line on stderr
+    check_distinct(fitted_on, held_out)  # a copied file is the same run: counted twice, or held out and fitted on
     if nets:
         return _calibrate_supernet(args, nets, held_nets)
     if args.trace:
         raise ContractError("--trace", None, "applies to supernet runs only (GPT runs are fitted on the operator model)")
-    check_one_model(runs)  # before the progress line: a refusal is the only line on stderr
     stderr(f"calibrating on {plural(len(runs), 'measured run')}")
     cal, notes = calibrate(runs)
     save_calibration(cal, args.out)
@@ -113,7 +110,8 @@ def _report(args: argparse.Namespace, cal: Any, warnings: list[str], constants: 
         print(f"\n{note}" if note else "")
     files = [str(f) for f in fidelity_report(
         held_rows, fitted_rows, report_dir=args.report, title=title,
-        preface=[f"Calibration: `{args.out}`", "", "```", constants, "```", ""],
+        preface=[f"Calibration: `{args.out}`", "", "```", constants, "```", "",
+                 *[f"- warning: {w}" for w in warnings], *([""] if warnings else [])],
         print_to=None if args.json else sys.stdout)]
     if args.json:
         print_json({"calibration": to_dict(cal), "out": args.out, "fitted": summary(fitted_rows).to_dict(),

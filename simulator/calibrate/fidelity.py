@@ -215,6 +215,8 @@ def format_calibration(cal: Calibration) -> str:
             lines.append(f"compute {name} {precision} ({c.threads_per_rank} thread(s)/rank): {scales}; "
                          f"{_g(1e6 * c.op_overhead_s)} µs per op (+{_g(1e6 * c.tp_op_overhead_s)} µs tensor-parallel, "
                          f"+{_g(1e9 * c.tp_comm_cpu_s_per_byte)} ns CPU per TP byte sent); "
+                         + (f"{_g(1e3 * c.dp_unit_overhead_s)} ms per data-parallel-wrapped module per forward "
+                            "and backward; " if c.dp_unit_overhead_s else "")
                          + (f"{_g(1e9 * c.fresh_s_per_byte)} ns per byte of fresh large results; " if c.fresh_s_per_byte else "")
                          + (f"swap {_g(1e9 * c.swap_s_per_byte)} ns per swapped byte copied "
                             f"({1e-9 / c.swap_s_per_byte:.1f} GB/s); " if c.swap_s_per_byte else "")

@@ -79,6 +79,12 @@ COMM_QUANTILE = 0.0
 # Weight of the pull of each operator kind's scale towards the common scale, per fitted row
 # (ridge; see _fit_compute_constants).
 RIDGE_PER_ROW = 0.01
+# Constants no fitted run can identify (their features are 0 in every row): they stay 0, and a
+# simulation of a plan that has them prices nothing for them; the report says so.
+UNFITTED = ((("tp_ops", "tp_bytes"), "no run fitted on has tensor-parallel layers: their extra time per operator "
+             "and per byte sent is not fitted (0: a tensor-parallel plan is priced without it)"),
+            (("dp_units",), "no run fitted on wraps modules for data parallelism: the time per wrapped module "
+             "is not fitted (0: a data-parallel plan is priced without it)"))
 # Scales NNLS drives to zero (the kind's time is explained by the overhead term) are kept at
 # this floor so the contract's "positive" rule holds; such a kind then costs almost nothing.
 MIN_SCALE = 1e-3
@@ -414,12 +420,19 @@ def _compute_constants(label: str, rows: ComputeRows, warnings: list[str]) -> Co
         return None
     x, mape = _fit_compute_constants(design, [y for _, y in rows.actions])
     scale = kind_scales(x, design)
+    for features, what in UNFITTED:
+        if not any(row[FEATURES.index(f)] > 0 for row in design for f in features):
+            warnings.append(f"{label}: {what}")
     for kind, v in scale.items():
         if v == MIN_SCALE:
             warnings.append(f"{label}: the {kind} scale fitted to zero (its time is in the per-op overhead)")
     opt_x = optimizer_constants(rows)
     if opt_x is None:
         opt_x = np.zeros(2)
+    held = sorted({int(f[1]) for f, _ in rows.optimizer})
+    if len(held) == 1:
+        warnings.append(f"{label}: every optimizer step fitted on updated {held[0]:,} parameters: its time per "
+                        "parameter is not identifiable (all of it is in the fixed part)")
     t = rows.threads.most_common(1)[0][0]
     if len(rows.threads) > 1:
         warnings.append(f"{label}: runs used different threads per rank {sorted(rows.threads)}; "
@@ -510,10 +523,15 @@ def calibrate(runs: list[MeasuredRun], host_cpu: bool = True) -> tuple[Calibrati
             message size …).
     """
     check_one_model(runs)
+    runs = sorted(runs, key=lambda r: r.source)  # the same runs in any order fit the same constants, bit for bit
     warnings: list[str] = []
     for run in runs:
-        if not run.measurement.profiled_steps:
+        meas = run.measurement
+        if not meas.profiled_steps:
             warnings.append(f"{run.source}: no profiled step (mindpipe run --profile-step N): no collective sizes")
+        if meas.warmup_steps >= len(meas.steps):
+            warnings.append(f"{run.source}: every one of its {plural(len(meas.steps), 'step')} is warm-up "
+                            f"(warmup_steps={meas.warmup_steps}): fitted on the warm-up steps")
     comm, comm_table = fit_comm(runs)
     for backend in sorted({r.measurement.backend for r in runs if r.measurement.nodes > 1}):
         if "nic" not in comm.get(backend, {}):
@@ -534,8 +552,18 @@ def calibrate(runs: list[MeasuredRun], host_cpu: bool = True) -> tuple[Calibrati
                       created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), gradient_noise=noise)
     if host_cpu:
         fit_host(runs, cal, warnings)
+    for run in runs:
+        if run.device.name in devices and not _compute_fitted(run, cal):
+            warnings.append(f"{run.source}: no {run.device.name} {run.plan.precision} compute was fitted: "
+                            "its prediction has uncalibrated compute, and it is left out of the step overhead")
     residuals = fit_step_overhead(runs, cal)
     return cal, FitNotes(comm_table, residuals, warnings)
+
+
+def _compute_fitted(run: MeasuredRun, cal: Calibration) -> bool:
+    """Whether ``cal`` has compute constants for the device and precision ``run`` ran at."""
+    dev = cal.devices.get(run.device.name)
+    return dev is not None and run.plan.precision in dev.compute
 
 
 def fit_step_overhead(runs: list[MeasuredRun], cal: Calibration, rounds: int = 4) -> dict[str, float]:
@@ -546,7 +574,8 @@ def fit_step_overhead(runs: list[MeasuredRun], cal: Calibration, rounds: int = 4
     median residual is added again until it is under 1 % of the runs' median iteration time.
     """
     residuals: dict[str, float] = {}
-    mine = [run for run in runs if run.device.name in cal.devices]
+    # A run whose compute is not calibrated would pour the catalog model's error into the overhead.
+    mine = [run for run in runs if _compute_fitted(run, cal)]
     for _ in range(rounds + 1):
         by_device: dict[str, list[float]] = defaultdict(list)
         for run in mine:

@@ -9,10 +9,13 @@ rest — on a shared machine single steps swing by tens of percent, and the medi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.chrome_trace import TimelineEvent, chunk_of
@@ -141,6 +144,41 @@ def merge_repeats(runs: list[MeasuredRun]) -> list[MeasuredRun]:
     return out
 
 
+class Recorded(Protocol):
+    """A measured run of any kind (GPT or supernet): its file and its records."""
+
+    source: str
+    measurement: Measurement
+
+
+def _fingerprint(run: Recorded) -> str:
+    """A digest of what ``run`` recorded (its plan and every timing): two real runs never record
+    the same timings, so equal digests mean one measurement under two names."""
+    return hashlib.sha256(json.dumps(to_dict(run.measurement), sort_keys=True).encode()).hexdigest()
+
+
+def check_distinct(fitted: Sequence[Recorded], held_out: Sequence[Recorded] = ()) -> None:
+    """Refuse one measurement given twice: among the runs fitted on (a copied or renamed file
+    would count twice in the fit), or both fitted on and held out (its "held-out" error would be
+    an in-sample one).
+
+    Raises:
+        ContractError: naming the file given again and the first.
+    """
+    seen: dict[str, str] = {}
+    for run in fitted:
+        first = seen.setdefault(_fingerprint(run), run.source)
+        if first != run.source:
+            raise ContractError(run.source, None, f"records the same measurement as {first}: "
+                                "each measured run counts once in the fit")
+    for run in held_out:
+        first = seen.get(_fingerprint(run))
+        if first is not None:
+            same = Path(first).resolve() == Path(run.source).resolve()
+            raise ContractError("--holdout", None, f"{run.source} is both fitted on and held out" + (
+                "" if same else f" (it records the same measurement as {first})"))
+
+
 def load_runs(paths: list[str] | list[Path], catalog: dict[str, DeviceSpec] | None = None) -> list[MeasuredRun]:
     """:func:`load_run` for each path (errors name the file)."""
     if not paths:
@@ -148,4 +186,4 @@ def load_runs(paths: list[str] | list[Path], catalog: dict[str, DeviceSpec] | No
     return [load_run(p, catalog) for p in paths]
 
 
-__all__ = ["MeasuredRun", "load_run", "load_runs", "measured_events", "measured_machine", "merge_repeats", "run_label"]
+__all__ = ["MeasuredRun", "Recorded", "check_distinct", "load_run", "load_runs", "measured_events", "measured_machine", "merge_repeats", "run_label"]
