@@ -172,11 +172,11 @@ def check_distinct(fitted: Sequence[Recorded], held_out: Sequence[Recorded] = ()
             raise ContractError(run.source, None, f"records the same measurement as {first}: "
                                 "each measured run counts once in the fit")
     for run in held_out:
-        first = seen.get(_fingerprint(run))
-        if first is not None:
-            same = Path(first).resolve() == Path(run.source).resolve()
+        fitted_as = seen.get(_fingerprint(run))
+        if fitted_as is not None:
+            same = Path(fitted_as).resolve() == Path(run.source).resolve()
             raise ContractError("--holdout", None, f"{run.source} is both fitted on and held out" + (
-                "" if same else f" (it records the same measurement as {first})"))
+                "" if same else f" (it records the same measurement as {fitted_as})"))
 
 
 def load_runs(paths: list[str] | list[Path], catalog: dict[str, DeviceSpec] | None = None) -> list[MeasuredRun]:
