@@ -221,7 +221,7 @@ def _refuse(model: Model, plan: Plan, world_size: int, device_kind: str, device:
         fail("global_batch_size", f"torch's {plan.schedule} runtime needs micro-batches m={m} to be a multiple of "
              f"max(1, m // pp)={max(1, m // plan.pp)}")
     # The schedules' own micro-batch rules (DualPipeV's m >= 2·pp, the stage count) are
-    # traces.config.microbatch_rule's, checked by check_plan above.
+    # traces.schedule_rules.microbatch_rule's, checked by check_plan above.
     return src
 
 

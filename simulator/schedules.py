@@ -29,9 +29,9 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from mindpipe.simulator.actions import Action, Schedule
-from mindpipe.traces.config import SCHEDULES, microbatch_rule, virtual_stages_rule
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import schedule_stage_to_rank
+from mindpipe.traces.schedule_rules import SCHEDULES, microbatch_rule, virtual_stages_rule
 
 # The Plan contract owns the list of schedule names; this module implements each of them.
 SCHEDULE_NAMES = SCHEDULES

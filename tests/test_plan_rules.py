@@ -28,8 +28,9 @@ from mindpipe.simulator.memory import (
 )
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.catalog import get_device
-from mindpipe.traces.config import SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES, Cluster, Model, Plan
+from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.layout import block_layer_name, block_policies, one_weight_pass, stage_layout, weight_groups
+from mindpipe.traces.schedule_rules import SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES
 
 MASK_CPU = 4  # fp32 plans on the CPU keep dtype-sized dropout masks
 

@@ -16,6 +16,13 @@ from typing import Any, NoReturn
 from mindpipe.traces.catalog import check_precision
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, number, shown, within_limit
+from mindpipe.traces.schedule_rules import (
+    SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    fixed_virtual_stages,
+    microbatch_rule,
+    virtual_stages_rule,
+)
 from mindpipe.traces.schema import check_format_version
 from mindpipe.traces.units import plural
 from mindpipe.traces.what_if import WHAT_IF_KEYS
@@ -27,7 +34,6 @@ PLAN_FORMAT_VERSION = 1
 MODEL_KINDS = ("gpt", "llama")
 # Llama's rotary base when a model file leaves it out (Hugging Face LlamaConfig's default; Llama 3 sets 500000).
 DEFAULT_ROPE_THETA = 10000.0
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 COMM_PRIORITIES = ("fair", "pp_first")
@@ -48,10 +54,6 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-d
 SUBNET_SCHEDULES = ("csp", "sequential", "sync", "async")
 # The ones whose training equals sequential training bit for bit (sync and async do not).
 SEQUENTIAL_EQUIVALENT_SCHEDULES = ("csp", "sequential")
-# Schedules that place two model chunks per rank in a "V" (Qi et al. ICLR'24; DeepSeek DualPipeV).
-V_SCHEDULES = ("zbv", "dualpipev")
-# Schedules that split a backward into input- and weight-gradient passes (zero-bubble family).
-SPLIT_BACKWARD_SCHEDULES = ("zb_h1", "zbv", "dualpipev")
 
 
 def positive(key: str, value: int | float) -> None:
@@ -646,38 +648,6 @@ def check_stage_count(num_stages: int, num_units: int, unit: str = "block") -> N
     """
     if not 1 <= num_stages <= num_units:
         raise ContractError("partition", "pp", f"{num_stages} stages cannot each hold a {unit} of {num_units}")
-
-
-def fixed_virtual_stages(schedule: str) -> int | None:
-    """The chunks per rank a schedule fixes: 2 for the V schedules, 1 for gpipe, 1f1b and zb_h1; None
-    where any v >= 1 runs (interleaved_1f1b). :func:`virtual_stages_rule` and the tuner's space ask it."""
-    return 2 if schedule in V_SCHEDULES else 1 if schedule in ("gpipe", "1f1b", "zb_h1") else None
-
-
-def virtual_stages_rule(schedule: str, virtual_stages: int) -> str | None:
-    """The schedule's rule on its chunks per rank (None: accepted). The one owner: :class:`Plan` and
-    :func:`mindpipe.simulator.schedules.build_schedule` both ask it."""
-    need = fixed_virtual_stages(schedule)
-    if need is not None and virtual_stages != need:
-        return f"schedule {schedule!r} needs virtual_stages={need}, got {virtual_stages}"
-    return None
-
-
-def microbatch_rule(schedule: str, pp: int, num_microbatches: int) -> str | None:
-    """The schedule's own rule on its micro-batches m per iteration (None: accepted). The one owner:
-    :func:`check_plan` and :func:`mindpipe.simulator.schedules.build_schedule` both ask it.
-
-    Megatron's interleaved schedule needs whole groups of pp (its micro-batch ↔ chunk mapping);
-    DualPipeV needs m >= 2·pp (DeepSeek's dualpipev.py and torch's ScheduleDualPipeV). (A plan
-    also needs m >= pp for every schedule but GPipe, :func:`check_plan`: torch.distributed.pipelining
-    refuses fewer, though the schedules themselves are defined for them.)
-    """
-    m = num_microbatches
-    if schedule == "interleaved_1f1b" and pp > 1 and m % pp:
-        return f"interleaved_1f1b needs micro-batches m={m} to be a multiple of pp={pp}"
-    if schedule == "dualpipev" and m < 2 * pp:
-        return f"dualpipev needs micro-batches m={m} >= 2·pp={2 * pp}"
-    return None
 
 
 def check_plan(plan: Plan, model: Model, cluster: Cluster | None = None, source: str = "plan") -> None:

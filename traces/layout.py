@@ -64,7 +64,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from mindpipe.traces.config import V_SCHEDULES, Model, Plan, stage_layers
+from mindpipe.traces.config import Model, Plan, stage_layers
+from mindpipe.traces.schedule_rules import V_SCHEDULES
 
 BlockPolicy = Literal["none", "selective", "nongemm", "full", "swap"]
 BLOCK_POLICIES: tuple[BlockPolicy, ...] = ("none", "selective", "nongemm", "full", "swap")

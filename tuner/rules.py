@@ -5,7 +5,7 @@ The rules themselves have owners elsewhere — the :class:`~mindpipe.traces.conf
 parallelism needs FlashAttention),
 :func:`~mindpipe.traces.config.check_plan` (heads, layers, mesh, micro-batches per schedule) and
 :func:`~mindpipe.simulator.schedules.schedule_rule` (the schedules' own micro-batch rules, which
-:func:`~mindpipe.traces.config.microbatch_rule` and ``virtual_stages_rule`` own). The
+:func:`~mindpipe.traces.schedule_rules.microbatch_rule` and ``virtual_stages_rule`` own). The
 tuner asks them and turns what they reject into a :class:`Rule` from the *key* the owner names
 (:func:`rule_of`), never from the message. Only the rules the search space adds on top (TP stays
 inside a node; values outside ``--fix``) are the space's own.

@@ -5,7 +5,7 @@ point 1): the :class:`~mindpipe.traces.config.Plan` contract and
 :func:`~mindpipe.traces.config.check_plan` (dp·tp·pp·cp = devices, tp dividing the heads and the MLP
 width, pp·v ≤ layers, global batch a multiple of micro-batch × dp, micro-batches per schedule,
 sequence parallelism) and :func:`~mindpipe.simulator.schedules.schedule_rule` (the schedules' own
-rules, owned by :func:`~mindpipe.traces.config.microbatch_rule` and ``virtual_stages_rule``). The space adds two of its own: tp ≤ devices per node, and the values ``--fix`` pins.
+rules, owned by :func:`~mindpipe.traces.schedule_rules.microbatch_rule` and ``virtual_stages_rule``). The space adds two of its own: tp ≤ devices per node, and the values ``--fix`` pins.
 Combinations that break a rule are counted per :class:`~mindpipe.tuner.rules.Rule`, so the output
 can say how many were filtered and why.
 
