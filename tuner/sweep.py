@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import multiprocessing.context
 import os
 import signal
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -154,6 +156,28 @@ def _worker_start(parent: int) -> None:
     die_with_parent(parent)
 
 
+class _SpawnIgnoringCtrlC(multiprocessing.context.SpawnProcess):
+    """A spawned pool worker that ignores SIGINT from its first instruction, not only from the pool's
+    initializer on: the terminal sends Ctrl-C to the whole process group, and a worker still
+    importing in ``spawn_main`` printed a KeyboardInterrupt traceback. An ignored signal stays
+    ignored across exec (and Python keeps it so), so the sweep ignores SIGINT for the instant of the
+    spawn itself, in the main thread, where the pool starts its workers."""
+
+    def start(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            super().start()
+            return
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            super().start()
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+
+class _SpawnContext(multiprocessing.context.SpawnContext):
+    Process = _SpawnIgnoringCtrlC
+
+
 def _stop_pool(pool: cf.ProcessPoolExecutor, abort: bool) -> None:
     """Release the pool: wait for its workers, or, when the sweep is interrupted, end them now
     (an evaluation under way is lost; every finished one is in the store)."""
@@ -190,7 +214,7 @@ def open_executor(cfg: SweepConfig) -> tuple[cf.Executor, Callable[[bool], None]
     if cfg.workers == 1:
         inline = _InlineExecutor()
         return inline, lambda abort: None
-    pool = cf.ProcessPoolExecutor(max_workers=cfg.workers, mp_context=multiprocessing.get_context("spawn"),
+    pool = cf.ProcessPoolExecutor(max_workers=cfg.workers, mp_context=_SpawnContext(),
                                   initializer=_worker_start, initargs=(os.getpid(),))
     return pool, lambda abort: _stop_pool(pool, abort)
 

@@ -484,3 +484,16 @@ def test_the_pareto_plot_says_what_was_tuned_and_when_its_front_is_one_plan(monk
     output._plot_pareto(rows, rows[:1], tmp_path / "p.png", "gpt-mini on cpu:1x2 (2 devices)")
     assert drawn["ax"].get_title() == "Pareto front: gpt-mini on cpu:1x2 (2 devices) — one plan: the fastest is also " \
                                       "the cleanest"
+
+
+def test_a_pool_worker_ignores_ctrl_c_from_its_start():
+    """The terminal's Ctrl-C reaches every process of the group: a worker still importing in
+    ``spawn_main``, before the pool's initializer ran, printed a KeyboardInterrupt traceback (seen in
+    CI). Spawned through the sweep's context, it ignores SIGINT from its first instruction."""
+    import concurrent.futures as cf
+
+    from mindpipe.tuner.sweep import _SpawnContext
+
+    with cf.ProcessPoolExecutor(1, mp_context=_SpawnContext()) as pool:
+        assert pool.submit(signal.getsignal, signal.SIGINT).result(timeout=120) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the sweep's own is back
