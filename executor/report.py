@@ -30,6 +30,7 @@ from mindpipe.traces.measured import (
     ActionRecord,
     CommEvent,
     Measurement,
+    OptimizerRecord,
     RankRecord,
     StepRecord,
     measured_steps,
@@ -132,6 +133,8 @@ def _measurement(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], bac
         energy_notes = "; ".join([energy_notes, *clock_notes])
     actions = [ActionRecord(p.rank, a.step, a.stage, a.microbatch, a.kind, a.start_s, a.end_s - a.start_s, a.cpu_s)
                for p in payloads for a in p.spans.actions]
+    optimizer = [OptimizerRecord(p.rank, o.step, o.start_s, o.end_s - o.start_s) for p in payloads
+                 for o in p.spans.optimizer]
     # What-if knobs are recorded as what ran: torch.distributed.pipelining reduces a stage's
     # gradients after its last backward (perform_reduce_grad), so they were not overlapped, and
     # every stream ran at torch's default priority (no pipeline-first policy).
@@ -145,7 +148,8 @@ def _measurement(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], bac
         model_flops_per_iteration=flops, peak_flops_per_s=peak, devices_for_mfu=devices,
         mfu=flops / (iteration_s * peak * devices) if iteration_s and peak else 0.0,
         energy_j_per_iteration=energy, energy_source=energy_source, energy_notes=energy_notes, layer_times=LAYER_TIMES,
-        actions=actions, comms=comms, ranks=[_rank_record(p, n_steps) for p in payloads], timeline_file=timeline_file,
+        actions=actions, comms=comms, ranks=[_rank_record(p, n_steps) for p in payloads], optimizer=optimizer,
+        timeline_file=timeline_file,
         cpus_per_node=payloads[0].cpu_count, gradient_noise=payloads[0].noise,
     )
 

@@ -27,6 +27,7 @@ from mindpipe.traces.measured import (
     ActionRecord,
     CommEvent,
     Measurement,
+    OptimizerRecord,
     RankRecord,
     StepRecord,
     SubnetRecord,
@@ -123,7 +124,8 @@ def build_trace(cfg: SupernetRunConfig, payloads: list[SupernetPayload], backend
         peak_flops_per_s=0.0, devices_for_mfu=plan.world_size if device.type == "cuda" else len(hosts), mfu=0.0,
         energy_j_per_iteration=energy / n, energy_source="estimated", energy_notes=notes,
         layer_times="median F and whole-B action time per pipeline stage", actions=actions, comms=comms, ranks=ranks,
-        cpus_per_node=payloads[0].cpu_count, subnets=subnets,
+        optimizer=[OptimizerRecord(p.rank, o.step, o.start_s, o.end_s - o.start_s) for p in payloads
+                   for o in p.spans.optimizer], cpus_per_node=payloads[0].cpu_count, subnets=subnets,
         subnet_stages=[_stage_record(p, cfg.switching) for p in payloads], subnets_per_hour=3600.0 * n / wall,
         subnet_schedule=cfg.schedule, subnet_segments=payloads[0].segments)
     note = (f"measured with mindpipe run: supernet {net.label}, {plan.world_size} ranks (dp={plan.dp}, pp={plan.pp}), "

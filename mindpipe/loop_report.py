@@ -70,8 +70,11 @@ def _gantt(run: MeasuredRun, cal: Calibration, path: Path) -> None:
     sim = simulate(run.model, run.cluster, run.plan, SimulationOptions(calibration=cal, timeline=True))
     events = measured_events(run)
     span = max((e.end_s for e in events), default=0.0)
-    write_gantts([(events, f"measured: {plan_label(run.plan)}, one step: {span:.2f} s of forward/backward and waits "
-                           f"of {run.iteration_s:.2f} s (optimizer, host time not recorded per action), dp 0, tp 0"),
+    optimizer = any(e.category == "optimizer" for e in events)  # runs recorded before it was kept have none
+    drawn = "forward/backward, waits and the optimizer" if optimizer else "forward/backward and waits"
+    missing = "host time" if optimizer else "optimizer, host time"
+    write_gantts([(events, f"measured: {plan_label(run.plan)}, one step: {span:.2f} s of {drawn} of "
+                           f"{run.iteration_s:.2f} s ({missing} not recorded per action), dp 0, tp 0"),
                   (sim.timeline or [], f"simulated, calibrated: iteration {sim.iteration_time_s:.2f} s")], path)
 
 

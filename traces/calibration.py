@@ -211,7 +211,8 @@ class Calibration:
         devices: Per catalog device name.
         comm: Per backend, per link type.
         measurements: The measured runs it was fitted on (file names and plans).
-        created: ISO time of the fit; ``tool``: what made it.
+        created: Left empty by ``mindpipe calibrate`` (the file's content is a function of its runs, so a
+            refit of the same runs writes the same bytes); kept for reading older files. ``tool``: what made it.
         gradient_noise: The measured gradient noise scale (None when no run measured one).
     """
 

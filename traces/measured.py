@@ -31,7 +31,7 @@ ACTION_KINDS = ("F", "B", "I", "W")
 # p2p_wait: blocked in a pipeline send/recv wait; dp_sync: data-parallel gradient reduction
 # (FSDP2 reduce-scatter or replicate all-reduce) after the last backward; collective: one
 # collective observed in a profiled step (TP all-reduce/all-gather/reduce-scatter, FSDP
-# all-gather, ...); optimizer: the optimizer step (compute, listed for the timeline).
+# all-gather, ...). The optimizer step is compute: an OptimizerRecord, not a CommEvent.
 COMM_KINDS = ("p2p_wait", "dp_sync", "collective")
 AXES = ("pp", "dp", "tp", "world", "unknown")
 BACKENDS = ("gloo", "nccl")
@@ -92,6 +92,21 @@ class ActionRecord:
             non_negative(key, getattr(self, key))
         non_negative("duration_s", self.duration_s)
         non_negative("cpu_s", self.cpu_s)
+
+
+@dataclass
+class OptimizerRecord:
+    """One rank's optimizer step in one training step (every optimizer of its stages, together):
+    the measured counterpart of the simulator's ``optimizer`` timeline event."""
+
+    rank: int
+    step: int
+    start_s: float
+    duration_s: float
+
+    def __post_init__(self) -> None:
+        for key in ("rank", "step", "duration_s"):
+            non_negative(key, getattr(self, key))
 
 
 @dataclass
@@ -321,7 +336,9 @@ class Measurement:
             power and the measured CPU utilisation).
         energy_notes: How the energy figure was obtained.
         layer_times: How the per-layer records of the enclosing trace were derived.
-        actions, comms, ranks: Raw records (see the classes).
+        actions, comms, ranks: Raw records (see the classes); ``ranks`` has one record per rank, or none.
+        optimizer: Every rank's optimizer step of every step (:class:`OptimizerRecord`); empty in
+            runs recorded before it was kept.
         timeline_file: Chrome-trace timeline written beside this file, if any.
         gradient_noise: The gradient noise scale measured every step
             (:class:`mindpipe.traces.noise_scale.GradientNoise`); None when the plan has one
@@ -361,6 +378,7 @@ class Measurement:
     actions: list[ActionRecord] = field(default_factory=list, repr=False)  # per micro-batch: thousands
     comms: list[CommEvent] = field(default_factory=list, repr=False)
     ranks: list[RankRecord] = field(default_factory=list)
+    optimizer: list[OptimizerRecord] = field(default_factory=list, repr=False)
     timeline_file: str | None = None
     cpus_per_node: int | None = None
     gradient_noise: GradientNoise | None = None
@@ -398,6 +416,10 @@ class Measurement:
         for i, c in enumerate(self.comms):
             if c.rank >= self.world_size:
                 raise ContractError("", f"comms[{i}].rank", f"comms[{i}].rank={c.rank} >= world_size={self.world_size}")
+        for i, o in enumerate(self.optimizer):
+            if o.rank >= self.world_size:
+                raise ContractError("", f"optimizer[{i}].rank",
+                                    f"optimizer[{i}].rank={o.rank} >= world_size={self.world_size}")
         non_negative("subnets_per_hour", self.subnets_per_hour)
         if self.subnets is not None:
             ids = [sub.id for sub in self.subnets]
@@ -408,6 +430,8 @@ class Measurement:
             raise ContractError("", "ranks", "ranks lists a rank twice")
         if seen and max(seen) >= self.world_size:
             raise ContractError("", "ranks", f"ranks lists rank {max(seen)}, past world_size={self.world_size}")
+        if seen:
+            _check_every_rank(seen, self.world_size)
 
     @property
     def losses(self) -> list[float]:
@@ -433,6 +457,36 @@ class Measurement:
     def iteration_s(self) -> float:
         """The run's iteration time (see :func:`typical_iteration_s`)."""
         return typical_iteration_s(self.steps, self.warmup_steps, self.comms)
+
+
+# Missing ranks named in full up to this many; past it the first few and the count.
+_MISSING_SHOWN = 8
+
+
+def _check_every_rank(seen: list[int], world_size: int) -> None:
+    """Refuse a ``ranks`` list that leaves out a rank (the executor writes one record per rank).
+
+    A missing record is a truncated or edited file: calibration would fit the host CPU and the
+    optimizer step to the ranks that remain, and read the pipeline of a step from a partial mesh,
+    without a word. (An empty list, a run recorded without per-rank totals, stays allowed: readers
+    then have no per-rank figures rather than some of them.)
+
+    Raises:
+        ContractError: naming the missing rank(s), e.g. ``ranks misses rank 2 of world_size=4``.
+    """
+    # The ranks listed are distinct and in [0, world_size) (checked before), so this many are
+    # missing; the first few are found without walking a huge world_size.
+    count = world_size - len(seen)
+    if count <= 0:
+        return
+    listed = set(seen)
+    first = list(itertools.islice((r for r in itertools.count() if r not in listed), min(count, _MISSING_SHOWN)))
+    shown = ", ".join(str(r) for r in first)
+    if count > _MISSING_SHOWN:
+        shown += f", … ({count} in all)"
+    which = "rank" if count == 1 else "ranks"
+    raise ContractError("", "ranks", f"ranks misses {which} {shown} of world_size={world_size} "
+                                     "(a measured run has one record per rank)")
 
 
 def measured_steps(steps: list[StepRecord], warmup_steps: int) -> list[StepRecord]:
@@ -470,6 +524,7 @@ __all__ = [
     "ActionRecord",
     "CommEvent",
     "Measurement",
+    "OptimizerRecord",
     "RankRecord",
     "StageMemory",
     "StepRecord",

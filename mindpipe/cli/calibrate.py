@@ -12,6 +12,12 @@ that table as Markdown and the scatter plot as PNG
 :mod:`mindpipe.simulator.calibrate.supernet`; ``--trace`` gives it per-candidate profiles to fit
 ``trace_scale`` against (and the report then predicts with them). ``--json`` prints one object on
 stdout.
+
+What the fit cannot vouch for is printed as warnings (and written into ``fidelity.md``): constants
+no run identifies, operator kinds no run exercised (their scale stays the uncalibrated 1.0), and
+held-out runs of another model than the one fitted on (predicted, but their error is the
+calibration's transfer to that model). The calibration file holds no creation time: a refit of
+the same runs writes the same bytes.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Fit, write, and report (see module docstring)."""
     from mindpipe.simulator.calibrate.fidelity import fidelity, format_calibration
-    from mindpipe.simulator.calibrate.fit import calibrate, check_one_model
+    from mindpipe.simulator.calibrate.fit import calibrate, check_one_model, held_out_model_warnings
     from mindpipe.simulator.calibrate.runs import MeasuredRun, check_distinct
     from mindpipe.simulator.calibrate.supernet import SupernetRun, load_measured
     from mindpipe.traces.calibration import save_calibration
@@ -73,7 +79,8 @@ def cmd_calibrate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     save_calibration(cal, args.out)
     fitted_rows = fidelity(runs, cal)
     held_rows = fidelity(holdout, cal) if holdout else []
-    return _report(args, cal, notes.warnings, format_calibration(cal), fitted_rows, held_rows, "Calibration fidelity")
+    warnings = [*notes.warnings, *held_out_model_warnings(runs, holdout)]
+    return _report(args, cal, warnings, format_calibration(cal), fitted_rows, held_rows, "Calibration fidelity")
 
 
 def _calibrate_supernet(args: argparse.Namespace, runs: list[Any], holdout: list[Any]) -> int:

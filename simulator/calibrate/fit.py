@@ -40,7 +40,6 @@ Not a hardware constant, but carried along: the runs' measured gradient noise sc
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -382,6 +381,26 @@ def kind_scales(x: np.ndarray, design: list[list[float]]) -> dict[str, float]:
     return {kind: max(float(x[k]), MIN_SCALE) for k, kind in enumerate(OP_KINDS) if any(row[k] > 0 for row in design)}
 
 
+def unfitted_kinds_warning(label: str, scale: dict[str, float], kinds: tuple[str, ...] = OP_KINDS) -> str | None:
+    """The warning naming the operator kinds among ``kinds`` that ``scale`` lacks (no run fitted on
+    ran one), or None when every one was fitted.
+
+    Such a kind keeps the uncalibrated model's time (``ComputeCalibration.scale``: kinds not listed
+    keep 1.0), so a plan that runs it — flash attention (``flash``) when the runs fitted on did not
+    use it, or unfused attention (``bmm``) when they all did — is priced partly uncalibrated, and
+    nothing in the file but the missing key says so.
+    """
+    missing = [k for k in kinds if k not in scale]
+    if not missing:
+        return None
+    names = " and ".join(missing)
+    if len(missing) == 1:
+        return (f"{label}: no run fitted on exercises the {names} operator kind: its scale is not fitted "
+                "(it stays 1.0, the uncalibrated model's time, in any plan that runs it)")
+    return (f"{label}: no run fitted on exercises the {names} operator kinds: their scales are not fitted "
+            "(they stay 1.0, the uncalibrated model's time, in any plan that runs them)")
+
+
 def optimizer_constants(rows: ComputeRows) -> np.ndarray | None:
     """(fixed seconds, seconds per parameter) of the optimizer step or update, fitted on
     ``rows.optimizer``; None with fewer than two figures (nothing to separate the two)."""
@@ -420,6 +439,9 @@ def _compute_constants(label: str, rows: ComputeRows, warnings: list[str]) -> Co
         return None
     x, mape = _fit_compute_constants(design, [y for _, y in rows.actions])
     scale = kind_scales(x, design)
+    unfitted = unfitted_kinds_warning(label, scale)
+    if unfitted is not None:
+        warnings.append(unfitted)
     for features, what in UNFITTED:
         if not any(row[FEATURES.index(f)] > 0 for row in design for f in features):
             warnings.append(f"{label}: {what}")
@@ -513,6 +535,24 @@ def check_one_model(runs: list[MeasuredRun]) -> None:
                 f"{first.model.describe()}; calibrate runs of one model at a time"))
 
 
+def held_out_model_warnings(fitted: list[MeasuredRun], held_out: list[MeasuredRun]) -> list[str]:
+    """A warning for each held-out run of another model than the runs fitted on (one model:
+    :func:`check_one_model`), by :meth:`~mindpipe.traces.config.Model.same_shape` (names aside).
+
+    Such a run is not refused: the constants are per operator kind, and predicting another model
+    with them is a legitimate question (``benchmarks/llama_elementwise_cpu.py`` holds Llama runs
+    out of a GPT fit, "held out twice over: plans and model"). But its error then measures how the
+    calibration carries over to that model, not how well it fits the one it came from, and the
+    held-out MAPE mixes the two; the warning says which runs are of the other kind.
+    """
+    if not fitted:
+        return []
+    model = fitted[0].model
+    return [f"{run.source}: held out, but it ran {run.model.describe()}, not {model.describe()} as the runs "
+            "fitted on did: its error is how the calibration carries over to another model, not the fit's "
+            "held-out error" for run in held_out if not run.model.same_shape(model)]
+
+
 def calibrate(runs: list[MeasuredRun], host_cpu: bool = True) -> tuple[Calibration, FitNotes]:
     """Fit communication, compute and step overhead from ``runs`` (module docstring).
 
@@ -548,8 +588,10 @@ def calibrate(runs: list[MeasuredRun], host_cpu: bool = True) -> tuple[Calibrati
     if not devices and not comm and noise is None:
         raise ContractError(runs[0].source if runs else "", "measurement",
                             "nothing to calibrate: no compute actions, no profiled collectives and no gradient noise scale")
-    cal = Calibration(devices=devices, comm=comm, measurements=[r.source for r in runs],
-                      created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), gradient_noise=noise)
+    # No creation time (``created`` stays empty): the file is a function of the runs alone, so a
+    # refit of the same runs is the same file, with the same sha256 and the same
+    # ``mindpipe tune`` reference and sweep identity (tuner.api.reference, fingerprint).
+    cal = Calibration(devices=devices, comm=comm, measurements=[r.source for r in runs], gradient_noise=noise)
     if host_cpu:
         fit_host(runs, cal, warnings)
     for run in runs:
@@ -594,4 +636,5 @@ def fit_step_overhead(runs: list[MeasuredRun], cal: Calibration, rounds: int = 4
     return residuals
 
 
-__all__ = ["COMM_QUANTILE", "ComputeRows", "FitNotes", "calibrate", "fit_comm", "fit_compute", "fit_host", "fit_step_overhead", "kind_scales", "optimizer_constants"]
+__all__ = ["COMM_QUANTILE", "ComputeRows", "FitNotes", "calibrate", "check_one_model", "fit_comm", "fit_compute", "fit_host",
+           "fit_step_overhead", "held_out_model_warnings", "kind_scales", "optimizer_constants", "unfitted_kinds_warning"]

@@ -69,7 +69,9 @@ def measured_events(run: MeasuredRun, step: int | None = None) -> list[TimelineE
     """Timeline events of one clean step of the representative pipeline (dp 0, tp 0, cp 0).
 
     Ranks are numbered by pipeline position, as the simulator's timeline numbers them, and
-    times start at the step's first action, so the two can be drawn on one axis.
+    times start at the step's first action, so the two can be drawn on one axis. The actions, the
+    waits and the optimizer step are events of the simulator's kinds (an ``optimizer`` compute span,
+    as :mod:`mindpipe.simulator.engine` records it), so both panels show the same actions.
     """
     meas = run.measurement
     step = step if step is not None else run.clean_steps[len(run.clean_steps) // 2]
@@ -84,6 +86,8 @@ def measured_events(run: MeasuredRun, step: int | None = None) -> list[TimelineE
                             a.start_s + a.duration_s - t0, a.kind, chunk=chunk[a.rank, a.stage]) for a in acts]
     events += [TimelineEvent(pipe[c.rank], "comm", c.op, c.start_s - t0, c.start_s + c.duration_s - t0,
                              "p2p" if c.kind == "p2p_wait" else c.axis) for c in comms]  # the axis it ran over
+    events += [TimelineEvent(pipe[o.rank], "compute", "optimizer", o.start_s - t0, o.start_s + o.duration_s - t0,
+                             "optimizer") for o in meas.optimizer if o.step == step and o.rank in pipe]
     return events
 
 

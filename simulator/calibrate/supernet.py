@@ -45,7 +45,6 @@ receive's time is mostly waiting on its peer (:mod:`mindpipe.simulator.calibrate
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import statistics
 from collections import Counter, defaultdict
@@ -61,6 +60,7 @@ from mindpipe.simulator.calibrate.fit import (
     _fit_compute_constants,
     kind_scales,
     optimizer_constants,
+    unfitted_kinds_warning,
 )
 from mindpipe.simulator.calibrate.models import ReferenceOpTime
 from mindpipe.simulator.calibrate.runs import MeasuredRun, load_run, measured_machine, run_label
@@ -78,6 +78,10 @@ from mindpipe.traces.units import plural
 
 FEATURES = (*OP_KINDS, "ops")
 """Per-action features: reference time per operator kind, then the operator count."""
+PRICED_KINDS = ("gemm", "flash", "memory")
+"""The operator kinds a supernet simulation prices: an attention candidate's core is always the fused
+kernel (:func:`mindpipe.simulator.subnet_costs.candidate_ops`), so ``bmm`` is never used and its
+missing scale is no gap."""
 
 
 @dataclass
@@ -308,8 +312,7 @@ def calibrate_supernet(runs: list[SupernetRun], traces: Sequence[Trace] = ()) ->
         dev.step_overhead_s = statistics.median(outside[device])
     cal = Calibration(devices=devices, measurements=[f"{r.source} ({r.supernet.label}, "
                                                      f"{subnet_schedule(r.plan)}, pp{r.plan.pp} dp{r.plan.dp})" for r in runs],
-                      created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                      tool="mindpipe calibrate (supernet runs)")
+                      tool="mindpipe calibrate (supernet runs)")  # no creation time: see fit.calibrate
     return cal, notes
 
 
@@ -345,6 +348,9 @@ def _supernet_constants(label: str, rows: ComputeRows, trace_sum: tuple[float, f
     x = x * float(dur.sum() / max(float((feats_m @ x).sum()), 1e-300))
     mape = float(np.mean(np.abs(feats_m @ x - dur) / dur))
     scale = kind_scales(x, design)
+    unfitted = unfitted_kinds_warning(label, scale, PRICED_KINDS)
+    if unfitted is not None:
+        notes.warnings.append(unfitted)
     opt = optimizer_constants(rows)
     if opt is None:
         opt = np.zeros(2)
@@ -375,5 +381,5 @@ def supernet_fidelity(runs: list[SupernetRun], calibration: Calibration | None,
     return rows
 
 
-__all__ = ["FEATURES", "SupernetRun", "action_rows", "calibrate_supernet", "check_profiles", "feature_costs", "load_measured", "median_repeats", "outside_s",
+__all__ = ["FEATURES", "PRICED_KINDS", "SupernetRun", "action_rows", "calibrate_supernet", "check_profiles", "feature_costs", "load_measured", "median_repeats", "outside_s",
            "supernet_fidelity", "trace_sums", "update_row"]

@@ -25,6 +25,9 @@ def _measurement() -> dict:
         "comms": [{"rank": 0, "step": 2, "kind": "p2p_wait", "axis": "pp", "op": "wait", "start_s": 0.0, "duration_s": 0.001}],
         "ranks": [{"rank": 0, "pp_rank": 0, "dp_rank": 0, "tp_rank": 0, "stages": [0], "host": "h", "compute_s": 0.05,
                    "p2p_wait_s": 0.01, "dp_sync_s": 0.0, "optimizer_s": 0.01, "peak_memory_bytes": 1000,
+                   "memory_source": "process_rss"},
+                  {"rank": 1, "pp_rank": 1, "dp_rank": 0, "tp_rank": 0, "stages": [1], "host": "h", "compute_s": 0.05,
+                   "p2p_wait_s": 0.01, "dp_sync_s": 0.0, "optimizer_s": 0.01, "peak_memory_bytes": 1000,
                    "memory_source": "process_rss"}],
     }
 

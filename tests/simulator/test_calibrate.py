@@ -118,10 +118,14 @@ def _synthetic_run(plan: Plan, truth: Calibration = TRUTH, with_cpu: bool = Fals
     # Each rank's optimizer steps its own parameters, a 1/dp shard of them under ZeRO (the engine's rule).
     params = [optimizer_shard(plan, n) for n in res.extra.params_per_device_by_rank]
     cpu = _rank_cpu_s(plan, cluster, truth, actions, params) if with_cpu else {}
-    ranks = [RankRecord(topo.global_rank(p), p, 0, 0, [p], "h", 0.1, 0.0, 0.0,
-                        (cal.optimizer_overhead_s + cal.optimizer_s_per_param * params[p]) / share, 1, "process_rss",
-                        cpu.get(topo.global_rank(p)))
-             for p in range(plan.pp)]
+    # One record per rank, as the executor writes them (the contract refuses a missing one); the
+    # replicas of a pipeline rank run its actions, so they spend what its first rank spends.
+    ranks = []
+    for g in range(plan.world_size):
+        p, d, t = topo.coords(g)
+        ranks.append(RankRecord(g, p, d, t, [p], "h", 0.1, 0.0, 0.0,
+                                (cal.optimizer_overhead_s + cal.optimizer_s_per_param * params[p]) / share, 1,
+                                "process_rss", cpu.get(topo.global_rank(p))))
     meas = Measurement(plan=plan, world_size=plan.world_size, nodes=1, backend="gloo", device_kind="cpu",
                        device_name="cpu", threads_per_rank=1, torch_version="2.13.0", schedule_source="simulator",
                        seed=0, data="synthetic", warmup_steps=0, steps=steps, tokens_per_s=1.0,
@@ -628,8 +632,10 @@ def _multi_node_run(plan: Plan, cluster_name: str) -> MeasuredRun:
             for wait in (0.0, 0.003):  # a peer that arrived late; the fit takes the fastest event
                 comms.append(CommEvent(0, 4, "collective", axis, "allreduce", 0.0, t + wait, n, size))
     base = _synthetic_run(_plan(dp=2))
+    ranks = [dataclasses.replace(base.measurement.ranks[0], rank=g, pp_rank=topo.coords(g)[0],
+                                 dp_rank=topo.coords(g)[1], tp_rank=topo.coords(g)[2]) for g in range(plan.world_size)]
     meas = dataclasses.replace(base.measurement, plan=plan, world_size=plan.world_size, nodes=cluster.num_nodes,
-                               backend="nccl", device_kind="cuda", device_name=gpu.name, comms=comms)
+                               backend="nccl", device_kind="cuda", device_name=gpu.name, comms=comms, ranks=ranks)
     return dataclasses.replace(base, source=f"{cluster_name}.json", measurement=meas, cluster=cluster, device=gpu)
 
 
