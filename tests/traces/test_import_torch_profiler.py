@@ -341,11 +341,13 @@ def _event(
 
 
 EVENT = st.one_of(
-    _event("user_annotation", ["a", "b", "ProfilerStep#1", "Optimizer.step#SGD.step", ""]),
+    _event("user_annotation", ["a", "b", "ProfilerStep#1", "Optimizer.step#SGD.step", "", "dynamo_data: compile_id=0/0"]),
     _event("user_annotation", ["a", "b"], ts=0),
     _event("cpu_op", ["aten::mm"], dur=5, args=OP_ARGS),
     _event("cpu_op", [EVAL + "MmBackward0", EVAL + "torch::autograd::AccumulateGrad"], t0=70, args=OP_ARGS | ARGS),
-    _event("python_function", ["nn.Module: M_0", "nn.Module: Block_0", "nn.Module: ", "f"]),
+    _event("python_function", ["nn.Module: M_0", "nn.Module: Block_0", "nn.Module: OptimizedModule_0", "nn.Module: ",
+                                "f"]),
+    _event("cpu_op", ["Torch-Compiled Region: 0/0", "CompiledFunction", "x (dynamo_timed)"], dur=40, args=OP_ARGS),
     st.one_of(  # GPU events, rarer: with any kernel, CPU ranges cost their kernels' time only
         _event("kernel", ["k"]),
         _event("cuda_runtime", ["cudaLaunchKernel"]),

@@ -39,6 +39,12 @@ layer is often nearer than the loss's own last layer) — but not those whose tw
 the engine runs it right after the node that produced the gradient, so it goes to that node's
 layer. The rest is reported in the notes as unattributed. A profiler cannot split the backward
 into input and weight gradients: ``backward_split="combined"``.
+
+Code compiled with ``torch.compile`` (:mod:`.compiled`): a compiled graph inside one layer's range
+is that layer's, its ``CompiledFunctionBackward`` too (a model compiled per block imports with one
+record per block; ``torch.compile(block)``'s ``OptimizedModule_<k>`` is named after the block it
+wraps). Where the layers cannot be told apart inside compiled code (a model compiled as a whole)
+the import is refused with what to do instead.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from mindpipe.traces.importers.chrome_events import (
     outermost,
     read_spans,
 )
+from mindpipe.traces.importers.compiled import CompiledCode, is_compile_annotation, unwrap_compiled_modules
 from mindpipe.traces.trace import LayerRecord, Provenance, Trace
 
 GROUPS = ("auto", "record_function", "module")
@@ -87,6 +94,16 @@ _HINTS = {
 def record_layers(net: Any) -> Iterator[None]:
     """Open a ``torch.profiler.record_function(name)`` range around each layer's forward.
 
+    The hooks are ``torch.compiler.disable``'d, so under ``torch.compile`` they run outside the
+    compiled code: dynamo ignores a ``record_function`` traced into a graph (it logs "Profiler record
+    function ... will be ignored"), which would leave a compiled layer without its range. A model
+    compiled per block (``block.compile()`` or ``torch.compile(block)``, as torchtitan does) keeps
+    its graphs, each inside its block's range (``fullgraph=True`` included). A model compiled as a
+    whole is broken into one graph per layer at the hooks (cross-layer fusions are lost: the trace
+    times that program), and with ``fullgraph=True`` dynamo refuses ("Skip calling
+    `torch.compiler.disable()`d function"). The first use imports ``torch._dynamo`` (a few
+    seconds); a hook call costs about a microsecond more.
+
     Args:
         net: A model with ``layers()`` yielding ``(name, kind, module)``, e.g. our ``GPT``.
 
@@ -101,14 +118,17 @@ def record_layers(net: Any) -> Iterator[None]:
         stack: list[Any] = []
 
         def pre(_mod: Any, _args: Any, name: str = name, stack: list[Any] = stack) -> None:
-            stack.append(torch.profiler.record_function(name).__enter__())
+            # Keep the record_function itself: what __enter__ returns is not it under dynamo (None).
+            rf = torch.profiler.record_function(name)
+            rf.__enter__()
+            stack.append(rf)
 
         def post(_mod: Any, _args: Any, _out: Any, stack: list[Any] = stack) -> None:
             if stack:
                 stack.pop().__exit__(None, None, None)
 
-        handles.append(module.register_forward_pre_hook(pre))
-        handles.append(module.register_forward_hook(post, always_call=True))
+        handles.append(module.register_forward_pre_hook(torch.compiler.disable(pre)))
+        handles.append(module.register_forward_hook(torch.compiler.disable(post), always_call=True))
     try:
         yield
     finally:
@@ -143,11 +163,12 @@ class NamePattern:
         return any(fnmatch.fnmatchcase(name, alt) for alt in self.pattern.split("|"))
 
 
-def _select(spans: list[Span], group: str, names: NamePattern | None,
-            source: str) -> tuple[list[Span], str, list[Span]]:
+def _select(spans: list[Span], group: str, names: NamePattern | None, source: str,
+            compiled: CompiledCode) -> tuple[list[Span], str, list[Span]]:
     """The layer ranges, a description of how they were chosen, and the ranges of that group the
-    pattern left out (none without a pattern)."""
-    notes = [s for s in spans if s.cat == "user_annotation" and s.name and not _STEP_RE.match(s.name)]
+    pattern left out (none without a pattern). ``compiled`` explains a compiled trace without ranges."""
+    notes = [s for s in spans if s.cat == "user_annotation" and s.name and not _STEP_RE.match(s.name)
+             and not is_compile_annotation(s.name)]
     if group == "auto":
         group = "record_function" if any(not _TORCH_OWN_RE.match(s.name) for s in notes) else "module"
     left_out: list[Span] = []
@@ -163,7 +184,7 @@ def _select(spans: list[Span], group: str, names: NamePattern | None,
         chosen, how = [s for s in chosen if s.index not in backward], "innermost record_function ranges"
     else:
         modules = [replace(s, name=s.name[len(MODULE_PREFIX) :]) for s in spans if s.cat == "python_function"]
-        modules = [m for m in modules if m.name]
+        modules = unwrap_compiled_modules([m for m in modules if m.name])
         if names is not None:
             chosen, how = outermost(m for m in modules if names.matches(m.name)), "nn.Module ranges matching the pattern"
             left_out = [m for m in modules if not names.matches(m.name)]
@@ -173,7 +194,8 @@ def _select(spans: list[Span], group: str, names: NamePattern | None,
             how = "nn.Module ranges of the top module's children"
     if not chosen:
         which = f"{group} grouping" + (f" with pattern {names.pattern!r}" if names is not None else "")
-        raise ContractError(source, "traceEvents", f"no layer ranges found with {which}: {_HINTS[group]}")
+        hint = compiled.no_layers_hint() if compiled else _HINTS[group]
+        raise ContractError(source, "traceEvents", f"no layer ranges found with {which}: {hint}")
     return chosen, how + (f" {names.pattern!r}" if names is not None else ""), left_out
 
 
@@ -299,8 +321,10 @@ class _Steps:
         return text
 
 
-def _notes(how: str, num_ranges: int, kernels: KernelLaunches | None, steps: _Steps, rules: dict[str, int]) -> str:
-    """The trace's provenance notes: how the layers were found, what was timed, what the backward charged."""
+def _notes(how: str, num_ranges: int, kernels: KernelLaunches | None, steps: _Steps, rules: dict[str, int],
+           compiled: str = "") -> str:
+    """The trace's provenance notes: how the layers were found, what was timed, what the backward charged,
+    and where compiled code ran (``compiled``, if any)."""
     timing = (
         f"GPU kernel time ({kernels.count} kernels, {kernels.unlinked} not linked to a launch)"
         if kernels is not None
@@ -311,7 +335,7 @@ def _notes(how: str, num_ranges: int, kernels: KernelLaunches | None, steps: _St
         f"torch.profiler Chrome trace; layers: {how} ({num_ranges} ranges); times: {timing} divided by "
         f"{steps.describe()}; backward per {'micro-batch' if steps.unit == 'micro-batches' else 'step'}: "
         f"{charged or 'none found'}; backward_split=combined "
-        "(the profiler cannot separate input and weight gradients)"
+        "(the profiler cannot separate input and weight gradients)" + (f"; {compiled}" if compiled else "")
     )
 
 
@@ -447,13 +471,15 @@ def import_torch_profiler(
     names = NamePattern.parse(pattern, source) if pattern is not None else None
     events = load_events(path)
     spans = read_spans(events, source)
-    ranges, how, left_out = _select(spans, group, names, source)
+    compiled = CompiledCode.find(spans)
+    ranges, how, left_out = _select(spans, group, names, source, compiled)
+    compiled_note = compiled.check(ranges, left_out, names is not None, source)
     kernels = KernelLaunches(spans, events, source) if any(s.cat == "kernel" for s in spans) else None
     cost: Callable[[Span], int] = kernels.gpu_ns if kernels is not None else (lambda s: s.dur)
     forward, holders = _forward_ns(ranges, cost)
     profiled = _step_count(spans, ranges, steps)
     backward, rules = _attribute_backward(spans, ranges, cost, source, left_out)
-    notes = _notes(how, len(ranges), kernels, profiled, rules)
+    notes = _notes(how, len(ranges), kernels, profiled, rules, compiled_note)
     records = _layer_records(forward, backward, {name: profiled.of(pids) for name, pids in holders.items()})
     try:
         return Trace(
