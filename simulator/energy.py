@@ -3,7 +3,8 @@
 Per device, E = P_busy·t_compute + P_wait·(T − t_compute) (BACKGROUND.md §7). On GPUs with clock
 data P_busy is the frequency model's power at the rank's SM clock and load
 (:mod:`mindpipe.simulator.frequency`: a GEMM at max clock draws the board limit, memory-bound
-kernels less) and P_wait its blocked-on-P2P power (Perseus, SOSP'24; A100 85 W, kareus). Other
+kernels less, and a launch-bound phase only P_wait in the gaps between its kernels) and P_wait its
+blocked-on-P2P power (Perseus, SOSP'24; A100 85 W, kareus). Other
 devices compute at the board's maximum power and wait at max(idle, 0.175 × max) (Perseus's
 ~70 W of a 400 W A100).
 Host CPUs, DRAM and NICs are not counted. The facility multiplies by PUE; emissions are

@@ -24,18 +24,33 @@ or per action (``action_clocks_mhz``, a what-if knob: :func:`apply_action_clocks
 micro-batch's forward and backward its own stretch, :func:`action_busy_power_w` weights power by
 each action's clocked time).
 
-ρ of a stage phase comes from the same hardware model: write T(f) = C·f_max/f + M and solve from
-T(f_max) and T(f_min) (exact when every kernel stays on one side of its roofline over the range).
+ρ of a stage phase comes from the same hardware model: write the kernels' own time K(f) = C·f_max/f + M
+and solve from K(f_max) and K(f_min) (exact when every kernel stays on one side of its roofline over
+the range).
+
+**Launch-bound phases.** Eager PyTorch issues kernels from one host thread, and the hardware model
+bounds each layer phase below by that issue time, which no SM clock changes
+(:class:`mindpipe.simulator.perf.gpu.GpuComputeModel`). A phase's wall time is then T(f) ≥ K(f):
+the GPU runs kernels K(f) of it and waits for the next launch the rest, drawing only P_blk (static
+and idle power are paid for the whole wall time; only the kernels draw dynamic power). So the power
+of a phase weights the dynamic terms by the shares of its wall time spent in compute-bound kernels
+(C·f_max/f ÷ T) and in clock-flat kernels (M ÷ T), and the remainder is launch gaps at P_blk:
+P = P_blk + (P_max − P_blk)·[ρ_c·g(f) + ρ_m·μ·(h + (1 − h)·g(f))]. Lowering the clock of a
+launch-bound phase costs no time until K(f) reaches the issue time, and saves dynamic power only in
+the K(f)/T share of it: on ``gpt-mini`` (kernels ≈ 4 % of an A100's wall time) a few percent, not the
+~30 % that charging the whole wall time at a memory-bound kernel's power claimed. Where the issue
+time never binds (every large model), K = T and nothing changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mindpipe.simulator.build import assign_layers, stage_recompute
-from mindpipe.simulator.perf import default_models
+from mindpipe.simulator.costs import ComputeModel
+from mindpipe.simulator.perf import GpuComputeModel, default_models
 from mindpipe.simulator.work import StageWork, StepCopies
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Cluster, Model, Plan
@@ -77,13 +92,20 @@ class PowerModel:
         v = max(mhz, self.spec.base_sm_clock_MHz) / fmax
         return (mhz / fmax) * v * v
 
-    def busy_power_w(self, mhz: float, compute_share: float) -> float:
-        """Power of a device running kernels at ``mhz`` with ``compute_share`` of the time compute-bound."""
-        rho = min(max(compute_share, 0.0), 1.0)
+    def busy_power_w(self, mhz: float, compute_share: float, kernel_share: float = 1.0) -> float:
+        """Mean power of a device at ``mhz`` over a span it spends ``compute_share`` in compute-bound
+        kernels and ``kernel_share`` in kernels of any kind; the rest (launch gaps) draws P_blk."""
+        k = min(max(kernel_share, 0.0), 1.0)
+        rho = min(max(compute_share, 0.0), k)
         g = self.activity(mhz)
         mu, h = self.spec.memory_bound_power_fraction, self.spec.memory_power_clock_independent_fraction
-        dynamic = rho * g + (1.0 - rho) * mu * (h + (1.0 - h) * g)
+        dynamic = rho * g + (k - rho) * mu * (h + (1.0 - h) * g)
         return self.blocked_power_W + (self.max_power_W - self.blocked_power_W) * dynamic
+
+    def phase_power_w(self, mhz: float, phase: PhaseAtClock) -> float:
+        """Mean power of a stage phase at ``mhz`` (its shares from :class:`StageClockTable`): what every
+        caller prices a clocked phase with."""
+        return self.busy_power_w(mhz, phase.compute_share, phase.kernel_share)
 
 
 def clocked_device(device: DeviceSpec, mhz: int, spec: FrequencySpec | None = None) -> DeviceSpec:
@@ -95,10 +117,13 @@ def clocked_device(device: DeviceSpec, mhz: int, spec: FrequencySpec | None = No
 
 @dataclass(frozen=True)
 class PhaseAtClock:
-    """One stage phase at one clock: its time relative to f_max and its compute-bound share."""
+    """One stage phase at one clock: its wall time relative to f_max, and the shares of that wall
+    time the GPU spends in compute-bound kernels and in kernels at all (the rest: waiting for the
+    host to launch the next one, at blocked power)."""
 
     stretch: float
     compute_share: float
+    kernel_share: float = 1.0
 
 
 def split_compute(t_max: float, t_low: float, f_max: int, f_low: int) -> tuple[float, float]:
@@ -110,12 +135,42 @@ def split_compute(t_max: float, t_low: float, f_max: int, f_low: int) -> tuple[f
     return c, t_max - c
 
 
-def phase_at_clock(t_max: float, t_f: float, compute_s: float, f_max: int, mhz: int) -> PhaseAtClock:
-    """Stretch T(f)/T(f_max) and compute-bound share C·(f_max/f)/T(f) of a phase."""
+def phase_at_clock(t_max: float, t_f: float, compute_s: float, f_max: int, mhz: int,
+                   kernel_f: float | None = None) -> PhaseAtClock:
+    """Stretch T(f)/T(f_max), compute-bound share C·(f_max/f)/T(f) and kernel share K(f)/T(f) of a
+    phase whose wall time is ``t_f`` and kernels' own time ``kernel_f`` (default: the wall time)."""
     if t_max <= 0:
         return PhaseAtClock(1.0, 0.0)
-    stretched = compute_s * f_max / mhz
-    return PhaseAtClock(t_f / t_max, min(1.0, stretched / t_f) if t_f > 0 else 0.0)
+    if t_f <= 0:
+        return PhaseAtClock(t_f / t_max, 0.0, 0.0)
+    kernels = min(t_f if kernel_f is None else max(kernel_f, 0.0), t_f)
+    stretched = min(compute_s * f_max / mhz, kernels)
+    return PhaseAtClock(t_f / t_max, stretched / t_f, kernels / t_f)
+
+
+class StageSeconds(tuple[float, float]):
+    """A stage's (forward, backward) wall seconds at one clock, with ``kernel_s``: the part of each
+    the GPU spends running kernels (the rest waits on the host's kernel issue; module docstring).
+
+    A pair, so it is what the simulator caches per clock (:meth:`mindpipe.simulator.simulator.Simulator.clock_table`);
+    a plain ``(forward, backward)`` pair means kernels fill the wall time.
+    """
+
+    kernel_s: tuple[float, float]
+
+    def __new__(cls, wall: tuple[float, float], kernel: tuple[float, float] | None = None) -> StageSeconds:
+        self = super().__new__(cls, (float(wall[0]), float(wall[1])))
+        k = wall if kernel is None else kernel
+        self.kernel_s = (min(float(k[0]), self[0]), min(float(k[1]), self[1]))
+        return self
+
+    def __getnewargs__(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        return (self[0], self[1]), self.kernel_s
+
+
+def kernel_seconds(t: tuple[float, float]) -> tuple[float, float]:
+    """The kernels' own (forward, backward) seconds of a stage's times (the wall times for a plain pair)."""
+    return t.kernel_s if isinstance(t, StageSeconds) else (t[0], t[1])
 
 
 @dataclass(frozen=True)
@@ -134,12 +189,13 @@ class StageClockTable:
         return self.table[stage][mhz]
 
 
-def build_clock_table(stage_phase_s: dict[int, list[tuple[float, float]]], f_max: int) -> StageClockTable:
+def build_clock_table(stage_phase_s: Mapping[int, Sequence[tuple[float, float]]], f_max: int) -> StageClockTable:
     """A :class:`StageClockTable` from hardware-model stage times at each clock.
 
     Args:
-        stage_phase_s: ``{mhz: [(forward_s, backward_s) per stage]}``, with ``f_max`` and the
-            lowest clock present (they fix each phase's compute/memory split).
+        stage_phase_s: ``{mhz: [(forward_s, backward_s) per stage]}`` (:class:`StageSeconds`, with
+            the kernels' own seconds, from :func:`hardware_stage_times`), with ``f_max`` and the
+            lowest clock present (their kernel times fix each phase's compute/memory split).
         f_max: The maximum clock.
     """
     clocks = sorted(stage_phase_s, reverse=True)
@@ -148,23 +204,21 @@ def build_clock_table(stage_phase_s: dict[int, list[tuple[float, float]]], f_max
     table: list[dict[int, tuple[PhaseAtClock, PhaseAtClock]]] = []
     for s in range(len(base)):
         per: dict[int, tuple[PhaseAtClock, PhaseAtClock]] = {}
-        splits = [split_compute(base[s][k], low[s][k], f_max, f_low)[0] for k in range(2)]
+        k_max, k_low = kernel_seconds(base[s]), kernel_seconds(low[s])
+        splits = [split_compute(k_max[k], k_low[k], f_max, f_low)[0] for k in range(2)]
         for mhz in clocks:
             t = stage_phase_s[mhz][s]
-            fwd, bwd = (phase_at_clock(base[s][k], t[k], splits[k], f_max, mhz) for k in range(2))
+            kt = kernel_seconds(t)
+            fwd, bwd = (phase_at_clock(base[s][k], t[k], splits[k], f_max, mhz, kt[k]) for k in range(2))
             per[mhz] = (fwd, bwd)
         table.append(per)
     return StageClockTable(clocks, table)
 
 
-def hardware_stage_times(model: Model, plan: Plan, device: DeviceSpec, cluster: Cluster, mhz: int,
-                         spec: FrequencySpec) -> list[tuple[float, float]]:
-    """(forward, backward) compute seconds per stage on the hardware model at clock ``mhz``.
-
-    The backward is recompute + input gradient + weight gradient, summed by the owners of the
-    stage layout and the recompute rule (:mod:`mindpipe.simulator.build`).
-    """
-    compute = default_models(clocked_device(device, mhz, spec), cluster)[0]
+def _stage_sums(compute: ComputeModel, model: Model, plan: Plan) -> list[tuple[float, float]]:
+    """(forward, backward) seconds per stage of ``compute``'s layer costs; the backward is recompute +
+    input gradient + weight gradient, summed by the owners of the stage layout and the recompute
+    rule (:mod:`mindpipe.simulator.build`)."""
     stages = assign_layers(compute.layer_costs(model, plan), model, plan)
     policies = block_policies(plan, model.num_layers)
     spans = stage_layout(plan, model)
@@ -173,6 +227,20 @@ def hardware_stage_times(model: Model, plan: Plan, device: DeviceSpec, cluster: 
         recompute, _, _ = stage_recompute(layers, [policies[b] for b in spans[s].blocks])
         out.append((sum(c.forward_s for c in layers),
                      recompute + sum(c.backward_input_s + c.backward_weight_s for c in layers)))
+    return out
+
+
+def hardware_stage_times(model: Model, plan: Plan, device: DeviceSpec, cluster: Cluster, mhz: int,
+                         spec: FrequencySpec) -> list[tuple[float, float]]:
+    """(forward, backward) compute seconds per stage on the hardware model at clock ``mhz``, as
+    :class:`StageSeconds`: the wall time (the host's kernel issue bound included) and the kernels'
+    own time (the same model without that bound)."""
+    compute = default_models(clocked_device(device, mhz, spec), cluster)[0]
+    wall = _stage_sums(compute, model, plan)
+    kernels = wall
+    if isinstance(compute, GpuComputeModel) and compute.host_bound:
+        kernels = _stage_sums(dataclasses.replace(compute, host_bound=False), model, plan)
+    out: list[tuple[float, float]] = [StageSeconds(w, k) for w, k in zip(wall, kernels, strict=True)]
     return out
 
 
@@ -202,7 +270,7 @@ def rank_busy_power_w(stages: list[StageWork], table: StageClockTable, clocks: S
         r = stage_to_rank[s]
         fwd, bwd = table.at(s, clocks[s])
         for t, ph in ((st.forward_s, fwd), (st.backward_compute_s, bwd)):
-            energy[r] += power.busy_power_w(clocks[s], ph.compute_share) * t * num_microbatches
+            energy[r] += power.phase_power_w(clocks[s], ph) * t * num_microbatches
             seconds[r] += t * num_microbatches
         c = copies.stage_total[s] if copies is not None else 0.0
         energy[r] += power.busy_power_w(clocks[s], 0.0) * c
@@ -234,7 +302,7 @@ def action_busy_power_w(stages: list[StageWork], table: StageClockTable, action_
             base = st.forward_s if k == 0 else back
             for mhz in row:
                 ph = table.at(s, mhz)[k]
-                energy[r] += power.busy_power_w(mhz, ph.compute_share) * base * ph.stretch
+                energy[r] += power.phase_power_w(mhz, ph) * base * ph.stretch
                 seconds[r] += base * ph.stretch
     if copies is not None:
         clocked = [((kind, s, mb), t) for (kind, s, mb), t in copies.in_action.items()]
@@ -251,12 +319,14 @@ __all__ = [
     "PhaseAtClock",
     "PowerModel",
     "StageClockTable",
+    "StageSeconds",
     "action_busy_power_w",
     "apply_action_clocks",
     "apply_clocks",
     "build_clock_table",
     "clocked_device",
     "hardware_stage_times",
+    "kernel_seconds",
     "phase_at_clock",
     "rank_busy_power_w",
     "split_compute",

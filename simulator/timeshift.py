@@ -136,12 +136,18 @@ class ShiftedSchedule:
         return 0.0 if now <= 0 else 1.0 - self.intensity_g_per_kwh / now
 
     def run_hours(self) -> list[str]:
-        """The start of every one-hour slot (or partial slot) the job runs in, as UTC stamps."""
+        """Every clock hour (UTC, ``...T18:00:00Z``) the job runs in, wholly or in part, in time order.
+
+        These are the hours the intensity series is indexed by (Electricity Maps stamps each value
+        at its hour's start), so a run from 18:30 to 20:15 lists 18:00, 19:00 and 20:00: the three
+        rows of the series it is priced on, not 18:30 and 19:30.
+        """
         out: list[str] = []
         for seg in self.segments:
-            t = seg.start
+            t = seg.start.replace(minute=0, second=0, microsecond=0)
             while t < seg.end:
-                out.append(stamp(t))
+                if not out or out[-1] != stamp(t):  # two segments in one hour list it once
+                    out.append(stamp(t))
                 t += HOUR
         return out
 

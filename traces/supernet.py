@@ -34,7 +34,7 @@ import numpy as np
 from mindpipe.traces.catalog import check_precision
 from mindpipe.traces.config import Cluster, Plan, check_stage_count, even_partition, one_of
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.limits import integer, shown
+from mindpipe.traces.limits import integer, limit, shown
 from mindpipe.traces.schema import check_format_version
 from mindpipe.traces.units import plural
 from mindpipe.traces.what_if import what_if_used
@@ -266,6 +266,7 @@ def stage_operators(supernet: Supernet, choices: Choices, first_layer: int, num_
 
 
 DEFAULT_WINDOW_PER_STAGE = 2
+"""CSP's default look-ahead window is 2 × pp subnets: room to skip a conflicting subnet past 1F1B's pp in flight."""
 DEFAULT_SUBNETS = 1000
 """Subnets ``mindpipe simulate`` and :meth:`~mindpipe.simulator.subnet_sim.SupernetSimulator.run` replay by default."""
 
@@ -274,7 +275,41 @@ def default_subnets(plan: Plan) -> int:
     """:data:`DEFAULT_SUBNETS`, rounded up to whole batches of a ``sync`` plan (:func:`subnet_batch`)."""
     batch = subnet_batch(plan)
     return -(-DEFAULT_SUBNETS // batch) * batch
-"""CSP's default look-ahead window is 2 × pp subnets: room to skip a conflicting subnet past 1F1B's pp in flight."""
+
+
+def max_subnets(supernet: Supernet) -> int:
+    """Most subnets one simulation of ``supernet`` draws: the ``subnet_choices`` limit over num_layers.
+
+    The simulator's work and memory grow with the choices it draws, subnets × num_layers, and
+    :meth:`~mindpipe.simulator.subnet_sim.SupernetSimulator.run` refuses more than ``subnet_choices``.
+    """
+    return int(limit("subnet_choices")) // supernet.num_layers
+
+
+def check_subnet_count(supernet: Supernet, num_subnets: int, source: str = "--subnets", default: bool = False) -> None:
+    """Raise unless ``num_subnets`` is a whole number of subnets one simulation of ``supernet`` may draw.
+
+    The tuner asks this before its sweep, so that a count past the limit is refused once, naming the
+    limit, instead of being recorded as an invalid plan at every point (:func:`max_subnets`).
+
+    Args:
+        supernet: The supernet simulated.
+        num_subnets: Subnets per simulation.
+        source: The argument that set the count, named in the error (``--subnets``, or the
+            Python keyword ``subnets``).
+        default: The count is the caller's default, not the user's (the error then says so).
+
+    Raises:
+        ContractError: ``--subnets=70000 exceeds the limit of 65,536 subnets for supernet-mini: ...``.
+    """
+    integer(source, num_subnets, 1, "train_steps")
+    most = max_subnets(supernet)
+    if num_subnets > most:
+        given = f"{source}={num_subnets} (the default)" if default else f"{source}={num_subnets}"
+        raise ContractError("", source, f"{given} exceeds the limit of {most:,} subnets for {supernet.label}: one "
+                            f"simulation draws at most {int(limit('subnet_choices')):,} choices (subnets × num_layers, "
+                            f"here {num_subnets} × {supernet.num_layers})" + (f"; give {source} of at most {most:,}"
+                                                                             if default else ""))
 
 
 def subnet_schedule(plan: Plan) -> str:
@@ -400,9 +435,11 @@ __all__ = [
     "Sampler",
     "Supernet",
     "check_choices",
+    "check_subnet_count",
     "check_supernet_plan",
     "conflict_probability",
     "default_subnets",
+    "max_subnets",
     "sample_subnet",
     "sample_subnets",
     "stage_operators",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +34,20 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import frequency_spec
 from mindpipe.traces.limits import shown
 from mindpipe.traces.schema import to_dict, write_json
-from mindpipe.traces.supernet import Supernet
+from mindpipe.traces.supernet import Supernet, check_subnet_count
 from mindpipe.traces.trace import Trace
 from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.evaluate import screen as screen_memory
-from mindpipe.tuner.keys import parse_global_batch, parse_search, parse_what_if, read_fixes
+from mindpipe.tuner.keys import (
+    CLI_ARG_NAMES,
+    PYTHON_ARG_NAMES,
+    ArgNames,
+    check_fixes_what_if,
+    parse_global_batch,
+    parse_search,
+    parse_what_if,
+    read_fixes,
+)
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import CriticalBatch, Objective
 from mindpipe.tuner.output import write_outputs
@@ -46,7 +56,7 @@ from mindpipe.tuner.store import SweepStore
 from mindpipe.tuner.summary import TuneSummary
 from mindpipe.tuner.sweep import Evaluator, Progress, Screener, SweepConfig, SweepResult, run_sweep
 from mindpipe.tuner.target import Placement, TrainingTarget
-from mindpipe.tuner.target_front import FrontConfig, run_front
+from mindpipe.tuner.target_front import FRONT_CLOCK_METHODS, FrontConfig, front_clocks, run_front
 from mindpipe.tuner.timeshift import PlanRun, TimeShift, reprice, write_report
 
 DEFAULT_SUBNETS = 256
@@ -93,51 +103,60 @@ def reference(source: str, obj: Trace | Calibration) -> str:
     return f"{source} sha256:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
-def attention_as_profiled(fixes: dict[str, Any], trace: Trace) -> dict[str, Any]:
+def attention_as_profiled(fixes: dict[str, Any], trace: Trace, *,
+                          arg_names: ArgNames = CLI_ARG_NAMES) -> dict[str, Any]:
     """``fixes`` with ``flash_attention`` pinned to how ``trace`` ran attention (a trace prices only
     such plans, :class:`mindpipe.simulator.costs.TraceComputeModel`).
 
     Raises:
-        ContractError: ``--fix flash_attention`` asks for another value than the trace's.
+        ContractError: ``--fix flash_attention`` asks for another value than the trace's (naming the
+            arguments as ``arg_names`` does).
     """
     want = trace.flash_attention
     pinned = fixes.get("flash_attention")
     if pinned is None:
         return {**fixes, "flash_attention": want}
     if any(v != want for v in (pinned if isinstance(pinned, list) else [pinned])):
-        raise ContractError("--fix", "flash_attention", (
+        profile_with = "" if want else f" with {arg_names.name('--flash-attention')}"
+        raise ContractError(arg_names.name("--fix"), "flash_attention", (
             f"the trace was profiled {'with' if want else 'without'} flash attention, so it prices only "
-            f"flash_attention={str(want).lower()}: profile again{'' if want else ' with --flash-attention'} "
-            "or tune without --trace"))
+            f"flash_attention={str(want).lower()}: profile again{profile_with} "
+            f"or tune without {arg_names.name('--trace')}"))
     return fixes
 
 
 def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | Sequence[int] | str | None,
                 fixes: dict[str, Any] | Sequence[str] | None, partitioners: Sequence[str],
                 what_if: str | Sequence[str] | None = None, trace: Trace | None = None,
-                search: str | Sequence[str] | None = None) -> SearchSpace:
+                search: str | Sequence[str] | None = None, *, arg_names: ArgNames = CLI_ARG_NAMES) -> SearchSpace:
     """The search space from loose arguments (see :func:`tune`); a GPT model's ``trace`` pins
-    ``flash_attention`` to how it was profiled (:func:`attention_as_profiled`)."""
+    ``flash_attention`` to how it was profiled (:func:`attention_as_profiled`). Errors name the
+    arguments as ``arg_names`` does (``mindpipe tune``'s flags by default; :func:`tune` passes its own).
+    """
     if global_batch is None:
         batches = [default_global_batch(cluster)]
     elif isinstance(global_batch, str):
-        batches = parse_global_batch(global_batch)
+        batches = parse_global_batch(global_batch, arg_names=arg_names)
     else:  # a size or sizes from Python: the same rules as the text (0 < size <= the limit, how many)
         values = list(global_batch) if isinstance(global_batch, list | tuple | set | range) else [global_batch]
         if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise ContractError("--global-batch", None, f"{shown(global_batch)}: a global batch size is a whole number "
-                                                        "(or give a list of them, or 'A:B')")
-        batches = parse_global_batch(",".join(map(str, values)))
-    fixed = read_fixes(fixes)
-    knobs, opened = parse_what_if(what_if), parse_search(search)
+            raise ContractError(arg_names.name("--global-batch"), None, f"{shown(global_batch)}: a global batch "
+                                "size is a whole number (or give a list of them, or 'A:B')")
+        batches = parse_global_batch(",".join(map(str, values)), arg_names=arg_names)
+    fixed = read_fixes(fixes, arg_names=arg_names)
+    knobs, opened = parse_what_if(what_if, arg_names=arg_names), parse_search(search, arg_names=arg_names)
     if trace is not None and not isinstance(model, Supernet):
-        fixed = attention_as_profiled(fixed, trace)
+        fixed = attention_as_profiled(fixed, trace, arg_names=arg_names)
         if "cp" in opened:  # the trace compute model's own refusal, before any point is proposed
-            raise ContractError("--search", "cp", "cp: a trace's layers ran whole sequences, so it cannot price "
-                                "context parallelism; tune cp without --trace (the hardware model)")
+            raise ContractError(arg_names.name("--search"), "cp", "cp: a trace's layers ran whole sequences, so it "
+                                f"cannot price context parallelism; tune cp without {arg_names.name('--trace')} "
+                                "(the hardware model)")
+    if not isinstance(model, Supernet):  # the space asks too, naming the flags; a supernet refuses what-if first
+        check_fixes_what_if(fixed, knobs, arg_names=arg_names)
     named = (partitioners,) if isinstance(partitioners, str) else tuple(partitioners)  # "even" is one, not four
-    return SearchSpace(model, cluster, batches, fixed, named, knobs,
-                       batch_given=global_batch is not None, search=opened)
+    with arg_names.renaming():  # the space's own refusals name their flag as the source
+        return SearchSpace(model, cluster, batches, fixed, named, knobs,
+                           batch_given=global_batch is not None, search=opened)
 
 
 def target_identity(obj: Objective) -> dict[str, Any]:
@@ -195,8 +214,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
          progress: Progress | None = None, plots: bool = True, evaluator: Evaluator = evaluate,
          screen: Screener | None = screen_memory,
          subnets: int | None = None, front: FrontConfig | None = None,
-         search: str | Sequence[str] | None = None, clocks: str = "default", max_slowdown: float = 0.01,
-         critical: CriticalBatch | None = None) -> TuneOutcome:
+         search: str | Sequence[str] | None = None, clocks: str | None = None, max_slowdown: float = 0.01,
+         critical: CriticalBatch | None = None, arg_names: ArgNames = PYTHON_ARG_NAMES) -> TuneOutcome:
     """Search for the best plan of ``model`` on ``cluster`` and write the outputs to ``out``.
 
     Args:
@@ -227,9 +246,14 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
         front: For ``carbon_to_target``: the plans × clocks × start times front's width
             (:mod:`mindpipe.tuner.target_front`; default :class:`FrontConfig`).
         clocks, max_slowdown: Plan the best plan's stage clocks by this method (``perseus``,
-            ``envpipe``; ``default`` leaves the clocks) within this iteration-time slowdown. The
-            ``carbon_to_target`` front plans its own clocks and ignores them.
+            ``envpipe``; ``default`` or None leaves the clocks) within this iteration-time slowdown
+            (a fraction in [0, 1]). ``carbon_to_target`` prices its front at default clocks and at
+            the named planner's (:func:`~mindpipe.tuner.target_front.front_clocks`: perseus when
+            None, none besides default clocks for ``"default"``), unless ``front`` says otherwise.
         critical: Where the objective's critical batch came from (reported in the summary).
+        arg_names: How error messages name the arguments: these keywords (``fixes: ...``, the
+            default), or ``mindpipe tune``'s flags (:data:`~mindpipe.tuner.keys.CLI_ARG_NAMES`, which
+            the CLI passes).
 
     Raises:
         ContractError: invalid arguments, an empty space, or a different sweep in ``out``.
@@ -238,18 +262,31 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     model = load_network(model)
     cluster = load_cluster(cluster)
     supernet = isinstance(model, Supernet)
-    if supernet and clocks != "default":
-        raise ContractError("--clocks", None, "per-stage clocks are planned for GPT and Llama models (the supernet "
-                            "simulator prices no energy)")
-    obj = objective if isinstance(objective, Objective) else Objective(objective, supernet=supernet)
-    if obj.supernet != supernet:
-        obj = dataclasses.replace(obj, supernet=supernet)  # re-checked for the model's kind
-    if clocks != "default" and obj.target is None:  # refused before the sweep, not after it
-        frequency_spec(cluster.gpu, source="--clocks")
+    if clocks is not None and clocks not in FRONT_CLOCK_METHODS:  # refused before the sweep, not after it
+        raise ContractError(arg_names.name("--clocks"), None,
+                            f"{clocks!r} must be one of {', '.join(FRONT_CLOCK_METHODS)}")
+    if isinstance(max_slowdown, bool) or not (isinstance(max_slowdown, (int, float)) and math.isfinite(max_slowdown)
+                                               and 0.0 <= max_slowdown <= 1.0):
+        raise ContractError(arg_names.name("--max-slowdown"), None,
+                            f"{max_slowdown!r} is not a finite number in [0, 1]")
+    planned = clocks not in (None, "default")  # the best plan's clocks are planned after the search
+    if supernet and planned:
+        raise ContractError(arg_names.name("--clocks"), None, "per-stage clocks are planned for GPT and Llama "
+                            "models (the supernet simulator prices no energy)")
+    with arg_names.renaming():  # the objective's rules name their flag as the source
+        obj = objective if isinstance(objective, Objective) else Objective(objective, supernet=supernet)
+        if obj.supernet != supernet:
+            obj = dataclasses.replace(obj, supernet=supernet)  # re-checked for the model's kind
+    if planned and obj.target is None:  # refused before the sweep, not after it
+        frequency_spec(cluster.gpu, source=arg_names.name("--clocks"))
     if subnets is not None and not supernet:
-        raise ContractError("--subnets", None, f"--subnets counts subnets of a supernet; {model.label} is a GPT model")
+        raise ContractError(arg_names.name("--subnets"), None,
+                            f"{arg_names.name('--subnets')} counts subnets of a supernet; {model.label} is a GPT model")
+    if isinstance(model, Supernet):  # refused once here, not as every plan's failure
+        check_subnet_count(model, DEFAULT_SUBNETS if subnets is None else subnets, arg_names.name("--subnets"),
+                           default=subnets is None)
     cfg = config or SweepConfig()
-    space = build_space(model, cluster, global_batch, fixes, partitioners, what_if, trace, search)
+    space = build_space(model, cluster, global_batch, fixes, partitioners, what_if, trace, search, arg_names=arg_names)
     if trace is not None:
         if isinstance(model, Supernet):
             check_candidate_trace(trace, model)
@@ -257,24 +294,26 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
             trace.check_model(model, source="trace")
     fp = fingerprint(model, cluster, trace, calibration)
     problem = Problem(model, cluster, trace, space.pinned or None, fingerprint=fp, calibration=calibration,
-                      num_subnets=subnets or DEFAULT_SUBNETS)
+                      num_subnets=DEFAULT_SUBNETS if subnets is None else subnets)
     if not space.points:
         from mindpipe.tuner.sweep import no_plan_message
 
-        raise NoFeasiblePlan("tune", None, no_plan_message(space))
+        raise NoFeasiblePlan("tune", None, no_plan_message(space, arg_names))
     out_dir = Path(out)
     store = SweepStore(out_dir, _sweep_identity(problem, space, obj, cfg), resume)
     try:
-        result = run_sweep(problem, space, obj, cfg, store, progress=progress, evaluator=evaluator, screen=screen)
+        with arg_names.renaming():  # the sweep's refusals (a grid past the budget, Dask) name the config's field
+            result = run_sweep(problem, space, obj, cfg, store, progress=progress, evaluator=evaluator, screen=screen)
     finally:
         store.close()
     made_for = MadeFor(None if isinstance(model, Supernet) else model, cluster, tool="mindpipe tune",
                        supernet=model if isinstance(model, Supernet) else None,
                        trace=reference(trace_source, trace) if trace is not None else None,
                        calibration=reference(calibration_source, calibration) if calibration is not None else None)
-    info = _write(problem, result, obj, space, out_dir, made_for, plots, front)
+    info = _write(problem, result, obj, space, out_dir, made_for, plots, front or FrontConfig(front_clocks(clocks)))
     info.critical_batch = critical
-    if clocks != "default" and isinstance(model, Model) and obj.target is None:  # the front plans its own
+    if planned and isinstance(model, Model) and obj.target is None:  # the front plans its own
+        assert clocks is not None
         add_clocks(problem, model, out_dir, info, clocks, max_slowdown, plots, obj.shift)
     info.write()
     if result.best is None:
@@ -310,7 +349,7 @@ def _sweep_identity(problem: Problem, space: SearchSpace, obj: Objective, cfg: S
 
 
 def _write(problem: Problem, result: SweepResult, obj: Objective, space: SearchSpace, out_dir: Path, made_for: MadeFor,
-           plots: bool, front: FrontConfig | None) -> TuneSummary:
+           plots: bool, front: FrontConfig) -> TuneSummary:
     """Write the sweep's outputs (and a time-shifted job's start, a target's front); their summary."""
     shifted = None
     if obj.shift is not None and result.best is not None:
@@ -320,7 +359,7 @@ def _write(problem: Problem, result: SweepResult, obj: Objective, space: SearchS
     info = write_outputs(result, obj, space, out_dir, made_for, plots=plots, timeshift=shifted)
     if obj.target is not None and result.best is not None and isinstance(problem.model, Model):
         sim = Simulator(problem.model, problem.cluster, trace=problem.trace, calibration=problem.calibration)
-        write_front(sim, result, obj.target, obj.placement, front or FrontConfig(), out_dir, info, plots)
+        write_front(sim, result, obj.target, obj.placement, front, out_dir, info, plots)
     return info
 
 

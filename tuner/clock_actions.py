@@ -97,7 +97,7 @@ class ActionGrid:
                     ph = dag.table.at(s, mhz)[k]
                     c = base[code][s] * ph.stretch
                     d_row.append(c + tp[code][s])
-                    e_row.append((dag.power.busy_power_w(mhz, ph.compute_share) - p_blk) * c)
+                    e_row.append((dag.power.phase_power_w(mhz, ph) - p_blk) * c)
                 least = min(e_row)
                 best = next(j for j, v in enumerate(e_row) if v <= least + 1e-9 * abs(least))
                 cache[(s, code)] = (d_row, e_row, best)

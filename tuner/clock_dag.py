@@ -193,7 +193,7 @@ class ClockDag:
             fwd, bwd = self.table.at(s, mhz)
             cf = self.compute_f[s] * fwd.stretch
             cb = comp[s] - cf
-            energy += m * (self.power.busy_power_w(mhz, fwd.compute_share) * cf + self.power.busy_power_w(mhz, bwd.compute_share) * cb)
+            energy += m * (self.power.phase_power_w(mhz, fwd) * cf + self.power.phase_power_w(mhz, bwd) * cb)
             busy[r] += m * comp[s]
             copy = self.copies.stage_total[s]
             energy += self.power.busy_power_w(mhz, 0.0) * copy

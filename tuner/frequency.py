@@ -109,7 +109,7 @@ def energy_optimal_index(dag: ClockDag, grid: Sequence[int]) -> list[int]:
                     continue
                 fwd, bwd = dag.table.at(s, mhz)
                 cf, cb = dag.compute_f[s] * fwd.stretch, (dag.compute_i[s] + dag.compute_w[s]) * bwd.stretch
-                e += dag.power.busy_power_w(mhz, fwd.compute_share) * cf + dag.power.busy_power_w(mhz, bwd.compute_share) * cb
+                e += dag.power.phase_power_w(mhz, fwd) * cf + dag.power.phase_power_w(mhz, bwd) * cb
                 # The step's data-parallel copies, per micro-batch.
                 e += dag.power.busy_power_w(mhz, 0.0) * dag.copies.stage_total[s] / dag.num_microbatches
             if e < best_e:

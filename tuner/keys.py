@@ -26,6 +26,9 @@ runs but the default space leaves at one value: ``cp`` (context parallelism) spl
 data-parallel devices into dp × cp, which multiplies the meshes, and each cp > 1 point needs
 FlashAttention (the Plan's cp rule), so ``--search cp`` tries cp = 1 with it too. ``--fix cp=N``
 pins it without ``--search``, like any plan key.
+
+The parsers name each argument by its ``mindpipe tune`` flag unless the caller gives its own
+naming (:class:`ArgNames`: :data:`PYTHON_ARG_NAMES` for :func:`mindpipe.tuner.api.tune`'s keywords).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from mindpipe.traces.config import (
@@ -56,6 +61,84 @@ from mindpipe.traces.reading import parse_json
 from mindpipe.traces.what_if import SEARCHED_WHAT_IF_KEYS, WHAT_IF_KEYS, what_if_used
 
 PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
+
+# What a Python caller of :func:`mindpipe.tuner.api.tune` wrote for each ``mindpipe tune`` flag: its
+# keyword, or ``argument.field`` for a field of the SweepConfig (``config``) or Objective
+# (``objective``) it passed; ``--flash-attention`` is the profiler's (a trace's attention).
+PYTHON_NAMES = {
+    "--model": "model", "--cluster": "cluster", "--out": "out", "--trace": "trace", "--calibration": "calibration",
+    "--objective": "objective", "--global-batch": "global_batch", "--fix": "fixes", "--partitioner": "partitioners",
+    "--what-if": "what_if", "--search": "search", "--resume": "resume", "--subnets": "subnets", "--clocks": "clocks",
+    "--max-slowdown": "max_slowdown", "--critical-batch": "objective.critical_batch",
+    "--constraint": "objective.constraints", "--target-samples": "objective.target", "--carbon-csv": "objective.shift",
+    "--window": "objective.shift", "--optimizer": "config.optimizer", "--surrogate": "config.surrogate",
+    "--initial-points": "config.n_initial", "--budget": "config.budget", "--seed": "config.seed",
+    "--workers": "config.workers", "--batch-size": "config.batch_size", "--dask": "config.dask",
+    "--dask-timeout": "config.dask_timeout_s", "--flash-attention": "ProfileOptions.flash_attention",
+}
+# Flags whose Python argument is a list (the CLI repeats the flag, or takes a comma list).
+_PYTHON_LISTS = ("--fix", "--partitioner")
+
+
+@dataclass(frozen=True)
+class ArgNames:
+    """How the caller named the arguments an error message points at: ``mindpipe tune``'s flags or
+    :func:`~mindpipe.tuner.api.tune`'s keywords.
+
+    The validation is written once and names each argument by its flag (``"--fix"``); the caller
+    picks the naming — :data:`CLI_ARG_NAMES` keeps the flags (the CLI's messages), and
+    :data:`PYTHON_ARG_NAMES` says ``fixes``, ``what_if="cp"`` (:data:`PYTHON_NAMES`).
+
+    Attributes:
+        python: The caller is Python code (keywords and literals), not a command line.
+    """
+
+    python: bool = False
+
+    def name(self, flag: str) -> str:
+        """What the caller calls ``flag``'s argument (a flag without a Python name keeps it)."""
+        return PYTHON_NAMES.get(flag, flag) if self.python else flag
+
+    def given(self, flag: str, value: str) -> str:
+        """How the caller passes ``value`` to ``flag``: ``--what-if comm_priority`` on the command line,
+        ``what_if="comm_priority"`` (``fixes=["tp=8"]`` for a list argument) in Python."""
+        if not self.python or flag not in PYTHON_NAMES:
+            return f"{flag} {value}"
+        literal = json.dumps(value)
+        return f"{self.name(flag)}=[{literal}]" if flag in _PYTHON_LISTS else f"{self.name(flag)}={literal}"
+
+    @property
+    def several(self) -> str:
+        """How the caller gives several values of a list argument."""
+        return "a list" if self.python else "a comma list"
+
+    def error(self, error: ContractError) -> ContractError:
+        """``error`` naming the caller's argument where its source is a flag; else ``error`` itself.
+
+        For validation owned elsewhere that names its flag as the source (the search space, the
+        objective): the source is renamed, the rule's words are its owner's.
+        """
+        name = self.name(error.source)
+        if name == error.source:
+            return error
+        return type(error)(name, error.key, error.rule).with_traceback(error.__traceback__)
+
+    @contextmanager
+    def renaming(self) -> Iterator[None]:
+        """Raise what the block raises, renamed by :meth:`error`."""
+        try:
+            yield
+        except ContractError as e:
+            renamed = self.error(e)
+            if renamed is e:
+                raise
+            raise renamed from None
+
+
+CLI_ARG_NAMES = ArgNames(python=False)
+"""The flags of ``mindpipe tune`` (every parser's default)."""
+PYTHON_ARG_NAMES = ArgNames(python=True)
+"""The keywords of :func:`mindpipe.tuner.api.tune`."""
 
 
 def check_partitioners(names: Iterable[str], given_allowed: bool = False) -> tuple[str, ...]:
@@ -136,11 +219,11 @@ def plan_of(point: Mapping[str, Any], pinned: Mapping[str, list[Any]] | None = N
     return Plan(**kwargs)
 
 
-def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
+def parse_what_if(value: str | Iterable[str] | None, *, arg_names: ArgNames = CLI_ARG_NAMES) -> tuple[str, ...]:
     """``--what-if`` into the knobs to search: ``all`` (or an empty string) → every knob; ``KEY[,KEY]``.
 
     Raises:
-        ContractError: a key that is not a what-if knob.
+        ContractError: a key that is not a what-if knob (naming the arguments as ``arg_names`` does).
     """
     if value is None:
         return ()
@@ -149,61 +232,64 @@ def parse_what_if(value: str | Iterable[str] | None) -> tuple[str, ...]:
     if not items or items == ["all"]:
         return tuple(SEARCHED_WHAT_IF_KEYS)
     known = (*SEARCHED_WHAT_IF_KEYS, *NAMED_WHAT_IF_KEYS)
+    flag = arg_names.name("--what-if")
     for key in items:
         if key in SEARCH_ON_REQUEST_KEYS:
-            raise ContractError("--what-if", key, f"{key} is not a what-if knob: mindpipe run carries it out; "
-                                f"search it with --search {key}")
+            raise ContractError(flag, key, f"{key} is not a what-if knob: mindpipe run carries it out; "
+                                f"search it with {arg_names.given('--search', key)}")
         if key not in known:
             what = "is a what-if knob only the clock planner sets" if key in WHAT_IF_KEYS else "is not a what-if knob"
-            raise ContractError("--what-if", key, f"{key} {what} (known: all, {', '.join(known)})")
+            raise ContractError(flag, key, f"{key} {what} (known: all, {', '.join(known)})")
     return tuple(k for k in known if k in items)
 
 
-def parse_search(value: str | Iterable[str] | None) -> tuple[str, ...]:
+def parse_search(value: str | Iterable[str] | None, *, arg_names: ArgNames = CLI_ARG_NAMES) -> tuple[str, ...]:
     """``--search KEY[,KEY]`` into the plan keys to search beyond the default space (:data:`SEARCH_ON_REQUEST_KEYS`).
 
     Raises:
-        ContractError: a key that is not one of them.
+        ContractError: a key that is not one of them (naming the arguments as ``arg_names`` does).
     """
     if value is None:
         return ()
     items = [v.strip().replace("-", "_") for v in (value.split(",") if isinstance(value, str) else value)]
     items = [v for v in items if v]
+    flag = arg_names.name("--search")
     if not items:
-        raise ContractError("--search", None, f"--search needs a key (known: {', '.join(SEARCH_ON_REQUEST_KEYS)})")
+        raise ContractError(flag, None, f"{flag} needs a key (known: {', '.join(SEARCH_ON_REQUEST_KEYS)})")
     for key in items:
         if key not in SEARCH_ON_REQUEST_KEYS:
             what = f"{key} is searched by default" if key in POINT_KEYS else f"{shown(key)} is not a plan key"
-            raise ContractError("--search", None, f"{what} (--search takes: {', '.join(SEARCH_ON_REQUEST_KEYS)})")
+            raise ContractError(flag, None, f"{what} ({flag} takes: {', '.join(SEARCH_ON_REQUEST_KEYS)})")
     return tuple(k for k in SEARCH_ON_REQUEST_KEYS if k in items)
 
 
-def _parse_scalar(key: str, text: str) -> Any:
-    """One ``--fix`` value, checked by the plan key's own rule (:func:`~mindpipe.traces.config.check_plan_key`)."""
+def _parse_scalar(key: str, text: str, flag: str) -> Any:
+    """One ``--fix`` value (``flag``: what the caller calls ``--fix``), checked by the plan key's own
+    rule (:func:`~mindpipe.traces.config.check_plan_key`)."""
     text = text.strip()
     if key in _INT_KEYS:
         if not _INT_RE.fullmatch(text):
-            raise ContractError("--fix", key, f"{key}={shown(text)} must be an integer (at most 18 digits)")
+            raise ContractError(flag, key, f"{key}={shown(text)} must be an integer (at most 18 digits)")
         value: Any = int(text)
     elif key in _BOOL_KEYS:
         low = text.lower()
         if low not in ("true", "false", "1", "0", "yes", "no"):
-            raise ContractError("--fix", key, f"{key}={text!r} must be true or false")
+            raise ContractError(flag, key, f"{key}={text!r} must be true or false")
         value = low in ("true", "1", "yes")
     else:
         allowed = _STR_CHOICES[key]
         if text not in allowed:
-            raise ContractError("--fix", key, f"{key}={text!r} is not one of {', '.join(allowed)}")
+            raise ContractError(flag, key, f"{key}={text!r} is not one of {', '.join(allowed)}")
         value = text
     if key in PLAN_SCALAR_KEYS:
         try:
             check_plan_key(key, value)  # tp=0 would otherwise reach the search space's arithmetic
         except ContractError as e:
-            raise ContractError("--fix", e.key, e.rule) from None
+            raise ContractError(flag, e.key, e.rule) from None
     return value
 
 
-def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
+def parse_fixes(items: Iterable[str], *, arg_names: ArgNames = CLI_ARG_NAMES) -> dict[str, Any]:
     """Parse ``--fix KEY=VALUE`` arguments.
 
     ``KEY=A,B`` restricts a key to a set of values (a list); ``partition`` and
@@ -211,33 +297,36 @@ def parse_fixes(items: Iterable[str]) -> dict[str, Any]:
     partitioner to ``given``.
 
     Raises:
-        ContractError: unknown key, malformed value, or a key pinned twice.
+        ContractError: unknown key, malformed value, or a key pinned twice (naming the arguments as
+            ``arg_names`` does).
     """
+    flag = arg_names.name("--fix")
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep:
-            raise ContractError("--fix", None, f"{item!r} is not KEY=VALUE")
+            raise ContractError(flag, None, f"{item!r} is not KEY=VALUE")
         if key in out:
-            raise ContractError("--fix", key, f"{key} is pinned twice")
+            raise ContractError(flag, key, f"{key} is pinned twice")
         if key == "partitioner":  # the space's partitioner dimension is --partitioner's alone
-            raise ContractError("--fix", key, "the partitioner is chosen with --partitioner NAME (a comma list "
-                                "is searched as a dimension), not --fix")
+            raise ContractError(flag, key, f"the partitioner is chosen with {arg_names.given('--partitioner', 'NAME')} "
+                                f"({arg_names.several} is searched as a dimension), not {flag}")
         if key in LIST_KEYS:
-            out[key] = _parse_list(key, value)
+            out[key] = _parse_list(key, value, flag)
         elif key in POINT_KEYS or key in SUPERNET_POINT_KEYS:
             # A set of values: one named twice (tp=2,2; sequence_parallel=true,1) is one value, not
             # a second copy of every point of the space.
-            values = list(dict.fromkeys(_parse_scalar(key, v) for v in value.split(",")))
+            values = list(dict.fromkeys(_parse_scalar(key, v, flag) for v in value.split(",")))
             out[key] = values[0] if len(values) == 1 else values
         else:
             known = ", ".join((*POINT_KEYS, *SUPERNET_POINT_KEYS, *LIST_KEYS))
-            raise ContractError("--fix", key, f"{key}: not a plan key (known: {known})")
+            raise ContractError(flag, key, f"{key}: not a plan key (known: {known})")
     return out
 
 
-def read_fixes(fixes: Mapping[str, Any] | Iterable[str] | str | None) -> dict[str, Any]:
+def read_fixes(fixes: Mapping[str, Any] | Iterable[str] | str | None, *,
+               arg_names: ArgNames = CLI_ARG_NAMES) -> dict[str, Any]:
     """Pinned plan keys from ``--fix KEY=VALUE`` strings (one string, a list) or a Python mapping
     (``{"tp": 8, "schedule": ["1f1b", "zb_h1"]}``), every value checked by :func:`parse_fixes`'s rules:
     a mapping is written as the strings it stands for, so both forms refuse the same values.
@@ -248,11 +337,11 @@ def read_fixes(fixes: Mapping[str, Any] | Iterable[str] | str | None) -> dict[st
     if fixes is None:
         return {}
     if isinstance(fixes, str):
-        return parse_fixes([fixes])
+        return parse_fixes([fixes], arg_names=arg_names)
     if isinstance(fixes, Mapping):
-        return parse_fixes(f"{key}={_fix_text(str(key).strip().replace('-', '_'), value)}"
-                           for key, value in fixes.items())
-    return parse_fixes(fixes)
+        return parse_fixes((f"{key}={_fix_text(str(key).strip().replace('-', '_'), value)}"
+                            for key, value in fixes.items()), arg_names=arg_names)
+    return parse_fixes(fixes, arg_names=arg_names)
 
 
 def _fix_text(key: str, value: Any) -> str:
@@ -269,11 +358,13 @@ def _fix_text(key: str, value: Any) -> str:
     return ",".join(one(v) for v in values)
 
 
-def check_fixes_what_if(fixes: Mapping[str, Any], what_if: Iterable[str]) -> None:
+def check_fixes_what_if(fixes: Mapping[str, Any], what_if: Iterable[str], *,
+                        arg_names: ArgNames = CLI_ARG_NAMES) -> None:
     """Refuse ``--fix`` of a what-if knob to a value the executor does not run, unless it is searched.
 
     Raises:
-        ContractError: e.g. ``--fix: comm_priority=pp_first is a what-if knob ...``.
+        ContractError: e.g. ``--fix: comm_priority=pp_first is a what-if knob ...`` (naming the
+            arguments as ``arg_names`` does).
     """
     enabled = set(what_if)
     for key, run in WHAT_IF_KEYS.items():
@@ -282,54 +373,57 @@ def check_fixes_what_if(fixes: Mapping[str, Any], what_if: Iterable[str]) -> Non
         values = fixes[key] if isinstance(fixes[key], list) else [fixes[key]]
         other = [v for v in values if v != run]
         if other:
-            raise ContractError("--fix", key, (
+            raise ContractError(arg_names.name("--fix"), key, (
                 f"{key}={json.dumps(other[0])} is a what-if knob (the executor runs only {key}={json.dumps(run)}): "
-                f"add --what-if {key} to search or pin it"))
+                f"add {arg_names.given('--what-if', key)} to search or pin it"))
 
 
-def _parse_list(key: str, value: str) -> list[Any]:
-    """``partition=[3,5]`` (positive integers) or ``layer_memory_policy=["keep",...]`` (names)."""
+def _parse_list(key: str, value: str, flag: str) -> list[Any]:
+    """``partition=[3,5]`` (positive integers) or ``layer_memory_policy=["keep",...]`` (names);
+    ``flag``: what the caller calls ``--fix``."""
     example = f"{key}=[4,4]" if key == "partition" else f'{key}=["keep","recompute"]'
     try:
-        parsed = parse_json(value, "--fix")
+        parsed = parse_json(value, flag)
     except ContractError as e:
-        raise ContractError("--fix", key, f"{key} must be a JSON list, e.g. {example} ({e.rule})") from None
+        raise ContractError(flag, key, f"{key} must be a JSON list, e.g. {example} ({e.rule})") from None
     if not isinstance(parsed, list) or not 1 <= len(parsed) <= limit("num_layers"):
-        raise ContractError("--fix", key, f"{key} must be a JSON list of 1 to {limit('num_layers'):,} entries, "
-                                          f"e.g. {example}")
+        raise ContractError(flag, key, f"{key} must be a JSON list of 1 to {limit('num_layers'):,} entries, "
+                                       f"e.g. {example}")
     for i, item in enumerate(parsed):
         if key == "partition":
             try:
                 integer(f"{key}[{i}]", item, 1, "num_layers")
             except ContractError as e:
-                raise ContractError("--fix", e.key, e.rule) from None
+                raise ContractError(flag, e.key, e.rule) from None
         elif not isinstance(item, str):
-            raise ContractError("--fix", f"{key}[{i}]", f"{key}[{i}]={shown(item)} must be a string")
+            raise ContractError(flag, f"{key}[{i}]", f"{key}[{i}]={shown(item)} must be a string")
     return parsed
 
 
-def parse_global_batch(text: str) -> list[int]:
+def parse_global_batch(text: str, *, arg_names: ArgNames = CLI_ARG_NAMES) -> list[int]:
     """``N``, ``A,B,C`` or ``A:B`` (A, 2A, 4A … up to B) into a sorted list of global batch sizes.
 
     Every size must be in 1 .. the ``global_batch_size`` limit, and at most ``global_batch_choices``
     sizes (:data:`mindpipe.traces.limits.LIMITS`), so the list is small whatever the text.
 
     Raises:
-        ContractError: ``--global-batch: '1:2^4000' is not N, A,B,C or A:B ...`` and the limits.
+        ContractError: ``--global-batch: '1:2^4000' is not N, A,B,C or A:B ...`` and the limits
+            (naming the argument as ``arg_names`` does).
     """
     top, most = int(limit("global_batch_size")), int(limit("global_batch_choices"))
+    flag = arg_names.name("--global-batch")
     usage = f"{shown(text)} is not N, A,B,C or A:B with 0 < A <= B <= {top:,} (the global_batch_size limit)"
     parts = text.split(":") if ":" in text else text.split(",")
     if len(parts) > most or (":" in text and len(parts) != 2):
-        raise ContractError("--global-batch", None, usage if ":" in text else
+        raise ContractError(flag, None, usage if ":" in text else
                             f"{len(parts)} global batch sizes; at most {most} (limit)")
     if not all(_INT_RE.fullmatch(p.strip()) and 0 < int(p) <= top for p in parts):
-        raise ContractError("--global-batch", None, usage)
+        raise ContractError(flag, None, usage)
     values = [int(p) for p in parts]
     if ":" in text:
         lo, hi = values
         if hi < lo:
-            raise ContractError("--global-batch", None, usage)
+            raise ContractError(flag, None, usage)
         out, g = [], lo
         while g <= hi:  # at most log2(top) + 1 = 25 sizes
             out.append(g)
@@ -347,16 +441,20 @@ def point_key(point: Mapping[str, Any]) -> str:
 
 
 __all__ = [
+    "CLI_ARG_NAMES",
     "LIST_KEYS",
     "NAMED_WHAT_IF_KEYS",
     "OPTIONAL_POINT_KEYS",
     "PARTITIONERS",
     "PLAN_DEFAULTS",
     "POINT_KEYS",
+    "PYTHON_ARG_NAMES",
+    "PYTHON_NAMES",
     "SEARCHED_WHAT_IF_KEYS",
     "SEARCH_ON_REQUEST_KEYS",
     "SUPERNET_POINT_KEYS",
     "WHAT_IF_KEYS",
+    "ArgNames",
     "Point",
     "check_fixes_what_if",
     "parse_fixes",

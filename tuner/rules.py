@@ -16,6 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.keys import CLI_ARG_NAMES, ArgNames
 
 
 class Rule(StrEnum):
@@ -37,8 +38,12 @@ class Rule(StrEnum):
 
     @property
     def text(self) -> str:
-        """The rule in words (generic: no numbers of one combination)."""
-        return _TEXT[self]
+        """The rule in words (generic: no numbers of one combination), naming ``mindpipe tune``'s flags."""
+        return self.said(CLI_ARG_NAMES)
+
+    def said(self, arg_names: ArgNames) -> str:
+        """:attr:`text`, naming the arguments as ``arg_names`` does (``--fix`` or ``fixes``)."""
+        return _TEXT[self].format(fix=arg_names.name("--fix"))
 
 
 _TEXT = {
@@ -52,7 +57,7 @@ _TEXT = {
     Rule.VIRTUAL_STAGES: "the schedule fixes virtual_stages (1 for gpipe, 1f1b, zb_h1; 2 for zbv, dualpipev)",
     Rule.SEQUENCE_PARALLEL: "sequence_parallel needs tp > 1 dividing seq_len (seq_len/cp under cp)",
     Rule.CONTEXT_PARALLEL: "cp > 1 needs flash_attention=true and 2·cp dividing seq_len",
-    Rule.PINNED: "outside the values pinned by --fix",
+    Rule.PINNED: "outside the values pinned by {fix}",
     Rule.PARTITION: "the pinned partition needs pp×virtual_stages entries summing to num_layers",
     Rule.MEMORY_POLICY: "the pinned layer_memory_policy needs one entry per layer",
     Rule.PLAN: "another rule of the plan contract",

@@ -34,7 +34,7 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.processes import die_with_parent
 from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.evaluate import screen as screen_memory
-from mindpipe.tuner.keys import Point, point_key
+from mindpipe.tuner.keys import CLI_ARG_NAMES, ArgNames, Point, point_key
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective
 from mindpipe.tuner.optimizers import OPTIMIZERS, Searcher, make_searcher
@@ -356,15 +356,17 @@ class _Sweep:
         return [r.loss for r in scored]
 
 
-def no_plan_message(space: SearchSpace) -> str:
-    """Why a space is empty: the rules that rejected its combinations, most frequent first."""
+def no_plan_message(space: SearchSpace, arg_names: ArgNames = CLI_ARG_NAMES) -> str:
+    """Why a space is empty: the rules that rejected its combinations, most frequent first (naming
+    the arguments as ``arg_names`` does)."""
     total = space.rejected_total
-    reasons = "; ".join(f"{rule.text}" + (f" ({n} of them)" if total > 1 else "")
+    reasons = "; ".join(rule.said(arg_names) + (f" ({n} of them)" if total > 1 else "")
                         for rule, n in space.rejected.most_common(5))
     every = f"all {total} combinations of the search space break a rule" if total != 1 else \
         "the one combination of the search space breaks a rule"
     return (f"no feasible plan on {space.cluster.world_size} devices: {every}"
-            + (f" — {reasons}" if reasons else "") + ". Relax --fix or change --global-batch.")
+            + (f" — {reasons}" if reasons else "")
+            + f". Relax {arg_names.name('--fix')} or change {arg_names.name('--global-batch')}.")
 
 
 __all__ = ["SweepConfig", "SweepResult", "annotate", "no_plan_message", "open_executor", "run_sweep"]

@@ -2,8 +2,9 @@
 
 After the plan search (each plan priced by :mod:`mindpipe.tuner.target` at its own cleanest
 schedule), the best few plans and the throughput-optimal one become **candidates**, each at default
-clocks and with per-stage SM clocks (:func:`mindpipe.tuner.frequency.plan_clocks`, Perseus by
-default; re-simulated by the engine, whose facility energy is what is priced). Each candidate is
+clocks and with per-stage SM clocks (:func:`mindpipe.tuner.frequency.plan_clocks`, Perseus unless
+another planner is named, none at all with ``--clocks default``: :func:`front_clocks`; re-simulated by
+the engine, whose facility energy is what is priced). Each candidate is
 then placed in time for every latest start ``d`` = 0, 1, …, window hours (the cleanest schedule of
 a job that may start up to ``d`` hours late, :func:`mindpipe.simulator.timeshift.schedule`), which
 gives one **point** per (plan, clocks, start): hours to target (computing + waiting) and gCO2.
@@ -43,13 +44,34 @@ from mindpipe.tuner.objectives import pareto_front
 from mindpipe.tuner.records import ScoredRecord
 from mindpipe.tuner.target import Placement, ToTarget, TrainingTarget, to_target
 
+FRONT_CLOCK_METHODS = ("default", "perseus", "envpipe")
+DEFAULT_FRONT_PLANNER = "perseus"  # what the front tries besides default clocks when no method is named
+
+
+def front_clocks(method: str | None) -> tuple[str, ...]:
+    """The clock methods the front prices for a ``--clocks`` value (the one owner of that rule).
+
+    ``None`` (not given): default clocks and :data:`DEFAULT_FRONT_PLANNER`; ``"default"``: default
+    clocks only — the GPUs stay at their default clock and no clocks are planned; ``"perseus"`` or
+    ``"envpipe"``: default clocks and that planner.
+
+    Raises:
+        ContractError: another method (naming ``--clocks``).
+    """
+    if method is None:
+        return ("default", DEFAULT_FRONT_PLANNER)
+    if method not in FRONT_CLOCK_METHODS:
+        raise ContractError("--clocks", None, f"{method!r} must be one of {', '.join(FRONT_CLOCK_METHODS)}")
+    return ("default",) if method == "default" else ("default", method)
+
 
 @dataclass(frozen=True)
 class FrontConfig:
     """How wide the front's search is (bounded: ``top_plans`` + 1 plans × clocks × starts).
 
     Attributes:
-        clocks: Clock methods per plan (``default`` always included).
+        clocks: Clock methods per plan (``default`` always included; ``("default",)``: no clock
+            planning). :func:`front_clocks` maps a ``--clocks`` value to it.
         top_plans: Best plans of the search (by gCO2 to target) to try clocks and starts on.
         max_slowdown: Per-iteration slowdown the clock planner may cost; the planner also runs at
             ``max_time_increase`` (the whole budget of the choice), so the front holds both.
@@ -329,6 +351,8 @@ def run_front(sim: Simulator, records: Sequence[ScoredRecord], target: TrainingT
 
 
 __all__ = [
+    "DEFAULT_FRONT_PLANNER",
+    "FRONT_CLOCK_METHODS",
     "Candidate",
     "FrontConfig",
     "FrontPoint",
@@ -336,6 +360,7 @@ __all__ = [
     "candidates",
     "choose",
     "front",
+    "front_clocks",
     "place",
     "plot",
     "reference",

@@ -142,9 +142,12 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
 def _add_clock_arguments(p: argparse.ArgumentParser) -> None:
     """``--clocks --max-slowdown``: per-stage SM clocks chosen after the search (:mod:`mindpipe.tuner.clock_step`)."""
     clocks = p.add_argument_group("frequency planning (a step after the search, on the best plan)")
-    clocks.add_argument("--clocks", default="default", choices=("default", "perseus", "envpipe"),
+    # None (not typed) is told apart from a typed "default": carbon_to_target's front plans Perseus
+    # clocks unless told otherwise, and --clocks default keeps the GPUs at their default clock.
+    clocks.add_argument("--clocks", default=None, choices=("default", "perseus", "envpipe"),
                         help="add per-stage SM clocks (stage_clocks_mhz) to the best plan: perseus (time-energy "
-                             "frontier), envpipe (bubble-slack heuristic) or default (none)")
+                             "frontier), envpipe (bubble-slack heuristic) or default (none; the default, except "
+                             "that --objective carbon_to_target tries perseus unless --clocks default)")
     clocks.add_argument("--max-slowdown", type=real(0.0, 1.0), default=0.01, metavar="F",
                         help="longest iteration the clocks may cost, relative to default clocks (default 0.01)")
 
@@ -319,7 +322,7 @@ def _check_objective_options(args: argparse.Namespace) -> None:
         if args.microbatches is not None:
             raise ContractError("--microbatches", None, f"only --objective max_batch takes it; {args.objective} "
                                 "searches the micro-batch size (and so the micro-batches) with the other plan keys")
-        if (args.clocks == "default" and args.objective != tune_target.OBJECTIVE
+        if (args.clocks in (None, "default") and args.objective != tune_target.OBJECTIVE
                 and args.max_slowdown != args.max_batch_unused["max_slowdown"]):
             raise ContractError("--max-slowdown", None, "bounds the slowdown of the clocks --clocks perseus|envpipe "
                                 "plans; without --clocks no clocks are planned")
@@ -367,6 +370,7 @@ def _search(args: argparse.Namespace, model: Model | Supernet, objective: Object
             trace: Trace | None, calibration: Calibration | None, critical: CriticalBatch) -> TuneSummary:
     """Run the sweep (with a progress bar unless ``--quiet``) and the clock step of ``--clocks``; the summary."""
     from mindpipe.tuner.api import tune
+    from mindpipe.tuner.keys import CLI_ARG_NAMES
     from mindpipe.tuner.progress import ProgressBar
     from mindpipe.tuner.store import CONFIG_NAME, RECORDS_NAME
     from mindpipe.tuner.sweep import SweepConfig
@@ -388,7 +392,7 @@ def _search(args: argparse.Namespace, model: Model | Supernet, objective: Object
                        calibration_source=os.path.basename(args.calibration) if args.calibration else "calibration",
                        config=cfg, resume=args.resume, progress=bar, plots=not args.no_plots, subnets=args.subnets,
                        front=tune_target.front_config(args) if to_target else None, clocks=args.clocks,
-                       max_slowdown=args.max_slowdown, critical=critical)
+                       max_slowdown=args.max_slowdown, critical=critical, arg_names=CLI_ARG_NAMES)
     finally:
         if bar is not None:
             bar.close()

@@ -57,7 +57,8 @@ def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> Targ
     Raises:
         ContractError: a target or front flag with another objective, no ``--target-samples`` or noise
             scale, ``--job-hours``/``--iterations`` (the target sets the length), ``--carbon-csv``
-            without ``--window`` or the reverse.
+            without ``--window`` or the reverse, ``--max-slowdown`` with ``--clocks default`` (no
+            clocks to bound).
     """
     from mindpipe.tuner.target import Placement, TrainingTarget
 
@@ -71,6 +72,9 @@ def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> Targ
                 raise ContractError(flag, None, f"{flag} shapes the front of --objective {OBJECTIVE}; "
                                                 f"{args.objective} does not use it")
         return TargetParts()
+    if args.clocks == "default" and args.max_slowdown != args.max_batch_unused["max_slowdown"]:
+        raise ContractError("--max-slowdown", None, "bounds the slowdown of the clocks the front plans; with "
+                                                    "--clocks default no clocks are planned")
     if args.target_samples is None:
         raise ContractError("--target-samples", None, f"--objective {OBJECTIVE} needs --target-samples N")
     if noise_scale is None:
@@ -95,11 +99,11 @@ def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> Targ
 
 
 def front_config(args: argparse.Namespace) -> Any:
-    """The front's width: default clocks and ``--clocks`` (perseus unless envpipe is named)."""
-    from mindpipe.tuner.target_front import FrontConfig
+    """The front's width: default clocks and the planner ``--clocks`` names (perseus when none is given;
+    ``--clocks default``: default clocks only, no clock planning), :func:`mindpipe.tuner.target_front.front_clocks`."""
+    from mindpipe.tuner.target_front import FrontConfig, front_clocks
 
-    method = "envpipe" if args.clocks == "envpipe" else "perseus"
-    return FrontConfig(("default", method), args.front_plans, args.max_slowdown, args.max_time_increase)
+    return FrontConfig(front_clocks(args.clocks), args.front_plans, args.max_slowdown, args.max_time_increase)
 
 
 def format_lines(choice: TargetChoice) -> list[str]:

@@ -6,7 +6,14 @@ import dataclasses
 import itertools
 
 import pytest
-from mindpipe.simulator.frequency import PowerModel, apply_clocks, clocked_device, split_compute
+from mindpipe.simulator.frequency import (
+    PowerModel,
+    StageSeconds,
+    apply_clocks,
+    build_clock_table,
+    clocked_device,
+    split_compute,
+)
 from mindpipe.simulator.perf.kernels import KernelParams, Tile, gemm_s, memory_s
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_model
@@ -116,3 +123,53 @@ def test_a_lower_clock_stretches_the_gemms_tp_collectives_overlap(sim: Simulator
     n = len(stages[0].fwd_tp_overlap)
     after = [o.gemm_s for o in stages[0].fwd_tp_overlap + stages[0].bwd_tp_overlap]
     assert after == pytest.approx([g * (fwd.stretch if i < n else bwd.stretch) for i, g in enumerate(before)])
+
+
+def test_a_launch_bound_phase_pays_static_power_for_its_wall_time_and_dynamic_only_for_its_kernels() -> None:
+    """Closed form: a phase of 10 ms wall (host-issue bound) whose kernels take K(f) = C·f_max/f + M,
+    C = 0.5 ms, M = 0.5 ms: E(f) = P_blk·10 ms + D·[C·(f_max/f)·g(f) + M·μ·(h + (1 − h)·g(f))]."""
+    pm = PowerModel.of(A100)
+    spec = frequency_spec(A100.name)
+    wall, c, m = 10e-3, 0.5e-3, 0.5e-3
+    k = lambda f: c * 1410 / f + m  # noqa: E731
+    times = {f: [StageSeconds((wall, wall), (k(f), k(f)))] for f in (1410, 1095, 210)}
+    table = build_clock_table(times, 1410)
+    d = A100.max_power_W - pm.blocked_power_W
+    mu, h = spec.memory_bound_power_fraction, spec.memory_power_clock_independent_fraction
+    for f in (1410, 1095, 210):
+        fwd, _ = table.at(0, f)
+        assert fwd.stretch == 1.0 and fwd.kernel_share == pytest.approx(k(f) / wall)
+        g = pm.activity(f)
+        expected = pm.blocked_power_W * wall + d * (c * 1410 / f * g + m * mu * (h + (1 - h) * g))
+        assert pm.phase_power_w(f, fwd) * wall == pytest.approx(expected, rel=1e-12)
+    # A plain (forward, backward) pair is a phase whose kernels fill its wall time, as before.
+    plain = build_clock_table({f: [(k(f), k(f))] for f in (1410, 210)}, 1410)
+    assert plain.at(0, 210)[0].kernel_share == 1.0
+
+
+def test_a_launch_bound_model_saves_little_energy_at_a_low_clock() -> None:
+    """gpt-mini's step is launch-bound: its kernels run ~5 % of the wall time at f_max. The minimum
+    clock costs no time, but only those kernels' dynamic power can be saved — the model claimed 31 %
+    by charging the whole wall time at a memory-bound kernel's power (274 W of 400)."""
+    sim = Simulator(load_model("gpt-mini"), Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=8))
+    plan = Plan(dp=8, tp=1, pp=1, micro_batch_size=4, global_batch_size=32)
+    table = sim.clock_table(plan, [210])
+    share = max(ph.kernel_share for ph in table.at(0, 1410))
+    assert share < 0.1
+    base = sim.run(plan)
+    low = sim.run(dataclasses.replace(plan, stage_clocks_mhz=[210]))
+    assert low.iteration_time_s == pytest.approx(base.iteration_time_s, rel=1e-9)
+    pm = sim.power
+    # While "computing" the GPU draws blocked power plus dynamic power in the kernels' share only.
+    assert base.extra.rank_busy_power_w[0] <= pm.blocked_power_W + (pm.max_power_W - pm.blocked_power_W) * share
+    saving = 1.0 - low.extra.device_energy_j / base.extra.device_energy_j
+    assert 0.0 < saving < 0.1
+
+
+def test_a_gpu_bound_model_keeps_its_clock_table() -> None:
+    """Where the host's kernel issue never binds, kernels fill the wall time and nothing changes."""
+    sim = Simulator(load_model("gpt-1.3b"), Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=8))
+    table = sim.clock_table(PLAN, [1095])
+    for s in (1, 2):  # the middle stages: transformer blocks only
+        for f in (1410, 1095, 210):
+            assert all(ph.kernel_share == 1.0 for ph in table.at(s, f))

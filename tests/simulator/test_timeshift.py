@@ -42,6 +42,26 @@ def test_hand_example_non_interruptible_and_interruptible():
     assert inter.finish == T0 + 5 * H <= w.end + 2 * H  # the deadline
 
 
+def test_run_hours_are_the_series_clock_hours_the_run_overlaps():
+    # A contiguous run from 00:30 to 02:15 is priced on the series' rows 00:00, 01:00 and 02:00; the
+    # report listed 00:30 and 01:30 (stamps the series has no row for, and one hour short).
+    s = _series([100.0] * 6)
+    half = T0 + 0.5 * H
+    sched = best_start(s, Window(half, half), 1.75 * 3600)
+    assert sched.start == half
+    assert sched.run_hours() == ["2024-06-01T00:00:00Z", "2024-06-01T01:00:00Z", "2024-06-01T02:00:00Z"]
+    assert sched.to_json()["run_hours"] == sched.run_hours()
+    # Interruptible from a 00:30 window start: slots 00:30-01:00 (clean) and 03:00-03:30 (the start
+    # of the next-cleanest hour) -> one clock hour each.
+    s = _series([10, 900, 900, 20, 900, 900])
+    inter = cleanest_hours(s, Window(half, half + 2 * H), 3600)
+    assert [(seg.start, seg.seconds) for seg in inter.segments] == [(half, 1800.0), (T0 + 3 * H, 1800.0)]
+    assert inter.run_hours() == ["2024-06-01T00:00:00Z", "2024-06-01T03:00:00Z"]
+    # Whole hours keep their stamps, and a job ending exactly on the hour does not list the next one.
+    on_hour = best_start(s, Window(T0 + 3 * H, T0 + 3 * H), 3600)
+    assert on_hour.run_hours() == ["2024-06-01T03:00:00Z"]
+
+
 def test_fractional_job_weights_partial_hours():
     s = _series([400, 100, 100, 400, 400, 400])
     w = Window(T0, T0 + 2 * H)

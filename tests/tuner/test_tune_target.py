@@ -13,10 +13,13 @@ import pandas as pd
 import pytest
 from mindpipe.simulator.carbon import load_carbon_csv
 from mindpipe.simulator.energy import J_PER_KWH
+from mindpipe.simulator.simulator import Simulator
 from mindpipe.simulator.timeshift import parse_window, schedule
 from mindpipe.traces.calibration import Calibration, NoiseCalibration, save_calibration
-from mindpipe.traces.config import Model
+from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.errors import ContractError
 from mindpipe.tuner.target import TrainingTarget
+from mindpipe.tuner.target_front import FrontConfig, candidates, front_clocks
 
 from mindpipe.cli import main as mindpipe_main
 
@@ -139,6 +142,40 @@ def test_a_device_without_frequency_data_keeps_default_clocks_and_says_so(tmp_pa
     info = json.loads(stdout.getvalue())
     assert info["clock_method"] == "default" and "no frequency data for 'cpu'" in info["clock_note"]
     assert set(pd.read_csv(tmp_path / "cpu" / "target_front.csv").clocks) == {"default"}
+
+
+def test_an_explicit_clocks_default_plans_no_clocks(tmp_path):
+    # --clocks default means the GPUs stay at their default clock: the front used to price Perseus
+    # clocks anyway (front_config read anything but envpipe as perseus) and could choose them.
+    code, stdout, stderr = _tune(tmp_path / "d", "--objective", "carbon_to_target", *TARGET, "--clocks", "default",
+                                 "--json", "--no-plots")
+    assert code == 0, stderr
+    info = json.loads(stdout)
+    assert info["clock_method"] == "default" and info["stage_clocks_mhz"] is None
+    assert set(pd.read_csv(tmp_path / "d" / "target_front.csv").clocks) == {"default"}
+    assert json.loads((tmp_path / "d" / "best_plan.json").read_text()).get("stage_clocks_mhz") is None
+    # A planner named is the one priced beside default clocks; none named is Perseus (as before).
+    code, stdout, stderr = _tune(tmp_path / "e", "--objective", "carbon_to_target", *TARGET, "--clocks", "envpipe",
+                                 "--json", "--no-plots")
+    assert code == 0, stderr
+    assert set(pd.read_csv(tmp_path / "e" / "target_front.csv").clocks) <= {"default", "envpipe"}
+    # There are no clocks for --max-slowdown to bound.
+    code, _out, err = _tune(tmp_path / "f", "--objective", "carbon_to_target", *TARGET, "--clocks", "default",
+                            "--max-slowdown", "0.05")
+    assert code == 2 and "--max-slowdown" in err and "--clocks default" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_front_prices_the_clock_methods_a_clocks_value_names():
+    # The Python path: FrontConfig(front_clocks(...)) is what the CLI builds from --clocks.
+    assert front_clocks(None) == ("default", "perseus")
+    assert front_clocks("default") == ("default",)
+    assert front_clocks("envpipe") == ("default", "envpipe")
+    with pytest.raises(ContractError, match="--clocks"):
+        front_clocks("perseus_action")
+    sim = Simulator(Model(**json.loads(SMALL)), Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=8))
+    plan = Plan(dp=2, tp=1, pp=4, micro_batch_size=1, global_batch_size=32)
+    cands = candidates(sim, [plan], 0, FrontConfig(front_clocks("default")))
+    assert [(c.clocks, c.plan.stage_clocks_mhz) for c in cands] == [("default", None)]
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from mindpipe.simulator.carbon import load_carbon_csv, parse_time
+from mindpipe.simulator.carbon import load_carbon_csv, parse_time, stamp
 from mindpipe.simulator.energy import J_PER_KWH
 
 from mindpipe.cli import main as mindpipe_main
@@ -105,7 +105,10 @@ def test_json_reports_the_schedule_against_the_fastest_plan_started_now(shifted,
     side = json.loads((out / "timeshift.json").read_text())
     assert side["carbon_gco2"] == info["carbon_gco2"] and len(side["timeshift"]["segments"]) == 1
     assert side["timeshift"]["segments"][-1]["until_step"] == ITERATIONS
-    assert info["run_hours"][0] == info["start"] and len(info["run_hours"]) == math.ceil(job_s / 3600)
+    # run_hours: the clock hours of the series the run overlaps (from the start's hour to the finish's).
+    first = start.replace(minute=0, second=0, microsecond=0)
+    hours = math.ceil((start + dt.timedelta(seconds=job_s) - first).total_seconds() / 3600 - 1e-9)
+    assert info["run_hours"] == [stamp(first + dt.timedelta(hours=k)) for k in range(hours)]
 
 
 def test_interruptible_runs_the_cleanest_hours_and_says_when_to_pause(tmp_path, csv, shifted):
