@@ -432,6 +432,8 @@ class Simulator:
                             f"times scaled linearly to micro_batch_size={plan.micro_batch_size}, tp={plan.tp}")
         if isinstance(compute, TraceComputeModel) and (blocks := compute.block_note(self.model)) is not None:
             warnings.append(blocks)
+        if isinstance(compute, TraceComputeModel):  # what the trace did not measure of this plan (precision, device ...)
+            warnings += compute.trace.pricing_notes(self.model, plan, self.cluster.gpu)
         warning = "; ".join(warnings) or None
         return SimulationDetails(
             schedule=schedule.name, num_microbatches=plan.num_microbatches, pipeline_time_s=res.pipeline_time_s,

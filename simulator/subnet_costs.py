@@ -279,6 +279,9 @@ def check_candidate_trace(trace: Trace, net: Supernet, source: str = "trace") ->
         if any(getattr(t, k) != getattr(net, k) for k in shape) or [c.name for c in t.candidates] != [
                 c.name for c in net.candidates]:
             raise ContractError(source, "supernet", f"trace was taken for {t.describe()}, not for {net.describe()}")
+    if trace.seq_len is not None and trace.seq_len != net.seq_len:  # profile SUPERNET --seq-len: shorter sequences
+        raise ContractError(source, "seq_len", f"the trace was profiled at seq_len={trace.seq_len} but {net.label} "
+                            f"runs seq_len={net.seq_len}: profile again without --seq-len")
     names = {r.name for r in trace.layers}
     for need in ("embedding", "head", *(f"candidate.{c.name}" for c in net.candidates)):
         if need not in names:

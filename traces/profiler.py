@@ -250,7 +250,9 @@ def profile_model(model: Model, opts: ProfileOptions, *, command: str | None = N
         dtype=opts.dtype,
         layers=records,
         provenance=_provenance(opts, device, command),
-        model=model,
+        # The network the times are for: at the profiled sequence length, so that the trace prices
+        # only a model of that length (Trace.check_model).
+        model=dataclasses.replace(model, seq_len=seq_len) if seq_len != model.seq_len else model,
         model_name=model.name,
         micro_batch_size=opts.micro_batch_size,
         seq_len=seq_len,

@@ -149,4 +149,7 @@ def format_summary(trace: Trace, max_rows: int = 24) -> str:
             f"whole step measured separately:    {_fmt_s(s.step_forward_backward_s).strip()} "
             f"(per-layer sum / step = {s.layer_sum_over_step:.3f})"
         )
+        if not 0.5 <= s.layer_sum_over_step <= 2.0:  # a profile on a quiet machine gives 0.9-1.1
+            lines.append("note: the per-layer sum is far from the whole step: the machine was busy while it was "
+                         "profiled (see the records' stats) or the records were edited; judge the times with care")
     return "\n".join(lines)

@@ -222,19 +222,69 @@ class Trace:
         return self.total("forward_s") + self.total("backward_input_s") + self.total("backward_weight_s")
 
     def check_model(self, model: Model, source: str = "trace") -> None:
-        """Raise unless this trace was taken for ``model`` (same shape).
+        """Raise unless this trace was taken for ``model``: same shape, and profiled at its sequence length.
+
+        A trace profiled at a shorter ``seq_len`` (``mindpipe profile --seq-len``) prices only a model of
+        that length: its times are for shorter sequences and nothing rescales them.
 
         Raises:
-            ContractError: ``trace.json: model: trace was taken for ... not for ...``.
+            ContractError: ``trace.json: model: trace was taken for ... not for ...``, or
+                ``trace.json: seq_len: the trace was profiled at seq_len=64 but gpt-mini runs seq_len=128 ...``.
         """
         if self.model is None:
             return
-        if not self.model.same_shape(model):
+        # A trace written before the profiler recorded the profiled length names the full-length model.
+        taken = dataclasses.replace(self.model, seq_len=self.seq_len) if self.seq_len is not None else self.model
+        if not dataclasses.replace(taken, seq_len=model.seq_len).same_shape(model):
             raise ContractError(
                 source,
                 "model",
-                f"model: trace was taken for {self.model.describe()}, not for {model.describe()}",
+                f"model: trace was taken for {taken.describe()}, not for {model.describe()}",
             )
+        if taken.seq_len != model.seq_len:
+            # Times, activations and FLOPs are those of seq_len-token sequences; nothing rescales them
+            # (attention is not linear in s), so the model's own sequences cannot be priced from them.
+            raise ContractError(source, "seq_len", (
+                f"the trace was profiled at seq_len={taken.seq_len} but {model.label} runs seq_len={model.seq_len}: "
+                f"its times are for {taken.seq_len}-token sequences; profile again at the model's sequence length "
+                f"(mindpipe profile without --seq-len) or give a model of seq_len={taken.seq_len}"))
+
+    def pricing_notes(self, model: Model, plan: Plan, device: str) -> list[str]:
+        """What a simulation of ``plan`` on ``device`` prices from this trace that the trace did not measure.
+
+        The simulator scales a trace's times only by micro-batch size and TP degree (and says so);
+        these are the differences it does not scale: another precision or device, a micro-batch size
+        or sequence length the trace does not record or that differs without a model to refuse it, and
+        pipeline layers the trace lacks (priced as 0 s) or holds twice (the first is used).
+        """
+        notes: list[str] = []
+        if self.dtype in PRECISIONS and self.dtype != plan.precision:
+            notes.append(f"trace profiled in {self.dtype}, the plan runs {plan.precision}: its times are {self.dtype} "
+                         f"times, not rescaled (profile with --dtype {plan.precision}, or give the plan "
+                         f"\"precision\": \"{self.dtype}\")")
+        if self.device != device:
+            notes.append(f"trace taken on {self.device}, the cluster's devices are {device}: its times are "
+                         f"{self.device} times, not rescaled")
+        if self.micro_batch_size is None:
+            notes.append(f"the trace does not record its micro-batch size: its times are used as they are for "
+                         f"micro_batch_size={plan.micro_batch_size}")
+        if self.model is None and self.seq_len is not None and self.seq_len != model.seq_len:
+            notes.append(f"trace taken at seq_len={self.seq_len}, the model runs seq_len={model.seq_len}: "
+                         "times not rescaled")
+        ran = self.measurement.plan if self.measurement is not None else None
+        if ran is not None and ran.cp > 1:
+            notes.append(f"trace measured under context parallelism (cp={ran.cp}): each layer's time is one rank's "
+                         f"seq_len/cp={self.seq_len // ran.cp if self.seq_len else '?'} tokens with its K/V exchange, "
+                         "not the whole sequence's: times not rescaled (profile with cp=1)")
+        if self.granularity in ("layer", "op"):
+            kinds = [r.kind for r in self.layers]
+            for kind, what in (("embedding", "the embedding"), ("lm_head", "the LM head and loss")):
+                if kind not in kinds:
+                    notes.append(f"the trace has no {kind} record: {what} priced as 0 s")
+            for kind in ("embedding", "final_norm", "lm_head"):
+                if (n := kinds.count(kind)) > 1:
+                    notes.append(f"the trace has {n} {kind} records: the first is used")
+        return notes
 
     # -- I/O ------------------------------------------------------------------------------
     @classmethod

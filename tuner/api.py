@@ -29,7 +29,7 @@ from mindpipe.simulator.simulator import Simulator
 from mindpipe.simulator.subnet_costs import check_candidate_trace
 from mindpipe.traces.builtin import load_cluster, load_network
 from mindpipe.traces.calibration import Calibration
-from mindpipe.traces.config import Cluster, MadeFor, Model
+from mindpipe.traces.config import PRECISIONS, Cluster, MadeFor, Model
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import frequency_spec
 from mindpipe.traces.limits import shown
@@ -125,6 +125,27 @@ def attention_as_profiled(fixes: dict[str, Any], trace: Trace, *,
     return fixes
 
 
+def precision_as_profiled(fixes: dict[str, Any], trace: Trace, *,
+                          arg_names: ArgNames = CLI_ARG_NAMES) -> dict[str, Any]:
+    """``fixes`` with ``precision`` pinned to the dtype ``trace`` was profiled in (its times are that
+    dtype's: :meth:`mindpipe.traces.trace.Trace.pricing_notes`); a trace of unknown dtype pins nothing.
+
+    Raises:
+        ContractError: ``--fix precision`` asks for another precision than the trace's.
+    """
+    want = trace.dtype
+    if want not in PRECISIONS:
+        return fixes
+    pinned = fixes.get("precision")
+    if pinned is None:
+        return {**fixes, "precision": want}
+    if any(v != want for v in (pinned if isinstance(pinned, list) else [pinned])):
+        raise ContractError(arg_names.name("--fix"), "precision", (
+            f"the trace was profiled in {want}, so it prices only precision={want}: profile again with "
+            f"--dtype, or tune without {arg_names.name('--trace')}"))
+    return fixes
+
+
 def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | Sequence[int] | str | None,
                 fixes: dict[str, Any] | Sequence[str] | None, partitioners: Sequence[str],
                 what_if: str | Sequence[str] | None = None, trace: Trace | None = None,
@@ -146,7 +167,8 @@ def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | S
     fixed = read_fixes(fixes, arg_names=arg_names)
     knobs, opened = parse_what_if(what_if, arg_names=arg_names), parse_search(search, arg_names=arg_names)
     if trace is not None and not isinstance(model, Supernet):
-        fixed = attention_as_profiled(fixed, trace, arg_names=arg_names)
+        fixed = precision_as_profiled(attention_as_profiled(fixed, trace, arg_names=arg_names), trace,
+                                      arg_names=arg_names)
         if "cp" in opened:  # the trace compute model's own refusal, before any point is proposed
             raise ContractError(arg_names.name("--search"), "cp", "cp: a trace's layers ran whole sequences, so it "
                                 f"cannot price context parallelism; tune cp without {arg_names.name('--trace')} "

@@ -8,6 +8,8 @@ from typing import Any
 
 from mindpipe.cli import loaders
 from mindpipe.cli.output import emit_trace, stderr
+from mindpipe.traces.errors import ContractError
+from mindpipe.traces.supernet import Supernet
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -22,8 +24,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def cmd_inspect(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Load the trace (refusing one taken for another ``--model``) and print its summary."""
-    trace = loaders.trace(args.trace, loaders.model(args.model) if args.model else None)
-    if args.model and trace.model is None:  # nothing to compare: said, not passed as a match
+    net = loaders.network(args.model) if args.model else None
+    if isinstance(net, Supernet):  # a per-candidate trace is checked against its supernet
+        from mindpipe.simulator.subnet_costs import check_candidate_trace
+
+        trace = loaders.trace(args.trace)
+        check_candidate_trace(trace, net, source=args.trace)
+    else:
+        trace = loaders.trace(args.trace, net)
+        if net is not None and trace.supernet is not None:
+            raise ContractError(args.trace, "model", f"the trace was taken for the supernet {trace.supernet.label}, "
+                                f"not for {net.label}")
+    if net is not None and trace.model is None and trace.supernet is None:  # nothing compared: said, not passed
         stderr(f"mindpipe: note: {args.trace} records no model (e.g. imported without --model): "
                f"not checked against {args.model}")
     emit_trace(args, trace, None)

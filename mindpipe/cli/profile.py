@@ -123,6 +123,9 @@ def _profile_supernet(args: argparse.Namespace, argv: Sequence[str], net: Supern
     if args.granularity != "layer":
         raise ContractError("command line", "granularity", "a supernet is profiled per candidate operator; "
                             "leave --granularity out")
+    if args.flash_attention:  # a supernet's candidates run as they are defined; the flag would be ignored
+        raise ContractError("command line", "flash_attention", "--flash-attention applies to GPT and Llama models; "
+                            "a supernet's attention candidates run as the supernet defines them: leave it out")
     from mindpipe.traces.profiler import ProfileOptions, profile_supernet  # imports torch
 
     opts = ProfileOptions(micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, device=args.device,

@@ -63,7 +63,9 @@ def format_result(result: SimulationResult, plan: Plan | None = None) -> str:
     lines = [
         f"iteration time        {result.iteration_time_s:.6g} s  ({e.schedule}, {e.num_microbatches} micro-batches)",
         f"throughput            {result.throughput_samples_per_s:.6g} samples/s, {result.throughput_tokens_per_s:.6g} tokens/s",
-        f"per device            {result.tflops_per_gpu:.4g} TFLOP/s, MFU {100 * result.mfu:.1f}%",
+        f"per device            {result.tflops_per_gpu:.4g} TFLOP/s, MFU {100 * result.mfu:.1f}%"
+        # fp8's MFU is against the FP8 dense peak (twice bf16's on H100): say so, or it reads as a slowdown.
+        + (" of the fp8 peak" if plan is not None and plan.precision == "fp8" else ""),
         (f"pipeline bubble       {100 * result.bubble_fraction:.1f}% of the pipeline span" if len(e.rank_end_s) != 1
          else f"idle between actions  {100 * result.bubble_fraction:.1f}% of the span (one stage: no pipeline bubble)"),
         f"exposed DP comm       {e.exposed_dp_comm_s:.4g} s",
@@ -129,6 +131,8 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
     sim = opts.simulator(model, cluster)
     sim.check(plan, source=config_source(args.plan, "plan"))  # a rule tying the plan to the model names the plan
     result = sim.run(plan, timeline=opts.timeline, hourly=opts.hourly_intensity)
+    if opts.trace is not None:
+        _add_trace_notes(result, opts.trace.pricing_notes(model, plan, cluster.gpu))
     _write_files(args, model, plan, result)
     if args.json:
         payload = to_dict(result)
@@ -146,6 +150,15 @@ def cmd_simulate(args: argparse.Namespace, argv: Sequence[str]) -> int:
             print("norms, rotary, SwiGLU eager PyTorch kernels, as the executor runs them; Megatron-core and Transformer "
                   "Engine fuse each: add \"fused_elementwise\": true to the plan to price that")
     return 0
+
+
+def _add_trace_notes(result: SimulationResult, notes: list[str]) -> None:
+    """Append to ``extra.warning`` what the trace did not measure of this plan (:meth:`Trace.pricing_notes`),
+    each once (so a simulator that already notes them is not repeated)."""
+    have = result.extra.warning or ""
+    new = [n for n in notes if n not in have]
+    if new:
+        result.extra.warning = "; ".join([have, *new] if have else new)
 
 
 def format_supernet_result(r: SupernetResult) -> str:

@@ -68,8 +68,9 @@ def test_measured_and_simulated_gantt_show_the_same_actions(pp2):
 
 def test_the_demo_gantt_says_the_optimizer_is_drawn(pp2, tmp_path, monkeypatch):
     """The demo's measured panel (mindpipe.loop_report) no longer says the optimizer is left out."""
-    import mindpipe.loop_report as loop_report
     from mindpipe.simulator.api import SimulationOptions, simulate
+
+    import mindpipe.loop_report as loop_report
 
     panels: list[tuple[list, str]] = []
     monkeypatch.setattr(loop_report, "write_gantts", lambda drawn, path: panels.extend(drawn))

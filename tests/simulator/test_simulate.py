@@ -182,7 +182,7 @@ def test_a_trace_with_another_number_of_blocks_is_said():
         layers = [LayerRecord("embedding", "embedding", 1e-3, 1e-3, 0.0)]
         layers += [LayerRecord(f"block.{i}", "block", 2e-3, 4e-3, 0.0) for i in range(blocks)]
         layers += [LayerRecord("lm_head", "lm_head", 1e-3, 2e-3, 0.0)]
-        return Trace(device="cpu", dtype="fp32", layers=layers, provenance=Provenance(tool="test"))
+        return Trace(device="cpu", dtype="fp32", layers=layers, provenance=Provenance(tool="test"), micro_batch_size=1)
 
     model = Model(kind="gpt", num_layers=4, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128)
     plan = Plan(micro_batch_size=1, global_batch_size=1, precision="fp32")

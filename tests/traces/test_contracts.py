@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -162,7 +163,11 @@ def test_trace_roundtrip_and_model_check(tmp_path):
     path = tmp_path / "t.json"
     t.save(path)
     assert Trace.load(path) == t
-    t.check_model(m)
+    # Taken at seq_len=64, it prices gpt-mini at that length only (its times are for 64-token sequences).
+    t.check_model(dataclasses.replace(m, seq_len=64))
+    with pytest.raises(ContractError, match=r"t.json: seq_len: the trace was profiled at seq_len=64 but gpt-mini runs "
+                                            r"seq_len=128"):
+        t.check_model(m, source=str(path))
     with pytest.raises(ContractError, match=r"t.json: model: trace was taken for gpt-mini .* not for gpt-13b"):
         t.check_model(load_model("gpt-13b"), source=str(path))
 

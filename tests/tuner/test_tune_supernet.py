@@ -248,7 +248,7 @@ def test_gpt_runner_refuses_a_tuned_supernet_plan_naming_the_supernet():
 
 def test_stage_clocks_are_refused_for_a_supernet_before_the_search(tmp_path):
     """The supernet simulator prices no energy: --clocks is refused in one line, before any simulation."""
-    with pytest.raises(ContractError, match="^clocks: per-stage clocks are planned for GPT and Llama models"):
+    with pytest.raises(ContractError, match=r"^clocks: per-stage clocks are planned for GPT and Llama models"):
         tune(NET, CLUSTER, out=tmp_path / "t", clocks="perseus", config=SweepConfig(budget=2, workers=1), plots=False)
     assert not (tmp_path / "t" / "evaluations.csv").exists()
 
