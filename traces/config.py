@@ -145,6 +145,11 @@ class Model:
         if not isinstance(self.tie_embeddings, bool):
             raise ContractError("", "tie_embeddings", f"tie_embeddings={shown(self.tie_embeddings)} must be true or false")
         if self.kind == "llama":
+            if self.head_dim % 2:
+                # Rotary embeddings turn channel pairs (i, i + d/2) (Su et al. 2021; HF rotate_half).
+                raise ContractError("", "num_heads", f"head width hidden_size/num_heads={self.hidden_size}/"
+                                                     f"{self.num_heads}={self.head_dim} must be even for kind llama "
+                                                     "(rotary embeddings rotate pairs of channels)")
             if self.ffn_hidden_size is None:
                 raise ContractError("", "ffn_hidden_size", "ffn_hidden_size is required for kind llama (the SwiGLU width)")
             if self.dropout:

@@ -26,6 +26,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from mindpipe.traces.config import Model
+from mindpipe.traces.errors import ContractError
 from mindpipe.traces.torch_context_parallel import ContextShard, context_attention
 from mindpipe.traces.torch_gpt import TORCH_DTYPES, LMHead, PreNormBlock, causal_mask, flash_core
 from torch import nn
@@ -120,6 +121,21 @@ def _unrotate(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     return g * cos + torch.cat([g2, -g1], dim=-1) * sin
 
 
+def check_rotary_head_dim(model: Model, source: str = "") -> None:
+    """Refuse a model whose head width ``hidden_size / num_heads`` is odd: the rotary embedding turns
+    pairs ``(i, i + d/2)`` of a head's channels (Su et al. 2021; Hugging Face's ``rotate_half``), so
+    an odd width has one channel without a partner and the rotation cannot be built (before this
+    check the first forward failed inside a rank with a shape mismatch of d against d + 1).
+
+    Raises:
+        ContractError: naming ``num_heads``, the head width and the rule.
+    """
+    if model.head_dim % 2:
+        raise ContractError(source, "num_heads",
+                            f"head width hidden_size/num_heads={model.hidden_size}/{model.num_heads}="
+                            f"{model.head_dim} must be even (rotary embeddings rotate pairs of channels)")
+
+
 class _RotaryFunction(torch.autograd.Function):
     """Rotate Q and K (``[b, s, heads, d]``) by the position angles; keeps nothing for backward.
 
@@ -165,6 +181,7 @@ class Attention(nn.Module):
 
     def __init__(self, model: Model) -> None:
         super().__init__()
+        check_rotary_head_dim(model)
         h, kv = model.hidden_size, model.kv_width
         self.head_dim = model.head_dim
         self.group = model.num_heads // model.kv_heads
@@ -328,5 +345,6 @@ __all__ = [
     "apply_rope",
     "block_activation_bytes",
     "build_llama",
+    "check_rotary_head_dim",
     "rope_tables",
 ]

@@ -309,6 +309,12 @@ class SearchSpace:
             if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
                 self.rejected[Rule.PLAN] += 1
                 continue
+            if prec == "fp8" and base["tp"] > 1:
+                # The executor runs fp8 as torchao Float8Linear without its tensor-parallel styles and
+                # refuses fp8 with tp > 1 before launch (executor/fp8.py: fp8_refusal); a searched plan
+                # is one it runs, so fp8 is searched on tp = 1 meshes.
+                self.rejected[Rule.PLAN] += 1
+                continue
             if opg and (zero not in (1, 2) or impl != "megatron"):  # no all-gather after the step (Plan's rules)
                 if self._pinned("overlap_param_gather"):
                     self.rejected[Rule.PLAN] += 1

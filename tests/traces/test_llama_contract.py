@@ -95,3 +95,12 @@ def test_same_shape_sees_the_llama_keys():
     assert not a.same_shape(from_dict(Model, {**LLAMA, "num_kv_heads": 4}, "b"))
     assert not a.same_shape(from_dict(Model, {**LLAMA, "rope_theta": 5e5}, "b"))
     assert "num_kv_heads=2" in a.describe()
+
+
+def test_an_odd_head_width_is_refused_at_load_naming_the_file_and_key():
+    """hidden 60 over 4 heads (width 15) was accepted, simulated, and crashed in the first forward
+    of `mindpipe run` (rotary embeddings need channel pairs)."""
+    with pytest.raises(ContractError, match=r"m\.json: num_heads: head width hidden_size/num_heads=60/4=15 must be even"):
+        from_dict(Model, {**LLAMA, "hidden_size": 60}, "m.json")
+    gpt = {"kind": "gpt", "num_layers": 2, "hidden_size": 60, "num_heads": 4, "seq_len": 16, "vocab_size": 100}
+    assert from_dict(Model, gpt, "m.json").head_dim == 15  # learned positions: any width

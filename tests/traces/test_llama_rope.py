@@ -64,3 +64,17 @@ def test_the_model_holds_no_buffers():
     m = Model(kind="llama", num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2, ffn_hidden_size=48,
               seq_len=16, vocab_size=40)
     assert list(build_llama(m).buffers()) == []
+
+
+def test_an_odd_head_width_is_refused_naming_the_key_not_a_shape_error_in_the_forward():
+    """Rotary embeddings rotate channel pairs: hidden 60 over 4 heads (width 15) used to build and
+    then fail in the first forward with "The size of tensor a (15) must match ... (16)" inside a rank."""
+    from mindpipe.traces.errors import ContractError
+
+    # Refused when the model is built (or already by the Model contract, which owns the rule too).
+    with pytest.raises(ContractError, match=r"num_heads: head width hidden_size/num_heads=60/4=15 must be even"):
+        build_llama(Model(kind="llama", num_layers=1, hidden_size=60, num_heads=4, num_kv_heads=2,
+                          ffn_hidden_size=96, seq_len=8, vocab_size=32))
+    even = Model(kind="llama", num_layers=1, hidden_size=64, num_heads=4, num_kv_heads=2, ffn_hidden_size=96,
+                 seq_len=8, vocab_size=32)
+    assert build_llama(even)(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 32)
