@@ -73,8 +73,9 @@ def _gantt(run: MeasuredRun, cal: Calibration, path: Path) -> None:
     optimizer = any(e.category == "optimizer" for e in events)  # runs recorded before it was kept have none
     drawn = "forward/backward, waits and the optimizer" if optimizer else "forward/backward and waits"
     missing = "host time" if optimizer else "optimizer, host time"
-    write_gantts([(events, f"measured: {plan_label(run.plan)}, one step: {span:.2f} s of {drawn} of "
-                           f"{run.iteration_s:.2f} s ({missing} not recorded per action), dp 0, tp 0"),
+    # Two lines: on one, the title outgrew the 12-inch panel and was cut at both ends.
+    write_gantts([(events, f"measured: {plan_label(run.plan)}, one step (dp 0, tp 0): {span:.2f} s of {drawn}\n"
+                           f"of {run.iteration_s:.2f} s per iteration ({missing} not recorded per action)"),
                   (sim.timeline or [], f"simulated, calibrated: iteration {sim.iteration_time_s:.2f} s")], path)
 
 
