@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from mindpipe.traces.catalog import check_precision
+from mindpipe.traces.catalog import check_precision, fp8_tp_refusal
 from mindpipe.traces.errors import ContractError
 
 if TYPE_CHECKING:
@@ -45,8 +45,8 @@ def fp8_refusal(plan: Plan, device_kind: str, device: DeviceSpec | None) -> str 
             check_precision("fp8", device.name)
         except ContractError as e:
             return e.rule
-    if plan.tp > 1:
-        return "precision 'fp8' with tp > 1 needs torchao's float8 tensor-parallel styles, which the executor does not apply"
+    if (tp_rule := fp8_tp_refusal(plan.precision, plan.tp)) is not None:
+        return tp_rule
     if importlib.util.find_spec("torchao") is None:
         return "precision 'fp8' needs torchao (pip install torchao); it is not installed"
     return None

@@ -297,3 +297,15 @@ def check_precision(precision: str, device_name: str, source: str = "plan") -> N
     if not precision_supported(precision, device_name):
         raise ContractError(source, "precision", f"precision {precision!r} needs FP8 tensor cores "
                                                  f"(H100, H200); {device_name} has none (use bf16)")
+
+
+def fp8_tp_refusal(precision: str, tp: int) -> str | None:
+    """Why the executor cannot run ``precision`` at this tensor-parallel degree (None when it can).
+
+    The executor runs ``fp8`` as torchao ``Float8Linear`` without torchao's float8 tensor-parallel
+    styles, so only at tp = 1: the launcher refuses the rest (``executor/fp8.py`` ``fp8_refusal``)
+    and the tuner does not search them (``tuner/space.py``), so a tuned plan is one it runs.
+    """
+    if precision == "fp8" and tp > 1:
+        return "precision 'fp8' with tp > 1 needs torchao's float8 tensor-parallel styles, which the executor does not apply"
+    return None

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindpipe.simulator.schedules import schedule_rule
-from mindpipe.traces.catalog import check_precision, get_device
+from mindpipe.traces.catalog import check_precision, fp8_tp_refusal, get_device
 from mindpipe.traces.config import (
     COMM_PRIORITIES,
     CP_COMM_TYPES,
@@ -309,10 +309,7 @@ class SearchSpace:
             if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
                 self.rejected[Rule.PLAN] += 1
                 continue
-            if prec == "fp8" and base["tp"] > 1:
-                # The executor runs fp8 as torchao Float8Linear without its tensor-parallel styles and
-                # refuses fp8 with tp > 1 before launch (executor/fp8.py: fp8_refusal); a searched plan
-                # is one it runs, so fp8 is searched on tp = 1 meshes.
+            if fp8_tp_refusal(prec, base["tp"]) is not None:  # a searched plan is one the executor runs
                 self.rejected[Rule.PLAN] += 1
                 continue
             if opg and (zero not in (1, 2) or impl != "megatron"):  # no all-gather after the step (Plan's rules)
