@@ -291,15 +291,15 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
                                                and 0.0 <= max_slowdown <= 1.0):
         raise ContractError(arg_names.name("--max-slowdown"), None,
                             f"{max_slowdown!r} is not a finite number in [0, 1]")
-    planned = clocks not in (None, "default")  # the best plan's clocks are planned after the search
-    if supernet and planned:
+    planned = None if clocks in (None, "default") else clocks  # the method planning the best plan's clocks
+    if supernet and planned is not None:
         raise ContractError(arg_names.name("--clocks"), None, "per-stage clocks are planned for GPT and Llama "
                             "models (the supernet simulator prices no energy)")
     with arg_names.renaming():  # the objective's rules name their flag as the source
         obj = objective if isinstance(objective, Objective) else Objective(objective, supernet=supernet)
         if obj.supernet != supernet:
             obj = dataclasses.replace(obj, supernet=supernet)  # re-checked for the model's kind
-    if planned and obj.target is None:  # refused before the sweep, not after it
+    if planned is not None and obj.target is None:  # refused before the sweep, not after it
         frequency_spec(cluster.gpu, source=arg_names.name("--clocks"))
     if subnets is not None and not supernet:
         raise ContractError(arg_names.name("--subnets"), None,
@@ -334,9 +334,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
                        calibration=reference(calibration_source, calibration) if calibration is not None else None)
     info = _write(problem, result, obj, space, out_dir, made_for, plots, front or FrontConfig(front_clocks(clocks)))
     info.critical_batch = critical
-    if planned and isinstance(model, Model) and obj.target is None:  # the front plans its own
-        assert clocks is not None
-        add_clocks(problem, model, out_dir, info, clocks, max_slowdown, plots, obj.shift)
+    if planned is not None and isinstance(model, Model) and obj.target is None:  # the front plans its own
+        add_clocks(problem, model, out_dir, info, planned, max_slowdown, plots, obj.shift)
     info.write()
     if result.best is None:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(info.infeasible_by_reason.items()))
