@@ -14,8 +14,9 @@ tuner searches and the simulator prices — stays the same; only the memory chec
 **Memory check** (``--memory-budget-gib``): a rank's model state — parameters, gradients and two
 AdamW moments, 4 × 4 bytes per fp32 parameter, counted by the supernet contract's
 :meth:`~mindpipe.traces.supernet.Candidate.param_count` — must fit the budget. Without switching
-that is every candidate of the stage's layers; with switching at most ``min(K, window + 1)``
-candidates per layer (the window's subnets in flight plus the one prefetched), the largest ones.
+that is every candidate of the stage's layers; with switching at most ``min(K_l, window + 1)``
+candidates of layer ``l`` (the window's subnets in flight plus the one prefetched), its largest
+ones (``K_l``: the candidates the layer holds, the whole pool unless ``layer_candidates`` narrows it).
 Activations are not in this check (they are a few micro-batches of ``seq_len × hidden`` floats
 per layer); the run measures resident bytes and stops if they exceed the budget.
 """
@@ -102,6 +103,11 @@ class SupernetRunConfig:
             if not self.checkpoint_every:
                 raise ContractError("", "repartition", "--repartition moves layers at drained segment boundaries: "
                                     "give --checkpoint-every N (the segment length)")
+            if not self.supernet.uniform_layers:
+                # decide_partition solves stage time = layers × one per-layer cost + shared parts.
+                raise ContractError("", "repartition", f"--repartition models every choice layer at one mean cost, "
+                                    f"but {self.supernet.label}'s layers choose from their own lists "
+                                    "(layer_candidates): partition it offline (mindpipe tune --partitioner balanced)")
         check_checkpoint_options(self.checkpoint_dir, resume=self.resume, keep_checkpoints=self.keep_checkpoints)
         check_supernet_plan(self.plan, self.supernet)
         if self.schedule == "async":
@@ -157,16 +163,21 @@ def is_supernet_config(data: Any) -> bool:
 def stage_model_state_bytes(cfg: SupernetRunConfig) -> list[int]:
     """Per pipeline stage, the most model-state bytes resident at once (see module docstring)."""
     net, h = cfg.supernet, cfg.supernet.hidden_size
-    sizes = sorted((c.param_count(h) for c in net.candidates), reverse=True)
-    per_layer = sum(sizes[:min(len(sizes), cfg.window + 1)]) if cfg.switching else sum(sizes)
+
+    def layer_params(layer: int) -> int:
+        sizes = sorted((net.candidates[k].param_count(h) for k in net.layer_choices(layer)), reverse=True)
+        return sum(sizes[:min(len(sizes), cfg.window + 1)]) if cfg.switching else sum(sizes)
+
     layers = supernet_stage_layers(cfg.plan, net)
     shared_in = h * (net.vocab_size + net.seq_len)  # embeddings (first stage)
     shared_out = 2 * h + h * net.vocab_size  # final norm + LM head (last stage)
     state = MODEL_STATE_BYTES_PER_PARAM if net.train_shared else 4  # frozen: weights only
-    out = []
+    out, first = [], 0
     for s, n in enumerate(layers):
         shared = (shared_in if s == 0 else 0) + (shared_out if s == len(layers) - 1 else 0)
-        out.append(n * per_layer * MODEL_STATE_BYTES_PER_PARAM + shared * state)
+        params = sum(layer_params(layer) for layer in range(first, first + n))
+        out.append(params * MODEL_STATE_BYTES_PER_PARAM + shared * state)
+        first += n
     return out
 
 

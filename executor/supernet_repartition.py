@@ -149,26 +149,26 @@ def _state_out(optimizer: torch.optim.Optimizer, p: nn.Parameter) -> dict[str, t
 def _pack(module: SupernetStage, optimizer: torch.optim.Optimizer, layer: int) -> list[dict[str, object]]:
     """Every candidate of ``layer``: its parameters and each parameter's optimizer state, on the host."""
     out: list[dict[str, object]] = []
-    for k in range(len(module.net.candidates)):
+    for k in sorted(module.net.layer_choices(layer)):
         block = module.block(layer, k)
         out.append({"params": {n: t.detach().to("cpu", copy=True) for n, t in block.state_dict().items()},
                     "optim": {n: _state_out(optimizer, p) for n, p in block.named_parameters()}})
     return out
 
 
-def _unpack(net: Supernet, packed: list[dict[str, object]], device: torch.device,
-            state: dict[nn.Parameter, dict[str, torch.Tensor]]) -> list[CandidateBlock]:
-    blocks = []
-    for cand, item in zip(net.candidates, packed, strict=True):
+def _unpack(net: Supernet, layer: int, packed: list[dict[str, object]], device: torch.device,
+            state: dict[nn.Parameter, dict[str, torch.Tensor]]) -> dict[int, CandidateBlock]:
+    blocks = {}
+    for k, item in zip(sorted(net.layer_choices(layer)), packed, strict=True):
         with torch.random.fork_rng(devices=[]):  # the init is overwritten; keep the run's RNG untouched
-            block = CandidateBlock(net, cand)
+            block = CandidateBlock(net, net.candidates[k])
         block.load_state_dict(item["params"])  # type: ignore[arg-type]
         block.to(device)
         optim: dict[str, dict[str, torch.Tensor]] = item["optim"]  # type: ignore[assignment]
         for name, p in block.named_parameters():
             if optim[name]:
-                state[p] = {k: v.to(device) if v.dim() > 0 else v for k, v in optim[name].items()}
-        blocks.append(block)
+                state[p] = {key: v.to(device) if v.dim() > 0 else v for key, v in optim[name].items()}
+        blocks[k] = block
     return blocks
 
 
@@ -185,21 +185,21 @@ def exchange(module: SupernetStage, optimizer: torch.optim.Optimizer, stage: int
         stage_rank: Global rank of pipeline stage s in this rank's dp replica.
     """
     state: dict[nn.Parameter, dict[str, torch.Tensor]] = {p: dict(v) for p, v in optimizer.state.items()}  # type: ignore[misc]
-    incoming: dict[int, list[CandidateBlock]] = {}
+    incoming: dict[int, dict[int, CandidateBlock]] = {}
     for layer, src, dst in moves(old, new):
         if src == stage:
             dist.send_object_list([_pack(module, optimizer, layer)], stage_rank(dst))
         elif dst == stage:
             box: list[object] = [None]
             dist.recv_object_list(box, stage_rank(src))
-            incoming[layer] = _unpack(module.net, box[0], device, state)  # type: ignore[arg-type]
+            incoming[layer] = _unpack(module.net, layer, box[0], device, state)  # type: ignore[arg-type]
     layers = _ranges(new)[stage]
     kept = {key: m for key, m in module.candidates.items()}
     for layer, blocks in incoming.items():
-        for k, block in enumerate(blocks):
+        for k, block in blocks.items():
             kept[candidate_key(layer, k)] = block
     module.candidates = nn.ModuleDict({candidate_key(layer, k): kept[candidate_key(layer, k)]
-                                       for layer in layers for k in range(len(module.net.candidates))})
+                                       for layer in layers for k in sorted(module.net.layer_choices(layer))})
     module.layers = layers
     fresh = make_optimizer([p for p in module.parameters() if p.requires_grad], lr, weight_decay)
     for p in fresh.param_groups[0]["params"]:

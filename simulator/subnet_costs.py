@@ -99,7 +99,7 @@ class SupernetCosts:
 
     Attributes:
         supernet: The supernet.
-        candidates: Cost of each candidate in one layer (same order as ``supernet.candidates``).
+        candidates: Cost of each pool candidate in one layer (same order as ``supernet.candidates``).
         embedding: Token + position embedding (first stage).
         head: Final norm, LM head and loss (last stage).
         source: ``gpu-model``, ``roofline``, ``calibrated``, ``trace`` or ``calibrated trace``.
@@ -127,7 +127,9 @@ class SupernetCosts:
     def stage_params(self, first_layer: int, num_layers: int, first: bool, last: bool) -> tuple[int, int]:
         """(shared, every candidate's) parameters a stage holds when it keeps its whole slice of the supernet."""
         shared = (self.embedding.param_count if first else 0) + (self.head.param_count if last else 0)
-        return shared, num_layers * sum(c.param_count for c in self.candidates)
+        net = self.supernet
+        return shared, sum(self.candidates[k].param_count for layer in range(first_layer, first_layer + num_layers)
+                           for k in net.layer_choices(layer))
 
 
 # -- operators of a candidate --------------------------------------------------------------------

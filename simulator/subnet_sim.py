@@ -45,9 +45,9 @@ from mindpipe.traces.supernet import (
     Choices,
     Supernet,
     check_supernet_plan,
-    conflict_probability,
     default_subnets,
     sample_subnets,
+    stage_conflict_probability,
     subnet_batch,
     subnet_schedule,
     subnet_stage_operators,
@@ -69,7 +69,8 @@ class StageReport:
         conflict_stall_s: Idle time while an arrived forward was held back only by CSP's rule.
         other_idle_s: The rest of the idle time (waiting for data or the schedule's order).
         conflict_rate: Share of consecutive subnet pairs sharing an operator here (drawn subnets).
-        conflict_rate_closed_form: 1 − (1 − 1/K)^{L_s} (uniform sampling).
+        conflict_rate_closed_form: 1 − Π_l (1 − 1/K_l) over the stage's layers (uniform sampling; 1 − (1 − 1/K)^{L_s}
+            when every layer chooses from the whole pool).
         memory: Peak memory.
     """
 
@@ -224,9 +225,10 @@ class SupernetSimulator:
         stalls = conflict_stalls(sched, rep, ops)
         mem = stage_memory(costs, plan, self.device, sched, subnets, layers, context_switching, memory_budget_bytes)
         span = rep.makespan_s
+        firsts = [sum(layers[:s]) for s in range(p)]
         reports = tuple(StageReport(
             s, layers[s], rep.busy_s[s], rep.busy_s[s] / span, stalls[s], span - rep.busy_s[s] - stalls[s],
-            consecutive_conflict_rate(ops, s), conflict_probability(net.num_choices, layers[s]), mem[s])
+            consecutive_conflict_rate(ops, s), stage_conflict_probability(net, firsts[s], layers[s]), mem[s])
             for s in range(p))
         return SupernetResult(net.label, name, sched.window, sched.batch, num_subnets, span, span / num_subnets,
                               3600.0 * num_subnets / span, 1.0 - sum(rep.busy_s) / (p * span), reports,

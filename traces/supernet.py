@@ -20,6 +20,17 @@ Candidate operators (NASPipe's Evolved-Transformer/HAT-like space, mapped onto t
 ``standard`` h→h, ``separable`` depthwise + pointwise, or ``lightweight`` depthwise with weights
 shared by ``conv_heads`` channel groups, Wu et al. ICLR'19).
 
+**Per-layer candidate lists.** ``candidates`` is the supernet's *pool*; by default every layer
+chooses among all of it. ``layer_candidates`` narrows that per layer (a list of pool names for
+each choice layer), as spaces whose layers differ do — e.g. convolutions only in the lower layers,
+or an encoder and a decoder half with their own operator sets. A choice vector still holds *pool*
+indices (so the operator keys of :func:`stage_operators`, the trace records and the executor's
+module names mean the same whatever the lists); layer ``l`` may choose only the indices
+:meth:`Supernet.layer_choices` gives, each stage holds only those candidates' weights, and the
+uniform sampler draws among them, so two subnets share layer ``l``'s operator with chance
+``1/K_l`` and a stage's conflict probability is ``1 − Π_l (1 − 1/K_l)``
+(:func:`stage_conflict_probability`).
+
 The sampler draws subnet ``i`` from its own generator seeded with ``(seed, i)``, so the stream is
 the same whatever its length, and a resumed or data-parallel run can draw any subnet directly.
 """
@@ -29,6 +40,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from mindpipe.traces.catalog import check_precision
@@ -128,7 +140,7 @@ class Sampler:
 
 @dataclass
 class Supernet:
-    """A weight-sharing supernet: ``num_layers`` choice layers over one list of candidates.
+    """A weight-sharing supernet: ``num_layers`` choice layers over one pool of candidates.
 
     Attributes:
         kind: Always ``"supernet"``.
@@ -136,7 +148,11 @@ class Supernet:
         hidden_size: Model width h.
         seq_len: Tokens per sequence s.
         vocab_size: Vocabulary V (embedding and LM head).
-        candidates: The K candidate operators every layer chooses from.
+        candidates: The pool of K candidate operators (every layer chooses from all of them
+            unless ``layer_candidates`` says otherwise).
+        layer_candidates: Optional, one list of pool names per choice layer: the candidates that
+            layer holds and may choose (module docstring). Every pool candidate must be in at
+            least one list.
         sampler: How subnets are drawn (uniform, seeded).
         train_shared: Train the embeddings, final norm and LM head too (serialises the stages that
             hold them under CSP; see the module docstring).
@@ -149,6 +165,7 @@ class Supernet:
     seq_len: int
     vocab_size: int
     candidates: list[Candidate]
+    layer_candidates: list[list[str]] | None = None
     sampler: Sampler = field(default_factory=Sampler)
     train_shared: bool = False
     name: str | None = None
@@ -180,10 +197,53 @@ class Supernet:
             if c.kernel_size is not None and c.kernel_size > self.seq_len:
                 raise ContractError("", f"{key}.kernel_size",
                                     f"kernel_size={c.kernel_size} exceeds seq_len={self.seq_len}")
+        if self.layer_candidates is not None:
+            self._check_layer_candidates(self.layer_candidates)
+
+    def _check_layer_candidates(self, lists: object) -> None:
+        if not isinstance(lists, list) or len(lists) != self.num_layers:
+            got = f"{len(lists)} lists" if isinstance(lists, list) else shown(lists)
+            raise ContractError("", "layer_candidates", f"layer_candidates must be one list of candidate names per "
+                                f"choice layer ({self.num_layers}), got {got}")
+        pool = {c.name for c in self.candidates}
+        used: set[str] = set()
+        for layer, names in enumerate(lists):
+            key = f"layer_candidates[{layer}]"
+            if not isinstance(names, list) or not names:
+                raise ContractError("", key, f"{key}={shown(names)} must be a non-empty list of candidate names")
+            for name in names:
+                if not isinstance(name, str) or name not in pool:
+                    raise ContractError("", key, f"{shown(name)} is not a candidate name (the pool: "
+                                        f"{', '.join(c.name for c in self.candidates)})")
+            if len(set(names)) != len(names):
+                twice = next(n for n in names if names.count(n) > 1)
+                raise ContractError("", key, f"candidate {twice!r} is listed twice")
+            used.update(names)
+        unused = [c.name for c in self.candidates if c.name not in used]
+        if unused:
+            raise ContractError("", "layer_candidates", f"candidate {unused[0]!r} is in no layer's list: drop it from "
+                                "candidates or list it")
+
+    @cached_property
+    def _layer_choices(self) -> tuple[tuple[int, ...], ...]:
+        every = tuple(range(len(self.candidates)))
+        if self.layer_candidates is None:
+            return (every,) * self.num_layers
+        index = {c.name: k for k, c in enumerate(self.candidates)}
+        return tuple(tuple(index[name] for name in names) for names in self.layer_candidates)
+
+    def layer_choices(self, layer: int) -> tuple[int, ...]:
+        """The pool indices choice layer ``layer`` may choose, in its list's order (the sampler's)."""
+        return self._layer_choices[layer]
+
+    @property
+    def uniform_layers(self) -> bool:
+        """Whether every layer chooses among the whole pool (no ``layer_candidates``, or lists that all hold it)."""
+        return all(len(c) == len(self.candidates) for c in self._layer_choices)
 
     @property
     def num_choices(self) -> int:
-        """Candidates per layer, K."""
+        """Candidates in the pool, K (per layer, :meth:`layer_choices`)."""
         return len(self.candidates)
 
     @property
@@ -196,13 +256,13 @@ class Supernet:
         h = self.hidden_size
         return self.vocab_size * h + self.seq_len * h + 2 * h + self.vocab_size * h
 
-    def layer_param_count(self) -> int:
-        """Weights of one choice layer: every candidate's."""
-        return sum(c.param_count(self.hidden_size) for c in self.candidates)
+    def layer_param_count(self, layer: int) -> int:
+        """Weights of choice layer ``layer``: every candidate it holds."""
+        return sum(self.candidates[k].param_count(self.hidden_size) for k in self.layer_choices(layer))
 
     def param_count(self) -> int:
         """The whole supernet's weights."""
-        return self.shared_param_count() + self.num_layers * self.layer_param_count()
+        return self.shared_param_count() + sum(self.layer_param_count(layer) for layer in range(self.num_layers))
 
     def subnet_param_count(self, choices: Choices) -> int:
         """Weights one subnet uses (its chosen candidates and the shared parts)."""
@@ -212,7 +272,9 @@ class Supernet:
 
     def describe(self) -> str:
         """The label and the shape."""
-        return (f"{self.label} (num_layers={self.num_layers}, candidates={self.num_choices}, "
+        counts = [len(c) for c in self._layer_choices]
+        per_layer = "" if self.uniform_layers else f", {min(counts)}–{max(counts)} per layer"
+        return (f"{self.label} (num_layers={self.num_layers}, candidates={self.num_choices}{per_layer}, "
                 f"hidden_size={self.hidden_size}, seq_len={self.seq_len}, vocab_size={self.vocab_size})")
 
 
@@ -225,13 +287,22 @@ def check_choices(supernet: Supernet, choices: Sequence[int], source: str = "sub
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k < supernet.num_choices:
             raise ContractError(source, f"choices[{i}]", f"choices[{i}]={shown(k)} is not a candidate index "
                                 f"0..{supernet.num_choices - 1}")
+        if int(k) not in supernet.layer_choices(i):
+            allowed = supernet.layer_choices(i)
+            raise ContractError(source, f"choices[{i}]", f"choices[{i}]={k} ({supernet.candidates[k].name}) is not in "
+                                f"layer {i}'s list (layer_candidates[{i}]: pool indices "
+                                f"{', '.join(str(j) for j in sorted(allowed))})")
 
 
 def sample_subnet(supernet: Supernet, index: int) -> Choices:
     """Subnet ``index`` of the supernet's stream (the same in every run with this sampler seed)."""
     integer("subnet", index, 0, "train_steps")
     rng = np.random.default_rng([supernet.sampler.seed, index])
-    return tuple(int(k) for k in rng.integers(0, supernet.num_choices, size=supernet.num_layers))
+    if supernet.layer_candidates is None:
+        return tuple(int(k) for k in rng.integers(0, supernet.num_choices, size=supernet.num_layers))
+    lists = [supernet.layer_choices(layer) for layer in range(supernet.num_layers)]
+    picks = rng.integers(0, np.array([len(c) for c in lists]))
+    return tuple(c[int(j)] for c, j in zip(lists, picks, strict=True))
 
 
 def sample_subnets(supernet: Supernet, count: int, start: int = 0) -> list[Choices]:
@@ -425,6 +496,20 @@ def conflict_probability(num_choices: int, layers_on_stage: int) -> float:
     return 1.0 - (1.0 - 1.0 / num_choices) ** layers_on_stage
 
 
+def stage_conflict_probability(supernet: Supernet, first_layer: int, num_layers: int) -> float:
+    """Chance that two uniformly drawn subnets share an operator on choice layers ``[first_layer, +num_layers)``.
+
+    ``1 − Π_l (1 − 1/K_l)`` over the layers' list sizes (module docstring): :func:`conflict_probability`
+    when every layer chooses among the whole pool.
+    """
+    if supernet.uniform_layers:
+        return conflict_probability(supernet.num_choices, num_layers)
+    miss = 1.0
+    for layer in range(first_layer, first_layer + num_layers):
+        miss *= 1.0 - 1.0 / len(supernet.layer_choices(layer))
+    return 1.0 - miss
+
+
 __all__ = [
     "CANDIDATE_OPS",
     "CONV_TYPES",
@@ -442,6 +527,7 @@ __all__ = [
     "max_subnets",
     "sample_subnet",
     "sample_subnets",
+    "stage_conflict_probability",
     "stage_operators",
     "subnet_batch",
     "subnet_schedule",

@@ -158,7 +158,7 @@ def candidate_key(layer: int, k: int) -> str:
 
 
 class SupernetStage(nn.Module):
-    """The choice layers ``first_layer .. first_layer+num_layers−1`` of a supernet, every candidate.
+    """The choice layers ``first_layer .. first_layer+num_layers−1`` of a supernet, every candidate each holds.
 
     The first stage also holds the embeddings, the last the final norm and LM head. A forward runs
     one subnet's chosen candidates (:meth:`forward`); the others are untouched.
@@ -175,8 +175,8 @@ class SupernetStage(nn.Module):
         self.net = net
         self.layers = range(first_layer, first_layer + num_layers)
         self.candidates = nn.ModuleDict({
-            candidate_key(layer, k): _seeded(part_seed(seed, layer, k), CandidateBlock, net, c)
-            for layer in self.layers for k, c in enumerate(net.candidates)})
+            candidate_key(layer, k): _seeded(part_seed(seed, layer, k), CandidateBlock, net, net.candidates[k])
+            for layer in self.layers for k in sorted(net.layer_choices(layer))})
         self.embedding: SupernetEmbedding | None = (
             _seeded(part_seed(seed, _EMBEDDING, 0), SupernetEmbedding, net) if first else None)  # type: ignore[assignment]
         self.head: SupernetHead | None = (

@@ -25,6 +25,11 @@ Two rules (the ``--partitioner`` values the supernet tuner searches):
   min–max is free to pile the other layers onto a few stages, where more layers mean more CSP
   conflicts (1 − (1 − 1/K)^{L_s}).
 
+A supernet whose layers choose from their own lists (``layer_candidates``) has a mean per layer,
+``(1/K_l) Σ_{k ∈ layer l} (F_k + B_k)``, and layers no longer cost the same in expectation; ``balanced``
+is then :func:`~mindpipe.tuner.partition.minmax_partition` over those per-layer means (the
+water-filling argument needs equal layers).
+
 The expected cost, not a particular draw's, is what a long run of subnets sees; the per-subnet
 variation around it is what CSP's look-ahead window absorbs.
 """
@@ -37,7 +42,7 @@ from mindpipe.simulator.subnet_costs import PartCost, SupernetCosts
 from mindpipe.traces.config import check_stage_count, even_partition
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import water_fill
-from mindpipe.tuner.partition import stage_loads
+from mindpipe.tuner.partition import minmax_partition, stage_loads
 
 SUPERNET_PARTITIONERS = ("balanced", "even")
 
@@ -46,9 +51,17 @@ def _load(part: PartCost) -> float:
     return part.forward_s + part.backward_s
 
 
+def layer_loads(costs: SupernetCosts) -> list[float]:
+    """Expected forward + backward seconds of each choice layer under uniform sampling: the mean of its candidates."""
+    net = costs.supernet
+    return [sum(_load(costs.candidates[k]) for k in net.layer_choices(layer)) / len(net.layer_choices(layer))
+            for layer in range(net.num_layers)]
+
+
 def mean_layer_load(costs: SupernetCosts) -> float:
-    """Expected forward + backward seconds of one choice layer under uniform sampling: the candidates' mean."""
-    return sum(_load(c) for c in costs.candidates) / len(costs.candidates)
+    """Expected forward + backward seconds of a choice layer, averaged over the layers (:func:`layer_loads`)."""
+    loads = layer_loads(costs)
+    return sum(loads) / len(loads)
 
 
 def shared_loads(costs: SupernetCosts) -> tuple[float, float]:
@@ -59,7 +72,7 @@ def shared_loads(costs: SupernetCosts) -> tuple[float, float]:
 def expected_stage_loads(costs: SupernetCosts, partition: Sequence[int]) -> list[float]:
     """E[T_s] per stage (module docstring) for ``partition`` (choice layers per stage)."""
     first, last = shared_loads(costs)
-    return stage_loads(partition, [mean_layer_load(costs)] * sum(partition), first, last)
+    return stage_loads(partition, layer_loads(costs), first, last)
 
 
 def balanced_supernet_partition(costs: SupernetCosts, num_stages: int) -> list[int]:
@@ -69,7 +82,9 @@ def balanced_supernet_partition(costs: SupernetCosts, num_stages: int) -> list[i
         ContractError: more stages than choice layers.
     """
     first, last = shared_loads(costs)
-    return water_fill(costs.supernet.num_layers, num_stages, mean_layer_load(costs), first, last)
+    if costs.supernet.uniform_layers:
+        return water_fill(costs.supernet.num_layers, num_stages, mean_layer_load(costs), first, last)
+    return minmax_partition(layer_loads(costs), num_stages, first, last)
 
 
 def supernet_partition(name: str, costs: SupernetCosts, num_stages: int) -> list[int]:
@@ -92,6 +107,7 @@ __all__ = [
     "SUPERNET_PARTITIONERS",
     "balanced_supernet_partition",
     "expected_stage_loads",
+    "layer_loads",
     "mean_layer_load",
     "shared_loads",
     "supernet_partition",
