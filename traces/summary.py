@@ -48,12 +48,16 @@ class TraceSummary:
     provenance: dict[str, str | None] = field(default_factory=dict)
     step_forward_backward_s: float | None = None
     layer_sum_over_step: float | None = None
+    mean_subnet_forward_backward_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of ``--json`` (the step keys only when the trace has a step cross-check)."""
+        """The JSON object of ``--json`` (the step keys only when the trace has a step cross-check, the
+        mean subnet only for a per-candidate trace that records its supernet)."""
         out = asdict(self)
         if self.layer_sum_over_step is None:
             del out["step_forward_backward_s"], out["layer_sum_over_step"]
+        if self.mean_subnet_forward_backward_s is None:
+            del out["mean_subnet_forward_backward_s"]
         return out
 
 
@@ -65,6 +69,26 @@ def _said(trace: Trace, key: str) -> bool:
 def _known_int(trace: Trace, key: str) -> int | None:
     """The records' total of ``key``, or None when no record says it (not 0: unknown is not none)."""
     return int(trace.total(key)) if _said(trace, key) else None
+
+
+def mean_subnet_seconds(trace: Trace) -> float | None:
+    """Forward + backward seconds of a mean subnet of a per-candidate trace's supernet, or None.
+
+    A per-candidate trace records every candidate once, so its records' sum is no step of any
+    subnet; a subnet runs the embedding, one candidate per choice layer and the head. Under the
+    uniform sampler, its expected time is the embedding, plus each layer's mean over the
+    candidates it may choose (:meth:`~mindpipe.traces.supernet.Supernet.layer_choices`), plus the head.
+    """
+    net = trace.supernet
+    if trace.granularity != "candidate" or net is None:
+        return None
+    rec = {r.name: r.forward_s + r.backward_input_s + r.backward_weight_s for r in trace.layers}
+    names = [f"candidate.{c.name}" for c in net.candidates]
+    if any(n not in rec for n in ("embedding", "head", *names)):
+        return None
+    per_layer = (sum(rec[names[k]] for k in net.layer_choices(layer)) / len(net.layer_choices(layer))
+                 for layer in range(net.num_layers))
+    return rec["embedding"] + sum(per_layer) + rec["head"]
 
 
 def summarize(trace: Trace) -> TraceSummary:
@@ -90,6 +114,7 @@ def summarize(trace: Trace) -> TraceSummary:
                     "torch_version": trace.provenance.torch_version},
         step_forward_backward_s=step.forward_backward_s if step is not None else None,
         layer_sum_over_step=trace.forward_backward_s / step.forward_backward_s if step is not None else None,
+        mean_subnet_forward_backward_s=mean_subnet_seconds(trace),
     )
 
 
@@ -143,7 +168,14 @@ def format_summary(trace: Trace, max_rows: int = 24) -> str:
         f"{'total':43s} {_fmt_s(s.forward_s)} {_fmt_s(s.backward_input_s)} {_fmt_s(s.backward_weight_s)} "
         f"{_total_activations(trace, s.activation_bytes)}"
     )
-    lines.append(f"sum of per-layer forward+backward: {_fmt_s(s.forward_backward_s).strip()}")
+    if s.granularity == "candidate":
+        lines.append(f"sum of the records (every candidate once, no subnet's step): "
+                     f"{_fmt_s(s.forward_backward_s).strip()}")
+        if s.mean_subnet_forward_backward_s is not None and trace.supernet is not None:
+            lines.append(f"a mean subnet (embedding, one candidate in each of {trace.supernet.num_layers} layers, "
+                         f"head): {_fmt_s(s.mean_subnet_forward_backward_s).strip()} forward+backward")
+    else:
+        lines.append(f"sum of per-layer forward+backward: {_fmt_s(s.forward_backward_s).strip()}")
     if s.layer_sum_over_step is not None and s.step_forward_backward_s is not None:
         lines.append(
             f"whole step measured separately:    {_fmt_s(s.step_forward_backward_s).strip()} "

@@ -107,3 +107,22 @@ def test_cli_profiles_a_builtin_supernet(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "mindpipe.cli", "profile", "supernet-mini", "--granularity", "op",
                           "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "granularity" in bad.stderr
+
+
+def test_inspect_prices_a_mean_subnet_not_the_sum_of_every_candidate() -> None:
+    from mindpipe.traces.summary import format_summary, summarize
+
+    opts = ProfileOptions(micro_batch_size=1, warmup=0, repeats=1, step_repeats=0)
+    names = [c.name for c in MINI.candidates]
+    split = from_dict(Supernet, {**to_dict(MINI), "layer_candidates": [names[:2]] * 4 + [names[2:]] * 4})
+    trace = profile_supernet(split, opts, command="test")
+    t = {r.name: r.forward_s + r.backward_input_s + r.backward_weight_s for r in trace.layers}
+    lower = sum(t[f"candidate.{n}"] for n in names[:2]) / 2
+    upper = sum(t[f"candidate.{n}"] for n in names[2:]) / 4
+    s = summarize(trace)
+    assert s.mean_subnet_forward_backward_s == pytest.approx(t["embedding"] + 4 * lower + 4 * upper + t["head"])
+    assert s.forward_backward_s == pytest.approx(sum(t.values()))
+    text = format_summary(trace)
+    assert "every candidate once, no subnet's step" in text and "a mean subnet (embedding, one candidate in each of 8" in text
+    assert "sum of per-layer" not in text
+    assert "mean_subnet_forward_backward_s" in s.to_dict()
