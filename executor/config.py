@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mindpipe.executor.checkpoint_trust import check_checkpoint_options
-from mindpipe.traces.builtin import load_model, load_plan
+from mindpipe.traces.builtin import config_source, load_model, load_plan
 from mindpipe.traces.config import Model, Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, shown, within_limit
@@ -253,8 +253,9 @@ def rendezvous_backends() -> tuple[str, ...]:
 
 
 def plan_source(arg: str) -> str:
-    """How errors name the plan: its file, or ``plan`` for inline JSON."""
-    return "plan" if arg.strip().startswith("{") else arg
+    """How errors name the plan: its file, or ``<inline plan>`` for inline JSON (as the plan's loader
+    and ``simulate`` name it: :func:`mindpipe.traces.builtin.config_source`)."""
+    return config_source(arg, "plan")
 
 
 def resolve_model(model_arg: str | None, plan: Plan, source: str = "plan") -> Model:

@@ -41,6 +41,8 @@ COMM_PRIORITIES = ("fair", "pp_first")
 # K and V gathered before the attention kernels) or ``p2p`` (Transformer Engine's ring, the exchange
 # pipelined under the attention kernels); the executor runs both (traces.torch_context_parallel).
 CP_COMM_TYPES = ("allgather", "p2p")
+# A plan's ``cp_comm_type`` when it does not give one: the only value a plan with cp=1 may hold.
+CP_COMM_DEFAULT = "allgather"
 # How data parallelism runs (``Plan.dp_impl``; the rules are :mod:`mindpipe.traces.layout`'s): the
 # executor's FSDP2, or Megatron-LM's DDP and distributed optimizer (a what-if knob).
 DP_IMPLS = ("fsdp2", "megatron")
@@ -507,7 +509,7 @@ class Plan:
     fused_elementwise: bool = False
     dp_impl: str = "fsdp2"
     cp: int = 1
-    cp_comm_type: str = "allgather"
+    cp_comm_type: str = CP_COMM_DEFAULT
     rank_order: str = "tp-dp-pp"
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
@@ -564,6 +566,12 @@ class Plan:
             # Megatron-core: context parallelism runs in Transformer Engine's DotProductAttention only.
             raise ContractError("", "cp", f"cp={self.cp} needs flash_attention=true (context parallelism runs in "
                                 "the fused attention kernel)")
+        if self.cp == 1 and self.cp_comm_type != CP_COMM_DEFAULT:
+            # Megatron-core reads --cp-comm-type only under context parallelism: with one rank per
+            # sequence no K/V is exchanged, so another value would label a plan with what it does not do.
+            # The default stays legal at cp=1: every written plan holds it (schema.to_dict writes each key).
+            raise ContractError("", "cp_comm_type", f"cp_comm_type={self.cp_comm_type!r} needs cp > 1 (with cp=1 "
+                                f"no rank exchanges K and V; leave cp_comm_type out or at {CP_COMM_DEFAULT!r})")
 
     def _check_lists(self) -> None:
         """The list keys: their types, lengths (per stage, per boundary) and entries."""

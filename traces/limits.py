@@ -63,6 +63,7 @@ LIMITS: dict[str, Limit] = {lim.key: lim for lim in (
     Limit("global_batch_choices", 64, "global batch sizes one `tune --global-batch` searches"),
     Limit("tune_budget", 100_000, "simulations one `tune` runs"),
     Limit("trace_layers", 1_048_576, "records in one trace"),
+    Limit("record_seconds", 1_000_000, "seconds of one trace record's forward, backward or update time (one micro-batch)"),
     Limit("aicb_rows", 65_536, "rows of an AICB workload"),
     Limit("carbon_rows", 262_144, "rows of a carbon-intensity CSV (30 years of hours)"),
     Limit("vtrain_rows", 4_096, "rows of a vTrain CSV (each is simulated)"),

@@ -24,7 +24,7 @@ from typing import Any
 
 from mindpipe.traces.config import PRECISIONS, Model, Plan, non_negative, one_of
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.limits import integer, within_limit
+from mindpipe.traces.limits import integer, number, within_limit
 from mindpipe.traces.measured import Measurement
 from mindpipe.traces.reading import TRACE as TRACE_FILE
 from mindpipe.traces.schema import check_format_version, from_dict, read_json, write_json
@@ -36,6 +36,10 @@ BACKWARD_SPLITS = ("measured", "combined")
 COMM_PHASES = ("forward", "backward_input", "backward_weight", "update")
 COMM_OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "p2p")
 TRACE_DTYPES = (*PRECISIONS, "unknown")
+# A record's times: each within the ``record_seconds`` limit (11.6 days, AICB's largest field in ns).
+TIME_KEYS = ("forward_s", "backward_input_s", "backward_weight_s", "update_s")
+# The times a trace exists to give: at least one record must have one of them above 0.
+COMPUTE_KEYS = ("forward_s", "backward_input_s", "backward_weight_s")
 # The dtypes the profiler runs a model in (torch dtypes: FP8 is a GEMM recipe, not a parameter dtype);
 # the profiler's check and ``mindpipe profile --dtype`` both read it.
 PROFILE_DTYPES = ("fp32", "bf16", "fp16")
@@ -113,18 +117,13 @@ class LayerRecord:
     def __post_init__(self) -> None:
         if not self.name:
             raise ContractError("", "name", "name must not be empty")
-        for key in (
-            "forward_s",
-            "backward_input_s",
-            "backward_weight_s",
-            "activation_bytes",
-            "output_bytes",
-            "param_count",
-            "forward_flops",
-            "backward_flops",
-            "update_s",
-        ):
+        for key in ("activation_bytes", "output_bytes", "param_count", "forward_flops", "backward_flops"):
             non_negative(key, getattr(self, key))
+        # 0 s is a legal record (a frozen layer's weight gradient, the embedding's input gradient);
+        # past days for one micro-batch of one layer it is a unit mix-up or a corrupt file, not a measurement.
+        for key in TIME_KEYS:
+            if getattr(self, key) is not None:
+                number(key, getattr(self, key), 0, "record_seconds")
 
     @property
     def backward_s(self) -> float:
@@ -198,6 +197,11 @@ class Trace:
         if not self.layers:
             raise ContractError("", "layers", "layers must not be empty")
         within_limit("layers", len(self.layers), "trace_layers", "number of layers")
+        if not any(getattr(r, key) for r in self.layers for key in COMPUTE_KEYS):
+            # Single zeros are legal (see LayerRecord); all of them means nothing was timed, and
+            # every plan would be priced at zero compute.
+            raise ContractError("", "layers", f"{', '.join(COMPUTE_KEYS[:-1])} and {COMPUTE_KEYS[-1]} are 0 s in "
+                                "every record: nothing was measured (a trace must time at least one layer)")
         for key, bound in (("micro_batch_size", "micro_batch_size"), ("seq_len", "seq_len"), ("tp", "devices")):
             value = getattr(self, key)
             if value is not None:

@@ -56,7 +56,7 @@ _TEXT = {
                    "dualpipev: m ≥ 2·pp)",
     Rule.VIRTUAL_STAGES: "the schedule fixes virtual_stages (1 for gpipe, 1f1b, zb_h1; 2 for zbv, dualpipev)",
     Rule.SEQUENCE_PARALLEL: "sequence_parallel needs tp > 1 dividing seq_len (seq_len/cp under cp)",
-    Rule.CONTEXT_PARALLEL: "cp > 1 needs flash_attention=true and 2·cp dividing seq_len",
+    Rule.CONTEXT_PARALLEL: "cp > 1 needs flash_attention=true and 2·cp dividing seq_len; cp_comm_type=p2p needs cp > 1",
     Rule.PINNED: "outside the values pinned by {fix}",
     Rule.PARTITION: "the pinned partition needs pp×virtual_stages entries summing to num_layers",
     Rule.MEMORY_POLICY: "the pinned layer_memory_policy needs one entry per layer",
@@ -68,7 +68,7 @@ _TEXT = {
 # check_plan does (both name that key).
 _CHECK_RULES = {
     "dp": Rule.MESH, "tp": Rule.HEADS, "pp": Rule.LAYERS, "sequence_parallel": Rule.SEQUENCE_PARALLEL,
-    "cp": Rule.CONTEXT_PARALLEL,
+    "cp": Rule.CONTEXT_PARALLEL, "cp_comm_type": Rule.CONTEXT_PARALLEL,
     "partition": Rule.PARTITION, "layer_memory_policy": Rule.MEMORY_POLICY, "global_batch_size": Rule.SCHEDULE,
     "num_microbatches": Rule.SCHEDULE, "schedule": Rule.SCHEDULE, "virtual_stages": Rule.VIRTUAL_STAGES,
 }

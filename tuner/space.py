@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from mindpipe.simulator.schedules import schedule_rule
@@ -55,6 +55,7 @@ from mindpipe.traces.config import (
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet
 from mindpipe.tuner.keys import (
+    CLI_ARG_NAMES,
     LIST_KEYS,
     OPTIONAL_POINT_KEYS,
     PLAN_DEFAULTS,
@@ -62,6 +63,7 @@ from mindpipe.tuner.keys import (
     SEARCH_ON_REQUEST_KEYS,
     SUPERNET_POINT_KEYS,
     WHAT_IF_KEYS,
+    ArgNames,
     Point,
     check_fixes_what_if,
     check_partitioners,
@@ -130,6 +132,8 @@ class SearchSpace:
             with a pinned micro-batch then leaves the batch free).
         points: The valid points, in a stable enumeration order.
         rejected: Count of rejected combinations per broken rule.
+        arg_names: How a refusal names the arguments (not kept): ``mindpipe tune``'s flags by
+            default; :func:`mindpipe.tuner.api.build_space` passes its caller's.
     """
 
     model: Model | Supernet
@@ -142,35 +146,38 @@ class SearchSpace:
     search: tuple[str, ...] = ()
     points: list[Point] = field(default_factory=list, init=False, repr=False)  # thousands of plans
     rejected: Counter[Rule] = field(default_factory=Counter, init=False, repr=False)
+    arg_names: InitVar[ArgNames] = CLI_ARG_NAMES
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, arg_names: ArgNames) -> None:
+        n = arg_names
         if "partition" in self.fixes:
             self.partitioners = ("given",)
-        self.partitioners = check_partitioners(self.partitioners, given_allowed="partition" in self.fixes)
+        self.partitioners = check_partitioners(self.partitioners, given_allowed="partition" in self.fixes, arg_names=n)
         if isinstance(self.model, Supernet):
             if self.search:
-                raise ContractError("--search", self.search[0], f"{self.search[0]} is not searched for supernets")
-            check_supernet_fixes(self.model, self.fixes, self.what_if, self.partitioners)
+                raise ContractError(n.name("--search"), self.search[0], f"{self.search[0]} is not searched for supernets")
+            check_supernet_fixes(self.model, self.fixes, self.what_if, self.partitioners, arg_names=n)
             self.points = list(supernet_points(self))
             return
         for key in SUPERNET_POINT_KEYS:
             if key in self.fixes:
-                raise ContractError("--fix", key, f"{key} applies to supernets only; {self.model.label} is a GPT model")
+                raise ContractError(n.name("--fix"), key, f"{key} applies to supernets only; {self.model.label} is a GPT model")
         for p in self.partitioners:
             if p in MEMORY_PARTITIONERS and "layer_memory_policy" in self.fixes:
-                raise ContractError("--partitioner", None, f"{p} chooses the layer_memory_policy itself; do not pin it")
+                raise ContractError(n.name("--partitioner"), None,
+                                    f"{p} chooses the layer_memory_policy itself; do not pin it")
         unknown = [k for k in self.what_if if k not in WHAT_IF_KEYS]
         if unknown:
-            raise ContractError("--what-if", unknown[0], f"{unknown[0]} is not a what-if knob")
-        check_fixes_what_if(self.fixes, self.what_if)
+            raise ContractError(n.name("--what-if"), unknown[0], f"{unknown[0]} is not a what-if knob")
+        check_fixes_what_if(self.fixes, self.what_if, arg_names=n)
         unknown = [k for k in self.search if k not in SEARCH_ON_REQUEST_KEYS]
         if unknown:
-            raise ContractError("--search", unknown[0], f"{unknown[0]} is not searched on request "
+            raise ContractError(n.name("--search"), unknown[0], f"{unknown[0]} is not searched on request "
                                 f"(known: {', '.join(SEARCH_ON_REQUEST_KEYS)})")
         # The default space searches bf16 only; a pinned precision the devices lack (fp8 on an
         # A100 or a CPU) is refused here, by the plan rule's owner, instead of in every simulation.
         for prec in self.choices("precision", []):
-            check_precision(prec, self.cluster.gpu, "--fix")
+            check_precision(prec, self.cluster.gpu, n.name("--fix"))
         self.points = list(self._enumerate())
 
     # -- choices per key -----------------------------------------------------------------------
@@ -308,6 +315,9 @@ class SearchSpace:
                 continue  # their per-block policy overrides the recompute level: one point, not one per level
             if tpo and not base["sequence_parallel"]:  # pinned: no sequence-parallel collectives (Plan's rule)
                 self.rejected[Rule.PLAN] += 1
+                continue
+            if base["cp"] == 1 and cpc != OPTIONAL_POINT_KEYS["cp_comm_type"]:  # pinned: no K/V exchange (Plan's rule)
+                self.rejected[Rule.CONTEXT_PARALLEL] += 1
                 continue
             if fp8_tp_refusal(prec, base["tp"]) is not None:  # a searched plan is one the executor runs
                 self.rejected[Rule.PLAN] += 1

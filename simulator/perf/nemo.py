@@ -163,7 +163,7 @@ def nemo_plan(gpus: int, global_batch: int, micro_batch: int, tp: int, pp: int, 
     """The MindPipe plan of a NeMo performance-recipe row (module docstring); without ``recipe``, no
     TP overlap and no recompute."""
     dp = gpus // (tp * pp * cp)
-    return Plan(dp=dp, tp=tp, pp=pp, cp=cp, cp_comm_type="p2p", micro_batch_size=micro_batch, global_batch_size=global_batch,
+    return Plan(dp=dp, tp=tp, pp=pp, cp=cp, cp_comm_type="p2p" if cp > 1 else "allgather", micro_batch_size=micro_batch, global_batch_size=global_batch,
                 schedule="interleaved_1f1b" if vp > 1 else "1f1b", virtual_stages=vp,
                 recompute=recipe.recompute if recipe is not None else "none",
                 sequence_parallel=tp > 1, zero_stage=1, precision="fp8", overlap_grad_reduce=True,

@@ -74,7 +74,7 @@ def test_model_resolution():
     assert config_from_args(_args(tuned_tiny)).model == tiny
     # Another name for the same network is the same model.
     assert config_from_args(_args(tuned_tiny, "--model", json.dumps({**TINY, "name": "other"}))).model.name == "other"
-    with pytest.raises(ContractError, match=r"^plan: made_for: the plan was tuned for tiny4; --model gives gpt-mini$"):
+    with pytest.raises(ContractError, match=r"^<inline plan>: made_for: the plan was tuned for tiny4; --model gives gpt-mini$"):
         config_from_args(_args(tuned_tiny, "--model", "gpt-mini"))
 
 

@@ -69,7 +69,7 @@ def test_plan_that_does_not_fit_is_refused(capsys):
     with pytest.raises(ContractError) as e:
         cmd_run(_launcher_args(*argv), argv, memory_check=simulator_memory_check)
     msg = str(e.value)
-    assert msg.startswith("plan: pipeline rank 0 needs an estimated ")
+    assert msg.startswith("<inline plan>: pipeline rank 0 needs an estimated ")
     assert "× 2 ranks sharing it (simulator memory model: weights" in msg and "but cpu has" in msg
     assert "torch.distributed.run" not in capsys.readouterr().err  # nothing was launched
 
@@ -79,7 +79,7 @@ def test_mindpipe_run_refuses_a_plan_that_does_not_fit():
                model="gpt-1.3b")
     assert res.returncode == 2, res.stderr
     line = res.stderr.strip().splitlines()[-1]
-    assert line.startswith("mindpipe: error: plan: pipeline rank 0 needs an estimated ") and "but cpu has" in line
+    assert line.startswith("mindpipe: error: <inline plan>: pipeline rank 0 needs an estimated ") and "but cpu has" in line
     assert "torch.distributed.run" not in res.stderr
 
 

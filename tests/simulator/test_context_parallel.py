@@ -84,7 +84,7 @@ def test_kv_ring_bytes_and_group() -> None:
     assert [(c.op, c.nbytes, c.axis, c.overlap_s) for c in fwd] == [("allgather", kv, "cp", 0.0)]
     assert [(c.op, c.nbytes, c.axis, c.overlap_s) for c in bwd] == [("allgather", kv, "cp", 0.0),
                                                                      ("reducescatter", kv, "cp", 0.0)]
-    assert cp_collectives(LLAMA, dataclasses.replace(p, cp=1), s_local) == ([], [])
+    assert cp_collectives(LLAMA, dataclasses.replace(p, cp=1, cp_comm_type="allgather"), s_local) == ([], [])
     # The block's layer costs carry the ring in its attention part.
     layers = op_layer_costs(LLAMA, p, lambda ops: roofline_time(ops, 1e15, 2e12))
     block = next(c for c in layers if c.kind == "block")
@@ -120,7 +120,7 @@ def test_simulated_memory_and_time_of_a_long_sequence() -> None:
     """Llama 3 8B at s 8192 on 8 H100: cp 2 holds half the activations of cp 1 at the same dp·cp."""
     cp2 = Plan(dp=4, cp=2, micro_batch_size=1, global_batch_size=32, flash_attention=True, zero_stage=1,
                cp_comm_type="p2p")
-    cp1 = dataclasses.replace(cp2, cp=1, dp=8)
+    cp1 = dataclasses.replace(cp2, cp=1, dp=8, cp_comm_type="allgather")  # no K/V exchange at cp=1
     a, b = simulate(LLAMA, H100x8, cp2), simulate(LLAMA, H100x8, cp1)
     acts = [s.activations_bytes for s in (a.extra.memory_by_stage[0], b.extra.memory_by_stage[0])]
     assert acts[0] == pytest.approx(acts[1] / 2, rel=0.02)

@@ -480,8 +480,8 @@ def import_torch_profiler(
     profiled = _step_count(spans, ranges, steps)
     backward, rules = _attribute_backward(spans, ranges, cost, source, left_out)
     notes = _notes(how, len(ranges), kernels, profiled, rules, compiled_note)
-    records = _layer_records(forward, backward, {name: profiled.of(pids) for name, pids in holders.items()})
-    try:
+    try:  # a record's own rules (a time past the record_seconds limit) name the file too
+        records = _layer_records(forward, backward, {name: profiled.of(pids) for name, pids in holders.items()})
         return Trace(
             device=device or ("cuda" if kernels is not None else "cpu"),
             dtype=dtype,
