@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from mindpipe.traces.limits import shown
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.supernet import Supernet, check_subnet_count
 from mindpipe.traces.trace import Trace
+from mindpipe.traces.units import plural
 from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.evaluate import screen as screen_memory
 from mindpipe.tuner.keys import (
@@ -51,6 +53,7 @@ from mindpipe.tuner.keys import (
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import CriticalBatch, Objective
 from mindpipe.tuner.output import write_outputs
+from mindpipe.tuner.records import Verdict
 from mindpipe.tuner.space import SearchSpace
 from mindpipe.tuner.store import SweepStore
 from mindpipe.tuner.summary import TuneSummary
@@ -142,7 +145,7 @@ def precision_as_profiled(fixes: dict[str, Any], trace: Trace, *,
     if any(v != want for v in (pinned if isinstance(pinned, list) else [pinned])):
         raise ContractError(arg_names.name("--fix"), "precision", (
             f"the trace was profiled in {want}, so it prices only precision={want}: profile again with "
-            f"--dtype, or tune without {arg_names.name('--trace')}"))
+            f"{arg_names.name('--dtype')}, or tune without {arg_names.name('--trace')}"))
     return fixes
 
 
@@ -176,9 +179,9 @@ def build_space(model: Model | Supernet, cluster: Cluster, global_batch: int | S
     if not isinstance(model, Supernet):  # the space asks too, naming the flags; a supernet refuses what-if first
         check_fixes_what_if(fixed, knobs, arg_names=arg_names)
     named = (partitioners,) if isinstance(partitioners, str) else tuple(partitioners)  # "even" is one, not four
-    with arg_names.renaming():  # the space's own refusals name their flag as the source
+    with arg_names.renaming():  # the space names the arguments as the caller does; renaming covers the rest
         return SearchSpace(model, cluster, batches, fixed, named, knobs,
-                           batch_given=global_batch is not None, search=opened)
+                           batch_given=global_batch is not None, search=opened, arg_names=arg_names)
 
 
 def target_identity(obj: Objective) -> dict[str, Any]:
@@ -295,10 +298,10 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     if supernet and planned is not None:
         raise ContractError(arg_names.name("--clocks"), None, "per-stage clocks are planned for GPT and Llama "
                             "models (the supernet simulator prices no energy)")
-    with arg_names.renaming():  # the objective's rules name their flag as the source
-        obj = objective if isinstance(objective, Objective) else Objective(objective, supernet=supernet)
-        if obj.supernet != supernet:
-            obj = dataclasses.replace(obj, supernet=supernet)  # re-checked for the model's kind
+    # the objective's rules name the arguments as the caller does
+    obj = objective if isinstance(objective, Objective) else Objective(objective, supernet=supernet, arg_names=arg_names)
+    if obj.supernet != supernet:
+        obj = dataclasses.replace(obj, supernet=supernet, arg_names=arg_names)  # re-checked for the model's kind
     if planned is not None and obj.target is None:  # refused before the sweep, not after it
         frequency_spec(cluster.gpu, source=arg_names.name("--clocks"))
     if subnets is not None and not supernet:
@@ -322,10 +325,11 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
 
         raise NoFeasiblePlan("tune", None, no_plan_message(space, arg_names))
     out_dir = Path(out)
-    store = SweepStore(out_dir, _sweep_identity(problem, space, obj, cfg), resume)
+    store = SweepStore(out_dir, _sweep_identity(problem, space, obj, cfg), resume, arg_names=arg_names)
     try:
-        with arg_names.renaming():  # the sweep's refusals (a grid past the budget, Dask) name the config's field
-            result = run_sweep(problem, space, obj, cfg, store, progress=progress, evaluator=evaluator, screen=screen)
+        with arg_names.renaming():  # the executor's refusals (Dask) name their flag as the source
+            result = run_sweep(problem, space, obj, cfg, store, progress=progress, evaluator=evaluator, screen=screen,
+                               arg_names=arg_names)
     finally:
         store.close()
     made_for = MadeFor(None if isinstance(model, Supernet) else model, cluster, tool="mindpipe tune",
@@ -338,12 +342,26 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
         add_clocks(problem, model, out_dir, info, planned, max_slowdown, plots, obj.shift)
     info.write()
     if result.best is None:
-        counts = ", ".join(f"{k}: {v}" for k, v in sorted(info.infeasible_by_reason.items()))
-        late = (" (no_value: the job, at that plan's speed, runs past the carbon series)"
-                if obj.shift is not None and info.infeasible_by_reason.get("no_value") else "")
-        raise NoFeasiblePlan("tune", None, f"no feasible plan among the {len(result.records)} evaluated "
-                             f"({counts}){late}; see {out_dir / 'evaluations.csv'}")
+        raise NoFeasiblePlan("tune", None, _nothing_feasible(result, space, obj, out_dir))
     return TuneOutcome(info, result, space)
+
+
+def _nothing_feasible(result: SweepResult, space: SearchSpace, obj: Objective, out_dir: Path) -> str:
+    """Why a sweep found no feasible plan: the simulations' verdicts, the points refused before
+    simulating, and the combinations the plan rules filtered (never evaluated), each counted apart."""
+
+    def counts(tally: Counter[Verdict]) -> str:
+        return ", ".join(f"{v.value}: {n}" for v, n in sorted(tally.items()))
+
+    simulated, refused = result.simulated_infeasible, result.refused
+    groups = ([f"{plural(sum(simulated.values()), 'simulation')} ({counts(simulated)})"] if simulated else []) + (
+        [f"{sum(refused.values())} refused before simulating ({counts(refused)})"] if refused else [])
+    late = (" (no_value: the job, at that plan's speed, runs past the carbon series)"
+            if obj.shift is not None and simulated.get(Verdict.NO_VALUE) else "")
+    rules = (f"; {plural(space.rejected_total, 'combination')} of the search space broke a plan rule (not evaluated)"
+             if space.rejected_total else "")
+    return (f"no feasible plan among the {len(result.records)} evaluated: {', '.join(groups)}{late}{rules}; "
+            f"see {out_dir / 'evaluations.csv'}")
 
 
 def _sweep_identity(problem: Problem, space: SearchSpace, obj: Objective, cfg: SweepConfig) -> dict[str, Any]:

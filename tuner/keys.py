@@ -64,17 +64,21 @@ PARTITIONERS = ("balanced", "pipedream", "even", "vpipe", "dawnpiper", "given")
 
 # What a Python caller of :func:`mindpipe.tuner.api.tune` wrote for each ``mindpipe tune`` flag: its
 # keyword, or ``argument.field`` for a field of the SweepConfig (``config``) or Objective
-# (``objective``) it passed; ``--flash-attention`` is the profiler's (a trace's attention).
+# (``objective``) it passed (the job a time-shift places is one ``objective.shift``, the training
+# target one ``objective.target``); ``--flash-attention`` and ``--dtype`` are the profiler's (how a
+# trace was taken).
 PYTHON_NAMES = {
     "--model": "model", "--cluster": "cluster", "--out": "out", "--trace": "trace", "--calibration": "calibration",
     "--objective": "objective", "--global-batch": "global_batch", "--fix": "fixes", "--partitioner": "partitioners",
     "--what-if": "what_if", "--search": "search", "--resume": "resume", "--subnets": "subnets", "--clocks": "clocks",
     "--max-slowdown": "max_slowdown", "--critical-batch": "objective.critical_batch",
     "--constraint": "objective.constraints", "--target-samples": "objective.target", "--carbon-csv": "objective.shift",
-    "--window": "objective.shift", "--optimizer": "config.optimizer", "--surrogate": "config.surrogate",
+    "--window": "objective.shift", "--job-hours": "objective.shift", "--iterations": "objective.shift",
+    "--interruptible": "objective.shift", "--target-batch": "objective.target", "--optimizer": "config.optimizer", "--surrogate": "config.surrogate",
     "--initial-points": "config.n_initial", "--budget": "config.budget", "--seed": "config.seed",
     "--workers": "config.workers", "--batch-size": "config.batch_size", "--dask": "config.dask",
     "--dask-timeout": "config.dask_timeout_s", "--flash-attention": "ProfileOptions.flash_attention",
+    "--dtype": "ProfileOptions.dtype",
 }
 # Flags whose Python argument is a list (the CLI repeats the flag, or takes a comma list).
 _PYTHON_LISTS = ("--fix", "--partitioner")
@@ -99,13 +103,30 @@ class ArgNames:
         """What the caller calls ``flag``'s argument (a flag without a Python name keeps it)."""
         return PYTHON_NAMES.get(flag, flag) if self.python else flag
 
-    def given(self, flag: str, value: str) -> str:
+    def given(self, flag: str, value: str | int | float, *, placeholder: bool = False) -> str:
         """How the caller passes ``value`` to ``flag``: ``--what-if comm_priority`` on the command line,
-        ``what_if="comm_priority"`` (``fixes=["tp=8"]`` for a list argument) in Python."""
+        ``what_if="comm_priority"`` (``fixes=["tp=8"]`` for a list argument, ``config.budget=0`` for a
+        number) in Python; a ``placeholder`` (``B``) stands for a value, so Python writes it bare
+        (``objective.critical_batch=B``)."""
         if not self.python or flag not in PYTHON_NAMES:
             return f"{flag} {value}"
-        literal = json.dumps(value)
+        literal = str(value) if placeholder else json.dumps(value)
         return f"{self.name(flag)}=[{literal}]" if flag in _PYTHON_LISTS else f"{self.name(flag)}={literal}"
+
+    def switched_on(self, flag: str) -> str:
+        """How the caller turns the switch ``flag`` on: ``--resume``, or ``resume=True`` in Python."""
+        return f"{self.name(flag)}=True" if self.python and flag in PYTHON_NAMES else flag
+
+    def names(self, *flags: str) -> list[str]:
+        """What the caller calls each of ``flags``, each name once (five time-shifting flags are one
+        ``objective.shift`` in Python), in order."""
+        return list(dict.fromkeys(self.name(f) for f in flags))
+
+    def either(self, *items: str) -> str:
+        """``items`` as alternatives, ``A, B or C``: flags named as the caller names them (each name
+        once), other words as they are (``"the critical batch"``)."""
+        said = list(dict.fromkeys(self.name(i) if i.startswith("--") else i for i in items))
+        return said[0] if len(said) == 1 else f"{', '.join(said[:-1])} or {said[-1]}"
 
     @property
     def several(self) -> str:
@@ -141,21 +162,23 @@ PYTHON_ARG_NAMES = ArgNames(python=True)
 """The keywords of :func:`mindpipe.tuner.api.tune`."""
 
 
-def check_partitioners(names: Iterable[str], given_allowed: bool = False) -> tuple[str, ...]:
+def check_partitioners(names: Iterable[str], given_allowed: bool = False, *,
+                       arg_names: ArgNames = CLI_ARG_NAMES) -> tuple[str, ...]:
     """Raise unless ``names`` (``--partitioner``) holds at least one known partitioner and no other;
     the names, each once (``balanced,balanced`` is one value of the dimension, not two copies of
     every plan).
 
     ``given`` (the partition pinned with ``--fix partition=...``) is no name a user types: it is
-    accepted only where ``given_allowed``.
+    accepted only where ``given_allowed``. Errors name the argument as ``arg_names`` does.
     """
     names = list(names)
     typed = ", ".join(PARTITIONERS[:-1])
+    source = arg_names.name("--partitioner")
     if not names:
-        raise ContractError("--partitioner", None, f"name at least one of {typed}")
+        raise ContractError(source, None, f"name at least one of {typed}")
     for p in names:
         if p not in PARTITIONERS or (p == "given" and not given_allowed):
-            raise ContractError("--partitioner", None, f"{p!r} is not one of {typed}")
+            raise ContractError(source, None, f"{p!r} is not one of {typed}")
     return tuple(dict.fromkeys(names))
 
 # Keys a point (and --fix) may carry; order fixes the column order of the output tables.

@@ -13,6 +13,10 @@ the gradient noise scale the executor measured, carried by ``mindpipe calibrate`
 calibration file (:func:`critical_batch_for`), or the user's ``--critical-batch``, which
 overrides it. Goodput is thus in small-batch-equivalent samples per second.
 
+The rules name the arguments as their caller does (:class:`~mindpipe.tuner.keys.ArgNames`): an
+:class:`Objective` built in Python names its fields as :func:`mindpipe.tuner.api.tune` calls them
+(``objective.critical_batch``), one ``mindpipe tune`` builds names its flags (``--critical-batch``).
+
 Supernets (NASPipe): goodput counts *subnets trained per hour* — each subnet is one architecture
 trained on one batch, and a weight-sharing search needs a number of subnets, not of samples — so
 ``throughput`` and ``goodput`` both maximise the simulator's subnets per hour
@@ -35,13 +39,14 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from mindpipe.simulator.energy import J_PER_KWH
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.reading import parse_float
 from mindpipe.traces.units import plural
+from mindpipe.tuner.keys import CLI_ARG_NAMES, PYTHON_ARG_NAMES, ArgNames
 from mindpipe.tuner.records import Metrics
 
 if TYPE_CHECKING:
@@ -113,24 +118,25 @@ def needs_critical_batch(name: str, constraints: Sequence[Constraint]) -> bool:
 
 
 def critical_batch_for(typed: float | None, calibration: Calibration | None, model: Model,
-                       needed: bool) -> CriticalBatch:
+                       needed: bool, *, arg_names: ArgNames = CLI_ARG_NAMES) -> CriticalBatch:
     """The critical batch: the typed value if any, else the calibration's measured noise scale.
 
     The measured value is taken only when ``needed`` (a goodput objective or constraint), so other
-    objectives' outputs and sweep identities do not change with a calibration file.
+    objectives' outputs and sweep identities do not change with a calibration file. The note and
+    the error name the arguments as ``arg_names`` does (``mindpipe tune``'s flags by default).
 
     Raises:
         ContractError: the noise scale was measured on another model (it does not carry over).
     """
     if typed is not None:
-        return CriticalBatch(typed, "typed", "--critical-batch (typed)")
+        return CriticalBatch(typed, "typed", f"{arg_names.name('--critical-batch')} (typed)")
     noise = calibration.gradient_noise if calibration is not None else None
     if not needed or noise is None:
         return CriticalBatch(None, "none")
     if not noise.model.same_shape(model):
-        raise ContractError("--calibration", "gradient_noise", (
+        raise ContractError(arg_names.name("--calibration"), "gradient_noise", (
             f"the calibration's gradient noise scale was measured on {noise.model.describe()}, not "
-            f"{model.describe()}; give --critical-batch"))
+            f"{model.describe()}; give {arg_names.name('--critical-batch')}"))
     return CriticalBatch(noise.noise_scale, "measured", (
         f"measured gradient noise scale ({plural(len(noise.runs), 'run')}, {plural(noise.samples, 'sample')}, "
         f"data {', '.join(noise.data) or 'unknown'})"))
@@ -155,22 +161,24 @@ class Constraint:
         return f"{self.metric}{self.op}{self.bound:g}"
 
 
-def parse_constraint(text: str) -> Constraint:
+def parse_constraint(text: str, *, arg_names: ArgNames = CLI_ARG_NAMES) -> Constraint:
     """Parse ``METRIC<=X`` / ``METRIC>=X`` (e.g. ``carbon_per_sample<=0.5``).
 
     Raises:
-        ContractError: malformed text or unknown metric.
+        ContractError: malformed text or unknown metric (naming the argument as ``arg_names`` does:
+            ``--constraint`` by default).
     """
+    source = arg_names.name("--constraint")
     m = _CONSTRAINT_RE.match(text)
     if m is None:
-        raise ContractError("--constraint", None, f"{text!r} is not METRIC<=VALUE or METRIC>=VALUE")
+        raise ContractError(source, None, f"{text!r} is not METRIC<=VALUE or METRIC>=VALUE")
     name = METRIC_ALIASES.get(m[1], m[1])
     if name not in CONSTRAINT_METRICS:
         known = ", ".join(sorted({*CONSTRAINT_METRICS, *METRIC_ALIASES}))
-        raise ContractError("--constraint", None, f"{m[1]!r} is not a metric (known: {known})")
-    value = parse_float(m[3], "--constraint", m[1])
+        raise ContractError(source, None, f"{m[1]!r} is not a metric (known: {known})")
+    value = parse_float(m[3], source, m[1])
     if m[2] == "<=" and value < 0:  # refused before the sweep, which could only end with no feasible plan
-        raise ContractError("--constraint", None, f"{text.strip()!r}: {m[1]} is never negative, so no plan can meet it")
+        raise ContractError(source, None, f"{text.strip()!r}: {m[1]} is never negative, so no plan can meet it")
     return Constraint(name, m[2], value)
 
 
@@ -190,6 +198,9 @@ class Objective:
         target: For ``carbon_to_target`` (required there): the training target and noise scale.
         placement: For ``carbon_to_target``: where the job may run in time (hourly series,
             window); without it the carbon uses the cluster's annual intensity.
+        arg_names: How a refusal names the arguments (not kept): these fields as
+            :func:`~mindpipe.tuner.api.tune` calls them (``objective.critical_batch``, the default),
+            or ``mindpipe tune``'s flags (:data:`~mindpipe.tuner.keys.CLI_ARG_NAMES`, which the CLI passes).
     """
 
     name: str = "throughput"
@@ -199,47 +210,59 @@ class Objective:
     supernet: bool = False
     target: TrainingTarget | None = None
     placement: Placement | None = None
+    arg_names: InitVar[ArgNames] = PYTHON_ARG_NAMES
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, arg_names: ArgNames) -> None:
+        n = arg_names
         if self.name not in OBJECTIVES:
-            raise ContractError("--objective", None, f"{self.name!r} is not one of {', '.join(OBJECTIVES)}")
+            raise ContractError(n.name("--objective"), None, f"{self.name!r} is not one of {', '.join(OBJECTIVES)}")
         if self.supernet:
-            self._check_supernet()
+            self._check_supernet(n)
             return
+        critical = n.given("--critical-batch", "B", placeholder=True)
         if self.name == "goodput" and (self.critical_batch is None or self.critical_batch <= 0):
-            raise ContractError("--critical-batch", None, "goodput needs --critical-batch B (> 0), the gradient noise "
-                                                          "scale, or a --calibration whose runs measured it")
+            # tune() does not read a calibration's noise scale: its caller does, with critical_batch_for
+            measured = (f"or a {n.name('--calibration')} whose runs measured it" if not n.python else
+                        "or a calibration's measured one (critical_batch_for)")
+            raise ContractError(n.name("--critical-batch"), None, f"goodput needs {critical} (> 0), the gradient "
+                                                                  f"noise scale, {measured}")
         if self.critical_batch is not None and self.critical_batch <= 0:
-            raise ContractError("--critical-batch", None, f"{self.critical_batch} must be > 0")
+            raise ContractError(n.name("--critical-batch"), None, f"{self.critical_batch} must be > 0")
         if needs_critical_batch("throughput", self.constraints) and self.critical_batch is None:
-            raise ContractError("--constraint", None, "a goodput constraint needs --critical-batch")
+            raise ContractError(n.name("--constraint"), None,
+                                f"a goodput constraint needs {n.name('--critical-batch')}")
         if self.shift is not None and self.name != "carbon":
-            raise ContractError("--objective", None, f"--window/--carbon-csv time-shifting needs --objective carbon, "
-                                                     f"not {self.name}")
-        self._check_target()
+            shift = "/".join(n.names("--window", "--carbon-csv"))
+            raise ContractError(n.name("--objective"), None, f"{shift} time-shifting needs "
+                                                             f"{n.given('--objective', 'carbon')}, not {self.name}")
+        self._check_target(n)
 
-    def _check_target(self) -> None:
+    def _check_target(self, n: ArgNames) -> None:
         """``carbon_to_target`` needs a target; a target or placement needs that objective."""
         if self.name == "carbon_to_target" and self.target is None:
-            raise ContractError("--target-samples", None, "carbon_to_target needs --target-samples N (and the noise "
-                                                          "scale, --critical-batch B)")
+            # on the command line the noise scale is its own flag; in Python it is the target's field
+            needs = (f"{n.given('--target-samples', 'N', placeholder=True)} (and the noise scale, "
+                     f"{n.given('--critical-batch', 'B', placeholder=True)})" if not n.python else
+                     f"{n.name('--target-samples')} (a TrainingTarget: the samples to train and the noise scale)")
+            raise ContractError(n.name("--target-samples"), None, f"carbon_to_target needs {needs}")
         if self.name != "carbon_to_target" and (self.target is not None or self.placement is not None):
-            raise ContractError("--target-samples", None, f"a training target needs --objective carbon_to_target, "
-                                                          f"not {self.name}")
+            raise ContractError(n.name("--target-samples"), None, f"a training target needs "
+                                f"{n.given('--objective', 'carbon_to_target')}, not {self.name}")
 
-    def _check_supernet(self) -> None:
+    def _check_supernet(self, n: ArgNames) -> None:
         """The supernet objectives' rules (module docstring)."""
         if self.name not in SUPERNET_OBJECTIVES:
-            raise ContractError("--objective", None, f"{self.name} is not available for supernets: the supernet simulator "
-                                "prices no energy; use throughput (subnets trained per hour)")
+            raise ContractError(n.name("--objective"), None, f"{self.name} is not available for supernets: the "
+                                "supernet simulator prices no energy; use throughput (subnets trained per hour)")
         if self.critical_batch is not None:
-            raise ContractError("--critical-batch", None, "supernets: goodput counts subnets trained per hour, "
-                                "with no statistical efficiency; leave --critical-batch out")
+            raise ContractError(n.name("--critical-batch"), None, "supernets: goodput counts subnets trained per "
+                                f"hour, with no statistical efficiency; leave {n.name('--critical-batch')} out")
         if self.shift is not None:
-            raise ContractError("--carbon-csv", None, "time-shifting prices energy, which the supernet simulator does not")
+            raise ContractError(n.name("--carbon-csv"), None,
+                                "time-shifting prices energy, which the supernet simulator does not")
         for c in self.constraints:
             if c.metric in ("energy_per_sample_j", "carbon_per_sample_g", "goodput_samples_per_s", "mfu"):
-                raise ContractError("--constraint", None, f"{c.metric} is not simulated for supernets")
+                raise ContractError(n.name("--constraint"), None, f"{c.metric} is not simulated for supernets")
 
     @property
     def _spec(self) -> tuple[str, bool, str]:

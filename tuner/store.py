@@ -13,7 +13,8 @@ command refuse ``--out``. Every file is written through :mod:`mindpipe.traces.at
 The lines are :class:`~mindpipe.tuner.records.EvaluationRecord` objects (state version 2: status
 and reason codes, the plan as a Plan document). State that is not this format — written by another
 version, truncated, corrupted or from elsewhere — is refused on ``--resume`` with one line naming
-the file (and line) and what is wrong, never read past.
+the file (and line) and what is wrong, never read past. What the line tells the user to change names
+the arguments as the caller does (:class:`~mindpipe.tuner.keys.ArgNames`: ``--out`` or ``out``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import IO, Any
 from mindpipe.traces.atomic import open_append, output_dir, write_text
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.reading import SWEEP_STATE, parse_json, read_text
-from mindpipe.tuner.keys import POINT_KEYS, point_key
+from mindpipe.tuner.keys import CLI_ARG_NAMES, POINT_KEYS, ArgNames, point_key
 from mindpipe.tuner.records import EvaluationRecord, Metrics
 
 CONFIG_NAME = "sweep.json"
@@ -37,17 +38,29 @@ RECORDS_NAME = "evaluations.jsonl"
 STATE_VERSION = 2
 RECORD_KEYS = frozenset({"key", "point", "status", "plan", "code", "simulated", "metrics", "message", "eval_s"})
 _METRICS = frozenset(f.name for f in dataclasses.fields(Metrics))
-# What a user changes to change each key of a sweep's identity (tuner/api.py _sweep_identity, SweepConfig.identity).
-_CHANGED_BY = {
-    "problem": "--model, --cluster, --trace or --calibration",
-    "model": "--model", "global_batch": "--global-batch; its default follows --cluster", "fixes": "--fix",
-    "partitioners": "--partitioner", "what_if": "--what-if", "search": "--search",
-    "objective": "--objective, --constraint or the critical batch", "optimizer": "--optimizer", "seed": "--seed",
-    "surrogate": "--surrogate", "n_initial": "--initial-points", "batch_size": "--batch-size, or --workers without it",
-    "timeshift": "--carbon-csv, --window, --job-hours, --iterations or --interruptible", "subnets": "--subnets",
-    "target": "the carbon-to-target flags",
-}
-_START_AGAIN = "start the sweep again in a new --out"
+
+def _changed_by(key: str, n: ArgNames) -> str | None:
+    """What a user changes to change ``key`` of a sweep's identity (tuner/api.py _sweep_identity,
+    SweepConfig.identity), named as ``n`` names the arguments; None for a key without one."""
+    said = {
+        "problem": n.either("--model", "--cluster", "--trace", "--calibration"),
+        "model": n.name("--model"), "global_batch": f"{n.name('--global-batch')}; its default follows {n.name('--cluster')}",
+        "fixes": n.name("--fix"), "partitioners": n.name("--partitioner"), "what_if": n.name("--what-if"),
+        "search": n.name("--search"), "objective": n.either("--objective", "--constraint", "the critical batch"),
+        "optimizer": n.name("--optimizer"), "seed": n.name("--seed"), "surrogate": n.name("--surrogate"),
+        "n_initial": n.name("--initial-points"),
+        "batch_size": f"{n.name('--batch-size')}, or {n.name('--workers')} without it",
+        "timeshift": n.either("--carbon-csv", "--window", "--job-hours", "--iterations", "--interruptible"),
+        "subnets": n.name("--subnets"),
+        # Python: the target and where the job may run are two fields; the CLI sets them with several flags
+        "target": n.either("--target-samples", "objective.placement") if n.python else "the carbon-to-target flags",
+    }
+    return said.get(key)
+
+
+def _start_again(n: ArgNames) -> str:
+    """The way out of state that cannot be resumed."""
+    return f"start the sweep again in a new {n.name('--out')}"
 
 
 def _number(v: Any) -> bool:
@@ -76,17 +89,18 @@ def _record_problem(data: Any) -> str | None:
     return None
 
 
-def parse_record(line: str, source: str) -> EvaluationRecord:
+def parse_record(line: str, source: str, *, arg_names: ArgNames = CLI_ARG_NAMES) -> EvaluationRecord:
     """One line of ``evaluations.jsonl`` (strict numbers, as the reading layer parses them).
 
     Raises:
         ContractError: naming ``source`` (file and line): malformed JSON, a number JSON cannot hold
-            (a 5,000-digit integer), or not a record of this format.
+            (a 5,000-digit integer), or not a record of this format (what to do, naming the
+            arguments as ``arg_names`` does).
     """
     try:
         data = parse_json(line, source, non_finite=True)  # metrics may hold the NaN/Infinity add() wrote
     except ContractError as e:
-        raise ContractError(source, e.key, f"{e.rule}; {_START_AGAIN}") from None
+        raise ContractError(source, e.key, f"{e.rule}; {_start_again(arg_names)}") from None
     problem = _record_problem(data)
     if problem is None:
         try:
@@ -95,21 +109,22 @@ def parse_record(line: str, source: str) -> EvaluationRecord:
             problem = f"plan: {e.rule}"
         except (KeyError, ValueError, TypeError, AttributeError) as e:
             problem = f"not an evaluation record ({type(e).__name__}: {e})"
-    raise ContractError(source, None, f"{problem}; {_START_AGAIN}")
+    raise ContractError(source, None, f"{problem}; {_start_again(arg_names)}")
 
 
-def _read_regular(path: Path) -> str:
+def _read_regular(path: Path, arg_names: ArgNames) -> str:
     """A state file's text through the reading layer: a regular file within the sweep-state limit, UTF-8."""
     try:
         return read_text(path, SWEEP_STATE)
     except ContractError as e:
-        raise ContractError(e.source, e.key, f"{e.rule}; {_START_AGAIN}") from None
+        raise ContractError(e.source, e.key, f"{e.rule}; {_start_again(arg_names)}") from None
 
 
 class SweepStore:
     """Evaluations of one sweep, keyed by point key, persisted as they arrive."""
 
-    def __init__(self, out_dir: str | os.PathLike[str], config: dict[str, Any], resume: bool) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], config: dict[str, Any], resume: bool, *,
+                 arg_names: ArgNames = CLI_ARG_NAMES) -> None:
         """Open the store in ``out_dir`` (its files are created with the first evaluation).
 
         Args:
@@ -117,12 +132,16 @@ class SweepStore:
             config: What defines the sweep; must equal the stored one to resume (budget,
                 workers and executor may change).
             resume: Continue a sweep found in ``out_dir``; without it an existing sweep is an error.
+            arg_names: How a refusal names what to change (``mindpipe tune``'s flags by default;
+                :func:`~mindpipe.tuner.api.tune` passes its own).
 
         Raises:
             ContractError: ``out_dir`` is not a directory, holds a different sweep, a sweep while
                 ``resume`` is off, or state that is not a sweep of this version.
         """
         self.dir = Path(out_dir)
+        self.arg_names = arg_names
+        n = arg_names
         if os.path.lexists(self.dir):
             output_dir(self.dir)  # refuses a file or a dangling link
         self.config_path = self.dir / CONFIG_NAME
@@ -133,30 +152,31 @@ class SweepStore:
         self._fh: IO[str] | None = None
         if os.path.lexists(self.config_path):
             if not resume:
-                raise ContractError(str(self.dir), None, "already holds a sweep: pass --resume to continue it, "
-                                    "or choose another --out")
+                raise ContractError(str(self.dir), None, f"already holds a sweep: pass {n.switched_on('--resume')} "
+                                    f"to continue it, or choose another {n.name('--out')}")
             self._check_config()
             self._load()
             self._fh = open_append(self.records_path)
         elif os.path.lexists(self.records_path):
             raise ContractError(str(self.records_path), None, f"evaluations without {CONFIG_NAME}: not a sweep "
-                                "this version can resume; remove it or choose another --out")
+                                f"this version can resume; remove it or choose another {n.name('--out')}")
 
     def _check_config(self) -> None:
         """Refuse to resume a stored sweep whose identity differs from this one's, naming what differs."""
-        old = parse_json(_read_regular(self.config_path), str(self.config_path))
+        n = self.arg_names
+        old = parse_json(_read_regular(self.config_path, n), str(self.config_path))
         if not isinstance(old, dict):
             raise ContractError(str(self.config_path), None, f"expected a JSON object, got {type(old).__name__}; "
-                                f"{_START_AGAIN}")
+                                f"{_start_again(n)}")
         version = old.get("state_version")
         if version != STATE_VERSION:
             raise ContractError(str(self.config_path), "state_version", (
                 f"state_version={version} was written by another version of mindpipe tune (this one reads "
-                f"{STATE_VERSION}); {_START_AGAIN}"))
+                f"{STATE_VERSION}); {_start_again(n)}"))
         stored = self._stored
         diff = sorted(k for k in set(old) | set(stored) if old.get(k) != stored.get(k))
         if diff:
-            named = ", ".join(f"{k} ({_CHANGED_BY[k]})" if k in _CHANGED_BY else k for k in diff)
+            named = ", ".join(f"{k} ({why})" if (why := _changed_by(k, n)) else k for k in diff)
             raise ContractError(str(self.config_path), diff[0],
                                 f"the stored sweep differs in {named}; cannot resume it with these arguments")
 
@@ -164,7 +184,7 @@ class SweepStore:
         if not os.path.lexists(self.records_path):
             write_text(self.records_path, "")
             return
-        text = _read_regular(self.records_path)
+        text = _read_regular(self.records_path, self.arg_names)
         lines = text.split("\n")
         last = lines.pop()  # "" after a final newline; else a line a kill may have cut short
         try:
@@ -181,7 +201,7 @@ class SweepStore:
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            rec = parse_record(line, f"{self.records_path}: line {n}")
+            rec = parse_record(line, f"{self.records_path}: line {n}", arg_names=self.arg_names)
             if rec.key not in self.records:
                 self.records[rec.key] = rec
                 self.order.append(rec.key)

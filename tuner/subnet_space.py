@@ -29,7 +29,16 @@ from typing import TYPE_CHECKING, Any
 from mindpipe.traces.config import SEQUENTIAL_EQUIVALENT_SCHEDULES, Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.supernet import Supernet, check_supernet_plan
-from mindpipe.tuner.keys import OPTIONAL_POINT_KEYS, PLAN_DEFAULTS, POINT_KEYS, SUPERNET_POINT_KEYS, Point, plan_of
+from mindpipe.tuner.keys import (
+    CLI_ARG_NAMES,
+    OPTIONAL_POINT_KEYS,
+    PLAN_DEFAULTS,
+    POINT_KEYS,
+    SUPERNET_POINT_KEYS,
+    ArgNames,
+    Point,
+    plan_of,
+)
 from mindpipe.tuner.rules import Rule
 from mindpipe.tuner.subnet_partition import SUPERNET_PARTITIONERS
 
@@ -49,35 +58,37 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def check_supernet_fixes(net: Supernet, fixes: dict[str, Any], what_if: tuple[str, ...],
-                         partitioners: tuple[str, ...]) -> None:
+                         partitioners: tuple[str, ...], *, arg_names: ArgNames = CLI_ARG_NAMES) -> None:
     """Refuse ``--fix``, ``--what-if`` and ``--partitioner`` values no supernet plan takes.
 
     The rule comes from :func:`~mindpipe.traces.supernet.check_supernet_plan` where it owns one
     (``tp=2``: tensor parallelism is not supported for supernets).
 
     Raises:
-        ContractError: naming the flag, the key and the rule.
+        ContractError: naming the argument (as ``arg_names`` does: ``mindpipe tune``'s flags by
+            default), the key and the rule.
     """
+    fix = arg_names.name("--fix")
     if what_if:
-        raise ContractError("--what-if", what_if[0], "what-if knobs are not modelled for supernets")
+        raise ContractError(arg_names.name("--what-if"), what_if[0], "what-if knobs are not modelled for supernets")
     for p in partitioners:
         if p not in (*SUPERNET_PARTITIONERS, "given"):
-            raise ContractError("--partitioner", None, f"{p!r} is not a supernet partitioner "
+            raise ContractError(arg_names.name("--partitioner"), None, f"{p!r} is not a supernet partitioner "
                                 f"({', '.join(SUPERNET_PARTITIONERS)})")
     for key, value in fixes.items():
         if key == "global_batch_size":
-            raise ContractError("--fix", key, "a supernet's global batch is the samples each subnet trains on "
-                                "(micro_batch_size × dp): give it with --global-batch")
+            raise ContractError(fix, key, "a supernet's global batch is the samples each subnet trains on "
+                                f"(micro_batch_size × dp): give it with {arg_names.name('--global-batch')}")
         probe_values = _as_list(value) if key not in ("partition", "layer_memory_policy") else [value]
         if key not in _SUPERNET_FIXES or key == "tp":
             for v in probe_values:
                 try:
                     probe = Plan(**{"dp": 1, "pp": 1, "micro_batch_size": 1, "global_batch_size": 1, key: v})
-                    check_supernet_plan(probe, net, source="--fix")
+                    check_supernet_plan(probe, net, source=fix)
                 except ContractError as e:
-                    raise ContractError("--fix", key, e.rule) from None
+                    raise ContractError(fix, key, e.rule) from None
             if key != "tp":
-                raise ContractError("--fix", key, f"{key} is not searched for supernets (pin one of "
+                raise ContractError(fix, key, f"{key} is not searched for supernets (pin one of "
                                     f"{', '.join(k for k in _SUPERNET_FIXES if k != 'tp')})")
 
 

@@ -82,7 +82,7 @@ class TuneSummary:
         evaluations, evaluated_points, reused: Simulations run, points considered, points taken
             from a previous run (``--resume``).
         infeasible_by_reason: Infeasible points per reason (``rules``: combinations the plan rules
-            filtered out before any simulation).
+            filtered out before any simulation), split in the two below, which add up to it.
         space_size, pareto_points: Valid points; plans on the throughput-vs-carbon front.
         out: The output directory.
         supernet: A supernet sweep's note (None for GPT models).
@@ -95,6 +95,12 @@ class TuneSummary:
         clocks: ``--clocks``: the clock plan of the best plan (:mod:`mindpipe.tuner.clock_step`).
         written: The files :func:`mindpipe.tuner.output.write_outputs` wrote to ``out`` (names as the
             text output lists them; not in the JSON).
+        infeasible_simulated: Of ``infeasible_by_reason``, the simulations' per reason
+            (:attr:`mindpipe.tuner.sweep.SweepResult.simulated_infeasible`): plans simulated (or failed
+            trying) that did not fit at their simulated peak, broke a constraint or had no value.
+        refused_before_simulation: The rest, per reason: ``rules`` (combinations the plan rules
+            filtered: never plans), ``out_of_memory`` (plans the memory estimate refused), ``invalid``
+            (a plan rule the evaluation found) — none of them simulated, none cost budget.
     """
 
     objective: str
@@ -117,6 +123,8 @@ class TuneSummary:
     critical_batch: CriticalBatch | None = None
     clocks: ClockPlan | None = None
     written: list[str] = field(default_factory=list)
+    infeasible_simulated: dict[str, int] = field(default_factory=dict)
+    refused_before_simulation: dict[str, int] = field(default_factory=dict)
 
     @property
     def infeasible(self) -> int:
@@ -130,7 +138,8 @@ class TuneSummary:
             "best_value": self.best_value, "best_metrics": self.best_metrics, "what_if": asdict(self.what_if),
             "flash_attention_searched": self.flash_attention_searched, "evaluations": self.evaluations,
             "evaluated_points": self.evaluated_points, "reused": self.reused, "infeasible": self.infeasible,
-            "infeasible_by_reason": self.infeasible_by_reason, "space_size": self.space_size,
+            "infeasible_by_reason": self.infeasible_by_reason, "infeasible_simulated": self.infeasible_simulated,
+            "refused_before_simulation": self.refused_before_simulation, "space_size": self.space_size,
             "pareto_points": self.pareto_points, "out": self.out,
         }
         if self.supernet is not None:
@@ -176,8 +185,9 @@ def build_summary(result: SweepResult, objective: Objective, space: SearchSpace,
     """The summary of a sweep (``plan``: the best plan as written to ``best_plan.json``)."""
     best = result.best
     infeasible: dict[str, int] = {v.value: n for v, n in result.infeasible.items()}
+    refused: dict[str, int] = {v.value: n for v, n in result.refused.items()}
     if space.rejected_total:
-        infeasible["rules"] = space.rejected_total
+        infeasible["rules"] = refused["rules"] = space.rejected_total
     return TuneSummary(
         objective=objective.describe(), best_plan=plan, best_value=best.value if best else None,
         best_metrics={k: _finite(best.metrics.get(k)) for k in METRIC_COLUMNS} if best else None,
@@ -188,6 +198,8 @@ def build_summary(result: SweepResult, objective: Objective, space: SearchSpace,
         flash_attention_searched=sorted({bool(p.get("flash_attention", False)) for p in space.points}),
         evaluations=result.simulations, evaluated_points=len(result.records), reused=result.reused,
         infeasible_by_reason=infeasible, space_size=space.size, pareto_points=pareto_count, out=str(out),
+        infeasible_simulated={v.value: n for v, n in result.simulated_infeasible.items()},
+        refused_before_simulation=refused,
         supernet=_supernet(space, plan),
         search={k: sorted({p.get(k) for p in space.points}) for k in space.search} if space.search else None,
     )

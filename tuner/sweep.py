@@ -27,14 +27,14 @@ import signal
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.processes import die_with_parent
 from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.evaluate import screen as screen_memory
-from mindpipe.tuner.keys import CLI_ARG_NAMES, ArgNames, Point, point_key
+from mindpipe.tuner.keys import CLI_ARG_NAMES, PYTHON_ARG_NAMES, ArgNames, Point, point_key
 from mindpipe.tuner.materialize import Problem
 from mindpipe.tuner.objectives import Objective
 from mindpipe.tuner.optimizers import OPTIMIZERS, Searcher, make_searcher
@@ -61,6 +61,9 @@ class SweepConfig:
         dask: Address of a Dask scheduler; evaluations go there instead.
         batch_size: Proposals per round (default: ``workers``).
         dask_timeout_s: How long to wait for the Dask scheduler before giving up.
+        arg_names: How a refusal names the fields (not kept): as :func:`~mindpipe.tuner.api.tune`
+            calls them (``config.budget``, the default), or as ``mindpipe tune``'s flags
+            (:data:`~mindpipe.tuner.keys.CLI_ARG_NAMES`, which the CLI passes).
     """
 
     optimizer: str = "bo"
@@ -72,16 +75,15 @@ class SweepConfig:
     dask: str | None = None
     batch_size: int | None = None
     dask_timeout_s: float = 30.0
+    arg_names: InitVar[ArgNames] = PYTHON_ARG_NAMES
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, arg_names: ArgNames) -> None:
+        n = arg_names
         if self.optimizer not in OPTIMIZERS:
-            raise ContractError("--optimizer", None, f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-        if self.budget < 1:
-            raise ContractError("--budget", None, f"--budget {self.budget} must be >= 1")
-        if self.workers < 1:
-            raise ContractError("--workers", None, f"--workers {self.workers} must be >= 1")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ContractError("--batch-size", None, f"--batch-size {self.batch_size} must be >= 1")
+            raise ContractError(n.name("--optimizer"), None, f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        for flag, count in (("--budget", self.budget), ("--workers", self.workers), ("--batch-size", self.batch_size)):
+            if count is not None and count < 1:
+                raise ContractError(n.name(flag), None, f"{n.given(flag, count)} must be >= 1")
 
     def identity(self) -> dict[str, Any]:
         """What must match to resume (the budget and the executor may change).
@@ -100,13 +102,31 @@ class SweepConfig:
 
 @dataclass
 class SweepResult:
-    """Every evaluation of a sweep, scored under the objective, and the tallies."""
+    """Every evaluation of a sweep, scored under the objective, and the tallies.
 
-    records: list[ScoredRecord] = field(repr=False)  # every evaluation: a notebook shows the best
+    Attributes:
+        records: Every evaluation, in proposal order (a notebook shows the best).
+        best: The best feasible one, if any.
+        simulations: Evaluations that cost budget (simulated, or failed trying: module docstring).
+        reused: Records taken from the store of a previous run.
+        infeasible: Infeasible records per verdict.
+        refused: Those of ``infeasible`` refused before simulating, at no budget: the memory
+            estimate's ``out_of_memory``, a plan rule the evaluation found (``invalid``). The rest
+            (:attr:`simulated_infeasible`) were simulations.
+    """
+
+    records: list[ScoredRecord] = field(repr=False)
     best: ScoredRecord | None
     simulations: int
     reused: int
     infeasible: Counter[Verdict] = field(default_factory=Counter)
+    refused: Counter[Verdict] = field(default_factory=Counter)
+
+    @property
+    def simulated_infeasible(self) -> Counter[Verdict]:
+        """Infeasible records per verdict among the simulations (out of memory at the simulated peak,
+        over a constraint, without a value, or failed)."""
+        return self.infeasible - self.refused
 
 
 _VERDICT_OF_STATUS = {Status.OUT_OF_MEMORY: Verdict.OUT_OF_MEMORY, Status.INVALID: Verdict.INVALID,
@@ -221,7 +241,7 @@ def open_executor(cfg: SweepConfig) -> tuple[cf.Executor, Callable[[bool], None]
 
 def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: SweepConfig, store: SweepStore,
               *, progress: Progress | None = None, evaluator: Evaluator = evaluate,
-              screen: Screener | None = screen_memory) -> SweepResult:
+              screen: Screener | None = screen_memory, arg_names: ArgNames = CLI_ARG_NAMES) -> SweepResult:
     """Search ``space`` for the best plan under ``objective``.
 
     Args:
@@ -238,16 +258,20 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
             simulating), or None. Refused points are stored and told as the evaluator's would be,
             without a round of proposals and evaluations each; None turns it off (an evaluator
             that replays recorded results must).
+        arg_names: How a refusal names the arguments (``mindpipe tune``'s flags by default;
+            :func:`~mindpipe.tuner.api.tune` passes its own).
 
     Raises:
         ContractError: an empty space, or ``grid`` over more points than the budget.
     """
     points = space.points
     if not points:
-        raise ContractError("tune", None, no_plan_message(space))
+        raise ContractError("tune", None, no_plan_message(space, arg_names))
     if cfg.optimizer == "grid" and len(points) > cfg.budget:
-        raise ContractError("--budget", None, f"grid search would simulate up to {len(points)} plans, more than --budget "
-                            f"{cfg.budget}: raise --budget or narrow the space with --fix")
+        budget = arg_names.name("--budget")
+        raise ContractError(budget, None, f"grid search would simulate up to {len(points)} plans, more than "
+                            f"{arg_names.given('--budget', cfg.budget)}: raise {budget} or narrow the space with "
+                            f"{arg_names.name('--fix')}")
     searcher = make_searcher(cfg.optimizer, points, cfg.seed, surrogate=cfg.surrogate, n_initial=cfg.n_initial)
     batch_size = cfg.batch_size or cfg.workers
     sweep = _Sweep(problem, points, objective, cfg, store, evaluator, progress)
@@ -267,7 +291,8 @@ def run_sweep(problem: Problem, space: SearchSpace, objective: Objective, cfg: S
         raise
     sweep.close(False)
     infeasible = Counter(r.verdict for r in sweep.records if not r.feasible)
-    return SweepResult(sweep.records, sweep.best, sweep.simulations, sweep.reused, infeasible)
+    refused = Counter(r.verdict for r in sweep.records if not r.feasible and not r.evaluation.costs_budget)
+    return SweepResult(sweep.records, sweep.best, sweep.simulations, sweep.reused, infeasible, refused)
 
 
 class _Sweep:

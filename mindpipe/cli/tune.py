@@ -216,14 +216,21 @@ def _outputs(summary: TuneSummary) -> str:
     return f"outputs          {summary.out}/" + ", ".join([*summary.written, "summary.json"])
 
 
-def _infeasible(summary: TuneSummary) -> str:
-    """Infeasible points: combinations the plan rules filtered, then evaluated plans per reason."""
-    by_reason = dict(summary.infeasible_by_reason)
-    rules = by_reason.pop("rules", 0)
-    reasons = (", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())) if by_reason
-               else f"and none of the {plural(summary.evaluated_points, 'evaluated plan')}")
-    return (f"infeasible       {summary.infeasible}: {plural(rules, 'combination')} filtered by the plan rules"
-            f"{' ' if not by_reason else ', '}{reasons}")
+def _infeasible(summary: TuneSummary) -> list[str]:
+    """Two lines: the simulations that were infeasible, per reason; then what was refused before
+    simulating — combinations the plan rules filtered (never plans) and plans the memory estimate
+    refused — which the searcher never spent a simulation on."""
+    simulated, refused = summary.infeasible_simulated, dict(summary.refused_before_simulation)
+    among = f"of the {plural(summary.evaluations, 'simulation')}"
+    first = (f"{sum(simulated.values())} {among}: " + ", ".join(f"{k} {v}" for k, v in sorted(simulated.items()))
+             if simulated else f"none {among}")
+    words = {"rules": lambda n: f"{plural(n, 'combination')} broke a plan rule",
+             "out_of_memory": lambda n: f"{plural(n, 'plan')} did not fit the memory estimate"}
+    said = [words[k](refused.pop(k)) for k in words if k in refused] + [f"{k} {v}" for k, v in sorted(refused.items())]
+    total = sum(summary.refused_before_simulation.values())
+    return [f"infeasible       {first}",
+            f"refused          {total} before simulating: {', '.join(said)}" if said else
+            "refused          none before simulating"]
 
 
 def _format(summary: TuneSummary) -> str:
@@ -276,7 +283,7 @@ def _format(summary: TuneSummary) -> str:
         f"simulations      {summary.evaluations} ({plural(summary.evaluated_points, 'point')} considered, {summary.reused} "
         "from a previous run)",
         f"space            {plural(summary.space_size, 'valid point')}",
-        _infeasible(summary),
+        *_infeasible(summary),
         *front,
         *shifted,
         *(tune_target.format_lines(summary.target) if summary.target is not None else []),
@@ -346,6 +353,7 @@ def _check_objective_options(args: argparse.Namespace) -> None:
 def _objective(args: argparse.Namespace, model: Model | Supernet,
                calibration: Calibration | None) -> tuple[Objective, CriticalBatch]:
     """The objective with its constraints, and the critical batch goodput uses (with where it came from)."""
+    from mindpipe.tuner.keys import CLI_ARG_NAMES
     from mindpipe.tuner.objectives import (
         CriticalBatch,
         Objective,
@@ -362,7 +370,8 @@ def _objective(args: argparse.Namespace, model: Model | Supernet,
                                       needed=needs_critical_batch(args.objective, constraints))
     parts = tune_target.objective_parts(args, critical.value)
     objective = Objective(args.objective, critical.value, constraints, shift=_timeshift(args),
-                          supernet=isinstance(model, Supernet), target=parts.target, placement=parts.placement)
+                          supernet=isinstance(model, Supernet), target=parts.target, placement=parts.placement,
+                          arg_names=CLI_ARG_NAMES)
     return objective, critical
 
 
@@ -378,7 +387,7 @@ def _search(args: argparse.Namespace, model: Model | Supernet, objective: Object
     to_target = args.objective == tune_target.OBJECTIVE
     cfg = SweepConfig(optimizer=args.optimizer, budget=args.budget, seed=args.seed, surrogate=args.surrogate,
                       n_initial=args.initial_points, workers=args.workers, dask=args.dask, batch_size=args.batch_size,
-                      dask_timeout_s=args.dask_timeout)
+                      dask_timeout_s=args.dask_timeout, arg_names=CLI_ARG_NAMES)
     if args.resume and not any(os.path.lexists(os.path.join(args.out, n)) for n in (CONFIG_NAME, RECORDS_NAME)):
         # Not an error: a sweep killed before its first evaluation stored nothing yet. Said, so that a
         # mistyped --out does not pass for a resumed sweep.

@@ -7,6 +7,7 @@ import random
 
 import pytest
 from mindpipe.traces.errors import ContractError
+from mindpipe.tuner.keys import CLI_ARG_NAMES
 from mindpipe.tuner.objectives import Objective, pareto_front, parse_constraint, statistical_efficiency
 from mindpipe.tuner.records import Metrics
 
@@ -69,8 +70,10 @@ def test_constraints():
 
 
 def test_objective_validation():
-    with pytest.raises(ContractError, match="critical-batch"):
+    with pytest.raises(ContractError, match=r"objective\.critical_batch"):  # built in Python: named as tune() names it
         Objective("goodput")
+    with pytest.raises(ContractError, match="--critical-batch"):
+        Objective("goodput", arg_names=CLI_ARG_NAMES)
     with pytest.raises(ContractError):
         Objective("latency")
     with pytest.raises(ContractError):

@@ -260,7 +260,8 @@ def test_cli_text_names_only_the_files_written_and_counts_feasible_plans_as_such
                   "--fix", "pp=2", "--subnets", "64", "--quiet")
     assert res.returncode == 0, res.stderr
     lines = {line[:16].strip(): line[17:] for line in res.stdout.splitlines()}
-    assert lines["infeasible"] == "0: 0 combinations filtered by the plan rules and none of the 3 evaluated plans"
+    assert lines["infeasible"] == "none of the 3 simulations"
+    assert lines["refused"] == "none before simulating"
     listed = lines["outputs"].removeprefix(f"{out}/").split(", ")
     assert listed == ["best_plan.json", "best.json", "evaluations.csv/.parquet", "convergence.png", "summary.json"]
     assert not (out / "pareto.csv").exists() and not (out / "pareto.png").exists()
