@@ -78,7 +78,7 @@ PYTHON_NAMES = {
     "--initial-points": "config.n_initial", "--budget": "config.budget", "--seed": "config.seed",
     "--workers": "config.workers", "--batch-size": "config.batch_size", "--dask": "config.dask",
     "--dask-timeout": "config.dask_timeout_s", "--flash-attention": "ProfileOptions.flash_attention",
-    "--dtype": "ProfileOptions.dtype",
+    "--dtype": "ProfileOptions.dtype", "--microbatches": "num_microbatches",
 }
 # Flags whose Python argument is a list (the CLI repeats the flag, or takes a comma list).
 _PYTHON_LISTS = ("--fix", "--partitioner")

@@ -33,7 +33,15 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.trace import Trace
-from mindpipe.tuner.keys import WHAT_IF_KEYS, Point, check_partitioners, read_fixes
+from mindpipe.tuner.keys import (
+    CLI_ARG_NAMES,
+    PYTHON_ARG_NAMES,
+    WHAT_IF_KEYS,
+    ArgNames,
+    Point,
+    check_partitioners,
+    read_fixes,
+)
 from mindpipe.tuner.materialize import Materialized, Problem, materialize
 
 
@@ -150,23 +158,31 @@ MESH_KEYS = ("dp", "tp", "pp")
 """The keys whose ``--fix`` lists :func:`meshes` searches; every other key is pinned to one value."""
 
 
-def check_fixes(fixes: Mapping[str, Any]) -> None:
+def _search_name(arg_names: ArgNames) -> str:
+    """What the caller ran: ``--objective max_batch`` on the command line, ``tune_max_batch`` in Python."""
+    return "tune_max_batch" if arg_names.python else "--objective max_batch"
+
+
+def check_fixes(fixes: Mapping[str, Any], *, arg_names: ArgNames = CLI_ARG_NAMES) -> None:
     """Refuse ``--fix`` values the search would otherwise drop (:func:`base_point` pins scalars only).
 
     Raises:
         ContractError: a list for a key other than dp, tp, pp; the batch keys, which are searched;
-            the partition or per-block policy, which ``--partitioner`` chooses with the batch.
+            the partition or per-block policy, which ``--partitioner`` chooses with the batch. Named as
+            ``arg_names`` names the arguments.
     """
+    fix, mode = arg_names.name("--fix"), _search_name(arg_names)
     for key, value in fixes.items():
         if key in ("micro_batch_size", "global_batch_size"):
-            raise ContractError("--fix", key, f"{key}: --objective max_batch searches the micro-batch size (global "
-                                "batch = dp x micro-batch size x --microbatches); do not pin it")
+            raise ContractError(fix, key, f"{key}: {mode} searches the micro-batch size (global batch = dp x "
+                                f"micro-batch size x {arg_names.name('--microbatches')}); do not pin it")
         if key in ("partition", "layer_memory_policy"):
-            raise ContractError("--fix", key, f"{key}: --objective max_batch chooses the partition and memory policy "
-                                "for each batch size with --partitioner (vpipe, dawnpiper choose per-block policies)")
+            raise ContractError(fix, key, f"{key}: {mode} chooses the partition and memory policy for each batch "
+                                f"size with {arg_names.name('--partitioner')} (vpipe, dawnpiper choose per-block "
+                                "policies)")
         if isinstance(value, list) and key not in MESH_KEYS:
             shown_values = ",".join(json.dumps(v) if isinstance(v, bool) else str(v) for v in value)
-            raise ContractError("--fix", key, f"{key}={shown_values}: --objective max_batch pins {key} to one value "
+            raise ContractError(fix, key, f"{key}={shown_values}: {mode} pins {key} to one value "
                                 f"(only {', '.join(MESH_KEYS)} take a list, searched as meshes); run it once per value")
 
 
@@ -277,11 +293,16 @@ class MaxBatchSummary:
 
 def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Path, partitioners: Sequence[str],
                    fixes: dict[str, Any] | Sequence[str] | None = None, num_microbatches: int | None = None,
-                   trace: Trace | None = None, calibration: Calibration | None = None) -> MaxBatchSummary:
+                   trace: Trace | None = None, calibration: Calibration | None = None,
+                   arg_names: ArgNames = PYTHON_ARG_NAMES) -> MaxBatchSummary:
     """The largest trainable global batch over the allowed meshes and ``partitioners``; writes outputs.
 
     Writes ``best_plan.json`` (with ``made_for``), ``max_batch.json`` (every mesh and partitioner) and
     ``summary.json`` (what ``--json`` prints) to ``out``, and returns the summary.
+
+    Args:
+        arg_names: How errors name the arguments: this function's keywords (``fixes``), or
+            :data:`~mindpipe.tuner.keys.CLI_ARG_NAMES` for ``mindpipe tune``'s flags.
 
     Raises:
         ContractError: an unknown partitioner, or no plan fits even one sample per micro-batch.
@@ -289,22 +310,23 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
     from mindpipe.tuner.api import fingerprint
 
     model, cluster = load_model(model), load_cluster(cluster)
-    fixed = read_fixes(fixes)
+    fix, mode = arg_names.name("--fix"), _search_name(arg_names)
+    fixed = read_fixes(fixes, arg_names=arg_names)
     for key, run in WHAT_IF_KEYS.items():  # the meshes here are dp·tp·pp, the plans the executor runs
         if key in fixed and any(v != run for v in (fixed[key] if isinstance(fixed[key], list) else [fixed[key]])):
-            raise ContractError("--fix", key, f"{key} is a what-if knob (the executor runs only {key}="
-                                f"{json.dumps(run)}); --objective max_batch searches the plans the executor runs")
+            raise ContractError(fix, key, f"{key} is a what-if knob (the executor runs only {key}="
+                                f"{json.dumps(run)}); {mode} searches the plans the executor runs")
     if any(v != 1 for v in (fixed["cp"] if isinstance(fixed.get("cp"), list) else [fixed.get("cp", 1)])):
-        raise ContractError("--fix", "cp", "--objective max_batch searches dp x tp x pp meshes (cp=1); "
+        raise ContractError(fix, "cp", f"{mode} searches dp x tp x pp meshes (cp=1); "
                             "context parallelism is searched by the other objectives")
-    check_fixes(fixed)
-    partitioners = check_partitioners(partitioners)
+    check_fixes(fixed, arg_names=arg_names)
+    partitioners = check_partitioners(partitioners, arg_names=arg_names)
     problem = Problem(model, cluster, trace, fingerprint=fingerprint(model, cluster, trace, calibration),
                       calibration=calibration)
     results = [r for name in partitioners for r in search(problem, fixed, name, num_microbatches)]
     results.sort(key=lambda r: (-r.global_batch_size, -(r.throughput_samples_per_s or 0.0)))
     if not results:
-        raise ContractError("--fix", None, _no_mesh(problem, fixed))
+        raise ContractError(fix, None, _no_mesh(problem, fixed))
     out_dir = output_dir(Path(out))
     table = [row(r) for r in results]
     write_text(out_dir / "max_batch.json", json.dumps(table, indent=1) + "\n")

@@ -25,13 +25,14 @@ from :func:`mindpipe.simulator.timeshift.schedule` (the owner of that rule).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from mindpipe.simulator.carbon import CarbonSeries
 from mindpipe.simulator.energy import J_PER_KWH
 from mindpipe.simulator.timeshift import ShiftedSchedule, Window, schedule
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
+from mindpipe.tuner.keys import PYTHON_ARG_NAMES, ArgNames
 
 
 @dataclass(frozen=True)
@@ -43,26 +44,35 @@ class TrainingTarget:
         noise_scale: The gradient noise scale B_noise ≈ B_crit (samples).
         reference_batch: The global batch ``samples`` was measured at; 0 means ``samples`` is
             E_min (the small-batch limit).
-        source: What errors name.
+        source: What errors name ``samples`` (empty: as ``arg_names`` says).
+        arg_names: How errors name the values (not kept): this class's fields
+            (``TrainingTarget.noise_scale``) by default, ``mindpipe tune``'s flags with
+            :data:`~mindpipe.tuner.keys.CLI_ARG_NAMES`.
 
     Raises:
-        ContractError: a non-positive or non-finite value, naming the flag.
+        ContractError: a non-positive or non-finite value, naming the flag or field.
     """
 
     samples: float
     noise_scale: float
     reference_batch: float = 0.0
-    source: str = "--target-samples"
+    source: str = ""
+    arg_names: InitVar[ArgNames] = PYTHON_ARG_NAMES
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, arg_names: ArgNames) -> None:
+        def named(flag: str, name: str) -> str:
+            return f"TrainingTarget.{name}" if arg_names.python else flag
+
         top = float(limit("global_batch_size"))
         if not (math.isfinite(self.samples) and self.samples > 0):
-            raise ContractError(self.source, None, f"{self.samples} samples to target must be a finite number > 0")
+            raise ContractError(self.source or named("--target-samples", "samples"), None,
+                                f"{self.samples} samples to target must be a finite number > 0")
         if not (math.isfinite(self.noise_scale) and 0 < self.noise_scale <= top):
-            raise ContractError("--critical-batch", None, f"the noise scale {self.noise_scale} must be in (0, {top:g}] "
-                                                          "samples (carbon_to_target needs it)")
+            raise ContractError(named("--critical-batch", "noise_scale"), None, f"the noise scale {self.noise_scale} "
+                                f"must be in (0, {top:g}] samples (carbon_to_target needs it)")
         if not (math.isfinite(self.reference_batch) and 0 <= self.reference_batch <= top):
-            raise ContractError("--target-batch", None, f"{self.reference_batch} must be in [0, {top:g}] samples")
+            raise ContractError(named("--target-batch", "reference_batch"), None,
+                                f"{self.reference_batch} must be in [0, {top:g}] samples")
 
     @property
     def min_samples(self) -> float:

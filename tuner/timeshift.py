@@ -36,7 +36,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from mindpipe.simulator.timeshift import ShiftedSchedule, Window, schedule
 from mindpipe.traces.atomic import write_text
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
+from mindpipe.tuner.keys import PYTHON_ARG_NAMES, ArgNames
 from mindpipe.tuner.records import ScoredRecord, Status
 
 MAX_JOB_HOURS = 24 * 366  # a year: beyond any hourly series a user has
@@ -55,22 +56,30 @@ MAX_JOB_HOURS = 24 * 366  # a year: beyond any hourly series a user has
 class JobLength:
     """The job's length: wall ``hours`` or a number of ``iterations`` (exactly one).
 
+    ``arg_names`` (not kept) says how errors name the values: this class's fields
+    (``JobLength.hours``) by default, ``mindpipe tune``'s flags with
+    :data:`~mindpipe.tuner.keys.CLI_ARG_NAMES`.
+
     Raises:
-        ContractError: both or neither given, or a value out of range (naming the flag).
+        ContractError: both or neither given, or a value out of range (naming the flag or field).
     """
 
     hours: float | None = None
     iterations: int | None = None
+    arg_names: InitVar[ArgNames] = PYTHON_ARG_NAMES
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, arg_names: ArgNames) -> None:
+        cli = not arg_names.python
+        hours, iterations = ("--job-hours", "--iterations") if cli else ("JobLength.hours", "JobLength.iterations")
         if (self.hours is None) == (self.iterations is None):
-            raise ContractError("--job-hours/--iterations", None, "give exactly one of --job-hours H and --iterations N "
-                                                                  "(the job's length)")
+            raise ContractError(f"{hours}/{iterations}", None, (
+                "give exactly one of --job-hours H and --iterations N" if cli else
+                "give exactly one of hours and iterations") + " (the job's length)")
         if self.hours is not None and not (0 < self.hours <= MAX_JOB_HOURS):
-            raise ContractError("--job-hours", None, f"{self.hours} must be in (0, {MAX_JOB_HOURS}] hours")
+            raise ContractError(hours, None, f"{self.hours} must be in (0, {MAX_JOB_HOURS}] hours")
         top = int(limit("train_steps"))
         if self.iterations is not None and not (0 < self.iterations <= top):
-            raise ContractError("--iterations", None, f"{self.iterations} must be in [1, {top:,}] (train_steps limit)")
+            raise ContractError(iterations, None, f"{self.iterations} must be in [1, {top:,}] (train_steps limit)")
 
     def seconds(self, iteration_time_s: float) -> float:
         """Wall seconds of the job for a plan with this iteration time."""

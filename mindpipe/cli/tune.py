@@ -176,6 +176,7 @@ def _timeshift(args: argparse.Namespace) -> Any:
             ``--iterations``, a window the series does not cover.
     """
     from mindpipe.traces.errors import ContractError
+    from mindpipe.tuner.keys import CLI_ARG_NAMES
     from mindpipe.tuner.timeshift import JobLength, TimeShift
 
     given = [flag for flag, v in (("--window", args.window), ("--job-hours", args.job_hours),
@@ -191,7 +192,7 @@ def _timeshift(args: argparse.Namespace) -> Any:
         raise ContractError("--carbon-csv", None, f"time-shifting needs --objective carbon, not {args.objective}")
     if args.window is None:
         raise ContractError("--window", None, "--carbon-csv needs --window START/END (when the job may start)")
-    job = JobLength(args.job_hours, args.iterations)
+    job = JobLength(args.job_hours, args.iterations, arg_names=CLI_ARG_NAMES)
     series, window = loaders.carbon_window(args.carbon_csv, args.window)
     return TimeShift(series, window, job, args.interruptible)
 
@@ -426,11 +427,12 @@ def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, ca
 
     from mindpipe.traces.schema import to_dict
     from mindpipe.traces.what_if import plan_value
-    from mindpipe.tuner.keys import OPTIONAL_POINT_KEYS
+    from mindpipe.tuner.keys import CLI_ARG_NAMES, OPTIONAL_POINT_KEYS
     from mindpipe.tuner.maxbatch import tune_max_batch
 
     summary = tune_max_batch(args.model, args.cluster, out=args.out, partitioners=partitioners, fixes=args.fix,
-                             num_microbatches=args.microbatches, trace=trace, calibration=calibration)
+                             num_microbatches=args.microbatches, trace=trace, calibration=calibration,
+                             arg_names=CLI_ARG_NAMES)
     if args.json:
         print_json(summary.to_dict())
     else:

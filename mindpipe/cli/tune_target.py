@@ -60,6 +60,7 @@ def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> Targ
             without ``--window`` or the reverse, ``--max-slowdown`` with ``--clocks default`` (no
             clocks to bound).
     """
+    from mindpipe.tuner.keys import CLI_ARG_NAMES
     from mindpipe.tuner.target import Placement, TrainingTarget
 
     if args.objective != OBJECTIVE:
@@ -84,7 +85,7 @@ def objective_parts(args: argparse.Namespace, noise_scale: float | None) -> Targ
         if value is not None:
             raise ContractError(flag, None, f"{flag} is not used with --objective {OBJECTIVE}: the target "
                                             "(--target-samples) sets the job's length")
-    target = TrainingTarget(args.target_samples, noise_scale, args.target_batch or 0.0)
+    target = TrainingTarget(args.target_samples, noise_scale, args.target_batch or 0.0, arg_names=CLI_ARG_NAMES)
     placement = None
     if args.carbon_csv is not None or args.window is not None:
         if args.carbon_csv is None or args.window is None:

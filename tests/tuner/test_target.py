@@ -50,8 +50,12 @@ def test_samples_at_a_reference_batch_set_e_min():
     ({"samples": 10.0, "noise_scale": 10.0, "reference_batch": -2.0}, "--target-batch"),
 ])
 def test_bad_targets_name_the_flag(kwargs, flag):
+    from mindpipe.tuner.keys import CLI_ARG_NAMES
+
     with pytest.raises(ContractError, match=flag):
-        TrainingTarget(**kwargs)
+        TrainingTarget(**kwargs, arg_names=CLI_ARG_NAMES)
+    with pytest.raises(ContractError, match=r"^TrainingTarget\.(samples|noise_scale|reference_batch): "):
+        TrainingTarget(**kwargs)  # from Python, the field
 
 
 def _series(hours: int = 96) -> CarbonSeries:

@@ -221,3 +221,55 @@ def test_sweep_result_tells_refused_from_simulated(tmp_path):
     assert res.refused[Verdict.OUT_OF_MEMORY] == len(refused)
     assert res.simulated_infeasible + res.refused == res.infeasible
     assert sum(res.simulated_infeasible.values()) == sum(1 for r in res.records if not r.feasible and r.simulated)
+
+
+# -- the training target, the job length and tune_max_batch ------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,python,cli", [
+    ({"samples": -1.0, "noise_scale": 48.0}, "TrainingTarget.samples: -1.0 samples", "--target-samples: -1.0 samples"),
+    ({"samples": 4e6, "noise_scale": 0.0}, "TrainingTarget.noise_scale: the noise scale 0.0",
+     "--critical-batch: the noise scale 0.0"),
+    ({"samples": 4e6, "noise_scale": 48.0, "reference_batch": -2.0}, "TrainingTarget.reference_batch: -2.0 must be",
+     "--target-batch: -2.0 must be"),
+])
+def test_training_target_names_its_fields_or_the_flags(kwargs, python, cli):
+    with pytest.raises(ContractError) as e:
+        TrainingTarget(**kwargs)
+    assert str(e.value).startswith(python) and "--" not in str(e.value)
+    with pytest.raises(ContractError) as e:
+        TrainingTarget(**kwargs, arg_names=CLI_ARG_NAMES)
+    assert str(e.value).startswith(cli)
+
+
+def test_job_length_names_its_fields_or_the_flags():
+    from mindpipe.tuner.timeshift import JobLength
+
+    with pytest.raises(ContractError, match=r"^JobLength.hours/JobLength.iterations: give exactly one of hours and "
+                                            r"iterations \(the job's length\)$"):
+        JobLength()
+    with pytest.raises(ContractError, match=r"^JobLength.iterations: 0 must be in \[1, "):
+        JobLength(iterations=0)
+    with pytest.raises(ContractError, match=r"^--job-hours/--iterations: give exactly one of --job-hours H and "
+                                            r"--iterations N"):
+        JobLength(arg_names=CLI_ARG_NAMES)
+    with pytest.raises(ContractError, match=r"^--job-hours: -1.0 must be in \(0, "):
+        JobLength(hours=-1.0, arg_names=CLI_ARG_NAMES)
+
+
+@pytest.mark.parametrize("fixes,python", [
+    ({"micro_batch_size": 2}, "fixes: micro_batch_size: tune_max_batch searches the micro-batch "
+     "size (global batch = dp x micro-batch size x num_microbatches); do not pin it"),
+    ({"partition": [2, 2]}, "with partitioners (vpipe, dawnpiper"),
+    ({"cp": 2}, "fixes: cp: tune_max_batch searches dp x tp x pp meshes (cp=1)"),
+])
+def test_tune_max_batch_names_its_keywords(tmp_path, fixes, python):
+    from mindpipe.tuner.maxbatch import tune_max_batch
+
+    with pytest.raises(ContractError) as e:
+        tune_max_batch(GPT, "cpu:1x4", out=tmp_path / "m", partitioners=["balanced"], fixes=fixes)
+    assert python in str(e.value) and "--" not in str(e.value)
+    with pytest.raises(ContractError) as e:
+        tune_max_batch(GPT, "cpu:1x4", out=tmp_path / "m", partitioners=["balanced"], fixes=fixes,
+                       arg_names=CLI_ARG_NAMES)
+    assert "--fix" in str(e.value) and "--objective max_batch" in str(e.value)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from mindpipe.traces.errors import ContractError
-from mindpipe.tuner.keys import parse_fixes
+from mindpipe.tuner.keys import CLI_ARG_NAMES, parse_fixes
 from mindpipe.tuner.maxbatch import tune_max_batch
 
 
@@ -35,9 +35,13 @@ def test_fix_partitioner_points_to_the_flag():
 def test_max_batch_refuses_fixes_it_would_drop(tmp_path, fix, needle):
     with pytest.raises(ContractError, match=needle) as e:
         tune_max_batch("gpt-1.3b", "a100-sxm4-80gb:1x8", out=tmp_path, partitioners=["balanced"],
-                       fixes=[fix, "pp=2", "tp=1"])
+                       fixes=[fix, "pp=2", "tp=1"], arg_names=CLI_ARG_NAMES)
     assert e.value.source == "--fix"
     assert not list(tmp_path.iterdir())  # refused before anything is written
+    with pytest.raises(ContractError) as e:  # from Python: the keyword
+        tune_max_batch("gpt-1.3b", "a100-sxm4-80gb:1x8", out=tmp_path, partitioners=["balanced"],
+                       fixes=[fix, "pp=2", "tp=1"])
+    assert e.value.source == "fixes" and "--" not in str(e.value)
 
 
 def test_max_batch_keeps_the_lists_it_searches(tmp_path):
