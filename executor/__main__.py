@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_supernet(SupernetRunConfig.load(argv[1]))
         if argv[:1] == ["--config"] and len(argv) == 2:
             cfg = RunConfig.load(argv[1])
-            command = ""
+            command, source = "", "plan"
         else:
             p = argparse.ArgumentParser(prog="python -m mindpipe.executor", description="Run one rank of a MindPipe plan.")
             add_run_arguments(p, launcher=False)
@@ -86,11 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return run_supernet(scfg, command="python -m mindpipe.executor " + shlex.join(argv))
             cfg = config_from_args(args)
             command = "python -m mindpipe.executor " + " ".join(shlex.quote(a) for a in argv)
+            source = plan_source(args.plan)
         # Refuse an impossible plan before importing torch (seconds per rank). No memory model
         # here: the executor does not import the simulator's (mindpipe run checks memory itself).
         kind, gpu = detect_device(cfg.device)
         pre = check_run(cfg.model, cfg.plan, env_world_size(), kind, catalog_device(kind, gpu), cfg.schedule_source,
-                        text_data=cfg.data != "synthetic", ranks_per_device=ranks_per_host() if kind == "cpu" else 1)
+                        text_data=cfg.data != "synthetic", source=source,
+                        ranks_per_device=ranks_per_host() if kind == "cpu" else 1)
         if command and env_rank() == 0:  # started directly: nobody printed the notes (mindpipe run does)
             for note in pre.notes:
                 print(f"executor: note: {note}", file=sys.stderr, flush=True)

@@ -58,3 +58,18 @@ def test_a_plan_file_is_named_by_its_path(capsys, tmp_path):
     path.write_text(TP3)
     line = _refusal(capsys, _run(str(path), tmp_path))
     assert line == f"mindpipe: error: {path}: tp=3 does not divide num_heads=8"
+
+
+def test_the_executor_started_directly_names_the_plan_alike(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
+    path = tmp_path / "p.json"
+    path.write_text('{"dp": 2, "global_batch_size": 2}')
+    for plan, name in (('{"dp": 2, "global_batch_size": 2}', "<inline plan>"), (str(path), str(path))):
+        res = subprocess.run([sys.executable, "-m", "mindpipe.executor", plan, "--steps", "1", "--out",
+                              str(tmp_path / "m.json")], capture_output=True, text=True, env=env, timeout=120)
+        assert res.returncode == 2
+        assert res.stderr.strip() == f"executor: error: {name}: dp×tp×pp=2×1×1=2 ranks needed, the launch has 1"
