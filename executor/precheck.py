@@ -31,7 +31,7 @@ from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.frequency import check_stage_clocks
-from mindpipe.traces.layout import WHOLE_BLOCK_ONLY, block_policies, stage_layout
+from mindpipe.traces.layout import block_policies
 from mindpipe.traces.result import GIB
 from mindpipe.traces.what_if import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
 
@@ -124,17 +124,6 @@ def what_if_notes(plan: Plan) -> list[str]:
     return ["what-if knobs the simulator models but the executor does not carry out: " + "; ".join(knobs.values())]
 
 
-def _check_cuts(model: Model, plan: Plan, fail: Callable[[str, str], None]) -> None:
-    """What the executor does not do with a stage boundary inside a block (``stage_cuts``)."""
-    if not plan.cuts_inside_blocks:
-        return
-    policies = block_policies(plan, model.num_layers)
-    for span in stage_layout(plan, model):
-        if span.last_part != "whole" and policies[span.blocks[-1]] in WHOLE_BLOCK_ONLY:
-            fail("stage_cuts", f"block {span.blocks[-1]} is cut by a stage boundary: give it recompute none, full "
-                 f"or swap, not {policies[span.blocks[-1]]}")
-
-
 def cpu_has_bf16_gemm(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
     """Whether this host's CPU has bf16 matrix instructions (AVX512_BF16 or AMX-BF16); None where unknown.
 
@@ -214,7 +203,6 @@ def _refuse(model: Model, plan: Plan, world_size: int, device_kind: str, device:
         fail("precision", fp8)
     if text_data and model.vocab_size < 256:
         fail("vocab_size", f"byte-level text needs vocab_size >= 256, the model has {model.vocab_size}")
-    _check_cuts(model, plan, fail)
     src = resolve_schedule_source(schedule_source, plan)
     m = plan.num_microbatches
     if plan.pp > 1 and plan.schedule in ("interleaved_1f1b", "zb_h1") and m % max(1, m // plan.pp):

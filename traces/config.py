@@ -18,7 +18,6 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer, number, shown, within_limit
 from mindpipe.traces.schedule_rules import (
     SCHEDULES,
-    SPLIT_BACKWARD_SCHEDULES,
     fixed_virtual_stages,
     microbatch_rule,
     virtual_stages_rule,
@@ -719,10 +718,14 @@ def _check_layers(plan: Plan, model: Model, fail: Callable[[str, str], NoReturn]
             "layer_memory_policy",
             f"layer_memory_policy has {plural(len(plan.layer_memory_policy), 'entry', 'entries')}, model has num_layers={model.num_layers}",
         )
+    from mindpipe.traces.layout import cut_block_refusal, nongemm_refusal  # local: layout imports this module
+
     if plan.layer_memory_policy is not None and "nongemm" in plan.layer_memory_policy:
         refusal = nongemm_refusal(plan)
         if refusal:
             fail("layer_memory_policy", refusal)
+    if plan.cuts_inside_blocks and (rule := cut_block_refusal(plan, model)) is not None:
+        fail("stage_cuts", rule)
     m = plan.num_microbatches  # global_batch_size / (micro_batch_size·dp): not a plan key of its own
     if plan.schedule != "gpipe" and plan.pp > 1 and m < plan.pp:
         fail("global_batch_size", f"schedule {plan.schedule!r} needs micro-batches m={m} >= pp={plan.pp}")
@@ -753,21 +756,6 @@ def _check_cluster(plan: Plan, cluster: Cluster, source: str, fail: Callable[[st
         check_action_clocks(plan.action_clocks_mhz, cluster.gpu, source)
 
 
-def nongemm_refusal(plan: Plan) -> str | None:
-    """Why ``plan`` cannot give a block the ``nongemm`` policy (:mod:`mindpipe.traces.layout`), or None.
-
-    Under TP the row-parallel GEMMs' kept outputs would be unreduced partial sums and the re-run
-    would re-issue the sub-layers' collectives, neither modelled; a split backward (zero-bubble
-    schedules) runs a block's backward more than once, which torch's selective activation
-    checkpointing refuses ("only allowed to backward once").
-    """
-    if plan.tp > 1:
-        return f"policy 'nongemm' needs tp=1 (plan has tp={plan.tp})"
-    if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
-        return f"policy 'nongemm' cannot run under schedule {plan.schedule!r}: its split backward runs a block's backward twice"
-    return None
-
-
 def stage_layers(plan: Plan, model: Model) -> list[int]:
     """Layers per virtual stage: the plan's partition, or an even split."""
     return list(plan.partition) if plan.partition is not None else even_partition(model.num_layers, plan.num_stages)
@@ -794,7 +782,6 @@ __all__ = [
     "even_partition",
     "fixed_virtual_stages",
     "microbatch_rule",
-    "nongemm_refusal",
     "stage_layers",
     "virtual_stages_rule",
 ]

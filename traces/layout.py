@@ -38,7 +38,7 @@ more than one tensor (the residual and a branch value) between stages.
   GEMM runs twice. DawnPiper's per-operator choice (Peng et al. 2025, Capuchin-style): the cheap
   memory-bound operators and the attention core free most of a block's bytes for a small share of
   its forward. The executor runs it with torch's selective activation checkpointing; it needs
-  ``tp = 1`` and a schedule without a split backward (:func:`mindpipe.traces.config.nongemm_refusal`);
+  ``tp = 1`` and a schedule without a split backward (:func:`nongemm_refusal`);
 * ``full`` — only the block's input; the whole forward is re-run before the backward;
 * ``swap`` — everything, but copied to host memory after the forward and back before the
   backward (vPipe, Zhao et al. TPDS'21), so nothing stays on the device.
@@ -65,14 +65,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mindpipe.traces.config import Model, Plan, stage_layers
-from mindpipe.traces.schedule_rules import V_SCHEDULES
+from mindpipe.traces.schedule_rules import SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES
 
 BlockPolicy = Literal["none", "selective", "nongemm", "full", "swap"]
 BLOCK_POLICIES: tuple[BlockPolicy, ...] = ("none", "selective", "nongemm", "full", "swap")
 # vPipe's per-layer choices (``Plan.layer_memory_policy``) as block policies.
 LAYER_POLICY: dict[str, BlockPolicy] = {"keep": "none", "selective": "selective", "nongemm": "nongemm",
                                         "recompute": "full", "swap": "swap"}
-# Block policies the executor refuses on a block cut by a stage boundary (module docstring).
+# Block policies a block cut by a stage boundary cannot take (:func:`cut_block_refusal`).
 WHOLE_BLOCK_ONLY: tuple[BlockPolicy, ...] = ("selective", "nongemm")
 
 BlockPart = Literal["whole", "attention", "mlp"]
@@ -345,6 +345,36 @@ def tied_table_ranks(plan: Plan, model: Model) -> tuple[int, int] | None:
     return ranks[0], ranks[-1]
 
 
+def nongemm_refusal(plan: Plan) -> str | None:
+    """Why ``plan`` cannot give a block the ``nongemm`` policy (:mod:`mindpipe.traces.layout`), or None.
+
+    Under TP the row-parallel GEMMs' kept outputs would be unreduced partial sums and the re-run
+    would re-issue the sub-layers' collectives, neither modelled; a split backward (zero-bubble
+    schedules) runs a block's backward more than once, which torch's selective activation
+    checkpointing refuses ("only allowed to backward once").
+    """
+    if plan.tp > 1:
+        return f"policy 'nongemm' needs tp=1 (plan has tp={plan.tp})"
+    if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
+        return f"policy 'nongemm' cannot run under schedule {plan.schedule!r}: its split backward runs a block's backward twice"
+    return None
+
+
+def cut_block_refusal(plan: Plan, model: Model) -> str | None:
+    """Why a block that a stage boundary cuts cannot take its policy, or None (the Plan's rule, :func:`check_plan`).
+
+    A cut block runs as two parts on two ranks; re-running only its attention core or its non-GEMM
+    operators (:data:`WHOLE_BLOCK_ONLY`: ``selective``, ``nongemm``) needs the whole block on one
+    rank, so the simulator would price, and the executor could not run, such a plan.
+    """
+    policies = block_policies(plan, model.num_layers)
+    for span in stage_layout(plan, model):
+        if span.last_part != "whole" and policies[span.blocks[-1]] in WHOLE_BLOCK_ONLY:
+            return (f"block {span.blocks[-1]} is cut by a stage boundary: give it recompute none, full or swap, "
+                    f"not {policies[span.blocks[-1]]}")
+    return None
+
+
 __all__ = [
     "BLOCK_POLICIES",
     "CUT_UNITS",
@@ -357,10 +387,12 @@ __all__ = [
     "block_layer_name",
     "block_policies",
     "copies_dp_buffers",
+    "cut_block_refusal",
     "data_parallel_units",
     "gathers_before_forward",
     "keeps_gathered_weights",
     "loop_stage_to_rank",
+    "nongemm_refusal",
     "rank_stages",
     "recomputes",
     "reduces_every_microbatch",

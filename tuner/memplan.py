@@ -113,7 +113,7 @@ class StageModel:
         copy_s: Seconds to copy ``n`` bytes one way over the host link (the simulator's price).
         swap_bytes: Bytes one swapped unit copies each way per micro-batch.
         parts: Each block's (attention, mlp) part nodes: positions are then half blocks.
-        nongemm: The plan allows ``nongemm`` (:func:`mindpipe.traces.config.nongemm_refusal`).
+        nongemm: The plan allows ``nongemm`` (:func:`mindpipe.traces.layout.nongemm_refusal`).
     """
 
     def __init__(self, nodes: Sequence[Node], budgets: Sequence[StageBudget], extra: dict[int, tuple[float, float]],

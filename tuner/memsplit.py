@@ -35,8 +35,9 @@ from dataclasses import dataclass
 
 from mindpipe.simulator.build import GRAD_BYTES
 from mindpipe.simulator.simulator import Simulator
-from mindpipe.traces.config import Plan, check_stage_count, nongemm_refusal
+from mindpipe.traces.config import Plan, check_stage_count
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.layout import nongemm_refusal
 from mindpipe.tuner.memplan import (
     NO_PINS,
     LayerPolicy,
