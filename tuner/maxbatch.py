@@ -33,6 +33,7 @@ from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import limit
 from mindpipe.traces.schema import to_dict, write_json
 from mindpipe.traces.trace import Trace
+from mindpipe.traces.units import plural
 from mindpipe.tuner.keys import (
     CLI_ARG_NAMES,
     PYTHON_ARG_NAMES,
@@ -80,7 +81,11 @@ def point_at(base: Mapping[str, Any], micro_batch_size: int, num_microbatches: i
 
 
 def _try(problem: Problem, base: Mapping[str, Any], mbs: int, m: int) -> Materialized | None:
-    """The materialised plan at ``mbs`` when it fits, else None (a size the plan rules refuse: None)."""
+    """The materialised plan at ``mbs`` when it fits, else None (a size the plan rules refuse: None).
+
+    :func:`search` has already refused a mesh whose plan, or partitioner, breaks a rule at one
+    sample per micro-batch (:func:`_mesh_rule`), so a refusal here is one of the size's own.
+    """
     try:
         mat = materialize(problem, point_at(base, mbs, m))
     except ContractError:
@@ -200,6 +205,8 @@ def search(problem: Problem, fixes: Mapping[str, Any], partitioner: str,
            num_microbatches: int | None = None) -> list[MaxBatch]:
     """:func:`max_batch` of every allowed mesh, best first (largest batch, then throughput).
 
+    A mesh whose plan or partitioner breaks a rule (:func:`_mesh_rule`) is left out.
+
     Args:
         problem: Model, cluster, trace, calibration.
         fixes: Parsed ``--fix`` values (scalars pin plan keys; dp, tp, pp may be lists).
@@ -217,25 +224,33 @@ def search(problem: Problem, fixes: Mapping[str, Any], partitioner: str,
 
 
 def _mesh_rule(problem: Problem, base: Mapping[str, Any], num_microbatches: int) -> str | None:
-    """The plan rule ``base`` breaks at one sample per micro-batch, or None when it is a plan."""
+    """The rule ``base`` breaks at one sample per micro-batch, or None when it is a plan its partitioner
+    can plan: the plan rules, then the partitioner's own (``vpipe`` and ``dawnpiper`` need one stage
+    per pipeline rank, so refuse interleaved and V schedules), which would otherwise read as
+    "nothing fits"."""
     point = point_at(base, 1, num_microbatches)
     try:
         problem.simulator().check(Plan(**{k: v for k, v in point.items() if k != "partitioner"}))
+        materialize(problem, point)
     except ContractError as e:
         return e.rule
     return None
 
 
-def _no_mesh(problem: Problem, fixes: Mapping[str, Any]) -> str:
-    """Why :func:`search` had no mesh to try: no dp x tp x pp of the devices matches ``fixes``, or the first rule broken."""
+def _no_mesh(problem: Problem, fixes: Mapping[str, Any], partitioner: str = "balanced",
+             num_microbatches: int | None = None) -> str:
+    """Why :func:`search` had no mesh to try with ``partitioner``: no dp x tp x pp of the devices
+    matches ``fixes``, or the first rule broken (at ``num_microbatches``, default pp, as searched)."""
     cluster = problem.cluster
     allowed = list(meshes(problem, fixes))
     if not allowed:
         return (f"no dp x tp x pp mesh of the {cluster.world_size} devices matches it (dp·tp·pp = "
                 f"{cluster.world_size}, tp <= {cluster.gpus_per_node} per node)")
     dp, tp, pp = allowed[0]
-    rule = _mesh_rule(problem, base_point(dp, tp, pp, "balanced", fixes), pp)
-    example = f", e.g. dp={dp}, tp={tp}, pp={pp}: {rule}" if rule is not None else ""
+    m = num_microbatches or pp
+    rule = _mesh_rule(problem, base_point(dp, tp, pp, partitioner, fixes), m)
+    example = f", e.g. dp={dp}, tp={tp}, pp={pp} with {plural(m, 'micro-batch', 'micro-batches')}: {rule}" \
+        if rule is not None else ""
     return f"every dp x tp x pp mesh it allows breaks a plan rule{example}"
 
 
@@ -294,20 +309,28 @@ class MaxBatchSummary:
 def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Path, partitioners: Sequence[str],
                    fixes: dict[str, Any] | Sequence[str] | None = None, num_microbatches: int | None = None,
                    trace: Trace | None = None, calibration: Calibration | None = None,
+                   trace_source: str = "trace", calibration_source: str = "calibration",
                    arg_names: ArgNames = PYTHON_ARG_NAMES) -> MaxBatchSummary:
     """The largest trainable global batch over the allowed meshes and ``partitioners``; writes outputs.
 
     Writes ``best_plan.json`` (with ``made_for``), ``max_batch.json`` (every mesh and partitioner) and
     ``summary.json`` (what ``--json`` prints) to ``out``, and returns the summary.
 
+    A ``trace`` pins ``precision`` and ``flash_attention`` to how it was profiled, as
+    :func:`mindpipe.tuner.api.tune` does (its times are that dtype's and that attention kernel's);
+    ``--fix`` with another value is refused.
+
     Args:
+        trace_source, calibration_source: Their file or name, for ``best_plan.json``'s ``made_for``.
         arg_names: How errors name the arguments: this function's keywords (``fixes``), or
             :data:`~mindpipe.tuner.keys.CLI_ARG_NAMES` for ``mindpipe tune``'s flags.
 
     Raises:
-        ContractError: an unknown partitioner, or no plan fits even one sample per micro-batch.
+        ContractError: an unknown partitioner, one that plans none of the allowed meshes (``vpipe``
+            and ``dawnpiper`` with an interleaved or V schedule), a ``--fix`` the trace cannot
+            price, or no plan fits even one sample per micro-batch.
     """
-    from mindpipe.tuner.api import fingerprint
+    from mindpipe.tuner.api import attention_as_profiled, fingerprint, precision_as_profiled, reference
 
     model, cluster = load_model(model), load_cluster(cluster)
     fix, mode = arg_names.name("--fix"), _search_name(arg_names)
@@ -320,13 +343,20 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
         raise ContractError(fix, "cp", f"{mode} searches dp x tp x pp meshes (cp=1); "
                             "context parallelism is searched by the other objectives")
     check_fixes(fixed, arg_names=arg_names)
+    if trace is not None:  # a trace prices only plans run as it was profiled (the plans tune proposes)
+        fixed = precision_as_profiled(attention_as_profiled(fixed, trace, arg_names=arg_names), trace,
+                                      arg_names=arg_names)
     partitioners = check_partitioners(partitioners, arg_names=arg_names)
     problem = Problem(model, cluster, trace, fingerprint=fingerprint(model, cluster, trace, calibration),
                       calibration=calibration)
-    results = [r for name in partitioners for r in search(problem, fixed, name, num_microbatches)]
+    results = []
+    for name in partitioners:
+        found = search(problem, fixed, name, num_microbatches)
+        if not found:  # named, not dropped: a partitioner asked for that plans none of the meshes
+            where = f"{arg_names.name('--partitioner')} {name}" if len(partitioners) > 1 else fix
+            raise ContractError(where, None, _no_mesh(problem, fixed, name, num_microbatches))
+        results.extend(found)
     results.sort(key=lambda r: (-r.global_batch_size, -(r.throughput_samples_per_s or 0.0)))
-    if not results:
-        raise ContractError(fix, None, _no_mesh(problem, fixed))
     out_dir = output_dir(Path(out))
     table = [row(r) for r in results]
     write_text(out_dir / "max_batch.json", json.dumps(table, indent=1) + "\n")
@@ -334,7 +364,10 @@ def tune_max_batch(model: Model | str, cluster: Cluster | str, *, out: str | Pat
     if best.plan is None:
         raise ContractError("tune", None, f"no plan of {model.label} fits one sample per micro-batch on "
                             f"{cluster.world_size} × {cluster.gpu} (see {out_dir / 'max_batch.json'})")
-    plan = dataclasses.replace(best.plan, made_for=MadeFor(model, cluster, tool="mindpipe tune --objective max_batch"))
+    made_for = MadeFor(model, cluster, tool="mindpipe tune --objective max_batch",
+                       trace=reference(trace_source, trace) if trace is not None else None,
+                       calibration=reference(calibration_source, calibration) if calibration is not None else None)
+    plan = dataclasses.replace(best.plan, made_for=made_for)
     write_json(plan, out_dir / "best_plan.json")
     summary = MaxBatchSummary(dataclasses.replace(best, plan=plan), results, str(out_dir))
     write_text(out_dir / "summary.json", json.dumps(summary.to_dict(), indent=1) + "\n")

@@ -432,6 +432,8 @@ def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, ca
 
     summary = tune_max_batch(args.model, args.cluster, out=args.out, partitioners=partitioners, fixes=args.fix,
                              num_microbatches=args.microbatches, trace=trace, calibration=calibration,
+                             trace_source=Path(args.trace).name if args.trace else "trace",
+                             calibration_source=os.path.basename(args.calibration) if args.calibration else "calibration",
                              arg_names=CLI_ARG_NAMES)
     if args.json:
         print_json(summary.to_dict())
