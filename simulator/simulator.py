@@ -122,7 +122,13 @@ class Simulator:
                  comm: CommModel | None = None, catalog: dict[str, DeviceSpec] | None = None,
                  cores_per_rank_slots: float | None = None, step_overhead_s: float = 0.0) -> None:
         self.model = model
-        self.device = get_device(cluster.gpu, catalog)
+        device = get_device(cluster.gpu, catalog)
+        # A CPU cluster's "devices" are ranks on its nodes' hosts, sharing each host's RAM: every
+        # memory answer (fits, caps, planners' budgets) is per rank, the host's RAM over its ranks.
+        self.ranks_per_device = cluster.gpus_per_node if device.kind == "cpu" else 1
+        self.device_capacity_bytes = device.memory_capacity_bytes
+        self.device = device if self.ranks_per_device == 1 else dataclasses.replace(
+            device, memory_capacity_bytes=device.memory_capacity_bytes // self.ranks_per_device)
         if trace is not None:  # a trace prices only the model it was taken for (simulate(), tune_max_batch(), ...)
             trace.check_model(model, source="trace")
         self.trace = trace
@@ -169,28 +175,30 @@ class Simulator:
         return stage_memory(self.model, plan, self.device, self.schedule(plan), stage_layers(plan, self.model),
                             reserved_bytes=reserved_bytes)
 
-    def refuse_unless_fits(self, plan: Plan, ranks_per_device: int = 1, source: str = "plan") -> list[float]:
+    def refuse_unless_fits(self, plan: Plan, ranks_per_device: int | None = None, source: str = "plan") -> list[float]:
         """Per-rank peak memory in GiB; raise when a rank (times the ranks sharing its device) does not fit.
 
-        ``ranks_per_device`` ranks share one device's memory (CPU ranks on one host share its RAM).
+        ``ranks_per_device`` ranks share one device's memory (CPU ranks on one host share its RAM);
+        None: the cluster's (:attr:`ranks_per_device`: a CPU node's ranks, else 1).
 
         Raises:
             ContractError: naming the rank, the estimate with its parts, and the device's capacity.
         """
         ranks = self.memory(plan)
-        share = max(1, ranks_per_device)
+        share = self.ranks_per_device if ranks_per_device is None else max(1, ranks_per_device)
+        whole = self.device_capacity_bytes
         for r in ranks:
-            if r.total_bytes * share > r.capacity_bytes:
+            if r.total_bytes * share > whole:
                 g = r.gib()
                 shared = f" × {share} ranks sharing it" if share > 1 else ""
                 digits = 2  # enough digits that the need and the capacity do not print as one number
-                while digits < 6 and f"{r.total_gib * share:.{digits}f}" == f"{r.capacity_bytes / GIB:.{digits}f}":
+                while digits < 6 and f"{r.total_gib * share:.{digits}f}" == f"{whole / GIB:.{digits}f}":
                     digits += 1
                 raise ContractError(source, None, (
                     f"pipeline rank {r.rank} needs an estimated {r.total_gib:.{digits}f} GiB{shared} (simulator memory "
                     f"model: weights {g['weights_gib']:.2f}, gradients {g['gradients_gib']:.2f}, optimizer "
                     f"{g['optimizer_gib']:.2f}, activations {g['activations_gib']:.2f}, other {g['other_gib']:.2f}) "
-                    f"but {self.device.name} has {r.capacity_bytes / GIB:.{digits}f} GiB; raise pp, tp or zero_stage, "
+                    f"but {self.device.name} has {whole / GIB:.{digits}f} GiB; raise pp, tp or zero_stage, "
                     "recompute, or lower micro_batch_size"))
         return [r.total_gib for r in ranks]
 

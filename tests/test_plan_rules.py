@@ -27,7 +27,6 @@ from mindpipe.simulator.memory import (
     stage_memory,
 )
 from mindpipe.traces.builtin import load_cluster, load_model
-from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Cluster, Model, Plan
 from mindpipe.traces.layout import block_layer_name, block_policies, one_weight_pass, stage_layout, weight_groups
 from mindpipe.traces.schedule_rules import SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES
@@ -160,7 +159,7 @@ def test_tuner_block_caps_agree_with_the_simulator_memory(case: tuple[Model, Pla
         part = [1] * plan.pp
         part[s] = n
         part[(s + 1) % plan.pp] += rest - others if others else 0
-        mem = stage_memory(big, dataclasses.replace(plan, partition=part), get_device(device), sim.schedule(plan), part)
+        mem = stage_memory(big, dataclasses.replace(plan, partition=part), sim.device, sim.schedule(plan), part)
         assert mem[s].fits == (n <= caps[s]), (n, caps, part)
         checked += 1
     event(f"block caps checked at {checked} counts")

@@ -98,7 +98,7 @@ def test_python_m_executor_refuses_a_world_size_mismatch():
                           "--model", json.dumps(TINY)], capture_output=True, text=True, env=run_env(), cwd=REPO,
                          timeout=120)
     assert res.returncode == 2
-    assert res.stderr.strip() == "executor: error: plan: dp×tp×pp=1×1×2=2 ranks needed, the launch has 1"
+    assert res.stderr.strip() == "executor: error: <inline plan>: dp×tp×pp=1×1×2=2 ranks needed, the launch has 1"
 
 
 def test_a_memory_refusal_suggests_swap_unless_the_plan_swaps():
