@@ -28,13 +28,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from mindpipe.executor.checkpoint_trust import check_checkpoint_options
+from mindpipe.executor.checkpoint_trust import check_checkpoint_options, read_record
 from mindpipe.traces.config import Plan, non_negative, one_of, positive
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.limits import integer
 from mindpipe.traces.reading import CONFIG
 from mindpipe.traces.result import GIB
-from mindpipe.traces.schema import from_dict, read_json, write_json
+from mindpipe.traces.schema import from_dict, read_json, to_dict, write_json
 from mindpipe.traces.supernet import (
     Supernet,
     check_supernet_plan,
@@ -160,6 +160,26 @@ def is_supernet_config(data: Any) -> bool:
     return isinstance(data, dict) and "supernet" in data
 
 
+def resume_model_document(directory: str | os.PathLike[str], net: Supernet) -> dict[str, Any]:
+    """The model document a resume of ``net`` from ``directory`` is checked against.
+
+    ``to_dict(net)``, unless the checkpoint's record describes the same supernet in another document:
+    one written before a supernet key existed (``layer_candidates``) lacks it, and the trust checks
+    compare documents as they are, so such a checkpoint of an unchanged supernet would be refused as
+    "another model" naming no difference. Read through the Supernet contract, a missing key is its
+    default; the record's own document is then returned, so the checks pass exactly when the
+    supernets are equal. Any trust or format error is left to
+    :func:`~mindpipe.executor.checkpoint_trust.check_resume`, which reports it.
+    """
+    doc: dict[str, Any] = to_dict(net)
+    try:
+        written = read_record(directory).model
+        same = from_dict(Supernet, written, "latest.json") == net
+    except (ContractError, TypeError, ValueError):
+        return doc
+    return written if same else doc
+
+
 def stage_model_state_bytes(cfg: SupernetRunConfig) -> list[int]:
     """Per pipeline stage, the most model-state bytes resident at once (see module docstring)."""
     net, h = cfg.supernet, cfg.supernet.hidden_size
@@ -201,4 +221,4 @@ def check_memory_budget(cfg: SupernetRunConfig, source: str = "plan") -> list[in
 
 
 __all__ = ["CONTEXT_SWITCH", "SupernetRunConfig", "check_memory_budget", "is_supernet_config",
-           "stage_model_state_bytes"]
+           "resume_model_document", "stage_model_state_bytes"]

@@ -24,11 +24,11 @@ from mindpipe.executor.checkpoint_trust import check_resume, fresh_run_notes, re
 from mindpipe.executor.config import plan_source
 from mindpipe.executor.launch import reported, run_and_read
 from mindpipe.executor.precheck import detect_device
-from mindpipe.executor.supernet_config import SupernetRunConfig, check_memory_budget
+from mindpipe.executor.supernet_config import SupernetRunConfig, check_memory_budget, resume_model_document
 from mindpipe.traces.builtin import load_network, load_plan
+from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.measured import SubnetSegment
-from mindpipe.traces.schema import to_dict
 from mindpipe.traces.supernet import Supernet
 
 
@@ -53,6 +53,7 @@ def supernet_config(args: argparse.Namespace) -> SupernetRunConfig:
     if not isinstance(net, Supernet):
         raise ContractError("--model", None, f"{args.model} is not a supernet")
     plan = load_plan(args.plan)
+    check_tuned_for(plan, net, plan_source(args.plan))
     for flag, value, default in (("--data", args.data, "synthetic"), ("--resume-from", args.resume_from, None)):
         if value != default:
             raise ContractError("command line", flag.lstrip("-").replace("-", "_"),
@@ -70,6 +71,31 @@ def supernet_config(args: argparse.Namespace) -> SupernetRunConfig:
         raise ContractError("command line" if option else plan_source(args.plan), e.key, e.rule) from None
 
 
+def check_tuned_for(plan: Plan, net: Supernet, source: str) -> None:
+    """Refuse a tuned plan (``made_for.supernet``) run on another supernet, as a GPT plan's ``--model`` is.
+
+    A tuned plan's partition and window were chosen for its supernet's layers and lists
+    (``layer_candidates``: ``balanced`` splits on each layer's mean candidate cost); the label and
+    the sampler seed (the subnets drawn, not their distribution) may differ.
+
+    Raises:
+        ContractError: ``plan.json: made_for: the plan was tuned for the supernet A …; --model gives B …``.
+    """
+    made = plan.made_for.supernet if plan.made_for is not None else None
+    if made is None:
+        return
+
+    def key(n: Supernet) -> Supernet:
+        return dataclasses.replace(n, name=None, sampler=dataclasses.replace(n.sampler, seed=0))
+
+    if key(made) != key(net):
+        differs = next((f.name for f in dataclasses.fields(Supernet)
+                        if getattr(key(made), f.name) != getattr(key(net), f.name)), "supernet")
+        raise ContractError(source, "made_for", f"the plan was tuned for the supernet {made.label}, --model gives "
+                            f"{net.label}, whose {differs} differs (tune again for it, or give --model the supernet "
+                            "the plan was tuned for)")
+
+
 def precheck(cfg: SupernetRunConfig, world_size: int | None, source: str) -> None:
     """Everything refused before launch (see module docstring)."""
     if world_size is not None and world_size != cfg.plan.world_size:
@@ -83,7 +109,7 @@ def precheck(cfg: SupernetRunConfig, world_size: int | None, source: str) -> Non
     if cfg.checkpoint_dir and cfg.resume:
         for note in repair_record(cfg.checkpoint_dir):
             print(f"mindpipe: note: {note}", file=sys.stderr, flush=True)
-        done = check_resume(cfg.checkpoint_dir, to_dict(cfg.supernet), 1)
+        done = check_resume(cfg.checkpoint_dir, resume_model_document(cfg.checkpoint_dir, cfg.supernet), 1)
         if done >= cfg.steps:
             raise ContractError("--steps", None, f"the checkpoint is after {done} subnets; --steps {cfg.steps} "
                                 "leaves nothing to run")

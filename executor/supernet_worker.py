@@ -30,7 +30,7 @@ from mindpipe.executor.distributed import build_mesh, coordinates, host_name, in
 from mindpipe.executor.measure import cpu_seconds, peak_memory
 from mindpipe.executor.payload import Coords, Spans
 from mindpipe.executor.rundir import ProgressReporter, record_error, record_finished
-from mindpipe.executor.supernet_config import SupernetRunConfig
+from mindpipe.executor.supernet_config import SupernetRunConfig, resume_model_document
 from mindpipe.executor.supernet_repartition import exchange, next_partition, segment_compute_s
 from mindpipe.executor.supernet_stage import StageLinks, StageRunner, make_optimizer
 from mindpipe.executor.supernet_switch import ContextSwitcher
@@ -216,7 +216,8 @@ def _setup(cfg: SupernetRunConfig, device: torch.device) -> _Rank:
     c = coordinates(mesh)
     s, r, pp, dp, mb = c["pp"], c["dp"], plan.pp, plan.dp, plan.micro_batch_size
     model_doc = to_dict(net)
-    saved = ckpt.read(cfg.checkpoint_dir, s, r, model_doc) if cfg.resume and cfg.checkpoint_dir else None
+    saved = (ckpt.read(cfg.checkpoint_dir, s, r, resume_model_document(cfg.checkpoint_dir, net))
+             if cfg.resume and cfg.checkpoint_dir else None)
     partition = (saved is not None and ckpt.saved_partition(saved)) or supernet_stage_layers(plan, net)
     module = _build(cfg, device, s, partition)
     optimizer = make_optimizer([p for p in module.parameters() if p.requires_grad], cfg.lr, cfg.weight_decay)

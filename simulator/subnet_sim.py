@@ -70,7 +70,8 @@ class StageReport:
         other_idle_s: The rest of the idle time (waiting for data or the schedule's order).
         conflict_rate: Share of consecutive subnet pairs sharing an operator here (drawn subnets).
         conflict_rate_closed_form: 1 − Π_l (1 − 1/K_l) over the stage's layers (uniform sampling; 1 − (1 − 1/K)^{L_s}
-            when every layer chooses from the whole pool).
+            when every layer chooses from the whole pool); 1 on a stage holding trained shared parts
+            (``train_shared``), which every subnet uses.
         memory: Peak memory.
     """
 
@@ -228,7 +229,8 @@ class SupernetSimulator:
         firsts = [sum(layers[:s]) for s in range(p)]
         reports = tuple(StageReport(
             s, layers[s], rep.busy_s[s], rep.busy_s[s] / span, stalls[s], span - rep.busy_s[s] - stalls[s],
-            consecutive_conflict_rate(ops, s), stage_conflict_probability(net, firsts[s], layers[s]), mem[s])
+            consecutive_conflict_rate(ops, s), stage_conflict_probability(net, firsts[s], layers[s], s in (0, p - 1)),
+            mem[s])
             for s in range(p))
         return SupernetResult(net.label, name, sched.window, sched.batch, num_subnets, span, span / num_subnets,
                               3600.0 * num_subnets / span, 1.0 - sum(rep.busy_s) / (p * span), reports,

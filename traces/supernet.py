@@ -496,12 +496,17 @@ def conflict_probability(num_choices: int, layers_on_stage: int) -> float:
     return 1.0 - (1.0 - 1.0 / num_choices) ** layers_on_stage
 
 
-def stage_conflict_probability(supernet: Supernet, first_layer: int, num_layers: int) -> float:
+def stage_conflict_probability(supernet: Supernet, first_layer: int, num_layers: int,
+                               holds_shared: bool = False) -> float:
     """Chance that two uniformly drawn subnets share an operator on choice layers ``[first_layer, +num_layers)``.
 
     ``1 − Π_l (1 − 1/K_l)`` over the layers' list sizes (module docstring): :func:`conflict_probability`
-    when every layer chooses among the whole pool.
+    when every layer chooses among the whole pool. A stage that ``holds_shared`` parts of a supernet
+    that trains them (``train_shared``) conflicts always: every subnet uses :data:`SHARED_OPERATOR`
+    there (:func:`stage_operators`).
     """
+    if holds_shared and supernet.train_shared:
+        return 1.0
     if supernet.uniform_layers:
         return conflict_probability(supernet.num_choices, num_layers)
     miss = 1.0

@@ -49,7 +49,7 @@ import json
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -254,10 +254,21 @@ def trace_sums(run: SupernetRun, trace: Trace) -> tuple[float, float]:
     return measured, priced
 
 
+def _profiled(net: Supernet) -> Supernet:
+    """What a per-candidate profile depends on: the supernet less its per-layer lists.
+
+    ``mindpipe profile`` times each pool candidate once, whatever the layers it may be chosen in,
+    so a profile of one ``layer_candidates`` serves a supernet with other lists (as
+    :func:`~mindpipe.simulator.subnet_costs.check_candidate_trace` accepts it for a simulation).
+    """
+    return replace(net, layer_candidates=None)
+
+
 def _trace_for(run: SupernetRun, traces: Sequence[Trace]) -> Trace | None:
-    """The trace profiled for the run's supernet on the run's device, if any."""
+    """The trace profiled for the run's supernet (its pool: :func:`_profiled`) on the run's device, if any."""
     for t in traces:
-        if t.supernet == run.supernet and t.device == run.device.name:
+        if (t.supernet is not None and _profiled(t.supernet) == _profiled(run.supernet)
+                and t.device == run.device.name):
             return t
     return None
 
