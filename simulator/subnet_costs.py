@@ -267,7 +267,8 @@ def priced_costs(net: Supernet, plan: Plan, price: Pricer, source: str) -> Super
 
 
 def check_candidate_trace(trace: Trace, net: Supernet, source: str = "trace") -> None:
-    """Raise unless ``trace`` is a per-candidate trace of ``net`` (same shape and candidate names).
+    """Raise unless ``trace`` is a per-candidate trace of ``net`` (same shape and candidates, each with its
+    settings; the per-layer lists may differ: a candidate costs the same in every layer).
 
     Raises:
         ContractError: naming ``source``, the key and the rule.
@@ -281,6 +282,10 @@ def check_candidate_trace(trace: Trace, net: Supernet, source: str = "trace") ->
         if any(getattr(t, k) != getattr(net, k) for k in shape) or [c.name for c in t.candidates] != [
                 c.name for c in net.candidates]:
             raise ContractError(source, "supernet", f"trace was taken for {t.describe()}, not for {net.describe()}")
+        for mine, theirs in zip(net.candidates, t.candidates, strict=True):
+            if mine != theirs:
+                raise ContractError(source, "supernet", f"candidate {mine.name!r} was profiled as "
+                                    f"{theirs.describe()}, {net.label} has {mine.describe()}")
     if trace.seq_len is not None and trace.seq_len != net.seq_len:  # profile SUPERNET --seq-len: shorter sequences
         raise ContractError(source, "seq_len", f"the trace was profiled at seq_len={trace.seq_len} but {net.label} "
                             f"runs seq_len={net.seq_len}: profile again without --seq-len")

@@ -105,6 +105,11 @@ class Candidate:
             if (self.conv_kind == "lightweight") != (self.conv_heads is not None):
                 raise ContractError("", "conv_heads", "conv_heads is needed by, and only by, a lightweight conv")
 
+    def describe(self) -> str:
+        """The operator and its settings (``ffn (ffn_hidden_size=128)``)."""
+        keys = ("num_heads", "ffn_hidden_size", "kernel_size", "conv_type", "conv_heads")
+        return f"{self.op} ({', '.join(f'{k}={getattr(self, k)}' for k in keys if getattr(self, k) is not None)})"
+
     @property
     def conv_kind(self) -> str:
         """The convolution type (``separable`` when not given)."""

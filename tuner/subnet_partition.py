@@ -26,9 +26,12 @@ Two rules (the ``--partitioner`` values the supernet tuner searches):
   conflicts (1 − (1 − 1/K)^{L_s}).
 
 A supernet whose layers choose from their own lists (``layer_candidates``) has a mean per layer,
-``(1/K_l) Σ_{k ∈ layer l} (F_k + B_k)``, and layers no longer cost the same in expectation; ``balanced``
-is then :func:`~mindpipe.tuner.partition.minmax_partition` over those per-layer means (the
-water-filling argument needs equal layers).
+``(1/K_l) Σ_{k ∈ layer l} (F_k + B_k)``, and layers no longer cost the same in expectation (the
+water-filling argument needs equal layers). ``balanced`` then takes the bottleneck of
+:func:`~mindpipe.tuner.partition.minmax_partition` over those per-layer means and, among the splits
+that keep it, the most even one (least sum of squared stage loads, :func:`even_minmax_partition`;
+ties: the later stage gets more): min–max alone fills stages from the back and is free to pile
+layers onto a few of them, the same tie the water-fill resolves for equal layers.
 
 The expected cost, not a particular draw's, is what a long run of subnets sees; the per-subnet
 variation around it is what CSP's look-ahead window absorbs.
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from mindpipe.simulator.subnet_costs import PartCost, SupernetCosts
 from mindpipe.traces.config import check_stage_count, even_partition
 from mindpipe.traces.errors import ContractError
@@ -82,9 +86,44 @@ def balanced_supernet_partition(costs: SupernetCosts, num_stages: int) -> list[i
         ContractError: more stages than choice layers.
     """
     first, last = shared_loads(costs)
-    if costs.supernet.uniform_layers:
+    loads = layer_loads(costs)
+    if costs.supernet.uniform_layers or max(loads) - min(loads) <= 1e-12 * max(loads):
         return water_fill(costs.supernet.num_layers, num_stages, mean_layer_load(costs), first, last)
-    return minmax_partition(layer_loads(costs), num_stages, first, last)
+    return even_minmax_partition(loads, num_stages, first, last)
+
+
+def even_minmax_partition(loads: Sequence[float], num_stages: int, first: float = 0.0,
+                          last: float = 0.0) -> list[int]:
+    """Layers per stage: :func:`~mindpipe.tuner.partition.minmax_partition`'s bottleneck, then the
+    most even split that keeps it (least sum of squared stage loads; ties: later stages hold more).
+
+    An exact dynamic program over (stage, end layer) under the bottleneck, O(stages × layers²).
+
+    Raises:
+        ContractError: more stages than layers.
+    """
+    n, p = len(loads), num_stages
+    bound = max(stage_loads(minmax_partition(loads, p, first, last), loads, first, last))
+    bound = bound * (1 + 1e-9) + 1e-30
+    prefix = np.concatenate([[0.0], np.cumsum(np.asarray(loads, dtype=float))])
+    cost = np.full((p, n + 1), np.inf)  # cost[k, j]: stages 0..k hold layers [0, j)
+    start = np.zeros((p, n + 1), dtype=int)  # where stage k starts in that best split
+    head = first + prefix[1:] + (last if p == 1 else 0.0)
+    cost[0, 1:] = np.where(head <= bound, head ** 2, np.inf)
+    for k in range(1, p):
+        extra = last if k == p - 1 else 0.0
+        for j in range(k + 1, n - (p - 1 - k) + 1):
+            i = np.arange(k, j)  # stage k holds layers [i, j)
+            seg = prefix[j] - prefix[i] + extra
+            total = cost[k - 1, i] + np.where(seg <= bound, seg ** 2, np.inf)
+            m = int(np.argmin(total))  # the first minimum: the earliest start, so the later stage holds more
+            cost[k, j], start[k, j] = total[m], i[m]
+    out, end = [0] * p, n
+    for k in range(p - 1, 0, -1):
+        out[k] = end - int(start[k, end])
+        end = int(start[k, end])
+    out[0] = end
+    return out
 
 
 def supernet_partition(name: str, costs: SupernetCosts, num_stages: int) -> list[int]:
@@ -106,6 +145,7 @@ def supernet_partition(name: str, costs: SupernetCosts, num_stages: int) -> list
 __all__ = [
     "SUPERNET_PARTITIONERS",
     "balanced_supernet_partition",
+    "even_minmax_partition",
     "expected_stage_loads",
     "layer_loads",
     "mean_layer_load",

@@ -110,11 +110,11 @@ def test_costs_and_memory_hold_only_each_layers_candidates():
     assert all(a.memory.param_count < b.memory.param_count for a, b in zip(off.stages, base.stages, strict=True))
 
 
-def _costs(net: Supernet, cand: list[float]) -> SupernetCosts:
+def _costs(net: Supernet, cand: list[float], head: float = 0.0) -> SupernetCosts:
     def part(x: float) -> PartCost:
         return PartCost(forward_s=x / 3, backward_input_s=x / 3, backward_weight_s=x / 3)
 
-    return SupernetCosts(net, tuple(part(x) for x in cand), part(0.0), part(0.0), "test")
+    return SupernetCosts(net, tuple(part(x) for x in cand), part(0.0), part(head), "test")
 
 
 def test_balanced_partition_weighs_each_layer_by_its_own_list():
@@ -127,3 +127,58 @@ def test_balanced_partition_weighs_each_layer_by_its_own_list():
     assert max(expected_stage_loads(costs, [4, 4])) == pytest.approx(12.0)
     # Without lists every layer costs the mean of the pool: the even split.
     assert balanced_supernet_partition(_costs(BASE, [1.0, 1.0, 1.0, 1.0, 3.0, 3.0]), 2) == [4, 4]
+
+
+def test_equal_layer_means_from_different_lists_split_as_the_water_fill():
+    # Two lists of equal mean cost: no layer is heavier, so min-max alone would be free to pile layers up.
+    net = _net([POOL[:3]] * 4 + [POOL[3:]] * 4)
+    costs = _costs(net, [1.0, 2.0, 3.0, 2.0, 2.0, 2.0], head=4.0)
+    assert layer_loads(costs) == pytest.approx([2.0] * 8)
+    # The heavy head makes the bottleneck 6 (its stage: one layer + the head); min-max filled from the
+    # back gave [1, 3, 3, 1], three layers where two do.
+    assert balanced_supernet_partition(costs, 4) == balanced_supernet_partition(_costs(BASE, [2.0] * 6, 4.0), 4) \
+        == [2, 2, 3, 1]
+
+
+def test_unequal_layers_keep_the_bottleneck_and_spread_the_rest_evenly():
+    import itertools
+
+    from mindpipe.tuner.partition import minmax_partition, stage_loads
+    from mindpipe.tuner.subnet_partition import even_minmax_partition
+
+    rng = __import__("random").Random(7)
+    for _ in range(150):
+        n = rng.randint(2, 11)
+        p = rng.randint(1, n)
+        loads = [rng.choice([1.0, 1.5, 2.0, 3.0]) for _ in range(n)]
+        first, last = rng.choice([0.0, 0.5, 3.0]), rng.choice([0.0, 2.0, 6.0])
+        got = even_minmax_partition(loads, p, first, last)
+        bottleneck = max(stage_loads(minmax_partition(loads, p, first, last), loads, first, last))
+        assert len(got) == p and min(got) >= 1 and sum(got) == n
+        assert max(stage_loads(got, loads, first, last)) <= bottleneck * (1 + 1e-9)
+        best = min(sum(x * x for x in stage_loads(part, loads, first, last))
+                   for cuts in itertools.combinations(range(1, n), p - 1)
+                   for part in [[b - a for a, b in zip((0, *cuts), (*cuts, n), strict=True)]]
+                   if max(stage_loads(part, loads, first, last)) <= bottleneck * (1 + 1e-9))
+        assert sum(x * x for x in stage_loads(got, loads, first, last)) == pytest.approx(best)
+
+
+def test_a_trace_of_the_same_names_with_other_settings_is_refused():
+    from mindpipe.simulator.subnet_costs import check_candidate_trace
+    from mindpipe.traces.trace import LayerRecord, Provenance, Trace
+
+    data = to_dict(BASE)
+    data["candidates"][2]["ffn_hidden_size"] = 96  # ffn128 profiled at another width
+    other = from_dict(Supernet, data)
+
+    def trace(net: Supernet) -> Trace:
+        recs = [LayerRecord("embedding", "embedding", 1e-4, 0.0, 0.0), LayerRecord("head", "head", 1e-4, 1e-4, 0.0)]
+        recs += [LayerRecord(f"candidate.{c.name}", c.op, 1e-4, 1e-4, 1e-4) for c in net.candidates]
+        return Trace("cpu", "fp32", recs, Provenance("test"), micro_batch_size=1, seq_len=net.seq_len,
+                     granularity="candidate", supernet=net)
+
+    with pytest.raises(ContractError, match=r"candidate 'ffn128' was profiled as ffn \(ffn_hidden_size=96\), "
+                                            r"supernet-mini has ffn \(ffn_hidden_size=128\)"):
+        check_candidate_trace(trace(other), BASE)
+    check_candidate_trace(trace(other), other)
+    check_candidate_trace(trace(BASE), SPLIT)  # the same pool with per-layer lists: the candidates cost the same
