@@ -28,6 +28,7 @@ from mindpipe.simulator.memory import (
 )
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import block_layer_name, block_policies, one_weight_pass, stage_layout, weight_groups
 from mindpipe.traces.schedule_rules import SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES
 
@@ -55,7 +56,8 @@ def plans(draw: st.DrawFn) -> tuple[Model, Plan]:
     policy = draw(st.one_of(st.none(), st.lists(st.sampled_from(["keep", "recompute", "swap"]), min_size=layers,
                                                 max_size=layers)))
     plan = Plan(tp=tp, pp=pp, micro_batch_size=1, global_batch_size=m, schedule=schedule, virtual_stages=v,
-                recompute=draw(st.sampled_from(["none", "selective", "full"])), precision="fp32",
+                recompute=draw(st.sampled_from(["none", "selective", "full"])) if policy is None else "none",
+                precision="fp32",
                 sequence_parallel=tp > 1 and draw(st.booleans()), partition=partition, layer_memory_policy=policy)
     return model, plan
 
@@ -195,10 +197,11 @@ def test_executor_builds_and_wraps_what_the_layout_says(case: tuple[Model, Plan]
 
 
 def test_keep_under_selective_gives_one_memory_and_one_time_everywhere() -> None:
-    """gpt-1.3b, tp2·pp4, recompute=selective, every block ``keep``: keep means nothing recomputed.
+    """gpt-1.3b, tp2·pp4, every block ``keep``: keep means nothing recomputed.
 
-    The simulator's memory had kept the selective figure while its time dropped the recompute;
-    now memory and time are those of ``recompute=none`` through every path.
+    The simulator's memory had kept the selective figure of ``recompute=selective`` beside such a
+    list while its time dropped the recompute; now a level beside per-block policies is refused (the
+    Plan's rule), and memory and time of the list are those of ``recompute=none`` through every path.
     """
     from mindpipe.tuner.evaluate import evaluate
     from mindpipe.tuner.materialize import Problem
@@ -206,7 +209,9 @@ def test_keep_under_selective_gives_one_memory_and_one_time_everywhere() -> None
     model = load_model("gpt-1.3b")
     cluster = load_cluster("a100-sxm4-80gb:1x8")
     base = Plan(tp=2, pp=4, micro_batch_size=1, global_batch_size=16, schedule="1f1b")
-    keep = dataclasses.replace(base, recompute="selective", layer_memory_policy=["keep"] * model.num_layers)
+    with pytest.raises(ContractError, match="recompute='selective' beside layer_memory_policy"):
+        dataclasses.replace(base, recompute="selective", layer_memory_policy=["keep"] * model.num_layers)
+    keep = dataclasses.replace(base, layer_memory_policy=["keep"] * model.num_layers)
     none = dataclasses.replace(base, recompute="none")
     selective = dataclasses.replace(base, recompute="selective")
     sim = Simulator(model, cluster)
@@ -218,7 +223,7 @@ def test_keep_under_selective_gives_one_memory_and_one_time_everywhere() -> None
     assert sim.refuse_unless_fits(keep) == r_keep.memory_by_stage_gib  # what the executor's pre-check is given
     # The tuner: a point with the same pinned policies evaluates to the same time and memory.
     point = dict(dp=1, tp=2, pp=4, micro_batch_size=1, global_batch_size=16, schedule="1f1b", virtual_stages=1,
-                 recompute="selective", sequence_parallel=False, zero_stage=0, comm_priority="fair", precision="bf16",
+                 recompute="none", sequence_parallel=False, zero_stage=0, comm_priority="fair", precision="bf16",
                  overlap_grad_reduce=False, tp_comm_overlap=False, overlap_param_gather=False, rank_order="tp-dp-pp",
                  partitioner="even")
     record = evaluate(Problem(model, cluster, pinned={"layer_memory_policy": ["keep"] * model.num_layers}), point)

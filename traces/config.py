@@ -586,6 +586,9 @@ class Plan:
         if self.layer_memory_policy is not None:
             for i, p in enumerate(self.layer_memory_policy):
                 one_of(f"layer_memory_policy[{i}]", p, LAYER_MEMORY_POLICIES)
+            if self.recompute != "none":  # the per-block policy is what runs (traces/layout.block_policies)
+                raise ContractError("", "recompute", f"recompute={self.recompute!r} beside layer_memory_policy, whose "
+                                    "per-block policies replace it: give the level in the list, or leave recompute out")
         if self.stage_cuts is not None:
             if len(self.stage_cuts) != self.num_stages - 1:
                 raise ContractError("", "stage_cuts", f"stage_cuts has {plural(len(self.stage_cuts), 'entry', 'entries')}, expected one "

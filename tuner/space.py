@@ -299,6 +299,8 @@ class SearchSpace:
         knobs = self._comm_knobs(base)
         part_choices = self._partitioner_choices(base)
         recompute = self.choices("recompute", RECOMPUTE)
+        if self._pinned("layer_memory_policy") and not self._pinned("recompute"):
+            recompute = ["none"]  # the pinned per-block policies replace the level (the Plan's rule)
         flash_choices, chunk_choices, fused_choices = self._kernel_choices(base, self.model)
         # Fused norm/rotary/SwiGLU kernels change only a Llama block (ops.block_ops): one value for GPT.
         elementwise = self._knob("fused_elementwise")
