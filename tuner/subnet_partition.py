@@ -88,7 +88,7 @@ def balanced_supernet_partition(costs: SupernetCosts, num_stages: int) -> list[i
     first, last = shared_loads(costs)
     loads = layer_loads(costs)
     if costs.supernet.uniform_layers or max(loads) - min(loads) <= 1e-12 * max(loads):
-        return water_fill(costs.supernet.num_layers, num_stages, mean_layer_load(costs), first, last)
+        return water_fill(costs.supernet.num_layers, num_stages, sum(loads) / len(loads), first, last)
     return even_minmax_partition(loads, num_stages, first, last)
 
 

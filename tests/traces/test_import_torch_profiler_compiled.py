@@ -301,7 +301,7 @@ def test_real_whole_model_compile(tmp_path: Path) -> None:
 def test_real_inductor_per_block_compile(tmp_path: Path) -> None:
     """Inductor (C++ kernels on CPU) as users run it: each block's graph in its range."""
     if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
-        pytest.skip("Inductor on CPU needs a C++ compiler; none on PATH")
+        pytest.skip(reason="Inductor on CPU needs a C++ compiler; none on PATH")
     path = _profile(tmp_path / "inductor.json", compiled="blocks", backend="inductor", hooks=True)
     trace = import_torch_profiler(path)
     assert [r.name for r in trace.layers] == GPT_LAYERS
