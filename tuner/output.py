@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,8 @@ def _plot_convergence(result: SweepResult, objective: Objective, path: Path) -> 
     ax.legend(fontsize=8)
     ax.set_xlabel("simulations")
     ax.set_ylabel(f"{objective.name} ({objective.unit})")
-    ax.set_title(f"convergence: {objective.describe()}", fontsize=9)
+    # A long objective (a supernet's says what goodput counts) would run off both edges: wrapped.
+    ax.set_title(textwrap.fill(f"convergence: {objective.describe()}", width=80), fontsize=9)
     ax.grid(alpha=0.3)
     _save(fig, path)
 
