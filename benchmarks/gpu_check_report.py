@@ -32,6 +32,8 @@ MIB = 2**20
 def memory_table(d: Path) -> list[dict[str, Any]]:
     rows = []
     for f in sorted(d.glob("run_*.json")):
+        if f.name.endswith(".timeline.json"):
+            continue
         t = Trace.load(f)
         m = t.measurement
         if m is None or t.model is None:

@@ -43,6 +43,15 @@ def is_weight(t: torch.Tensor) -> bool:
     return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
 
 
+def host_buffer(t: torch.Tensor, pin: bool) -> torch.Tensor:
+    """An empty host tensor for ``t``'s copy, laid out as ``t`` is: its strides are kept where ``t`` is
+    dense and non-overlapping (``torch.empty_like``'s ``preserve_format``; a transposed view stays
+    transposed), else contiguous. The copy back (``Tensor.to``) keeps them too. A compiled backward
+    (inductor, e.g. the fp8 path's compiled linears) asserts the strides of the tensors it saved: a
+    contiguous copy of a transposed one failed it on an H200 (2026-12-04)."""
+    return torch.empty_like(t, device="cpu", pin_memory=pin)
+
+
 class _Swapped:
     """One saved tensor in the pool; its bytes leave the pool when autograd releases it."""
 
@@ -101,7 +110,7 @@ class HostPool:
             return _Swapped(self, t.detach().clone(), None)
         local = local_tensor(t)  # a DTensor's shard goes to the host; unpack rebuilds the DTensor around it
         spec = None if local is t else (t.device_mesh, t.placements, t.shape, t.stride())  # type: ignore[attr-defined]
-        host = torch.empty(local.size(), dtype=local.dtype, layout=local.layout, pin_memory=True)
+        host = host_buffer(local, pin=True)
         compute = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(compute)
         with torch.cuda.stream(self.stream):
@@ -146,4 +155,4 @@ def swapping(pool: HostPool, on_unpack: Callable[[torch.Tensor], None] | None = 
         pool.packed.clear()
 
 
-__all__ = ["HostPool", "is_weight", "local_tensor", "swapping"]
+__all__ = ["HostPool", "host_buffer", "is_weight", "local_tensor", "swapping"]

@@ -134,6 +134,9 @@ FLASH_STAT_BYTES = 4
 # Framework overhead on a GPU: CUDA context with torch's kernels (~0.5 GiB) plus NCCL
 # communicator buffers and allocator slack; a rough, documented figure. CPUs: 0. Of it, what the
 # caching allocator itself holds is the cuBLAS workspaces (:func:`allocator_overhead_bytes`).
+# Read on an H200 (torch 2.11, CUDA 13, one rank; benchmarks/gpu_check.sh `open`): context 621 MiB,
+# NCCL's communicator +578 MiB, cuBLAS's first GEMM +44 MiB outside the allocator: 1.21 GiB, with
+# the allocator's two workspaces 1.28 GiB. Left at 1 GiB: one reading, of one software stack.
 GPU_RESERVED_BYTES = 1 * GIB
 # torch's default cuBLAS workspace per handle and stream (CUBLAS_WORKSPACE_CONFIG ":4096:2:16:8",
 # 2 × 4 MiB + 8 × 16 KiB) where devices.json gives none (Hopper: 32 MiB).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 
@@ -59,3 +60,26 @@ def test_fp8_run_on_cuda_uses_torchao(tmp_path) -> None:
     m = Trace.load(tmp_path / "measured.json").measurement
     assert m is not None and m.device_kind == "cuda" and len(m.losses) == STEPS
     assert all(loss > 0 for loss in m.losses)
+
+
+def test_compile_modules_compiles_each_module_of_the_kind_in_place() -> None:
+    """The fp8 path compiles each ``Float8Linear`` (torchao's casts are separate kernels in eager
+    mode); here plain linears stand in, on CPU, with a backend that needs no compiler."""
+    torch = pytest.importorskip("torch")
+    from mindpipe.executor.fp8 import compile_modules
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16), torch.nn.Linear(16, 16))
+    ref = copy.deepcopy(net)
+    first = net[0]
+    x = torch.randn(4, 16)
+    assert compile_modules(net, torch.nn.Linear, backend="aot_eager") == 3
+    assert net[0] is first and all(getattr(m, "_compiled_call_impl", None) is not None for m in net if isinstance(m, torch.nn.Linear))
+    assert getattr(net[1], "_compiled_call_impl", None) is None  # only the kind asked for
+    out, want = net(x), ref(x)
+    torch.testing.assert_close(out, want)
+    out.square().sum().backward()
+    want.square().sum().backward()
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert torch._dynamo.config.cache_size_limit >= 3

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 from mindpipe.executor.memory_account import MemoryAccount
-from mindpipe.executor.offload import HostPool
+from mindpipe.executor.offload import HostPool, host_buffer
 from mindpipe.executor.parallelize import apply_recompute
 from mindpipe.executor.stages import build_stage_modules
 from mindpipe.simulator.memory import activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
@@ -170,6 +170,33 @@ def test_cuda_swap_uses_pinned_memory_and_matches_kept():
     assert pools[1].peak_bytes > 0 and pools[1].stream is not None
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_host_copy_keeps_a_dense_tensors_strides():
+    """A swapped tensor comes back laid out as it left: a compiled backward asserts the strides of
+    what it saved (an H200 run of fp8's compiled linears under swap failed on a contiguous copy of a
+    transposed weight cast). Where the layout cannot be kept (an expanded, overlapping view) the
+    copy is contiguous."""
+    t = torch.randn(16, 8).t()
+    buf = host_buffer(t, pin=False)
+    assert buf.shape == t.shape and buf.stride() == t.stride() == (1, 8)
+    buf.copy_(t)
+    back = buf.to(torch.float32)
+    assert back.stride() == t.stride() and torch.equal(back, t)
+    wide = torch.randn(8, 1).expand(8, 4)
+    assert host_buffer(wide, pin=False).stride() == (4, 1)
+
+
+@pytest.mark.gpu
+def test_cuda_swap_brings_a_transposed_tensor_back_transposed():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    dev = torch.device("cuda")
+    pool = HostPool(dev)
+    t = torch.randn(64, 32, device=dev).t()
+    back = pool.unpack(pool.pack(t))
+    torch.cuda.synchronize()
+    assert back.device.type == "cuda" and back.stride() == t.stride() and torch.equal(back, t)
 
 
 def test_saved_outputs_are_released_after_a_retained_input_gradient_pass():
