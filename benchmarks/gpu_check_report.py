@@ -29,11 +29,14 @@ HERE = Path(__file__).resolve().parent
 MIB = 2**20
 
 
+def run_files(d: Path, pattern: str = "run_*.json") -> list[Path]:
+    """The measured traces in ``d`` (``mindpipe run --out``), not the timelines written beside them."""
+    return [f for f in sorted(d.glob(pattern)) if not f.name.endswith(".timeline.json")]
+
+
 def memory_table(d: Path) -> list[dict[str, Any]]:
     rows = []
-    for f in sorted(d.glob("run_*.json")):
-        if f.name.endswith(".timeline.json"):
-            continue
+    for f in run_files(d):
         t = Trace.load(f)
         m = t.measurement
         if m is None or t.model is None:

@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from gpu_check_report import run_files  # the script beside this one
 from mindpipe.simulator.api import SimulationOptions, simulate
 from mindpipe.simulator.calibrate.fit import calibrate
 from mindpipe.simulator.calibrate.memory_fidelity import memory_rows
@@ -40,7 +41,7 @@ def _mape(errors: list[float]) -> float:
 
 
 def loop_rows(d: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    runs = [load_run(f) for f in sorted(d.glob("run_loop_*.json")) if not f.name.endswith(".timeline.json")]
+    runs = [load_run(f) for f in run_files(d, "run_loop_*.json")]
     if not runs:
         raise SystemExit(f"{d}: no run_loop_*.json (bash benchmarks/gpu_check.sh DIR loop, on a GPU)")
     profiles = sorted(d.glob("profile_gpt-4k_*.json"))
