@@ -1,5 +1,5 @@
-"""The memory model against runs on a real GPU (an H100, torch 2.11: ``benchmarks/gpu_check.sh``),
-kept in ``benchmarks/results/gpu``: every tensor term the simulator prices is what the executor's
+"""The memory model against runs on a real GPU (an H100 and an H200, torch 2.11:
+``benchmarks/gpu_check.sh``), kept in ``benchmarks/results/gpu`` and ``gpu-h200``: every tensor term the simulator prices is what the executor's
 live-tensor accounting counted, and with the cuBLAS workspaces the allocator holds it is within
 10 % of the caching allocator's peak."""
 
@@ -13,7 +13,9 @@ from mindpipe.simulator.memory import DEFAULT_CUBLAS_WORKSPACE_BYTES, allocator_
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.trace import Trace
 
-RUNS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu").glob("run_*.json"))
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+RUNS = [f for d in ("gpu", "gpu-h200") for f in sorted((RESULTS / d).glob("run_*.json"))
+        if not f.name.endswith(".timeline.json")]
 
 
 def test_allocator_overhead_is_the_cublas_workspaces_of_two_threads() -> None:
@@ -22,7 +24,7 @@ def test_allocator_overhead_is_the_cublas_workspaces_of_two_threads() -> None:
     assert allocator_overhead_bytes(get_device("cpu")) == 0
 
 
-@pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
+@pytest.mark.parametrize("path", RUNS, ids=[f"{p.parent.name}/{p.stem}" for p in RUNS])
 def test_cuda_run_memory(path: Path) -> None:
     trace = Trace.load(path)
     m = trace.measurement
@@ -37,4 +39,4 @@ def test_cuda_run_memory(path: Path) -> None:
 
 
 def test_the_gpu_runs_are_there() -> None:
-    assert len(RUNS) >= 7
+    assert sum(p.parent.name == "gpu" for p in RUNS) >= 7 and sum(p.parent.name == "gpu-h200" for p in RUNS) >= 14
