@@ -5,20 +5,13 @@ simulator that makes these predictions worse fails here, on CPU."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from .conftest import BENCHMARKS, load_benchmark
 
-_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(_DIR))
-_SPEC = importlib.util.spec_from_file_location("benchmarks_gpu_loop_report", _DIR / "gpu_loop_report.py")
-assert _SPEC is not None and _SPEC.loader is not None
-report = sys.modules[_SPEC.name] = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(report)
+report = load_benchmark("gpu_loop_report")  # it imports its sibling scripts
 
 
 def test_the_h200_loop_predictions_hold() -> None:
-    rows, summary = report.loop_rows(_DIR / "results" / "gpu-h200")
+    rows, summary = report.loop_rows(BENCHMARKS / "results" / "gpu-h200")
     assert len(rows) == 8 and sum(r["fitted"] for r in rows) == 3
     # measured 2026-12-04: analytic 20.3 % over all runs, trace 11.0 %; held out calibrated 12.2 %, in sample 4.0 %
     assert summary["trace_mape_all_pct"] < summary["analytic_mape_all_pct"] <= 22.0

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 from mindpipe.simulator.memory import activation_bytes_per_layer
 from mindpipe.traces.builtin import load_cluster
 from mindpipe.traces.config import Model, Plan
 from mindpipe.tuner.materialize import Problem
 
-# benchmarks/ is scripts, not a package: load the module from its file; it imports its sibling max_batch.
-_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(_DIR))
-_SPEC = importlib.util.spec_from_file_location("benchmarks_opmem_bound", _DIR / "opmem_bound.py")
-assert _SPEC is not None and _SPEC.loader is not None
-bound = sys.modules[_SPEC.name] = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bound)
+from .conftest import load_benchmark
+
+bound = load_benchmark("opmem_bound")  # it imports its sibling scripts
 
 MODEL = Model(kind="gpt", num_layers=8, hidden_size=1024, num_heads=16, seq_len=512, vocab_size=50257, dropout=0.1)
 

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-# benchmarks/ is scripts, not a package: load the module from its file (dataclasses need it in sys.modules).
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "overhead_stats.py"
-_SPEC = importlib.util.spec_from_file_location("benchmarks_overhead_stats", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-stats = sys.modules[_SPEC.name] = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(stats)
+from .conftest import load_benchmark
+
+stats = load_benchmark("overhead_stats")
 
 
 def rounds(n: int, ratio: float, seed: int, wobble: float = 0.04, steps: int = 30, warmup: int = 5) -> tuple[list, list]:
