@@ -263,9 +263,11 @@ class Trace:
         """
         notes: list[str] = []
         if self.dtype in PRECISIONS and self.dtype != plan.precision:
+            # mindpipe profile has no fp8 (PROFILE_DTYPES): for such a plan the way out is the hardware model
+            again = (f"profile with --dtype {plan.precision}" if plan.precision in PROFILE_DTYPES
+                     else f"mindpipe profile has no {plan.precision}: simulate without --trace")
             notes.append(f"trace profiled in {self.dtype}, the plan runs {plan.precision}: its times are {self.dtype} "
-                         f"times, not rescaled (profile with --dtype {plan.precision}, or give the plan "
-                         f"\"precision\": \"{self.dtype}\")")
+                         f"times, not rescaled ({again}, or give the plan \"precision\": \"{self.dtype}\")")
         if self.device != device:
             notes.append(f"trace taken on {self.device}, the cluster's devices are {device}: its times are "
                          f"{self.device} times, not rescaled")

@@ -39,6 +39,17 @@ def test_a_bf16_plan_priced_from_an_fp32_trace_says_so(capsys):
     assert rc == 0
     assert "trace profiled in fp32, the plan runs bf16: its times are fp32 times, not rescaled" \
         in payload["extra"]["warning"]
+    assert "profile with --dtype bf16" in payload["extra"]["warning"]
+
+
+def test_an_fp8_plan_priced_from_a_bf16_trace_names_a_way_that_exists(capsys):
+    """mindpipe profile has no fp8 dtype: the warning must not send the user to ``--dtype fp8``."""
+    rc, payload, _ = _simulate(capsys, "gpt-mini.cpu", plan='{"pp":2,"micro_batch_size":4,"global_batch_size":8,"precision":"fp8"}',
+                               cluster="h100-sxm5-80gb:1x2")
+    assert rc == 0
+    warning = payload["extra"]["warning"]
+    assert "the plan runs fp8" in warning and "--dtype fp8" not in warning
+    assert "mindpipe profile has no fp8: simulate without --trace" in warning
 
 
 def test_a_trace_without_its_lm_head_says_the_head_is_free(capsys, tmp_path):
