@@ -27,7 +27,7 @@ from collections import Counter
 from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost, layer_params, partial_grad_params
 from mindpipe.simulator.engine import RankWork, StageWork
 from mindpipe.simulator.topology import Phase, Topology
-from mindpipe.simulator.work import TpOverlap
+from mindpipe.simulator.work import TpOverlap, swap_stream_window_s
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import (
     BlockPolicy,
@@ -226,8 +226,11 @@ def build_work(
         times = (sum(c.forward_s for c in layers) + hooks + swapped * on_compute[0],
                  sum(c.backward_input_s for c in layers) + hooks + swapped * on_compute[1],
                  sum(c.backward_weight_s for c in layers) + swapped * on_compute[2], recompute, rerun)
+        swaps = [policies[b] == "swap" for b in spans[s].blocks] if swap_on_compute is None else []
+        stream = swap_stream_window_s([c.forward_s for c in layers if c.kind == "block"], swaps) if any(swaps) else 0.0
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
-        work = _stage_work(plan, stages, s, topo, stage_to_rank, times, re_comm, rerun_comm, swap)
+        work = _stage_work(plan, stages, s, topo, stage_to_rank, times, re_comm, rerun_comm, swap,
+                           swap_bytes_per_block if swap else 0.0, stream)
         if copies_dp_buffers(plan):
             # FSDP2 copies each gathered parameter out of the gather's flat buffer on the compute
             # stream once the gather lands (every gathered byte read and written once), and before
@@ -242,11 +245,12 @@ def build_work(
 
 def _stage_work(plan: Plan, stages: list[list[LayerCost]], s: int, topo: Topology, stage_to_rank: list[int],
                 times: tuple[float, float, float, float, float], re_comm: list[Collective],
-                rerun_comm: list[Collective], swap: float) -> StageWork:
+                rerun_comm: list[Collective], swap: float, swap_tail: float = 0.0, swap_stream_s: float = 0.0) -> StageWork:
     """Stage ``s``'s work: ``times`` (F, I, W, the re-run forward before I, a split backward's extra
     in W), and its transfers: tensor-parallel collectives (the layers', the re-run forward's
     ``re_comm`` and W's extra ``rerun_comm``), sends to its neighbours, data-parallel and ZeRO
-    buckets, and the swap of ``swap`` bytes over the host link."""
+    buckets, and the swap of ``swap`` bytes over the host link (``swap_tail`` of them, the last
+    swapped block's, copied out after the forward, the rest during its last ``swap_stream_s``)."""
     layers, rank = stages[s], stage_to_rank[s]
     fwd_comm = [x for c in layers for x in c.forward_comm]
     bwd_comm = [x for c in layers for x in c.backward_comm]
@@ -272,8 +276,10 @@ def _stage_work(plan: Plan, stages: list[list[LayerCost]], s: int, topo: Topolog
         regather_buckets=gathers if reshards_after_forward(plan) else [],
         forward_regather_buckets=allgather if every else [],
         reduce_every_backward=every,
-        swap_out=topo.swap(rank, swap, "out") if swap > 0 else [],
+        swap_out=topo.swap(rank, swap - swap_tail, "out") if swap - swap_tail > 0 else [],
+        swap_out_tail=topo.swap(rank, swap_tail, "out") if swap_tail > 0 else [],
         swap_in=topo.swap(rank, swap, "in") if swap > 0 else [],
+        swap_stream_s=swap_stream_s,
         fwd_tp_overlap=_tp_overlaps(topo, fwd_comm, rank),
         bwd_tp_overlap=_tp_overlaps(topo, re_comm + bwd_comm, rank),
     )

@@ -94,6 +94,7 @@ class Engine:
         self.swapped_in: dict[tuple[int, int], simpy.Event] = {}
         # A (stage, micro-batch)'s copy to the host has landed: its copy back starts no earlier.
         self._swapped_out: dict[tuple[int, int], simpy.Event] = {}
+        self._swap_heads: dict[tuple[int, int], simpy.Process] = {}  # copies out streaming beside a forward
         self._has_swap = any(st.swap_in for st in stages)
         # Each stage's model chunk on its rank (0: the rank's lowest stage), for the timeline.
         self._chunk = {st: i for r in range(schedule.pp) for i, st in enumerate(schedule.stages_of_rank(r))}
@@ -132,7 +133,7 @@ class Engine:
         for s, st in enumerate(self.stages):
             r = self.schedule.stage_to_rank[s]
             owned += [(r, st.fwd_tp), (r, st.bwd_tp)]
-            shared += [st.send_fwd or [], st.send_bwd or [], st.swap_out, st.swap_in, *st.dp_buckets,
+            shared += [st.send_fwd or [], st.send_bwd or [], st.swap_out, st.swap_out_tail, st.swap_in, *st.dp_buckets,
                        *st.gather_buckets, *st.forward_regather_buckets]
         for r, rw in enumerate(self.ranks):
             shared += [*rw.param_gather, rw.tied_exchange]
@@ -287,6 +288,8 @@ class Engine:
             start = env.now
             if self._has_swap and idx + 1 < len(order):
                 self._prefetch(order[idx + 1])
+            if kind == "F" and st.swap_out:  # the copy out streams beside the forward (StageWork.swap_stream_s)
+                self._swap_heads[(s, mb)] = env.process(self._swap_out_head(r, st, a, start + comp))
             blocking_reduce = False
             reduce_here = idx == last_grad.get(s) or (st.reduce_every_backward and kind in ("B", "W"))
             # The data-parallel wrapper's copies inside the action (weights out of a gather, gradients
@@ -357,8 +360,8 @@ class Engine:
         """Post the sends that action ``a`` enables; the event of its pipeline send, if one crosses ranks."""
         s = a.stage
         if a.kind == "F":
-            if st.swap_out:
-                self.env.process(self._swap_out(r, st.swap_out, a))
+            if st.swap_out_tail:
+                self.env.process(self._swap_out(r, st.swap_out_tail, a, self._swap_heads.pop((s, a.microbatch), None)))
             if s + 1 < self.schedule.num_stages:
                 return self._send(r, st.send_fwd, 0, (s + 1) * self._m + a.microbatch, a, s + 1)
         elif a.kind != "W" and s > 0:
@@ -411,7 +414,18 @@ class Engine:
             ev = self._swapped_out[key] = self.env.event()
         return ev
 
-    def _swap_out(self, r: int, phases: list[Phase], a: Action):
+    def _swap_out_head(self, r: int, st: StageWork, a: Action, forward_end: float):
+        """The copy out of the stage's swapped blocks but the last, from ``swap_stream_s`` before the
+        forward's compute ends (:func:`~mindpipe.simulator.work.swap_stream_window_s`)."""
+        if (wait := forward_end - st.swap_stream_s - self.env.now) > 0.0:
+            yield self.env.timeout(wait)
+        yield from self._comm(r, st.swap_out, f"swap-out {a}", "swap", False)
+
+    def _swap_out(self, r: int, phases: list[Phase], a: Action, head: simpy.Process | None):
+        """The last swapped block's copy out, after the forward and after the rest of the stage's
+        (one direction of the link, in order); then the copy back may start."""
+        if head is not None and not head.processed:
+            yield head
         yield from self._comm(r, phases, f"swap-out {a}", "swap", False)
         self._swap_out_event((a.stage, a.microbatch)).succeed()
 

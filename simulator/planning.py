@@ -10,8 +10,11 @@ engine's swap cost without building a plan for each try. Both rules stay with th
   schedule's peak in-flight count of the stage read once, so ``total_bytes`` equals
   ``stage_memory``'s rank total for a plan with one stage per rank (a test holds them equal);
 * swap: :func:`exposed_swap_s` is the engine's behaviour (:mod:`mindpipe.simulator.engine`): a
-  swapped stage copies its blocks' activations to the host after each forward and starts copying
-  them back when the action before the backward starts, but not before they reached the host
+  swapped stage copies its blocks' activations to the host while its forward runs — from the first
+  swapped block's start, as the executor packs each saved tensor when it is made
+  (:mod:`mindpipe.executor.offload`), the last swapped block's bytes after the forward ends
+  (``simulator.work`` ``swap_stream_window_s``, ``swap_out_tail_s``) — and starts copying them
+  back when the action before the backward starts, but not before they reached the host
   (``Engine._prefetch``); the backward waits for the copy. In 1F1B's steady state that action is a
   forward of a later micro-batch, so the copy back hides in it; where the backward directly follows
   its own forward (1F1B's last stage, pp = 1) the bytes make the whole round trip in the open. The
@@ -119,7 +122,8 @@ def swap_bytes_per_block(model: Model, plan: Plan) -> float:
     return activation_bytes_per_layer(model, plan, policy="none")
 
 
-def exposed_swap_s(copy_s: float, forward_s: float, round_trip_share: float = 0.0) -> float:
+def exposed_swap_s(copy_s: float, forward_s: float, round_trip_share: float = 0.0, stream_s: float = 0.0,
+                   tail_s: float = 0.0) -> float:
     """Seconds per micro-batch a stage's backward waits for its swapped activations (module docstring).
 
     Args:
@@ -127,11 +131,15 @@ def exposed_swap_s(copy_s: float, forward_s: float, round_trip_share: float = 0.
         forward_s: The stage's forward per micro-batch: the window the copy back hides in.
         round_trip_share: The share of the stage's backwards that directly follow their own forward
             (:attr:`StageBudget.round_trip_share`): each waits for the copy out and the copy back.
+        stream_s: :func:`~mindpipe.simulator.work.swap_stream_window_s`: how long the copy out runs before the forward ends.
+        tail_s: :func:`~mindpipe.simulator.work.swap_out_tail_s`: the part of the copy out that starts at the forward's end.
 
     Returns:
-        round_trip_share · 2·copy_s + (1 − round_trip_share) · max(0, copy_s − forward_s).
+        round_trip_share · (max(tail_s, copy_s − stream_s) + copy_s)
+        + (1 − round_trip_share) · max(0, copy_s − forward_s).
     """
-    return round_trip_share * 2.0 * copy_s + (1.0 - round_trip_share) * max(0.0, copy_s - forward_s)
+    out = max(tail_s, copy_s - stream_s)
+    return round_trip_share * (out + copy_s) + (1.0 - round_trip_share) * max(0.0, copy_s - forward_s)
 
 
 __all__ = ["StageBudget", "exposed_swap_s", "stage_budgets", "swap_bytes_per_block"]

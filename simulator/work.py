@@ -55,7 +55,11 @@ class StageWork:
             one replica, where the wrapper still makes the copy); 0 where no copy is made.
         reduce_every_backward: ``dp_buckets`` are reduce-scattered in every backward, as it produces
             them (:func:`mindpipe.traces.layout.reduces_every_microbatch`), not once per step.
-        swap_out, swap_in: vPipe swap of activations after F / before I (host copies).
+        swap_out, swap_out_tail, swap_in: vPipe swap of activations (host copies): out, the stage's
+            swapped blocks but the last, from ``swap_stream_s`` before the forward ends (copied as
+            the forward makes them); out, the last swapped block's, after the forward; back before
+            the backward (:func:`mindpipe.simulator.planning.exposed_swap_s` prices the same).
+        swap_stream_s: :func:`mindpipe.simulator.planning.swap_stream_window_s` of the stage.
         fwd_tp_overlap, bwd_tp_overlap: Under ``tp_comm_overlap``, the collectives of ``fwd_tp`` /
             ``bwd_tp`` that pipeline with a GEMM (:class:`TpOverlap`); the engine takes back the part
             the GEMMs hide (:func:`mindpipe.simulator.collectives.overlapped_exposed_s`).
@@ -82,7 +86,9 @@ class StageWork:
     gather_copy_s: float = 0.0
     reduce_copy_s: float = 0.0
     swap_out: list[Phase] = field(default_factory=list)
+    swap_out_tail: list[Phase] = field(default_factory=list)
     swap_in: list[Phase] = field(default_factory=list)
+    swap_stream_s: float = 0.0
     fwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
     bwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
     mb_stretch: list[tuple[float, float]] | None = None
@@ -261,4 +267,24 @@ class EngineResult:
         return min(max(frac, 0.0), 1.0)
 
 
-__all__ = ["EngineOptions", "EngineResult", "RankWork", "StageWork", "StepCopies", "TimelineEvent", "last_grad_index"]
+
+def swap_stream_window_s(block_forward_s: Sequence[float], swapped: Sequence[bool]) -> float:
+    """Forward seconds of a stage's blocks from its first swapped block on: the window in which the
+    copy out of its swapped blocks runs under the forward (0 without a swapped block).
+
+    Measured on an H200 (``benchmarks/results/gpu-h200``, swap-all, pp 1): the forward took 13.8 ms
+    with every block's copy streaming beside it against 14.7 ms kept, and the backward waited for
+    the rest of the copy out and the copy back (70 ms per micro-batch for 2.2 GB each way).
+    """
+    first = next((i for i, on in enumerate(swapped) if on), None)
+    return 0.0 if first is None else float(sum(block_forward_s[first:]))
+
+
+def swap_out_tail_s(copy_s: float, swapped: int) -> float:
+    """Seconds of the copy out that cannot start before the forward ends: the last swapped block's
+    share of ``copy_s`` (its last tensors are made at the forward's end)."""
+    return copy_s / swapped if swapped > 0 else 0.0
+
+
+__all__ = ["EngineOptions", "EngineResult", "RankWork", "StageWork", "StepCopies", "TimelineEvent", "last_grad_index",
+           "swap_out_tail_s", "swap_stream_window_s"]

@@ -40,6 +40,7 @@ from typing import Literal
 from mindpipe.simulator.build import stage_recompute
 from mindpipe.simulator.costs import LayerCost
 from mindpipe.simulator.planning import StageBudget, exposed_swap_s
+from mindpipe.simulator.work import swap_out_tail_s, swap_stream_window_s
 from mindpipe.traces.layout import LAYER_POLICY, WHOLE_BLOCK_ONLY, BlockPart
 
 MemoryRule = Literal["vpipe", "dawnpiper"]
@@ -158,26 +159,33 @@ class StageModel:
             out.append((self.parts[hi // 2][0], "attention", hi // 2))
         return out
 
-    def _exposed(self, stage: int, swapped: int, fwd: float) -> float:
+    def _exposed(self, stage: int, swapped: int, fwd: float, stream: float) -> float:
         if swapped not in self._copy:
             self._copy[swapped] = self.copy_s(swapped * self.swap_bytes)
-        return exposed_swap_s(self._copy[swapped], fwd, self.budgets[stage].round_trip_share)
+        copy = self._copy[swapped]
+        return exposed_swap_s(copy, fwd, self.budgets[stage].round_trip_share, stream, swap_out_tail_s(copy, swapped))
 
     def _totals(self, stage: int, nodes: Sequence[Node]) -> tuple[float, float]:
         """(forward, forward + backward) seconds of the stage with every unit kept."""
         ef, et = self.extra.get(stage, (0.0, 0.0))
         return ef + sum(n.forward_s for n in nodes), et + sum(n.time_s for n in nodes)
 
-    def _time(self, stage: int, fwd: float, base: float, redo: float, swapped: int) -> float:
-        """Stage time: kept time, re-run forwards, and the swap copy that does not hide."""
-        return base + redo + (self._exposed(stage, swapped, fwd) if swapped else 0.0)
+    def _time(self, stage: int, fwd: float, base: float, redo: float, nodes: Sequence[Node],
+              policies: Sequence[LayerPolicy]) -> float:
+        """Stage time: kept time, re-run forwards, and the swap copy that does not hide (the copy out
+        streams beside the forward from the first swapped unit on: ``swap_stream_window_s``)."""
+        swaps = [p == "swap" for p in policies]
+        if not any(swaps):
+            return base + redo
+        stream = swap_stream_window_s([n.forward_s for n in nodes], swaps)
+        return base + redo + self._exposed(stage, sum(swaps), fwd, stream)
 
     def time_of(self, stage: int, lo: int, hi: int, policies: Sequence[LayerPolicy]) -> float:
         """Seconds per micro-batch of stage ``stage`` holding positions ``lo..hi-1`` under ``policies``."""
         nodes = [u[0] for u in self.units(lo, hi)]
         fwd, base = self._totals(stage, nodes)
         redo = sum(_REDO[p](n) for n, p in zip(nodes, policies, strict=True))
-        return self._time(stage, fwd, base, redo, sum(1 for p in policies if p == "swap"))
+        return self._time(stage, fwd, base, redo, nodes, policies)
 
     def fits(self, stage: int, policies: Sequence[LayerPolicy], parts: Sequence[BlockPart] | None = None) -> bool:
         """True when the stage fits under ``policies`` (the simulator's memory model)."""
@@ -211,13 +219,12 @@ class StageModel:
         pol: list[LayerPolicy] = [fixed.get(i, "keep") for i in range(n)]
         fwd, base = self._totals(stage, nodes)
         redo = sum(nodes[i].recompute_s for i, p in fixed.items() if p == "recompute")
-        swapped = sum(1 for p in fixed.values() if p == "swap")
 
-        def time(r: float, k: int) -> float:
-            return self._time(stage, fwd, base, r, k)
+        def time(r: float, policies: Sequence[LayerPolicy]) -> float:
+            return self._time(stage, fwd, base, r, nodes, policies)
 
         while not self.fits(stage, pol, parts):
-            now = time(redo, swapped)
+            now = time(redo, pol)
             best: tuple[float, int, LayerPolicy] | None = None
             scores: dict[tuple, tuple[float, LayerPolicy]] = {}  # alike units score alike
             for i in range(n - 1, -1, -1):  # from the back: ties go to the last units
@@ -239,8 +246,7 @@ class StageModel:
                         if freed <= 0:
                             continue
                         r = redo - _REDO[cur](node) + _REDO[target](node)
-                        k = swapped - (cur == "swap") + (target == "swap")
-                        extra = max(0.0, time(r, k) - now)
+                        extra = max(0.0, time(r, [*pol[:i], target, *pol[i + 1:]]) - now)
                         options.append((extra / freed, target))
                     scores[like] = self._choice(rule, options)
                 per_byte, p = scores[like]
@@ -250,9 +256,8 @@ class StageModel:
                 return StagePlan(tuple(pol), math.inf, False)
             i, target = best[1], best[2]
             redo += _REDO[target](nodes[i]) - _REDO[pol[i]](nodes[i])
-            swapped += (target == "swap") - (pol[i] == "swap")
             pol[i] = target
-        return StagePlan(tuple(pol), time(redo, swapped), True)
+        return StagePlan(tuple(pol), time(redo, pol), True)
 
     def _bytes(self, stage: int, part: BlockPart, policy: LayerPolicy) -> float:
         """Bytes a unit of ``part`` keeps per micro-batch under ``policy`` (the simulator's memory model)."""

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from mindpipe.simulator.planning import exposed_swap_s
 from mindpipe.simulator.simulator import Simulator
+from mindpipe.simulator.work import swap_out_tail_s, swap_stream_window_s
 from mindpipe.traces.builtin import load_cluster, load_model
 from mindpipe.traces.config import Plan
 from mindpipe.traces.errors import ContractError
@@ -51,6 +52,13 @@ def test_exposed_swap_closed_form():
     assert exposed_swap_s(2.0, 2.0) == 0.0  # out and back on separate directions of the link
     assert exposed_swap_s(1.0, 2.0, 1.0) == pytest.approx(2.0)  # backward right after its forward: the round trip
     assert exposed_swap_s(3.0, 2.0, 0.5) == pytest.approx(0.5 * 6.0 + 0.5 * 1.0)
+    # the copy out streaming 2 s beside the forward: 1 s of it left after the forward, then the copy back
+    assert exposed_swap_s(3.0, 2.0, 1.0, stream_s=2.0, tail_s=0.5) == pytest.approx(1.0 + 3.0)
+    # never less than the last block's share, which starts at the forward's end
+    assert exposed_swap_s(3.0, 9.0, 1.0, stream_s=9.0, tail_s=0.75) == pytest.approx(0.75 + 3.0)
+    assert swap_stream_window_s([1.0, 2.0, 4.0], [False, True, False]) == 6.0
+    assert swap_stream_window_s([1.0, 2.0], [False, False]) == 0.0
+    assert swap_out_tail_s(3.0, 4) == 0.75 and swap_out_tail_s(0.0, 0) == 0.0
 
 
 def test_round_trip_share_is_where_a_backward_follows_its_own_forward(sim):
@@ -70,8 +78,13 @@ def test_the_planners_swap_price_is_the_engines_on_the_last_stage():
     budgets = sim.stage_budgets(base)
     blocks = [c for c in sim.layer_costs(base) if c.kind == "block"][:10]
     copy10 = sim.swap_copy_s(base, 10 * sim.swap_bytes_per_block(base))
-    per_mb = exposed_swap_s(copy10, sum(c.forward_s for c in blocks), budgets[3].round_trip_share)
-    assert per_mb == pytest.approx(2 * copy10)
+    fwds = [c.forward_s for c in blocks]
+    stream = swap_stream_window_s(fwds, [True] * 10)
+    assert stream == pytest.approx(sum(fwds))
+    per_mb = exposed_swap_s(copy10, sum(fwds), budgets[3].round_trip_share, stream, swap_out_tail_s(copy10, 10))
+    # the copy out streams beside the forward, its last block's share after it; the copy back in the open
+    assert per_mb == pytest.approx(max(copy10 / 10, copy10 - stream) + copy10)
+    assert per_mb < 2 * copy10
     assert last - keep == pytest.approx(base.num_microbatches * per_mb, rel=0.1)
 
 
