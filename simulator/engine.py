@@ -405,7 +405,8 @@ class Engine:
         st = self.stages[nxt.stage]
         key = (nxt.stage, nxt.microbatch)
         if nxt.kind in ("B", "I") and st.swap_in and key not in self.swapped_in:
-            self.swapped_in[key] = self.env.process(self._swap_back(st.swap_in, self._swap_out_event(key)))
+            self.swapped_in[key] = self.env.process(
+                self._swap_back(self.schedule.stage_to_rank[nxt.stage], st.swap_in, self._swap_out_event(key), nxt))
 
     def _swap_out_event(self, key: tuple[int, int]) -> simpy.Event:
         """The event of ``key``'s copy to the host landing (made by whichever side asks first)."""
@@ -429,10 +430,12 @@ class Engine:
         yield from self._comm(r, phases, f"swap-out {a}", "swap", False)
         self._swap_out_event((a.stage, a.microbatch)).succeed()
 
-    def _swap_back(self, phases: list[Phase], out: simpy.Event):
+    def _swap_back(self, r: int, phases: list[Phase], out: simpy.Event, nxt: Action):
+        """The copy back of ``nxt``'s swapped activations, once their copy out has landed (on the
+        timeline as ``swap-in``, beside the copies out)."""
         if not out.processed:
             yield out
-        yield self._transfer(None, phases)
+        yield from self._comm(r, phases, f"swap-in {nxt}", "swap", False)
 
     def _comm(self, r: int, phases: list[Phase], label: str, cat: str, pp_traffic: bool):
         start = self.env.now

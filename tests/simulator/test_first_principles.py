@@ -69,8 +69,11 @@ def test_copies_to_and_from_the_host_do_not_share_a_direction() -> None:
     env = simpy.Environment()
     alone = Transfers(env, FluidNetwork(env, topo.link_capacity), topo, sim.comm).time_alone(stages[0].swap_out)
     r = sim.run(plan, timeline=True)
-    outs = sorted((e for e in r.timeline if e.rank == 0 and e.category == "swap"), key=lambda e: e.start_s)
+    outs = sorted((e for e in r.timeline if e.rank == 0 and e.name.startswith("swap-out")), key=lambda e: e.start_s)
     solo = [e for e in outs if not any(o is not e and o.start_s < e.end_s and e.start_s < o.end_s for o in outs)]
     assert len(solo) >= 4
     for e in solo:
         assert e.end_s - e.start_s == pytest.approx(alone, rel=1e-6), e
+    # the copies back are on the timeline too, one per backward of the swapped stage
+    ins = [e for e in r.timeline if e.rank == 0 and e.name.startswith("swap-in")]
+    assert len(ins) == plan.num_microbatches and all(e.category == "swap" for e in ins)
