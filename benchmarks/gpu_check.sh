@@ -21,6 +21,10 @@
 #   .venv/bin/python benchmarks/gpu_check_report.py [OUT_DIR]    (on any machine: memory and compute)
 #   .venv/bin/python benchmarks/gpu_loop_report.py [OUT_DIR]     (on any machine: the loop's fidelity)
 #
+# Time on an H200 (2026-12-04): env 6 s, tests 42 s, loop 4 min, fp8 about 3 min (its first step
+# compiles the linears), compute 80 s, open 55 s, memory about 2 min: about 12 minutes in all, so a
+# 15-minute lease takes two calls (e.g. `env tests loop fp8`, then `compute open memory`).
+#
 # GPU_CHECK_PACK=FILE.tgz packs OUT_DIR into FILE after every step, so a run stopped by a time
 # limit still leaves what it measured. Needs mindpipe installed with a CUDA build of torch (and
 # torchao for fp8). It leaves the GPU's clocks alone: the NVML clock-lock test is skipped here (it
