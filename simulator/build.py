@@ -27,7 +27,7 @@ from collections import Counter
 from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost, layer_params, partial_grad_params
 from mindpipe.simulator.engine import RankWork, StageWork
 from mindpipe.simulator.topology import Phase, Topology
-from mindpipe.simulator.work import TpOverlap, swap_stream_window_s
+from mindpipe.simulator.work import TpOverlap, swap_out_tail_s, swap_stream_window_s
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import (
     BlockPolicy,
@@ -227,10 +227,10 @@ def build_work(
                  sum(c.backward_input_s for c in layers) + hooks + swapped * on_compute[1],
                  sum(c.backward_weight_s for c in layers) + swapped * on_compute[2], recompute, rerun)
         swaps = [policies[b] == "swap" for b in spans[s].blocks] if swap_on_compute is None else []
-        stream = swap_stream_window_s([c.forward_s for c in layers if c.kind == "block"], swaps) if any(swaps) else 0.0
+        stream = swap_stream_window_s([c.forward_s for c in layers if c.kind == "block"], swaps)
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
         work = _stage_work(plan, stages, s, topo, stage_to_rank, times, re_comm, rerun_comm, swap,
-                           swap_bytes_per_block if swap else 0.0, stream)
+                           swap_out_tail_s(swap, swapped), stream)  # the planners' tail rule, in bytes
         if copies_dp_buffers(plan):
             # FSDP2 copies each gathered parameter out of the gather's flat buffer on the compute
             # stream once the gather lands (every gathered byte read and written once), and before

@@ -59,7 +59,7 @@ class StageWork:
             swapped blocks but the last, from ``swap_stream_s`` before the forward ends (copied as
             the forward makes them); out, the last swapped block's, after the forward; back before
             the backward (:func:`mindpipe.simulator.planning.exposed_swap_s` prices the same).
-        swap_stream_s: :func:`mindpipe.simulator.planning.swap_stream_window_s` of the stage.
+        swap_stream_s: :func:`swap_stream_window_s` of the stage.
         fwd_tp_overlap, bwd_tp_overlap: Under ``tp_comm_overlap``, the collectives of ``fwd_tp`` /
             ``bwd_tp`` that pipeline with a GEMM (:class:`TpOverlap`); the engine takes back the part
             the GEMMs hide (:func:`mindpipe.simulator.collectives.overlapped_exposed_s`).
@@ -281,8 +281,9 @@ def swap_stream_window_s(block_forward_s: Sequence[float], swapped: Sequence[boo
 
 
 def swap_out_tail_s(copy_s: float, swapped: int) -> float:
-    """Seconds of the copy out that cannot start before the forward ends: the last swapped block's
-    share of ``copy_s`` (its last tensors are made at the forward's end)."""
+    """The part of the copy out that cannot start before the forward ends: the last swapped block's
+    share of ``copy_s`` (its last tensors are made at the forward's end). The planners pass seconds,
+    the engine's build (``simulator/build.py``) bytes: the same share."""
     return copy_s / swapped if swapped > 0 else 0.0
 
 
