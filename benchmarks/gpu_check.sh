@@ -9,6 +9,8 @@
 #   fp8      the loop model in fp8 with each Float8Linear compiled (the executor's default) beside
 #            a per-block memory mix (compiled linears under recompute, swap and nongemm's hooks), and
 #            the fp8 GPU test
+#   prefetch benchmarks/swap_prefetch.py (the copy back of swapped activations under the action
+#            before the backward), and the loop's micro-batch-2 run again with fused AdamW
 #   compute  layer profiles of a Llama-3-8B-shaped and a GPT-3-175B-shaped slice (the analytic
 #            GPU model's compute against this GPU)
 #   open     questions the 2026-11-27 H100 runs left open: which attention kernel SDPA runs,
@@ -85,6 +87,17 @@ section_fp8() {
   run fp8_mb2_mixed "{\"micro_batch_size\":2,$P,\"precision\":\"fp8\",\"layer_memory_policy\":[\"keep\",\"recompute\",\"swap\",\"nongemm\"]}"
   STEPS=4 PROFILE_STEP=
   python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 200 tests/executor/test_exec_fp8.py 2>&1 | tail -5
+}
+
+section_prefetch() {  # stop 63: vPipe's prefetch of swapped activations, and the fused AdamW step
+  el "swap prefetch (first stage's F0 F1 B0 on one GPU)"
+  python3 benchmarks/swap_prefetch.py --out "$OUT/swap_prefetch.json" 2>&1 | tail -12
+  pack
+  MODEL='{"kind":"gpt","num_layers":4,"hidden_size":4096,"num_heads":32,"seq_len":2048,"vocab_size":32768,"name":"gpt-4k"}'
+  local P='"global_batch_size":8,"flash_attention":true'
+  STEPS=7 PROFILE_STEP=7
+  run loop_mb2_keep_fused_adamw "{\"micro_batch_size\":2,$P,\"precision\":\"bf16\"}"
+  STEPS=4 PROFILE_STEP=
 }
 
 section_compute() {

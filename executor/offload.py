@@ -14,6 +14,14 @@ the copies brought back live only until the backward that asked for them is done
   (``non_blocking``: pinned memory makes it asynchronous). This is
   ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` with the copy out moved off the
   compute stream.
+* **Prefetch** (:func:`install_prefetch`): a backward that does not directly follow its own
+  forward gets its micro-batch's swapped tensors copied back while the action before it runs
+  (:func:`mindpipe.simulator.actions.prefetched_backward`, the rule the engine times and the memory
+  model counts). On CUDA the copy runs on a second side stream (host→device; PCIe is full duplex),
+  after the copy out's event; the backward's unpack waits for it and the copy is held for the
+  compute stream. The copies stay with their saved tensors until the backward action that used
+  them ends (a B releases its saved tensors anyway; an I keeps its graph for W, and W brings back
+  what it needs tensor by tensor). A backward right after its own forward copies back as it asks.
 * **CPU**: "device" and host are the same RAM, so the pool is a separate set of copies that the
   rank's device accounting (:mod:`mindpipe.executor.memory_account`) does not count: the saved
   tensor's own storage is no longer held by autograd, exactly as on a GPU. The pool's bytes are
@@ -26,10 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from mindpipe.simulator.actions import Action, prefetched_backward
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -53,12 +62,15 @@ def host_buffer(t: torch.Tensor, pin: bool) -> torch.Tensor:
 
 
 class _Swapped:
-    """One saved tensor in the pool; its bytes leave the pool when autograd releases it."""
+    """One saved tensor in the pool; its bytes leave the pool when autograd releases it. ``back`` is
+    the device copy a prefetch made (``landed`` its event on CUDA), until the backward is done."""
 
-    __slots__ = ("done", "host", "pool", "spec")
+    __slots__ = ("__weakref__", "back", "done", "host", "landed", "pool", "spec")
 
     def __init__(self, pool: HostPool, host: torch.Tensor, done: Any, spec: tuple[Any, ...] | None = None) -> None:
         self.pool, self.host, self.done, self.spec = pool, host, done, spec
+        self.back: torch.Tensor | None = None
+        self.landed: Any = None
         pool.add(host.numel() * host.element_size())
 
     def __del__(self) -> None:
@@ -80,8 +92,13 @@ class HostPool:
         self.packed: dict[tuple[Any, ...], tuple[weakref.ref[torch.Tensor], _Swapped]] = {}
         self.cuda = device.type == "cuda"
         self.stream: Any = torch.cuda.Stream(device) if self.cuda else None
+        self.in_stream: Any = torch.cuda.Stream(device) if self.cuda else None  # the prefetch's copies back
         self.live_bytes = 0
         self.peak_bytes = 0
+        # The (stage, micro-batch) whose forward runs now, and what each forward swapped (install_prefetch).
+        self.group: tuple[int, int] | None = None
+        self.groups: dict[tuple[int, int], list[weakref.ref[_Swapped]]] = {}
+        self.fetched: dict[tuple[int, int], list[weakref.ref[_Swapped]]] = {}
 
     def add(self, nbytes: int) -> None:
         """Account ``nbytes`` entering (or, negative, leaving) the pool."""
@@ -103,7 +120,40 @@ class HostPool:
             return seen[1]
         s = self._copy(t)
         self.packed[key] = (weakref.ref(t), s)
+        if self.group is not None:
+            self.groups.setdefault(self.group, []).append(weakref.ref(s))
         return s
+
+    def prefetch(self, group: tuple[int, int], on_fetch: Callable[[torch.Tensor], None] | None = None) -> int:
+        """Start copying back everything the forward of ``group`` (stage, micro-batch) swapped
+        (module docstring); returns the bytes brought back. ``on_fetch`` sees each copy."""
+        nbytes = 0
+        fetched = self.fetched.setdefault(group, [])
+        for ref in self.groups.pop(group, []):
+            s = ref()
+            if s is None or s.back is not None:
+                continue
+            if s.done is None:
+                s.back = s.host.clone()
+            else:
+                with torch.cuda.stream(self.in_stream):
+                    self.in_stream.wait_event(s.done)
+                    s.back = s.host.to(self.device, non_blocking=True)
+                    s.landed = self.in_stream.record_event()
+            nbytes += s.back.numel() * s.back.element_size()
+            fetched.append(ref)
+            if on_fetch is not None:
+                on_fetch(s.back)
+        return nbytes
+
+    def release(self, group: tuple[int, int]) -> None:
+        """Drop the prefetched copies of ``group`` still held (after its backward action), and what
+        its forward filed if nothing prefetched it (a backward right after its own forward)."""
+        self.groups.pop(group, None)
+        for ref in self.fetched.pop(group, []):
+            s = ref()
+            if s is not None:
+                s.back, s.landed = None, None
 
     def _copy(self, t: torch.Tensor) -> _Swapped:
         if not self.cuda or t.device.type != "cuda":
@@ -122,11 +172,18 @@ class HostPool:
         """The tensor back on the device (a fresh copy; the pool keeps its own until released)."""
         if isinstance(s, torch.Tensor):
             return s
+        if s.back is not None and s.landed is None:  # prefetched on a CPU
+            return s.back
         if s.done is None:
             return s.host.clone()
         compute = torch.cuda.current_stream(self.device)
-        compute.wait_event(s.done)
-        back = s.host.to(self.device, non_blocking=True)
+        if s.back is not None:  # prefetched: wait for its copy, and hold its memory for this stream
+            compute.wait_event(s.landed)
+            back = s.back
+            back.record_stream(compute)
+        else:
+            compute.wait_event(s.done)
+            back = s.host.to(self.device, non_blocking=True)
         if s.spec is None:
             return back
         from torch.distributed.tensor import DTensor
@@ -155,4 +212,52 @@ def swapping(pool: HostPool, on_unpack: Callable[[torch.Tensor], None] | None = 
         pool.packed.clear()
 
 
-__all__ = ["HostPool", "host_buffer", "is_weight", "local_tensor", "swapping"]
+def install_prefetch(stages: Sequence[Any], pool: HostPool, order: Sequence[Action], swapped: set[int],
+                     on_fetch: Callable[[torch.Tensor], None] | None = None) -> None:
+    """Run vPipe's prefetch on this rank's pipeline stages (module docstring).
+
+    Wraps each stage's ``forward_one_chunk`` (what it swaps is filed under its (stage, micro-batch)),
+    ``backward_one_chunk`` (B, or I with ``full_backward=False``: its copies are dropped when it
+    ends) and ``backward_weight_one_chunk`` (W): as each action starts, the backward that
+    :func:`~mindpipe.simulator.actions.prefetched_backward` names after it in ``order`` (the rank's
+    actions, as the simulator times them) has its stage's swapped tensors copied back, if
+    ``swapped`` holds that stage. An action ``order`` does not hold starts nothing.
+    """
+    index = {a: i for i, a in enumerate(order)}
+
+    def ahead(a: Action) -> None:
+        i = index.get(a)
+        nxt = None if i is None else prefetched_backward(list(order), i)
+        if nxt is not None and nxt.stage in swapped:
+            pool.prefetch((nxt.stage, nxt.microbatch), on_fetch)
+
+    for st in stages:
+        s = st.stage_index
+        fwd, bwd, bww = st.forward_one_chunk, st.backward_one_chunk, st.backward_weight_one_chunk
+
+        def forward_one_chunk(mb: int, *args: Any, _run: Any = fwd, _s: int = s, **kwargs: Any) -> Any:
+            ahead(Action(_s, "F", mb))
+            pool.group = (_s, mb)
+            try:
+                return _run(mb, *args, **kwargs)
+            finally:
+                pool.group = None
+
+        def backward_one_chunk(mb: int, *args: Any, _run: Any = bwd, _s: int = s, **kwargs: Any) -> Any:
+            full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+            ahead(Action(_s, "B" if full else "I", mb))
+            try:
+                return _run(mb, *args, **kwargs)
+            finally:
+                pool.release((_s, mb))
+
+        def backward_weight_one_chunk(mb: int, *args: Any, _run: Any = bww, _s: int = s, **kwargs: Any) -> Any:
+            ahead(Action(_s, "W", mb))
+            return _run(mb, *args, **kwargs)
+
+        st.forward_one_chunk = forward_one_chunk
+        st.backward_one_chunk = backward_one_chunk
+        st.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+__all__ = ["HostPool", "host_buffer", "install_prefetch", "is_weight", "local_tensor", "swapping"]

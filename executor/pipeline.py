@@ -23,6 +23,7 @@ from typing import Any
 from mindpipe.executor.precheck import TORCH_SCHEDULES
 from mindpipe.executor.rundir import RUN_DIR_ENV
 from mindpipe.executor.torch_pipelining import named_schedule, schedule_orders, table_schedule
+from mindpipe.simulator.actions import Schedule
 from mindpipe.traces.config import Plan
 from mindpipe.traces.torch_gpt import VocabShard, plan_loss
 from torch import Tensor
@@ -31,13 +32,18 @@ from torch.distributed.pipelining import PipelineStage
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
+def simulator_schedule(plan: Plan) -> Schedule:
+    """The simulator's schedule of ``plan`` (the action table it times)."""
+    from mindpipe.simulator.schedules import build_schedule
+
+    return build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+
+
 def write_simulator_table(plan: Plan, path: str | Path) -> None:
     """Write the simulator's action table of ``plan`` as torch compute-only CSV."""
     from mindpipe.simulator.action_table import write_csv
-    from mindpipe.simulator.schedules import build_schedule
 
-    schedule = build_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
-    write_csv(schedule, path)
+    write_csv(simulator_schedule(plan), path)
 
 
 def make_schedule(plan: Plan, stages: list[PipelineStage], source: str,
@@ -81,4 +87,4 @@ def _stage_output_is_the_loss(output: Tensor, target: Tensor) -> Tensor:
     return output
 
 
-__all__ = ["make_schedule", "write_simulator_table"]
+__all__ = ["make_schedule", "simulator_schedule", "write_simulator_table"]

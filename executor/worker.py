@@ -30,11 +30,11 @@ from mindpipe.executor.fp8 import convert_to_fp8
 from mindpipe.executor.measure import EnergyMeter, Recorder, cpu_seconds, peak_memory, stage_memory
 from mindpipe.executor.memory_account import MemoryAccount
 from mindpipe.executor.noise_probe import NoiseProbe, noise_method
-from mindpipe.executor.offload import HostPool
+from mindpipe.executor.offload import HostPool, install_prefetch
 from mindpipe.executor.parallelize import parallelize_stage
 from mindpipe.executor.partial_grads import reduce_before_grad_sync, reduce_partial_grads
 from mindpipe.executor.payload import Coords, RankPayload
-from mindpipe.executor.pipeline import make_schedule
+from mindpipe.executor.pipeline import make_schedule, simulator_schedule
 from mindpipe.executor.precheck import Precheck, catalog_device, check_run, ranks_per_host
 from mindpipe.executor.rundir import ProgressReporter, record_error, record_finished, record_note
 from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
@@ -266,6 +266,9 @@ def _build(cfg: RunConfig, device: torch.device, pre: Precheck) -> _Rank:
         if mod.head_loss is not None:
             mod.head_loss = memory.counting_loss(mod.head_loss, with_weights=True)
     schedule, orders = make_schedule(plan, stages, pre.schedule_source, memory.counting_loss, shard)
+    swapped = {s for s in modules if any(policies[b] == "swap" for b in spans[s].blocks)}
+    if swapped:  # vPipe's prefetch of swapped activations, in the order the simulator times
+        install_prefetch(stages, pool, simulator_schedule(plan).orders[coords["pp"]], swapped, memory.transient)
     try:
         # On CUDA torch's fused AdamW: one multi-tensor kernel over the parameters' state, as Megatron's
         # FusedAdam and torchtitan's default, and what the simulator prices (GpuComputeModel's

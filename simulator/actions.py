@@ -81,6 +81,29 @@ class Held(NamedTuple):
 _KIND_CODES = {"F": 0, "B": 1, "I": 2, "W": 3}
 
 
+def follows_own_forward(order: list[Action], i: int) -> bool:
+    """True when ``order[i]`` is a backward (B or I) whose own micro-batch's forward is the action
+    just before it on the rank (1F1B's last stage, one micro-batch per iteration)."""
+    a = order[i]
+    return a.kind in ("B", "I") and i > 0 and order[i - 1] == Action(a.stage, "F", a.microbatch)
+
+
+def prefetched_backward(order: list[Action], i: int) -> Action | None:
+    """The backward whose swapped activations come back to the device while ``order[i]`` runs, or None.
+
+    vPipe's prefetch (BACKGROUND.md §4.2): the copy back of the next action's activations, when it
+    is a backward (B or I) that does not directly follow its own forward, starts with the action
+    before it, so it hides under that action's compute. A backward right after its own forward
+    gets nothing ahead: its bytes reach the host only after that forward, and they come back as
+    the backward asks for them. The engine times this (``Engine._prefetch``), the memory model
+    counts the copies while they are on the device (``StageMemoryModel.stage``'s ``prefetch``) and
+    the executor runs it (:func:`mindpipe.executor.offload.install_prefetch`).
+    """
+    if i + 1 >= len(order) or order[i + 1].kind not in ("B", "I") or follows_own_forward(order, i + 1):
+        return None
+    return order[i + 1]
+
+
 def _signature(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...]) -> bytes:
     """What of ``order`` decides what its stages hold: per action its kind and which of ``stages``
     it runs (two bytes; micro-batch ids do not matter). A compact cache key for
@@ -169,6 +192,26 @@ class Schedule:
         """True when backward is split into I and W actions (zero-bubble family)."""
         return any(a.kind in ("I", "W") for order in self.orders for a in order)
 
+    def round_trip_share(self, stage: int) -> float:
+        """The share of ``stage``'s backwards (B or I) that directly follow their own forward on the
+        rank (:func:`prefetched_backward` does not apply to them); 0 for a stage without any."""
+        order = self.orders[self.stage_to_rank[stage]]
+        backs = [i for i, a in enumerate(order) if a.stage == stage and a.kind in ("B", "I")]
+        return sum(1 for i in backs if follows_own_forward(order, i)) / len(backs) if backs else 0.0
+
+    def prefetched_sets(self, stage: int) -> int:
+        """Most micro-batches of ``stage`` whose swapped activations are back on the device at once
+        through a prefetch (:func:`prefetched_backward`): 0 where no backward of the stage is
+        prefetched; 1 where each prefetch runs under a forward; 2 where one runs under a prefetched
+        backward of the same stage, which holds its own copies until it ends (1F1B's cool-down)."""
+        order = self.orders[self.stage_to_rank[stage]]
+        ahead = [prefetched_backward(order, i) for i in range(len(order))]
+        most = 0
+        for i in range(len(order)):
+            own = i > 0 and ahead[i - 1] is not None and ahead[i - 1].stage == stage
+            most = max(most, own + (ahead[i] is not None and ahead[i].stage == stage))
+        return most
+
     def stages_of_rank(self, rank: int) -> list[int]:
         """Virtual stages placed on ``rank``, ascending."""
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
@@ -241,4 +284,5 @@ class Schedule:
 
 
 # loop_stage_to_rank and v_stage_to_rank are the plan rules of traces.layout, re-exported for the schedules.
-__all__ = ["KINDS", "Action", "Held", "Schedule", "loop_stage_to_rank", "v_stage_to_rank"]
+__all__ = ["KINDS", "Action", "Held", "Schedule", "follows_own_forward", "loop_stage_to_rank", "prefetched_backward",
+           "v_stage_to_rank"]

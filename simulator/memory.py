@@ -432,9 +432,11 @@ class StageMemoryModel:
         return self._block[policy, part]
 
     def stage(self, policies: list[BlockPolicy], has_embedding: bool, has_head: bool,
-              parts: list[BlockPart] | None = None) -> _StageTerms:
+              parts: list[BlockPart] | None = None, *, prefetch: int = 0) -> _StageTerms:
         """Terms of a stage holding blocks with ``policies`` (and the embedding and/or head);
-        ``parts`` says what it holds of each block (all ``whole`` by default).
+        ``parts`` says what it holds of each block (all ``whole`` by default). ``prefetch``: how many
+        micro-batches' swapped blocks a prefetch has back at once (0: none is prefetched;
+        :meth:`~mindpipe.simulator.actions.Schedule.prefetched_sets`; :meth:`redone_bytes`).
 
         Under a split backward (what the executor runs, measured with its live-tensor accounting)
         torch's I keeps the stage's graph for W (``retain_graph``): from I to W a micro-batch still
@@ -476,7 +478,11 @@ class StageMemoryModel:
                 reruns = max((self.block("none", part) for part in full), default=0.0)
             else:
                 reruns = sum(weight_groups(model, part) * self.block("none", part) for part in full)
-            swap_back = self.largest_saved_bytes() if "swap" in policies else 0.0
+            # A prefetched micro-batch's swapped blocks are all back when I starts and stay until
+            # I ends (torch's I keeps the graph; the executor drops its copies then and W brings
+            # back what it needs tensor by tensor).
+            swap_back = 0.0 if "swap" not in policies else (
+                prefetch * self.swapped_bytes(policies, parts) if prefetch else self.largest_saved_bytes())
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
             # of the stage's intermediate outputs that W needs): d·s·b·V/t until W. A head fused
@@ -487,8 +493,14 @@ class StageMemoryModel:
                            else DTYPE_BYTES[plan.precision] * logit_count(model, plan, seq_len=self.seq_len))
             return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss),
                                reruns + swap_back, acts - logits + until_w)
-        redone = self.redone_bytes(policies, parts, head)
+        redone = self.redone_bytes(policies, parts, head, prefetch=prefetch)
+        if prefetch:  # the prefetched blocks are back while the loss's backward runs
+            loss += prefetch * self.swapped_bytes(policies, parts)
         return _StageTerms(acts, sum(layers), max(layers, default=0), max(redone, loss), redone, acts)
+
+    def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
+        """Bytes a micro-batch's swapped blocks bring back to the device: what each saves when kept."""
+        return sum(self.block("none", part) for p, part in zip(policies, parts, strict=True) if p == "swap")
 
     def nongemm_unshared(self, part: BlockPart = "whole") -> float:
         """Bytes a ``nongemm`` block keeps that a kept block does not save: the outputs of the GEMMs
@@ -521,7 +533,8 @@ class StageMemoryModel:
             return self.largest_saved_bytes()
         return None
 
-    def redone_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart], head_bytes: float) -> float:
+    def redone_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart], head_bytes: float, *,
+                     prefetch: int = 0) -> float:
         """What a recomputed or swapped-in block adds on top of the stage's held activations.
 
         A recomputed block comes back whole (``block("none")``: the recompute re-saves it all
@@ -533,7 +546,27 @@ class StageMemoryModel:
         largest over its redone blocks (measured on CPU with the executor's live-tensor accounting).
         A ``nongemm`` block re-saves all of ``block("none")`` but the GEMM outputs it cached
         (what it keeps less its input and :meth:`nongemm_unshared`). A block cut by a stage boundary counts the part the stage holds.
+
+        ``prefetch``: the swapped blocks come back whole, all of the micro-batch's at once, while
+        the action before the backward runs (:func:`~mindpipe.simulator.actions.prefetched_backward`;
+        the executor's :func:`~mindpipe.executor.offload.install_prefetch`), and each leaves the
+        device when the backward is done with it. So the stage's swapped blocks are on top of its
+        held activations before the backward starts (:meth:`swapped_bytes`), and a recomputed block
+        j adds its re-run to the swapped blocks before it, not yet consumed. With ``prefetch`` = 2
+        the next micro-batch's come back while this backward runs (1F1B's cool-down): all of them
+        on top, throughout.
         """
+        if prefetch and "swap" in policies:
+            one = self.swapped_bytes(policies, parts)
+            out, after = prefetch * one, head_bytes
+            pending = out  # prefetched swapped blocks the backward has not reached yet, and the next's
+            for p, part in zip(reversed(policies), reversed(parts), strict=True):
+                if p == "swap":
+                    pending -= self.block("none", part)
+                elif (back := self._back_bytes(p, part)) is not None:
+                    out = max(out, pending + back - after)
+                after += self.block(p, part)
+            return out
         out, after = 0.0, head_bytes
         for p, part in zip(reversed(policies), reversed(parts), strict=True):
             back = self._back_bytes(p, part)
@@ -625,7 +658,7 @@ def stage_memory(
     # Which blocks (and parts of blocks) each stage holds is the layout's rule, on these stage layers.
     spans = stage_layout(dataclasses.replace(plan, partition=list(stage_layers)), model)
     terms = [mm.stage([policies[b] for b in span.blocks], span.has_embedding, span.has_head,
-                      [span.part(b) for b in span.blocks]) for span in spans]
+                      [span.part(b) for b in span.blocks], prefetch=schedule.prefetched_sets(s)) for s, span in enumerate(spans)]
     return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_states(r))
             for r in range(schedule.pp)]
 
@@ -651,9 +684,10 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     out = []
     for s in range(schedule.num_stages):
         timeline = schedule.held_states(schedule.stage_to_rank[s])
+        prefetch = schedule.prefetched_sets(s)
 
-        def fits(n: int, s: int = s, timeline: list[dict[int, Held]] = timeline) -> bool:
-            return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last)}, timeline).total_bytes <= cap
+        def fits(n: int, s: int = s, timeline: list[dict[int, Held]] = timeline, prefetch: int = prefetch) -> bool:
+            return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last, prefetch=prefetch)}, timeline).total_bytes <= cap
 
         lo, hi = 0, model.num_layers  # fits(lo) holds (or lo is 0); find the largest such n
         if fits(hi):

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mindpipe.simulator.actions import Action, Held, Schedule
+from mindpipe.simulator.actions import Held, Schedule
 from mindpipe.simulator.memory import RankMemory, StageMemoryModel, activation_bytes_per_layer
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
@@ -48,6 +48,9 @@ class StageBudget:
             awaiting W, gradients present: :meth:`~mindpipe.simulator.actions.Schedule.held_timeline`).
         capacity_bytes: The device's memory.
         has_embedding, has_head: The stage holds the embedding (first) or the head (last).
+        prefetch: How many micro-batches' swapped blocks a prefetch has back on the device at
+            once (:meth:`~mindpipe.simulator.actions.Schedule.prefetched_sets`; 0: none is
+            prefetched): the memory model counts them there.
     """
 
     stage: int
@@ -57,6 +60,7 @@ class StageBudget:
     has_embedding: bool
     has_head: bool
     held: tuple[Held, ...]
+    prefetch: int
     _mm: StageMemoryModel
     _totals: dict[tuple[tuple[tuple[str, str], int], ...], float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -70,7 +74,7 @@ class StageBudget:
         says what it holds of each (all ``whole`` by default; a stage boundary inside a block leaves
         its first an ``mlp`` or its last an ``attention`` part, :mod:`mindpipe.traces.layout`)."""
         terms = self._mm.stage(list(policies), self.has_embedding, self.has_head,
-                               None if parts is None else list(parts))
+                               None if parts is None else list(parts), prefetch=self.prefetch)
         return self._mm.rank(self.stage, {self.stage: terms}, [{self.stage: pair} for pair in self.held])
 
     def total_bytes(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None = None) -> float:
@@ -103,17 +107,9 @@ def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedu
     for s in range(schedule.num_stages):
         held = tuple(sorted({t.get(s, Held(0, 0, False)) for t in schedule.held_timeline(s)}))
         out.append(StageBudget(s, max((h.awaiting_input + h.awaiting_weight for h in held), default=0),
-                               _round_trip_share(schedule, s), float(device.memory_capacity_bytes),
-                               s == 0, s == last, held, mm))
+                               schedule.round_trip_share(s), float(device.memory_capacity_bytes),
+                               s == 0, s == last, held, schedule.prefetched_sets(s), mm))
     return out
-
-
-def _round_trip_share(schedule: Schedule, stage: int) -> float:
-    """The share of ``stage``'s backwards whose rank ran their own micro-batch's forward just before."""
-    order = schedule.orders[schedule.stage_to_rank[stage]]
-    backs = [i for i, a in enumerate(order) if a.stage == stage and a.kind in ("B", "I")]
-    after = sum(1 for i in backs if i > 0 and order[i - 1] == Action(stage, "F", order[i].microbatch))
-    return after / len(backs) if backs else 0.0
 
 
 def swap_bytes_per_block(model: Model, plan: Plan) -> float:

@@ -191,6 +191,19 @@ class StageModel:
         """True when the stage fits under ``policies`` (the simulator's memory model)."""
         return self.budgets[stage].fits([LAYER_POLICY[p] for p in policies], parts)
 
+    def least_memory(self, stage: int, parts: Sequence[BlockPart]) -> list[LayerPolicy]:
+        """The one policy for every unit with which the stage uses the least memory: swap (nothing
+        held per micro-batch, but a prefetched micro-batch's swapped blocks come back whole,
+        ``StageMemoryModel.redone_bytes``) or recompute (each block's input held)."""
+        floors: tuple[LayerPolicy, ...] = ("swap", "recompute") if self.swap_bytes > 0 else ("recompute",)
+        budget = self.budgets[stage]
+        return min(([p] * len(parts) for p in floors),
+                   key=lambda pol: budget.total_bytes([LAYER_POLICY[p] for p in pol], parts))
+
+    def fits_at_all(self, stage: int, parts: Sequence[BlockPart]) -> bool:
+        """True when the stage fits with its units at :meth:`least_memory`."""
+        return self.fits(stage, self.least_memory(stage, parts), parts)
+
     def keep_bytes(self, stage: int, lo: int, hi: int) -> float:
         """The stage's memory with every unit of positions ``lo..hi-1`` kept (for memory-balanced cuts)."""
         parts = [u[1] for u in self.units(lo, hi)]
@@ -213,9 +226,9 @@ class StageModel:
             fixed[0] = pins[0]
         if n and parts[-1] == "attention" and pins[1] is not None:
             fixed[n - 1] = pins[1]
-        floor: LayerPolicy = "swap" if self.swap_bytes > 0 else "recompute"
-        if not self.fits(stage, [fixed.get(i, floor) for i in range(n)], parts):  # the least memory it can use
-            return StagePlan(tuple(fixed.get(i, floor) for i in range(n)), math.inf, False)
+        floor = self.least_memory(stage, parts)
+        if not self.fits(stage, [fixed.get(i, floor[i]) for i in range(n)], parts):  # the least memory it can use
+            return StagePlan(tuple(fixed.get(i, floor[i]) for i in range(n)), math.inf, False)
         pol: list[LayerPolicy] = [fixed.get(i, "keep") for i in range(n)]
         fwd, base = self._totals(stage, nodes)
         redo = sum(nodes[i].recompute_s for i, p in fixed.items() if p == "recompute")
@@ -242,7 +255,7 @@ class StageModel:
                             continue
                         if target == "swap" and self.swap_bytes <= 0:
                             continue
-                        freed = self._bytes(stage, part, cur) - self._bytes(stage, part, target)
+                        freed = self._freed(stage, part, cur, target)
                         if freed <= 0:
                             continue
                         r = redo - _REDO[cur](node) + _REDO[target](node)
@@ -259,9 +272,18 @@ class StageModel:
             pol[i] = target
         return StagePlan(tuple(pol), time(redo, pol), True)
 
-    def _bytes(self, stage: int, part: BlockPart, policy: LayerPolicy) -> float:
-        """Bytes a unit of ``part`` keeps per micro-batch under ``policy`` (the simulator's memory model)."""
-        return self.budgets[stage].block_bytes(LAYER_POLICY[policy], part)
+    def _freed(self, stage: int, part: BlockPart, cur: LayerPolicy, target: LayerPolicy) -> float:
+        """Bytes per micro-batch in flight the stage's peak loses when a unit of ``part`` moves from
+        ``cur`` to ``target``: what it keeps per micro-batch (the simulator's memory model), less,
+        on a stage that prefetches, a swapped unit's bytes brought back whole before the backward
+        (once per prefetched micro-batch on the device at once, ``StageMemoryModel.redone_bytes``),
+        shared over the micro-batches in flight."""
+        budget = self.budgets[stage]
+        freed = budget.block_bytes(LAYER_POLICY[cur], part) - budget.block_bytes(LAYER_POLICY[target], part)
+        if budget.prefetch and "swap" in (cur, target):
+            back = budget.prefetch * budget.block_bytes("none", part) / max(1, budget.in_flight)
+            freed += back if cur == "swap" else -back
+        return freed
 
     @staticmethod
     def _choice(rule: MemoryRule, options: Sequence[tuple[float, LayerPolicy]]) -> tuple[float, LayerPolicy]:
@@ -283,11 +305,13 @@ class StageModel:
 # dropout, ·V: the ops that save the most bytes per second re-run, Korthikanti et al. 2022 §5) —
 # the block policy ``selective`` — and every operator but the GEMMs (``nongemm``: the attention core
 # with the LayerNorms, GeLU, dropouts and residual adds, whose outputs hold most of a block's bytes for
-# a small share of its forward) before re-running the whole block or swapping it.
+# a small share of its forward) before re-running the whole block or swapping it. A swapped unit
+# may still move on to recompute: before a prefetched backward its bytes come back whole
+# (:meth:`StageModel.least_memory`), so on a stage with micro-batches in flight a re-run can free more.
 _MOVES: dict[MemoryRule, dict[LayerPolicy, tuple[LayerPolicy, ...]]] = {
-    "vpipe": {"keep": ("swap", "recompute")},
+    "vpipe": {"keep": ("swap", "recompute"), "swap": ("recompute",)},
     "dawnpiper": {"keep": ("swap", "selective", "nongemm", "recompute"), "selective": ("swap", "nongemm", "recompute"),
-                  "nongemm": ("swap", "recompute")},
+                  "nongemm": ("swap", "recompute"), "swap": ("recompute",)},
 }
 _STRENGTH: dict[LayerPolicy, int] = {"keep": 0, "selective": 1, "nongemm": 2, "recompute": 3, "swap": 4}
 # Seconds each policy re-runs per micro-batch.

@@ -161,13 +161,12 @@ class _DawnPiper:
         self.room = [self._room(s) for s in range(sm.num_stages)]
 
     def _room(self, stage: int) -> int:
-        floor: LayerPolicy = "swap" if self.sm.swap_bytes > 0 else "recompute"
         best = 0
         for start in (0, 1) if self.sm.halves else (0,):
             n = 0
             while start + n < self.sm.num_positions:
                 units = self.sm.units(start, start + n + 1)
-                if not self.sm.fits(stage, [floor] * len(units), [u[1] for u in units]):
+                if not self.sm.fits_at_all(stage, [u[1] for u in units]):
                     break
                 n += 1
             best = max(best, n)
@@ -178,13 +177,12 @@ class _DawnPiper:
         one no plan fits, and the search (exhaustive when nothing fits) is not run. Each stage in turn
         takes all it can (a stage that fits still fits with fewer units), leaving each later stage a
         block to start."""
-        floor: LayerPolicy = "swap" if self.sm.swap_bytes > 0 else "recompute"
         lo, end, p = 0, self.sm.num_positions, self.sm.num_stages
         for s in range(p):
             hi = lo
             while hi < end and self.sm.blocks_started(hi + 1, end) >= p - s - 1:
                 units = self.sm.units(lo, hi + 1)
-                if not self.sm.fits(s, [floor] * len(units), [u[1] for u in units]):
+                if not self.sm.fits_at_all(s, [u[1] for u in units]):
                     break
                 hi += 1
             if self.sm.blocks_started(lo, hi) < 1:

@@ -259,9 +259,18 @@ def test_layer_memory_policy_and_transients():
     late = dataclasses.replace(base, layer_memory_policy=["keep", "recompute", "keep", "keep"])
     mem = stage_memory(model, late, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
     assert [rm.other_bytes for rm in mem] == [none, loss]
+    # Stage 0's backwards follow another action (1F1B: F0 F1 B0 B1), so its swapped block is
+    # prefetched: it comes back whole (``none``) while F1 runs for B0, and again while B0 runs for B1:
+    # B0 holds its own copies until it ends, so two micro-batches' are back at once.
     swap_last = dataclasses.replace(base, layer_memory_policy=["keep", "swap", "keep", "keep"])
+    assert build_schedule("1f1b", 2, 2).prefetched_sets(0) == 2
     mem = stage_memory(model, swap_last, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
-    assert [rm.other_bytes for rm in mem] == [2 * 4 * 512 * 512 * 1, loss]  # the softmax output, d·a·s²·b > d·s·b·4h
+    assert [rm.other_bytes for rm in mem] == [2 * none, loss]
+    # With one micro-batch each backward follows its own forward: nothing is prefetched, and the
+    # swapped block comes back tensor by tensor (its largest: the softmax output, d·a·s²·b > d·s·b·4h).
+    one = dataclasses.replace(swap_last, global_batch_size=1)
+    mem = stage_memory(model, one, A100, build_schedule("1f1b", 2, 1), [2, 2], reserved_bytes=0)
+    assert [rm.other_bytes for rm in mem] == [2 * 4 * 512 * 512 * 1, loss]
     kept = stage_memory(model, base, A100, build_schedule("1f1b", 2, 2), [2, 2], reserved_bytes=0)
     assert [rm.other_bytes for rm in kept] == [0.0, loss]
     with pytest.raises(ContractError, match="layer_memory_policy"):

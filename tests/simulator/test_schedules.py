@@ -311,3 +311,22 @@ def test_held_states_hold_every_peak_of_the_timeline(name, pp, m, v):
                 return (sum(x.awaiting_input * a[s] + x.awaiting_weight * w[s] + x.has_grads * g[s] for s, x in h.items())
                         + t * any(x.backward_next for x in h.values()))
             assert max(map(total, states)) == max(map(total, timeline))
+
+
+def test_prefetch_rule_names_the_backward_after_another_action():
+    """vPipe's prefetch: a backward's swapped activations come back under the action before it,
+    unless that is its own forward (one rule: the engine, the memory model and the executor)."""
+    from mindpipe.simulator.actions import prefetched_backward
+
+    s = build_schedule("1f1b", 4, 8)
+    first, last = s.orders[0], s.orders[3]
+    assert [str(a) for a in first[:6]] == ["0F0", "0F1", "0F2", "0F3", "0B0", "0F4"]
+    assert prefetched_backward(first, 3) == Action(0, "B", 0)  # under F3
+    assert prefetched_backward(first, 4) is None  # F4 is next
+    assert prefetched_backward(last, 0) is None  # the last stage's B0 follows its own F0
+    # 1F1B: one micro-batch's copies back under a forward; two in the cool-down (B under B).
+    assert [s.prefetched_sets(i) for i in range(4)] == [2, 2, 2, 0]
+    assert [s.round_trip_share(i) for i in range(4)] == [0.0, 0.0, 0.0, 1.0]
+    # One micro-batch: every backward follows its own forward, nothing is prefetched.
+    one = build_schedule("1f1b", 4, 1)
+    assert [one.prefetched_sets(i) for i in range(4)] == [0, 0, 0, 0]
