@@ -205,12 +205,8 @@ class Schedule:
         prefetched; 1 where each prefetch runs under a forward; 2 where one runs under a prefetched
         backward of the same stage, which holds its own copies until it ends (1F1B's cool-down)."""
         order = self.orders[self.stage_to_rank[stage]]
-        ahead = [prefetched_backward(order, i) for i in range(len(order))]
-        most = 0
-        for i in range(len(order)):
-            own = i > 0 and ahead[i - 1] is not None and ahead[i - 1].stage == stage
-            most = max(most, own + (ahead[i] is not None and ahead[i].stage == stage))
-        return most
+        ahead = [(a := prefetched_backward(order, i)) is not None and a.stage == stage for i in range(len(order))]
+        return max((ahead[i] + (i > 0 and ahead[i - 1]) for i in range(len(order))), default=0)
 
     def stages_of_rank(self, rank: int) -> list[int]:
         """Virtual stages placed on ``rank``, ascending."""
