@@ -175,16 +175,25 @@ def test_cuda_swap_uses_pinned_memory_and_matches_kept():
 def test_the_host_copy_keeps_a_dense_tensors_strides():
     """A swapped tensor comes back laid out as it left: a compiled backward asserts the strides of
     what it saved (an H200 run of fp8's compiled linears under swap failed on a contiguous copy of a
-    transposed weight cast). Where the layout cannot be kept (an expanded, overlapping view) the
-    copy is contiguous."""
+    transposed weight cast). A view of its storage comes back with its offset and strides, an
+    expanded one too; a view of a much larger storage is copied alone, in its own layout where it
+    is dense (:func:`host_buffer`), and views of one storage share one copy both ways."""
     t = torch.randn(16, 8).t()
     buf = host_buffer(t, pin=False)
     assert buf.shape == t.shape and buf.stride() == t.stride() == (1, 8)
-    buf.copy_(t)
-    back = buf.to(torch.float32)
-    assert back.stride() == t.stride() and torch.equal(back, t)
+    assert host_buffer(torch.randn(8, 1).expand(8, 4), pin=False).stride() == (4, 1)
+    pool = HostPool(CPU)
+    base = torch.randn(4, 6)
     wide = torch.randn(8, 1).expand(8, 4)
-    assert host_buffer(wide, pin=False).stride() == (4, 1)
+    big = torch.randn(64, 8)
+    cases = [t, base.t(), base.view(24), wide, big[:4].t()]
+    packed = [pool.pack(x) for x in cases]
+    for x, p in zip(cases, packed, strict=True):
+        back = pool.unpack(p)
+        assert back.shape == x.shape and back.stride() == x.stride() and torch.equal(back, x)
+    # base.t() and base.view(24): one storage, one copy; big[:4].t() alone: its 32 values, not 512.
+    assert pool.live_bytes == 4 * (16 * 8 + 24 + 8 + 32)
+    assert packed[1].store is packed[2].store
 
 
 @pytest.mark.gpu
@@ -303,14 +312,14 @@ def _prefetch_run(dev: torch.device, policy: str) -> tuple[list[torch.Tensor], H
 def test_a_prefetched_micro_batch_comes_back_whole_and_trains_as_kept():
     """vPipe's prefetch (offload.install_prefetch's mechanism): the micro-batch's swapped tensors are
     all back, counted as transient, before its backward; the backward uses them and frees them; the
-    gradients equal keeping's. The bytes are what the memory model counts per swapped block, plus
-    what the pool copies twice: it copies each distinct view a block saves, and attention saves two
-    views of one storage in places (11 % here, h = b·s = 64; the model counts each storage once)."""
+    gradients equal keeping's. The bytes are what the memory model counts per swapped block: the
+    pool copies a storage once however many views of it the block saves (attention's softmax
+    output: two; copied per view the pool moved 11 % more here)."""
     kept, _, _, _ = _prefetch_run(CPU, "keep")
     grads, pool, memory, (nbytes, transient) = _prefetch_run(CPU, "swap")
     plan = Plan(micro_batch_size=2, global_batch_size=2, precision="fp32")
     whole = 4 * activation_bytes_per_layer(MODEL, plan, policy="none", mask_bytes=4)
-    assert whole <= nbytes <= 1.12 * whole, (nbytes, whole)
+    assert whole <= nbytes <= 1.01 * whole, (nbytes, whole)
     assert transient == nbytes and memory.terms.transient == 0
     assert not pool.groups and not pool.fetched and pool.live_bytes == 0
     assert all(torch.equal(a, b) for a, b in zip(kept, grads, strict=True))
