@@ -38,6 +38,7 @@ from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_model
 from mindpipe.traces.catalog import get_device
 from mindpipe.traces.config import Cluster, Model, Plan
+from mindpipe.traces.errors import ContractError
 from mindpipe.traces.schema import to_dict
 from mindpipe.traces.trace import Trace
 
@@ -143,10 +144,17 @@ def simulated(model: Model, plan: Plan) -> list[float]:
 
 
 def fits(model: Model, plan: Plan, budget_gib: float) -> bool:
-    """The simulator's verdict at an emulated capacity (as ``mindpipe run --memory-budget-gib`` asks it)."""
+    """The simulator's verdict at an emulated capacity per rank, asked as ``mindpipe run
+    --memory-budget-gib`` asks it (:func:`mindpipe.cli.run.memory_check`, each rank its own device).
+    Asked of a CPU cluster directly, the budget would be the host's, shared by its ranks."""
+    from mindpipe.cli.run import memory_check
+
     device = replace(get_device("cpu"), memory_capacity_bytes=int(budget_gib * GIB))
-    cluster = Cluster(gpu="cpu", num_nodes=1, gpus_per_node=plan.world_size)
-    return all(r.fits for r in Simulator(model, cluster, catalog={"cpu": device}).memory(plan))
+    try:
+        memory_check(model, plan, device, 1)
+    except ContractError:
+        return False
+    return True
 
 
 def run(model_name: str, nproc: int, plan: dict[str, Any], steps: int, tmp: Path, *extra: str) -> tuple[int, str, Trace | None]:

@@ -21,14 +21,19 @@ comes back with its own offset, shape and strides, so a compiled backward finds 
   (``non_blocking``: pinned memory makes it asynchronous). This is
   ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` with the copy out moved off the
   compute stream.
-* **Prefetch** (:func:`install_prefetch`): a backward that does not directly follow its own
-  forward gets its micro-batch's swapped tensors copied back while the action before it runs
-  (:func:`mindpipe.simulator.actions.prefetched_backward`, the rule the engine times and the memory
-  model counts). On CUDA the copy runs on a second side stream (host→device; PCIe is full duplex),
-  after the copy out's event; the backward's unpack waits for it and the copy is held for the
-  compute stream. The copies stay with their saved tensors until the backward action that used
-  them ends (a B releases its saved tensors anyway; an I keeps its graph for W, and W brings back
-  what it needs tensor by tensor). A backward right after its own forward copies back as it asks.
+* **Prefetch, one block ahead** (:func:`install_prefetch`): a backward that does not directly
+  follow its own forward gets its micro-batch's last swapped block copied back while the action
+  before it runs (:func:`mindpipe.simulator.actions.prefetched_backward`, the rule the engine times
+  and the memory model counts). Then, as each swapped block's backward begins (its first saved
+  tensor asked for), the next swapped block below it starts coming back
+  (:func:`mindpipe.simulator.work.swap_chain_stall_s` prices the wait), so at most two of a
+  micro-batch's swapped blocks are on the device at once. A backward right after its own forward
+  gets nothing ahead and copies back storage by storage as it asks (the least memory).
+  On CUDA these copies run on a second side stream (host→device; PCIe is full duplex), after the
+  copy out's event; the unpack waits for them and the copy is held for the compute stream. A
+  prefetched copy stays until the backward action ends, or until autograd has released every
+  view of it (a B releases its saved tensors as it goes; an I keeps its graph for W, and W brings
+  back what it needs as it asks).
 * **CPU**: "device" and host are the same RAM, so the pool is a separate set of copies that the
   rank's device accounting (:mod:`mindpipe.executor.memory_account`) does not count: the saved
   tensor's own storage is no longer held by autograd, exactly as on a GPU. The pool's bytes are
@@ -86,13 +91,15 @@ class _Stored:
     until the compute stream has waited for it); ``lazy`` the first view a backward asked for
     without one: the other views share its storage while it lives, as autograd uses it."""
 
-    __slots__ = ("__weakref__", "back", "done", "host", "landed", "lazy", "pool")
+    __slots__ = ("__weakref__", "back", "block", "done", "host", "landed", "lazy", "pool")
 
     def __init__(self, pool: HostPool, host: torch.Tensor, done: Any) -> None:
         self.pool, self.host, self.done = pool, host, done
         self.back: torch.Tensor | None = None
         self.landed: Any = None
         self.lazy: weakref.ref[torch.Tensor] | None = None
+        # (stage, micro-batch) and the swapped block's index among its forward's swapped blocks
+        self.block: tuple[tuple[int, int], int] | None = pool.file(self)
         pool.add(host.numel())
 
     def __del__(self) -> None:
@@ -135,11 +142,27 @@ class HostPool:
         self.in_stream: Any = torch.cuda.Stream(device) if self.cuda else None  # the prefetch's copies back
         self.live_bytes = 0
         self.peak_bytes = 0
-        # The (stage, micro-batch) whose forward runs now, what each forward swapped, and the
-        # prefetched copies each backward holds (install_prefetch).
+        # The (stage, micro-batch) whose forward runs now; what each forward swapped, per swapped
+        # block in forward order; the blocks whose backward has begun; the prefetched copies each
+        # backward holds (install_prefetch).
         self.group: tuple[int, int] | None = None
-        self.groups: dict[tuple[int, int], list[weakref.ref[_Stored]]] = {}
+        self.blocks: dict[tuple[int, int], list[list[weakref.ref[_Stored]]]] = {}
+        self.started: set[tuple[tuple[int, int], int]] = set()
+        self.chained: set[tuple[int, int]] = set()  # prefetched groups: the rest come back one ahead
         self.fetched: dict[tuple[int, int], list[weakref.ref[_Stored]]] = {}
+
+    def begin_block(self) -> None:
+        """A swapped block's forward starts: what it saves is filed as its own block."""
+        if self.group is not None:
+            self.blocks.setdefault(self.group, []).append([])
+
+    def file(self, store: _Stored) -> tuple[tuple[int, int], int] | None:
+        """File ``store`` under the running forward's last swapped block; its place, or None."""
+        if self.group is None or not self.blocks.get(self.group):
+            return None
+        blocks = self.blocks[self.group]
+        blocks[-1].append(weakref.ref(store))
+        return self.group, len(blocks) - 1
 
     def add(self, nbytes: int) -> None:
         """Account ``nbytes`` entering (or, negative, leaving) the pool."""
@@ -166,8 +189,6 @@ class HostPool:
             return _Swapped(seen[1], local, spec)
         store = self._copy(storage_bytes(local), local)
         self.stores[key] = (weakref.ref(t), store)
-        if self.group is not None:
-            self.groups.setdefault(self.group, []).append(weakref.ref(store))
         return _Swapped(store, local, spec)
 
     def _copy(self, raw: torch.Tensor, owner: torch.Tensor) -> _Stored:
@@ -196,8 +217,6 @@ class HostPool:
                 buf.copy_(local, non_blocking=True)
             local.record_stream(self.stream)
             store = _Stored(self, storage_bytes(buf), self.stream.record_event())
-        if self.group is not None:
-            self.groups.setdefault(self.group, []).append(weakref.ref(store))
         return store, buf
 
     def _device_copy(self, store: _Stored, prefetch: bool) -> torch.Tensor:
@@ -215,11 +234,20 @@ class HostPool:
         return back
 
     def prefetch(self, group: tuple[int, int], on_back: Callable[[torch.Tensor], None] | None = None) -> int:
-        """Start copying back everything the forward of ``group`` (stage, micro-batch) swapped
-        (module docstring); returns the bytes brought back. ``on_back`` sees each copy."""
+        """Start copying back the last swapped block of ``group``'s forward (stage, micro-batch),
+        the first its backward needs (module docstring); returns the bytes brought back.
+        ``on_back`` sees each copy."""
+        blocks = self.blocks.get(group)
+        if not blocks:
+            return 0
+        self.chained.add(group)
+        return self._fetch(group, len(blocks) - 1, on_back)
+
+    def _fetch(self, group: tuple[int, int], k: int, on_back: Callable[[torch.Tensor], None] | None) -> int:
+        """Copy back swapped block ``k`` of ``group`` on the prefetch's stream."""
         nbytes = 0
         fetched = self.fetched.setdefault(group, [])
-        for ref in self.groups.pop(group, []):
+        for ref in self.blocks.get(group, [])[k] if k < len(self.blocks.get(group, [])) else []:
             store = ref()
             if store is None or store.back is not None:
                 continue
@@ -231,9 +259,11 @@ class HostPool:
         return nbytes
 
     def release(self, group: tuple[int, int]) -> None:
-        """Drop the device copies ``group``'s backward action holds (after it), and what its forward
-        filed if nothing prefetched it (a backward right after its own forward)."""
-        self.groups.pop(group, None)
+        """After ``group``'s backward action: drop the device copies it holds, and what its forward
+        filed (a W after an I brings back what it needs as it asks)."""
+        n = len(self.blocks.pop(group, []))
+        self.started -= {(group, k) for k in range(n)}
+        self.chained.discard(group)
         for ref in self.fetched.pop(group, []):
             store = ref()
             if store is not None:
@@ -246,6 +276,12 @@ class HostPool:
         if isinstance(s, torch.Tensor):
             return s
         store = s.store
+        if store.block is not None and store.block[0] in self.chained and store.block not in self.started:
+            # A prefetched backward's swapped block begins: the next swapped block below it starts coming back.
+            self.started.add(store.block)
+            group, k = store.block
+            if k > 0:
+                self._fetch(group, k - 1, on_back)
         if store.back is not None:
             if store.landed is not None:  # the compute stream waits for the prefetch once and holds its memory
                 compute = torch.cuda.current_stream(self.device)
@@ -279,6 +315,7 @@ def swapping(pool: HostPool, on_unpack: Callable[[torch.Tensor], None] | None = 
     def unpack(s: _Swapped | torch.Tensor) -> torch.Tensor:
         return pool.unpack(s, on_unpack)
 
+    pool.begin_block()
     try:
         with torch.autograd.graph.saved_tensors_hooks(pool.pack, unpack):
             yield
@@ -290,12 +327,13 @@ def install_prefetch(stages: Sequence[Any], pool: HostPool, order: Sequence[Acti
                      on_fetch: Callable[[torch.Tensor], None] | None = None) -> None:
     """Run vPipe's prefetch on this rank's pipeline stages (module docstring).
 
-    Wraps each stage's ``forward_one_chunk`` (what it swaps is filed under its (stage, micro-batch)),
-    ``backward_one_chunk`` (B, or I with ``full_backward=False``: its copies are dropped when it
-    ends) and ``backward_weight_one_chunk`` (W): as each action starts, the backward that
-    :func:`~mindpipe.simulator.actions.prefetched_backward` names after it in ``order`` (the rank's
-    actions, as the simulator times them) has its stage's swapped tensors copied back, if
-    ``swapped`` holds that stage. An action ``order`` does not hold starts nothing.
+    Wraps each stage's ``forward_one_chunk`` (what it swaps is filed under its (stage, micro-batch),
+    block by block), ``backward_one_chunk`` (B, or I with ``full_backward=False``: its copies are
+    dropped when it ends) and ``backward_weight_one_chunk`` (W): as each action starts, the backward
+    that :func:`~mindpipe.simulator.actions.prefetched_backward` names after it in ``order`` (the
+    rank's actions, as the simulator times them) has its last swapped block copied back, if
+    ``swapped`` holds that stage. An action ``order`` does not hold starts nothing. The filing also
+    lets each backward bring its other swapped blocks back one ahead (:meth:`HostPool.unpack`).
     """
     index = {a: i for i, a in enumerate(order)}
 

@@ -89,15 +89,17 @@ def follows_own_forward(order: list[Action], i: int) -> bool:
 
 
 def prefetched_backward(order: list[Action], i: int) -> Action | None:
-    """The backward whose swapped activations come back to the device while ``order[i]`` runs, or None.
+    """The backward whose last swapped block comes back to the device while ``order[i]`` runs, or None.
 
-    vPipe's prefetch (BACKGROUND.md §4.2): the copy back of the next action's activations, when it
-    is a backward (B or I) that does not directly follow its own forward, starts with the action
-    before it, so it hides under that action's compute. A backward right after its own forward
-    gets nothing ahead: its bytes reach the host only after that forward, and they come back as
-    the backward asks for them. The engine times this (``Engine._prefetch``), the memory model
-    counts the copies while they are on the device (``StageMemoryModel.stage``'s ``prefetch``) and
-    the executor runs it (:func:`mindpipe.executor.offload.install_prefetch`).
+    vPipe's prefetch (BACKGROUND.md §4.2): the copy back of the next action's last swapped block
+    (the first its backward needs), when it is a backward (B or I) that does not directly follow
+    its own forward, starts with the action before it, so it hides under that action's compute;
+    the backward brings back its other swapped blocks one ahead as it runs
+    (:func:`mindpipe.simulator.work.swap_chain_stall_s`). A backward right after its own forward
+    gets nothing ahead: its bytes reach the host only after that forward, and its last swapped
+    block comes back as the backward asks for it. The engine times this (``Engine._prefetch``), the
+    memory model counts the copies while they are on the device (``StageMemoryModel.stage``'s
+    ``prefetch``) and the executor runs it (:func:`mindpipe.executor.offload.install_prefetch`).
     """
     if i + 1 >= len(order) or order[i + 1].kind not in ("B", "I") or follows_own_forward(order, i + 1):
         return None
@@ -200,10 +202,10 @@ class Schedule:
         return sum(1 for i in backs if follows_own_forward(order, i)) / len(backs) if backs else 0.0
 
     def prefetched_sets(self, stage: int) -> int:
-        """Most micro-batches of ``stage`` whose swapped activations are back on the device at once
-        through a prefetch (:func:`prefetched_backward`): 0 where no backward of the stage is
-        prefetched; 1 where each prefetch runs under a forward; 2 where one runs under a prefetched
-        backward of the same stage, which holds its own copies until it ends (1F1B's cool-down)."""
+        """Most micro-batches of ``stage`` with a prefetched swapped block on the device at once
+        (:func:`prefetched_backward`; the prefetch brings back a backward's last swapped block): 0
+        where no backward of the stage is prefetched; 1 where each prefetch runs under a forward;
+        2 where one runs under a prefetched backward of the same stage (1F1B's cool-down)."""
         order = self.orders[self.stage_to_rank[stage]]
         ahead = [(a := prefetched_backward(order, i)) is not None and a.stage == stage for i in range(len(order))]
         return max((ahead[i] + (i > 0 and ahead[i - 1]) for i in range(len(order))), default=0)

@@ -27,7 +27,7 @@ from collections import Counter
 from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost, layer_params, partial_grad_params
 from mindpipe.simulator.engine import RankWork, StageWork
 from mindpipe.simulator.topology import Phase, Topology
-from mindpipe.simulator.work import TpOverlap, swap_out_tail_s, swap_stream_window_s
+from mindpipe.simulator.work import TpOverlap, swap_chain_stall_s, swap_out_tail_s, swap_stream_window_s
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import (
     BlockPolicy,
@@ -80,6 +80,17 @@ def assign_layers(costs: list[LayerCost], model: Model, plan: Plan) -> list[list
     return [[by_name[n] for n in span.layer_names()] for span in stage_layout(plan, model)]
 
 
+def block_rerun_s(c: LayerCost, policy: BlockPolicy) -> float:
+    """Seconds block ``c`` re-runs of its forward before its backward under ``policy``."""
+    if policy == "full":
+        return c.forward_s
+    if policy == "selective":
+        return c.recompute_selective_s
+    if policy == "nongemm":
+        return c.recompute_nongemm_s
+    return 0.0
+
+
 def stage_recompute(layers: list[LayerCost], policies: list[BlockPolicy]) -> tuple[float, list[Collective], int]:
     """(re-run forward seconds, re-issued collectives, swapped blocks) of a stage's blocks.
 
@@ -88,11 +99,10 @@ def stage_recompute(layers: list[LayerCost], policies: list[BlockPolicy]) -> tup
     blocks = [c for c in layers if c.kind == "block"]
     seconds, comm, swapped = 0.0, [], 0
     for c, policy in zip(blocks, policies, strict=True):
+        seconds += block_rerun_s(c, policy)
         if policy == "full":
-            seconds += c.forward_s
             comm += c.forward_comm
         elif policy in ("selective", "nongemm"):
-            seconds += c.recompute_selective_s if policy == "selective" else c.recompute_nongemm_s
             # The attention core runs again, so under context parallelism its K/V ring does too.
             comm += [x for x in c.forward_comm if x.axis == "cp"]
         elif policy == "swap":
@@ -197,6 +207,7 @@ def build_work(
     swap_on_compute: tuple[float, float, float] | None = None,
     split_backward: bool = False,
     copy_s_per_byte: float = 0.0,
+    swap_block_copy_s: float = 0.0,
 ) -> tuple[list[StageWork], list[RankWork], list[int]]:
     """Per-stage work, per-rank work and per-rank parameter counts for the engine.
 
@@ -213,6 +224,8 @@ def build_work(
     stage under FSDP2 (:func:`~mindpipe.traces.layout.copies_dp_buffers`) copies each gather of its
     weights out of the all-gather buffer into its parameters (:attr:`StageWork.gather_copy_s`) and
     its gradients into the reduction's input buffer (:attr:`StageWork.reduce_copy_s`).
+    ``swap_block_copy_s`` is one swapped block's copy alone on the host link, for the copies back
+    during the backward (:func:`~mindpipe.simulator.work.swap_chain_stall_s`).
     """
     stages = assign_layers(costs, model, plan)
     policies = block_policies(plan, model.num_layers)
@@ -231,6 +244,16 @@ def build_work(
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
         work = _stage_work(plan, stages, s, topo, stage_to_rank, times, re_comm, rerun_comm, swap,
                            swap_out_tail_s(swap, swapped), stream)  # the planners' tail rule, in bytes
+        if swap > 0:  # the copies back: the last swapped block's before the backward, the others in it
+            work.swap_in = topo.swap(stage_to_rank[s], swap_bytes_per_block, "in")
+            if swapped > 1:
+                work.swap_chain_in = topo.swap(stage_to_rank[s], swap - swap_bytes_per_block, "in")
+            blocks = [c for c in layers if c.kind == "block"]
+            own = [policies[b] for b in spans[s].blocks]
+            work.swap_chain_s = swap_chain_stall_s(
+                [c.backward_input_s + (0.0 if split_backward else c.backward_weight_s) + block_rerun_s(c, p)
+                 for c, p in zip(blocks, own, strict=True)],
+                [swap_block_copy_s if p == "swap" else None for p in own])
         if copies_dp_buffers(plan):
             # FSDP2 copies each gathered parameter out of the gather's flat buffer on the compute
             # stream once the gather lands (every gathered byte read and written once), and before

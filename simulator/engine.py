@@ -51,7 +51,7 @@ from __future__ import annotations
 from typing import Literal, cast
 
 import simpy
-from mindpipe.simulator.actions import Action, Schedule
+from mindpipe.simulator.actions import Action, Schedule, prefetched_backward
 from mindpipe.simulator.collectives import overlapped_exposed_s
 from mindpipe.simulator.network import solo_times
 from mindpipe.simulator.topology import Phase
@@ -92,6 +92,7 @@ class Engine:
         self._prefetch_gathers = self.opt.cores_per_rank_slots is None
         self._params_rest: dict[int, simpy.Process] = {}  # a stage's first gather still in flight
         self.swapped_in: dict[tuple[int, int], simpy.Event] = {}
+        self._chained: set[tuple[int, int]] = set()  # backwards whose swapped blocks come back one ahead
         # A (stage, micro-batch)'s copy to the host has landed: its copy back starts no earlier.
         self._swapped_out: dict[tuple[int, int], simpy.Event] = {}
         self._swap_heads: dict[tuple[int, int], simpy.Process] = {}  # copies out streaming beside a forward
@@ -133,7 +134,8 @@ class Engine:
         for s, st in enumerate(self.stages):
             r = self.schedule.stage_to_rank[s]
             owned += [(r, st.fwd_tp), (r, st.bwd_tp)]
-            shared += [st.send_fwd or [], st.send_bwd or [], st.swap_out, st.swap_out_tail, st.swap_in, *st.dp_buckets,
+            shared += [st.send_fwd or [], st.send_bwd or [], st.swap_out, st.swap_out_tail, st.swap_in, st.swap_chain_in,
+                       *st.dp_buckets,
                        *st.gather_buckets, *st.forward_regather_buckets]
         for r, rw in enumerate(self.ranks):
             shared += [*rw.param_gather, rw.tied_exchange]
@@ -287,7 +289,11 @@ class Engine:
                 hidden = hidden_s[s][1]
             start = env.now
             if self._has_swap and idx + 1 < len(order):
-                self._prefetch(order[idx + 1])
+                self._prefetch(order[idx + 1], prefetched_backward(order, idx) is not None)
+            if kind in ("B", "I") and (s, mb) in self._chained and st.swap_chain_in:
+                # a prefetched backward brings its other swapped blocks back one ahead during it
+                comp += st.swap_chain_s
+                env.process(self._comm(r, st.swap_chain_in, f"swap-in {a} (during)", "swap", False))
             if kind == "F" and st.swap_out:  # the copy out streams beside the forward (StageWork.swap_stream_s)
                 self._swap_heads[(s, mb)] = env.process(self._swap_out_head(r, st, a, start + comp))
             blocking_reduce = False
@@ -394,19 +400,24 @@ class Engine:
             self.tr.run(phases, self._prio(True), landed)
         return done
 
-    def _prefetch(self, nxt: Action) -> None:
+    def _prefetch(self, nxt: Action, ahead: bool) -> None:
         """vPipe-style swap-in of the next backward's activations while this action runs.
 
-        The copy back starts once the copy out of the same (stage, micro-batch) has landed: where
-        the backward directly follows its own forward (1F1B's last stage, pp = 1) that forward is
-        the action this runs under, and its bytes reach the host only after it (the executor's
-        host→device copy waits for the device→host copy's event, ``executor/offload.py``).
+        ``ahead`` (:func:`~mindpipe.simulator.actions.prefetched_backward`): the backward follows
+        another action, so its last swapped block is copied back under this one and the others
+        during the backward, one ahead (``StageWork.swap_chain_s``); else it directly follows its
+        own forward, whose bytes reach the host only after it (the executor's host→device copy
+        waits for the device→host copy's event, ``executor/offload.py``), and all its swapped
+        blocks come back before it, as it asks for them.
         """
         st = self.stages[nxt.stage]
         key = (nxt.stage, nxt.microbatch)
         if nxt.kind in ("B", "I") and st.swap_in and key not in self.swapped_in:
+            if ahead:
+                self._chained.add(key)
+            phases = st.swap_in if ahead else st.swap_in + st.swap_chain_in
             self.swapped_in[key] = self.env.process(
-                self._swap_back(self.schedule.stage_to_rank[nxt.stage], st.swap_in, self._swap_out_event(key), nxt))
+                self._swap_back(self.schedule.stage_to_rank[nxt.stage], phases, self._swap_out_event(key), nxt))
 
     def _swap_out_event(self, key: tuple[int, int]) -> simpy.Event:
         """The event of ``key``'s copy to the host landing (made by whichever side asks first)."""

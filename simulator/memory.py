@@ -478,9 +478,10 @@ class StageMemoryModel:
                 reruns = max((self.block("none", part) for part in full), default=0.0)
             else:
                 reruns = sum(weight_groups(model, part) * self.block("none", part) for part in full)
-            # A prefetched micro-batch's swapped blocks are all back when I starts and stay until
-            # I ends (torch's I keeps the graph; the executor drops its copies then and W brings
-            # back what it needs tensor by tensor).
+            # A prefetched I brings its swapped blocks back one after another and they stay until
+            # it ends (torch's I keeps the graph; the executor drops its copies then, and W brings
+            # back what it needs as it asks); in a cool-down, the next micro-batch's too. Without a
+            # prefetch they come back as asked: the largest saved tensor at once.
             swap_back = 0.0 if "swap" not in policies else (
                 prefetch * self.swapped_bytes(policies, parts) if prefetch else self.largest_saved_bytes())
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
@@ -494,8 +495,8 @@ class StageMemoryModel:
             return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss),
                                reruns + swap_back, acts - logits + until_w)
         redone = self.redone_bytes(policies, parts, head, prefetch=prefetch)
-        if prefetch:  # the prefetched blocks are back while the loss's backward runs
-            loss += prefetch * self.swapped_bytes(policies, parts)
+        if prefetch and "swap" in policies:  # the last swapped block is back while the loss's backward runs
+            loss += prefetch * self.block("none", [pt for p, pt in zip(policies, parts, strict=True) if p == "swap"][-1])
         return _StageTerms(acts, sum(layers), max(layers, default=0), max(redone, loss), redone, acts)
 
     def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
@@ -538,40 +539,49 @@ class StageMemoryModel:
         """What a recomputed or swapped-in block adds on top of the stage's held activations.
 
         A recomputed block comes back whole (``block("none")``: the recompute re-saves it all
-        before its backward starts); a swapped one tensor by tensor, as its backward asks for them
-        (the executor's unpack hook), so at most its largest saved tensor is back at once. The
-        backward runs the stage's layers last to first and frees each one's activations as it
+        before its backward starts); a swapped one as below. The backward runs the stage's layers last to first and frees each one's activations as it
         goes, so when block j is back the micro-batch has already released the head's extras and
         every block after j: block j adds ``max(0, back − Σ after j)``; the stage's transient is the
         largest over its redone blocks (measured on CPU with the executor's live-tensor accounting).
         A ``nongemm`` block re-saves all of ``block("none")`` but the GEMM outputs it cached
         (what it keeps less its input and :meth:`nongemm_unshared`). A block cut by a stage boundary counts the part the stage holds.
 
-        ``prefetch``: the swapped blocks come back whole, all of the micro-batch's at once, while
-        the action before the backward runs (:func:`~mindpipe.simulator.actions.prefetched_backward`;
-        the executor's :func:`~mindpipe.executor.offload.install_prefetch`), and each leaves the
-        device when the backward is done with it. So the stage's swapped blocks are on top of its
-        held activations before the backward starts (:meth:`swapped_bytes`), and a recomputed block
-        j adds its re-run to the swapped blocks before it, not yet consumed. With ``prefetch`` = 2
-        the next micro-batch's come back while this backward runs (1F1B's cool-down): all of them
-        on top, throughout.
+        A swapped block comes back storage by storage as the backward asks for it (the executor's
+        unpack hook), so at most its largest saved tensor is back at once — except where the stage
+        prefetches (``prefetch`` ≥ 1, :meth:`~mindpipe.simulator.actions.Schedule.prefetched_sets`;
+        the executor's chain, :func:`~mindpipe.executor.offload.install_prefetch`): its last
+        swapped block comes back whole while the action before the backward runs, and each other
+        one while the swapped block above it runs its backward. So when block j runs, its own
+        bytes (re-run, or swapped back whole) and the next swapped block below the nearest swapped
+        one at or above j are on top of the held activations, less what the backward freed; with
+        ``prefetch`` = 2 (1F1B's cool-down) the next micro-batch's last swapped block too, from
+        this backward's start.
         """
         if prefetch and "swap" in policies:
-            one = self.swapped_bytes(policies, parts)
-            out, after = prefetch * one, head_bytes
-            pending = out  # prefetched swapped blocks the backward has not reached yet, and the next's
-            for p, part in zip(reversed(policies), reversed(parts), strict=True):
-                if p == "swap":
-                    pending -= self.block("none", part)
-                elif (back := self._back_bytes(p, part)) is not None:
-                    out = max(out, pending + back - after)
-                after += self.block(p, part)
-            return out
+            return self._swap_walk(policies, parts, head_bytes, prefetch)
         out, after = 0.0, head_bytes
         for p, part in zip(reversed(policies), reversed(parts), strict=True):
             back = self._back_bytes(p, part)
             if back is not None:
                 out = max(out, back - after)
+            after += self.block(p, part)
+        return out
+
+    def _swap_walk(self, policies: list[BlockPolicy], parts: list[BlockPart], head_bytes: float, prefetch: int) -> float:
+        """:meth:`redone_bytes` of a stage with swapped blocks."""
+        swapped = [i for i, p in enumerate(policies) if p == "swap"]
+        full = {i: self.block("none", parts[i]) for i in swapped}
+        top = swapped[-1]
+        extra = max(0, prefetch - 1) * full[top]
+        out, after = prefetch * full[top], head_bytes  # before the backward: the prefetched last swapped block(s)
+        for i in reversed(range(len(policies))):
+            p, part = policies[i], parts[i]
+            nearest = next((j for j in swapped if j >= i), None)
+            # No swapped block at or above i: the last one (below i) is back, prefetched; else the next
+            # swapped block below the nearest one is coming back.
+            nxt = full[top] if nearest is None else next((full[j] for j in reversed(swapped) if j < nearest), 0.0)
+            own = full[i] if p == "swap" else self._back_bytes(p, part) or 0.0
+            out = max(out, extra + own + nxt - after)
             after += self.block(p, part)
         return out
 

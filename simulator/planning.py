@@ -13,9 +13,13 @@ engine's swap cost without building a plan for each try. Both rules stay with th
   swapped stage copies its blocks' activations to the host while its forward runs — from the first
   swapped block's start, as the executor packs each saved tensor when it is made
   (:mod:`mindpipe.executor.offload`), the last swapped block's bytes after the forward ends
-  (``simulator.work`` ``swap_stream_window_s``, ``swap_out_tail_s``) — and starts copying them
-  back when the action before the backward starts, but not before they reached the host
-  (``Engine._prefetch``); the backward waits for the copy. In 1F1B's steady state that action is a
+  (``simulator.work`` ``swap_stream_window_s``, ``swap_out_tail_s``) — and starts copying the last
+  swapped block's back when the action before the backward starts, but not before they reached
+  the host (``Engine._prefetch``); the backward waits for that copy, and the other swapped blocks
+  come back one at a time during it, each started as the swapped block above it begins its
+  backward (``simulator.work`` ``swap_chain_stall_s``, the executor's chain). A backward right after
+  its own forward gets nothing ahead and asks for its blocks as it goes: all its bytes come back
+  before it in the engine. In 1F1B's steady state that action is a
   forward of a later micro-batch, so the copy back hides in it; where the backward directly follows
   its own forward (1F1B's last stage, pp = 1) the bytes make the whole round trip in the open. The
   two directions are separate links (PCIe is full duplex, :mod:`mindpipe.simulator.topology`).
@@ -48,8 +52,8 @@ class StageBudget:
             awaiting W, gradients present: :meth:`~mindpipe.simulator.actions.Schedule.held_timeline`).
         capacity_bytes: The device's memory.
         has_embedding, has_head: The stage holds the embedding (first) or the head (last).
-        prefetch: How many micro-batches' swapped blocks a prefetch has back on the device at
-            once (:meth:`~mindpipe.simulator.actions.Schedule.prefetched_sets`; 0: none is
+        prefetch: How many micro-batches' last swapped blocks a prefetch has back on the device
+            at once (:meth:`~mindpipe.simulator.actions.Schedule.prefetched_sets`; 0: none is
             prefetched): the memory model counts them there.
     """
 
@@ -119,7 +123,7 @@ def swap_bytes_per_block(model: Model, plan: Plan) -> float:
 
 
 def exposed_swap_s(copy_s: float, forward_s: float, round_trip_share: float = 0.0, stream_s: float = 0.0,
-                   tail_s: float = 0.0) -> float:
+                   tail_s: float = 0.0, back_s: float | None = None, chain_s: float = 0.0) -> float:
     """Seconds per micro-batch a stage's backward waits for its swapped activations (module docstring).
 
     Args:
@@ -129,13 +133,19 @@ def exposed_swap_s(copy_s: float, forward_s: float, round_trip_share: float = 0.
             (:attr:`StageBudget.round_trip_share`): each waits for the copy out and the copy back.
         stream_s: :func:`~mindpipe.simulator.work.swap_stream_window_s`: how long the copy out runs before the forward ends.
         tail_s: :func:`~mindpipe.simulator.work.swap_out_tail_s`: the part of the copy out that starts at the forward's end.
+        back_s: The copy back before a prefetched backward: the last swapped block's (``copy_s`` if None).
+        chain_s: :func:`~mindpipe.simulator.work.swap_chain_stall_s`: a prefetched backward's wait
+            for the other swapped blocks' copies back during it.
 
     Returns:
         round_trip_share · (max(tail_s, copy_s − stream_s) + copy_s)
-        + (1 − round_trip_share) · max(0, copy_s − forward_s).
+        + (1 − round_trip_share) · (max(0, back_s − forward_s) + chain_s): a backward right after
+        its own forward waits for all its bytes out and back; a prefetched one for what its last
+        swapped block's copy does not hide, and the chain.
     """
+    back = copy_s if back_s is None else back_s
     out = max(tail_s, copy_s - stream_s)
-    return round_trip_share * (out + copy_s) + (1.0 - round_trip_share) * max(0.0, copy_s - forward_s)
+    return round_trip_share * (out + copy_s) + (1.0 - round_trip_share) * (max(0.0, back - forward_s) + chain_s)
 
 
 __all__ = ["StageBudget", "exposed_swap_s", "stage_budgets", "swap_bytes_per_block"]

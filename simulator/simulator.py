@@ -285,8 +285,16 @@ class Simulator:
                                                    dp_unit_s=self._dp_unit_s(plan),
                                                    swap_on_compute=self._swap_on_compute(plan, schedule, swap),
                                                    split_backward=schedule.split_backward,
-                                                   copy_s_per_byte=self._copy_s_per_byte(plan))
+                                                   copy_s_per_byte=self._copy_s_per_byte(plan),
+                                                   swap_block_copy_s=self._swap_block_copy_s(plan, swap))
         return schedule, topo, stages, ranks, params_by_rank
+
+    def _swap_block_copy_s(self, plan: Plan, swap: float) -> float:
+        """One swapped block's copy alone on a GPU rank's host link (0 without swap, and on a CPU,
+        whose copies are on the rank's thread)."""
+        if self.device.kind == "cpu" or "swap" not in (plan.layer_memory_policy or []):
+            return 0.0
+        return self.swap_copy_s(plan, swap)
 
     def run(self, plan: Plan, *, timeline: bool = False,
             hourly: Hourly | None = None) -> SimulationResult:

@@ -57,9 +57,16 @@ class StageWork:
             them (:func:`mindpipe.traces.layout.reduces_every_microbatch`), not once per step.
         swap_out, swap_out_tail, swap_in: vPipe swap of activations (host copies): out, the stage's
             swapped blocks but the last, from ``swap_stream_s`` before the forward ends (copied as
-            the forward makes them); out, the last swapped block's, after the forward; back before
-            the backward (:func:`mindpipe.simulator.planning.exposed_swap_s` prices the same).
+            the forward makes them); out, the last swapped block's, after the forward; back, the last
+            swapped block's, before the backward, the others during it (``swap_chain_in``;
+            :func:`mindpipe.simulator.planning.exposed_swap_s` prices the same).
         swap_stream_s: :func:`swap_stream_window_s` of the stage.
+        swap_chain_s: :func:`swap_chain_stall_s` of the stage: added to each prefetched backward
+            (B or I; :func:`~mindpipe.simulator.actions.prefetched_backward`), before which
+            ``swap_in`` (the last swapped block's) comes back.
+        swap_chain_in: The other swapped blocks' copies back: on the host link from a prefetched
+            backward's start (their wait is ``swap_chain_s``), or, for a backward right after its
+            own forward, after ``swap_in`` and before the backward, which asks for them all.
         fwd_tp_overlap, bwd_tp_overlap: Under ``tp_comm_overlap``, the collectives of ``fwd_tp`` /
             ``bwd_tp`` that pipeline with a GEMM (:class:`TpOverlap`); the engine takes back the part
             the GEMMs hide (:func:`mindpipe.simulator.collectives.overlapped_exposed_s`).
@@ -89,6 +96,8 @@ class StageWork:
     swap_out_tail: list[Phase] = field(default_factory=list)
     swap_in: list[Phase] = field(default_factory=list)
     swap_stream_s: float = 0.0
+    swap_chain_s: float = 0.0
+    swap_chain_in: list[Phase] = field(default_factory=list)
     fwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
     bwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
     mb_stretch: list[tuple[float, float]] | None = None
@@ -280,6 +289,35 @@ def swap_stream_window_s(block_forward_s: Sequence[float], swapped: Sequence[boo
     return 0.0 if first is None else float(sum(block_forward_s[first:]))
 
 
+def swap_chain_stall_s(backward_s: Sequence[float], copy_s: Sequence[float | None]) -> float:
+    """Seconds a backward waits for its swapped blocks' copies back, but the last swapped block's.
+
+    The executor's chain on a prefetched backward (:func:`mindpipe.executor.offload.install_prefetch`):
+    the last swapped block's copy is back before the backward starts (prefetched under the action
+    before); as each swapped block's backward starts (its first saved tensor asked for), the copy
+    of the next swapped block below it starts, one at a time on the host link, and that block's
+    backward waits for it. ``backward_s`` and ``copy_s`` are per unit of the stage in
+    forward order: its backward seconds (with any re-run forward) and, for a swapped unit, its
+    copy's seconds alone on the link (None for the others).
+    """
+    swapped = [i for i, c in enumerate(copy_s) if c is not None]
+    if len(swapped) < 2:
+        return 0.0
+    t = link = stall = 0.0
+    ready: dict[int, float] = {}
+    for i in reversed(range(len(backward_s))):
+        if (wait := ready.get(i, t) - t) > 0.0:
+            stall += wait
+            t += wait
+        if copy_s[i] is not None:
+            below = next((j for j in reversed(swapped) if j < i), None)
+            if below is not None:
+                link = max(t, link) + float(copy_s[below] or 0.0)
+                ready[below] = link
+        t += backward_s[i]
+    return stall
+
+
 def swap_out_tail_s(copy_s: float, swapped: int) -> float:
     """The part of the copy out that cannot start before the forward ends: the last swapped block's
     share of ``copy_s`` (its last tensors are made at the forward's end). The planners pass seconds,
@@ -288,4 +326,4 @@ def swap_out_tail_s(copy_s: float, swapped: int) -> float:
 
 
 __all__ = ["EngineOptions", "EngineResult", "RankWork", "StageWork", "StepCopies", "TimelineEvent", "last_grad_index",
-           "swap_out_tail_s", "swap_stream_window_s"]
+           "swap_chain_stall_s", "swap_out_tail_s", "swap_stream_window_s"]

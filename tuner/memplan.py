@@ -40,7 +40,7 @@ from typing import Literal
 from mindpipe.simulator.build import stage_recompute
 from mindpipe.simulator.costs import LayerCost
 from mindpipe.simulator.planning import StageBudget, exposed_swap_s
-from mindpipe.simulator.work import swap_out_tail_s, swap_stream_window_s
+from mindpipe.simulator.work import swap_chain_stall_s, swap_out_tail_s, swap_stream_window_s
 from mindpipe.traces.layout import LAYER_POLICY, WHOLE_BLOCK_ONLY, BlockPart
 
 MemoryRule = Literal["vpipe", "dawnpiper"]
@@ -159,11 +159,15 @@ class StageModel:
             out.append((self.parts[hi // 2][0], "attention", hi // 2))
         return out
 
-    def _exposed(self, stage: int, swapped: int, fwd: float, stream: float) -> float:
+    def _copy_of(self, swapped: int) -> float:
         if swapped not in self._copy:
             self._copy[swapped] = self.copy_s(swapped * self.swap_bytes)
-        copy = self._copy[swapped]
-        return exposed_swap_s(copy, fwd, self.budgets[stage].round_trip_share, stream, swap_out_tail_s(copy, swapped))
+        return self._copy[swapped]
+
+    def _exposed(self, stage: int, swapped: int, fwd: float, stream: float, chain: float) -> float:
+        copy = self._copy_of(swapped)
+        return exposed_swap_s(copy, fwd, self.budgets[stage].round_trip_share, stream, swap_out_tail_s(copy, swapped),
+                              self._copy_of(1), chain)
 
     def _totals(self, stage: int, nodes: Sequence[Node]) -> tuple[float, float]:
         """(forward, forward + backward) seconds of the stage with every unit kept."""
@@ -178,7 +182,10 @@ class StageModel:
         if not any(swaps):
             return base + redo
         stream = swap_stream_window_s([n.forward_s for n in nodes], swaps)
-        return base + redo + self._exposed(stage, sum(swaps), fwd, stream)
+        one = self._copy_of(1)
+        chain = swap_chain_stall_s([n.time_s - n.forward_s + _REDO[p](n) for n, p in zip(nodes, policies, strict=True)],
+                                   [one if on else None for on in swaps]) if sum(swaps) > 1 else 0.0
+        return base + redo + self._exposed(stage, sum(swaps), fwd, stream, chain)
 
     def time_of(self, stage: int, lo: int, hi: int, policies: Sequence[LayerPolicy]) -> float:
         """Seconds per micro-batch of stage ``stage`` holding positions ``lo..hi-1`` under ``policies``."""
@@ -193,8 +200,9 @@ class StageModel:
 
     def least_memory(self, stage: int, parts: Sequence[BlockPart]) -> list[LayerPolicy]:
         """The one policy for every unit with which the stage uses the least memory: swap (nothing
-        held per micro-batch, but a prefetched micro-batch's swapped blocks come back whole,
-        ``StageMemoryModel.redone_bytes``) or recompute (each block's input held)."""
+        held per micro-batch, but two swapped blocks back whole during a backward, one ahead, and
+        a prefetched one before it, ``StageMemoryModel.redone_bytes``) or recompute (each block's
+        input held)."""
         floors: tuple[LayerPolicy, ...] = ("swap", "recompute") if self.swap_bytes > 0 else ("recompute",)
         budget = self.budgets[stage]
         return min(([p] * len(parts) for p in floors),
@@ -255,7 +263,7 @@ class StageModel:
                             continue
                         if target == "swap" and self.swap_bytes <= 0:
                             continue
-                        freed = self._freed(stage, part, cur, target)
+                        freed = self._freed(stage, parts, pol, i, target)
                         if freed <= 0:
                             continue
                         r = redo - _REDO[cur](node) + _REDO[target](node)
@@ -272,18 +280,19 @@ class StageModel:
             pol[i] = target
         return StagePlan(tuple(pol), time(redo, pol), True)
 
-    def _freed(self, stage: int, part: BlockPart, cur: LayerPolicy, target: LayerPolicy) -> float:
-        """Bytes per micro-batch in flight the stage's peak loses when a unit of ``part`` moves from
-        ``cur`` to ``target``: what it keeps per micro-batch (the simulator's memory model), less,
-        on a stage that prefetches, a swapped unit's bytes brought back whole before the backward
-        (once per prefetched micro-batch on the device at once, ``StageMemoryModel.redone_bytes``),
-        shared over the micro-batches in flight."""
-        budget = self.budgets[stage]
-        freed = budget.block_bytes(LAYER_POLICY[cur], part) - budget.block_bytes(LAYER_POLICY[target], part)
-        if budget.prefetch and "swap" in (cur, target):
-            back = budget.prefetch * budget.block_bytes("none", part) / max(1, budget.in_flight)
-            freed += back if cur == "swap" else -back
-        return freed
+    def _freed(self, stage: int, parts: Sequence[BlockPart], pol: Sequence[LayerPolicy], i: int,
+               target: LayerPolicy) -> float:
+        """Bytes per micro-batch in flight the stage's peak loses when unit ``i`` moves from its
+        policy to ``target``: what it keeps per micro-batch (the simulator's memory model); for a
+        move to or from swap, the change of the stage's whole peak (a swapped block also comes
+        back whole during the backward, ``StageMemoryModel.redone_bytes``) over the micro-batches
+        in flight."""
+        budget, cur = self.budgets[stage], pol[i]
+        if "swap" not in (cur, target):
+            return budget.block_bytes(LAYER_POLICY[cur], parts[i]) - budget.block_bytes(LAYER_POLICY[target], parts[i])
+        moved = [*pol[:i], target, *pol[i + 1:]]
+        return (budget.total_bytes([LAYER_POLICY[p] for p in pol], parts)
+                - budget.total_bytes([LAYER_POLICY[p] for p in moved], parts)) / max(1, budget.in_flight)
 
     @staticmethod
     def _choice(rule: MemoryRule, options: Sequence[tuple[float, LayerPolicy]]) -> tuple[float, LayerPolicy]:
@@ -306,8 +315,8 @@ class StageModel:
 # the block policy ``selective`` — and every operator but the GEMMs (``nongemm``: the attention core
 # with the LayerNorms, GeLU, dropouts and residual adds, whose outputs hold most of a block's bytes for
 # a small share of its forward) before re-running the whole block or swapping it. A swapped unit
-# may still move on to recompute: before a prefetched backward its bytes come back whole
-# (:meth:`StageModel.least_memory`), so on a stage with micro-batches in flight a re-run can free more.
+# may still move on to recompute: a swapped block comes back whole, one ahead of the backward
+# (:meth:`StageModel.least_memory`), so on a stage with few micro-batches in flight a re-run can free more.
 _MOVES: dict[MemoryRule, dict[LayerPolicy, tuple[LayerPolicy, ...]]] = {
     "vpipe": {"keep": ("swap", "recompute"), "swap": ("recompute",)},
     "dawnpiper": {"keep": ("swap", "selective", "nongemm", "recompute"), "selective": ("swap", "nongemm", "recompute"),

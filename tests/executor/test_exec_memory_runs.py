@@ -60,6 +60,19 @@ def test_per_layer_recompute_and_swap_dp2_parity_and_memory(tmp_path):
     assert_memory_matches_simulator(trace, TINY)
 
 
+def test_swapped_blocks_come_back_one_ahead_as_the_model_counts(tmp_path):
+    """Three swapped blocks per stage among a recomputed and a kept one: the first stage prefetches
+    its last swapped block under the action before each backward (two micro-batches' in 1F1B's
+    cool-down), the last stage copies it back as asked; both bring the others back one ahead during
+    the backward. The peak per rank is the memory model's within 1 % (stop 63: −0.24 / −0.14 %)."""
+    tiny8 = {**TINY, "num_layers": 8, "name": "tiny8"}
+    plan = {"pp": 2, "micro_batch_size": 2, "global_batch_size": 8, "schedule": "1f1b", "precision": "fp32",
+            "layer_memory_policy": ["swap", "recompute", "swap", "swap", "keep", "swap", "swap", "keep"]}
+    res = run_plan(tmp_path, plan, 2, model=tiny8, steps=3)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert_memory_matches_simulator(Trace.load(tmp_path / "measured.json"), tiny8, rel=0.01)
+
+
 def test_tensor_parallel_swap_parity(tmp_path):
     # Tensor parallelism saves DTensors: the pool keeps their shards and gives DTensors back.
     plan = {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "precision": "fp32",

@@ -185,14 +185,10 @@ def test_dawnpiper_nongemm_beats_layer_and_core_choices_and_is_priced_by_the_sim
     """Re-running every operator but the GEMMs frees 30 of a kept block's 48·s·b·h bytes here
     (18 kept, against selective's 32) for the attention core plus the memory-bound operators: with
     it dawnpiper's slowest stage is faster than without it, and the simulator's engine prices the
-    plan at the time the planner predicted for its slowest stage's recompute.
-
-    At micro-batch 24 (3.8 % faster with it). The per-unit greedy is not optimal: since a prefetched
-    swap counts its bytes brought back whole (stop 63), at micro-batch 12 and 16 it picks a plan
-    0.2–0.5 % slower with the option than without it."""
+    plan at the time the planner predicted for its slowest stage's recompute."""
     from mindpipe.tuner.memsplit import dawnpiper_partition, stage_model
 
-    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=24, global_batch_size=96)
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=16, global_batch_size=64)
     with_it = dawnpiper_partition(stage_model(SIM, plan, halves=True))
     sm = stage_model(SIM, plan, halves=True)
     sm.nongemm = False  # as for a plan that refuses it (tp > 1, a split backward)
