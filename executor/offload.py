@@ -149,6 +149,10 @@ class HostPool:
         self.blocks: dict[tuple[int, int], list[list[weakref.ref[_Stored]]]] = {}
         self.started: set[tuple[tuple[int, int], int]] = set()
         self.chained: set[tuple[int, int]] = set()  # prefetched groups: the rest come back one ahead
+        # A prefetch asked for under a prefetched backward of the same stage (1F1B's cool-down), held
+        # until that backward reaches its first swapped block: group -> the group to prefetch then.
+        self.deferred: dict[tuple[int, int], tuple[int, int]] = {}
+        self.on_deferred: Callable[[torch.Tensor], None] | None = None
         self.fetched: dict[tuple[int, int], list[weakref.ref[_Stored]]] = {}
 
     def begin_block(self) -> None:
@@ -258,9 +262,22 @@ class HostPool:
             fetched.append(ref)
         return nbytes
 
+    def prefetch_after(self, current: tuple[int, int], group: tuple[int, int],
+                       on_back: Callable[[torch.Tensor], None] | None = None) -> None:
+        """Prefetch ``group`` when the backward of ``current`` (prefetched, same stage) reaches its
+        first swapped block, not now: one block fewer on the device at the cool-down's peak."""
+        if current in self.chained and self.blocks.get(current):
+            self.deferred[current] = group
+            self.on_deferred = on_back
+        else:
+            self.prefetch(group, on_back)
+
     def release(self, group: tuple[int, int]) -> None:
         """After ``group``'s backward action: drop the device copies it holds, and what its forward
-        filed (a W after an I brings back what it needs as it asks)."""
+        filed (a W after an I brings back what it needs as it asks); start a prefetch it deferred
+        and never reached."""
+        if (waiting := self.deferred.pop(group, None)) is not None:
+            self.prefetch(waiting, self.on_deferred)
         n = len(self.blocks.pop(group, []))
         self.started -= {(group, k) for k in range(n)}
         self.chained.discard(group)
@@ -282,6 +299,8 @@ class HostPool:
             group, k = store.block
             if k > 0:
                 self._fetch(group, k - 1, on_back)
+            elif (waiting := self.deferred.pop(group, None)) is not None:  # its first swapped block: the next's turn
+                self.prefetch(waiting, self.on_deferred)
         if store.back is not None:
             if store.landed is not None:  # the compute stream waits for the prefetch once and holds its memory
                 compute = torch.cuda.current_stream(self.device)
@@ -340,7 +359,11 @@ def install_prefetch(stages: Sequence[Any], pool: HostPool, order: Sequence[Acti
     def ahead(a: Action) -> None:
         i = index.get(a)
         nxt = None if i is None else prefetched_backward(list(order), i)
-        if nxt is not None and nxt.stage in swapped:
+        if nxt is None or nxt.stage not in swapped:
+            return
+        if a.kind in ("B", "I") and a.stage == nxt.stage:  # 1F1B's cool-down: after this one's first swapped block
+            pool.prefetch_after((a.stage, a.microbatch), (nxt.stage, nxt.microbatch), on_fetch)
+        else:
             pool.prefetch((nxt.stage, nxt.microbatch), on_fetch)
 
     for st in stages:

@@ -27,7 +27,7 @@ from collections import Counter
 from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost, layer_params, partial_grad_params
 from mindpipe.simulator.engine import RankWork, StageWork
 from mindpipe.simulator.topology import Phase, Topology
-from mindpipe.simulator.work import TpOverlap, swap_chain_stall_s, swap_out_tail_s, swap_stream_window_s
+from mindpipe.simulator.work import TpOverlap, swap_chain, swap_out_tail_s, swap_stream_window_s
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.layout import (
     BlockPolicy,
@@ -250,7 +250,7 @@ def build_work(
                 work.swap_chain_in = topo.swap(stage_to_rank[s], swap - swap_bytes_per_block, "in")
             blocks = [c for c in layers if c.kind == "block"]
             own = [policies[b] for b in spans[s].blocks]
-            work.swap_chain_s = swap_chain_stall_s(
+            work.swap_chain_s, work.swap_lowest_s = swap_chain(
                 [c.backward_input_s + (0.0 if split_backward else c.backward_weight_s) + block_rerun_s(c, p)
                  for c, p in zip(blocks, own, strict=True)],
                 [swap_block_copy_s if p == "swap" else None for p in own])

@@ -289,7 +289,7 @@ class Engine:
                 hidden = hidden_s[s][1]
             start = env.now
             if self._has_swap and idx + 1 < len(order):
-                self._prefetch(order[idx + 1], prefetched_backward(order, idx) is not None)
+                self._prefetch(order[idx + 1], prefetched_backward(order, idx) is not None, a)
             if kind in ("B", "I") and (s, mb) in self._chained and st.swap_chain_in:
                 # a prefetched backward brings its other swapped blocks back one ahead during it
                 comp += st.swap_chain_s
@@ -400,7 +400,7 @@ class Engine:
             self.tr.run(phases, self._prio(True), landed)
         return done
 
-    def _prefetch(self, nxt: Action, ahead: bool) -> None:
+    def _prefetch(self, nxt: Action, ahead: bool, now: Action) -> None:
         """vPipe-style swap-in of the next backward's activations while this action runs.
 
         ``ahead`` (:func:`~mindpipe.simulator.actions.prefetched_backward`): the backward follows
@@ -408,7 +408,9 @@ class Engine:
         during the backward, one ahead (``StageWork.swap_chain_s``); else it directly follows its
         own forward, whose bytes reach the host only after it (the executor's host→device copy
         waits for the device→host copy's event, ``executor/offload.py``), and all its swapped
-        blocks come back before it, as it asks for them.
+        blocks come back before it, as it asks for them. Under a prefetched backward of the same
+        stage (``now``: 1F1B's cool-down) the copy starts when that backward reaches its first
+        swapped block (``StageWork.swap_lowest_s``), as the executor defers it.
         """
         st = self.stages[nxt.stage]
         key = (nxt.stage, nxt.microbatch)
@@ -416,8 +418,10 @@ class Engine:
             if ahead:
                 self._chained.add(key)
             phases = st.swap_in if ahead else st.swap_in + st.swap_chain_in
+            under = now.stage == nxt.stage and (now.stage, now.microbatch) in self._chained and now.kind in ("B", "I")
             self.swapped_in[key] = self.env.process(
-                self._swap_back(self.schedule.stage_to_rank[nxt.stage], phases, self._swap_out_event(key), nxt))
+                self._swap_back(self.schedule.stage_to_rank[nxt.stage], phases, self._swap_out_event(key), nxt,
+                                st.swap_lowest_s if ahead and under else 0.0))
 
     def _swap_out_event(self, key: tuple[int, int]) -> simpy.Event:
         """The event of ``key``'s copy to the host landing (made by whichever side asks first)."""
@@ -441,9 +445,11 @@ class Engine:
         yield from self._comm(r, phases, f"swap-out {a}", "swap", False)
         self._swap_out_event((a.stage, a.microbatch)).succeed()
 
-    def _swap_back(self, r: int, phases: list[Phase], out: simpy.Event, nxt: Action):
-        """The copy back of ``nxt``'s swapped activations, once their copy out has landed (on the
-        timeline as ``swap-in``, beside the copies out)."""
+    def _swap_back(self, r: int, phases: list[Phase], out: simpy.Event, nxt: Action, delay: float = 0.0):
+        """The copy back of ``nxt``'s swapped activations, ``delay`` from now and once their copy
+        out has landed (on the timeline as ``swap-in``, beside the copies out)."""
+        if delay > 0.0:
+            yield self.env.timeout(delay)
         if not out.processed:
             yield out
         yield from self._comm(r, phases, f"swap-in {nxt}", "swap", False)

@@ -480,10 +480,12 @@ class StageMemoryModel:
                 reruns = sum(weight_groups(model, part) * self.block("none", part) for part in full)
             # A prefetched I brings its swapped blocks back one after another and they stay until
             # it ends (torch's I keeps the graph; the executor drops its copies then, and W brings
-            # back what it needs as it asks); in a cool-down, the next micro-batch's too. Without a
+            # back what it needs as it asks); in a cool-down, the next micro-batch's last one too. Without a
             # prefetch they come back as asked: the largest saved tensor at once.
+            last = self.block("none", [pt for p, pt in zip(policies, parts, strict=True) if p == "swap"][-1]) \
+                if "swap" in policies else 0.0
             swap_back = 0.0 if "swap" not in policies else (
-                prefetch * self.swapped_bytes(policies, parts) if prefetch else self.largest_saved_bytes())
+                self.swapped_bytes(policies, parts) + (prefetch - 1) * last if prefetch else self.largest_saved_bytes())
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
             # of the stage's intermediate outputs that W needs): d·s·b·V/t until W. A head fused
@@ -496,7 +498,7 @@ class StageMemoryModel:
                                reruns + swap_back, acts - logits + until_w)
         redone = self.redone_bytes(policies, parts, head, prefetch=prefetch)
         if prefetch and "swap" in policies:  # the last swapped block is back while the loss's backward runs
-            loss += prefetch * self.block("none", [pt for p, pt in zip(policies, parts, strict=True) if p == "swap"][-1])
+            loss += self.block("none", [pt for p, pt in zip(policies, parts, strict=True) if p == "swap"][-1])
         return _StageTerms(acts, sum(layers), max(layers, default=0), max(redone, loss), redone, acts)
 
     def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
@@ -555,7 +557,7 @@ class StageMemoryModel:
         bytes (re-run, or swapped back whole) and the next swapped block below the nearest swapped
         one at or above j are on top of the held activations, less what the backward freed; with
         ``prefetch`` = 2 (1F1B's cool-down) the next micro-batch's last swapped block too, from
-        this backward's start.
+        this backward's first swapped block on (the executor defers that prefetch until then).
         """
         if prefetch and "swap" in policies:
             return self._swap_walk(policies, parts, head_bytes, prefetch)
@@ -572,9 +574,10 @@ class StageMemoryModel:
         swapped = [i for i, p in enumerate(policies) if p == "swap"]
         full = {i: self.block("none", parts[i]) for i in swapped}
         top = swapped[-1]
-        extra = max(0, prefetch - 1) * full[top]
-        out, after = prefetch * full[top], head_bytes  # before the backward: the prefetched last swapped block(s)
+        out, after = full[top], head_bytes  # before the backward: its prefetched last swapped block
         for i in reversed(range(len(policies))):
+            # in a cool-down, the next micro-batch's last swapped block from this one's first swapped block on
+            extra = (prefetch - 1) * full[top] if i <= swapped[0] else 0.0
             p, part = policies[i], parts[i]
             nearest = next((j for j in swapped if j >= i), None)
             # No swapped block at or above i: the last one (below i) is back, prefetched; else the next

@@ -64,6 +64,8 @@ class StageWork:
         swap_chain_s: :func:`swap_chain_stall_s` of the stage: added to each prefetched backward
             (B or I; :func:`~mindpipe.simulator.actions.prefetched_backward`), before which
             ``swap_in`` (the last swapped block's) comes back.
+        swap_lowest_s: Seconds from a prefetched backward's start to its first swapped block's
+            (:func:`swap_chain`): a prefetch under a backward of the same stage starts then.
         swap_chain_in: The other swapped blocks' copies back: on the host link from a prefetched
             backward's start (their wait is ``swap_chain_s``), or, for a backward right after its
             own forward, after ``swap_in`` and before the backward, which asks for them all.
@@ -97,6 +99,7 @@ class StageWork:
     swap_in: list[Phase] = field(default_factory=list)
     swap_stream_s: float = 0.0
     swap_chain_s: float = 0.0
+    swap_lowest_s: float = 0.0
     swap_chain_in: list[Phase] = field(default_factory=list)
     fwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
     bwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
@@ -290,6 +293,11 @@ def swap_stream_window_s(block_forward_s: Sequence[float], swapped: Sequence[boo
 
 
 def swap_chain_stall_s(backward_s: Sequence[float], copy_s: Sequence[float | None]) -> float:
+    """:func:`swap_chain` 's wait."""
+    return swap_chain(backward_s, copy_s)[0]
+
+
+def swap_chain(backward_s: Sequence[float], copy_s: Sequence[float | None]) -> tuple[float, float]:
     """Seconds a backward waits for its swapped blocks' copies back, but the last swapped block's.
 
     The executor's chain on a prefetched backward (:func:`mindpipe.executor.offload.install_prefetch`):
@@ -299,23 +307,29 @@ def swap_chain_stall_s(backward_s: Sequence[float], copy_s: Sequence[float | Non
     backward waits for it. ``backward_s`` and ``copy_s`` are per unit of the stage in
     forward order: its backward seconds (with any re-run forward) and, for a swapped unit, its
     copy's seconds alone on the link (None for the others).
+
+    Returns:
+        (the wait, seconds from the backward's start to its first swapped block's: where, in
+        1F1B's cool-down, the next backward's prefetch starts).
     """
     swapped = [i for i, c in enumerate(copy_s) if c is not None]
-    if len(swapped) < 2:
-        return 0.0
-    t = link = stall = 0.0
+    if not swapped:
+        return 0.0, 0.0
+    t = link = stall = lowest = 0.0
     ready: dict[int, float] = {}
     for i in reversed(range(len(backward_s))):
         if (wait := ready.get(i, t) - t) > 0.0:
             stall += wait
             t += wait
+        if i == swapped[0]:
+            lowest = t
         if copy_s[i] is not None:
             below = next((j for j in reversed(swapped) if j < i), None)
             if below is not None:
                 link = max(t, link) + float(copy_s[below] or 0.0)
                 ready[below] = link
         t += backward_s[i]
-    return stall
+    return stall, lowest
 
 
 def swap_out_tail_s(copy_s: float, swapped: int) -> float:
@@ -326,4 +340,4 @@ def swap_out_tail_s(copy_s: float, swapped: int) -> float:
 
 
 __all__ = ["EngineOptions", "EngineResult", "RankWork", "StageWork", "StepCopies", "TimelineEvent", "last_grad_index",
-           "swap_chain_stall_s", "swap_out_tail_s", "swap_stream_window_s"]
+           "swap_chain", "swap_chain_stall_s", "swap_out_tail_s", "swap_stream_window_s"]
