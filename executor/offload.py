@@ -150,9 +150,9 @@ class HostPool:
         self.started: set[tuple[tuple[int, int], int]] = set()
         self.chained: set[tuple[int, int]] = set()  # prefetched groups: the rest come back one ahead
         # A prefetch asked for under a prefetched backward of the same stage (1F1B's cool-down), held
-        # until that backward reaches its first swapped block: group -> the group to prefetch then.
-        self.deferred: dict[tuple[int, int], tuple[int, int]] = {}
-        self.on_deferred: Callable[[torch.Tensor], None] | None = None
+        # until that backward reaches its first swapped block: group -> (the group to prefetch then,
+        # the callback that sees its copies).
+        self.deferred: dict[tuple[int, int], tuple[tuple[int, int], Callable[[torch.Tensor], None] | None]] = {}
         self.fetched: dict[tuple[int, int], list[weakref.ref[_Stored]]] = {}
 
     def begin_block(self) -> None:
@@ -181,13 +181,14 @@ class HostPool:
         if is_weight(t):
             return t
         local = local_tensor(t)
-        if (self.cuda and local.device.type != "cuda") or local.untyped_storage().nbytes() == 0:
+        storage = local.untyped_storage()
+        if (self.cuda and local.device.type != "cuda") or storage.nbytes() == 0:
             return t
         spec = None if local is t else (t.device_mesh, t.placements, t.shape, t.stride())  # type: ignore[attr-defined]
-        if local.untyped_storage().nbytes() > WHOLE_STORAGE_RATIO * local.numel() * local.element_size():
+        if storage.nbytes() > WHOLE_STORAGE_RATIO * local.numel() * local.element_size():
             store, buf = self._copy_alone(local)
             return _Swapped(store, buf, spec)
-        key = (local.untyped_storage().data_ptr(), local.device)
+        key = (storage.data_ptr(), local.device)
         seen = self.stores.get(key)
         if seen is not None and seen[0]() is not None:  # alive: the same storage, not a reuse of it
             return _Swapped(seen[1], local, spec)
@@ -197,31 +198,26 @@ class HostPool:
 
     def _copy(self, raw: torch.Tensor, owner: torch.Tensor) -> _Stored:
         """A :class:`_Stored` holding a copy of the bytes ``raw`` (of ``owner``'s storage)."""
-        if not self.cuda:
-            return _Stored(self, raw.clone(), None)
-        host = torch.empty(raw.numel(), dtype=torch.uint8, pin_memory=True)
-        compute = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(compute)
-        with torch.cuda.stream(self.stream):
-            host.copy_(raw, non_blocking=True)
-        owner.record_stream(self.stream)
-        return _Stored(self, host, self.stream.record_event())
+        host = torch.empty(raw.numel(), dtype=torch.uint8, pin_memory=self.cuda)
+        return _Stored(self, host, self._to_host(host, raw, owner))
 
     def _copy_alone(self, local: torch.Tensor) -> tuple[_Stored, torch.Tensor]:
         """A saved tensor of a much larger storage: its own bytes only, laid out as it is
         (:func:`host_buffer`); returns the :class:`_Stored` and the host copy (its layout)."""
         buf = host_buffer(local, pin=self.cuda)
+        return _Stored(self, storage_bytes(buf), self._to_host(buf, local, local)), buf
+
+    def _to_host(self, dst: torch.Tensor, src: torch.Tensor, owner: torch.Tensor) -> Any:
+        """Copy ``src`` into ``dst``: on CUDA on the side stream after the producing kernels, with
+        ``owner``'s memory held for that stream; returns the copy's event (None on a CPU)."""
         if not self.cuda:
-            buf.copy_(local)
-            store = _Stored(self, storage_bytes(buf), None)
-        else:
-            compute = torch.cuda.current_stream(self.device)
-            self.stream.wait_stream(compute)
-            with torch.cuda.stream(self.stream):
-                buf.copy_(local, non_blocking=True)
-            local.record_stream(self.stream)
-            store = _Stored(self, storage_bytes(buf), self.stream.record_event())
-        return store, buf
+            dst.copy_(src)
+            return None
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+        owner.record_stream(self.stream)
+        return self.stream.record_event()
 
     def _device_copy(self, store: _Stored, prefetch: bool) -> torch.Tensor:
         """``store``'s bytes on the device: on the prefetch's stream (``landed`` set), or on the
@@ -251,7 +247,7 @@ class HostPool:
         """Copy back swapped block ``k`` of ``group`` on the prefetch's stream."""
         nbytes = 0
         fetched = self.fetched.setdefault(group, [])
-        for ref in self.blocks.get(group, [])[k] if k < len(self.blocks.get(group, [])) else []:
+        for ref in self.blocks[group][k]:
             store = ref()
             if store is None or store.back is not None:
                 continue
@@ -267,8 +263,7 @@ class HostPool:
         """Prefetch ``group`` when the backward of ``current`` (prefetched, same stage) reaches its
         first swapped block, not now: one block fewer on the device at the cool-down's peak."""
         if current in self.chained and self.blocks.get(current):
-            self.deferred[current] = group
-            self.on_deferred = on_back
+            self.deferred[current] = (group, on_back)
         else:
             self.prefetch(group, on_back)
 
@@ -277,7 +272,7 @@ class HostPool:
         filed (a W after an I brings back what it needs as it asks); start a prefetch it deferred
         and never reached."""
         if (waiting := self.deferred.pop(group, None)) is not None:
-            self.prefetch(waiting, self.on_deferred)
+            self.prefetch(*waiting)
         n = len(self.blocks.pop(group, []))
         self.started -= {(group, k) for k in range(n)}
         self.chained.discard(group)
@@ -300,7 +295,7 @@ class HostPool:
             if k > 0:
                 self._fetch(group, k - 1, on_back)
             elif (waiting := self.deferred.pop(group, None)) is not None:  # its first swapped block: the next's turn
-                self.prefetch(waiting, self.on_deferred)
+                self.prefetch(*waiting)
         if store.back is not None:
             if store.landed is not None:  # the compute stream waits for the prefetch once and holds its memory
                 compute = torch.cuda.current_stream(self.device)
@@ -354,11 +349,12 @@ def install_prefetch(stages: Sequence[Any], pool: HostPool, order: Sequence[Acti
     ``swapped`` holds that stage. An action ``order`` does not hold starts nothing. The filing also
     lets each backward bring its other swapped blocks back one ahead (:meth:`HostPool.unpack`).
     """
-    index = {a: i for i, a in enumerate(order)}
+    actions = list(order)
+    index = {a: i for i, a in enumerate(actions)}
 
     def ahead(a: Action) -> None:
         i = index.get(a)
-        nxt = None if i is None else prefetched_backward(list(order), i)
+        nxt = None if i is None else prefetched_backward(actions, i)
         if nxt is None or nxt.stage not in swapped:
             return
         if a.kind in ("B", "I") and a.stage == nxt.stage:  # 1F1B's cool-down: after this one's first swapped block

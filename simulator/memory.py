@@ -88,6 +88,7 @@ from mindpipe.simulator.block_parts import part_params
 from mindpipe.simulator.build import GRAD_BYTES
 from mindpipe.simulator.costs import DTYPE_BYTES, layer_params
 from mindpipe.simulator.schedules import build_schedule
+from mindpipe.simulator.work import swapped_below
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.config import stage_layers as plan_stage_layers
@@ -482,10 +483,9 @@ class StageMemoryModel:
             # it ends (torch's I keeps the graph; the executor drops its copies then, and W brings
             # back what it needs as it asks); in a cool-down, the next micro-batch's last one too. Without a
             # prefetch they come back as asked: the largest saved tensor at once.
-            last = self.block("none", [pt for p, pt in zip(policies, parts, strict=True) if p == "swap"][-1]) \
-                if "swap" in policies else 0.0
             swap_back = 0.0 if "swap" not in policies else (
-                self.swapped_bytes(policies, parts) + (prefetch - 1) * last if prefetch else self.largest_saved_bytes())
+                self.swapped_bytes(policies, parts) + (prefetch - 1) * self._last_swapped_bytes(policies, parts)
+                if prefetch else self.largest_saved_bytes())
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
             # of the stage's intermediate outputs that W needs): d·s·b·V/t until W. A head fused
@@ -498,12 +498,16 @@ class StageMemoryModel:
                                reruns + swap_back, acts - logits + until_w)
         redone = self.redone_bytes(policies, parts, head, prefetch=prefetch)
         if prefetch and "swap" in policies:  # the last swapped block is back while the loss's backward runs
-            loss += self.block("none", [pt for p, pt in zip(policies, parts, strict=True) if p == "swap"][-1])
+            loss += self._last_swapped_bytes(policies, parts)
         return _StageTerms(acts, sum(layers), max(layers, default=0), max(redone, loss), redone, acts)
 
     def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
         """Bytes a micro-batch's swapped blocks bring back to the device: what each saves when kept."""
         return sum(self.block("none", part) for p, part in zip(policies, parts, strict=True) if p == "swap")
+
+    def _last_swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
+        """Bytes the last swapped block brings back (the one a prefetch copies)."""
+        return self.block("none", parts[max(i for i, p in enumerate(policies) if p == "swap")])
 
     def nongemm_unshared(self, part: BlockPart = "whole") -> float:
         """Bytes a ``nongemm`` block keeps that a kept block does not save: the outputs of the GEMMs
@@ -573,16 +577,19 @@ class StageMemoryModel:
         """:meth:`redone_bytes` of a stage with swapped blocks."""
         swapped = [i for i, p in enumerate(policies) if p == "swap"]
         full = {i: self.block("none", parts[i]) for i in swapped}
+        below = swapped_below(swapped)
         top = swapped[-1]
         out, after = full[top], head_bytes  # before the backward: its prefetched last swapped block
+        nearest: int | None = None  # the nearest swapped block at or above i
         for i in reversed(range(len(policies))):
             # in a cool-down, the next micro-batch's last swapped block from this one's first swapped block on
             extra = (prefetch - 1) * full[top] if i <= swapped[0] else 0.0
             p, part = policies[i], parts[i]
-            nearest = next((j for j in swapped if j >= i), None)
+            if p == "swap":
+                nearest = i
             # No swapped block at or above i: the last one (below i) is back, prefetched; else the next
             # swapped block below the nearest one is coming back.
-            nxt = full[top] if nearest is None else next((full[j] for j in reversed(swapped) if j < nearest), 0.0)
+            nxt = full[top] if nearest is None else full.get(below.get(nearest, -1), 0.0)
             own = full[i] if p == "swap" else self._back_bytes(p, part) or 0.0
             out = max(out, extra + own + nxt - after)
             after += self.block(p, part)

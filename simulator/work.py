@@ -315,6 +315,7 @@ def swap_chain(backward_s: Sequence[float], copy_s: Sequence[float | None]) -> t
     swapped = [i for i, c in enumerate(copy_s) if c is not None]
     if not swapped:
         return 0.0, 0.0
+    below = swapped_below(swapped)
     t = link = stall = lowest = 0.0
     ready: dict[int, float] = {}
     for i in reversed(range(len(backward_s))):
@@ -323,13 +324,17 @@ def swap_chain(backward_s: Sequence[float], copy_s: Sequence[float | None]) -> t
             t += wait
         if i == swapped[0]:
             lowest = t
-        if copy_s[i] is not None:
-            below = next((j for j in reversed(swapped) if j < i), None)
-            if below is not None:
-                link = max(t, link) + float(copy_s[below] or 0.0)
-                ready[below] = link
+        if (j := below.get(i)) is not None:  # i's first use starts j's copy
+            link = max(t, link) + float(copy_s[j] or 0.0)
+            ready[j] = link
         t += backward_s[i]
     return stall, lowest
+
+
+def swapped_below(swapped: Sequence[int]) -> dict[int, int]:
+    """Each swapped unit's next swapped unit below it (``swapped`` ascending): the one whose copy
+    back its first use starts (the executor's chain)."""
+    return dict(zip(swapped[1:], swapped[:-1], strict=True))
 
 
 def swap_out_tail_s(copy_s: float, swapped: int) -> float:
@@ -340,4 +345,4 @@ def swap_out_tail_s(copy_s: float, swapped: int) -> float:
 
 
 __all__ = ["EngineOptions", "EngineResult", "RankWork", "StageWork", "StepCopies", "TimelineEvent", "last_grad_index",
-           "swap_chain", "swap_chain_stall_s", "swap_out_tail_s", "swap_stream_window_s"]
+           "swap_chain", "swap_chain_stall_s", "swap_out_tail_s", "swap_stream_window_s", "swapped_below"]
