@@ -125,7 +125,7 @@ def tuner_check(work: Path, budget: int) -> dict[str, Any]:
         out[label] = {"throughput_samples_per_s": info["best_value"], "evaluations": info["evaluations"],
                       "space_size": info["space_size"], "infeasible": info["infeasible"],
                       "best_plan": {k: plan.get(k) for k in ("dp", "tp", "pp", "micro_batch_size", "recompute",
-                                                             "partition", "stage_cuts")},
+                                                             "partition", "stage_cuts", "swap_copy_back")},
                       "policy_counts": {p: policy.count(p) for p in LAYER_MEMORY_POLICIES} if policy else None,
                       "seconds": round(time.perf_counter() - t0, 1)}
     a, b = (out[k]["throughput_samples_per_s"] for k in out)
@@ -181,7 +181,8 @@ def main() -> None:
             for name, r in table[label]["rows"].items():
                 print(f"  {name:10s} max batch {r['global_batch_size']:6d} (mbs {r['micro_batch_size']}) "
                       f"thr {r['throughput_samples_per_s']} at-vpipe-max {r['throughput_at_vpipe_max']} "
-                      f"partition {r['partition']} cuts {r['stage_cuts']} policies {r['policy_counts']} "
+                      f"partition {r['partition']} cuts {r['stage_cuts']} copy back {r['swap_copy_back']} "
+                      f"policies {r['policy_counts']} "
                       f"[{r['search_s']} s]", flush=True)
     results = tables["torch's cross-entropy"]
     payload: dict[str, Any] = {"planners": results, f"planners_loss_chunks_{LOSS_CHUNKS}": tables[f"loss_chunks={LOSS_CHUNKS}"],

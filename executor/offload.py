@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -338,7 +338,7 @@ def swapping(pool: HostPool, on_unpack: Callable[[torch.Tensor], None] | None = 
 
 
 def install_prefetch(stages: Sequence[Any], pool: HostPool, order: Sequence[Action], swapped: set[int],
-                     on_fetch: Callable[[torch.Tensor], None] | None = None) -> None:
+                     on_fetch: Callable[[torch.Tensor], None] | None = None, lazy: Collection[int] = ()) -> None:
     """Run vPipe's prefetch on this rank's pipeline stages (module docstring).
 
     Wraps each stage's ``forward_one_chunk`` (what it swaps is filed under its (stage, micro-batch),
@@ -348,13 +348,14 @@ def install_prefetch(stages: Sequence[Any], pool: HostPool, order: Sequence[Acti
     rank's actions, as the simulator times them) has its last swapped block copied back, if
     ``swapped`` holds that stage. An action ``order`` does not hold starts nothing. The filing also
     lets each backward bring its other swapped blocks back one ahead (:meth:`HostPool.unpack`).
+    A stage in ``lazy`` (``Plan.swap_copy_back``) is not prefetched: its backwards copy back as they ask.
     """
     actions = list(order)
     index = {a: i for i, a in enumerate(actions)}
 
     def ahead(a: Action) -> None:
         i = index.get(a)
-        nxt = None if i is None else prefetched_backward(actions, i)
+        nxt = None if i is None else prefetched_backward(actions, i, lazy)
         if nxt is None or nxt.stage not in swapped:
             return
         if a.kind in ("B", "I") and a.stage == nxt.stage:  # 1F1B's cool-down: after this one's first swapped block

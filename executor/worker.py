@@ -41,7 +41,7 @@ from mindpipe.executor.stages import build_stage_modules, permute_qkv_for_tp
 from mindpipe.executor.tied_table import TiedTable
 from mindpipe.executor.torch_pipelining import merge_weight_passes, timed_p2p_waits
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import block_policies, data_parallel_units, one_weight_pass, stage_layout
+from mindpipe.traces.layout import block_policies, data_parallel_units, lazy_copy_back, one_weight_pass, stage_layout
 from mindpipe.traces.noise_scale import NoiseEmaState
 from mindpipe.traces.result import GIB
 from mindpipe.traces.schema import to_dict
@@ -268,7 +268,8 @@ def _build(cfg: RunConfig, device: torch.device, pre: Precheck) -> _Rank:
     schedule, orders = make_schedule(plan, stages, pre.schedule_source, memory.counting_loss, shard)
     swapped = {s for s in modules if any(policies[b] == "swap" for b in spans[s].blocks)}
     if swapped:  # vPipe's prefetch of swapped activations, in the order the simulator times
-        install_prefetch(stages, pool, simulator_schedule(plan).orders[coords["pp"]], swapped, memory.transient)
+        install_prefetch(stages, pool, simulator_schedule(plan).orders[coords["pp"]], swapped, memory.transient,
+                         lazy_copy_back(plan))
     try:
         # On CUDA torch's fused AdamW: one multi-tensor kernel over the parameters' state, as Megatron's
         # FusedAdam and torchtitan's default, and what the simulator prices (GpuComputeModel's

@@ -19,6 +19,7 @@ This module is pure Python (no torch) so that the simulator, tuner and executor 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -88,7 +89,7 @@ def follows_own_forward(order: list[Action], i: int) -> bool:
     return a.kind in ("B", "I") and i > 0 and order[i - 1] == Action(a.stage, "F", a.microbatch)
 
 
-def prefetched_backward(order: list[Action], i: int) -> Action | None:
+def prefetched_backward(order: list[Action], i: int, lazy: Collection[int] = ()) -> Action | None:
     """The backward whose last swapped block comes back to the device while ``order[i]`` runs, or None.
 
     vPipe's prefetch (BACKGROUND.md §4.2): the copy back of the next action's last swapped block
@@ -100,8 +101,11 @@ def prefetched_backward(order: list[Action], i: int) -> Action | None:
     block comes back as the backward asks for it. The engine times this (``Engine._prefetch``), the
     memory model counts the copies while they are on the device (``StageMemoryModel.stage``'s
     ``prefetch``) and the executor runs it (:func:`mindpipe.executor.offload.install_prefetch`).
+    A stage in ``lazy`` (``Plan.swap_copy_back``, :func:`mindpipe.traces.layout.lazy_copy_back`) is
+    never prefetched: its backwards ask for their bytes as they go, as one after its own forward does.
     """
-    if i + 1 >= len(order) or order[i + 1].kind not in ("B", "I") or follows_own_forward(order, i + 1):
+    if i + 1 >= len(order) or order[i + 1].kind not in ("B", "I") or follows_own_forward(order, i + 1) \
+            or order[i + 1].stage in lazy:
         return None
     return order[i + 1]
 
@@ -201,13 +205,14 @@ class Schedule:
         backs = [i for i, a in enumerate(order) if a.stage == stage and a.kind in ("B", "I")]
         return sum(1 for i in backs if follows_own_forward(order, i)) / len(backs) if backs else 0.0
 
-    def prefetched_sets(self, stage: int) -> int:
+    def prefetched_sets(self, stage: int, lazy: Collection[int] = ()) -> int:
         """Most micro-batches of ``stage`` with a prefetched swapped block on the device at once
         (:func:`prefetched_backward`; the prefetch brings back a backward's last swapped block): 0
         where no backward of the stage is prefetched; 1 where each prefetch runs under a forward;
-        2 where one runs under a prefetched backward of the same stage (1F1B's cool-down)."""
+        2 where one runs under a prefetched backward of the same stage (1F1B's cool-down). ``lazy``:
+        the stages that copy back as they ask (:func:`prefetched_backward`)."""
         order = self.orders[self.stage_to_rank[stage]]
-        ahead = [(a := prefetched_backward(order, i)) is not None and a.stage == stage for i in range(len(order))]
+        ahead = [(a := prefetched_backward(order, i, lazy)) is not None and a.stage == stage for i in range(len(order))]
         return max((ahead[i] + (i > 0 and ahead[i - 1]) for i in range(len(order))), default=0)
 
     def stages_of_rank(self, rank: int) -> list[int]:

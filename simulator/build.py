@@ -36,6 +36,7 @@ from mindpipe.traces.layout import (
     copies_dp_buffers,
     data_parallel_units,
     gathers_before_forward,
+    lazy_copy_back,
     one_weight_pass,
     reduces_every_microbatch,
     reshards_after_forward,
@@ -231,6 +232,7 @@ def build_work(
     policies = block_policies(plan, model.num_layers)
     spans = stage_layout(plan, model)
     on_compute = swap_on_compute or (0.0, 0.0, 0.0)
+    lazy = lazy_copy_back(plan)
     works = []
     for s, layers in enumerate(stages):
         recompute, re_comm, swapped = stage_recompute(layers, [policies[b] for b in spans[s].blocks])
@@ -245,6 +247,7 @@ def build_work(
         work = _stage_work(plan, stages, s, topo, stage_to_rank, times, re_comm, rerun_comm, swap,
                            swap_out_tail_s(swap, swapped), stream)  # the planners' tail rule, in bytes
         if swap > 0:  # the copies back: the last swapped block's before the backward, the others in it
+            work.swap_lazy = s in lazy
             work.swap_in = topo.swap(stage_to_rank[s], swap_bytes_per_block, "in")
             if swapped > 1:
                 work.swap_chain_in = topo.swap(stage_to_rank[s], swap - swap_bytes_per_block, "in")

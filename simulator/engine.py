@@ -97,6 +97,7 @@ class Engine:
         self._swapped_out: dict[tuple[int, int], simpy.Event] = {}
         self._swap_heads: dict[tuple[int, int], simpy.Process] = {}  # copies out streaming beside a forward
         self._has_swap = any(st.swap_in for st in stages)
+        self._lazy = frozenset(s for s, st in enumerate(stages) if st.swap_lazy)  # Plan.swap_copy_back
         # Each stage's model chunk on its rank (0: the rank's lowest stage), for the timeline.
         self._chunk = {st: i for r in range(schedule.pp) for i, st in enumerate(schedule.stages_of_rank(r))}
         pp = schedule.pp
@@ -277,6 +278,10 @@ class Engine:
                 if s < n_st - 1 and not arrived_b[s * m + mb]:
                     yield self._wait_input(1, s * m + mb)
                 if self._has_swap:
+                    if st.swap_lazy and st.swap_in and (s, mb) not in self.swapped_in:
+                        # copied back as the backward asks: all its bytes, from its start, in the open
+                        self.swapped_in[(s, mb)] = env.process(self._swap_back(
+                            r, st.swap_in + st.swap_chain_in, self._swap_out_event((s, mb)), a))
                     ev = self.swapped_in.get((s, mb))
                     if ev is not None and not ev.processed:
                         yield ev
@@ -289,7 +294,7 @@ class Engine:
                 hidden = hidden_s[s][1]
             start = env.now
             if self._has_swap and idx + 1 < len(order):
-                self._prefetch(order[idx + 1], prefetched_backward(order, idx) is not None, a)
+                self._prefetch(order[idx + 1], prefetched_backward(order, idx, self._lazy) is not None, a)
             if kind in ("B", "I") and (s, mb) in self._chained and st.swap_chain_in:
                 # a prefetched backward brings its other swapped blocks back one ahead during it
                 comp += st.swap_chain_s
@@ -410,11 +415,12 @@ class Engine:
         waits for the device→host copy's event, ``executor/offload.py``), and all its swapped
         blocks come back before it, as it asks for them. Under a prefetched backward of the same
         stage (``now``: 1F1B's cool-down) the copy starts when that backward reaches its first
-        swapped block (``StageWork.swap_lowest_s``), as the executor defers it.
+        swapped block (``StageWork.swap_lowest_s``), as the executor defers it. A lazy stage
+        (``StageWork.swap_lazy``) starts its copy back at the backward instead.
         """
         st = self.stages[nxt.stage]
         key = (nxt.stage, nxt.microbatch)
-        if nxt.kind in ("B", "I") and st.swap_in and key not in self.swapped_in:
+        if nxt.kind in ("B", "I") and st.swap_in and not st.swap_lazy and key not in self.swapped_in:
             if ahead:
                 self._chained.add(key)
             phases = st.swap_in if ahead else st.swap_in + st.swap_chain_in

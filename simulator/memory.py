@@ -100,6 +100,7 @@ from mindpipe.traces.layout import (
     accumulates_whole_gradients,
     block_policies,
     keeps_gathered_weights,
+    lazy_copy_back,
     merged_weight_pass,
     reshards_after_forward,
     stage_layout,
@@ -677,8 +678,10 @@ def stage_memory(
     policies = block_policies(plan, model.num_layers)
     # Which blocks (and parts of blocks) each stage holds is the layout's rule, on these stage layers.
     spans = stage_layout(dataclasses.replace(plan, partition=list(stage_layers)), model)
+    lazy = lazy_copy_back(plan)
     terms = [mm.stage([policies[b] for b in span.blocks], span.has_embedding, span.has_head,
-                      [span.part(b) for b in span.blocks], prefetch=schedule.prefetched_sets(s)) for s, span in enumerate(spans)]
+                      [span.part(b) for b in span.blocks], prefetch=schedule.prefetched_sets(s, lazy))
+             for s, span in enumerate(spans)]
     return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_states(r))
             for r in range(schedule.pp)]
 
@@ -704,7 +707,7 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     out = []
     for s in range(schedule.num_stages):
         timeline = schedule.held_states(schedule.stage_to_rank[s])
-        prefetch = schedule.prefetched_sets(s)
+        prefetch = schedule.prefetched_sets(s, lazy_copy_back(plan))
 
         def fits(n: int, s: int = s, timeline: list[dict[int, Held]] = timeline, prefetch: int = prefetch) -> bool:
             return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last, prefetch=prefetch)}, timeline).total_bytes <= cap

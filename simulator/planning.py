@@ -27,6 +27,7 @@ engine's swap cost without building a plan for each try. Both rules stay with th
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from mindpipe.simulator.memory import RankMemory, StageMemoryModel, activation_b
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import BlockPart, BlockPolicy
+from mindpipe.traces.layout import BlockPart, BlockPolicy, lazy_copy_back
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,11 @@ class StageBudget:
         """True when the stage fits in the device's memory."""
         return self.total_bytes(policies, parts) <= self.capacity_bytes
 
+    def lazy(self) -> StageBudget:
+        """The same stage copying its swapped blocks back as its backwards ask (``Plan.swap_copy_back``
+        ``lazy``): nothing prefetched."""
+        return dataclasses.replace(self, prefetch=0, _totals={})
+
 
 def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule) -> list[StageBudget]:
     """A :class:`StageBudget` per stage of a plan with one stage per pipeline rank.
@@ -106,13 +112,13 @@ def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedu
         raise ContractError("plan", "virtual_stages", "memory planning needs one stage per pipeline rank "
                             f"(virtual_stages=1), got {schedule.num_stages} stages on {schedule.pp} ranks")
     mm = StageMemoryModel(model, plan, device, None, None, split_backward=schedule.split_backward)
-    last = schedule.num_stages - 1
+    last, lazy = schedule.num_stages - 1, lazy_copy_back(plan)
     out = []
     for s in range(schedule.num_stages):
         held = tuple(sorted({t.get(s, Held(0, 0, False)) for t in schedule.held_timeline(s)}))
         out.append(StageBudget(s, max((h.awaiting_input + h.awaiting_weight for h in held), default=0),
                                schedule.round_trip_share(s), float(device.memory_capacity_bytes),
-                               s == 0, s == last, held, schedule.prefetched_sets(s), mm))
+                               s == 0, s == last, held, schedule.prefetched_sets(s, lazy), mm))
     return out
 
 
@@ -123,7 +129,7 @@ def swap_bytes_per_block(model: Model, plan: Plan) -> float:
 
 
 def exposed_swap_s(copy_s: float, forward_s: float, round_trip_share: float = 0.0, stream_s: float = 0.0,
-                   tail_s: float = 0.0, back_s: float | None = None, chain_s: float = 0.0) -> float:
+                   tail_s: float = 0.0, back_s: float | None = None, chain_s: float = 0.0, lazy: bool = False) -> float:
     """Seconds per micro-batch a stage's backward waits for its swapped activations (module docstring).
 
     Args:
@@ -136,16 +142,19 @@ def exposed_swap_s(copy_s: float, forward_s: float, round_trip_share: float = 0.
         back_s: The copy back before a prefetched backward: the last swapped block's (``copy_s`` if None).
         chain_s: :func:`~mindpipe.simulator.work.swap_chain_stall_s`: a prefetched backward's wait
             for the other swapped blocks' copies back during it.
+        lazy: The stage copies back as its backwards ask (``Plan.swap_copy_back``): none is
+            prefetched, and each backward waits for all its bytes (``copy_s``).
 
     Returns:
         round_trip_share · (max(tail_s, copy_s − stream_s) + copy_s)
         + (1 − round_trip_share) · (max(0, back_s − forward_s) + chain_s): a backward right after
         its own forward waits for all its bytes out and back; a prefetched one for what its last
-        swapped block's copy does not hide, and the chain.
+        swapped block's copy does not hide, and the chain; on a ``lazy`` stage, ``copy_s`` instead.
     """
     back = copy_s if back_s is None else back_s
     out = max(tail_s, copy_s - stream_s)
-    return round_trip_share * (out + copy_s) + (1.0 - round_trip_share) * (max(0.0, back - forward_s) + chain_s)
+    ahead = copy_s if lazy else max(0.0, back - forward_s) + chain_s
+    return round_trip_share * (out + copy_s) + (1.0 - round_trip_share) * ahead
 
 
 __all__ = ["StageBudget", "exposed_swap_s", "stage_budgets", "swap_bytes_per_block"]

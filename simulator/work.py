@@ -69,6 +69,9 @@ class StageWork:
         swap_chain_in: The other swapped blocks' copies back: on the host link from a prefetched
             backward's start (their wait is ``swap_chain_s``), or, for a backward right after its
             own forward, after ``swap_in`` and before the backward, which asks for them all.
+        swap_lazy: The stage copies its swapped blocks back as each backward asks for them
+            (``Plan.swap_copy_back`` ``lazy``, :func:`mindpipe.traces.layout.lazy_copy_back`): all of
+            ``swap_in`` and ``swap_chain_in`` from the backward's start, which waits for them.
         fwd_tp_overlap, bwd_tp_overlap: Under ``tp_comm_overlap``, the collectives of ``fwd_tp`` /
             ``bwd_tp`` that pipeline with a GEMM (:class:`TpOverlap`); the engine takes back the part
             the GEMMs hide (:func:`mindpipe.simulator.collectives.overlapped_exposed_s`).
@@ -101,6 +104,7 @@ class StageWork:
     swap_chain_s: float = 0.0
     swap_lowest_s: float = 0.0
     swap_chain_in: list[Phase] = field(default_factory=list)
+    swap_lazy: bool = False
     fwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
     bwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
     mb_stretch: list[tuple[float, float]] | None = None

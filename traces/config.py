@@ -49,6 +49,9 @@ LAYER_MEMORY_POLICIES = ("keep", "selective", "nongemm", "recompute", "swap")
 # Where a stage boundary falls (``Plan.stage_cuts``; the rule is :mod:`mindpipe.traces.layout`'s):
 # between two blocks, or inside the stage's last block after its attention sub-layer's residual add.
 STAGE_CUTS = ("between_blocks", "after_attention")
+# How a stage's swapped activations come back for a backward (``Plan.swap_copy_back``; the rule is
+# :func:`mindpipe.simulator.actions.prefetched_backward`'s): ahead of it (vPipe), or as it asks for them.
+SWAP_COPY_BACK = ("prefetch", "lazy")
 # How global ranks are laid out over (tp, dp, pp), innermost first; Megatron's default is tp-dp-pp.
 RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp")
 # Supernet schedules (NASPipe; :mod:`mindpipe.simulator.subnet_schedules` owns what each does).
@@ -425,6 +428,10 @@ class Plan:
     supernet parallelism (NASPipe): how subnets share the pipeline (``csp``, ``sequential``,
     ``sync``, ``async``) and CSP's look-ahead window, the most subnets in flight on a stage. They
     stay ``None`` in a GPT plan (:func:`mindpipe.traces.supernet.check_supernet_plan`).
+    ``swap_copy_back`` says per (virtual) stage how its swapped blocks come back for a backward:
+    ``prefetch`` (vPipe's: the last one under the action before it, the others one ahead during it)
+    or ``lazy`` (each saved tensor as the backward asks for it: less memory, the copy in the open);
+    ``None`` prefetches on every stage (:func:`mindpipe.simulator.actions.prefetched_backward`).
     ``stage_clocks_mhz`` locks an SM clock per (virtual) stage, equal on the stages of one rank
     (:mod:`mindpipe.traces.frequency`); ``None`` runs every device at its default clock. The
     executor locks it with NVML on GPUs (a notice on CPU), so it is not a what-if knob.
@@ -513,6 +520,7 @@ class Plan:
     partition: list[int] | None = None
     layer_memory_policy: list[str] | None = None
     stage_cuts: list[str] | None = None
+    swap_copy_back: list[str] | None = None
     subnet_schedule: str | None = None
     subnet_window: int | None = None
     stage_clocks_mhz: list[int] | None = None
@@ -574,7 +582,7 @@ class Plan:
 
     def _check_lists(self) -> None:
         """The list keys: their types, lengths (per stage, per boundary) and entries."""
-        for key in ("partition", "layer_memory_policy", "stage_cuts"):
+        for key in ("partition", "layer_memory_policy", "stage_cuts", "swap_copy_back"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), list):
                 raise ContractError("", key, f"{key}={shown(getattr(self, key))} must be a list")
         if self.partition is not None:
@@ -595,6 +603,12 @@ class Plan:
                                     f"per stage boundary pp×virtual_stages−1={self.num_stages - 1}")
             for i, c in enumerate(self.stage_cuts):
                 one_of(f"stage_cuts[{i}]", c, STAGE_CUTS)
+        if self.swap_copy_back is not None:
+            if len(self.swap_copy_back) != self.num_stages:
+                raise ContractError("", "swap_copy_back", f"swap_copy_back has {plural(len(self.swap_copy_back), 'entry', 'entries')}, "
+                                    f"expected one per stage pp×virtual_stages={self.num_stages}")
+            for i, c in enumerate(self.swap_copy_back):
+                one_of(f"swap_copy_back[{i}]", c, SWAP_COPY_BACK)
         if self.stage_clocks_mhz is not None:
             # Layout imports this module; the stage-to-rank rule lives there.
             from mindpipe.traces.frequency import check_stage_clocks_shape
@@ -717,10 +731,8 @@ def _check_layers(plan: Plan, model: Model, fail: Callable[[str, str], NoReturn]
     if plan.partition is not None and sum(plan.partition) != model.num_layers:
         fail("partition", f"partition sums to {plural(sum(plan.partition), 'layer')}, model has num_layers={model.num_layers}")
     if plan.layer_memory_policy is not None and len(plan.layer_memory_policy) != model.num_layers:
-        fail(
-            "layer_memory_policy",
-            f"layer_memory_policy has {plural(len(plan.layer_memory_policy), 'entry', 'entries')}, model has num_layers={model.num_layers}",
-        )
+        fail("layer_memory_policy", f"layer_memory_policy has {plural(len(plan.layer_memory_policy), 'entry', 'entries')}, "
+                                    f"model has num_layers={model.num_layers}")
     from mindpipe.traces.layout import cut_block_refusal, nongemm_refusal  # local: layout imports this module
 
     if plan.layer_memory_policy is not None and "nongemm" in plan.layer_memory_policy:
@@ -764,30 +776,11 @@ def stage_layers(plan: Plan, model: Model) -> list[int]:
     return list(plan.partition) if plan.partition is not None else even_partition(model.num_layers, plan.num_stages)
 
 
-__all__ = [
-    "COMM_PRIORITIES",
-    "DP_IMPLS",
-    "PLAN_SCALAR_KEYS",
-    "PRECISIONS",
-    "RECOMPUTE",
-    "SCHEDULES",
-    "SEQUENTIAL_EQUIVALENT_SCHEDULES",
-    "STAGE_CUTS",
-    "SUBNET_SCHEDULES",
-    "SUPERNET_PLAN_KEYS",
-    "Cluster",
-    "MadeFor",
-    "Model",
-    "Plan",
-    "check_plan",
-    "check_plan_key",
-    "check_stage_count",
-    "even_partition",
-    "fixed_virtual_stages",
-    "microbatch_rule",
-    "stage_layers",
-    "virtual_stages_rule",
-]
+__all__ = ["COMM_PRIORITIES", "DP_IMPLS", "PLAN_SCALAR_KEYS", "PRECISIONS", "RECOMPUTE", "SCHEDULES",
+           "SEQUENTIAL_EQUIVALENT_SCHEDULES", "STAGE_CUTS", "SUBNET_SCHEDULES",
+           "SUPERNET_PLAN_KEYS", "SWAP_COPY_BACK", "Cluster", "MadeFor", "Model", "Plan", "check_plan", "check_plan_key",
+           "check_stage_count", "even_partition", "fixed_virtual_stages", "microbatch_rule", "stage_layers",
+           "virtual_stages_rule"]
 
 # MadeFor.supernet's type, resolved when a plan is read (schema.from_dict). Imported last, as a module:
 # traces/supernet.py imports this module's contracts, so the two may load in either order.

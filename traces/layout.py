@@ -89,6 +89,13 @@ def block_policies(plan: Plan, num_layers: int) -> list[BlockPolicy]:
     return [level] * num_layers
 
 
+def lazy_copy_back(plan: Plan) -> frozenset[int]:
+    """The (virtual) stages whose swapped blocks come back as each backward asks for them, not
+    prefetched (``Plan.swap_copy_back``; what prefetching means is
+    :func:`mindpipe.simulator.actions.prefetched_backward`'s)."""
+    return frozenset(s for s, how in enumerate(plan.swap_copy_back or ()) if how == "lazy")
+
+
 def recomputes(policy: BlockPolicy) -> bool:
     """True when the block's forward (all or part) runs again before its backward."""
     return policy in ("selective", "nongemm", "full")

@@ -467,7 +467,7 @@ def check_supernet_plan(plan: Plan, supernet: Supernet, cluster: Cluster | None 
     if plan.schedule != "1f1b":
         fail("schedule", f"schedule={plan.schedule!r}: a supernet plan's pipeline order is subnet_schedule's "
              "(csp, sequential, sync, async); leave schedule out")
-    for key in ("layer_memory_policy", "stage_cuts"):
+    for key in ("layer_memory_policy", "stage_cuts", "swap_copy_back"):
         if getattr(plan, key) is not None:
             fail(key, f"{key} is not supported for supernets yet")
     if plan.zero_stage:

@@ -135,7 +135,7 @@ def materialize(problem: Problem, point: Point, sim: Simulator | None = None, *,
         # The per-block policy replaces the recompute level (traces/layout.py block_policies): write
         # none, so the plan does not say recompute=full beside blocks it keeps.
         plan = dataclasses.replace(plan_of(point, problem.pinned, mp.partition), layer_memory_policy=list(mp.policy),
-                                   stage_cuts=mp.stage_cuts, recompute="none")
+                                   stage_cuts=mp.stage_cuts, swap_copy_back=mp.swap_copy_back, recompute="none")
         return Materialized(plan, sim.memory(plan))
     if plan.num_stages == 1:
         partition = [model.num_layers]

@@ -272,6 +272,7 @@ def row(r: MaxBatch) -> dict[str, Any]:
             "throughput_samples_per_s": r.throughput_samples_per_s, "peak_memory_gib": r.peak_memory_gib,
             "partition": plan.partition if plan is not None else None,
             "stage_cuts": plan.stage_cuts if plan is not None else None,
+            "swap_copy_back": plan.swap_copy_back if plan is not None else None,
             "policy_counts": {p: policy.count(p) for p in LAYER_MEMORY_POLICIES} if policy else None}
 
 

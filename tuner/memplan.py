@@ -32,6 +32,7 @@ change at a time until the stage fits:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -96,11 +97,13 @@ def part_nodes(costs: Sequence[LayerCost]) -> list[tuple[Node, Node]] | None:
 @dataclass(frozen=True)
 class StagePlan:
     """A stage's policies (one per unit, :meth:`StageModel.units`) and its time per micro-batch
-    (``inf`` when nothing makes it fit)."""
+    (``inf`` when nothing makes it fit); ``lazy``: its swapped units come back as its backwards ask
+    (``Plan.swap_copy_back``), not prefetched."""
 
     policies: tuple[LayerPolicy, ...]
     time_s: float
     fits: bool
+    lazy: bool = False
 
 
 class StageModel:
@@ -125,6 +128,7 @@ class StageModel:
         self.parts = None if parts is None else list(parts)
         self._memo: dict[tuple[int, int, int, str, Pins], StagePlan] = {}
         self._copy: dict[int, float] = {}
+        self._lazy: dict[int, StageBudget] = {}
 
     @property
     def num_stages(self) -> int:
@@ -164,10 +168,23 @@ class StageModel:
             self._copy[swapped] = self.copy_s(swapped * self.swap_bytes)
         return self._copy[swapped]
 
-    def _exposed(self, stage: int, swapped: int, fwd: float, stream: float, chain: float) -> float:
+    def budget(self, stage: int, lazy: bool = False) -> StageBudget:
+        """The stage's memory budget, prefetching its swapped units or (``lazy``) not."""
+        if not lazy:
+            return self.budgets[stage]
+        if stage not in self._lazy:
+            self._lazy[stage] = self.budgets[stage].lazy()
+        return self._lazy[stage]
+
+    def can_be_lazy(self, stage: int) -> bool:
+        """True when copying back as the backwards ask uses less memory on the stage than the
+        prefetch: a swap is priced and the schedule prefetches some backward of the stage."""
+        return self.swap_bytes > 0 and self.budgets[stage].prefetch > 0
+
+    def _exposed(self, stage: int, swapped: int, fwd: float, stream: float, chain: float, lazy: bool) -> float:
         copy = self._copy_of(swapped)
         return exposed_swap_s(copy, fwd, self.budgets[stage].round_trip_share, stream, swap_out_tail_s(copy, swapped),
-                              self._copy_of(1), chain)
+                              self._copy_of(1), chain, lazy)
 
     def _totals(self, stage: int, nodes: Sequence[Node]) -> tuple[float, float]:
         """(forward, forward + backward) seconds of the stage with every unit kept."""
@@ -175,7 +192,7 @@ class StageModel:
         return ef + sum(n.forward_s for n in nodes), et + sum(n.time_s for n in nodes)
 
     def _time(self, stage: int, fwd: float, base: float, redo: float, nodes: Sequence[Node],
-              policies: Sequence[LayerPolicy]) -> float:
+              policies: Sequence[LayerPolicy], lazy: bool = False) -> float:
         """Stage time: kept time, re-run forwards, and the swap copy that does not hide (the copy out
         streams beside the forward from the first swapped unit on: ``swap_stream_window_s``)."""
         swaps = [p == "swap" for p in policies]
@@ -184,33 +201,37 @@ class StageModel:
         stream = swap_stream_window_s([n.forward_s for n in nodes], swaps)
         one = self._copy_of(1)
         chain = swap_chain_stall_s([n.time_s - n.forward_s + _REDO[p](n) for n, p in zip(nodes, policies, strict=True)],
-                                   [one if on else None for on in swaps]) if sum(swaps) > 1 else 0.0
-        return base + redo + self._exposed(stage, sum(swaps), fwd, stream, chain)
+                                   [one if on else None for on in swaps]) if sum(swaps) > 1 and not lazy else 0.0
+        return base + redo + self._exposed(stage, sum(swaps), fwd, stream, chain, lazy)
 
-    def time_of(self, stage: int, lo: int, hi: int, policies: Sequence[LayerPolicy]) -> float:
-        """Seconds per micro-batch of stage ``stage`` holding positions ``lo..hi-1`` under ``policies``."""
+    def time_of(self, stage: int, lo: int, hi: int, policies: Sequence[LayerPolicy], lazy: bool = False) -> float:
+        """Seconds per micro-batch of stage ``stage`` holding positions ``lo..hi-1`` under ``policies``
+        (``lazy``: copying back as the backwards ask)."""
         nodes = [u[0] for u in self.units(lo, hi)]
         fwd, base = self._totals(stage, nodes)
         redo = sum(_REDO[p](n) for n, p in zip(nodes, policies, strict=True))
-        return self._time(stage, fwd, base, redo, nodes, policies)
+        return self._time(stage, fwd, base, redo, nodes, policies, lazy)
 
-    def fits(self, stage: int, policies: Sequence[LayerPolicy], parts: Sequence[BlockPart] | None = None) -> bool:
+    def fits(self, stage: int, policies: Sequence[LayerPolicy], parts: Sequence[BlockPart] | None = None,
+             lazy: bool = False) -> bool:
         """True when the stage fits under ``policies`` (the simulator's memory model)."""
-        return self.budgets[stage].fits([LAYER_POLICY[p] for p in policies], parts)
+        return self.budget(stage, lazy).fits([LAYER_POLICY[p] for p in policies], parts)
 
-    def least_memory(self, stage: int, parts: Sequence[BlockPart]) -> list[LayerPolicy]:
+    def least_memory(self, stage: int, parts: Sequence[BlockPart], lazy: bool = False) -> list[LayerPolicy]:
         """The one policy for every unit with which the stage uses the least memory: swap (nothing
         held per micro-batch, but two swapped blocks back whole during a backward, one ahead, and
         a prefetched one before it, ``StageMemoryModel.redone_bytes``) or recompute (each block's
         input held)."""
         floors: tuple[LayerPolicy, ...] = ("swap", "recompute") if self.swap_bytes > 0 else ("recompute",)
-        budget = self.budgets[stage]
+        budget = self.budget(stage, lazy)
         return min(([p] * len(parts) for p in floors),
                    key=lambda pol: budget.total_bytes([LAYER_POLICY[p] for p in pol], parts))
 
-    def fits_at_all(self, stage: int, parts: Sequence[BlockPart]) -> bool:
-        """True when the stage fits with its units at :meth:`least_memory`."""
-        return self.fits(stage, self.least_memory(stage, parts), parts)
+    def fits_at_all(self, stage: int, parts: Sequence[BlockPart], lazy_ok: bool = False) -> bool:
+        """True when the stage fits with its units at :meth:`least_memory`, prefetching or, where
+        ``lazy_ok`` (rule ``dawnpiper``), copying back as the backwards ask."""
+        return self.fits(stage, self.least_memory(stage, parts), parts) or (
+            lazy_ok and self.can_be_lazy(stage) and self.fits(stage, self.least_memory(stage, parts, True), parts, True))
 
     def keep_bytes(self, stage: int, lo: int, hi: int) -> float:
         """The stage's memory with every unit of positions ``lo..hi-1`` kept (for memory-balanced cuts)."""
@@ -226,6 +247,18 @@ class StageModel:
         return self._memo[key]
 
     def _plan(self, stage: int, lo: int, hi: int, rule: MemoryRule, pins: Pins) -> StagePlan:
+        """Prefetching, or when nothing fits so and the rule allows an exposed copy (``dawnpiper``),
+        copying back as the backwards ask (``lazy``: less memory, the whole copy in the open)."""
+        sp = self._plan_as(stage, lo, hi, rule, pins, False)
+        if sp.fits or rule != "dawnpiper" or not self.can_be_lazy(stage):
+            return sp
+        lazy = self._plan_as(stage, lo, hi, rule, pins, True)
+        if not lazy.fits:
+            return sp
+        # without a swapped unit the two copy the same (nothing): the plan needs no lazy stage
+        return lazy if "swap" in lazy.policies else dataclasses.replace(lazy, lazy=False)
+
+    def _plan_as(self, stage: int, lo: int, hi: int, rule: MemoryRule, pins: Pins, lazy: bool) -> StagePlan:
         units = self.units(lo, hi)
         n = len(units)
         nodes, parts = [u[0] for u in units], [u[1] for u in units]
@@ -234,17 +267,17 @@ class StageModel:
             fixed[0] = pins[0]
         if n and parts[-1] == "attention" and pins[1] is not None:
             fixed[n - 1] = pins[1]
-        floor = self.least_memory(stage, parts)
-        if not self.fits(stage, [fixed.get(i, floor[i]) for i in range(n)], parts):  # the least memory it can use
-            return StagePlan(tuple(fixed.get(i, floor[i]) for i in range(n)), math.inf, False)
+        floor = self.least_memory(stage, parts, lazy)
+        if not self.fits(stage, [fixed.get(i, floor[i]) for i in range(n)], parts, lazy):  # the least memory it can use
+            return StagePlan(tuple(fixed.get(i, floor[i]) for i in range(n)), math.inf, False, lazy)
         pol: list[LayerPolicy] = [fixed.get(i, "keep") for i in range(n)]
         fwd, base = self._totals(stage, nodes)
         redo = sum(nodes[i].recompute_s for i, p in fixed.items() if p == "recompute")
 
         def time(r: float, policies: Sequence[LayerPolicy]) -> float:
-            return self._time(stage, fwd, base, r, nodes, policies)
+            return self._time(stage, fwd, base, r, nodes, policies, lazy)
 
-        while not self.fits(stage, pol, parts):
+        while not self.fits(stage, pol, parts, lazy):
             now = time(redo, pol)
             best: tuple[float, int, LayerPolicy] | None = None
             scores: dict[tuple, tuple[float, LayerPolicy]] = {}  # alike units score alike
@@ -263,7 +296,7 @@ class StageModel:
                             continue
                         if target == "swap" and self.swap_bytes <= 0:
                             continue
-                        freed = self._freed(stage, parts, pol, i, target)
+                        freed = self._freed(stage, parts, pol, i, target, lazy)
                         if freed <= 0:
                             continue
                         r = redo - _REDO[cur](node) + _REDO[target](node)
@@ -274,20 +307,20 @@ class StageModel:
                 if best is None or per_byte < best[0]:
                     best = (per_byte, i, p)
             if best is None or not math.isfinite(best[0]):
-                return StagePlan(tuple(pol), math.inf, False)
+                return StagePlan(tuple(pol), math.inf, False, lazy)
             i, target = best[1], best[2]
             redo += _REDO[target](nodes[i]) - _REDO[pol[i]](nodes[i])
             pol[i] = target
-        return StagePlan(tuple(pol), time(redo, pol), True)
+        return StagePlan(tuple(pol), time(redo, pol), True, lazy)
 
     def _freed(self, stage: int, parts: Sequence[BlockPart], pol: Sequence[LayerPolicy], i: int,
-               target: LayerPolicy) -> float:
+               target: LayerPolicy, lazy: bool = False) -> float:
         """Bytes per micro-batch in flight the stage's peak loses when unit ``i`` moves from its
         policy to ``target``: what it keeps per micro-batch (the simulator's memory model); for a
         move to or from swap, the change of the stage's whole peak (a swapped block also comes
         back whole during the backward, ``StageMemoryModel.redone_bytes``) over the micro-batches
         in flight."""
-        budget, cur = self.budgets[stage], pol[i]
+        budget, cur = self.budget(stage, lazy), pol[i]
         if "swap" not in (cur, target):
             return budget.block_bytes(LAYER_POLICY[cur], parts[i]) - budget.block_bytes(LAYER_POLICY[target], parts[i])
         moved = [*pol[:i], target, *pol[i + 1:]]
@@ -317,10 +350,14 @@ class StageModel:
 # a small share of its forward) before re-running the whole block or swapping it. A swapped unit
 # may still move on to recompute: a swapped block comes back whole, one ahead of the backward
 # (:meth:`StageModel.least_memory`), so on a stage with few micro-batches in flight a re-run can free more.
+# Under DawnPiper a recomputed unit may move on to swap: a re-run block keeps its input per micro-batch
+# in flight, a swapped one nothing, so on a stage with many in flight (or copying back as asked,
+# ``Plan.swap_copy_back``) swapping frees more. Every move lowers the stage's peak (``_freed`` > 0),
+# so no unit goes round.
 _MOVES: dict[MemoryRule, dict[LayerPolicy, tuple[LayerPolicy, ...]]] = {
     "vpipe": {"keep": ("swap", "recompute"), "swap": ("recompute",)},
     "dawnpiper": {"keep": ("swap", "selective", "nongemm", "recompute"), "selective": ("swap", "nongemm", "recompute"),
-                  "nongemm": ("swap", "recompute"), "swap": ("recompute",)},
+                  "nongemm": ("swap", "recompute"), "recompute": ("swap",), "swap": ("recompute",)},
 }
 _STRENGTH: dict[LayerPolicy, int] = {"keep": 0, "selective": 1, "nongemm": 2, "recompute": 3, "swap": 4}
 # Seconds each policy re-runs per micro-batch.

@@ -56,12 +56,14 @@ MEMORY_PARTITIONERS: tuple[MemoryRule, ...] = ("vpipe", "dawnpiper")
 @dataclass(frozen=True)
 class MemoryPlan:
     """A partition with its per-block policy (``Plan.layer_memory_policy``), per-stage times and
-    where each boundary falls (``Plan.stage_cuts``; None when every one falls between blocks)."""
+    where each boundary falls (``Plan.stage_cuts``; None when every one falls between blocks), and
+    how each stage's swapped blocks come back (``Plan.swap_copy_back``; None when every stage prefetches)."""
 
     partition: list[int]
     policy: list[LayerPolicy]
     stage_time_s: list[float]
     stage_cuts: list[str] | None = None
+    swap_copy_back: list[str] | None = None
 
     @property
     def fits(self) -> bool:
@@ -100,9 +102,15 @@ def _bounds(partition: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
+def _copy_back(plans: Sequence[StagePlan]) -> list[str] | None:
+    """``Plan.swap_copy_back`` of the stage plans: None when none is lazy."""
+    return ["lazy" if sp.lazy else "prefetch" for sp in plans] if any(sp.lazy for sp in plans) else None
+
+
 def _assemble(sm: StageModel, partition: list[int], rule: MemoryRule) -> MemoryPlan:
     plans = [sm.plan(s, lo, hi, rule) for s, (lo, hi) in enumerate(_bounds(partition))]
-    return MemoryPlan(partition, [p for sp in plans for p in sp.policies], [sp.time_s for sp in plans])
+    return MemoryPlan(partition, [p for sp in plans for p in sp.policies], [sp.time_s for sp in plans],
+                      swap_copy_back=_copy_back(plans))
 
 
 def _score(times: Sequence[float]) -> tuple[float, float]:
@@ -166,7 +174,7 @@ class _DawnPiper:
             n = 0
             while start + n < self.sm.num_positions:
                 units = self.sm.units(start, start + n + 1)
-                if not self.sm.fits_at_all(stage, [u[1] for u in units]):
+                if not self.sm.fits_at_all(stage, [u[1] for u in units], lazy_ok=True):
                     break
                 n += 1
             best = max(best, n)
@@ -182,7 +190,7 @@ class _DawnPiper:
             hi = lo
             while hi < end and self.sm.blocks_started(hi + 1, end) >= p - s - 1:
                 units = self.sm.units(lo, hi + 1)
-                if not self.sm.fits_at_all(s, [u[1] for u in units]):
+                if not self.sm.fits_at_all(s, [u[1] for u in units], lazy_ok=True):
                     break
                 hi += 1
             if self.sm.blocks_started(lo, hi) < 1:
@@ -259,15 +267,15 @@ class _DawnPiper:
 def _assemble_cuts(sm: StageModel, bounds: list[tuple[int, int]], pins: list[LayerPolicy | None]) -> MemoryPlan:
     """The plan of a solution over (possibly half-block) positions: partition, cuts and block policies."""
     policy: list[LayerPolicy] = ["keep"] * len(sm.nodes)
-    times = []
+    plans = []
     for s, (lo, hi) in enumerate(bounds):
         sp = sm.plan(s, lo, hi, "dawnpiper", (pins[s - 1] if s > 0 else None, pins[s] if s < len(pins) else None))
-        times.append(sp.time_s)
+        plans.append(sp)
         for (_, _, block), p in zip(sm.units(lo, hi), sp.policies, strict=True):
             policy[block] = p  # a cut block's two parts carry the same pinned policy
     cuts = ["after_attention" if sm.halves and hi % 2 else "between_blocks" for _, hi in bounds[:-1]]
-    return MemoryPlan([sm.blocks_started(lo, hi) for lo, hi in bounds], policy, times,
-                      cuts if "after_attention" in cuts else None)
+    return MemoryPlan([sm.blocks_started(lo, hi) for lo, hi in bounds], policy, [sp.time_s for sp in plans],
+                      cuts if "after_attention" in cuts else None, _copy_back(plans))
 
 
 def dawnpiper_partition(sm: StageModel) -> MemoryPlan:

@@ -39,8 +39,9 @@ def test_every_plan_fits_and_has_a_valid_policy(name, pp, tp, mbs, m_per_stage, 
     assert len(mp.partition) == pp and min(mp.partition) >= 1 and sum(mp.partition) == MODEL.num_layers
     assert len(mp.policy) == MODEL.num_layers and set(mp.policy) <= set(LAYER_MEMORY_POLICIES)
     assert mp.stage_cuts is None or (name == "dawnpiper" and len(mp.stage_cuts) == pp - 1)
+    assert mp.swap_copy_back is None or (name == "dawnpiper" and len(mp.swap_copy_back) == pp)
     done = dataclasses.replace(plan, partition=mp.partition, layer_memory_policy=list(mp.policy),
-                               stage_cuts=mp.stage_cuts)
+                               stage_cuts=mp.stage_cuts, swap_copy_back=mp.swap_copy_back)
     memory = SIM.memory(done)
     assert mp.fits == all(rm.fits for rm in memory)  # the planner's verdict is the simulator's
     if mp.fits:
@@ -139,14 +140,14 @@ def test_stage_times_are_the_plans_own():
 def test_dawnpiper_cuts_inside_blocks_as_the_simulator_prices_them(mbs):
     """dawnpiper's half-block stages: each stage's units are the layout's parts, its policies the
     plan's (a cut block's one policy on both sides), its memory verdict and time the simulator's."""
-    from mindpipe.traces.layout import stage_layout
+    from mindpipe.traces.layout import lazy_copy_back, stage_layout
     from mindpipe.tuner.memsplit import stage_model
 
     plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=mbs, global_batch_size=4 * mbs)
     mp = memory_partition("dawnpiper", SIM, plan)
     assert mp.stage_cuts is not None and "after_attention" in mp.stage_cuts  # the finer cuts are used here
     done = dataclasses.replace(plan, partition=mp.partition, layer_memory_policy=list(mp.policy),
-                               stage_cuts=mp.stage_cuts)
+                               stage_cuts=mp.stage_cuts, swap_copy_back=mp.swap_copy_back)
     sm = stage_model(SIM, plan, halves=True)
     spans = stage_layout(done, MODEL)
     bounds, lo = [], 0
@@ -158,10 +159,10 @@ def test_dawnpiper_cuts_inside_blocks_as_the_simulator_prices_them(mbs):
     for s, ((lo, hi), span, rm) in enumerate(zip(bounds, spans, SIM.memory(done), strict=True)):
         units = sm.units(lo, hi)
         assert [(b, part) for _, part, b in units] == span.parts()
-        pols = [mp.policy[b] for _, _, b in units]
-        assert sm.fits(s, pols, [u[1] for u in units]) == rm.fits
-        assert sm.budgets[s].total_bytes([LAYER_POLICY[p] for p in pols], [u[1] for u in units]) == rm.total_bytes
-        assert sm.time_of(s, lo, hi, pols) == pytest.approx(mp.stage_time_s[s])
+        pols, lazy = [mp.policy[b] for _, _, b in units], s in lazy_copy_back(done)
+        assert sm.fits(s, pols, [u[1] for u in units], lazy) == rm.fits
+        assert sm.budget(s, lazy).total_bytes([LAYER_POLICY[p] for p in pols], [u[1] for u in units]) == rm.total_bytes
+        assert sm.time_of(s, lo, hi, pols, lazy) == pytest.approx(mp.stage_time_s[s])
     # The planner's slowest stage is no slower than the best it finds on whole blocks.
     assert max(mp.stage_time_s) <= max(dawnpiper_partition(stage_model(SIM, plan)).stage_time_s) * (1 + 1e-9)
 
@@ -176,7 +177,7 @@ def test_dawnpiper_recomputes_only_the_attention_core_where_that_is_cheapest():
     assert {"selective", "nongemm"} & set(dawn.policy) and vp.fits and dawn.fits
     assert max(dawn.stage_time_s) < max(vp.stage_time_s)
     done = dataclasses.replace(plan, partition=dawn.partition, layer_memory_policy=list(dawn.policy),
-                               stage_cuts=dawn.stage_cuts)
+                               stage_cuts=dawn.stage_cuts, swap_copy_back=dawn.swap_copy_back)
     assert SIM.run(done).fits_in_memory
     check_run(MODEL, done, done.world_size, "cuda", None)
 
@@ -196,7 +197,7 @@ def test_dawnpiper_nongemm_beats_layer_and_core_choices_and_is_priced_by_the_sim
     assert "nongemm" in with_it.policy and "nongemm" not in without.policy and with_it.fits and without.fits
     assert max(with_it.stage_time_s) < max(without.stage_time_s)
     done = dataclasses.replace(plan, partition=with_it.partition, layer_memory_policy=list(with_it.policy),
-                               stage_cuts=with_it.stage_cuts)
+                               stage_cuts=with_it.stage_cuts, swap_copy_back=with_it.swap_copy_back)
     assert SIM.run(done).fits_in_memory
     check_run(MODEL, done, done.world_size, "cuda", None)
     # Its re-run is the core and the memory-bound operators, more than selective's, less than full's.
