@@ -64,6 +64,10 @@ FIDELITY: list[tuple[str, int, dict[str, Any]]] = [
     ("gpt-mini-8", 4, {"dp": 2, "pp": 2, "micro_batch_size": 2, "global_batch_size": 16, "schedule": "1f1b",
                        "layer_memory_policy": ["swap", "keep", "recompute", "keep", "keep", "swap", "recompute", "keep"],
                        **FP32}),
+    # A stage copying its swapped block back as the backward asks (swap_copy_back lazy), not prefetched.
+    ("gpt-mini-8", 4, {"pp": 4, "micro_batch_size": 2, "global_batch_size": 16, "schedule": "1f1b",
+                       "layer_memory_policy": ["keep", "recompute", "swap", "keep", "recompute", "keep", "keep", "swap"],
+                       "swap_copy_back": ["prefetch", "lazy", "prefetch", "prefetch"], **FP32}),
     ("gpt-mini-8", 4, {"dp": 4, "micro_batch_size": 2, "global_batch_size": 16,
                        "layer_memory_policy": ["recompute"] * 4 + ["keep"] * 4, **FP32}),
     # Zero-bubble: torch's input-gradient pass keeps the graph (retain_graph) for W, so what a stage
