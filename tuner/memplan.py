@@ -27,7 +27,10 @@ change at a time until the stage fits:
   hides, then per unit the cheapest per byte saved of re-running its attention core only
   (``selective``), re-running every operator but its GEMMs (``nongemm``; both whole blocks only,
   ``nongemm`` only where ``check_plan`` allows it: tp = 1, no split backward), re-running it whole, and an exposed swap, ranked by seconds of
-  overhead per byte saved; a unit may later move on to a policy that frees more.
+  overhead per byte saved; a unit may later move on to a policy that frees more. Where nothing fits
+  with vPipe's prefetch (a swapped block back whole before the backward and one ahead during it),
+  the stage copies its swapped units back as its backwards ask instead (``Plan.swap_copy_back``
+  ``lazy``: less memory, the whole copy exposed; :meth:`StageModel.budget`); ``vpipe`` never does.
 """
 
 from __future__ import annotations

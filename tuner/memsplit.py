@@ -24,7 +24,9 @@ cost, a per-stage keep/recompute/swap rule). They need one stage per pipeline ra
   the simulator and executor apply it to both: each of keep, recompute (each part re-runs its own
   forward) and swap (when the host link is priced) is tried, both sides priced with it. Selective
   and ``nongemm`` recompute, which the executor refuses on a cut block, are never chosen for one;
-  whole blocks may get them (rule ``dawnpiper``, :mod:`mindpipe.tuner.memplan`).
+  whole blocks may get them (rule ``dawnpiper``, :mod:`mindpipe.tuner.memplan`). A stage that fits
+  only by copying its swapped blocks back as the backwards ask is written ``lazy`` in the plan's
+  ``swap_copy_back`` (the stages' room and the feasibility check count that floor too).
 """
 
 from __future__ import annotations
