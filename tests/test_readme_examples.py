@@ -31,8 +31,10 @@ class Example:
 def examples(text: str) -> list[Example]:
     """Every plain code block of the form command, ``...``, quoted output."""
     found = []
-    for m in re.finditer(r"^```\n(.*?)^```$", text, re.S | re.M):
-        body = m.group(1).splitlines()
+    for m in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.S | re.M):  # every fenced block, in pairs
+        if m.group(1):
+            continue  # a block in a named language (json, bash) is not an example
+        body = m.group(2).splitlines()
         if "..." not in body or not body[0].startswith("mindpipe "):
             continue
         cut = body.index("...")
