@@ -366,16 +366,23 @@ class RankMemory(StageMemoryParts):
         total_bytes: Sum of the above.
         rank: Pipeline rank.
         capacity_bytes: The device's memory.
-        fits: ``total_bytes <= capacity_bytes``.
+        fits: ``total_bytes <= capacity_bytes``, and ``host_bytes <= host_capacity_bytes`` where the
+            device's host memory is known.
+        host_bytes: Peak over the schedule of the swapped activations held in host memory
+            (``layer_memory_policy`` swap; the executor's ``host_pool_peak_bytes``): not device memory.
+        host_capacity_bytes: The host memory per device (``DeviceSpec.host_memory_bytes``); None: not known.
     """
 
     rank: int
     capacity_bytes: float
     fits: bool
+    host_bytes: float = 0.0
+    host_capacity_bytes: float | None = None
 
     def gib(self) -> dict[str, float]:
-        """Every ``*_bytes`` field in GiB, keyed ``*_gib``."""
-        return {k.removesuffix("_bytes") + "_gib": v / GIB for k, v in asdict(self).items() if k.endswith("_bytes")}
+        """Every device ``*_bytes`` field in GiB, keyed ``*_gib`` (the host's are not device memory)."""
+        return {k.removesuffix("_bytes") + "_gib": v / GIB for k, v in asdict(self).items()
+                if k.endswith("_bytes") and not k.startswith("host_")}
 
 
 def _check(model: Model, plan: Plan, schedule: Schedule, stage_layers: list[int]) -> None:
@@ -404,6 +411,9 @@ class _StageTerms:
     redone_bytes: float  # the recomputed or swapped-back block's part of transient_bytes
     # Under a split backward, held per micro-batch from its I until its W (StageMemoryModel.stage).
     after_input_bytes: float = 0.0
+    # On the host, per micro-batch from its F until its backward ends (W under a split backward):
+    # what its swapped blocks copied out (StageMemoryModel.swapped_bytes).
+    host_bytes: float = 0.0
 
 
 class StageMemoryModel:
@@ -496,11 +506,12 @@ class StageMemoryModel:
                 until_w = (-head_input_bytes(model, plan, seq_len=self.seq_len) if plan.fused_head_loss
                            else DTYPE_BYTES[plan.precision] * logit_count(model, plan, seq_len=self.seq_len))
             return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss),
-                               reruns + swap_back, acts - logits + until_w)
+                               reruns + swap_back, acts - logits + until_w, self.swapped_bytes(policies, parts))
         redone = self.redone_bytes(policies, parts, head, prefetch=prefetch)
         if prefetch and "swap" in policies:  # the last swapped block is back while the loss's backward runs
             loss += self._last_swapped_bytes(policies, parts)
-        return _StageTerms(acts, sum(layers), max(layers, default=0), max(redone, loss), redone, acts)
+        return _StageTerms(acts, sum(layers), max(layers, default=0), max(redone, loss), redone, acts,
+                           self.swapped_bytes(policies, parts))
 
     def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
         """Bytes a micro-batch's swapped blocks bring back to the device: what each saves when kept."""
@@ -638,8 +649,14 @@ class StageMemoryModel:
         other = self.reserve + extra(redo)
         total = weights + grads + optim + acts + other
         cap = float(self.device.memory_capacity_bytes)
+        # The host holds each swapped micro-batch's copies until its backward (W) has used them.
+        host = max((sum((x.awaiting_input + x.awaiting_weight) * terms[s].host_bytes for s, x in h.items())
+                    for h in held), default=0.0)
+        host_cap = self.device.host_memory_bytes
         return RankMemory(weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=acts,
-                          other_bytes=other, total_bytes=total, rank=rank, capacity_bytes=cap, fits=total <= cap)
+                          other_bytes=other, total_bytes=total, rank=rank, capacity_bytes=cap,
+                          fits=total <= cap and (host_cap is None or host <= host_cap), host_bytes=host,
+                          host_capacity_bytes=None if host_cap is None else float(host_cap))
 
 
 def stage_memory(

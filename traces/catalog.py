@@ -39,6 +39,9 @@ NUMERIC_KEYS = (
     "max_power_W",
 )
 ENTRY_KEYS = ("display_name", "kind", "peak_flops_per_s", *NUMERIC_KEYS, "sources")
+# Keys an entry may leave out. ``host_memory_bytes``: host (CPU) memory per device, where swapped
+# activations go (``layer_memory_policy`` swap); without it the host is not checked.
+OPTIONAL_KEYS = ("host_memory_bytes",)
 # A GPU always hangs off PCIe; NVLink and NICs are optional (PCIe cards, single nodes).
 _POSITIVE_FOR_GPU = ("pcie_bandwidth_GBps",)
 _ALWAYS_POSITIVE = ("memory_capacity_bytes", "memory_bandwidth_GBps", "max_power_W")
@@ -64,6 +67,8 @@ class DeviceSpec:
         nic_bandwidth_Gbps, pcie_bandwidth_GBps: NIC per device; PCIe per direction.
         idle_power_W, max_power_W: Idle (driver loaded) and maximum board power.
         sources: Citation per numeric key; FLOP/s figures as ``"peak_flops_per_s.<dtype>"``.
+        host_memory_bytes: The host memory per device (its server's memory over its devices),
+            which a swapping plan's host copies must fit; None: not known, not checked.
         origin, key_prefix: File and key prefix (``"devices.cpu."``) named in errors only.
     """
 
@@ -80,6 +85,7 @@ class DeviceSpec:
     idle_power_W: float
     max_power_W: float
     sources: dict[str, str]
+    host_memory_bytes: int | None = None
     origin: str = dataclasses.field(default="<dict>", compare=False, repr=False)
     key_prefix: str = dataclasses.field(default="", compare=False, repr=False)
 
@@ -124,6 +130,12 @@ class DeviceSpec:
             if whole and value != int(value):
                 raise self._error(key, f"{key}={value!r} must be a whole number of bytes")
             object.__setattr__(self, key, int(value) if whole else float(value))
+        host = self.host_memory_bytes
+        if host is not None:
+            if not _is_number(host) or host <= 0 or host != int(host):
+                raise self._error("host_memory_bytes", f"host_memory_bytes must be a positive whole number of bytes, "
+                                                       f"got {host!r}")
+            object.__setattr__(self, "host_memory_bytes", int(host))
         idle, peak = self.idle_power_W, self.max_power_W
         if idle > peak:
             raise self._error("idle_power_W", f"idle_power_W={idle} exceeds max_power_W={peak}")
@@ -136,7 +148,8 @@ class DeviceSpec:
         sources = self.sources
         if not isinstance(sources, dict):
             raise self._error("sources", "sources must be an object mapping keys to citations")
-        needed = [*NUMERIC_KEYS, *(f"peak_flops_per_s.{d}" for d in self.peak_flops_per_s)]
+        needed = [*NUMERIC_KEYS, *(f"peak_flops_per_s.{d}" for d in self.peak_flops_per_s),
+                  *(k for k in OPTIONAL_KEYS if getattr(self, k) is not None)]
         for key in needed:
             if key not in sources:
                 raise self._error(f"sources.{key}", f"{key} has no source; every number needs one")
@@ -172,6 +185,7 @@ class DeviceSpec:
         out = {key: getattr(self, key) for key in ENTRY_KEYS}
         out["peak_flops_per_s"] = dict(self.peak_flops_per_s)
         out["sources"] = dict(self.sources)
+        out.update({k: getattr(self, k) for k in OPTIONAL_KEYS if getattr(self, k) is not None})
         return out
 
     @classmethod
@@ -181,7 +195,7 @@ class DeviceSpec:
         """Build a spec from a catalog ENTRY.
 
         Args:
-            d: The ENTRY object (exactly the keys of ``to_dict()``).
+            d: The ENTRY object (the keys of ``to_dict()``: every one of ``ENTRY_KEYS``, any of ``OPTIONAL_KEYS``).
             source, key_prefix: File and key prefix (``"devices.cpu."``) named in errors.
             name: The device's catalog name.
 
@@ -191,8 +205,8 @@ class DeviceSpec:
         if not isinstance(d, dict):
             rule = f"a device entry must be an object, got {type(d).__name__}"
             raise ContractError(source, key_prefix.rstrip(".") or None, rule)
-        allowed = ", ".join(ENTRY_KEYS)
-        bad = [(k, f"unknown key; allowed: {allowed}") for k in d if k not in ENTRY_KEYS]
+        allowed = ", ".join((*ENTRY_KEYS, *OPTIONAL_KEYS))
+        bad = [(k, f"unknown key; allowed: {allowed}") for k in d if k not in ENTRY_KEYS + OPTIONAL_KEYS]
         bad += [(k, "missing required key") for k in ENTRY_KEYS if k not in d]
         if bad:
             raise ContractError(source, f"{key_prefix}{bad[0][0]}", bad[0][1])

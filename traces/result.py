@@ -72,6 +72,11 @@ class SimulationDetails:
         stage_clocks_mhz, rank_busy_power_w: Clocks the plan locks and each rank's busy power under them.
         stage_clocks_note: Why the plan's clocks were not priced (a device without frequency data).
         calibration: What a calibration file applied.
+        host_memory_by_stage_gib: Each rank's peak swapped activations in host memory (empty
+            without a swapped block).
+        host_capacity_gib: The host memory per device (None: not in the device's catalog entry).
+        fits_in_device_memory: Whether every rank fits in its device's memory (``fits_in_memory``
+            asks the host's too; None in results written before it was recorded).
     """
 
     schedule: str
@@ -95,6 +100,9 @@ class SimulationDetails:
     rank_busy_power_w: list[float] | None = None
     stage_clocks_note: str | None = None
     calibration: CalibrationUse | None = None
+    host_memory_by_stage_gib: list[float] = field(default_factory=list)
+    host_capacity_gib: float | None = None
+    fits_in_device_memory: bool | None = None
 
 
 @dataclass
@@ -110,7 +118,8 @@ class SimulationResult:
         bubble_fraction: Share of device time idle inside the pipeline schedule.
         memory_by_stage_gib: Peak memory per pipeline rank.
         peak_memory_gib: Maximum over ``memory_by_stage_gib``.
-        fits_in_memory: Whether every stage fits in device memory.
+        fits_in_memory: Whether every stage fits in device memory, and its swapped activations in
+            host memory (``extra.host_memory_by_stage_gib``).
         energy_j: Facility energy for one iteration (device energy × PUE).
         carbon_gco2: Grid emissions for one iteration.
         timeline: Per-rank events when requested (Chrome-trace ready), else None.

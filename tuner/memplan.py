@@ -224,11 +224,21 @@ class StageModel:
         """The one policy for every unit with which the stage uses the least memory: swap (nothing
         held per micro-batch, but two swapped blocks back whole during a backward, one ahead, and
         a prefetched one before it, ``StageMemoryModel.redone_bytes``) or recompute (each block's
-        input held)."""
+        input held); where the host memory cannot hold every unit's copies, as many units swapped
+        as it holds and the rest recomputed, if that uses less. One that fits comes first."""
         floors: tuple[LayerPolicy, ...] = ("swap", "recompute") if self.swap_bytes > 0 else ("recompute",)
         budget = self.budget(stage, lazy)
-        return min(([p] * len(parts) for p in floors),
-                   key=lambda pol: budget.total_bytes([LAYER_POLICY[p] for p in pol], parts))
+        n = len(parts)
+
+        def key(pol: list[LayerPolicy]) -> tuple[bool, float]:  # one that fits first, then the fewest device bytes
+            blocks = [LAYER_POLICY[p] for p in pol]
+            return not budget.fits(blocks, parts), budget.total_bytes(blocks, parts)
+
+        best = min(([p] * n for p in floors), key=key)
+        if self.swap_bytes > 0 and n > 1 and not budget.host_fits([LAYER_POLICY["swap"]] * n, parts):
+            # the host cannot hold every unit's copies: as many swapped as it holds, the rest re-run
+            best = min([best, *(["swap"] * k + ["recompute"] * (n - k) for k in range(1, n))], key=key)
+        return best
 
     def fits_at_all(self, stage: int, parts: Sequence[BlockPart], lazy_ok: bool = False) -> bool:
         """True when the stage fits with its units at :meth:`least_memory`, prefetching or, where
@@ -297,8 +307,9 @@ class StageModel:
                             continue  # the executor refuses these on a cut block
                         if target == "nongemm" and not self.nongemm:
                             continue
-                        if target == "swap" and self.swap_bytes <= 0:
-                            continue
+                        if target == "swap" and (self.swap_bytes <= 0 or not self.budget(stage, lazy).host_fits(
+                                [LAYER_POLICY[p] for p in (*pol[:i], target, *pol[i + 1:])], parts)):
+                            continue  # nowhere to swap to, or no room left on the host
                         freed = self._freed(stage, parts, pol, i, target, lazy)
                         if freed <= 0:
                             continue

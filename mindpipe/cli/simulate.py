@@ -56,6 +56,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _host_lines(host_gib: list[float], capacity_gib: float | None) -> list[str]:
+    """The swapped activations' host memory per rank, marked where it exceeds the host's share."""
+    if not host_gib:
+        return []
+    over = capacity_gib is not None and any(h > capacity_gib for h in host_gib)
+    return ["host (swap) by rank   " + ", ".join(f"{h:.2f}" for h in host_gib) + " GiB"
+            + (f"   ** exceeds the host's {capacity_gib:.0f} GiB per device **" if over else "")]
+
+
 def format_result(result: SimulationResult, plan: Plan | None = None) -> str:
     """Human-readable summary of a simulation result; with ``plan``, a line naming its what-if knobs
     (values the simulator prices and the executor does not carry out)."""
@@ -70,7 +79,9 @@ def format_result(result: SimulationResult, plan: Plan | None = None) -> str:
          else f"idle between actions  {100 * result.bubble_fraction:.1f}% of the span (one stage: no pipeline bubble)"),
         f"exposed DP comm       {e.exposed_dp_comm_s:.4g} s",
         "memory by rank (GiB)  " + ", ".join(f"{m:.2f}" for m in result.memory_by_stage_gib)
-        + ("" if result.fits_in_memory else "   ** does not fit in device memory **"),
+        + ("" if (result.fits_in_memory if e.fits_in_device_memory is None else e.fits_in_device_memory)
+           else "   ** does not fit in device memory **"),
+        *_host_lines(e.host_memory_by_stage_gib, e.host_capacity_gib),
         f"energy                {result.energy_j:.6g} J per iteration (facility)",
         f"carbon                {result.carbon_gco2:.6g} gCO2eq per iteration ({e.carbon_intensity_g_per_kwh:.0f} g/kWh)",
     ]

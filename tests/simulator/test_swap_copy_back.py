@@ -126,3 +126,45 @@ def test_dawnpiper_copies_back_lazily_only_where_the_prefetch_cannot_fit() -> No
     assert not materialize(problem, point_at(base_point(1, 1, 4, "vpipe", fixes), 95, 4)).fits
     # where the prefetch fits, DawnPiper prefetches
     assert materialize(problem, point_at(base_point(1, 1, 4, "dawnpiper", fixes), 40, 4)).plan.swap_copy_back is None
+
+
+def test_swapped_activations_are_held_on_the_host_and_must_fit_there() -> None:
+    """Each swapped micro-batch's copies stay on the host until its backward: 1F1B's stage s holds
+    min(p − s, m) of them. A plan whose copies exceed the host memory per device (the DGX A100
+    640GB's 2 TiB over 8 GPUs) does not fit, though the device does; the message names the host."""
+    sim = Simulator(load_model("gpt-13b"), load_cluster("a100-sxm4-80gb:1x4"))
+    policy = ["swap"] * 10 + ["recompute"] * 30
+    plan = Plan(dp=1, tp=1, pp=4, micro_batch_size=8, global_batch_size=128, partition=[10] * 4,
+                layer_memory_policy=policy)
+    per_mb = 10 * sim.swap_bytes_per_block(plan)
+    mem = sim.memory(plan)
+    assert mem[0].host_bytes == 4 * per_mb and [r.host_bytes for r in mem[1:]] == [0.0] * 3
+    assert mem[0].host_capacity_bytes == 256 * 2**30 and mem[0].fits
+    big = dataclasses.replace(plan, micro_batch_size=15, global_batch_size=240)
+    over = sim.memory(big)[0]
+    assert over.host_bytes == 15 / 8 * 4 * per_mb > over.host_capacity_bytes and over.total_bytes <= over.capacity_bytes
+    assert not over.fits
+    res = sim.run(big)
+    assert not res.fits_in_memory and res.extra.fits_in_device_memory
+    assert res.extra.host_memory_by_stage_gib[0] == over.host_bytes / 2**30
+    with pytest.raises(ContractError, match=r"pipeline rank 0 swaps an estimated 375\.00 GiB of activations to host "
+                                            r"memory, but a100-sxm4-80gb's host has 256\.00 GiB per device"):
+        sim.refuse_unless_fits(big)
+    assert sim.run(dataclasses.replace(plan, layer_memory_policy=["recompute"] * 40)).extra.host_memory_by_stage_gib == []
+
+
+def test_the_planners_keep_the_swapped_copies_within_the_host() -> None:
+    """gpt-13b on 8 A100-40GB: a plan they return that fits keeps its swapped copies within the
+    host memory per GPU (the simulator's verdict is theirs); at 8 samples per micro-batch
+    DawnPiper's plan fits using most of the host's 128 GiB on some rank."""
+    problem = Problem(load_model("gpt-13b"), load_cluster("a100-sxm4-40gb:1x8"))
+    sim = problem.simulator()
+    for name in ("vpipe", "dawnpiper"):
+        for mbs in (4, 8):
+            mat = materialize(problem, point_at(base_point(1, 1, 8, name, {}), mbs, 8))
+            mem = sim.memory(mat.plan)
+            assert mat.fits == all(r.fits for r in mem)
+            if mat.fits:
+                assert all(r.host_bytes <= r.host_capacity_bytes for r in mem)
+    dawn = materialize(problem, point_at(base_point(1, 1, 8, "dawnpiper", {}), 8, 8))
+    assert dawn.fits and max(r.host_bytes for r in sim.memory(dawn.plan)) > 0.75 * 128 * 2**30

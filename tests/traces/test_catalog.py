@@ -43,7 +43,8 @@ def test_every_shipped_device_loads_and_validates() -> None:
     assert device_names() == sorted(SHIPPED)
     for name, spec in catalog.items():
         assert spec.name == name
-        assert set(spec.to_dict()) == set(ENTRY_KEYS)
+        # every GPU says how much host memory its swapped activations may use (the CPU is its own host)
+        assert set(spec.to_dict()) == set(ENTRY_KEYS) | ({"host_memory_bytes"} if spec.kind == "gpu" else set())
         for dtype in ("fp32", "bf16", "fp16"):
             assert spec.peak_flops(dtype) > 0
         if spec.kind == "gpu":
@@ -51,6 +52,22 @@ def test_every_shipped_device_loads_and_validates() -> None:
             assert spec.nvlink_bandwidth_unidirectional_GBps * 2 == spec.nvlink_bandwidth_GBps
         for key in NUMERIC_KEYS:
             assert spec.sources[key].strip()
+        if spec.host_memory_bytes is not None:
+            assert spec.host_memory_bytes >= spec.memory_capacity_bytes and spec.sources["host_memory_bytes"].strip()
+
+
+def test_host_memory_is_optional_and_checked() -> None:
+    entry = _h100_entry()
+    assert entry["host_memory_bytes"] == 256 * 2**30
+    del entry["host_memory_bytes"], entry["sources"]["host_memory_bytes"]
+    assert DeviceSpec.from_dict(entry, name="x").host_memory_bytes is None
+    bad = {**_h100_entry(), "host_memory_bytes": -1}
+    with pytest.raises(ContractError, match="host_memory_bytes must be a positive whole number"):
+        DeviceSpec.from_dict(bad, name="x")
+    unsourced = _h100_entry()
+    del unsourced["sources"]["host_memory_bytes"]
+    with pytest.raises(ContractError, match="host_memory_bytes has no source"):
+        DeviceSpec.from_dict(unsourced, name="x")
 
 
 def test_shipped_file_equals_explicit_path_load() -> None:
