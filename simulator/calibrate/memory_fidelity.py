@@ -33,6 +33,8 @@ class MemoryRow:
         predicted_bytes: The simulator's peak for that pipeline rank.
         measured_bytes: The run's peak (``StageMemory.peak_bytes``).
         source: ``tensor_accounting`` or ``cuda_allocator``.
+        predicted_host_bytes, measured_host_bytes: Swapped activations in host memory: the
+            simulator's peak (``RankMemory.host_bytes``) and the run's pool (``host_pool_peak_bytes``).
     """
 
     rank: int
@@ -41,6 +43,8 @@ class MemoryRow:
     predicted_bytes: float
     measured_bytes: int
     source: str
+    predicted_host_bytes: float = 0.0
+    measured_host_bytes: int = 0
 
     @property
     def rel_error(self) -> float:
@@ -64,8 +68,9 @@ def memory_rows(measurement: Measurement, model: Model, cluster: Cluster | None 
         cluster = Cluster(gpu=measurement.device_name, num_nodes=nodes, gpus_per_node=measurement.world_size // nodes)
     allocator = any(r.memory is not None and r.memory.source == "cuda_allocator" for r in measurement.ranks)
     sim = Simulator(model, cluster)
-    predicted = [r.total_bytes for r in sim.memory(plan, allocator_overhead_bytes(sim.device) if allocator else None)]
-    return [MemoryRow(r.rank, r.pp_rank, list(r.stages), predicted[r.pp_rank], r.memory.peak_bytes, r.memory.source)
+    ranks = sim.memory(plan, allocator_overhead_bytes(sim.device) if allocator else None)
+    return [MemoryRow(r.rank, r.pp_rank, list(r.stages), ranks[r.pp_rank].total_bytes, r.memory.peak_bytes, r.memory.source,
+                      ranks[r.pp_rank].host_bytes, r.memory.host_pool_peak_bytes)
             for r in sorted(measurement.ranks, key=lambda r: r.rank) if r.memory is not None]
 
 
