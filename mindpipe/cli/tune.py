@@ -450,6 +450,8 @@ def _max_batch(args: argparse.Namespace, partitioners: list[str], trace: Any, ca
         memory = (f"per-block policy from {best.partitioner}: {counts}" if counts else
                   f"recompute={plan['recompute']} for every block ({best.partitioner} chooses no per-block policy; "
                   "--partitioner vpipe,dawnpiper do)") + f"; zero_stage={plan['zero_stage']}"
+        if lazy := [str(i) for i, how in enumerate(plan.get("swap_copy_back") or []) if how == "lazy"]:
+            memory += f"; swapped blocks copied back as asked on stage{'s' * (len(lazy) > 1)} {', '.join(lazy)} (swap_copy_back)"
         print("\n".join([
             "objective        max_batch (largest global batch that fits)",
             f"best value       {best.global_batch_size} (micro_batch_size {best.micro_batch_size} x "
