@@ -237,7 +237,9 @@ class StageModel:
         best = min(([p] * n for p in floors), key=key)
         if self.swap_bytes > 0 and n > 1 and not budget.host_fits([LAYER_POLICY["swap"]] * n, parts):
             # the host cannot hold every unit's copies: as many swapped as it holds, the rest re-run
-            best = min([best, *(["swap"] * k + ["recompute"] * (n - k) for k in range(1, n))], key=key)
+            swap: LayerPolicy = "swap"
+            redo: LayerPolicy = "recompute"
+            best = min([best, *([swap] * k + [redo] * (n - k) for k in range(1, n))], key=key)
         return best
 
     def fits_at_all(self, stage: int, parts: Sequence[BlockPart], lazy_ok: bool = False) -> bool:
