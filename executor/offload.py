@@ -146,6 +146,11 @@ class HostPool:
         # block in forward order; the blocks whose backward has begun; the prefetched copies each
         # backward holds (install_prefetch).
         self.group: tuple[int, int] | None = None
+        # Set by install_prefetch: swap only inside a pipeline action (a stage's F), not in the
+        # forward torch.distributed.pipelining runs once to infer shapes, whose graph it keeps
+        # until its backward's metadata pass: what that forward saved stayed in the pool for the
+        # whole run (one micro-batch's swapped bytes on top of the model's count, measured).
+        self.actions_only = False
         self.blocks: dict[tuple[int, int], list[list[weakref.ref[_Stored]]]] = {}
         self.started: set[tuple[tuple[int, int], int]] = set()
         self.chained: set[tuple[int, int]] = set()  # prefetched groups: the rest come back one ahead
@@ -178,7 +183,7 @@ class HostPool:
 
         Weights stay where they are (they are on the device anyway), as do host tensors and empty ones.
         """
-        if is_weight(t):
+        if is_weight(t) or (self.actions_only and self.group is None):
             return t
         local = local_tensor(t)
         storage = local.untyped_storage()
@@ -352,6 +357,7 @@ def install_prefetch(stages: Sequence[Any], pool: HostPool, order: Sequence[Acti
     """
     actions = list(order)
     index = {a: i for i, a in enumerate(actions)}
+    pool.actions_only = True
 
     def ahead(a: Action) -> None:
         i = index.get(a)
