@@ -97,7 +97,6 @@ class Engine:
         self._swapped_out: dict[tuple[int, int], simpy.Event] = {}
         self._swap_heads: dict[tuple[int, int], simpy.Process] = {}  # copies out streaming beside a forward
         self._has_swap = any(st.swap_in for st in stages)
-        self._lazy = frozenset(s for s, st in enumerate(stages) if st.swap_lazy)  # Plan.swap_copy_back
         # Each stage's model chunk on its rank (0: the rank's lowest stage), for the timeline.
         self._chunk = {st: i for r in range(schedule.pp) for i, st in enumerate(schedule.stages_of_rank(r))}
         pp = schedule.pp
@@ -294,7 +293,7 @@ class Engine:
                 hidden = hidden_s[s][1]
             start = env.now
             if self._has_swap and idx + 1 < len(order):
-                self._prefetch(order[idx + 1], prefetched_backward(order, idx, self._lazy) is not None, a)
+                self._prefetch(order[idx + 1], prefetched_backward(order, idx) is not None, a)
             if kind in ("B", "I") and (s, mb) in self._chained and st.swap_chain_in:
                 # a prefetched backward brings its other swapped blocks back one ahead during it
                 comp += st.swap_chain_s

@@ -379,6 +379,16 @@ class RankMemory(StageMemoryParts):
     host_bytes: float = 0.0
     host_capacity_bytes: float | None = None
 
+    @property
+    def fits_device(self) -> bool:
+        """``total_bytes <= capacity_bytes``."""
+        return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        """``host_bytes <= host_capacity_bytes``, or the host memory is not known."""
+        return self.host_capacity_bytes is None or self.host_bytes <= self.host_capacity_bytes
+
     def gib(self) -> dict[str, float]:
         """Every device ``*_bytes`` field in GiB, keyed ``*_gib`` (the host's are not device memory)."""
         return {k.removesuffix("_bytes") + "_gib": v / GIB for k, v in asdict(self).items()
@@ -653,10 +663,10 @@ class StageMemoryModel:
         host = max((sum((x.awaiting_input + x.awaiting_weight) * terms[s].host_bytes for s, x in h.items())
                     for h in held), default=0.0)
         host_cap = self.device.host_memory_bytes
-        return RankMemory(weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=acts,
-                          other_bytes=other, total_bytes=total, rank=rank, capacity_bytes=cap,
-                          fits=total <= cap and (host_cap is None or host <= host_cap), host_bytes=host,
-                          host_capacity_bytes=None if host_cap is None else float(host_cap))
+        rm = RankMemory(weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=acts,
+                        other_bytes=other, total_bytes=total, rank=rank, capacity_bytes=cap, fits=False, host_bytes=host,
+                        host_capacity_bytes=None if host_cap is None else float(host_cap))
+        return dataclasses.replace(rm, fits=rm.fits_device and rm.fits_host)
 
 
 def stage_memory(

@@ -67,7 +67,7 @@ class StageBudget:
     held: tuple[Held, ...]
     prefetch: int
     _mm: StageMemoryModel
-    _totals: dict[tuple[tuple[tuple[str, str], int], ...], tuple[float, float]] = field(
+    _totals: dict[tuple[tuple[tuple[str, str], int], ...], RankMemory] = field(
         default_factory=dict, compare=False, repr=False)
 
     def block_bytes(self, policy: BlockPolicy, part: BlockPart = "whole") -> float:
@@ -83,29 +83,27 @@ class StageBudget:
                                None if parts is None else list(parts), prefetch=self.prefetch)
         return self._mm.rank(self.stage, {self.stage: terms}, [{self.stage: pair} for pair in self.held])
 
-    def _device_and_host(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None) -> tuple[float, float]:
-        """(device total, host bytes) of :meth:`memory` (memoised: they depend only on how many
-        blocks, or parts of blocks, have each policy)."""
+    def _memo(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None) -> RankMemory:
+        """:meth:`memory`, memoised: it depends only on how many blocks, or parts of blocks, have
+        each policy."""
         pairs = zip(policies, parts or ["whole"] * len(policies), strict=True)
         key = tuple(sorted(Counter(pairs).items()))
         got = self._totals.get(key)
         if got is None:
-            rm = self.memory(policies, parts)
-            got = self._totals[key] = (rm.total_bytes, rm.host_bytes)
+            got = self._totals[key] = self.memory(policies, parts)
         return got
 
     def total_bytes(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None = None) -> float:
         """Total device bytes of :meth:`memory`."""
-        return self._device_and_host(policies, parts)[0]
+        return self._memo(policies, parts).total_bytes
 
     def host_fits(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None = None) -> bool:
         """True when the stage's swapped activations fit in the host memory per device (or it is not known)."""
-        cap = self._mm.device.host_memory_bytes
-        return cap is None or self._device_and_host(policies, parts)[1] <= cap
+        return self._memo(policies, parts).fits_host
 
     def fits(self, policies: Sequence[BlockPolicy], parts: Sequence[BlockPart] | None = None) -> bool:
         """True when the stage fits in the device's memory and its swapped activations in the host's."""
-        return self.total_bytes(policies, parts) <= self.capacity_bytes and self.host_fits(policies, parts)
+        return self._memo(policies, parts).fits
 
     def lazy(self) -> StageBudget:
         """The same stage copying its swapped blocks back as its backwards ask (``Plan.swap_copy_back``

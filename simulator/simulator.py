@@ -200,7 +200,7 @@ class Simulator:
                     f"{g['optimizer_gib']:.2f}, activations {g['activations_gib']:.2f}, other {g['other_gib']:.2f}) "
                     f"but {self.device.name} has {whole / GIB:.{digits}f} GiB; raise pp, tp or zero_stage, "
                     "recompute, or lower micro_batch_size"))
-            if r.host_capacity_bytes is not None and r.host_bytes > r.host_capacity_bytes:
+            if not r.fits_host:
                 raise ContractError(source, None, (
                     f"pipeline rank {r.rank} swaps an estimated {r.host_bytes / GIB:.2f} GiB of activations to host "
                     f"memory, but {self.device.name}'s host has {r.host_capacity_bytes / GIB:.2f} GiB per device; "
@@ -470,7 +470,7 @@ class Simulator:
             calibration=notes.calibration,
             host_memory_by_stage_gib=[rm.host_bytes / GIB for rm in mem] if any(rm.host_bytes for rm in mem) else [],
             host_capacity_gib=None if self.device.host_memory_bytes is None else self.device.host_memory_bytes / GIB,
-            fits_in_device_memory=all(rm.total_bytes <= rm.capacity_bytes for rm in mem))
+            fits_in_device_memory=all(rm.fits_device for rm in mem))
 
 
 __all__ = ["COST_FIELDS", "HostModel", "Simulator"]

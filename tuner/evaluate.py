@@ -56,8 +56,8 @@ def _refused(rec: EvaluationRecord, mat: Materialized) -> None:
     rec.status, rec.code = Status.OUT_OF_MEMORY, MemoryCode.ESTIMATE
     rec.metrics = Metrics(peak_memory_gib=mat.peak_memory_gib)
     rec.message = f"rank {worst.rank} needs {worst.total_bytes / 2**30:.1f} GiB of {worst.capacity_bytes / 2**30:.1f} GiB"
-    if worst.total_bytes <= worst.capacity_bytes:  # the devices fit: a rank's swapped copies exceed the host
-        host = next(rm for rm in mat.memory if not rm.fits)
+    if worst.fits_device:  # the devices fit: a rank's swapped copies exceed the host
+        host = next(rm for rm in mat.memory if not rm.fits_host)
         rec.message = (f"rank {host.rank} swaps {host.host_bytes / 2**30:.1f} GiB to the host, which has "
                        f"{(host.host_capacity_bytes or 0.0) / 2**30:.1f} GiB per device")
 
