@@ -200,7 +200,7 @@ class Simulator:
                     f"{g['optimizer_gib']:.2f}, activations {g['activations_gib']:.2f}, other {g['other_gib']:.2f}) "
                     f"but {self.device.name} has {whole / GIB:.{digits}f} GiB; raise pp, tp or zero_stage, "
                     "recompute, or lower micro_batch_size"))
-            if not r.fits_host:
+            if not r.fits_host and r.host_capacity_bytes is not None:  # (fits_host: a known host)
                 raise ContractError(source, None, (
                     f"pipeline rank {r.rank} swaps an estimated {r.host_bytes / GIB:.2f} GiB of activations to host "
                     f"memory, but {self.device.name}'s host has {r.host_capacity_bytes / GIB:.2f} GiB per device; "
