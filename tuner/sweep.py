@@ -204,12 +204,20 @@ def _stop_pool(pool: cf.ProcessPoolExecutor, abort: bool) -> None:
     if not abort:
         pool.shutdown(wait=True, cancel_futures=True)
         return
-    workers = list(getattr(pool, "_processes", {}).values())  # Python < 3.14 has no terminate_workers()
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # Python < 3.14: no terminate_workers()
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() forgets it
     pool.shutdown(wait=False, cancel_futures=True)
     for w in workers:
         w.terminate()
     for w in workers:
         w.join(timeout=10)
+    # The pool's manager thread closes its wake-up pipe as it sees the workers gone, and at exit
+    # Python wakes every manager thread through that pipe; until CPython gh-125451 (3.12.8, 3.13.1;
+    # not in 3.11) nothing kept the two apart, so a thread still closing as the sweep exited could
+    # raise "Bad file descriptor" in threading's shutdown: a traceback after the one-line stop
+    # message (seen once in CI under load). Wait for it here instead.
+    if manager is not None:
+        manager.join(timeout=10)
 
 
 def open_executor(cfg: SweepConfig) -> tuple[cf.Executor, Callable[[bool], None]]:

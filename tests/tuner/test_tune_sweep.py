@@ -499,3 +499,23 @@ def test_a_pool_worker_ignores_ctrl_c_from_its_start():
     with cf.ProcessPoolExecutor(1, mp_context=_SpawnContext()) as pool:
         assert pool.submit(signal.getsignal, signal.SIGINT).result(timeout=120) == signal.SIG_IGN
     assert signal.getsignal(signal.SIGINT) == before  # the sweep's own handler is back
+
+
+def test_an_interrupted_pool_is_gone_before_the_sweep_returns():
+    """A stopped sweep ends its workers and waits for the pool's manager thread, which closes the
+    wake-up pipe Python writes to at exit: on 3.11 a thread still closing it then raced that write
+    ("Bad file descriptor" in threading's shutdown, after the one-line stop message)."""
+    import concurrent.futures as cf
+
+    from mindpipe.tuner.sweep import _SpawnContext, _stop_pool
+
+    pool = cf.ProcessPoolExecutor(2, mp_context=_SpawnContext())
+    running = pool.submit(time.sleep, 60)
+    pool.submit(time.sleep, 60)
+    while not running.running():
+        time.sleep(0.05)
+    manager, workers = pool._executor_manager_thread, list(pool._processes.values())
+    assert manager is not None and manager.is_alive()
+    _stop_pool(pool, abort=True)
+    assert not manager.is_alive()
+    assert all(w.exitcode is not None for w in workers)
