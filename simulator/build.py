@@ -209,6 +209,7 @@ def build_work(
     split_backward: bool = False,
     copy_s_per_byte: float = 0.0,
     swap_block_copy_s: float = 0.0,
+    swap_reread_bytes_per_block: float = 0.0,
 ) -> tuple[list[StageWork], list[RankWork], list[int]]:
     """Per-stage work, per-rank work and per-rank parameter counts for the engine.
 
@@ -227,6 +228,8 @@ def build_work(
     its gradients into the reduction's input buffer (:attr:`StageWork.reduce_copy_s`).
     ``swap_block_copy_s`` is one swapped block's copy alone on the host link, for the copies back
     during the backward (:func:`~mindpipe.simulator.work.swap_chain_stall_s`).
+    ``swap_reread_bytes_per_block`` is what a split backward's W copies back again per swapped
+    block (:func:`~mindpipe.simulator.costs.swap_weight_reread_bytes`; :attr:`StageWork.swap_weight_in`).
     """
     stages = assign_layers(costs, model, plan)
     policies = block_policies(plan, model.num_layers)
@@ -251,6 +254,8 @@ def build_work(
             work.swap_in = topo.swap(stage_to_rank[s], swap_bytes_per_block, "in")
             if swapped > 1:
                 work.swap_chain_in = topo.swap(stage_to_rank[s], swap - swap_bytes_per_block, "in")
+            if split_backward and swap_reread_bytes_per_block > 0:
+                work.swap_weight_in = topo.swap(stage_to_rank[s], swapped * swap_reread_bytes_per_block, "in")
             blocks = [c for c in layers if c.kind == "block"]
             own = [policies[b] for b in spans[s].blocks]
             work.swap_chain_s, work.swap_lowest_s = swap_chain(

@@ -135,7 +135,7 @@ class Engine:
             r = self.schedule.stage_to_rank[s]
             owned += [(r, st.fwd_tp), (r, st.bwd_tp)]
             shared += [st.send_fwd or [], st.send_bwd or [], st.swap_out, st.swap_out_tail, st.swap_in, st.swap_chain_in,
-                       *st.dp_buckets,
+                       st.swap_weight_in, *st.dp_buckets,
                        *st.gather_buckets, *st.forward_regather_buckets]
         for r, rw in enumerate(self.ranks):
             shared += [*rw.param_gather, rw.tied_exchange]
@@ -269,6 +269,8 @@ class Engine:
                 if st.mb_stretch is not None:
                     comp *= st.mb_stretch[mb][0]
             elif kind == "W":
+                if st.swap_weight_in:  # its swapped GEMM inputs, copied back on the compute stream as W asks
+                    yield from self._comm(r, st.swap_weight_in, f"swap-in {a}", "swap", False)
                 phases = st.rerun_tp or None
                 comp, alone, hidden = st.weight_action_s, (None if phases else 0.0), 0.0
                 if st.mb_stretch is not None:

@@ -219,6 +219,15 @@ class Simulator:
         """Bytes a swapped block copies each way per micro-batch (what :meth:`run` copies)."""
         return swap_bytes_per_block(self.model, plan)
 
+    def swap_reread_bytes_per_block(self, plan: Plan) -> float:
+        """Bytes a split backward's W copies back again per swapped block, on the host link of a GPU
+        rank (:func:`mindpipe.simulator.costs.swap_weight_reread_bytes`; :attr:`StageWork.swap_weight_in`):
+        0 when the schedule does not split the backward, and on a CPU, whose copies are on the
+        rank's thread (:meth:`_swap_on_compute`)."""
+        if self.device.kind == "cpu" or not self.schedule(plan).split_backward:
+            return 0.0
+        return swap_weight_reread_bytes(self.model, plan)
+
     def swap_copy_s(self, plan: Plan, nbytes: float) -> float:
         """Time of a host copy of ``nbytes`` alone on pipeline rank 0's host link, as the engine prices it.
 
@@ -291,7 +300,9 @@ class Simulator:
                                                    swap_on_compute=self._swap_on_compute(plan, schedule, swap),
                                                    split_backward=schedule.split_backward,
                                                    copy_s_per_byte=self._copy_s_per_byte(plan),
-                                                   swap_block_copy_s=self._swap_block_copy_s(plan, swap))
+                                                   swap_block_copy_s=self._swap_block_copy_s(plan, swap),
+                                                   swap_reread_bytes_per_block=self.swap_reread_bytes_per_block(plan)
+                                                   if "swap" in (plan.layer_memory_policy or []) else 0.0)
         return schedule, topo, stages, ranks, params_by_rank
 
     def _swap_block_copy_s(self, plan: Plan, swap: float) -> float:

@@ -72,6 +72,10 @@ class StageWork:
         swap_lazy: The stage copies its swapped blocks back as each backward asks for them
             (``Plan.swap_copy_back`` ``lazy``, :func:`mindpipe.traces.layout.lazy_copy_back`): all of
             ``swap_in`` and ``swap_chain_in`` from the backward's start, which waits for them.
+        swap_weight_in: Under a split backward on a GPU, what each W copies back again: the inputs
+            of its swapped blocks' weight-gradient GEMMs
+            (:func:`mindpipe.simulator.costs.swap_weight_reread_bytes`), unpacked as W asks for them,
+            on the compute stream, so W waits for the copy (``executor/offload.py``).
         fwd_tp_overlap, bwd_tp_overlap: Under ``tp_comm_overlap``, the collectives of ``fwd_tp`` /
             ``bwd_tp`` that pipeline with a GEMM (:class:`TpOverlap`); the engine takes back the part
             the GEMMs hide (:func:`mindpipe.simulator.collectives.overlapped_exposed_s`).
@@ -105,6 +109,7 @@ class StageWork:
     swap_lowest_s: float = 0.0
     swap_chain_in: list[Phase] = field(default_factory=list)
     swap_lazy: bool = False
+    swap_weight_in: list[Phase] = field(default_factory=list)
     fwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
     bwd_tp_overlap: list[TpOverlap] = field(default_factory=list)
     mb_stretch: list[tuple[float, float]] | None = None

@@ -121,13 +121,17 @@ class StageModel:
         swap_bytes: Bytes one swapped unit copies each way per micro-batch.
         parts: Each block's (attention, mlp) part nodes: positions are then half blocks.
         nongemm: The plan allows ``nongemm`` (:func:`mindpipe.traces.layout.nongemm_refusal`).
+        reread_bytes: Bytes a split backward's W copies back again per swapped unit, on the compute
+            stream, so always exposed (:meth:`~mindpipe.simulator.simulator.Simulator.swap_reread_bytes_per_block`;
+            0 without a split backward).
     """
 
     def __init__(self, nodes: Sequence[Node], budgets: Sequence[StageBudget], extra: dict[int, tuple[float, float]],
                  copy_s: Callable[[float], float], swap_bytes: float,
-                 parts: Sequence[tuple[Node, Node]] | None = None, nongemm: bool = False) -> None:
+                 parts: Sequence[tuple[Node, Node]] | None = None, nongemm: bool = False,
+                 reread_bytes: float = 0.0) -> None:
         self.nodes, self.budgets, self.extra = list(nodes), list(budgets), extra
-        self.copy_s, self.swap_bytes, self.nongemm = copy_s, swap_bytes, nongemm
+        self.copy_s, self.swap_bytes, self.nongemm, self.reread_bytes = copy_s, swap_bytes, nongemm, reread_bytes
         self.parts = None if parts is None else list(parts)
         self._memo: dict[tuple[int, int, int, str, Pins], StagePlan] = {}
         self._copy: dict[int, float] = {}
@@ -171,6 +175,14 @@ class StageModel:
             self._copy[swapped] = self.copy_s(swapped * self.swap_bytes)
         return self._copy[swapped]
 
+    def _reread_of(self, swapped: int) -> float:
+        """W's copy back of ``swapped`` units' GEMM inputs under a split backward (0 without one)."""
+        if self.reread_bytes <= 0.0:
+            return 0.0
+        if -swapped not in self._copy:  # negative keys: W's copies
+            self._copy[-swapped] = self.copy_s(swapped * self.reread_bytes)
+        return self._copy[-swapped]
+
     def budget(self, stage: int, lazy: bool = False) -> StageBudget:
         """The stage's memory budget, prefetching its swapped units or (``lazy``) not."""
         if not lazy:
@@ -196,8 +208,9 @@ class StageModel:
 
     def _time(self, stage: int, fwd: float, base: float, redo: float, nodes: Sequence[Node],
               policies: Sequence[LayerPolicy], lazy: bool = False) -> float:
-        """Stage time: kept time, re-run forwards, and the swap copy that does not hide (the copy out
-        streams beside the forward from the first swapped unit on: ``swap_stream_window_s``)."""
+        """Stage time: kept time, re-run forwards, the swap copy that does not hide (the copy out
+        streams beside the forward from the first swapped unit on: ``swap_stream_window_s``) and,
+        under a split backward, W's copy back of its swapped units' GEMM inputs."""
         swaps = [p == "swap" for p in policies]
         if not any(swaps):
             return base + redo
@@ -205,7 +218,7 @@ class StageModel:
         one = self._copy_of(1)
         chain = swap_chain_stall_s([n.time_s - n.forward_s + _REDO[p](n) for n, p in zip(nodes, policies, strict=True)],
                                    [one if on else None for on in swaps]) if sum(swaps) > 1 and not lazy else 0.0
-        return base + redo + self._exposed(stage, sum(swaps), fwd, stream, chain, lazy)
+        return base + redo + self._exposed(stage, sum(swaps), fwd, stream, chain, lazy) + self._reread_of(sum(swaps))
 
     def time_of(self, stage: int, lo: int, hi: int, policies: Sequence[LayerPolicy], lazy: bool = False) -> float:
         """Seconds per micro-batch of stage ``stage`` holding positions ``lo..hi-1`` under ``policies``

@@ -93,7 +93,8 @@ def stage_model(sim: Simulator, plan: Plan, halves: bool = False) -> StageModel:
     # A device without a host link (a CPU: its memory is the host's) has nowhere to swap to.
     swap = sim.swap_bytes_per_block(plan) if sim.device.pcie_bandwidth_GBps > 0 else 0.0
     return StageModel(block_nodes(costs), budgets, extra, lambda n: sim.swap_copy_s(plan, n), swap,
-                      part_nodes(costs) if halves else None, nongemm=nongemm_refusal(plan) is None)
+                      part_nodes(costs) if halves else None, nongemm=nongemm_refusal(plan) is None,
+                      reread_bytes=sim.swap_reread_bytes_per_block(plan) if swap > 0 else 0.0)
 
 
 def _bounds(partition: Sequence[int]) -> list[tuple[int, int]]:
@@ -293,7 +294,8 @@ def dawnpiper_partition(sm: StageModel) -> MemoryPlan:
 
 def _blocks_of(sm: StageModel) -> StageModel:
     """The same stage model over whole blocks."""
-    return StageModel(sm.nodes, sm.budgets, sm.extra, sm.copy_s, sm.swap_bytes, nongemm=sm.nongemm)
+    return StageModel(sm.nodes, sm.budgets, sm.extra, sm.copy_s, sm.swap_bytes, nongemm=sm.nongemm,
+                      reread_bytes=sm.reread_bytes)
 
 
 def memory_partition(name: str, sim: Simulator, plan: Plan) -> MemoryPlan:

@@ -168,3 +168,36 @@ def test_the_planners_keep_the_swapped_copies_within_the_host() -> None:
                 assert all(r.host_bytes <= r.host_capacity_bytes for r in mem)
     dawn = materialize(problem, point_at(base_point(1, 1, 8, "dawnpiper", {}), 8, 8))
     assert dawn.fits and max(r.host_bytes for r in sim.memory(dawn.plan)) > 0.75 * 128 * 2**30
+
+
+def test_a_split_backwards_w_copies_its_swapped_gemm_inputs_back_in_the_open(sim) -> None:
+    """Under ZB-H1 (I and W apart) torch keeps I's graph for W, and W's weight-gradient GEMMs
+    unpack their inputs X again (dW = Xᵀ·dY): on a GPU the executor copies them back on the compute
+    stream, so each W of a swapped stage waits for ``swapped × swap_weight_reread_bytes`` on the host
+    link. The engine runs that copy before W's compute and the planners' stage price adds it."""
+    from mindpipe.simulator.costs import swap_weight_reread_bytes
+    from mindpipe.tuner.memsplit import stage_model
+
+    plan = _plan(layer_memory_policy=SWAP_STAGE0, schedule="zb_h1")
+    reread = sim.swap_reread_bytes_per_block(plan)
+    assert reread == swap_weight_reread_bytes(sim.model, plan) > 0
+    assert sim.swap_reread_bytes_per_block(_plan(layer_memory_policy=SWAP_STAGE0)) == 0.0  # 1F1B: B unpacks once
+    res = sim.run(plan, timeline=True)
+    copy = sim.swap_copy_s(plan, 10 * reread)
+    w_copies = {e.name.split()[1]: e for e in res.timeline if e.rank == 0 and e.category == "swap"
+                and e.name.startswith("swap-in") and "W" in e.name}
+    ws = {e.name: e for e in res.timeline if e.rank == 0 and e.thread == "compute" and e.name.startswith("0W")}
+    assert sorted(w_copies) == sorted(ws) and len(ws) == plan.num_microbatches
+    for name, e in w_copies.items():
+        assert e.end_s - e.start_s >= copy * (1 - 1e-9)  # alone or sharing the link, never faster
+        assert ws[name].start_s >= e.end_s - 1e-12  # W's compute waits for it
+    # no copy for the stages that swap nothing, nor without a split backward
+    assert not any(e.rank != 0 and e.category == "swap" for e in res.timeline)
+    one_f1b = sim.run(_plan(layer_memory_policy=SWAP_STAGE0), timeline=True)
+    assert not any("W" in e.name for e in one_f1b.timeline if e.category == "swap")
+    # the planners price the same copy per micro-batch on the stage
+    sm = stage_model(sim, plan)
+    assert sm.reread_bytes == reread
+    with_w = sm.time_of(0, 0, 10, ["swap"] * 10)
+    sm.reread_bytes = 0.0
+    assert with_w - sm.time_of(0, 0, 10, ["swap"] * 10) == pytest.approx(copy)
