@@ -27,6 +27,31 @@ SCHEDULE_SOURCES = ("auto", "torch", "simulator")
 DEVICES = ("auto", "cpu", "cuda")
 RUN_CONFIG_FORMAT_VERSION = 1
 DEFAULT_MODEL = "gpt-mini"  # the model of a hand-written plan run without --model
+# AdamW's peak learning rate by model size, GPT-3's (Brown et al. 2020, "Language Models are
+# Few-Shot Learners", Table 2.1): parameters, learning rate.
+GPT3_LEARNING_RATES = ((125e6, 6.0e-4), (350e6, 3.0e-4), (760e6, 2.5e-4), (1.3e9, 2.0e-4), (2.7e9, 1.6e-4),
+                       (6.7e9, 1.2e-4), (13e9, 1.0e-4), (175e9, 0.6e-4))
+SMALL_MODEL_LR = 1e-3  # the executor's learning rate for the small models of the tests and the demo
+
+
+def default_lr(params: int) -> float:
+    """``mindpipe run``'s learning rate when ``--lr`` is not given, for a model of ``params`` parameters.
+
+    GPT-3's table (:data:`GPT3_LEARNING_RATES`), interpolated linearly in log(parameters) and
+    log(rate) between its sizes and constant past 175B; below 125M its first segment's slope
+    carried on down, capped at :data:`SMALL_MODEL_LR` (reached at about 58M parameters), so the
+    small CPU models keep the rate they always trained at. A constant 1e-3 made a 1.4B-parameter
+    model's loss rise within a few steps.
+    """
+    import math
+
+    x = math.log(max(params, 1))
+    points = [(math.log(n), math.log(lr)) for n, lr in GPT3_LEARNING_RATES]
+    if x >= points[-1][0]:
+        return GPT3_LEARNING_RATES[-1][1]
+    i = max((k for k in range(len(points) - 1) if points[k][0] <= x), default=0)  # below 125M: the first segment
+    (x0, y0), (x1, y1) = points[i], points[i + 1]
+    return min(SMALL_MODEL_LR, math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0)))
 
 
 @dataclass
@@ -64,7 +89,7 @@ class RunConfig:
     steps: int
     seed: int = 0
     data: str = "synthetic"
-    lr: float = 1e-3
+    lr: float = SMALL_MODEL_LR
     weight_decay: float = 0.0
     out: str | None = "measured.json"
     timeline: str | None = None
@@ -160,7 +185,8 @@ def add_run_arguments(p: argparse.ArgumentParser, launcher: bool) -> None:
     p.add_argument("--resume-from", type=int, default=None, metavar="STEP", help="continue from the checkpoint of STEP")
     p.add_argument("--data", default="synthetic", help="'synthetic' (default) or a text file read as byte tokens")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=None,
+                   help="AdamW's learning rate (default: GPT-3's for the model's size, at most 1e-3)")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--schedule-source", default="auto", choices=SCHEDULE_SOURCES,
                    help="torch's schedule class or the simulator's action table (default auto)")
@@ -290,7 +316,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     plan = load_plan(args.plan)
     model = resolve_model(args.model, plan, plan_source(args.plan))
     fields: dict[str, Any] = {
-        "model": model, "plan": plan, "steps": args.steps, "seed": args.seed, "data": args.data, "lr": args.lr,
+        "model": model, "plan": plan, "steps": args.steps, "seed": args.seed, "data": args.data,
+        "lr": default_lr(model.param_count()) if args.lr is None else args.lr,
         "weight_decay": args.weight_decay, "out": args.out, "timeline": args.timeline,
         "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
         "keep_checkpoints": args.keep_checkpoints, "resume": args.resume,
@@ -305,4 +332,4 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise ContractError("command line", e.key, e.rule) from None
 
 
-__all__ = ["DEFAULT_MODEL", "MAX_PORT", "RunConfig", "add_run_arguments", "check_launch_arguments", "config_from_args", "plan_source", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "GPT3_LEARNING_RATES", "MAX_PORT", "SMALL_MODEL_LR", "RunConfig", "add_run_arguments", "check_launch_arguments", "config_from_args", "default_lr", "plan_source", "resolve_model"]

@@ -45,7 +45,7 @@ from typing import Any
 
 from mindpipe.executor import rundir, spawn, supervise
 from mindpipe.executor.checkpoint_trust import check_resume, fresh_run_notes, repair_record
-from mindpipe.executor.config import RunConfig, check_launch_arguments, config_from_args, plan_source
+from mindpipe.executor.config import SMALL_MODEL_LR, RunConfig, check_launch_arguments, config_from_args, plan_source
 from mindpipe.executor.precheck import MemoryCheck, catalog_device, check_run, detect_device
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.host_alloc import set_rank_allocator
@@ -394,6 +394,9 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
     if getattr(args, "repartition", None) is not None:
         raise ContractError("command line", "repartition", "--repartition is for supernet runs (--model SUPERNET)")
     cfg = config_from_args(args)
+    if args.lr is None and cfg.lr < SMALL_MODEL_LR:
+        print(f"mindpipe: learning rate {cfg.lr:.3g} (GPT-3's for {cfg.model.param_count() / 1e9:.3g}B parameters; "
+              f"--lr sets it)", file=sys.stderr, flush=True)
     started = time.perf_counter()
     trace, code = reported(lambda: launch(cfg, args, run_timeout=args.run_timeout, memory_check=memory_check))
     if trace is None:
@@ -411,8 +414,10 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], memory_check: MemoryC
         for s in m.steps:
             tag = "  (warm-up)" if s.step in warmup else "  (profiled)" if s.step in profiled else ""
             print(f"step {s.step:5d}  loss {s.loss:.6f}  {s.iteration_s:.4g} s{tag}")
+        mfu = f"MFU {100 * m.mfu:.2f}%" if m.peak_flops_per_s > 0 else \
+            "MFU n/a (the catalog's peak for this device was measured on another CPU)"
         print(f"iteration {info['iteration_s']:.4g} s (median of {len(clean)} step{'s' * (len(clean) != 1)}), "
-              f"{m.tokens_per_s:.4g} tokens/s, MFU {100 * m.mfu:.2f}%, "
+              f"{m.tokens_per_s:.4g} tokens/s, {mfu}, "
               f"energy {m.energy_j_per_iteration:.4g} J/iteration ({m.energy_source})")
     return 0
 

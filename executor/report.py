@@ -23,7 +23,7 @@ from mindpipe.executor.config import RunConfig
 from mindpipe.executor.layer_records import LAYER_TIMES, layer_table
 from mindpipe.executor.payload import RankPayload
 from mindpipe.executor.precheck import Precheck
-from mindpipe.traces.catalog import DeviceSpec, get_device
+from mindpipe.traces.catalog import DeviceSpec, describes_this_host, get_device
 from mindpipe.traces.chrome_trace import TimelineEvent, chunk_of, write_chrome_trace
 from mindpipe.traces.flops import model_flops_per_iteration
 from mindpipe.traces.measured import (
@@ -126,7 +126,8 @@ def _measurement(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], bac
     flops = model_flops_per_iteration(model, plan.global_batch_size, model.seq_len)
     hosts = len({p.host for p in payloads})
     devices = plan.world_size if device.type == "cuda" else hosts
-    peak = spec.peak_flops(plan.precision) if spec is not None else 0.0
+    # A CPU entry measured on another CPU says nothing of this host's peak (0: MFU not computed).
+    peak = spec.peak_flops(plan.precision) if spec is not None and describes_this_host(spec) else 0.0
     energy, energy_source, energy_notes = _energy(payloads, spec, mean_s, n_steps)
     clock_notes = sorted({p.clock_note for p in payloads if p.clock_note})
     if clock_notes:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mindpipe.executor.checkpoint_trust import check_resume, fresh_run_notes, repair_record
-from mindpipe.executor.config import plan_source
+from mindpipe.executor.config import SMALL_MODEL_LR, plan_source
 from mindpipe.executor.launch import reported, run_and_read
 from mindpipe.executor.precheck import detect_device
 from mindpipe.executor.supernet_config import SupernetRunConfig, check_memory_budget, resume_model_document
@@ -60,7 +60,7 @@ def supernet_config(args: argparse.Namespace) -> SupernetRunConfig:
                                 f"{flag} is not supported for supernet runs")
     try:
         return SupernetRunConfig(
-            supernet=net, plan=plan, steps=args.steps, seed=args.seed, lr=args.lr, weight_decay=args.weight_decay,
+            supernet=net, plan=plan, steps=args.steps, seed=args.seed, lr=SMALL_MODEL_LR if args.lr is None else args.lr, weight_decay=args.weight_decay,
             out=args.out, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             keep_checkpoints=getattr(args, "keep_checkpoints", 0),
             resume=args.resume, device=args.device, timeout_s=args.timeout, memory_budget_gib=args.memory_budget_gib,

@@ -40,8 +40,9 @@ NUMERIC_KEYS = (
 )
 ENTRY_KEYS = ("display_name", "kind", "peak_flops_per_s", *NUMERIC_KEYS, "sources")
 # Keys an entry may leave out. ``host_memory_bytes``: host (CPU) memory per device, where swapped
-# activations go (``layer_memory_policy`` swap); without it the host is not checked.
-OPTIONAL_KEYS = ("host_memory_bytes",)
+# activations go (``layer_memory_policy`` swap); without it the host is not checked. ``host_cpu``: the
+# CPU a ``cpu`` entry was measured on (``vendor_id cpu-family model`` of /proc/cpuinfo).
+OPTIONAL_KEYS = ("host_memory_bytes", "host_cpu")
 # A GPU always hangs off PCIe; NVLink and NICs are optional (PCIe cards, single nodes).
 _POSITIVE_FOR_GPU = ("pcie_bandwidth_GBps",)
 _ALWAYS_POSITIVE = ("memory_capacity_bytes", "memory_bandwidth_GBps", "max_power_W")
@@ -69,6 +70,10 @@ class DeviceSpec:
         sources: Citation per numeric key; FLOP/s figures as ``"peak_flops_per_s.<dtype>"``.
         host_memory_bytes: The host memory per device (its server's memory over its devices),
             which a swapping plan's host copies must fit; None: not known, not checked.
+        host_cpu: For a ``cpu`` entry measured on one machine, that machine's CPU as
+            ``"vendor_id family model"`` from /proc/cpuinfo (``"AuthenticAMD 25 17"``): a run on
+            another CPU does not take this entry's peak for its MFU (:func:`this_host_cpu`).
+            None: not checked.
         origin, key_prefix: File and key prefix (``"devices.cpu."``) named in errors only.
     """
 
@@ -86,6 +91,7 @@ class DeviceSpec:
     max_power_W: float
     sources: dict[str, str]
     host_memory_bytes: int | None = None
+    host_cpu: str | None = None
     origin: str = dataclasses.field(default="<dict>", compare=False, repr=False)
     key_prefix: str = dataclasses.field(default="", compare=False, repr=False)
 
@@ -136,6 +142,13 @@ class DeviceSpec:
                 raise self._error("host_memory_bytes", f"host_memory_bytes must be a positive whole number of bytes, "
                                                        f"got {host!r}")
             object.__setattr__(self, "host_memory_bytes", int(host))
+        if self.host_cpu is not None:
+            parts = self.host_cpu.split() if isinstance(self.host_cpu, str) else []
+            if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+                raise self._error("host_cpu", f"host_cpu must be 'vendor_id family model' as /proc/cpuinfo gives them "
+                                              f"(e.g. 'AuthenticAMD 25 17'), got {self.host_cpu!r}")
+            if self.kind != "cpu":
+                raise self._error("host_cpu", f"host_cpu describes a cpu entry's machine; this entry is a {self.kind}")
         idle, peak = self.idle_power_W, self.max_power_W
         if idle > peak:
             raise self._error("idle_power_W", f"idle_power_W={idle} exceeds max_power_W={peak}")
@@ -294,6 +307,35 @@ def get_device(
 def device_names() -> list[str]:
     """Return the sorted names of the shipped devices."""
     return sorted(_shipped_catalog())
+
+
+def this_host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """This machine's CPU as ``"vendor_id family model"`` (its first processor in ``cpuinfo``, as
+    :attr:`DeviceSpec.host_cpu` names one); None where the file is missing or says less (not Linux)."""
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("vendor_id", "cpu family", "model") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:  # the first processor's block ends
+                    break
+    except OSError:
+        return None
+    parts = [fields.get(k, "") for k in ("vendor_id", "cpu family", "model")]
+    return " ".join(parts) if all(parts) else None
+
+
+def describes_this_host(spec: DeviceSpec, cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """False when ``spec`` is a ``cpu`` entry measured on another CPU than this machine's
+    (:attr:`DeviceSpec.host_cpu`); True otherwise (a GPU, an entry that names no CPU, or a host
+    whose CPU cannot be read)."""
+    if spec.kind != "cpu" or spec.host_cpu is None:
+        return True
+    here = this_host_cpu(cpuinfo)
+    return here is None or here == spec.host_cpu
 
 
 def precision_supported(precision: str, device_name: str) -> bool:

@@ -326,7 +326,9 @@ class Measurement:
         steps: Every step that ran in this process launch.
         tokens_per_s: Tokens of one iteration over :attr:`iteration_s`.
         model_flops_per_iteration: ``simulator.ops.model_flops_per_iteration`` (no recompute).
-        peak_flops_per_s: Catalog peak per device for the plan's precision.
+        peak_flops_per_s: Catalog peak per device for the plan's precision; 0 where none applies
+            (a supernet run; a CPU run on another CPU than the catalog entry was measured on,
+            :func:`mindpipe.traces.catalog.describes_this_host`), and then :attr:`mfu` is 0.
         devices_for_mfu: Devices the peak is multiplied by (GPUs; CPU hosts, since CPU ranks on
             one host share its cores and the catalog describes the whole host).
         mfu: model FLOPs per :attr:`iteration_s` over ``peak_flops_per_s × devices_for_mfu``.

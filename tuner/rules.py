@@ -53,7 +53,7 @@ _TEXT = {
     Rule.LAYERS: "pp×virtual_stages must not exceed num_layers",
     Rule.BATCH_MULTIPLE: "global batch must be a multiple of micro-batch×dp",
     Rule.SCHEDULE: "the schedule's micro-batch rules (m ≥ pp; interleaved_1f1b: m a multiple of pp; "
-                   "dualpipev: m ≥ 2·pp)",
+                   "zb_h1: m a multiple of max(1, m // pp); dualpipev: m ≥ 2·pp)",
     Rule.VIRTUAL_STAGES: "the schedule fixes virtual_stages (1 for gpipe, 1f1b, zb_h1; 2 for zbv, dualpipev)",
     Rule.SEQUENCE_PARALLEL: "sequence_parallel needs tp > 1 dividing seq_len (seq_len/cp under cp)",
     Rule.CONTEXT_PARALLEL: "cp > 1 needs flash_attention=true and 2·cp dividing seq_len; cp_comm_type=p2p needs cp > 1",

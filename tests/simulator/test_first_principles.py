@@ -24,6 +24,26 @@ def test_dualpipev_microbatch_rule_names_the_plan_file_and_key() -> None:
     sim.check(Plan(pp=2, micro_batch_size=1, global_batch_size=4, schedule="dualpipev", virtual_stages=2))
 
 
+def test_zb_h1_needs_equal_rounds_everywhere_so_the_tuner_returns_only_what_torch_runs(tmp_path) -> None:
+    """torch's ScheduleInterleavedZeroBubble (the executor's ZB-H1) splits m micro-batches into
+    max(1, m // pp) equal rounds. Only the executor's pre-launch check knew it: a sweep at global
+    batch 9 on pp 4 returned m = 9, which ``mindpipe run`` then refused. The rule is now the plan's
+    (``microbatch_rule``), so the simulator and the tuner's space refuse it too."""
+    from mindpipe.traces.builtin import load_cluster, load_model
+    from mindpipe.tuner.api import tune
+
+    sim = Simulator(MODEL, Cluster(gpu="a100-sxm4-80gb", num_nodes=1, gpus_per_node=4))
+    with pytest.raises(ContractError) as err:
+        sim.check(Plan(pp=4, micro_batch_size=1, global_batch_size=9, schedule="zb_h1"), source="plan.json")
+    assert err.value.key == "global_batch_size" and "multiple of max(1, m // pp)=2" in err.value.rule
+    for m in (4, 5, 6, 7, 8, 10, 12):  # one round up to 2·pp − 1, then whole rounds
+        sim.check(Plan(pp=4, micro_batch_size=1, global_batch_size=m, schedule="zb_h1"))
+    with pytest.raises(ContractError) as err:
+        tune(load_model("gpt-mini"), load_cluster("cpu:1x4"), out=tmp_path, global_batch=9,
+             fixes=["pp=4", "schedule=zb_h1", "micro_batch_size=1"], plots=False)
+    assert "zb_h1: m a multiple of max(1, m // pp)" in str(err.value)
+
+
 def _swap_case(pp: int):
     """A GPT whose swapped blocks take far longer to copy than to compute (every block swapped)."""
     import simpy

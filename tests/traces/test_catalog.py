@@ -15,9 +15,11 @@ from mindpipe.traces.catalog import (
     ENTRY_KEYS,
     NUMERIC_KEYS,
     DeviceSpec,
+    describes_this_host,
     device_names,
     get_device,
     load_catalog,
+    this_host_cpu,
 )
 from mindpipe.traces.errors import ContractError
 
@@ -44,7 +46,8 @@ def test_every_shipped_device_loads_and_validates() -> None:
     for name, spec in catalog.items():
         assert spec.name == name
         # every GPU says how much host memory its swapped activations may use (the CPU is its own host)
-        assert set(spec.to_dict()) == set(ENTRY_KEYS) | ({"host_memory_bytes"} if spec.kind == "gpu" else set())
+        # and the CPU entry names the machine it was measured on
+        assert set(spec.to_dict()) == set(ENTRY_KEYS) | ({"host_memory_bytes"} if spec.kind == "gpu" else {"host_cpu"})
         for dtype in ("fp32", "bf16", "fp16"):
             assert spec.peak_flops(dtype) > 0
         if spec.kind == "gpu":
@@ -68,6 +71,28 @@ def test_host_memory_is_optional_and_checked() -> None:
     del unsourced["sources"]["host_memory_bytes"]
     with pytest.raises(ContractError, match="host_memory_bytes has no source"):
         DeviceSpec.from_dict(unsourced, name="x")
+
+
+def test_a_cpu_entry_names_its_machine_and_another_cpu_is_not_it(tmp_path: Path) -> None:
+    """The catalog's ``cpu`` figures were measured on one machine; a run on another CPU must not
+    take its peak for an MFU (a 2-vCPU Sapphire Rapids host ran a GPT at 134 % "MFU" of it)."""
+    cpu = get_device("cpu")
+    assert cpu.host_cpu == "AuthenticAMD 25 17" and cpu.sources["host_cpu"].strip()
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                    "model name\t: AMD EPYC 9654\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\n", encoding="utf-8")
+    assert this_host_cpu(str(info)) == "AuthenticAMD 25 17" and describes_this_host(cpu, str(info))
+    info.write_text("vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n", encoding="utf-8")
+    assert this_host_cpu(str(info)) == "GenuineIntel 6 143" and not describes_this_host(cpu, str(info))
+    missing = str(tmp_path / "none")
+    assert this_host_cpu(missing) is None and describes_this_host(cpu, missing)  # unknown: not refused
+    assert describes_this_host(get_device("h100-sxm5-80gb"), str(info))  # a GPU is its own device
+    for value, rule in (("AMD Zen 4", "must be 'vendor_id family model'"), (25, "must be 'vendor_id family model'")):
+        with pytest.raises(ContractError, match=rule):
+            DeviceSpec.from_dict({**cpu.to_dict(), "host_cpu": value}, name="x")
+    with pytest.raises(ContractError, match="host_cpu describes a cpu entry's machine; this entry is a gpu"):
+        DeviceSpec.from_dict({**_h100_entry(), "host_cpu": "GenuineIntel 6 143",
+                              "sources": {**_h100_entry()["sources"], "host_cpu": "x"}}, name="x")
 
 
 def test_shipped_file_equals_explicit_path_load() -> None:
