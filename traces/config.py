@@ -20,6 +20,7 @@ from mindpipe.traces.schedule_rules import (
     SCHEDULES,
     fixed_virtual_stages,
     microbatch_rule,
+    runtime_microbatch_rule,
     virtual_stages_rule,
 )
 from mindpipe.traces.schema import check_format_version
@@ -744,7 +745,7 @@ def _check_layers(plan: Plan, model: Model, fail: Callable[[str, str], NoReturn]
     m = plan.num_microbatches  # global_batch_size / (micro_batch_size·dp): not a plan key of its own
     if plan.schedule != "gpipe" and plan.pp > 1 and m < plan.pp:
         fail("global_batch_size", f"schedule {plan.schedule!r} needs micro-batches m={m} >= pp={plan.pp}")
-    if (rule := microbatch_rule(plan.schedule, plan.pp, m)) is not None:
+    if (rule := microbatch_rule(plan.schedule, plan.pp, m) or runtime_microbatch_rule(plan.schedule, plan.pp, m)):
         fail("global_batch_size", rule)
 
 

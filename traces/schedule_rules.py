@@ -34,23 +34,35 @@ def microbatch_rule(schedule: str, pp: int, num_microbatches: int) -> str | None
     :func:`~mindpipe.traces.config.check_plan` and :func:`mindpipe.simulator.schedules.build_schedule` both ask it.
 
     Megatron's interleaved schedule needs whole groups of pp (its micro-batch ↔ chunk mapping);
-    DualPipeV needs m >= 2·pp (DeepSeek's dualpipev.py and torch's ScheduleDualPipeV); ZB-H1 runs
-    in torch's ``ScheduleInterleavedZeroBubble``, which splits the m micro-batches into
-    max(1, m // pp) equal rounds, so m must be a multiple of that (m = 9 on pp 4 is refused, m = 10
-    runs) — the rule the executor enforced alone, so a tuned plan could be one it refused. (A plan
+    DualPipeV needs m >= 2·pp (DeepSeek's dualpipev.py and torch's ScheduleDualPipeV). (A plan
     also needs m >= pp for every schedule but GPipe, :func:`~mindpipe.traces.config.check_plan`: torch.distributed.pipelining
     refuses fewer, though the schedules themselves are defined for them.)
     """
     m = num_microbatches
     if schedule == "interleaved_1f1b" and pp > 1 and m % pp:
         return f"interleaved_1f1b needs micro-batches m={m} to be a multiple of pp={pp}"
-    if schedule == "zb_h1" and pp > 1 and m % max(1, m // pp):
-        return (f"zb_h1 needs micro-batches m={m} to be a multiple of max(1, m // pp)={max(1, m // pp)} "
-                f"(torch's zero-bubble runtime runs them in equal rounds)")
     if schedule == "dualpipev" and m < 2 * pp:
         return f"dualpipev needs micro-batches m={m} >= 2·pp={2 * pp}"
     return None
 
 
+def runtime_microbatch_rule(schedule: str, pp: int, num_microbatches: int) -> str | None:
+    """What the executor's runtime (torch.distributed.pipelining) adds to :func:`microbatch_rule`
+    (None: accepted). The schedules themselves are defined for these m (the simulator builds them);
+    :func:`~mindpipe.traces.config.check_plan` asks both, so the simulator's check, the tuner's
+    space and ``mindpipe run`` refuse a plan this runtime cannot run.
+
+    ZB-H1 runs in torch's ``ScheduleInterleavedZeroBubble``, which splits the m micro-batches into
+    max(1, m // pp) equal rounds, so m must be a multiple of that (m = 9 on pp 4 is refused, m = 10
+    runs). Only the executor's pre-launch check knew it, so a tuned plan could be one it refused.
+    (Interleaved 1F1B has the same rule in torch, implied by :func:`microbatch_rule`'s m % pp = 0.)
+    """
+    m = num_microbatches
+    if schedule == "zb_h1" and pp > 1 and m % max(1, m // pp):
+        return (f"zb_h1 needs micro-batches m={m} to be a multiple of max(1, m // pp)={max(1, m // pp)} "
+                f"(torch's zero-bubble runtime runs them in equal rounds)")
+    return None
+
+
 __all__ = ["SCHEDULES", "SPLIT_BACKWARD_SCHEDULES", "V_SCHEDULES", "fixed_virtual_stages", "microbatch_rule",
-           "virtual_stages_rule"]
+           "runtime_microbatch_rule", "virtual_stages_rule"]
