@@ -68,9 +68,11 @@ class Held(NamedTuple):
         awaiting_weight: Micro-batches past their ``I`` awaiting their ``W`` (split backward only).
         has_grads: The stage's weight gradients exist in this iteration (after its first ``B``, or
             its first ``W`` under a split backward).
-        backward_next: The rank's next action (on any of its stages) is a backward (``B``, ``I``
-            or ``W``), whose transients (a redone block, the loss's gradients) then come on top of
-            what is held here.
+        backward_next: The rank's next action is a backward (``B``, ``I`` or ``W``) of this stage,
+            whose transients (a redone block, the loss's gradients) then come on top of what is held
+            here. Per stage: on a rank of several stages, one stage's transient (the last stage's
+            loss) never meets another's gradients it precedes (measured: stage 3's loss backward
+            before stage 1's first backward on interleaved pp2).
     """
 
     awaiting_input: int
@@ -121,8 +123,8 @@ def _signature(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...]
 def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
     """Per action of a :func:`_signature` over ``n`` stages, what they hold as one flat tuple of
     integers: the micro-batches awaiting their input gradient per stage, then those awaiting W,
-    then gradients present (0/1), then whether a backward comes next (0/1) — :func:`_timeline`'s
-    entries without the objects."""
+    then gradients present (0/1), then which stage's backward comes next (its index + 1; 0: a
+    forward or nothing) — :func:`_timeline`'s entries without the objects."""
     awaiting_input, awaiting_weight, grads = [0] * n, [0] * n, [0] * n
     kinds, where = signature[0::2], signature[1::2]
     out: list[tuple[int, ...]] = []
@@ -139,14 +141,14 @@ def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
         else:  # W
             awaiting_weight[j] -= 1
             grads[j] = 1
-        nxt = 1 if i + 1 < len(kinds) and kinds[i + 1] != 0 else 0
+        nxt = where[i + 1] + 1 if i + 1 < len(kinds) and kinds[i + 1] != 0 else 0
         out.append((*awaiting_input, *awaiting_weight, *grads, nxt))
     return out
 
 
 def _held(counts: tuple[int, ...], n: int) -> tuple[Held, ...]:
-    nxt = bool(counts[3 * n])
-    return tuple(Held(counts[j], counts[n + j], bool(counts[2 * n + j]), nxt) for j in range(n))
+    nxt = counts[3 * n]
+    return tuple(Held(counts[j], counts[n + j], bool(counts[2 * n + j]), nxt == j + 1) for j in range(n))
 
 
 def _timeline(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...]) -> list[tuple[Held, ...]]:
@@ -158,15 +160,16 @@ def _timeline(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...])
 def _undominated(signature: bytes, n: int) -> tuple[tuple[Held, ...], ...]:
     """Distinct timeline entries no other entry dominates (:meth:`Schedule.held_states`), first-seen order."""
     def covers(b: tuple[int, ...], a: tuple[int, ...]) -> bool:
-        # Same micro-batches awaiting W; no fewer awaiting input, gradients, backward next.
+        # Same micro-batches awaiting W; no fewer awaiting input or gradients; the same stage's
+        # backward next, or none in ``a``.
         return b[n:2 * n] == a[n:2 * n] and all(y >= x for x, y in zip(a[:n], b[:n], strict=True)) and \
-            all(y >= x for x, y in zip(a[2 * n:], b[2 * n:], strict=True))
+            all(y >= x for x, y in zip(a[2 * n:3 * n], b[2 * n:3 * n], strict=True)) and a[3 * n] in (0, b[3 * n])
 
     distinct = list(dict.fromkeys(_counts(signature, n)))
     # Pareto filter: in this order an entry's dominators come before it (they are no smaller in
     # every sum), and one that a dropped entry dominates is dominated by a kept one (transitivity).
     frontier: list[tuple[int, ...]] = []
-    for a in sorted(distinct, key=lambda e: (sum(e[:n]), sum(e[2 * n:3 * n]), e[3 * n]), reverse=True):
+    for a in sorted(distinct, key=lambda e: (sum(e[:n]), sum(e[2 * n:3 * n]), e[3 * n] != 0), reverse=True):
         if not any(covers(b, a) for b in frontier):
             frontier.append(a)
     kept = set(frontier)
@@ -214,6 +217,24 @@ class Schedule:
         order = self.orders[self.stage_to_rank[stage]]
         ahead = [(a := prefetched_backward(order, i, lazy)) is not None and a.stage == stage for i in range(len(order))]
         return max((ahead[i] + (i > 0 and ahead[i - 1]) for i in range(len(order))), default=0)
+
+    def prefetched_across(self, stage: int, lazy: Collection[int] = ()) -> frozenset[int]:
+        """The other stages whose next backward the executor starts prefetching as a backward
+        (B, I or W) of ``stage`` begins, so that their last swapped block is on the device during it.
+
+        :func:`~mindpipe.executor.offload.install_prefetch` defers only a prefetch named after a B or
+        I of the same stage (1F1B's cool-down: :meth:`prefetched_sets` counts it); one for another
+        stage of the rank (interleaved and V schedules hold several) starts with the action. Measured
+        on llama-tiny pp2 interleaved (v 2, every second block swapped): during stage 3's last
+        backward, with the loss's temporaries, stage 1's next swapped block was already back."""
+        order = self.orders[self.stage_to_rank[stage]]
+        out = set()
+        for i, a in enumerate(order):
+            if a.stage == stage and a.kind in ("B", "I", "W"):
+                nxt = prefetched_backward(order, i, lazy)
+                if nxt is not None and nxt.stage != stage:
+                    out.add(nxt.stage)
+        return frozenset(out)
 
     def stages_of_rank(self, rank: int) -> list[int]:
         """Virtual stages placed on ``rank``, ascending."""

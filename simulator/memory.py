@@ -505,7 +505,7 @@ class StageMemoryModel:
             # back what it needs as it asks); in a cool-down, the next micro-batch's last one too. Without a
             # prefetch they come back as asked: the largest saved tensor at once.
             swap_back = 0.0 if "swap" not in policies else (
-                self.swapped_bytes(policies, parts) + (prefetch - 1) * self._last_swapped_bytes(policies, parts)
+                self.swapped_bytes(policies, parts) + (prefetch - 1) * self.last_swapped_bytes(policies, parts)
                 if prefetch else self.largest_saved_bytes())
             logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
@@ -515,11 +515,13 @@ class StageMemoryModel:
             if has_head:
                 until_w = (-head_input_bytes(model, plan, seq_len=self.seq_len) if plan.fused_head_loss
                            else DTYPE_BYTES[plan.precision] * logit_count(model, plan, seq_len=self.seq_len))
+            if prefetch and "swap" in policies:  # the last swapped block is back while the loss's backward runs
+                loss += self.last_swapped_bytes(policies, parts)
             return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss),
                                reruns + swap_back, acts - logits + until_w, self.swapped_bytes(policies, parts))
         redone = self.redone_bytes(policies, parts, head, prefetch=prefetch)
         if prefetch and "swap" in policies:  # the last swapped block is back while the loss's backward runs
-            loss += self._last_swapped_bytes(policies, parts)
+            loss += self.last_swapped_bytes(policies, parts)
         return _StageTerms(acts, sum(layers), max(layers, default=0), max(redone, loss), redone, acts,
                            self.swapped_bytes(policies, parts))
 
@@ -527,7 +529,7 @@ class StageMemoryModel:
         """Bytes a micro-batch's swapped blocks bring back to the device: what each saves when kept."""
         return sum(self.block("none", part) for p, part in zip(policies, parts, strict=True) if p == "swap")
 
-    def _last_swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
+    def last_swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
         """Bytes the last swapped block brings back (the one a prefetch copies)."""
         return self.block("none", parts[max(i for i, p in enumerate(policies) if p == "swap")])
 
@@ -634,27 +636,26 @@ class StageMemoryModel:
         grads_of = {s: model_state_bytes(t.params, plan)[1] for s, t in terms.items()}
         # A backward's transient (a re-materialised block, the loss's gradients) sits on top of what
         # is held when it starts: in 1F1B's steady state the oldest micro-batch's backward runs
-        # while the newest forward's activations are still held.
-        transient = max((t.transient_bytes for t in terms.values()), default=0.0)
-
-        def point(h: dict[int, Held]) -> tuple[float, float, float]:
+        # while the newest forward's activations are still held. It is the transient of the stage
+        # whose backward comes next (Held.backward_next), at that point of the timeline.
+        def point(h: dict[int, Held]) -> tuple[float, float, int | None]:
             acts = sum(x.awaiting_input * terms[s].per_microbatch_bytes + x.awaiting_weight * terms[s].after_input_bytes
                        for s, x in h.items())
             grads = sum((grads_of[s] for s, x in h.items() if x.has_grads), 0.0)
-            return acts, grads, transient if any(x.backward_next for x in h.values()) else 0.0
+            return acts, grads, next((s for s, x in h.items() if x.backward_next), None)
 
-        gathered = redone = 0.0
-        if reshards_after_forward(plan):
-            # FSDP-style: the layer being computed and the prefetched next one are gathered whole —
-            # during a block's forward or backward (a recomputed block's re-run included), not at the
-            # loss: FSDP2 frees the stage's gathered weights when its forward ends (measured on CPU).
-            gathered = 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision]
-            redone = max(t.redone_bytes for t in terms.values())
+        reshards = reshards_after_forward(plan)
+        # FSDP-style: the layer being computed and the prefetched next one are gathered whole —
+        # during a block's forward or backward (a recomputed block's re-run included), not at the
+        # loss: FSDP2 frees the stage's gathered weights when its forward ends (measured on CPU).
+        gathered = 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision] if reshards else 0.0
 
-        def extra(redo: float) -> float:
-            return max(gathered + (redone if redo else 0.0), redo)
+        def extra(s: int | None) -> float:
+            if s is None:
+                return gathered
+            return max(gathered + (terms[s].redone_bytes if reshards else 0.0), terms[s].transient_bytes)
 
-        acts, grads, redo = max((point(h) for h in held), key=lambda x: x[0] + x[1] + extra(x[2]), default=(0.0, 0.0, 0.0))
+        acts, grads, redo = max((point(h) for h in held), key=lambda x: x[0] + x[1] + extra(x[2]), default=(0.0, 0.0, None))
         weights, _, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
         other = self.reserve + extra(redo)
         total = weights + grads + optim + acts + other
@@ -706,9 +707,21 @@ def stage_memory(
     # Which blocks (and parts of blocks) each stage holds is the layout's rule, on these stage layers.
     spans = stage_layout(dataclasses.replace(plan, partition=list(stage_layers)), model)
     lazy = lazy_copy_back(plan)
-    terms = [mm.stage([policies[b] for b in span.blocks], span.has_embedding, span.has_head,
-                      [span.part(b) for b in span.blocks], prefetch=schedule.prefetched_sets(s, lazy))
-             for s, span in enumerate(spans)]
+    own = [([policies[b] for b in span.blocks], [span.part(b) for b in span.blocks]) for span in spans]
+    prefetch = [schedule.prefetched_sets(s, lazy) for s in range(len(spans))]
+    terms = [mm.stage(pols, span.has_embedding, span.has_head, parts, prefetch=prefetch[s])
+             for s, (span, (pols, parts)) in enumerate(zip(spans, own, strict=True))]
+    for s, term in enumerate(terms):
+        # A backward of this stage followed by another stage's prefetched backward (a rank holding
+        # several stages: Schedule.prefetched_across) has that stage's last swapped block back from
+        # its start, beside its own (not beside a cool-down's second one of this stage: one prefetch
+        # is named after each action).
+        across = max((mm.last_swapped_bytes(*own[o]) for o in schedule.prefetched_across(s, lazy) if "swap" in own[o][0]),
+                     default=0.0)
+        if across:
+            one = mm.stage(*own[s][:1], spans[s].has_embedding, spans[s].has_head, own[s][1], prefetch=min(prefetch[s], 1))
+            terms[s] = dataclasses.replace(term, transient_bytes=max(term.transient_bytes, one.transient_bytes + across),
+                                           redone_bytes=max(term.redone_bytes, one.redone_bytes + across))
     return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_states(r))
             for r in range(schedule.pp)]
 

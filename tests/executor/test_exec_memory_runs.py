@@ -102,6 +102,34 @@ def test_a_lazy_stage_copies_back_as_asked_as_the_model_counts(tmp_path):
     assert first.memory is not None and first.memory.peak_bytes < prefetching[0].total_bytes
 
 
+LLAMA4 = {"kind": "llama", "num_layers": 4, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
+          "ffn_hidden_size": 64, "seq_len": 16, "vocab_size": 64, "rope_theta": 10000.0, "name": "llama-tiny4"}
+# Found by running random plans (stop 65): swap on ranks that hold two stages was 10-16 % over the model.
+TWO_STAGES_PER_RANK = {
+    # Llama's Q, K, V (and gate, up) GEMMs each save a view of one norm output: the pool copied it per view.
+    # Stage 3's last backward starts stage 1's prefetch beside the loss's temporaries (Schedule.prefetched_across).
+    "llama interleaved": ({"pp": 2, "virtual_stages": 2, "schedule": "interleaved_1f1b", "micro_batch_size": 2,
+                           "global_batch_size": 4, "precision": "fp32", "loss_chunks": 4, "flash_attention": True,
+                           "layer_memory_policy": ["nongemm", "swap", "nongemm", "swap"]}, LLAMA4),
+    # DualPipeV's closing I and W made the model take the split-backward branch, which left out the last
+    # swapped block prefetched under the loss's backward; ZeRO-3, the fused head.
+    "gpt dualpipev": ({"dp": 2, "pp": 2, "virtual_stages": 2, "schedule": "dualpipev", "micro_batch_size": 2,
+                       "global_batch_size": 16, "precision": "fp32", "zero_stage": 3, "fused_head_loss": True,
+                       "flash_attention": True, "layer_memory_policy": ["swap", "swap", "selective", "swap"]}, TINY),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TWO_STAGES_PER_RANK))
+def test_swap_on_ranks_of_two_stages_as_the_model_counts(tmp_path, case):
+    """Interleaved and V schedules put two stages on a rank, each prefetching its swapped blocks:
+    the peak per rank is the memory model's within 2 % (measured: −1.4 … +0.1 %; 10-16 % under
+    before), the host pool within 2 %."""
+    plan, model = TWO_STAGES_PER_RANK[case]
+    res = run_plan(tmp_path, plan, plan.get("dp", 1) * plan["pp"], model=model, steps=3)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert_memory_matches_simulator(Trace.load(tmp_path / "measured.json"), model, rel=0.02)
+
+
 def test_tensor_parallel_swap_parity(tmp_path):
     # Tensor parallelism saves DTensors: the pool keeps their shards and gives DTensors back.
     plan = {"tp": 2, "micro_batch_size": 2, "global_batch_size": 8, "precision": "fp32",

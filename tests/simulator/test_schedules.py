@@ -305,11 +305,11 @@ def test_held_states_hold_every_peak_of_the_timeline(name, pp, m, v):
             a = {s: rng.random() for s in timeline[0]}
             w = {s: rng.uniform(-1, 1) for s in timeline[0]}
             g = {s: rng.random() for s in timeline[0]}
-            t = rng.random()
+            t = {s: rng.random() for s in timeline[0]}
 
             def total(h, a=a, w=w, g=g, t=t):
-                return (sum(x.awaiting_input * a[s] + x.awaiting_weight * w[s] + x.has_grads * g[s] for s, x in h.items())
-                        + t * any(x.backward_next for x in h.values()))
+                return sum(x.awaiting_input * a[s] + x.awaiting_weight * w[s] + x.has_grads * g[s]
+                           + x.backward_next * t[s] for s, x in h.items())
             assert max(map(total, states)) == max(map(total, timeline))
 
 
