@@ -51,12 +51,20 @@ from typing import Any
 
 import torch
 from mindpipe.simulator.actions import Action, prefetched_backward
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (tensor parallelism saves DTensors), else ``t`` itself."""
+    """The local shard of a DTensor (tensor parallelism saves DTensors), else ``t`` itself; waited
+    on if a functional collective still owes it.
+
+    Under sequence parallelism a DTensor's local tensor can be an ``AsyncCollectiveTensor`` (the
+    all-gather before a column-parallel GEMM, not yet waited on), a wrapper without storage of its
+    own: asking its storage's address failed tp·pp runs with ``sequence_parallel`` at micro-batch 1
+    on their second stage ("invalid python storage", in the memory account's pack hook)."""
     local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+    local = local if isinstance(local, torch.Tensor) else t
+    return local.wait() if isinstance(local, AsyncCollectiveTensor) else local
 
 
 def is_weight(t: torch.Tensor) -> bool:
