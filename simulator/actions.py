@@ -68,6 +68,11 @@ class Held(NamedTuple):
         awaiting_weight: Micro-batches past their ``I`` awaiting their ``W`` (split backward only).
         has_grads: The stage's weight gradients exist in this iteration (after its first ``B``, or
             its first ``W`` under a split backward).
+        grads_reduced: The stage's last ``B`` or ``W`` of the iteration has run: torch's pipelining
+            runtime reduces its gradients right after it (``_add_reduce_grad``, "reduce_grad frees
+            memory"), so a wrapper that shards them (FSDP2 under ZeRO ≥ 1) holds only its shard from
+            then on (:func:`mindpipe.traces.layout.shards_reduced_gradients`). On a rank of several
+            stages the first to finish does so while the others still run.
         backward_next: The rank's next action is a backward (``B``, ``I`` or ``W``) of this stage,
             whose transients (a redone block, the loss's gradients) then come on top of what is held
             here. Per stage: on a rank of several stages, one stage's transient (the last stage's
@@ -79,6 +84,7 @@ class Held(NamedTuple):
     awaiting_weight: int
     has_grads: bool
     backward_next: bool = False
+    grads_reduced: bool = False
 
 
 _KIND_CODES = {"F": 0, "B": 1, "I": 2, "W": 3}
@@ -123,10 +129,12 @@ def _signature(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...]
 def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
     """Per action of a :func:`_signature` over ``n`` stages, what they hold as one flat tuple of
     integers: the micro-batches awaiting their input gradient per stage, then those awaiting W,
-    then gradients present (0/1), then which stage's backward comes next (its index + 1; 0: a
-    forward or nothing) — :func:`_timeline`'s entries without the objects."""
+    then the gradients per stage (0: none yet, 1: reduced after the stage's last B or W, 2: whole —
+    ordered by the memory they may take), then which stage's backward comes next (its index + 1;
+    0: a forward or nothing) — :func:`_timeline`'s entries without the objects."""
     awaiting_input, awaiting_weight, grads = [0] * n, [0] * n, [0] * n
     kinds, where = signature[0::2], signature[1::2]
+    last = {where[i]: i for i, kind in enumerate(kinds) if kind in (1, 3)}  # each stage's last B or W
     out: list[tuple[int, ...]] = []
     for i, kind in enumerate(kinds):
         j = where[i]
@@ -134,13 +142,13 @@ def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
             awaiting_input[j] += 1
         elif kind == 1:  # B
             awaiting_input[j] -= 1
-            grads[j] = 1
+            grads[j] = 1 if last[j] == i else 2
         elif kind == 2:  # I
             awaiting_input[j] -= 1
             awaiting_weight[j] += 1
         else:  # W
             awaiting_weight[j] -= 1
-            grads[j] = 1
+            grads[j] = 1 if last[j] == i else 2
         nxt = where[i + 1] + 1 if i + 1 < len(kinds) and kinds[i + 1] != 0 else 0
         out.append((*awaiting_input, *awaiting_weight, *grads, nxt))
     return out
@@ -148,7 +156,8 @@ def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
 
 def _held(counts: tuple[int, ...], n: int) -> tuple[Held, ...]:
     nxt = counts[3 * n]
-    return tuple(Held(counts[j], counts[n + j], bool(counts[2 * n + j]), nxt == j + 1) for j in range(n))
+    return tuple(Held(counts[j], counts[n + j], counts[2 * n + j] > 0, nxt == j + 1, counts[2 * n + j] == 1)
+                 for j in range(n))
 
 
 def _timeline(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...]) -> list[tuple[Held, ...]]:

@@ -103,6 +103,7 @@ from mindpipe.traces.layout import (
     lazy_copy_back,
     merged_weight_pass,
     reshards_after_forward,
+    shards_reduced_gradients,
     stage_layout,
     weight_groups,
 )
@@ -634,6 +635,9 @@ class StageMemoryModel:
         """
         plan = self.plan
         grads_of = {s: model_state_bytes(t.params, plan)[1] for s, t in terms.items()}
+        # After a stage's last backward its gradients are reduced: a sharding wrapper keeps its shard.
+        shards = plan.grad_replicas if shards_reduced_gradients(plan) else 1
+        reduced_of = {s: min(grads_of[s], t.params * GRAD_BYTES[plan.precision] / shards) for s, t in terms.items()}
         # A backward's transient (a re-materialised block, the loss's gradients) sits on top of what
         # is held when it starts: in 1F1B's steady state the oldest micro-batch's backward runs
         # while the newest forward's activations are still held. It is the transient of the stage
@@ -641,7 +645,7 @@ class StageMemoryModel:
         def point(h: dict[int, Held]) -> tuple[float, float, int | None]:
             acts = sum(x.awaiting_input * terms[s].per_microbatch_bytes + x.awaiting_weight * terms[s].after_input_bytes
                        for s, x in h.items())
-            grads = sum((grads_of[s] for s, x in h.items() if x.has_grads), 0.0)
+            grads = sum(((reduced_of if x.grads_reduced else grads_of)[s] for s, x in h.items() if x.has_grads), 0.0)
             return acts, grads, next((s for s, x in h.items() if x.backward_next), None)
 
         reshards = reshards_after_forward(plan)

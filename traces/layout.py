@@ -187,6 +187,16 @@ def accumulates_whole_gradients(plan: Plan) -> bool:
     return plan.zero_stage >= 2 and plan.grad_replicas > 1 and plan.num_microbatches > 1 and not reduces_every_microbatch(plan)
 
 
+def shards_reduced_gradients(plan: Plan) -> bool:
+    """After a stage's gradients are reduced (torch's pipelining runtime: right after the stage's
+    last backward of the step), the rank keeps only its shard of them: FSDP2's reduce-scatter under
+    ZeRO ≥ 1 over dp > 1 (``zero_stage`` 1 runs as FSDP2 without resharding after the forward).
+    ``replicate`` (ZeRO-0) all-reduces them whole, and Megatron-LM's DDP (``dp_impl`` ``megatron``)
+    reduces them in its gradient buffer, which stays whole.
+    """
+    return plan.dp_impl == "fsdp2" and plan.zero_stage >= 1 and plan.grad_replicas > 1
+
+
 def data_parallel_units(plan: Plan, num_blocks: int) -> int:
     """Modules of a stage of ``num_blocks`` blocks that the data-parallel wrapper hooks.
 
@@ -405,6 +415,7 @@ __all__ = [
     "reduces_every_microbatch",
     "reshards_after_forward",
     "schedule_stage_to_rank",
+    "shards_reduced_gradients",
     "stage_layout",
     "stage_to_rank",
     "tied_table_ranks",

@@ -110,24 +110,32 @@ TWO_STAGES_PER_RANK = {
     # Stage 3's last backward starts stage 1's prefetch beside the loss's temporaries (Schedule.prefetched_across).
     "llama interleaved": ({"pp": 2, "virtual_stages": 2, "schedule": "interleaved_1f1b", "micro_batch_size": 2,
                            "global_batch_size": 4, "precision": "fp32", "loss_chunks": 4, "flash_attention": True,
-                           "layer_memory_policy": ["nongemm", "swap", "nongemm", "swap"]}, LLAMA4),
+                           "layer_memory_policy": ["nongemm", "swap", "nongemm", "swap"]}, LLAMA4, 0.02),
     # DualPipeV's closing I and W made the model take the split-backward branch, which left out the last
     # swapped block prefetched under the loss's backward; ZeRO-3, the fused head.
     "gpt dualpipev": ({"dp": 2, "pp": 2, "virtual_stages": 2, "schedule": "dualpipev", "micro_batch_size": 2,
                        "global_batch_size": 16, "precision": "fp32", "zero_stage": 3, "fused_head_loss": True,
-                       "flash_attention": True, "layer_memory_policy": ["swap", "swap", "selective", "swap"]}, TINY),
+                       "flash_attention": True, "layer_memory_policy": ["swap", "swap", "selective", "swap"]}, TINY,
+                      0.02),
+    # Torch reduces a stage's gradients right after its last backward: under FSDP2 ZeRO-1 the rank then
+    # keeps their shard while its other stage still runs (Held.grads_reduced; +11.6 % over before, +4.4 %
+    # now: the model puts the first stage's re-run block at its I beside both stages' gradients).
+    "gpt zbv zero-1": ({"dp": 2, "pp": 2, "virtual_stages": 2, "schedule": "zbv", "micro_batch_size": 1,
+                        "global_batch_size": 4, "precision": "fp32", "zero_stage": 1, "recompute": "full"}, TINY,
+                       0.05),
 }
 
 
 @pytest.mark.parametrize("case", sorted(TWO_STAGES_PER_RANK))
 def test_swap_on_ranks_of_two_stages_as_the_model_counts(tmp_path, case):
-    """Interleaved and V schedules put two stages on a rank, each prefetching its swapped blocks:
-    the peak per rank is the memory model's within 2 % (measured: −1.4 … +0.1 %; 10-16 % under
-    before), the host pool within 2 %."""
-    plan, model = TWO_STAGES_PER_RANK[case]
+    """Interleaved and V schedules put two stages on a rank: each prefetches its swapped blocks, and
+    one finishes its backwards before the other. The peak per rank is the memory model's within the
+    case's bound (measured −1.4 … +0.1 % with swap, 10-16 % under before; +4.4 % for ZeRO-1's
+    reduced gradients, +11.6 % before), the host pool within 2 %."""
+    plan, model, rel = TWO_STAGES_PER_RANK[case]
     res = run_plan(tmp_path, plan, plan.get("dp", 1) * plan["pp"], model=model, steps=3)
     assert res.returncode == 0, res.stderr[-4000:]
-    assert_memory_matches_simulator(Trace.load(tmp_path / "measured.json"), model, rel=0.02)
+    assert_memory_matches_simulator(Trace.load(tmp_path / "measured.json"), model, rel=rel)
 
 
 def test_tensor_parallel_swap_parity(tmp_path):

@@ -306,10 +306,12 @@ def test_held_states_hold_every_peak_of_the_timeline(name, pp, m, v):
             w = {s: rng.uniform(-1, 1) for s in timeline[0]}
             g = {s: rng.random() for s in timeline[0]}
             t = {s: rng.random() for s in timeline[0]}
+            whole = {s: rng.random() for s in timeline[0]}  # whole gradients weigh more than reduced ones
 
-            def total(h, a=a, w=w, g=g, t=t):
+            def total(h, a=a, w=w, g=g, t=t, whole=whole):
                 return sum(x.awaiting_input * a[s] + x.awaiting_weight * w[s] + x.has_grads * g[s]
-                           + x.backward_next * t[s] for s, x in h.items())
+                           + (x.has_grads and not x.grads_reduced) * whole[s] + x.backward_next * t[s]
+                           for s, x in h.items())
             assert max(map(total, states)) == max(map(total, timeline))
 
 
