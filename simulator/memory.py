@@ -723,7 +723,8 @@ def stage_memory(
         across = max((mm.last_swapped_bytes(*own[o]) for o in schedule.prefetched_across(s, lazy) if "swap" in own[o][0]),
                      default=0.0)
         if across:
-            one = mm.stage(*own[s][:1], spans[s].has_embedding, spans[s].has_head, own[s][1], prefetch=min(prefetch[s], 1))
+            pols, parts = own[s]
+            one = mm.stage(pols, spans[s].has_embedding, spans[s].has_head, parts, prefetch=min(prefetch[s], 1))
             terms[s] = dataclasses.replace(term, transient_bytes=max(term.transient_bytes, one.transient_bytes + across),
                                            redone_bytes=max(term.redone_bytes, one.redone_bytes + across))
     return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_states(r))
