@@ -428,7 +428,8 @@ class _StageTerms:
 
 
 class StageMemoryModel:
-    """The per-stage and per-rank arithmetic of :func:`stage_memory` and :func:`block_caps`.
+    """The per-stage and per-rank arithmetic of :func:`stage_memory` and
+    :func:`mindpipe.simulator.planning.block_caps`.
 
     ``split_backward``: the schedule splits the backward into I and W (zero-bubble family), which
     changes what a stage holds between them and what a redone block adds (:meth:`stage`).
@@ -731,46 +732,6 @@ def stage_memory(
             for r in range(schedule.pp)]
 
 
-def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule, *,
-               reserved_bytes: float | None = None) -> list[int] | None:
-    """Most blocks each stage can hold in device memory, for a partitioner; None when not separable.
-
-    With one stage per rank and one policy for every block, a rank's total in :func:`stage_memory`
-    grows with its block count n (model states and held activations by one block's worth per
-    block at every point of the schedule; the peak is the largest of those affine totals, so convex
-    in n: a warm-up without gradients can give way to a steady state with them), and the cap is the
-    largest n whose total fits, found by bisection on the same arithmetic. Several chunks per rank
-    couple their stages, and per-block policies (or a boundary inside a block) depend on where the
-    cut falls: None there (the memory check after partitioning still decides).
-    """
-    if plan.virtual_stages != 1 or plan.layer_memory_policy is not None or plan.cuts_inside_blocks:
-        return None
-    mm = StageMemoryModel(model, plan, device, reserved_bytes, None, split_backward=schedule.split_backward)
-    policy = block_policies(plan, 1)[0]
-    cap = float(device.memory_capacity_bytes)
-    last = schedule.num_stages - 1
-    out = []
-    for s in range(schedule.num_stages):
-        timeline = schedule.held_states(schedule.stage_to_rank[s])
-        prefetch = schedule.prefetched_sets(s, lazy_copy_back(plan))
-
-        def fits(n: int, s: int = s, timeline: list[dict[int, Held]] = timeline, prefetch: int = prefetch) -> bool:
-            return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last, prefetch=prefetch)}, timeline).total_bytes <= cap
-
-        lo, hi = 0, model.num_layers  # fits(lo) holds (or lo is 0); find the largest such n
-        if fits(hi):
-            out.append(hi)
-            continue
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        out.append(lo)
-    return out
-
-
 def plan_memory(
     model: Model, plan: Plan, device: DeviceSpec, *, reserved_bytes: float | None = None, seq_len: int | None = None
 ) -> list[RankMemory]:
@@ -808,7 +769,6 @@ __all__ = [
     "StageMemoryModel",
     "activation_bytes_per_layer",
     "allocator_overhead_bytes",
-    "block_caps",
     "embedding_activation_bytes",
     "fits_in_memory",
     "head_activation_bytes",

@@ -9,6 +9,8 @@ engine's swap cost without building a plan for each try. Both rules stay with th
   ``StageMemoryModel`` that :func:`~mindpipe.simulator.memory.stage_memory` uses) with the
   schedule's peak in-flight count of the stage read once, so ``total_bytes`` equals
   ``stage_memory``'s rank total for a plan with one stage per rank (a test holds them equal);
+  :func:`block_caps` answers the balanced partitioner's question, the most blocks of one policy
+  each stage can hold, by bisection on the same arithmetic;
 * swap: :func:`exposed_swap_s` is the engine's behaviour (:mod:`mindpipe.simulator.engine`): a
   swapped stage copies its blocks' activations to the host while its forward runs — from the first
   swapped block's start, as the executor packs each saved tensor when it is made
@@ -37,7 +39,7 @@ from mindpipe.simulator.memory import RankMemory, StageMemoryModel, activation_b
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.layout import BlockPart, BlockPolicy, lazy_copy_back
+from mindpipe.traces.layout import BlockPart, BlockPolicy, block_policies, lazy_copy_back
 
 
 @dataclass(frozen=True)
@@ -166,4 +168,44 @@ def exposed_swap_s(copy_s: float, forward_s: float, round_trip_share: float = 0.
     return round_trip_share * (out + copy_s) + (1.0 - round_trip_share) * ahead
 
 
-__all__ = ["StageBudget", "exposed_swap_s", "stage_budgets", "swap_bytes_per_block"]
+def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule, *,
+               reserved_bytes: float | None = None) -> list[int] | None:
+    """Most blocks each stage can hold in device memory, for a partitioner; None when not separable.
+
+    With one stage per rank and one policy for every block, a rank's total in :func:`stage_memory`
+    grows with its block count n (model states and held activations by one block's worth per
+    block at every point of the schedule; the peak is the largest of those affine totals, so convex
+    in n: a warm-up without gradients can give way to a steady state with them), and the cap is the
+    largest n whose total fits, found by bisection on the same arithmetic. Several chunks per rank
+    couple their stages, and per-block policies (or a boundary inside a block) depend on where the
+    cut falls: None there (the memory check after partitioning still decides).
+    """
+    if plan.virtual_stages != 1 or plan.layer_memory_policy is not None or plan.cuts_inside_blocks:
+        return None
+    mm = StageMemoryModel(model, plan, device, reserved_bytes, None, split_backward=schedule.split_backward)
+    policy = block_policies(plan, 1)[0]
+    cap = float(device.memory_capacity_bytes)
+    last = schedule.num_stages - 1
+    out = []
+    for s in range(schedule.num_stages):
+        timeline = schedule.held_states(schedule.stage_to_rank[s])
+        prefetch = schedule.prefetched_sets(s, lazy_copy_back(plan))
+
+        def fits(n: int, s: int = s, timeline: list[dict[int, Held]] = timeline, prefetch: int = prefetch) -> bool:
+            return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last, prefetch=prefetch)}, timeline).total_bytes <= cap
+
+        lo, hi = 0, model.num_layers  # fits(lo) holds (or lo is 0); find the largest such n
+        if fits(hi):
+            out.append(hi)
+            continue
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        out.append(lo)
+    return out
+
+
+__all__ = ["StageBudget", "block_caps", "exposed_swap_s", "stage_budgets", "swap_bytes_per_block"]

@@ -49,12 +49,12 @@ from mindpipe.simulator.frequency import (
     hardware_stage_times,
     rank_busy_power_w,
 )
-from mindpipe.simulator.memory import RankMemory, block_caps, stage_memory
+from mindpipe.simulator.memory import RankMemory, stage_memory
 from mindpipe.simulator.network import FluidNetwork, Transfers
 from mindpipe.simulator.ops import model_flops_per_iteration
 from mindpipe.simulator.perf import default_models
 from mindpipe.simulator.perf.gpu import GpuComputeModel
-from mindpipe.simulator.planning import StageBudget, stage_budgets, swap_bytes_per_block
+from mindpipe.simulator.planning import StageBudget, block_caps, stage_budgets, swap_bytes_per_block
 from mindpipe.simulator.schedules import build_schedule
 from mindpipe.simulator.topology import Topology
 from mindpipe.simulator.work import StepCopies
@@ -208,7 +208,7 @@ class Simulator:
         return [r.total_gib for r in ranks]
 
     def block_caps(self, plan: Plan) -> list[int] | None:
-        """Most blocks each stage can hold (:func:`mindpipe.simulator.memory.block_caps`)."""
+        """Most blocks each stage can hold (:func:`mindpipe.simulator.planning.block_caps`)."""
         return block_caps(self.model, plan, self.device, self.schedule(plan))
 
     def stage_budgets(self, plan: Plan) -> list[StageBudget]:
