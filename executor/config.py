@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -43,8 +44,6 @@ def default_lr(params: int) -> float:
     small CPU models keep the rate they always trained at. A constant 1e-3 made a 1.4B-parameter
     model's loss rise within a few steps.
     """
-    import math
-
     x = math.log(max(params, 1))
     points = [(math.log(n), math.log(lr)) for n, lr in GPT3_LEARNING_RATES]
     if x >= points[-1][0]:
