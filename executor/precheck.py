@@ -204,9 +204,10 @@ def _refuse(model: Model, plan: Plan, world_size: int, device_kind: str, device:
     if text_data and model.vocab_size < 256:
         fail("vocab_size", f"byte-level text needs vocab_size >= 256, the model has {model.vocab_size}")
     src = resolve_schedule_source(schedule_source, plan)
-    # The schedules' own micro-batch rules (interleaved 1F1B's whole groups of pp, ZB-H1's equal
-    # rounds in torch's runtime, DualPipeV's m >= 2·pp) are traces.schedule_rules.microbatch_rule's,
-    # checked by check_plan above, so the simulator and the tuner refuse what this runtime cannot run.
+    # The micro-batch rules (interleaved 1F1B's whole groups of pp, DualPipeV's m >= 2·pp:
+    # traces.schedule_rules.microbatch_rule; ZB-H1's equal rounds in torch's runtime:
+    # runtime_microbatch_rule) are checked by check_plan above, so the simulator and the tuner
+    # refuse what this runtime cannot run.
     return src
 
 

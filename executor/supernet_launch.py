@@ -60,7 +60,8 @@ def supernet_config(args: argparse.Namespace) -> SupernetRunConfig:
                                 f"{flag} is not supported for supernet runs")
     try:
         return SupernetRunConfig(
-            supernet=net, plan=plan, steps=args.steps, seed=args.seed, lr=SMALL_MODEL_LR if args.lr is None else args.lr, weight_decay=args.weight_decay,
+            supernet=net, plan=plan, steps=args.steps, seed=args.seed,
+            lr=SMALL_MODEL_LR if args.lr is None else args.lr, weight_decay=args.weight_decay,
             out=args.out, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             keep_checkpoints=getattr(args, "keep_checkpoints", 0),
             resume=args.resume, device=args.device, timeout_s=args.timeout, memory_budget_gib=args.memory_budget_gib,

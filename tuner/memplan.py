@@ -135,6 +135,7 @@ class StageModel:
         self.parts = None if parts is None else list(parts)
         self._memo: dict[tuple[int, int, int, str, Pins], StagePlan] = {}
         self._copy: dict[int, float] = {}
+        self._reread: dict[int, float] = {}
         self._lazy: dict[int, StageBudget] = {}
 
     @property
@@ -179,9 +180,9 @@ class StageModel:
         """W's copy back of ``swapped`` units' GEMM inputs under a split backward (0 without one)."""
         if self.reread_bytes <= 0.0:
             return 0.0
-        if -swapped not in self._copy:  # negative keys: W's copies
-            self._copy[-swapped] = self.copy_s(swapped * self.reread_bytes)
-        return self._copy[-swapped]
+        if swapped not in self._reread:
+            self._reread[swapped] = self.copy_s(swapped * self.reread_bytes)
+        return self._reread[swapped]
 
     def budget(self, stage: int, lazy: bool = False) -> StageBudget:
         """The stage's memory budget, prefetching its swapped units or (``lazy``) not."""
