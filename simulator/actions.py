@@ -19,7 +19,7 @@ This module is pure Python (no torch) so that the simulator, tuner and executor 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -78,6 +78,14 @@ class Held(NamedTuple):
             here. Per stage: on a rank of several stages, one stage's transient (the last stage's
             loss) never meets another's gradients it precedes (measured: stage 3's loss backward
             before stage 1's first backward on interleaved pp2).
+        next_kind: That backward's kind (``B``, ``I`` or ``W``; "" when ``backward_next`` is false).
+        next_sets: How many micro-batches of this stage have a prefetched swapped block on the
+            device while it runs (:func:`prefetched_backward`; the schedule's lazy stages get none):
+            its own (a ``B`` or ``I`` prefetched under the action before it) plus the next
+            backward's of the same stage when that is prefetched under this one (1F1B's
+            cool-down pair; after a ``W``, the next ``I``'s).
+        next_across: The other stage of the rank whose next backward is prefetched while it runs
+            (its last swapped block is back beside this one's transient), or -1.
     """
 
     awaiting_input: int
@@ -85,19 +93,22 @@ class Held(NamedTuple):
     has_grads: bool
     backward_next: bool = False
     grads_reduced: bool = False
+    next_kind: str = ""
+    next_sets: int = 0
+    next_across: int = -1
 
 
 _KIND_CODES = {"F": 0, "B": 1, "I": 2, "W": 3}
 
 
-def follows_own_forward(order: list[Action], i: int) -> bool:
+def follows_own_forward(order: Sequence[Action], i: int) -> bool:
     """True when ``order[i]`` is a backward (B or I) whose own micro-batch's forward is the action
     just before it on the rank (1F1B's last stage, one micro-batch per iteration)."""
     a = order[i]
     return a.kind in ("B", "I") and i > 0 and order[i - 1] == Action(a.stage, "F", a.microbatch)
 
 
-def prefetched_backward(order: list[Action], i: int, lazy: Collection[int] = ()) -> Action | None:
+def prefetched_backward(order: Sequence[Action], i: int, lazy: Collection[int] = ()) -> Action | None:
     """The backward whose last swapped block comes back to the device while ``order[i]`` runs, or None.
 
     vPipe's prefetch (BACKGROUND.md §4.2): the copy back of the next action's last swapped block
@@ -118,24 +129,42 @@ def prefetched_backward(order: list[Action], i: int, lazy: Collection[int] = ())
     return order[i + 1]
 
 
-def _signature(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...]) -> bytes:
-    """What of ``order`` decides what its stages hold: per action its kind and which of ``stages``
-    it runs (two bytes; micro-batch ids do not matter). A compact cache key for
+def _signature(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...], lazy: Collection[int] = ()) -> bytes:
+    """What of ``order`` decides what its stages hold: per action its kind, which of ``stages`` it
+    runs and whether its last swapped block was prefetched under the action before it
+    (:func:`prefetched_backward`; three bytes: micro-batch ids do not matter). A compact cache key for
     :func:`_undominated`: a few KB where the actions themselves would keep whole schedules alive."""
     where = {s: j for j, s in enumerate(stages)}
-    return bytes(b for a in order for b in (_KIND_CODES[a.kind], where[a.stage]))
+    return bytes(b for i, a in enumerate(order)
+                 for b in (_KIND_CODES[a.kind], where[a.stage], i > 0 and prefetched_backward(order, i - 1, lazy) is not None))
+
+
+_TAIL = 4  # what _counts says of the next action: its stage + 1 (0: a forward or nothing), kind code, sets, across + 1
 
 
 def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
     """Per action of a :func:`_signature` over ``n`` stages, what they hold as one flat tuple of
     integers: the micro-batches awaiting their input gradient per stage, then those awaiting W,
     then the gradients per stage (0: none yet, 1: reduced after the stage's last B or W, 2: whole —
-    ordered by the memory they may take), then which stage's backward comes next (its index + 1;
-    0: a forward or nothing) — :func:`_timeline`'s entries without the objects."""
+    ordered by the memory they may take), then what runs next when it is a backward (its stage's
+    index + 1, its kind's code, :attr:`Held.next_sets` and the index + 1 of
+    :attr:`Held.next_across`; all 0 before a forward or at the end) — :func:`_timeline`'s entries
+    without the objects."""
     awaiting_input, awaiting_weight, grads = [0] * n, [0] * n, [0] * n
-    kinds, where = signature[0::2], signature[1::2]
+    kinds, where, ahead = signature[0::3], signature[1::3], signature[2::3]
     last = {where[i]: i for i, kind in enumerate(kinds) if kind in (1, 3)}  # each stage's last B or W
     out: list[tuple[int, ...]] = []
+
+    def following(k: int) -> tuple[int, ...]:
+        if k >= len(kinds) or kinds[k] == 0:
+            return (0,) * _TAIL
+        j = where[k]
+        after = k + 1 < len(kinds) and ahead[k + 1]  # the action after k is prefetched under it
+        same = bool(after) and where[k + 1] == j
+        across = where[k + 1] + 1 if after and not same else 0
+        own = ahead[k] if kinds[k] in (1, 2) else 0
+        return (j + 1, kinds[k], own + same, across)
+
     for i, kind in enumerate(kinds):
         j = where[i]
         if kind == 0:  # F
@@ -149,30 +178,35 @@ def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
         else:  # W
             awaiting_weight[j] -= 1
             grads[j] = 1 if last[j] == i else 2
-        nxt = where[i + 1] + 1 if i + 1 < len(kinds) and kinds[i + 1] != 0 else 0
-        out.append((*awaiting_input, *awaiting_weight, *grads, nxt))
+        out.append((*awaiting_input, *awaiting_weight, *grads, *following(i + 1)))
     return out
 
 
-def _held(counts: tuple[int, ...], n: int) -> tuple[Held, ...]:
-    nxt = counts[3 * n]
-    return tuple(Held(counts[j], counts[n + j], counts[2 * n + j] > 0, nxt == j + 1, counts[2 * n + j] == 1)
+def _held(counts: tuple[int, ...], stages: tuple[int, ...]) -> tuple[Held, ...]:
+    n = len(stages)
+    nxt, kind, sets, across = counts[3 * n:3 * n + _TAIL]
+    return tuple(Held(counts[j], counts[n + j], counts[2 * n + j] > 0, nxt == j + 1, counts[2 * n + j] == 1,
+                      *((KINDS[kind], sets, stages[across - 1] if across else -1) if nxt == j + 1 else ()))
                  for j in range(n))
 
 
-def _timeline(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...]) -> list[tuple[Held, ...]]:
+def _timeline(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...],
+              lazy: Collection[int] = ()) -> list[tuple[Held, ...]]:
     """Per action of ``order``, what each of ``stages`` holds (:meth:`Schedule.held_timeline`)."""
-    return [_held(c, len(stages)) for c in _counts(_signature(order, stages), len(stages))]
+    return [_held(c, stages) for c in _counts(_signature(order, stages, lazy), len(stages))]
 
 
 @lru_cache(maxsize=1024)
-def _undominated(signature: bytes, n: int) -> tuple[tuple[Held, ...], ...]:
+def _undominated(signature: bytes, stages: tuple[int, ...]) -> tuple[tuple[Held, ...], ...]:
     """Distinct timeline entries no other entry dominates (:meth:`Schedule.held_states`), first-seen order."""
+    n = len(stages)
+
     def covers(b: tuple[int, ...], a: tuple[int, ...]) -> bool:
-        # Same micro-batches awaiting W; no fewer awaiting input or gradients; the same stage's
-        # backward next, or none in ``a``.
+        # Same micro-batches awaiting W; no fewer awaiting input or gradients; the same backward
+        # next (stage, kind, prefetched sets and the stage prefetched across it), or none in ``a``.
         return b[n:2 * n] == a[n:2 * n] and all(y >= x for x, y in zip(a[:n], b[:n], strict=True)) and \
-            all(y >= x for x, y in zip(a[2 * n:3 * n], b[2 * n:3 * n], strict=True)) and a[3 * n] in (0, b[3 * n])
+            all(y >= x for x, y in zip(a[2 * n:3 * n], b[2 * n:3 * n], strict=True)) and \
+            (a[3 * n] == 0 or a[3 * n:] == b[3 * n:])
 
     distinct = list(dict.fromkeys(_counts(signature, n)))
     # Pareto filter: in this order an entry's dominators come before it (they are no smaller in
@@ -182,7 +216,7 @@ def _undominated(signature: bytes, n: int) -> tuple[tuple[Held, ...], ...]:
         if not any(covers(b, a) for b in frontier):
             frontier.append(a)
     kept = set(frontier)
-    return tuple(_held(a, n) for a in distinct if a in kept)
+    return tuple(_held(a, stages) for a in distinct if a in kept)
 
 
 @dataclass
@@ -249,8 +283,10 @@ class Schedule:
         """Virtual stages placed on ``rank``, ascending."""
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
-    def held_timeline(self, rank: int) -> list[dict[int, Held]]:
-        """After each action of ``rank``, per local stage: what it holds (:class:`Held`).
+    def held_timeline(self, rank: int, lazy: Collection[int] = ()) -> list[dict[int, Held]]:
+        """After each action of ``rank``, per local stage: what it holds (:class:`Held`), and what
+        the backward that comes next has on the device beside it (``lazy``: the stages that copy
+        back as they ask, :func:`prefetched_backward`).
 
         A micro-batch's activations for stage s are held from its ``F`` until the backward that
         frees them. ``B`` frees them all. Under a split backward, torch's ``stage_backward_input``
@@ -268,15 +304,15 @@ class Schedule:
         micro-batch) hold their activations without them.
         """
         stages = tuple(self.stages_of_rank(rank))
-        return [dict(zip(stages, state, strict=True)) for state in _timeline(self.orders[rank], stages)]
+        return [dict(zip(stages, state, strict=True)) for state in _timeline(self.orders[rank], stages, lazy)]
 
-    def held_states(self, rank: int) -> list[dict[int, Held]]:
+    def held_states(self, rank: int, lazy: Collection[int] = ()) -> list[dict[int, Held]]:
         """The entries of :meth:`held_timeline` a peak can be at, in the order they first occur.
 
         A memory peak over the timeline (what :class:`mindpipe.simulator.memory.StageMemoryModel`
         computes) is non-decreasing in every stage's micro-batches awaiting their input gradient,
-        in its gradients being present and in a backward coming next — each adds non-negative
-        bytes. So an entry that another one matches or exceeds in all of those, with the same
+        in its gradients being present and in a backward coming next (the same one: its stage, kind
+        and what is prefetched beside it) — each adds non-negative bytes. So an entry that another one matches or exceeds in all of those, with the same
         micro-batches awaiting W on every stage (their bytes are left unsigned here), cannot be
         above it; only distinct, undominated entries are kept. A long schedule repeats or climbs
         through many entries (GPipe at m micro-batches has 2·m, 1F1B's steady state repeats a few),
@@ -285,7 +321,7 @@ class Schedule:
         """
         stages = tuple(self.stages_of_rank(rank))
         return [dict(zip(stages, state, strict=True)) for state in
-                _undominated(_signature(self.orders[rank], stages), len(stages))]
+                _undominated(_signature(self.orders[rank], stages, lazy), stages)]
 
     def in_flight_timeline(self, rank: int) -> list[dict[int, int]]:
         """After each action of ``rank``, the micro-batches per local stage whose activations are

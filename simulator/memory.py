@@ -81,6 +81,7 @@ the logits in pieces instead (:func:`head_logit_bytes`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from mindpipe.simulator.actions import Held, Schedule
@@ -417,14 +418,25 @@ class _StageTerms:
     per_microbatch_bytes: float  # activations held per micro-batch from its F until its B or I
     params: float  # parameters on one device
     largest_layer_params: float  # ZeRO-3 gathers the layer being computed whole
-    transient_bytes: float  # one block's full activations while recomputed or swapped back, or the loss's
-    # backward temporaries, whichever is larger
-    redone_bytes: float  # the recomputed or swapped-back block's part of transient_bytes
+    # Per backward kind (B, I, W) and prefetched sets (Held.next_sets): (transient, redone). The
+    # transient is what the backward adds on top of what is held when it starts — a recomputed or
+    # swapped-back block's activations, or the loss's backward temporaries, whichever is larger —
+    # and redone the recomputed or swapped-back block's part of it (StageMemoryModel.stage).
+    transients: Mapping[tuple[str, int], tuple[float, float]]
     # Under a split backward, held per micro-batch from its I until its W (StageMemoryModel.stage).
     after_input_bytes: float = 0.0
     # On the host, per micro-batch from its F until its backward ends (W under a split backward):
     # what its swapped blocks copied out (StageMemoryModel.swapped_bytes).
     host_bytes: float = 0.0
+    # What a prefetch of this stage's next backward brings back while another stage's backward
+    # runs on the rank (Held.next_across): its last swapped block.
+    last_swapped_bytes: float = 0.0
+
+    def transient(self, kind: str, sets: int) -> tuple[float, float]:
+        """(transient, redone) of a backward of ``kind`` with ``sets`` prefetched micro-batches
+        (capped at the most the stage was priced for: a stage priced lazy has none)."""
+        most = max(k[1] for k in self.transients if k[0] == kind)
+        return self.transients[kind, min(sets, most)]
 
 
 class StageMemoryModel:
@@ -478,6 +490,13 @@ class StageMemoryModel:
         ids, torch's I there does nothing and its W runs an ordinary backward, so it keeps
         everything until W and frees block by block as in B. The last stage's transient is at
         least the loss's backward temporaries (:func:`loss_transient_bytes`).
+
+        Each backward has its own transient (``_StageTerms.transients``, per kind and prefetched
+        sets up to ``prefetch``; :meth:`rank` picks the one of the backward that comes next), not
+        one figure per stage: a split backward's I brings back its prefetched blocks and runs the
+        loss's backward, its W re-runs the recomputed blocks and asks for its swapped tensors
+        as it goes (the executor dropped I's copies), and a cool-down's second prefetched block is
+        there only in the cool-down.
         """
         model, plan, params = self.model, self.plan, self.params
         parts = parts or ["whole"] * len(policies)
@@ -496,36 +515,58 @@ class StageMemoryModel:
         if has_head:
             acts += head
             layers += [params["final_norm"], params["lm_head"]]
-        if self.split_backward and not has_embedding:
-            full = [part for p, part in zip(policies, parts, strict=True) if p == "full"]
-            if merged_weight_pass(model, policies, parts):
-                reruns = max((self.block("none", part) for part in full), default=0.0)
-            else:
-                reruns = sum(weight_groups(model, part) * self.block("none", part) for part in full)
-            # A prefetched I brings its swapped blocks back one after another and they stay until
-            # it ends (torch's I keeps the graph; the executor drops its copies then, and W brings
-            # back what it needs as it asks); in a cool-down, the next micro-batch's last one too. Without a
-            # prefetch they come back as asked: the largest saved tensor at once.
-            swap_back = 0.0 if "swap" not in policies else (
-                self.swapped_bytes(policies, parts) + (prefetch - 1) * self.last_swapped_bytes(policies, parts)
-                if prefetch else self.largest_saved_bytes())
-            logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+        swap = "swap" in policies
+        last = self.last_swapped_bytes(policies, parts) if swap else 0.0
+        transients: dict[tuple[str, int], tuple[float, float]] = {}
+        for sets in range(prefetch + 1):
+            # A full backward (B, and the first stage's W, which runs an ordinary backward: torch's I
+            # there does nothing): the walk of redone_bytes; the loss's backward runs with the
+            # prefetched last swapped block back.
+            redone = self.redone_bytes(policies, parts, head, prefetch=sets)
+            transients["B", sets] = (max(redone, loss + (last if sets and swap else 0.0)), redone)
+        if not self.split_backward:
+            return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts,
+                               self.swapped_bytes(policies, parts), last)
+        logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+        until_w = 0.0
+        if has_head:
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
             # of the stage's intermediate outputs that W needs): d·s·b·V/t until W. A head fused
             # into the loss takes its dW in I instead and releases its input there.
-            until_w = 0.0
-            if has_head:
-                until_w = (-head_input_bytes(model, plan, seq_len=self.seq_len) if plan.fused_head_loss
-                           else DTYPE_BYTES[plan.precision] * logit_count(model, plan, seq_len=self.seq_len))
-            if prefetch and "swap" in policies:  # the last swapped block is back while the loss's backward runs
-                loss += self.last_swapped_bytes(policies, parts)
-            return _StageTerms(acts, sum(layers), max(layers, default=0), max(reruns + swap_back, loss),
-                               reruns + swap_back, acts - logits + until_w, self.swapped_bytes(policies, parts))
-        redone = self.redone_bytes(policies, parts, head, prefetch=prefetch)
-        if prefetch and "swap" in policies:  # the last swapped block is back while the loss's backward runs
-            loss += self.last_swapped_bytes(policies, parts)
-        return _StageTerms(acts, sum(layers), max(layers, default=0), max(redone, loss), redone, acts,
-                           self.swapped_bytes(policies, parts))
+            until_w = (-head_input_bytes(model, plan, seq_len=self.seq_len) if plan.fused_head_loss
+                       else DTYPE_BYTES[plan.precision] * logit_count(model, plan, seq_len=self.seq_len))
+        if has_embedding:
+            # The first stage: its I does nothing but hold its prefetched block (the executor drops
+            # it when I ends); its W is an ordinary backward that asks for its swapped blocks as it
+            # goes, beside the next I's prefetched block when that runs under it (gpt-mini ZB-H1,
+            # two swapped blocks on stage 0: 5.0 MiB in I, 1.0 MiB in W, 6.0 MiB in a W before an I).
+            lazy_b = transients["B", 0]
+            for sets in range(prefetch + 1):
+                transients["I", sets] = (sets * last, sets * last)
+                transients["W", sets] = (lazy_b[0] + sets * last, lazy_b[1] + sets * last)
+            return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts,
+                               self.swapped_bytes(policies, parts), last)
+        full = [part for p, part in zip(policies, parts, strict=True) if p == "full"]
+        if merged_weight_pass(model, policies, parts):
+            reruns = max((self.block("none", part) for part in full), default=0.0)
+        else:
+            reruns = sum(weight_groups(model, part) * self.block("none", part) for part in full)
+        for sets in range(prefetch + 1):
+            # A prefetched I brings its swapped blocks back one after another and they stay until
+            # it ends (torch's I keeps the graph; the executor drops its copies then); in a
+            # cool-down, the next micro-batch's last one too. Without a prefetch they come back as
+            # asked: the largest saved tensor at once. The loss's backward runs in I.
+            swap_back = 0.0 if not swap else (
+                self.swapped_bytes(policies, parts) + (sets - 1) * last if sets else self.largest_saved_bytes())
+            transients["I", sets] = (max(reruns + swap_back, loss + (last if sets and swap else 0.0)),
+                                     reruns + swap_back)
+            # W re-runs the recomputed blocks and asks for its swapped tensors as it goes (I's copies
+            # are gone), beside the next I's prefetched last block when that runs under it
+            # (gpt-mini ZB-H1 pp4: 1.0 MiB in W, 6.0 MiB in a W before an I, 5.0 MiB in I).
+            redone_w = reruns + ((self.largest_saved_bytes() + sets * last) if swap else 0.0)
+            transients["W", sets] = (redone_w, redone_w)
+        return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts - logits + until_w,
+                           self.swapped_bytes(policies, parts), last)
 
     def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
         """Bytes a micro-batch's swapped blocks bring back to the device: what each saves when kept."""
@@ -641,13 +682,15 @@ class StageMemoryModel:
         reduced_of = {s: min(grads_of[s], t.params * GRAD_BYTES[plan.precision] / shards) for s, t in terms.items()}
         # A backward's transient (a re-materialised block, the loss's gradients) sits on top of what
         # is held when it starts: in 1F1B's steady state the oldest micro-batch's backward runs
-        # while the newest forward's activations are still held. It is the transient of the stage
-        # whose backward comes next (Held.backward_next), at that point of the timeline.
-        def point(h: dict[int, Held]) -> tuple[float, float, int | None]:
+        # while the newest forward's activations are still held. It is the transient of the backward
+        # that comes next (Held.backward_next: its stage, its kind and what is prefetched beside it;
+        # per action, not one figure per stage), at that point of the timeline.
+        def point(h: dict[int, Held]) -> tuple[float, float, tuple[int, str, int, int] | None]:
             acts = sum(x.awaiting_input * terms[s].per_microbatch_bytes + x.awaiting_weight * terms[s].after_input_bytes
                        for s, x in h.items())
             grads = sum(((reduced_of if x.grads_reduced else grads_of)[s] for s, x in h.items() if x.has_grads), 0.0)
-            return acts, grads, next((s for s, x in h.items() if x.backward_next), None)
+            return acts, grads, next(((s, x.next_kind, x.next_sets, x.next_across) for s, x in h.items()
+                                      if x.backward_next), None)
 
         reshards = reshards_after_forward(plan)
         # FSDP-style: the layer being computed and the prefetched next one are gathered whole —
@@ -655,10 +698,16 @@ class StageMemoryModel:
         # loss: FSDP2 frees the stage's gathered weights when its forward ends (measured on CPU).
         gathered = 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision] if reshards else 0.0
 
-        def extra(s: int | None) -> float:
-            if s is None:
+        def extra(ctx: tuple[int, str, int, int] | None) -> float:
+            if ctx is None:
                 return gathered
-            return max(gathered + (terms[s].redone_bytes if reshards else 0.0), terms[s].transient_bytes)
+            s, kind, sets, across = ctx
+            transient, redone = terms[s].transient(kind, sets)
+            # Another stage's next backward prefetched under this one: its last swapped block is back
+            # beside this one's transient (Schedule.prefetched_across; measured on llama-tiny
+            # interleaved pp2: 0.9 MiB under stage 3's last B, not under its first).
+            beside = terms[across].last_swapped_bytes if across in terms else 0.0
+            return max(gathered + (redone + beside if reshards else 0.0), transient + beside)
 
         acts, grads, redo = max((point(h) for h in held), key=lambda x: x[0] + x[1] + extra(x[2]), default=(0.0, 0.0, None))
         weights, _, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
@@ -716,19 +765,7 @@ def stage_memory(
     prefetch = [schedule.prefetched_sets(s, lazy) for s in range(len(spans))]
     terms = [mm.stage(pols, span.has_embedding, span.has_head, parts, prefetch=prefetch[s])
              for s, (span, (pols, parts)) in enumerate(zip(spans, own, strict=True))]
-    for s, term in enumerate(terms):
-        # A backward of this stage followed by another stage's prefetched backward (a rank holding
-        # several stages: Schedule.prefetched_across) has that stage's last swapped block back from
-        # its start, beside its own (not beside a cool-down's second one of this stage: one prefetch
-        # is named after each action).
-        across = max((mm.last_swapped_bytes(*own[o]) for o in schedule.prefetched_across(s, lazy) if "swap" in own[o][0]),
-                     default=0.0)
-        if across:
-            pols, parts = own[s]
-            one = mm.stage(pols, spans[s].has_embedding, spans[s].has_head, parts, prefetch=min(prefetch[s], 1))
-            terms[s] = dataclasses.replace(term, transient_bytes=max(term.transient_bytes, one.transient_bytes + across),
-                                           redone_bytes=max(term.redone_bytes, one.redone_bytes + across))
-    return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_states(r))
+    return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_states(r, lazy))
             for r in range(schedule.pp)]
 
 

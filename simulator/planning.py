@@ -126,7 +126,7 @@ def stage_budgets(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedu
     last, lazy = schedule.num_stages - 1, lazy_copy_back(plan)
     out = []
     for s in range(schedule.num_stages):
-        held = tuple(sorted({t.get(s, Held(0, 0, False)) for t in schedule.held_timeline(s)}))
+        held = tuple(sorted({t.get(s, Held(0, 0, False)) for t in schedule.held_timeline(s, lazy)}))
         out.append(StageBudget(s, max((h.awaiting_input + h.awaiting_weight for h in held), default=0),
                                schedule.round_trip_share(s), float(device.memory_capacity_bytes),
                                s == 0, s == last, held, schedule.prefetched_sets(s, lazy), mm))
@@ -187,9 +187,10 @@ def block_caps(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule,
     cap = float(device.memory_capacity_bytes)
     last = schedule.num_stages - 1
     out = []
+    lazy = lazy_copy_back(plan)
     for s in range(schedule.num_stages):
-        timeline = schedule.held_states(schedule.stage_to_rank[s])
-        prefetch = schedule.prefetched_sets(s, lazy_copy_back(plan))
+        timeline = schedule.held_states(schedule.stage_to_rank[s], lazy)
+        prefetch = schedule.prefetched_sets(s, lazy)
 
         def fits(n: int, s: int = s, timeline: list[dict[int, Held]] = timeline, prefetch: int = prefetch) -> bool:
             return mm.rank(0, {s: mm.stage([policy] * n, s == 0, s == last, prefetch=prefetch)}, timeline).total_bytes <= cap
