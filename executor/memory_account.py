@@ -6,8 +6,9 @@ What is counted — the same terms the simulator's memory model prices per pipel
 * **weights**: the local storage of every parameter of the rank's stage modules (the local shard
   under TP or ZeRO), counted once after the model is built; and the whole weights FSDP2 gathers
   (``fully_shard`` and ``replicate`` alike) while they exist (:meth:`MemoryAccount.watch_gathered`: re-read around each
-  wrapped module's forward and after each backward action) — kept for the whole step unless ZeRO-3
-  frees them after each forward (:func:`mindpipe.traces.layout.keeps_gathered_weights`);
+  wrapped module's forward and after each backward action) — kept until torch reduces the stage's
+  gradients after its last backward (re-read there too) unless ZeRO-3 frees them after each forward
+  (:func:`mindpipe.traces.layout.keeps_gathered_weights`);
 * **gradients**: the local ``.grad`` of every parameter, re-read after each backward action (0
   after ``zero_grad(set_to_none=True)`` at the start of a step, as in torch);
 * **optimizer**: every tensor in the optimizers' state (AdamW ``exp_avg``, ``exp_avg_sq``,
@@ -462,8 +463,11 @@ class MemoryAccount:
         self._release("activations", key)
 
     def wrap_stage(self, stage: Any) -> None:
-        """Re-read the gradients after each of the pipeline stage's backward actions (B, I, W)."""
-        bwd, bww = stage.backward_one_chunk, stage.backward_weight_one_chunk
+        """Re-read the gradients after each of the pipeline stage's backward actions (B, I, W), and
+        after torch's gradient reduction that follows the stage's last one (``perform_reduce_grad``:
+        FSDP2 reduce-scatters the gradients there and frees the weights it gathered, while the
+        rank's other stages may still run their backwards)."""
+        bwd, bww, reduce = stage.backward_one_chunk, stage.backward_weight_one_chunk, stage.perform_reduce_grad
 
         def backward_one_chunk(*args: Any, **kwargs: Any) -> Any:
             out = bwd(*args, **kwargs)
@@ -475,8 +479,14 @@ class MemoryAccount:
             self.refresh_gradients()
             return out
 
+        def perform_reduce_grad(*args: Any, **kwargs: Any) -> Any:
+            out = reduce(*args, **kwargs)
+            self.refresh_gradients()
+            return out
+
         stage.backward_one_chunk = backward_one_chunk
         stage.backward_weight_one_chunk = backward_weight_one_chunk
+        stage.perform_reduce_grad = perform_reduce_grad
         around_metadata_inference(stage, self.paused)
 
     @property

@@ -71,8 +71,9 @@ class Held(NamedTuple):
         grads_reduced: The stage's last ``B`` or ``W`` of the iteration has run: torch's pipelining
             runtime reduces its gradients right after it (``_add_reduce_grad``, "reduce_grad frees
             memory"), so a wrapper that shards them (FSDP2 under ZeRO ≥ 1) holds only its shard from
-            then on (:func:`mindpipe.traces.layout.shards_reduced_gradients`). On a rank of several
-            stages the first to finish does so while the others still run.
+            then on (:func:`mindpipe.traces.layout.shards_reduced_gradients`), and FSDP2 frees the
+            whole weights it gathered for the stage (:func:`mindpipe.traces.layout.keeps_gathered_weights`).
+            On a rank of several stages the first to finish does so while the others still run.
         backward_next: The rank's next action is a backward (``B``, ``I`` or ``W``) of this stage,
             whose transients (a redone block, the loss's gradients) then come on top of what is held
             here. Per stage: on a rank of several stages, one stage's transient (the last stage's
