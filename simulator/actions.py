@@ -87,6 +87,8 @@ class Held(NamedTuple):
             cool-down pair; after a ``W``, the next ``I``'s).
         next_across: The other stage of the rank whose next backward is prefetched while it runs
             (its last swapped block is back beside this one's transient), or -1.
+        step_done: The rank's last action of the step has run (every stage alike): nothing is
+            computed until the optimizer step, so no layer is gathered for it.
     """
 
     awaiting_input: int
@@ -97,6 +99,7 @@ class Held(NamedTuple):
     next_kind: str = ""
     next_sets: int = 0
     next_across: int = -1
+    step_done: bool = False
 
 
 _KIND_CODES = {"F": 0, "B": 1, "I": 2, "W": 3}
@@ -141,6 +144,8 @@ def _signature(order: tuple[Action, ...] | list[Action], stages: tuple[int, ...]
 
 
 _TAIL = 4  # what _counts says of the next action: its stage + 1 (0: a forward or nothing), kind code, sets, across + 1
+_END = len(KINDS)  # the kind code after the rank's last action
+_FORWARD_NEXT, _AT_END = (0,) * _TAIL, (0, _END, 0, 0)
 
 
 def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
@@ -149,16 +154,18 @@ def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
     then the gradients per stage (0: none yet, 1: reduced after the stage's last B or W, 2: whole —
     ordered by the memory they may take), then what runs next when it is a backward (its stage's
     index + 1, its kind's code, :attr:`Held.next_sets` and the index + 1 of
-    :attr:`Held.next_across`; all 0 before a forward or at the end) — :func:`_timeline`'s entries
-    without the objects."""
+    :attr:`Held.next_across`; all 0 before a forward, and the kind code ``_END`` after the last
+    action) — :func:`_timeline`'s entries without the objects."""
     awaiting_input, awaiting_weight, grads = [0] * n, [0] * n, [0] * n
     kinds, where, ahead = signature[0::3], signature[1::3], signature[2::3]
     last = {where[i]: i for i, kind in enumerate(kinds) if kind in (1, 3)}  # each stage's last B or W
     out: list[tuple[int, ...]] = []
 
     def following(k: int) -> tuple[int, ...]:
-        if k >= len(kinds) or kinds[k] == 0:
-            return (0,) * _TAIL
+        if k >= len(kinds):
+            return _AT_END
+        if kinds[k] == 0:
+            return _FORWARD_NEXT
         j = where[k]
         after = k + 1 < len(kinds) and ahead[k + 1]  # the action after k is prefetched under it
         same = bool(after) and where[k + 1] == j
@@ -186,8 +193,10 @@ def _counts(signature: bytes, n: int) -> list[tuple[int, ...]]:
 def _held(counts: tuple[int, ...], stages: tuple[int, ...]) -> tuple[Held, ...]:
     n = len(stages)
     nxt, kind, sets, across = counts[3 * n:3 * n + _TAIL]
+    done = kind == _END
     return tuple(Held(counts[j], counts[n + j], counts[2 * n + j] > 0, nxt == j + 1, counts[2 * n + j] == 1,
-                      *((KINDS[kind], sets, stages[across - 1] if across else -1) if nxt == j + 1 else ()))
+                      *((KINDS[kind], sets, stages[across - 1] if across else -1) if nxt == j + 1 else ("", 0, -1)),
+                      done)
                  for j in range(n))
 
 
@@ -204,16 +213,19 @@ def _undominated(signature: bytes, stages: tuple[int, ...]) -> tuple[tuple[Held,
 
     def covers(b: tuple[int, ...], a: tuple[int, ...]) -> bool:
         # Same micro-batches awaiting W; no fewer awaiting input or gradients; the same backward
-        # next (stage, kind, prefetched sets and the stage prefetched across it), or none in ``a``.
+        # next (stage, kind, prefetched sets and the stage prefetched across it), or in ``a`` the
+        # step's end (nothing next) or a forward (not covered by the end: a forward's gathered layers).
+        ta, tb = a[3 * n:], b[3 * n:]
         return b[n:2 * n] == a[n:2 * n] and all(y >= x for x, y in zip(a[:n], b[:n], strict=True)) and \
             all(y >= x for x, y in zip(a[2 * n:3 * n], b[2 * n:3 * n], strict=True)) and \
-            (a[3 * n] == 0 or a[3 * n:] == b[3 * n:])
+            (ta in (tb, _AT_END) or (ta == _FORWARD_NEXT and tb != _AT_END))
 
     distinct = list(dict.fromkeys(_counts(signature, n)))
     # Pareto filter: in this order an entry's dominators come before it (they are no smaller in
     # every sum), and one that a dropped entry dominates is dominated by a kept one (transitivity).
     frontier: list[tuple[int, ...]] = []
-    for a in sorted(distinct, key=lambda e: (sum(e[:n]), sum(e[2 * n:3 * n]), e[3 * n] != 0), reverse=True):
+    for a in sorted(distinct, key=lambda e: (sum(e[:n]), sum(e[2 * n:3 * n]), e[3 * n] != 0, e[3 * n + 1] != _END),
+                    reverse=True):
         if not any(covers(b, a) for b in frontier):
             frontier.append(a)
     kept = set(frontier)

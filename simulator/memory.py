@@ -537,6 +537,14 @@ class StageMemoryModel:
             # Everything a kept block saves but the cached GEMM outputs; the input counts again, as
             # for ``full`` (the re-run detaches it anew).
             cached = self.block(policy, part) - self.block("full", part) - self.nongemm_unshared(part)
+            model, plan = self.model, self.plan
+            if part != "mlp" and not plan.flash_attention and not model.is_llama:
+                # GPT's eager attention core saves contiguous copies of q, k and v for its batched
+                # GEMMs, not the QKV output the policy caches: the re-run saves them again (gpt-mini,
+                # micro-batch 3: 6.0 MiB re-saved, 3·d·s·b·h more than with FlashAttention, which
+                # saves views of the cached output).
+                sbh = plan.rank_seq_len(self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
+                cached -= 3 * DTYPE_BYTES[plan.precision] * sbh
             return self.block("none", part) - cached
         if policy == "swap":
             return self.largest_saved_bytes()
@@ -626,13 +634,14 @@ class StageMemoryModel:
         gathered_of = {s: t.params * DTYPE_BYTES[plan.precision] if keeps_gathered_weights(plan) else 0.0
                        for s, t in terms.items()}
 
-        def point(h: dict[int, Held]) -> tuple[float, float, tuple[int, str, int, int] | None, float]:
+        def point(h: dict[int, Held]) -> tuple[float, float, tuple[int, str, int, int] | bool, float]:
             acts = sum(x.awaiting_input * terms[s].per_microbatch_bytes + x.awaiting_weight * terms[s].after_input_bytes
                        for s, x in h.items())
             grads = sum(((reduced_of if x.grads_reduced else grads_of)[s] for s, x in h.items() if x.has_grads), 0.0)
             freed = sum((gathered_of[s] for s, x in h.items() if x.grads_reduced), 0.0)
+            # what runs next: a backward's context, else a forward (False) or nothing (True: the step's end)
             return acts, grads, next(((s, x.next_kind, x.next_sets, x.next_across) for s, x in h.items()
-                                      if x.backward_next), None), freed
+                                      if x.backward_next), any(x.step_done for x in h.values())), freed
 
         reshards = reshards_after_forward(plan)
         # FSDP-style: the layer being computed and the prefetched next one are gathered whole —
@@ -640,9 +649,9 @@ class StageMemoryModel:
         # loss: FSDP2 frees the stage's gathered weights when its forward ends (measured on CPU).
         gathered = 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision] if reshards else 0.0
 
-        def extra(ctx: tuple[int, str, int, int] | None) -> float:
-            if ctx is None:
-                return gathered
+        def extra(ctx: tuple[int, str, int, int] | bool) -> float:
+            if isinstance(ctx, bool):  # a forward gathers its layers; at the step's end nothing is gathered
+                return 0.0 if ctx else gathered
             s, kind, sets, across = ctx
             transient, redone = terms[s].transient(kind, sets)
             # Another stage's next backward prefetched under this one: its last swapped block is back
@@ -652,7 +661,7 @@ class StageMemoryModel:
             return max(gathered + (redone + beside if reshards else 0.0), transient + beside)
 
         acts, grads, redo, freed = max((point(h) for h in held), key=lambda x: x[0] + x[1] + extra(x[2]) - x[3],
-                                       default=(0.0, 0.0, None, 0.0))
+                                       default=(0.0, 0.0, True, 0.0))
         weights, _, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
         weights -= freed
         other = self.reserve + extra(redo)

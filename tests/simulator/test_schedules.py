@@ -312,12 +312,15 @@ def test_held_states_hold_every_peak_of_the_timeline(name, pp, m, v):
             contexts = {(s, x.next_kind, x.next_sets, x.next_across) for h in timeline for s, x in h.items()}
             t = {c: rng.random() for c in contexts}
             whole = {s: rng.random() for s in timeline[0]}  # whole gradients weigh more than reduced ones
+            # before a forward its gathered layers (no more than any backward's), at the step's end nothing
+            gathered = rng.random() * min(t.values())
 
-            def total(h, a=a, w=w, g=g, t=t, whole=whole):
+            def total(h, a=a, w=w, g=g, t=t, whole=whole, gathered=gathered):
+                idle = not any(x.backward_next for x in h.values())
                 return sum(x.awaiting_input * a[s] + x.awaiting_weight * w[s] + x.has_grads * g[s]
                            + (x.has_grads and not x.grads_reduced) * whole[s]
                            + x.backward_next * t[s, x.next_kind, x.next_sets, x.next_across]
-                           for s, x in h.items())
+                           for s, x in h.items()) + idle * (0.0 if next(iter(h.values())).step_done else gathered)
             assert max(map(total, states)) == max(map(total, timeline))
 
 
@@ -338,3 +341,17 @@ def test_prefetch_rule_names_the_backward_after_another_action():
     # One micro-batch: every backward follows its own forward, nothing is prefetched.
     one = build_schedule("1f1b", 4, 1)
     assert [one.prefetched_sets(i) for i in range(4)] == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(("name", "pp", "m", "v"), [("gpipe", 1, 2, 1), ("1f1b", 4, 8, 1), ("zbv", 2, 4, 2)])
+def test_only_the_point_after_the_last_action_is_the_steps_end(name, pp, m, v):
+    """After a rank's last action nothing runs until the optimizer step, so the memory model counts
+    no gathered layer there (ZeRO-3 without pipelining gathers one for each forward and backward);
+    every other point has a forward or a backward next."""
+    sched = build_schedule(name, pp, m, v)
+    for r in range(pp):
+        timeline = sched.held_timeline(r)
+        assert all(x.step_done for x in timeline[-1].values())
+        assert not any(x.step_done for h in timeline[:-1] for x in h.values())
+        assert all(any(x.backward_next for x in h.values()) or sched.orders[r][i + 1].kind == "F"
+                   for i, h in enumerate(timeline[:-1]))
