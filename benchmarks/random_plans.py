@@ -13,12 +13,16 @@ knobs), keeps the ones ``check_plan`` accepts and:
 * ``--run N``: runs N of them with ``mindpipe run`` on this CPU (``gpt-mini`` or ``llama-tiny``, 2
   or 4 gloo ranks, fp32, 2 steps); a failed run is a failure, and so is a pipeline rank whose
   measured peak (live-tensor accounting) is more than ``--tolerance`` (default 10 %, issue 16's
-  bound) from the simulator's.
+  bound) from the simulator's. Each rank's worst action of the last step (the accounted peak while
+  it ran against ``Simulator.memory_by_action``) is reported beside it, not judged.
 
 Stop 65 found with it: the tuner's gbs 9 on pp 4 under ZB-H1 (refused by the executor only), tp·pp
 with sequence parallelism at micro-batch 1 (failed on its second stage), and swap on ranks of two
-stages 10-16 % over the model (fixed; the README's memory rows). Runs are seeded, so a failure
-prints the plan that reproduces it.
+stages 10-16 % over the model (fixed; the README's memory rows). Stop 66, with the same runs action
+by action: one transient per stage where each backward has its own (ZB-V, interleaved and ZB-H1
+swap plans 10-23 % over), FSDP2's gathered weights held after torch reduced a stage's gradients,
+a gathered layer counted at the step's end, and a GPT nongemm block's re-saved q, k, v (all fixed).
+Runs are seeded, so a failure prints the plan that reproduces it.
 
 Run: ``.venv/bin/python benchmarks/random_plans.py --simulate 300 --run 40 --seed 1`` (about 6
 minutes on two cores). Writes ``benchmarks/results/random_plans.json``.
@@ -118,6 +122,10 @@ def simulate_plans(rng: random.Random, n: int) -> dict[str, Any]:
             res = sim.run(plan)
             if not res.iteration_time_s > 0:
                 raise AssertionError(f"iteration time {res.iteration_time_s}")
+            # The per-action series peaks at the rank's peak (one evaluator for both).
+            for rm, series in zip(sim.memory(plan), sim.memory_by_action(plan), strict=True):
+                if abs(max(series) - rm.total_bytes) > 1e-6 * max(1.0, rm.total_bytes):
+                    raise AssertionError(f"rank {rm.rank}: peak by action {max(series)} != memory {rm.total_bytes}")
             if plan.virtual_stages == 1:  # the planners' per-stage budgets: one stage per rank
                 mem, pols = sim.memory(plan), block_policies(plan, model.num_layers)
                 for span, budget in zip(stage_layout(plan, model), sim.stage_budgets(plan), strict=True):
@@ -153,16 +161,25 @@ def run_plans(rng: random.Random, n: int, tolerance: float) -> dict[str, Any]:
                                   capture_output=True, text=True, env=env, timeout=900, check=False)
         lines = [ln for ln in done.stdout.splitlines() if ln.startswith("memory, pipeline rank")]
         errors = [float(ln.rsplit("(", 1)[1].split("%")[0]) for ln in lines]
+        per_action = [float(ln.split(": worst ", 1)[1].split(" %")[0]) for ln in done.stdout.splitlines()
+                      if ln.startswith("memory per action, pipeline rank")]
         worst = max(errors, key=abs, default=None)
         ok = done.returncode == 0 and worst is not None and abs(worst) <= 100 * tolerance
         runs.append({"model": name, "ranks": plan.world_size, "plan": d, "returncode": done.returncode,
-                     "memory_error_pct": errors, "seconds": round(time.perf_counter() - t0, 1), "ok": ok,
+                     "memory_error_pct": errors, "action_memory_error_pct": per_action, "seconds": round(time.perf_counter() - t0, 1), "ok": ok,
                      "error": None if done.returncode == 0 else (done.stderr.strip().splitlines() or [""])[-1][:500]})
-        print(f"{'ok  ' if ok else 'FAIL'} {name} {plan.world_size} ranks, memory {errors}: {json.dumps(d)}", flush=True)
+        print(f"{'ok  ' if ok else 'FAIL'} {name} {plan.world_size} ranks, memory {errors}, by action {per_action}: "
+              f"{json.dumps(d)}", flush=True)
     failed = [r for r in runs if not r["ok"]]
     every = [abs(e) for r in runs for e in r["memory_error_pct"]]
+    # Each rank's worst action of the last step (ActionRecord.memory_bytes against
+    # Simulator.memory_by_action): reported, not a failure (the bound is on the peak).
+    actions = [abs(e) for r in runs for e in r["action_memory_error_pct"]]
     return {"runs": len(runs), "failed": len(failed), "tolerance": tolerance,
-            "worst_memory_error_pct": max(every, default=None), "failures": failed, "all": runs}
+            "worst_memory_error_pct": max(every, default=None),
+            "worst_action_memory_error_pct": max(actions, default=None),
+            "ranks_with_an_action_over_tolerance": sum(1 for e in actions if e > 100 * tolerance),
+            "ranks_compared_by_action": len(actions), "failures": failed, "all": runs}
 
 
 def main() -> None:
@@ -185,7 +202,10 @@ def main() -> None:
     ran = payload["ran"]
     print(json.dumps({"simulated": payload["simulated"]["accepted"], "simulation_failures": len(payload["simulated"]["failures"]),
                       "ran": ran["runs"], "run_failures": ran["failed"],
-                      "worst_memory_error_pct": ran["worst_memory_error_pct"]}, indent=1))
+                      "worst_memory_error_pct": ran["worst_memory_error_pct"],
+                      "worst_action_memory_error_pct": ran["worst_action_memory_error_pct"],
+                      "ranks_with_an_action_over_tolerance": ran["ranks_with_an_action_over_tolerance"],
+                      "ranks_compared_by_action": ran["ranks_compared_by_action"]}, indent=1))
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ class Recorder:
         self.step = 0
         self.spans = Spans()
         self.layers = LayerTimer(self.now)
+        self.memory: MemoryAccount | None = None  # each action's accounted peak (ActionSpan.memory_bytes)
         self._pending: list[tuple[_Sink, Mark, Mark]] = []
         self._anchor_host = 0.0
         self._anchor_event: Any = None
@@ -138,6 +139,8 @@ class Recorder:
     def _action(self, stage: int, mb: int, kind: ActionKind, whole_backward: bool = False) -> Iterator[None]:
         """Time one compute action and its layers."""
         self.layers.begin(stage, mb, kind, whole_backward)  # before the clock: W hooks its parameters here
+        if self.memory is not None:
+            self.memory.open_window()
         t0, c0, step = self.now(), self._cpu(), self.step
         try:
             yield
@@ -145,7 +148,11 @@ class Recorder:
             c1, t1 = self._cpu(), self.now()
             segments = self.layers.end(t0, t1)
         cpu = None if c0 is None or c1 is None else c1 - c0
-        self._pending.append((lambda a, b: self.spans.actions.append(ActionSpan(step, stage, mb, kind, a, b, cpu)), t0, t1))
+        # The accounting's peak over the action, before the gradients it made are re-read (as the
+        # simulator's memory_by_action counts a backward: what was held when it began, plus its transient).
+        peak = None if self.memory is None else self.memory.window
+        self._pending.append((lambda a, b: self.spans.actions.append(ActionSpan(step, stage, mb, kind, a, b, cpu, peak)),
+                              t0, t1))
         for seg in segments:
             self._pending.append((self._layer_sink(step, stage, mb, seg), seg[2], seg[3]))
 

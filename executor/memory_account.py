@@ -235,6 +235,7 @@ class MemoryAccount:
         self._grads: set[int] = set()  # the gradients' storages at the last refresh_gradients
         self._paused = 0
         self.exceeded: ContractError | None = None
+        self.window = 0  # the peak since open_window(): one action's (ActionRecord.memory_bytes)
 
     # -- terms -------------------------------------------------------------------------------
     def _params(self) -> Iterator[nn.Parameter]:
@@ -250,8 +251,14 @@ class MemoryAccount:
         total = self.terms.total
         if total > self.peak.total:
             self.peak = self.terms
+        if total > self.window:
+            self.window = total
         if self.budget is not None and total > self.budget:
             self._over(total)
+
+    def open_window(self) -> None:
+        """Start a new :attr:`window` at the current total (an action begins)."""
+        self.window = self.terms.total
 
     def _over(self, total: int) -> None:
         if self.exceeded is not None:

@@ -29,7 +29,8 @@ MemorySource = Literal["cuda_allocator", "process_rss"]
 class ActionSpan:
     """One compute action: F, B (whole backward), I (input gradient) or W (weight gradient).
 
-    ``cpu_s`` is the CPU time the action used on a CPU rank (None on GPUs).
+    ``cpu_s`` is the CPU time the action used on a CPU rank (None on GPUs); ``memory_bytes`` the
+    accounted device memory's peak while it ran (None without the accounting).
     """
 
     step: int
@@ -39,6 +40,7 @@ class ActionSpan:
     start_s: float
     end_s: float
     cpu_s: float | None = None
+    memory_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

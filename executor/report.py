@@ -132,7 +132,8 @@ def _measurement(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], bac
     clock_notes = sorted({p.clock_note for p in payloads if p.clock_note})
     if clock_notes:
         energy_notes = "; ".join([energy_notes, *clock_notes])
-    actions = [ActionRecord(p.rank, a.step, a.stage, a.microbatch, a.kind, a.start_s, a.end_s - a.start_s, a.cpu_s)
+    actions = [ActionRecord(p.rank, a.step, a.stage, a.microbatch, a.kind, a.start_s, a.end_s - a.start_s, a.cpu_s,
+                            a.memory_bytes)
                for p in payloads for a in p.spans.actions]
     optimizer = [OptimizerRecord(p.rank, o.step, o.start_s, o.end_s - o.start_s) for p in payloads
                  for o in p.spans.optimizer]

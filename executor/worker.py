@@ -252,6 +252,7 @@ def _build(cfg: RunConfig, device: torch.device, pre: Precheck) -> _Rank:
     for st, mod in zip(stages, parts, strict=True):
         recorder.wrap_stage(st, mod.layers())
         memory.wrap_stage(st)
+        recorder.memory = memory
     # Outside the timed actions: the gradient norms of the noise scale (mindpipe.executor.noise_probe).
     method = noise_method(plan, model)
     probe = NoiseProbe(plan, device, method) if method is not None else None

@@ -1,86 +1,26 @@
 """Per-rank device memory of a plan: model states, held activations, transients.
 
-Activations follow Korthikanti et al. (2022, arXiv 2205.05198, §4 and Table 2; BACKGROUND.md §2),
-written per element size so one formula covers every precision. Per transformer layer and one
-micro-batch on one tensor-parallel rank, with ``d``-byte activations, ``k``-byte dropout masks,
-``f`` the MLP width and ``t`` the TP degree:
-
-* kept whole by every TP rank (unless sequence parallelism shards it): the two LayerNorm inputs
-  (2d), the QKV input (d), the MLP input (d) and the two residual-dropout masks (2k), ``4d + 2k``
-  per s·b·h (Korthikanti's 10);
-* split over t: Q, K, V and the projection input (4d), the GeLU and fc2 inputs (2d·f/h), per
-  s·b·h (Korthikanti's 8 + 16 = 24 at f = 4h; Megatron's ``theoretical_memory_usage`` writes
-  the whole as 18 + 4·f/h);
-* split over t, per a·s²·b: softmax output (d), attention-dropout mask (k), dropout output (d),
-  ``2d + k`` (Korthikanti's 5).
-
-At d = 2, k = 1, f = 4h these give exactly s·b·h·(10 + 24/t + 5·a·s/(h·t)), and with sequence
-parallelism the whole divided by t. Selective recompute drops the a·s²·b term; full recompute
-keeps the layer input, d·s·b·h (÷t when sequence-sharded, as Megatron checkpoints it).
-
-Decisions:
-
-* Dropout masks follow the **model**: with ``model.dropout == 0`` neither Megatron nor our torch
-  GPT keeps masks, and the attention term shrinks to the softmax output alone (d; ``probs @ V``
-  saves it). The paper's setting (GPT-3 dropout 0.1) reproduces its numbers exactly.
-* Masks are 1 byte on GPUs (CUDA ``native_dropout`` keeps a bool mask) and ``d`` bytes on CPUs
-  (torch's CPU path keeps the scaled noise, :func:`mindpipe.traces.torch_gpt.dropout_mask_bytes`).
-* fp32 is the same accounting with d = 4 (masks stay 1 byte on GPUs).
-* A block cut by a stage boundary (``Plan.stage_cuts``, :mod:`mindpipe.traces.layout`) keeps,
-  per part, what its operators save: the attention part LN1 input, QKV input, Q, K, V, the
-  projection input, its residual-dropout mask and the a·s²·b term; the MLP part LN2 input, fc1
-  input, GeLU and fc2 inputs and its residual-dropout mask (the two sum to the whole block). Under
-  full recompute each part keeps its own input, d·s·b·h; its parameters are
-  :func:`mindpipe.simulator.block_parts.part_params`.
-* Per-token LayerNorm statistics (mean, rstd: 4·d·s·b per block) are left out, as the paper
-  does; they are 1/h of the rest. ``traces.torch_gpt.block_activation_bytes`` counts them.
-
-FlashAttention (the plan's ``flash_attention``: one owner decides how a run's attention is
-computed, and the time model, the memory model and the executor all follow it) never materialises the
-a·s²·b scores: its backward recomputes them block by block from Q, K, V, the output and the
-softmax statistics, one fp32 log-sum-exp per query row and head (Dao 2023, "FlashAttention-2",
-arXiv 2307.08691, Algorithm 1 saves L; Algorithm 2 reads it), and it regenerates the dropout mask
-from the RNG state. So under it the a·s²·b term becomes ``4·a·s·b`` bytes (split over t), and
-selective recompute drops that too. Q, K, V and the output (the projection input) are kept as
-before.
-
-Plan precision ``fp8`` (FP8 block GEMMs, bf16 elsewhere; :mod:`mindpipe.simulator.perf.fp8`) keeps
-d = 2 for every tensor but the saved inputs of the blocks' GEMMs — QKV, projection, fc1 and fc2 (or
-gate/up and down) — which Transformer Engine saves as their FP8 casts, 1 byte (GEMM_INPUT_BYTES); so a
-GPT layer without dropout keeps 25·s·b·h instead of 32·s·b·h (plus the a·s²·b term). Its model
-states are bf16 mixed precision's plus the FP8 weight copy and transpose (FP8_WEIGHT_CACHE_BYTES).
-
-Llama blocks (``kind: "llama"``, :mod:`mindpipe.traces.torch_llama`) follow the same accounting
-term by term, with r = num_kv_heads/num_heads and no dropout (k = 0):
-
-* kept whole: RMSNorm-1 input (d), Q/K/V input (d), RMSNorm-2 input (d), gate/up input (d):
-  ``4d`` per s·b·h, as GPT's without masks (an RMSNorm keeps its input like a LayerNorm);
-* split over t, attention: Q (d), K and V (r·d each: grouped-query attention shrinks them; the
-  rotary embedding keeps nothing: its backward re-makes the cos/sin tables), output-projection input (d) → ``(2 + 2r)·d``
-  (GPT's 4d at r = 1);
-* split over t, MLP: SwiGLU keeps four f-wide tensors, the gate output (SiLU's input), the SiLU
-  output and the up output (the product's factors) and the down input → ``4d·f/h`` (GeLU: 2d·f/h;
-  Megatron's fused bias-SwiGLU would keep 3);
-* per a·s²·b, split over t: the softmax output (d).
-
-So a Llama layer keeps s·b·h·d·(4 + 2 + 2r + 4f/h) + d·a·s²·b without parallelism; TP, sequence
-parallelism, selective and full recompute divide and drop terms exactly as for GPT. The
-per-token fp32 rstd of each RMSNorm (8·s·b per block) is left out like LayerNorm's statistics.
-
-Under context parallelism (``plan.cp``) every s above is a rank's share, s/cp
-(:meth:`mindpipe.traces.config.Plan.rank_seq_len`, which the cost model uses too); ``cp`` needs
-FlashAttention, so the attention core keeps only its own queries' statistics.
-
-The last stage's head and loss are :mod:`mindpipe.simulator.head_memory`'s.
+What one transformer block keeps per micro-batch (Korthikanti et al.'s accounting, per precision,
+for GPT and Llama blocks, with FlashAttention, sequence and context parallelism) is
+:mod:`mindpipe.simulator.activations`'s; the last stage's head and loss are
+:mod:`mindpipe.simulator.head_memory`'s. This module adds the model states, the schedule's held
+micro-batches, each backward's transient and the framework's reserve, per pipeline rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
 
-from mindpipe.simulator.actions import Held, Schedule
+from mindpipe.simulator.actions import Action, Held, Schedule, prefetched_backward
+from mindpipe.simulator.activations import (
+    FLASH_STAT_BYTES,
+    GEMM_INPUT_BYTES,
+    GPU_MASK_BYTES,
+    activation_bytes_per_layer,
+    embedding_activation_bytes,
+)
 from mindpipe.simulator.block_parts import part_params
 from mindpipe.simulator.build import GRAD_BYTES
 from mindpipe.simulator.costs import DTYPE_BYTES, layer_params
@@ -98,7 +38,6 @@ from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.config import stage_layers as plan_stage_layers
 from mindpipe.traces.errors import ContractError
 from mindpipe.traces.layout import (
-    BLOCK_POLICIES,
     BlockPart,
     BlockPolicy,
     accumulates_whole_gradients,
@@ -114,10 +53,6 @@ from mindpipe.traces.layout import (
 from mindpipe.traces.result import GIB, StageMemoryParts
 from mindpipe.traces.units import plural
 
-# Bool dropout mask of CUDA's fused dropout (Korthikanti et al. §4.1 count 1 byte per element).
-GPU_MASK_BYTES = 1
-# Embedding backward needs the token ids: int64 (Megatron's calculator counts 8·s·b per micro-batch).
-TOKEN_ID_BYTES = 8
 # Adam optimizer states per parameter (Megatron ``theoretical_memory_usage``; ZeRO, Rajbhandari et
 # al. 2020 §3.1): mixed precision keeps an fp32 master copy and fp32 m, v (12 B); fp32 training
 # updates the weights in place (m, v: 8 B). Gradients use the build's dtype (fp32 main_grad under
@@ -133,9 +68,6 @@ OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12, "fp8": 12}
 # module). The saved inputs of the blocks' GEMMs are their FP8 casts (TE saves ``inputmat`` as
 # Float8Tensor for the weight gradient): 1 byte per element, GEMM_INPUT_BYTES.
 FP8_WEIGHT_CACHE_BYTES = {"fp8": 2}
-GEMM_INPUT_BYTES = {"fp8": 1}
-# FlashAttention's saved softmax statistics: one fp32 log-sum-exp per query row and head (module docstring).
-FLASH_STAT_BYTES = 4
 # Framework overhead on a GPU: CUDA context with torch's kernels (~0.5 GiB) plus NCCL
 # communicator buffers and allocator slack; a rough, documented figure. CPUs: 0. Of it, what the
 # caching allocator itself holds is the cuBLAS workspaces (:func:`allocator_overhead_bytes`).
@@ -162,101 +94,6 @@ def allocator_overhead_bytes(device: DeviceSpec) -> float:
 
     per = (device_facts().get(device.name) or {}).get("cublas_workspace_bytes", DEFAULT_CUBLAS_WORKSPACE_BYTES)
     return float(CUBLAS_THREADS * int(per))
-
-
-def _level(plan: Plan, policy: str | None) -> BlockPolicy:
-    """The block policy ``policy`` names (:mod:`mindpipe.traces.layout`), or the plan's recompute level."""
-    level = plan.recompute if policy is None else policy
-    if level not in BLOCK_POLICIES:
-        raise ContractError("plan", "layer_memory_policy", f"policy {level!r} is not one of {', '.join(BLOCK_POLICIES)}")
-    return level  # type: ignore[return-value]
-
-
-def _mask_bytes(model: Model, mask_bytes: int | None) -> int:
-    """Bytes per dropout-mask element, 0 when the model has no dropout (nothing is kept)."""
-    if model.dropout == 0:
-        return 0
-    return GPU_MASK_BYTES if mask_bytes is None else mask_bytes
-
-
-def activation_bytes_per_layer(
-    model: Model,
-    plan: Plan,
-    *,
-    policy: BlockPolicy | None = None,
-    seq_len: int | None = None,
-    mask_bytes: int | None = None,
-    part: BlockPart = "whole",
-) -> float:
-    """Bytes one transformer block (or one part of it) keeps for backward, one micro-batch, one TP rank.
-
-    Args:
-        model: The model (h, a, f, dropout).
-        plan: Micro-batch size, TP degree, sequence parallelism, recompute level, precision.
-        policy: The block's policy (:func:`mindpipe.traces.layout.block_policies`): ``none``,
-            ``selective``, ``nongemm``, ``full`` or ``swap`` (0 on device; vPipe moves it to the host); None
-            means the plan's recompute level.
-        seq_len: Sequence length if not the model's.
-        mask_bytes: Bytes per dropout-mask element (default 1, a GPU's bool mask).
-        part: ``whole``, or the ``attention`` or ``mlp`` part of a block cut by a stage boundary
-            (module docstring).
-
-    Returns:
-        Bytes (a float: shards of odd sizes are averaged over ranks).
-    """
-    level = _level(plan, policy)
-    if level == "swap":
-        return 0.0
-    s, b, h, a = plan.rank_seq_len(seq_len or model.seq_len), plan.micro_batch_size, model.hidden_size, model.num_heads
-    t, d, k = plan.tp, DTYPE_BYTES[plan.precision], _mask_bytes(model, mask_bytes)
-    # A GEMM's saved input (QKV, projection, fc1/gate-up, fc2/down): its FP8 cast under fp8.
-    g = GEMM_INPUT_BYTES.get(plan.precision, d)
-    seq_shard = t if plan.sequence_parallel else 1
-    sbh = s * b * h
-    if level == "full":
-        return d * sbh / seq_shard
-    attention, mlp = part != "mlp", part != "attention"
-    if level == "nongemm":
-        return _nongemm_bytes(model, d, sbh, seq_shard, attention, mlp)
-    # Per part: the norm's input (d), the first GEMM's input (g), the residual-dropout mask (k).
-    replicated = (d + g + k) * sbh * (attention + mlp)
-    kv_ratio = model.kv_heads / a
-    # Q, K, V (d) and the projection input (g); the MLP's f-wide tensors: GeLU's input (d) and fc2's
-    # input (g), or SwiGLU's gate output, SiLU output, up output (d) and down input (g) (module docstring).
-    mlp_d = 3 if model.is_llama else 1
-    split = (((1 + 2 * kv_ratio) * d + g) * attention + (mlp_d * d + g) * model.ffn / h * mlp) * sbh
-    # Softmax output, dropout mask and dropout output; without dropout only the softmax output.
-    # FlashAttention: one fp32 log-sum-exp per query row and head instead (module docstring).
-    scores = (FLASH_STAT_BYTES * a * s * b if plan.flash_attention
-              else (2 * d + k if model.dropout else d) * a * s * s * b) * attention
-    out = replicated / seq_shard + split / t
-    return out if level == "selective" else out + scores / t
-
-
-def _nongemm_bytes(model: Model, d: int, sbh: float, seq_shard: int, attention: bool, mlp: bool) -> float:
-    """What a ``nongemm`` block (or part) keeps (:mod:`mindpipe.traces.layout`; the policy needs t = 1).
-
-    Its input (d, ÷t when sequence-sharded; a whole block's MLP part re-runs its input from the
-    attention projection's output, a part held alone keeps it as its input), the attention GEMM
-    outputs — QKV, (1 + 2r)·d, and the projection, d — and the MLP's: fc1 (d·f/h; SwiGLU's gate and
-    up, 2·d·f/h) and, with dropout, fc2 (d), whose output the MLP-dropout mask is re-drawn from.
-    No dropout mask and nothing s²-sized is kept. GPT at f = 4h without dropout: 18·s·b·h at d = 2.
-    """
-    kv_ratio = model.kv_heads / model.num_heads
-    f_out = (2 if model.is_llama else 1) * model.ffn / model.hidden_size
-    att = (1 / seq_shard + 1 + 2 * kv_ratio + 1) * d * sbh if attention else 0.0
-    mlp_out = (f_out + (1 if model.dropout else 0)) * d * sbh + (0.0 if attention else d * sbh / seq_shard)
-    return att + (mlp_out if mlp else 0.0)
-
-
-def embedding_activation_bytes(
-    model: Model, plan: Plan, *, seq_len: int | None = None, mask_bytes: int | None = None
-) -> float:
-    """Bytes the first stage keeps outside its blocks per micro-batch: token ids and the
-    embedding-dropout mask (Korthikanti §4.3's s·b·h/t with sequence parallelism; replicated without)."""
-    s, b = plan.rank_seq_len(seq_len or model.seq_len), plan.micro_batch_size
-    seq_shard = plan.tp if plan.sequence_parallel else 1
-    return TOKEN_ID_BYTES * s * b + _mask_bytes(model, mask_bytes) * s * b * model.hidden_size / seq_shard
 
 
 def model_state_bytes(params: float, plan: Plan) -> tuple[float, float, float]:
@@ -346,6 +183,10 @@ def _check(model: Model, plan: Plan, schedule: Schedule, stage_layers: list[int]
         fail("layer_memory_policy", f"{plural(len(plan.layer_memory_policy), 'entry', 'entries')} for num_layers={model.num_layers}")
 
 
+_Next = tuple[int, str, int, int] | bool  # a backward's (stage, kind, sets, across), else a forward (False) or the end (True)
+_Point = tuple[float, float, _Next, float]  # activations, gradients, what runs next, gathered weights freed
+
+
 @dataclass(frozen=True)
 class _StageTerms:
     """What one virtual stage adds to its rank's memory (see :func:`stage_memory`)."""
@@ -366,6 +207,9 @@ class _StageTerms:
     # What a prefetch of this stage's next backward brings back while another stage's backward
     # runs on the rank (Held.next_across): its last swapped block.
     last_swapped_bytes: float = 0.0
+    # What the loss keeps of a micro-batch (head_logit_bytes): saved by the loss's forward, which
+    # torch's pipelining runs after the last stage's F (StageMemoryModel.by_action).
+    loss_kept_bytes: float = 0.0
 
     def transient(self, kind: str, sets: int) -> tuple[float, float]:
         """(transient, redone) of a backward of ``kind`` with ``sets`` prefetched micro-batches
@@ -452,6 +296,7 @@ class StageMemoryModel:
             layers += [params["final_norm"], params["lm_head"]]
         swap = "swap" in policies
         last = self.last_swapped_bytes(policies, parts) if swap else 0.0
+        logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
         transients: dict[tuple[str, int], tuple[float, float]] = {}
         for sets in range(prefetch + 1):
             # A full backward (B, and the first stage's W, which runs an ordinary backward: torch's I
@@ -461,8 +306,7 @@ class StageMemoryModel:
             transients["B", sets] = (max(redone, loss + (last if sets and swap else 0.0)), redone)
         if not self.split_backward:
             return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts,
-                               self.swapped_bytes(policies, parts), last)
-        logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+                               self.swapped_bytes(policies, parts), last, logits)
         until_w = 0.0
         if has_head:
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
@@ -480,7 +324,7 @@ class StageMemoryModel:
                 transients["I", sets] = (sets * last, sets * last)
                 transients["W", sets] = (lazy_b[0] + sets * last, lazy_b[1] + sets * last)
             return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts,
-                               self.swapped_bytes(policies, parts), last)
+                               self.swapped_bytes(policies, parts), last, logits)
         full = [part for p, part in zip(policies, parts, strict=True) if p == "full"]
         if merged_weight_pass(model, policies, parts):
             reruns = max((self.block("none", part) for part in full), default=0.0)
@@ -501,7 +345,7 @@ class StageMemoryModel:
             redone_w = reruns + ((self.largest_saved_bytes() + sets * last) if swap else 0.0)
             transients["W", sets] = (redone_w, redone_w)
         return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts - logits + until_w,
-                           self.swapped_bytes(policies, parts), last)
+                           self.swapped_bytes(policies, parts), last, logits)
 
     def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
         """Bytes a micro-batch's swapped blocks bring back to the device: what each saves when kept."""
@@ -605,6 +449,57 @@ class StageMemoryModel:
             after += self.block(p, part)
         return out
 
+    def _evaluator(self, terms: dict[int, _StageTerms]) -> tuple[Callable[[dict[int, Held]], _Point], Callable[[_Next], float]]:
+        """What :meth:`rank` and :meth:`by_action` evaluate at a point of a rank's timeline: ``point``
+        (its activations, gradients, what runs next and the gathered weights freed by then) and
+        ``extra`` (what that next action adds: its transient, or a forward's gathered layers)."""
+        plan = self.plan
+        grads_of = {s: model_state_bytes(t.params, plan)[1] for s, t in terms.items()}
+        # After a stage's last backward its gradients are reduced: a sharding wrapper keeps its shard.
+        shards = plan.grad_replicas if shards_reduced_gradients(plan) else 1
+        reduced_of = {s: min(grads_of[s], t.params * GRAD_BYTES[plan.precision] / shards) for s, t in terms.items()}
+        # A backward's transient (a re-materialised block, the loss's gradients) sits on top of what
+        # is held when it starts: in 1F1B's steady state the oldest micro-batch's backward runs
+        # while the newest forward's activations are still held. It is the transient of the backward
+        # that comes next (Held.backward_next: its stage, its kind and what is prefetched beside it;
+        # per action, not one figure per stage), at that point of the timeline.
+        # FSDP2 gathers a stage's whole weights at its first forward and frees them where it reduces
+        # the stage's gradients (torch's perform_reduce_grad reshards): on a rank of several stages,
+        # while the others still run (measured on gpt-mini ZB-V dp2 pp2, ZeRO 0-3: 5.0 MiB less from
+        # there on; llama-tiny ZB-V: stage 3's 0.31 MiB only from its first forward).
+        gathered_of = {s: t.params * DTYPE_BYTES[plan.precision] if keeps_gathered_weights(plan) else 0.0
+                       for s, t in terms.items()}
+
+        def point(h: dict[int, Held]) -> _Point:
+            acts = sum(x.awaiting_input * terms[s].per_microbatch_bytes + x.awaiting_weight * terms[s].after_input_bytes
+                       for s, x in h.items())
+            grads = sum(((reduced_of if x.grads_reduced else grads_of)[s] for s, x in h.items() if x.has_grads), 0.0)
+            # gathered from the stage's first forward until its gradients are reduced
+            freed = sum((gathered_of[s] for s, x in h.items()
+                         if x.grads_reduced or not (x.awaiting_input or x.awaiting_weight or x.has_grads)), 0.0)
+            # what runs next: a backward's context, else a forward (False) or nothing (True: the step's end)
+            return acts, grads, next(((s, x.next_kind, x.next_sets, x.next_across) for s, x in h.items()
+                                      if x.backward_next), any(x.step_done for x in h.values())), freed
+
+        reshards = reshards_after_forward(plan)
+        # FSDP-style: the layer being computed and the prefetched next one are gathered whole —
+        # during a block's forward or backward (a recomputed block's re-run included), not at the
+        # loss: FSDP2 frees the stage's gathered weights when its forward ends (measured on CPU).
+        gathered = 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision] if reshards else 0.0
+
+        def extra(ctx: _Next) -> float:
+            if isinstance(ctx, bool):  # a forward gathers its layers; at the step's end nothing is gathered
+                return 0.0 if ctx else gathered
+            s, kind, sets, across = ctx
+            transient, redone = terms[s].transient(kind, sets)
+            # Another stage's next backward prefetched under this one: its last swapped block is back
+            # beside this one's transient (Schedule.prefetched_across; measured on llama-tiny
+            # interleaved pp2: 0.9 MiB under stage 3's last B, not under its first).
+            beside = terms[across].last_swapped_bytes if across in terms else 0.0
+            return max(gathered + (redone + beside if reshards else 0.0), transient + beside)
+
+        return point, extra
+
     def rank(self, rank: int, terms: dict[int, _StageTerms], held: list[dict[int, Held]]) -> RankMemory:
         """Peak memory of a pipeline rank holding the stages of ``terms`` (virtual stage → terms).
 
@@ -618,48 +513,7 @@ class StageMemoryModel:
         accounting leaves them out (it re-reads them after each backward action): on a GPU the
         allocator's peak can be higher by part of them.
         """
-        plan = self.plan
-        grads_of = {s: model_state_bytes(t.params, plan)[1] for s, t in terms.items()}
-        # After a stage's last backward its gradients are reduced: a sharding wrapper keeps its shard.
-        shards = plan.grad_replicas if shards_reduced_gradients(plan) else 1
-        reduced_of = {s: min(grads_of[s], t.params * GRAD_BYTES[plan.precision] / shards) for s, t in terms.items()}
-        # A backward's transient (a re-materialised block, the loss's gradients) sits on top of what
-        # is held when it starts: in 1F1B's steady state the oldest micro-batch's backward runs
-        # while the newest forward's activations are still held. It is the transient of the backward
-        # that comes next (Held.backward_next: its stage, its kind and what is prefetched beside it;
-        # per action, not one figure per stage), at that point of the timeline.
-        # FSDP2 frees the whole weights it gathered for a stage where it reduces the stage's
-        # gradients (torch's perform_reduce_grad reshards): on a rank of several stages, while the
-        # others still run (measured on gpt-mini ZB-V dp2 pp2, ZeRO 0-3: 5.0 MiB less from there on).
-        gathered_of = {s: t.params * DTYPE_BYTES[plan.precision] if keeps_gathered_weights(plan) else 0.0
-                       for s, t in terms.items()}
-
-        def point(h: dict[int, Held]) -> tuple[float, float, tuple[int, str, int, int] | bool, float]:
-            acts = sum(x.awaiting_input * terms[s].per_microbatch_bytes + x.awaiting_weight * terms[s].after_input_bytes
-                       for s, x in h.items())
-            grads = sum(((reduced_of if x.grads_reduced else grads_of)[s] for s, x in h.items() if x.has_grads), 0.0)
-            freed = sum((gathered_of[s] for s, x in h.items() if x.grads_reduced), 0.0)
-            # what runs next: a backward's context, else a forward (False) or nothing (True: the step's end)
-            return acts, grads, next(((s, x.next_kind, x.next_sets, x.next_across) for s, x in h.items()
-                                      if x.backward_next), any(x.step_done for x in h.values())), freed
-
-        reshards = reshards_after_forward(plan)
-        # FSDP-style: the layer being computed and the prefetched next one are gathered whole —
-        # during a block's forward or backward (a recomputed block's re-run included), not at the
-        # loss: FSDP2 frees the stage's gathered weights when its forward ends (measured on CPU).
-        gathered = 2 * max(t.largest_layer_params for t in terms.values()) * DTYPE_BYTES[plan.precision] if reshards else 0.0
-
-        def extra(ctx: tuple[int, str, int, int] | bool) -> float:
-            if isinstance(ctx, bool):  # a forward gathers its layers; at the step's end nothing is gathered
-                return 0.0 if ctx else gathered
-            s, kind, sets, across = ctx
-            transient, redone = terms[s].transient(kind, sets)
-            # Another stage's next backward prefetched under this one: its last swapped block is back
-            # beside this one's transient (Schedule.prefetched_across; measured on llama-tiny
-            # interleaved pp2: 0.9 MiB under stage 3's last B, not under its first).
-            beside = terms[across].last_swapped_bytes if across in terms else 0.0
-            return max(gathered + (redone + beside if reshards else 0.0), transient + beside)
-
+        plan, (point, extra) = self.plan, self._evaluator(terms)
         acts, grads, redo, freed = max((point(h) for h in held), key=lambda x: x[0] + x[1] + extra(x[2]) - x[3],
                                        default=(0.0, 0.0, True, 0.0))
         weights, _, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
@@ -676,6 +530,30 @@ class StageMemoryModel:
                         host_capacity_bytes=None if host_cap is None else float(host_cap))
         return dataclasses.replace(rm, fits=rm.fits_device and rm.fits_host)
 
+
+    def by_action(self, terms: dict[int, _StageTerms], timeline: list[dict[int, Held]], order: list[Action],
+                  lazy: Collection[int] = ()) -> list[float]:
+        """Per action of the rank's ``order``, the device bytes at their peak while it runs — the
+        figure the executor records per action (``ActionRecord.memory_bytes``). A backward: what is
+        held when it starts plus its transient (:meth:`rank`'s points, action by action); a forward:
+        what is held once its activations exist but the loss's (its forward runs after F), its
+        gathered layers, and the last swapped block of a backward prefetched under it. ``timeline`` is :meth:`Schedule.held_timeline`, with ``lazy``."""
+        point, extra = self._evaluator(terms)
+        weights, _, optim = model_state_bytes(sum(t.params for t in terms.values()), self.plan)
+        base = weights + optim + self.reserve
+        start = {s: Held(0, 0, False) for s in terms}
+        out = []
+        for i, a in enumerate(order):
+            if a.kind == "F":
+                acts, grads, _, freed = point(timeline[i])
+                nxt = prefetched_backward(order, i, lazy)
+                ahead = terms[nxt.stage].last_swapped_bytes if nxt is not None and nxt.stage in terms else 0.0
+                loss = terms[a.stage].loss_kept_bytes  # saved after F, by the loss's forward
+                out.append(base + acts + grads - freed + extra(False) + ahead - loss)
+            else:
+                acts, grads, ctx, freed = point(timeline[i - 1] if i else start)
+                out.append(base + acts + grads - freed + extra(ctx))
+        return out
 
 def stage_memory(
     model: Model,
@@ -708,18 +586,34 @@ def stage_memory(
     Raises:
         ContractError: stage layers or policies that do not match the model, plan and schedule.
     """
+    mm, terms, lazy = _plan_terms(model, plan, device, schedule, stage_layers, reserved_bytes, seq_len)
+    return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_states(r, lazy))
+            for r in range(schedule.pp)]
+
+
+def _plan_terms(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule, stage_layers: list[int],
+                reserved_bytes: float | None, seq_len: int | None) -> tuple[StageMemoryModel, list[_StageTerms], frozenset[int]]:
+    """The memory model of a plan, its stages' terms and its lazy stages (:func:`stage_memory`)."""
     _check(model, plan, schedule, stage_layers)
     mm = StageMemoryModel(model, plan, device, reserved_bytes, seq_len, split_backward=schedule.split_backward)
     policies = block_policies(plan, model.num_layers)
     # Which blocks (and parts of blocks) each stage holds is the layout's rule, on these stage layers.
     spans = stage_layout(dataclasses.replace(plan, partition=list(stage_layers)), model)
-    lazy = lazy_copy_back(plan)
+    lazy = frozenset(lazy_copy_back(plan))
     own = [([policies[b] for b in span.blocks], [span.part(b) for b in span.blocks]) for span in spans]
     prefetch = [schedule.prefetched_sets(s, lazy) for s in range(len(spans))]
-    terms = [mm.stage(pols, span.has_embedding, span.has_head, parts, prefetch=prefetch[s])
-             for s, (span, (pols, parts)) in enumerate(zip(spans, own, strict=True))]
-    return [mm.rank(r, {s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_states(r, lazy))
-            for r in range(schedule.pp)]
+    return mm, [mm.stage(pols, span.has_embedding, span.has_head, parts, prefetch=prefetch[s])
+                for s, (span, (pols, parts)) in enumerate(zip(spans, own, strict=True))], lazy
+
+
+def memory_by_action(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule, stage_layers: list[int], *,
+                     reserved_bytes: float | None = None, seq_len: int | None = None) -> list[list[float]]:
+    """Per pipeline rank, per action of its order in ``schedule``: the device bytes at their peak
+    while the action runs (:meth:`StageMemoryModel.by_action`); the largest of a rank's is
+    :func:`stage_memory`'s total. What the executor records per action (``ActionRecord.memory_bytes``)."""
+    mm, terms, lazy = _plan_terms(model, plan, device, schedule, stage_layers, reserved_bytes, seq_len)
+    return [mm.by_action({s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_timeline(r, lazy),
+                         schedule.orders[r], lazy) for r in range(schedule.pp)]
 
 
 def plan_memory(
@@ -766,6 +660,7 @@ __all__ = [
     "head_logit_bytes",
     "logit_count",
     "loss_transient_bytes",
+    "memory_by_action",
     "model_state_bytes",
     "peak_memory_gib",
     "plan_memory",

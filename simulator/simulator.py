@@ -49,7 +49,7 @@ from mindpipe.simulator.frequency import (
     hardware_stage_times,
     rank_busy_power_w,
 )
-from mindpipe.simulator.memory import RankMemory, stage_memory
+from mindpipe.simulator.memory import RankMemory, memory_by_action, stage_memory
 from mindpipe.simulator.network import FluidNetwork, Transfers
 from mindpipe.simulator.ops import model_flops_per_iteration
 from mindpipe.simulator.perf import default_models
@@ -174,6 +174,13 @@ class Simulator:
         ``reserved_bytes`` replaces the framework overhead it adds on a GPU)."""
         return stage_memory(self.model, plan, self.device, self.schedule(plan), stage_layers(plan, self.model),
                             reserved_bytes=reserved_bytes)
+
+    def memory_by_action(self, plan: Plan, reserved_bytes: float | None = None) -> list[list[float]]:
+        """Per pipeline rank, per action of its order (:meth:`schedule`), the device bytes at their
+        peak while it runs (:func:`mindpipe.simulator.memory.memory_by_action`; ``reserved_bytes`` as
+        in :meth:`memory`)."""
+        return memory_by_action(self.model, plan, self.device, self.schedule(plan), stage_layers(plan, self.model),
+                                reserved_bytes=reserved_bytes)
 
     def refuse_unless_fits(self, plan: Plan, ranks_per_device: int | None = None, source: str = "plan") -> list[float]:
         """Per-rank peak memory in GiB; raise when a rank (times the ranks sharing its device) does not fit.

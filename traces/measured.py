@@ -75,6 +75,10 @@ class ActionRecord:
     intra-op thread (gloo's own threads, copying other messages meanwhile, are left out), else of
     the whole process. It is the action's work, whatever else shared the cores; calibration fits
     compute to it.
+
+    ``memory_bytes`` is the rank's accounted device memory at its peak while the action ran
+    (:mod:`mindpipe.executor.memory_account`; from the action's start, before the gradients it made
+    are re-read), the figure ``Simulator.memory_by_action`` predicts; None in runs without it.
     """
 
     rank: int
@@ -85,6 +89,7 @@ class ActionRecord:
     start_s: float
     duration_s: float
     cpu_s: float | None = None
+    memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         one_of("kind", self.kind, ACTION_KINDS)
@@ -92,6 +97,7 @@ class ActionRecord:
             non_negative(key, getattr(self, key))
         non_negative("duration_s", self.duration_s)
         non_negative("cpu_s", self.cpu_s)
+        non_negative("memory_bytes", self.memory_bytes)
 
 
 @dataclass

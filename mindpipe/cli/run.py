@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def memory_lines(measured: Path) -> list[str]:
     """One line per pipeline rank of a measured run: its peak memory (the largest of its replicas)
     and the simulator's for the same plan (:func:`~mindpipe.simulator.calibrate.memory_fidelity.memory_rows`)."""
-    from mindpipe.simulator.calibrate.memory_fidelity import largest_replica, memory_rows
+    from mindpipe.simulator.calibrate.memory_fidelity import action_memory_rows, largest_replica, memory_rows
     from mindpipe.traces.trace import Trace
 
     trace = Trace.load(measured)
@@ -65,9 +65,16 @@ def memory_lines(measured: Path) -> list[str]:
     except ContractError as e:  # a device the catalog does not know: the run stands, the comparison cannot be made
         return [f"memory: not compared with the simulator ({e})"]
     source = {"cuda_allocator": "CUDA allocator's peak", "tensor_accounting": "live-tensor accounting"}
-    return [f"memory, pipeline rank {r.pp_rank}: measured {r.measured_bytes / 2**20:.1f} MiB "
-            f"({source.get(r.source, r.source)}), simulated {r.predicted_bytes / 2**20:.1f} MiB ({100 * r.rel_error:+.2f} %)"
-            for r in largest_replica(rows)]
+    lines = [f"memory, pipeline rank {r.pp_rank}: measured {r.measured_bytes / 2**20:.1f} MiB "
+             f"({source.get(r.source, r.source)}), simulated {r.predicted_bytes / 2**20:.1f} MiB ({100 * r.rel_error:+.2f} %)"
+             for r in largest_replica(rows)]
+    by_action = action_memory_rows(m, trace.model)
+    for pp in sorted({a.pp_rank for a in by_action}):
+        mine = [a for a in by_action if a.pp_rank == pp]
+        worst = max(mine, key=lambda a: abs(a.rel_error))
+        lines.append(f"memory per action, pipeline rank {pp}: worst {100 * worst.rel_error:+.2f} % ({worst.action}) "
+                     f"over {len(mine)} actions of the last step (accounted)")
+    return lines
 
 
 def memory_check(model: Model, plan: Plan, device: DeviceSpec, ranks_per_device: int) -> list[float]:

@@ -74,6 +74,51 @@ def memory_rows(measurement: Measurement, model: Model, cluster: Cluster | None 
             for r in sorted(measurement.ranks, key=lambda r: r.rank) if r.memory is not None]
 
 
+@dataclass(frozen=True)
+class ActionMemoryRow:
+    """One action of a measured run's last step: the accounted peak while it ran against the
+    simulator's (``ActionRecord.memory_bytes``, ``Simulator.memory_by_action``)."""
+
+    rank: int
+    pp_rank: int
+    action: str  # torch's form: "3W1"
+    predicted_bytes: float
+    measured_bytes: int
+
+    @property
+    def rel_error(self) -> float:
+        """(predicted − measured) / measured."""
+        return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+
+def action_memory_rows(measurement: Measurement, model: Model, cluster: Cluster | None = None) -> list[ActionMemoryRow]:
+    """Per pipeline rank (its replica with the largest peak), per action of the last step that
+    recorded its memory: the accounted peak against ``Simulator.memory_by_action`` — with no
+    framework reserve, which the accounting does not see on a GPU either. Empty for a run without
+    per-action memory, and where the run's actions are not the simulator's schedule (a supernet,
+    a schedule table of its own)."""
+    plan = measurement.plan
+    if cluster is None:
+        nodes = max(1, measurement.nodes) if get_device(measurement.device_name).nic_bandwidth_Gbps > 0 else 1
+        cluster = Cluster(gpu=measurement.device_name, num_nodes=nodes, gpus_per_node=measurement.world_size // nodes)
+    sim = Simulator(model, cluster)
+    predicted, orders = sim.memory_by_action(plan, reserved_bytes=0.0), sim.schedule(plan).orders
+    out: list[ActionMemoryRow] = []
+    for pp in sorted({r.pp_rank for r in measurement.ranks if r.memory is not None}):
+        rank = max((r for r in measurement.ranks if r.pp_rank == pp and r.memory is not None),
+                   key=lambda r: r.memory.peak_bytes if r.memory is not None else 0).rank
+        mine = [a for a in measurement.actions if a.rank == rank and a.memory_bytes is not None]
+        if not mine:
+            continue
+        last = max(a.step for a in mine)
+        seen = {(a.stage, a.kind, a.microbatch): a.memory_bytes for a in mine if a.step == last}
+        if set(seen) != {(a.stage, a.kind, a.microbatch) for a in orders[pp]}:
+            return []
+        out += [ActionMemoryRow(rank, pp, str(a), bytes_, seen[a.stage, a.kind, a.microbatch] or 1)
+                for a, bytes_ in zip(orders[pp], predicted[pp], strict=True)]
+    return out
+
+
 def largest_replica(rows: list[MemoryRow]) -> list[MemoryRow]:
     """Per pipeline rank, in order, the row of its replica with the largest measured peak."""
     return [max((r for r in rows if r.pp_rank == pp), key=lambda r: r.measured_bytes)
@@ -91,4 +136,4 @@ def memory_table_markdown(rows_by_plan: dict[str, list[MemoryRow]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MemoryRow", "largest_replica", "memory_rows", "memory_table_markdown"]
+__all__ = ["ActionMemoryRow", "MemoryRow", "action_memory_rows", "largest_replica", "memory_rows", "memory_table_markdown"]

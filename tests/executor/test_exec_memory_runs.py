@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.config import Cluster, Model
 from mindpipe.traces.trace import Trace
 
@@ -161,7 +162,19 @@ def test_each_backward_has_its_own_transient_as_measured(tmp_path, case):
     plan, model, rel = PER_ACTION[case]
     res = run_plan(tmp_path, plan, plan["pp"], model=model, steps=2)
     assert res.returncode == 0, res.stderr[-4000:]
-    assert_memory_matches_simulator(Trace.load(tmp_path / "measured.json"), model, rel=rel)
+    trace = Trace.load(tmp_path / "measured.json")
+    assert_memory_matches_simulator(trace, model, rel=rel)
+    # Action by action too (ActionRecord.memory_bytes against Simulator.memory_by_action): every
+    # action of the last step within 5 % (measured: ≤ 0.1 % on GPT; on the 32-wide Llama up to
+    # −4.6 %, the I of a selective block under ZB-V, a transient the model leaves out).
+    from mindpipe.simulator.calibrate.memory_fidelity import action_memory_rows
+
+    rows = action_memory_rows(trace.measurement, Model(**model))
+    assert len(rows) == sum(len(o) for o in Simulator(Model(**model), Cluster(
+        gpu="cpu", num_nodes=1, gpus_per_node=plan["pp"])).schedule(trace.measurement.plan).orders)
+    worst = max(rows, key=lambda r: abs(r.rel_error))
+    assert abs(worst.rel_error) <= 0.05, worst
+    assert "memory per action, pipeline rank 0: worst" in res.stdout
 
 
 @pytest.mark.parametrize("case", sorted(TWO_STAGES_PER_RANK))
