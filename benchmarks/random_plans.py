@@ -122,10 +122,11 @@ def simulate_plans(rng: random.Random, n: int) -> dict[str, Any]:
             res = sim.run(plan)
             if not res.iteration_time_s > 0:
                 raise AssertionError(f"iteration time {res.iteration_time_s}")
-            # The per-action series peaks at the rank's peak (one evaluator for both).
+            # The per-action series never exceeds the rank's peak (one evaluator for both); the peak
+            # may sit between actions: after the last backward, once its gradients exist.
             for rm, series in zip(sim.memory(plan), sim.memory_by_action(plan), strict=True):
-                if abs(max(series) - rm.total_bytes) > 1e-6 * max(1.0, rm.total_bytes):
-                    raise AssertionError(f"rank {rm.rank}: peak by action {max(series)} != memory {rm.total_bytes}")
+                if max(series) > rm.total_bytes * (1 + 1e-9):
+                    raise AssertionError(f"rank {rm.rank}: peak by action {max(series)} > memory {rm.total_bytes}")
             if plan.virtual_stages == 1:  # the planners' per-stage budgets: one stage per rank
                 mem, pols = sim.memory(plan), block_policies(plan, model.num_layers)
                 for span, budget in zip(stage_layout(plan, model), sim.stage_budgets(plan), strict=True):

@@ -609,8 +609,9 @@ def _plan_terms(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule
 def memory_by_action(model: Model, plan: Plan, device: DeviceSpec, schedule: Schedule, stage_layers: list[int], *,
                      reserved_bytes: float | None = None, seq_len: int | None = None) -> list[list[float]]:
     """Per pipeline rank, per action of its order in ``schedule``: the device bytes at their peak
-    while the action runs (:meth:`StageMemoryModel.by_action`); the largest of a rank's is
-    :func:`stage_memory`'s total. What the executor records per action (``ActionRecord.memory_bytes``)."""
+    while the action runs (:meth:`StageMemoryModel.by_action`); the largest of a rank's is at most
+    :func:`stage_memory`'s total, which may sit between actions (after the last backward, once its
+    gradients exist). What the executor records per action (``ActionRecord.memory_bytes``)."""
     mm, terms, lazy = _plan_terms(model, plan, device, schedule, stage_layers, reserved_bytes, seq_len)
     return [mm.by_action({s: terms[s] for s in schedule.stages_of_rank(r)}, schedule.held_timeline(r, lazy),
                          schedule.orders[r], lazy) for r in range(schedule.pp)]
