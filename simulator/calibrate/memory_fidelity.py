@@ -23,6 +23,13 @@ from mindpipe.traces.measured import Measurement
 MIB = 2**20
 
 
+def run_cluster(measurement: Measurement) -> Cluster:
+    """The measurement's hosts as nodes, each holding an equal share of the ranks, on its catalog
+    device; CPU hosts, which have no link the cluster could price, as one node."""
+    nodes = max(1, measurement.nodes) if get_device(measurement.device_name).nic_bandwidth_Gbps > 0 else 1
+    return Cluster(gpu=measurement.device_name, num_nodes=nodes, gpus_per_node=measurement.world_size // nodes)
+
+
 @dataclass(frozen=True)
 class MemoryRow:
     """One rank of a measured run: predicted and measured peak bytes.
@@ -63,9 +70,7 @@ def memory_rows(measurement: Measurement, model: Model, cluster: Cluster | None 
     the prediction keeps only what the allocator holds (:func:`~mindpipe.simulator.memory.allocator_overhead_bytes`).
     """
     plan = measurement.plan
-    if cluster is None:
-        nodes = max(1, measurement.nodes) if get_device(measurement.device_name).nic_bandwidth_Gbps > 0 else 1
-        cluster = Cluster(gpu=measurement.device_name, num_nodes=nodes, gpus_per_node=measurement.world_size // nodes)
+    cluster = cluster or run_cluster(measurement)
     allocator = any(r.memory is not None and r.memory.source == "cuda_allocator" for r in measurement.ranks)
     sim = Simulator(model, cluster)
     ranks = sim.memory(plan, allocator_overhead_bytes(sim.device) if allocator else None)
@@ -98,9 +103,7 @@ def action_memory_rows(measurement: Measurement, model: Model, cluster: Cluster 
     per-action memory, and where the run's actions are not the simulator's schedule (a supernet,
     a schedule table of its own)."""
     plan = measurement.plan
-    if cluster is None:
-        nodes = max(1, measurement.nodes) if get_device(measurement.device_name).nic_bandwidth_Gbps > 0 else 1
-        cluster = Cluster(gpu=measurement.device_name, num_nodes=nodes, gpus_per_node=measurement.world_size // nodes)
+    cluster = cluster or run_cluster(measurement)
     sim = Simulator(model, cluster)
     predicted, orders = sim.memory_by_action(plan, reserved_bytes=0.0), sim.schedule(plan).orders
     out: list[ActionMemoryRow] = []
