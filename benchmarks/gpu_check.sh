@@ -58,6 +58,7 @@ section_tests() {
   python3 -m pytest -q -m gpu -p no:cacheprovider -n 3 --timeout 200 -k "not gpu_lock" \
     tests/traces/test_profiler.py tests/executor/test_exec_gpu.py tests/executor/test_exec_fp8.py \
     tests/executor/test_exec_memory.py tests/executor/test_supernet_exec.py tests/executor/test_exec_ring_attention.py \
+    tests/executor/test_exec_clocks.py \
     2>&1 | tail -40
 }
 

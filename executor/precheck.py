@@ -25,15 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from mindpipe.executor.clocks import CPU_NOTICE
+from mindpipe.executor.clocks import ACTION_CPU_NOTICE, CPU_NOTICE
 from mindpipe.executor.fp8 import fp8_refusal
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Model, Plan, check_plan
 from mindpipe.traces.errors import ContractError
-from mindpipe.traces.frequency import check_stage_clocks
+from mindpipe.traces.frequency import check_action_clocks, check_stage_clocks
 from mindpipe.traces.layout import block_policies
 from mindpipe.traces.result import GIB
-from mindpipe.traces.what_if import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
+from mindpipe.traces.what_if import WHAT_IF_KEYS, plan_value, what_if_used
 
 # torch.distributed.pipelining class per schedule name of the plan (torch 2.13 names).
 TORCH_SCHEDULES = {
@@ -110,12 +110,10 @@ def what_if_notes(plan: Plan) -> list[str]:
            "overlap_grad_reduce": "torch.distributed.pipelining reduces a stage's gradients after its last backward",
            "tp_comm_overlap": "DTensor tensor parallelism issues its collectives between the GEMMs",
            "overlap_param_gather": "FSDP2 gathers the parameters before the forward",
-           "action_clocks_mhz": "per-action SM clocks need NVML clock switching around every action; "
-                                "the devices run at their default clocks",
            "blocking_p2p": "torch.distributed.pipelining's runtime leaves sends in flight until the step's end",
            "fused_elementwise": "the executor runs RMSNorm, the rotary embedding and SwiGLU as eager PyTorch kernels",
            "dp_impl": "the executor's data parallelism is FSDP2 (replicate / fully_shard)"}
-    knobs = {key: f"{key}={knob_value(key, getattr(plan, key))} ({why.get(key, 'simulated only')}; the measurement "
+    knobs = {key: f"{key}={plan_value(getattr(plan, key))} ({why.get(key, 'simulated only')}; the measurement "
                   f"records {plan_value(WHAT_IF_KEYS[key])})" for key in what_if_used(plan)}
     for key in plan.made_for.what_if if plan.made_for is not None else []:
         knobs.setdefault(key, f"{key}={json.dumps(getattr(plan, key, None))} (made_for.what_if)")
@@ -226,6 +224,11 @@ def _notes(model: Model, plan: Plan, device_kind: str, device: DeviceSpec | None
             notes.append(CPU_NOTICE)
         elif device is not None:
             check_stage_clocks(plan.stage_clocks_mhz, device.name, source)
+    if plan.action_clocks_mhz is not None:
+        if device_kind != "cuda":
+            notes.append(ACTION_CPU_NOTICE)
+        elif device is not None:
+            check_action_clocks(plan.action_clocks_mhz, device.name, source)
     return notes
 
 

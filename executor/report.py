@@ -37,7 +37,7 @@ from mindpipe.traces.measured import (
     typical_iteration_s,
 )
 from mindpipe.traces.trace import Provenance, Trace
-from mindpipe.traces.what_if import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
+from mindpipe.traces.what_if import WHAT_IF_KEYS, plan_value, what_if_used
 
 _CATEGORY = {"p2p_wait": "p2p", "dp_sync": "dp"}
 
@@ -169,7 +169,7 @@ def build_trace(cfg: RunConfig, pre: Precheck, payloads: list[RankPayload], back
     if plan.tp > 1:
         notes.append("times include tensor-parallel communication")
     for key in what_if_used(plan):
-        notes.append(f"{key}={knob_value(key, getattr(plan, key))} is a what-if knob the executor does not carry out: "
+        notes.append(f"{key}={plan_value(getattr(plan, key))} is a what-if knob the executor does not carry out: "
                      f"the measurement's plan says what ran, {key}={plan_value(WHAT_IF_KEYS[key])}")
     notes += table.notes
     return Trace(

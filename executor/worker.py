@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mindpipe.executor.clocks import lock_stage_clock
+from mindpipe.executor.clocks import ActionClocks, lock_stage_clock, start_action_clocks
 from mindpipe.executor.comm_profile import profiled
 from mindpipe.executor.config import RunConfig
 from mindpipe.executor.data import TokenSource
@@ -155,6 +155,7 @@ class _Rank:
     orders: dict[int, list[str]]
     optimizers: list[torch.optim.AdamW]
     num_stages: int  # the plan's (pp × virtual stages)
+    action_clocks: ActionClocks | None  # the plan's per-action SM clocks, switched around each action
 
     @property
     def parts(self) -> list[Any]:
@@ -198,7 +199,7 @@ def _train(cfg: RunConfig, device: torch.device, pre: Precheck) -> list[RankPayl
         raise
     except ValueError as e:  # a --data file too short for one sample
         raise ContractError("--data", None, str(e)) from None
-    clock = lock_stage_clock(cfg.plan, device, rank.coords["pp"], verbose=dist.get_rank() == 0)
+    clock = rank.action_clocks or lock_stage_clock(cfg.plan, device, rank.coords["pp"], verbose=dist.get_rank() == 0)
     measured = _loop(cfg, rank, source, start, device)
     clock.release()
     if cfg.checkpoint_dir:
@@ -261,6 +262,8 @@ def _build(cfg: RunConfig, device: torch.device, pre: Precheck) -> _Rank:
             probe.wrap_stage(st, mod)
     for st, mod in zip(stages, parts, strict=True):  # wraps the others: runs first
         reduce_before_grad_sync(st, mod)
+    # Perseus's per-action clocks (mindpipe.executor.clocks): a switch queued as each action starts.
+    action_clocks = start_action_clocks(plan, device, stages, verbose=dist.get_rank() == 0)
     # Under tensor parallelism the LM head's logits stay vocabulary-parallel (executor/parallelize.py).
     shard = VocabShard.of(model.vocab_size, mesh.get_group("tp")) if plan.tp > 1 else None
     for mod in parts:  # a fused head's loss runs in the last stage's forward: count its backward there
@@ -283,7 +286,7 @@ def _build(cfg: RunConfig, device: torch.device, pre: Precheck) -> _Rank:
         raise ContractError("--lr/--weight-decay", None, str(e)) from None
     return _Rank(mesh=mesh, coords=coords, modules=modules, memory=memory, pool=pool, recorder=recorder, tied=tied,
                  probe=probe, context=context, schedule=schedule, orders=orders, optimizers=optimizers,
-                 num_stages=plan.num_stages)
+                 num_stages=plan.num_stages, action_clocks=action_clocks)
 
 
 def _loop(cfg: RunConfig, rank: _Rank, source: TokenSource, start: int, device: torch.device) -> _Measured:

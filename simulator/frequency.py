@@ -20,7 +20,7 @@ kernel, P·t ∝ (P_blk + D·g(f))/f, is then U-shaped (EnvPipe, ATC'23; Perseus
 as f drops to the knee and rises below it, so the knee is its energy-optimal clock.
 
 Clocks are per (virtual) stage (``stage_clocks_mhz``: :func:`apply_clocks`, :func:`rank_busy_power_w`)
-or per action (``action_clocks_mhz``, a what-if knob: :func:`apply_action_clocks` gives each
+or per action (``action_clocks_mhz``: :func:`apply_action_clocks` gives each
 micro-batch's forward and backward its own stretch, :func:`action_busy_power_w` weights power by
 each action's clocked time).
 

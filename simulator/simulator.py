@@ -337,7 +337,7 @@ class Simulator:
         clocks = self.stage_clocks(plan)
         busy_w = None
         if plan.action_clocks_mhz is not None and self.power is not None:
-            # A what-if knob (traces.what_if.WHAT_IF_KEYS): a clock per forward/backward of each micro-batch.
+            # Perseus's plan: a clock per forward/backward of each micro-batch.
             table = self.clock_table(plan, set(flat_action_clocks(plan.action_clocks_mhz)))
             apply_action_clocks(stages, table, plan.action_clocks_mhz)
             copies = StepCopies.of(stages, schedule.orders, plan.overlap_grad_reduce)

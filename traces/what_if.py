@@ -16,8 +16,7 @@ if TYPE_CHECKING:
     from mindpipe.traces.config import Plan
 
 # Why the executor runs no other value: executor.precheck.what_if_notes. ``tune --what-if`` searches
-# the first four; ``action_clocks_mhz`` (Perseus's per-action clocks) only the clock planner sets
-# (tuner.frequency). ``blocking_p2p=true`` (Megatron-LM's blocking pipeline sends) only ever costs
+# the first four. ``blocking_p2p=true`` (Megatron-LM's blocking pipeline sends) only ever costs
 # time, ``fused_elementwise=true`` (Transformer Engine's fused Llama norm/rotary/SwiGLU kernels)
 # only ever saves it, and ``dp_impl=megatron`` (Megatron-LM's data parallelism instead of the
 # executor's FSDP2) plans for another framework, so ``--what-if all`` leaves these three out: the
@@ -25,8 +24,8 @@ if TYPE_CHECKING:
 # KEY=VALUE`` pins them (tuner.keys).
 SEARCHED_WHAT_IF_KEYS: dict[str, Any] = {"comm_priority": "fair", "overlap_grad_reduce": False,
                                          "tp_comm_overlap": False, "overlap_param_gather": False}
-WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "action_clocks_mhz": None, "blocking_p2p": False,
-                                "fused_elementwise": False, "dp_impl": "fsdp2"}
+WHAT_IF_KEYS: dict[str, Any] = {**SEARCHED_WHAT_IF_KEYS, "blocking_p2p": False, "fused_elementwise": False,
+                                "dp_impl": "fsdp2"}
 
 
 def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
@@ -36,17 +35,9 @@ def what_if_used(plan: Plan | Mapping[str, Any]) -> list[str]:
     return [k for k, run in WHAT_IF_KEYS.items() if get(k) != run]
 
 
-def knob_value(key: str, value: Any) -> str:
-    """A what-if knob's value for a one-line note: :func:`plan_value`, but per-action clocks (thousands of
-    numbers) as their count."""
-    if key == "action_clocks_mhz" and isinstance(value, list):
-        return f"[{sum(len(row) for pair in value for row in pair)} per-action clocks]"
-    return plan_value(value)
-
-
 def plan_value(value: Any) -> str:
     """A plan value as the command line and the plan files write it (``fair``, ``false``, ``[4, 4]``)."""
     return value if isinstance(value, str) else json.dumps(value)
 
 
-__all__ = ["SEARCHED_WHAT_IF_KEYS", "WHAT_IF_KEYS", "knob_value", "plan_value", "what_if_used"]
+__all__ = ["SEARCHED_WHAT_IF_KEYS", "WHAT_IF_KEYS", "plan_value", "what_if_used"]

@@ -40,6 +40,7 @@ from mindpipe.traces.trace import Trace
 from mindpipe.traces.units import plural
 from mindpipe.tuner.evaluate import evaluate
 from mindpipe.tuner.evaluate import screen as screen_memory
+from mindpipe.tuner.frequency import CLOCK_METHODS
 from mindpipe.tuner.keys import (
     CLI_ARG_NAMES,
     PYTHON_ARG_NAMES,
@@ -270,8 +271,9 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
             :data:`DEFAULT_SUBNETS`; a ``sync`` plan needs a multiple of its window).
         front: For ``carbon_to_target``: the plans × clocks × start times front's width
             (:mod:`mindpipe.tuner.target_front`; default :class:`FrontConfig`).
-        clocks, max_slowdown: Plan the best plan's stage clocks by this method (``perseus``,
-            ``envpipe``; ``default`` or None leaves the clocks) within this iteration-time slowdown
+        clocks, max_slowdown: Plan the best plan's SM clocks by this method (``perseus``,
+            ``envpipe``: one per pipeline rank; ``perseus_action``: one per forward/backward of each
+            micro-batch; ``default`` or None leaves the clocks) within this iteration-time slowdown
             (a fraction in [0, 1]). ``carbon_to_target`` prices its front at default clocks and at
             the named planner's (:func:`~mindpipe.tuner.target_front.front_clocks`: perseus when
             None, none besides default clocks for ``"default"``), unless ``front`` says otherwise.
@@ -287,9 +289,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     model = load_network(model)
     cluster = load_cluster(cluster)
     supernet = isinstance(model, Supernet)
-    if clocks is not None and clocks not in FRONT_CLOCK_METHODS:  # refused before the sweep, not after it
-        raise ContractError(arg_names.name("--clocks"), None,
-                            f"{clocks!r} must be one of {', '.join(FRONT_CLOCK_METHODS)}")
+    if clocks is not None and clocks not in CLOCK_METHODS:  # refused before the sweep, not after it
+        raise ContractError(arg_names.name("--clocks"), None, f"{clocks!r} must be one of {', '.join(CLOCK_METHODS)}")
     if isinstance(max_slowdown, bool) or not (isinstance(max_slowdown, (int, float)) and math.isfinite(max_slowdown)
                                                and 0.0 <= max_slowdown <= 1.0):
         raise ContractError(arg_names.name("--max-slowdown"), None,
@@ -302,6 +303,10 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
     obj = objective if isinstance(objective, Objective) else Objective(objective, supernet=supernet, arg_names=arg_names)
     if obj.supernet != supernet:
         obj = dataclasses.replace(obj, supernet=supernet, arg_names=arg_names)  # re-checked for the model's kind
+    if obj.target is not None and clocks is not None and clocks not in FRONT_CLOCK_METHODS:
+        raise ContractError(arg_names.name("--clocks"), None,
+                            f"{clocks!r}: the carbon-to-target front plans per-stage clocks "
+                            f"({', '.join(FRONT_CLOCK_METHODS)}); per-action clocks are planned for the other objectives")
     if planned is not None and obj.target is None:  # refused before the sweep, not after it
         frequency_spec(cluster.gpu, source=arg_names.name("--clocks"))
     if subnets is not None and not supernet:
@@ -336,7 +341,8 @@ def tune(model: Model | Supernet | str, cluster: Cluster | str, *, out: str | Pa
                        supernet=model if isinstance(model, Supernet) else None,
                        trace=reference(trace_source, trace) if trace is not None else None,
                        calibration=reference(calibration_source, calibration) if calibration is not None else None)
-    info = _write(problem, result, obj, space, out_dir, made_for, plots, front or FrontConfig(front_clocks(clocks)))
+    front_cfg = front or FrontConfig(front_clocks(clocks if obj.target is not None else None))
+    info = _write(problem, result, obj, space, out_dir, made_for, plots, front_cfg)
     info.critical_batch = critical
     if planned is not None and isinstance(model, Model) and obj.target is None:  # the front plans its own
         add_clocks(problem, model, out_dir, info, planned, max_slowdown, plots, obj.shift)

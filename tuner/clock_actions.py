@@ -1,7 +1,8 @@
 """Per-action SM clocks (Perseus's per-instruction plan) and an upper bound on what any clock plan saves.
 
 Perseus (SOSP'24) gives every forward and backward of every micro-batch its own clock; the plan
-key is ``action_clocks_mhz`` (a what-if knob: the executor locks one clock per rank). Both
+key is ``action_clocks_mhz`` (the executor switches it around every action:
+:class:`mindpipe.executor.clocks.ActionClocks`). Both
 functions work on the nodes of :class:`~mindpipe.tuner.clock_dag.ClockDag` (the schedule's
 actions, program order per rank, activation/gradient edges with their send times).
 

@@ -1,4 +1,5 @@
-"""``tune --clocks``: the step after the plan search that adds ``stage_clocks_mhz`` to the best plan.
+"""``tune --clocks``: the step after the plan search that adds SM clocks to the best plan
+(``stage_clocks_mhz``; ``action_clocks_mhz`` for ``perseus_action``).
 
 Clocks do not change which plan is fastest at default clocks by more than the slowdown allowed,
 so they are planned after the search, on the best plan only: the plan search stays the same
@@ -49,7 +50,7 @@ def add_stage_clocks(out: str | Path, plan: Plan, model: Model, cluster: Cluster
     """Plan clocks for ``plan`` and write it with them to ``out/best_plan.json`` (module docstring).
 
     Returns:
-        The clock plan (``.plan``: ``plan`` with its ``stage_clocks_mhz``).
+        The clock plan (``.plan``: ``plan`` with its ``stage_clocks_mhz`` or ``action_clocks_mhz``).
 
     Raises:
         ContractError: the device has no frequency data.

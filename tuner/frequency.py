@@ -2,9 +2,10 @@
 
 The first two work on the iteration DAG of :mod:`mindpipe.tuner.clock_dag` with one locked clock per
 pipeline rank (``stage_clocks_mhz`` equal on a rank's virtual stages: the executor locks a
-device once). Perseus switches per instruction, which needs a clock-setting thread the executor
-does not run: ``perseus_action`` plans that (``action_clocks_mhz``, a what-if knob) with
-:mod:`mindpipe.tuner.clock_actions`, which also bounds what any clock plan can save.
+device once). Perseus switches per instruction: ``perseus_action`` plans that
+(``action_clocks_mhz``, which the executor switches around every action from a clock thread,
+:class:`mindpipe.executor.clocks.ActionClocks`) with :mod:`mindpipe.tuner.clock_actions`, which also
+bounds what any clock plan can save.
 
 * **Perseus** (SOSP'24, ml-energy/lowtime): the time–energy frontier. Perseus starts from all
   computations at their slowest useful clock and repeatedly shortens the critical DAG by a time
@@ -38,11 +39,10 @@ from mindpipe.tuner.clock_actions import ActionGrid, absorb_slack, energy_bound,
 from mindpipe.tuner.clock_dag import ClockDag, DagPoint
 
 ClockMethod = Literal["perseus", "envpipe", "default", "perseus_action"]
-# What ``tune --clocks`` offers: plans the executor runs (one locked clock per rank).
-CLOCK_METHODS: tuple[str, ...] = ("perseus", "envpipe", "default")
-# ``perseus_action`` plans ``action_clocks_mhz``, a what-if knob (traces.what_if.WHAT_IF_KEYS): a
+# What ``tune --clocks`` offers, every one a plan the executor runs: one locked clock per rank
+# (``perseus``, ``envpipe``), none (``default``), or ``perseus_action``: ``action_clocks_mhz``, a
 # clock per forward/backward of each micro-batch (:mod:`mindpipe.tuner.clock_actions`).
-PLANNER_METHODS: tuple[str, ...] = (*CLOCK_METHODS, "perseus_action")
+CLOCK_METHODS: tuple[str, ...] = ("perseus", "envpipe", "default", "perseus_action")
 
 
 @dataclass(frozen=True)
@@ -201,8 +201,8 @@ def plan_clocks(sim: Simulator, plan: Plan, method: str = "perseus", max_slowdow
     Raises:
         ContractError: unknown method, or a device without frequency data.
     """
-    if method not in PLANNER_METHODS:
-        raise ContractError("tune", "clocks", f"clocks={method!r} must be one of {', '.join(PLANNER_METHODS)}")
+    if method not in CLOCK_METHODS:
+        raise ContractError("tune", "clocks", f"clocks={method!r} must be one of {', '.join(CLOCK_METHODS)}")
     if method == "perseus_action":
         return plan_action_clocks(sim, plan, max_slowdown, stride)
     base_plan = dataclasses.replace(plan, stage_clocks_mhz=None, action_clocks_mhz=None)
@@ -236,7 +236,7 @@ def plan_clocks(sim: Simulator, plan: Plan, method: str = "perseus", max_slowdow
 
 
 def plan_action_clocks(sim: Simulator, plan: Plan, max_slowdown: float = 0.01, stride: int = 1) -> ClockPlan:
-    """Per-action clocks (``action_clocks_mhz``, a what-if knob) within ``max_slowdown`` of default clocks.
+    """Per-action clocks (``action_clocks_mhz``) within ``max_slowdown`` of default clocks.
 
     Candidates: the rounded optimum of the time–cost LP (:func:`mindpipe.tuner.clock_actions.lp_plan`,
     exact before rounding) and slack absorbed (:func:`~mindpipe.tuner.clock_actions.absorb_slack`)
@@ -288,7 +288,6 @@ def plan_action_clocks(sim: Simulator, plan: Plan, max_slowdown: float = 0.01, s
 
 __all__ = [
     "CLOCK_METHODS",
-    "PLANNER_METHODS",
     "ClockMethod",
     "ClockPlan",
     "clock_grid",

@@ -13,12 +13,11 @@ gradient buckets reduced during the last backward, while torch.distributed.pipel
 stage's gradients after it; ``tp_comm_overlap=true`` needs Transformer Engine's userbuffers and
 ``overlap_param_gather=true`` the distributed optimizer's all-gather from the next forward's
 pre-hooks, which DTensor and FSDP2 do not have. ``mindpipe tune --what-if`` searches these four
-(``SEARCHED_WHAT_IF_KEYS``); the fifth, ``action_clocks_mhz``, only the clock planner sets
-(:mod:`mindpipe.tuner.frequency`); the sixth, ``blocking_p2p`` (Megatron's blocking pipeline
+(``SEARCHED_WHAT_IF_KEYS``); the fifth, ``blocking_p2p`` (Megatron's blocking pipeline
 exchanges), ``--what-if blocking_p2p --fix blocking_p2p=true`` pins to plan for a Megatron-LM
-deployment (``all`` leaves it out: it only costs time); the seventh, ``fused_elementwise`` (a Llama
+deployment (``all`` leaves it out: it only costs time); the sixth, ``fused_elementwise`` (a Llama
 block's norms, rotary embedding and SwiGLU as Transformer Engine's fused kernels), likewise
-(it only saves time), and the eighth, ``dp_impl`` (``megatron``: Megatron-LM's DDP and distributed
+(it only saves time), and the seventh, ``dp_impl`` (``megatron``: Megatron-LM's DDP and distributed
 optimizer instead of the executor's FSDP2), likewise (it plans for another framework). Every output marks a plan that uses one (:func:`what_if_used`).
 
 Keys searched on request (``--search``, :data:`SEARCH_ON_REQUEST_KEYS`) are plan keys the executor
@@ -261,8 +260,7 @@ def parse_what_if(value: str | Iterable[str] | None, *, arg_names: ArgNames = CL
             raise ContractError(flag, key, f"{key} is not a what-if knob: mindpipe run carries it out; "
                                 f"search it with {arg_names.given('--search', key)}")
         if key not in known:
-            what = "is a what-if knob only the clock planner sets" if key in WHAT_IF_KEYS else "is not a what-if knob"
-            raise ContractError(flag, key, f"{key} {what} (known: all, {', '.join(known)})")
+            raise ContractError(flag, key, f"{key} is not a what-if knob (known: all, {', '.join(known)})")
     return tuple(k for k in known if k in items)
 
 

@@ -17,7 +17,7 @@ from mindpipe.traces.limits import limit
 from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.supernet import DEFAULT_SUBNETS, Supernet, default_subnets
 from mindpipe.traces.units import plural
-from mindpipe.traces.what_if import WHAT_IF_KEYS, knob_value, plan_value, what_if_used
+from mindpipe.traces.what_if import WHAT_IF_KEYS, plan_value, what_if_used
 
 if TYPE_CHECKING:
     from mindpipe.simulator.subnet_sim import SupernetResult
@@ -96,7 +96,7 @@ def format_result(result: SimulationResult, plan: Plan | None = None) -> str:
         lines.append(f"warning: {e.warning}")
     knobs = what_if_used(plan) if plan is not None else []
     if knobs:
-        lines.append("what-if knobs         " + ", ".join(f"{k}={knob_value(k, getattr(plan, k))}" for k in knobs)
+        lines.append("what-if knobs         " + ", ".join(f"{k}={plan_value(getattr(plan, k))}" for k in knobs)
                      + " (simulated only: mindpipe run carries out " + ", ".join(
                          f"{k}={plan_value(WHAT_IF_KEYS[k])}" for k in knobs) + ")")
     return "\n".join(lines)

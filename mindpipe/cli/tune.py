@@ -144,10 +144,12 @@ def _add_clock_arguments(p: argparse.ArgumentParser) -> None:
     clocks = p.add_argument_group("frequency planning (a step after the search, on the best plan)")
     # None (not typed) is told apart from a typed "default": carbon_to_target's front plans Perseus
     # clocks unless told otherwise, and --clocks default keeps the GPUs at their default clock.
-    clocks.add_argument("--clocks", default=None, choices=("default", "perseus", "envpipe"),
-                        help="add per-stage SM clocks (stage_clocks_mhz) to the best plan: perseus (time-energy "
-                             "frontier), envpipe (bubble-slack heuristic) or default (none; the default, except "
-                             "that --objective carbon_to_target tries perseus unless --clocks default)")
+    clocks.add_argument("--clocks", default=None, choices=("default", "perseus", "envpipe", "perseus_action"),
+                        help="add SM clocks to the best plan: per pipeline rank (stage_clocks_mhz) by perseus "
+                             "(time-energy frontier) or envpipe (bubble-slack heuristic); per forward/backward of "
+                             "each micro-batch (action_clocks_mhz) by perseus_action (not with --objective "
+                             "carbon_to_target); or default (none; the default, except that --objective "
+                             "carbon_to_target tries perseus unless --clocks default)")
     clocks.add_argument("--max-slowdown", type=real(0.0, 1.0), default=0.01, metavar="F",
                         help="longest iteration the clocks may cost, relative to default clocks (default 0.01)")
 
@@ -296,7 +298,11 @@ def _format(summary: TuneSummary) -> str:
 def _clock_lines(c: ClockPlan | None) -> list[str]:
     if c is None:
         return []
-    return [f"clocks           {c.method}: stage_clocks_mhz={c.plan.stage_clocks_mhz}, "
+    clocks = c.plan.action_clocks_mhz
+    which = (f"action_clocks_mhz=[{sum(len(row) for pair in clocks for row in pair)} clocks, "
+             f"{min(min(row) for pair in clocks for row in pair)}-{max(max(row) for pair in clocks for row in pair)} MHz]"
+             if clocks is not None else f"stage_clocks_mhz={c.plan.stage_clocks_mhz}")
+    return [f"clocks           {c.method}: {which}, "
             f"{c.energy_saving:.1%} less GPU energy at {c.slowdown:+.2%} iteration time "
             f"(clocks.json, clock_frontier.png)"]
 
@@ -332,7 +338,7 @@ def _check_objective_options(args: argparse.Namespace) -> None:
                                 "searches the micro-batch size (and so the micro-batches) with the other plan keys")
         if (args.clocks in (None, "default") and args.objective != tune_target.OBJECTIVE
                 and args.max_slowdown != args.max_batch_unused["max_slowdown"]):
-            raise ContractError("--max-slowdown", None, "bounds the slowdown of the clocks --clocks perseus|envpipe "
+            raise ContractError("--max-slowdown", None, "bounds the slowdown of the clocks --clocks perseus|envpipe|perseus_action "
                                 "plans; without --clocks no clocks are planned")
         return
     if args.subnets is not None:

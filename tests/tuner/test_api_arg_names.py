@@ -158,7 +158,8 @@ def test_an_empty_space_names_the_keywords(tmp_path):
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"clocks": "perseus_action"}, "clocks: 'perseus_action' must be one of default, perseus, envpipe"),
+    ({"clocks": "perseus_per_stage"}, "clocks: 'perseus_per_stage' must be one of perseus, envpipe, default, "
+                                      "perseus_action"),
     ({"clocks": "perseus", "max_slowdown": -1.0}, "max_slowdown: -1.0 is not a finite number in [0, 1]"),
     ({"clocks": "perseus", "max_slowdown": float("nan")}, "max_slowdown: nan is not a finite number in [0, 1]"),
     ({"clocks": "envpipe", "max_slowdown": True}, "max_slowdown: True is not a finite number in [0, 1]"),
@@ -194,3 +195,15 @@ def test_python_carbon_to_target_prices_the_clocks_tune_is_given(tmp_path, monke
     tune(GPT, "a100-sxm4-80gb:1x8", out=tmp_path / "t", objective=Objective("carbon_to_target", target=target),
          config=CFG, plots=False, clocks=clocks)
     assert seen == [priced]
+
+
+def test_python_carbon_to_target_refuses_per_action_clocks_before_the_search(tmp_path):
+    from mindpipe.tuner.objectives import Objective
+    from mindpipe.tuner.target import TrainingTarget
+
+    target = TrainingTarget(samples=4e6, noise_scale=48.0, reference_batch=32.0)
+    out = tmp_path / "t"
+    with pytest.raises(ContractError, match="clocks: 'perseus_action': the carbon-to-target front plans per-stage"):
+        tune(GPT, "a100-sxm4-80gb:1x8", out=out, objective=Objective("carbon_to_target", target=target),
+             config=CFG, plots=False, clocks="perseus_action")
+    assert not out.exists()

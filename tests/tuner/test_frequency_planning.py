@@ -12,6 +12,7 @@ import pytest
 from mindpipe.simulator.simulator import Simulator
 from mindpipe.traces.builtin import load_model
 from mindpipe.traces.config import Cluster, Plan
+from mindpipe.traces.what_if import what_if_used
 from mindpipe.tuner import clock_step
 from mindpipe.tuner.clock_dag import ClockDag, DagPoint
 from mindpipe.tuner.frequency import ClockPlan, clock_grid, envpipe_clocks, pareto, perseus_frontier, plan_clocks
@@ -103,6 +104,24 @@ def test_tune_clocks_adds_stage_clocks_to_the_best_plan(tmp_path) -> None:
     assert json.loads((tmp_path / "clocks.json").read_text())["method"] == "envpipe"
     # summary.json is written once, after the clock step: it is what --json printed.
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
+
+
+def test_tune_clocks_perseus_action_adds_a_clock_per_action_to_the_best_plan(tmp_path) -> None:
+    """Per-action clocks are a plan the executor runs, so ``tune --clocks`` offers them: best_plan.json
+    carries ``action_clocks_mhz`` (one clock per forward/backward of each micro-batch of every stage)."""
+    p = _cli("tune", "--model", "gpt-1.3b", "--cluster", "a100-sxm4-80gb:1x4", "--budget", "3", "--optimizer", "random",
+             "--workers", "1", "--fix", "pp=4", "--fix", "schedule=1f1b", "--out", str(tmp_path), "--quiet", "--json",
+             "--no-plots", "--clocks", "perseus_action")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    best = json.loads((tmp_path / "best_plan.json").read_text())
+    clocks = best["action_clocks_mhz"]
+    m = best["global_batch_size"] // (best["micro_batch_size"] * best["dp"])
+    assert best["stage_clocks_mhz"] is None and len(clocks) == 4
+    assert all(len(pair) == 2 and all(len(row) == m for row in pair) for pair in clocks)
+    assert summary["best_plan"]["action_clocks_mhz"] == clocks and summary["clocks"]["method"] == "perseus_action"
+    assert summary["clocks"]["energy_saving"] > 0 and summary["clocks"]["slowdown"] <= 0.01
+    assert what_if_used(best) == []  # a plan the executor runs, not a what-if
 
 
 def test_tune_clocks_on_a_device_without_frequency_data_is_refused_before_the_sweep(tmp_path) -> None:
