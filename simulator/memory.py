@@ -183,7 +183,9 @@ def _check(model: Model, plan: Plan, schedule: Schedule, stage_layers: list[int]
         fail("layer_memory_policy", f"{plural(len(plan.layer_memory_policy), 'entry', 'entries')} for num_layers={model.num_layers}")
 
 
-_Next = tuple[int, str, int, int] | bool  # a backward's (stage, kind, sets, across), else a forward (False) or the end (True)
+# a backward's (stage, kind, sets, across, first: the stage's first backward of the step), else a forward
+# (False) or the end (True)
+_Next = tuple[int, str, int, int, bool] | bool
 _Point = tuple[float, float, _Next, float]  # activations, gradients, what runs next, gathered weights freed
 
 
@@ -210,6 +212,12 @@ class _StageTerms:
     # What the loss keeps of a micro-batch (head_logit_bytes): saved by the loss's forward, which
     # torch's pipelining runs after the last stage's F (StageMemoryModel.by_action).
     loss_kept_bytes: float = 0.0
+    # A head fused into the loss (fused_head_loss): the final norm's and the head's weight gradients,
+    # which the loss's backward makes at the start of the stage's first B (or I), before the blocks'
+    # backward (their re-runs included) frees anything: llama-tiny pp4 GPipe with full recompute, the
+    # first B 0.13 MiB above the model without them. Counted from then on (under a split backward
+    # from the first I, before the first W makes the rest: gpt-mini cp2 ZB-H1, 2.0 MiB at F1, I1, W0).
+    head_grad_bytes: float = 0.0
 
     def transient(self, kind: str, sets: int) -> tuple[float, float]:
         """(transient, redone) of a backward of ``kind`` with ``sets`` prefetched micro-batches
@@ -297,6 +305,8 @@ class StageMemoryModel:
         swap = "swap" in policies
         last = self.last_swapped_bytes(policies, parts) if swap else 0.0
         logits = head_logit_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+        head_grads = (model_state_bytes(params["final_norm"] + params["lm_head"], plan)[1]
+                      if has_head and plan.fused_head_loss else 0.0)
         transients: dict[tuple[str, int], tuple[float, float]] = {}
         for sets in range(prefetch + 1):
             # A full backward (B, and the first stage's W, which runs an ordinary backward: torch's I
@@ -306,7 +316,7 @@ class StageMemoryModel:
             transients["B", sets] = (max(redone, loss + (last if sets and swap else 0.0)), redone)
         if not self.split_backward:
             return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts,
-                               self.swapped_bytes(policies, parts), last, logits)
+                               self.swapped_bytes(policies, parts), last, logits, head_grads)
         until_w = 0.0
         if has_head:
             # I keeps the logits' gradient for W's dW of the LM head (torch stores the gradients
@@ -324,7 +334,7 @@ class StageMemoryModel:
                 transients["I", sets] = (sets * last, sets * last)
                 transients["W", sets] = (lazy_b[0] + sets * last, lazy_b[1] + sets * last)
             return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts,
-                               self.swapped_bytes(policies, parts), last, logits)
+                               self.swapped_bytes(policies, parts), last, logits, head_grads)
         full = [part for p, part in zip(policies, parts, strict=True) if p == "full"]
         if merged_weight_pass(model, policies, parts):
             reruns = max((self.block("none", part) for part in full), default=0.0)
@@ -348,7 +358,7 @@ class StageMemoryModel:
             redone_w = reruns + ((self.largest_saved_bytes() + sets * last) if swap else 0.0)
             transients["W", sets] = (redone_w, redone_w)
         return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts - logits + until_w,
-                           self.swapped_bytes(policies, parts), last, logits)
+                           self.swapped_bytes(policies, parts), last, logits, head_grads)
 
     def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
         """Bytes a micro-batch's swapped blocks bring back to the device: what each saves when kept."""
@@ -477,11 +487,14 @@ class StageMemoryModel:
             acts = sum(x.awaiting_input * terms[s].per_microbatch_bytes + x.awaiting_weight * terms[s].after_input_bytes
                        for s, x in h.items())
             grads = sum(((reduced_of if x.grads_reduced else grads_of)[s] for s, x in h.items() if x.has_grads), 0.0)
+            # a fused head's gradients, made by the first I before the stage's first W makes the rest
+            grads += sum((terms[s].head_grad_bytes for s, x in h.items() if not x.has_grads and x.awaiting_weight), 0.0)
             # gathered from the stage's first forward until its gradients are reduced
             freed = sum((gathered_of[s] for s, x in h.items()
                          if x.grads_reduced or not (x.awaiting_input or x.awaiting_weight or x.has_grads)), 0.0)
             # what runs next: a backward's context, else a forward (False) or nothing (True: the step's end)
-            return acts, grads, next(((s, x.next_kind, x.next_sets, x.next_across) for s, x in h.items()
+            return acts, grads, next(((s, x.next_kind, x.next_sets, x.next_across,
+                                       not (x.has_grads or x.awaiting_weight)) for s, x in h.items()
                                       if x.backward_next), any(x.step_done for x in h.values())), freed
 
         reshards = reshards_after_forward(plan)
@@ -493,12 +506,17 @@ class StageMemoryModel:
         def extra(ctx: _Next) -> float:
             if isinstance(ctx, bool):  # a forward gathers its layers; at the step's end nothing is gathered
                 return 0.0 if ctx else gathered
-            s, kind, sets, across = ctx
+            s, kind, sets, across, first = ctx
             transient, redone = terms[s].transient(kind, sets)
             # Another stage's next backward prefetched under this one: its last swapped block is back
             # beside this one's transient (Schedule.prefetched_across; measured on llama-tiny
             # interleaved pp2: 0.9 MiB under stage 3's last B, not under its first).
             beside = terms[across].last_swapped_bytes if across in terms else 0.0
+            # A fused head's gradients exist once the loss's backward is done: beside the blocks' re-runs,
+            # not at the loss's own peak (gpt-mini cp2 ZB-H1, the first I: the loss's temporaries alone).
+            if first and kind in ("B", "I"):
+                redone += terms[s].head_grad_bytes
+                transient = max(transient, redone)
             return max(gathered + (redone + beside if reshards else 0.0), transient + beside)
 
         return point, extra
