@@ -157,8 +157,15 @@ def _shard_head(stage: StageModule, tp_mesh: DeviceMesh, residual: Placement, sp
             stage.lm_head.shard = _vocab_shard(out.weight, tp_mesh)
             stage.lm_head.sequence_parallel = sp
             return
-        parallelize_module(stage.lm_head, tp_mesh, {
-            "out": ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=True)})
+        if sp and keep_sequence_shard(stage.lm_head, ["out"], tp_mesh):
+            # Megatron's output layer under sequence parallelism: the head's GEMM saves this rank's
+            # sequence shard of its gathered input and gathers it again for the weight gradient
+            # (executor/sp_linear.py), as the blocks' first GEMMs do; its logits stay vocabulary-parallel.
+            parallelize_module(stage.lm_head, tp_mesh, PrepareModuleInput(input_layouts=(Shard(1),),
+                                                                          desired_input_layouts=(Replicate(),)))
+        else:
+            parallelize_module(stage.lm_head, tp_mesh, {
+                "out": ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=True)})
         if tied and stage.embedding is not None:
             stage.lm_head.out.weight = stage.embedding.tok.weight
         _vocab_shard(stage.lm_head.out.weight, tp_mesh)

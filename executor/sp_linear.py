@@ -9,7 +9,8 @@ shard and all-gathers it again in the backward. The simulator's memory model cou
 layout a tp8 run would hold about 80 % more activations than planned.
 
 :func:`keep_sequence_shard` gives a module's column-parallel linears (GPT: ``attn.qkv``,
-``mlp.fc1``; Llama: ``attn.wq/wk/wv``, ``mlp.gate/up``) Megatron's behaviour: each saves one clone
+``mlp.fc1``; Llama: ``attn.wq/wk/wv``, ``mlp.gate/up``; the LM head's ``out``, whose logits stay
+vocabulary-parallel, as Megatron's output layer keeps only the shard too) Megatron's behaviour: each saves one clone
 of the rank's chunk of the gathered input, shared by the module's linears (Llama's three
 projections keep one copy), and the backward all-gathers it once for all of them. The input's
 gradient is returned as a partial sum, so the module's ``PrepareModuleInput`` reduce-scatters it

@@ -205,9 +205,10 @@ def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> d
     exponentials), none in the backward. The head is column-parallel (Megatron's output layer), so
     its input gradient's partial sums are all-reduced in the backward (operator f); under sequence
     parallelism its input (the final norm's sequence shard) is all-gathered first and its gradient
-    reduce-scattered instead (the executor's ``ColwiseParallel`` head saves the gathered input;
-    Megatron-LM's output layer gathers it again in the backward, under the input-gradient GEMM,
-    which is not priced). The executor's embedding all-reduces and then cuts the
+    reduce-scattered instead, and the backward all-gathers the input again for the weight gradient:
+    the GEMM saves only this rank's shard (Megatron-LM's output layer; the executor's
+    :mod:`mindpipe.executor.sp_linear`, since 2026-12-05 — before, its ``ColwiseParallel`` head
+    saved the gathered input). The executor's embedding all-reduces and then cuts the
     sequence under sequence parallelism (:func:`mindpipe.traces.torch_gpt.vocab_parallel_embedding`):
     twice a reduce-scatter's bytes, once per micro-batch. The LM head fused into the loss
     (``fused_head_loss``, :mod:`mindpipe.traces.torch_head_loss`): per piece, the row maximum and the
@@ -226,7 +227,8 @@ def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> d
     if not plan.fused_head_loss:
         loss = [Collective("allreduce", 4 * tokens)] * 3
         if plan.sequence_parallel:
-            return {"embedding": emb, "lm_head": ([Collective("allgather", nbytes), *loss], [Collective("reducescatter", nbytes)])}
+            gather = Collective("allgather", nbytes)
+            return {"embedding": emb, "lm_head": ([gather, *loss], [gather, Collective("reducescatter", nbytes)])}
         return {"embedding": emb, "lm_head": (loss, [Collective("allreduce", nbytes)])}
     c = plan.loss_chunks
     pieces = [Collective("allreduce", 4 * tokens / c)] * (2 * c)
