@@ -227,8 +227,8 @@ def vocab_collectives(model: Model, plan: Plan, seq_len: int | None = None) -> d
     if not plan.fused_head_loss:
         loss = [Collective("allreduce", 4 * tokens)] * 3
         if plan.sequence_parallel:
-            gather = Collective("allgather", nbytes)
-            return {"embedding": emb, "lm_head": ([gather, *loss], [gather, Collective("reducescatter", nbytes)])}
+            regather = Collective("allgather", nbytes)
+            return {"embedding": emb, "lm_head": ([regather, *loss], [regather, Collective("reducescatter", nbytes)])}
         return {"embedding": emb, "lm_head": (loss, [Collective("allreduce", nbytes)])}
     c = plan.loss_chunks
     pieces = [Collective("allreduce", 4 * tokens / c)] * (2 * c)
