@@ -92,6 +92,8 @@ def format_result(result: SimulationResult, plan: Plan | None = None) -> str:
             + ([f"{cal.cores_per_rank_slots:g} ranks at full speed per host"] if cal.cores_per_rank_slots else [])
             + (["transfers are host copies on the shared cores"] if cal.transfers_on_cores else [])
             + cal.notes))
+    if plan is not None:
+        lines += _clock_lines(plan, result)
     if e.warning is not None:
         lines.append(f"warning: {e.warning}")
     knobs = what_if_used(plan) if plan is not None else []
@@ -100,6 +102,22 @@ def format_result(result: SimulationResult, plan: Plan | None = None) -> str:
                      + " (simulated only: mindpipe run carries out " + ", ".join(
                          f"{k}={plan_value(WHAT_IF_KEYS[k])}" for k in knobs) + ")")
     return "\n".join(lines)
+
+
+def _clock_lines(plan: Plan, result: SimulationResult) -> list[str]:
+    """The plan's SM clocks as priced (or why they were not), and the devices' energy under them."""
+    e = result.extra
+    if plan.stage_clocks_mhz is not None:
+        what = f"stage_clocks_mhz={plan_value(plan.stage_clocks_mhz)} (one per pipeline stage, locked for the run)"
+    elif plan.action_clocks_mhz is not None:
+        flat = [mhz for pair in plan.action_clocks_mhz for row in pair for mhz in row]
+        what = (f"action_clocks_mhz: {len(flat)} clocks, {min(flat)}-{max(flat)} MHz "
+                "(one per forward/backward of each micro-batch, switched between actions)")
+    else:
+        return []
+    if e.stage_clocks_note is not None:
+        return [f"SM clocks             {what}; {e.stage_clocks_note}"]
+    return [f"SM clocks             {what}", f"device energy         {e.device_energy_j:.6g} J per iteration (GPUs, before PUE)"]
 
 
 def check_arguments(args: argparse.Namespace) -> None:

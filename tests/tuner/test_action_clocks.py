@@ -136,3 +136,10 @@ def test_action_clocks_on_the_cli_have_one_line_errors() -> None:
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "action_clocks_mhz[0][1][3]=1100 is not a supported a100-sxm4-80gb SM clock" in lines[0]
+    # A valid plan: the clocks and the devices' energy under them, and no what-if line (the executor runs it).
+    bad["action_clocks_mhz"][0][1][3] = 1095
+    p = subprocess.run([sys.executable, "-m", "mindpipe.cli", "simulate", "--model", "gpt-1.3b", "--cluster",
+                        "a100-sxm4-80gb:1x2", "--plan", json.dumps(bad)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "SM clocks             action_clocks_mhz: 16 clocks, 1095-1410 MHz" in p.stdout
+    assert "device energy" in p.stdout and "what-if" not in p.stdout
