@@ -92,13 +92,17 @@ def test_bad_stage_clocks_exit_2_with_one_line(clocks, message: str) -> None:
     assert len(lines) == 1 and message in lines[0]
 
 
-def test_tune_clocks_adds_stage_clocks_to_the_best_plan(tmp_path) -> None:
+def _tune_with_clocks(out, method: str) -> tuple[dict, dict]:
+    """``mindpipe tune --clocks METHOD`` of a small gpt-1.3b pp4 1F1B search: (summary, best_plan.json)."""
     p = _cli("tune", "--model", "gpt-1.3b", "--cluster", "a100-sxm4-80gb:1x4", "--budget", "3", "--optimizer", "random",
-             "--workers", "1", "--fix", "pp=4", "--fix", "schedule=1f1b", "--out", str(tmp_path), "--quiet", "--json",
-             "--no-plots", "--clocks", "envpipe")
+             "--workers", "1", "--fix", "pp=4", "--fix", "schedule=1f1b", "--out", str(out), "--quiet", "--json",
+             "--no-plots", "--clocks", method)
     assert p.returncode == 0, p.stderr
-    summary = json.loads(p.stdout)
-    best = json.loads((tmp_path / "best_plan.json").read_text())
+    return json.loads(p.stdout), json.loads((out / "best_plan.json").read_text())
+
+
+def test_tune_clocks_adds_stage_clocks_to_the_best_plan(tmp_path) -> None:
+    summary, best = _tune_with_clocks(tmp_path, "envpipe")
     assert best["stage_clocks_mhz"] == summary["clocks"]["stage_clocks_mhz"] == summary["best_plan"]["stage_clocks_mhz"]
     assert summary["clocks"]["slowdown"] <= 0.01
     assert json.loads((tmp_path / "clocks.json").read_text())["method"] == "envpipe"
@@ -109,12 +113,7 @@ def test_tune_clocks_adds_stage_clocks_to_the_best_plan(tmp_path) -> None:
 def test_tune_clocks_perseus_action_adds_a_clock_per_action_to_the_best_plan(tmp_path) -> None:
     """Per-action clocks are a plan the executor runs, so ``tune --clocks`` offers them: best_plan.json
     carries ``action_clocks_mhz`` (one clock per forward/backward of each micro-batch of every stage)."""
-    p = _cli("tune", "--model", "gpt-1.3b", "--cluster", "a100-sxm4-80gb:1x4", "--budget", "3", "--optimizer", "random",
-             "--workers", "1", "--fix", "pp=4", "--fix", "schedule=1f1b", "--out", str(tmp_path), "--quiet", "--json",
-             "--no-plots", "--clocks", "perseus_action")
-    assert p.returncode == 0, p.stderr
-    summary = json.loads(p.stdout)
-    best = json.loads((tmp_path / "best_plan.json").read_text())
+    summary, best = _tune_with_clocks(tmp_path, "perseus_action")
     clocks = best["action_clocks_mhz"]
     m = best["global_batch_size"] // (best["micro_batch_size"] * best["dp"])
     assert best["stage_clocks_mhz"] is None and len(clocks) == 4
