@@ -100,7 +100,7 @@ def lock_stage_clock(plan: Plan, device: torch.device, pp_rank: int, verbose: bo
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(device))
         pynvml.nvmlDeviceSetGpuLockedClocks(handle, mhz, mhz)
     except Exception as e:  # no pynvml, no permission, unsupported GPU
         clock = StageClock(mhz, "failed", f"{type(e).__name__}: {e}".strip())
@@ -111,6 +111,20 @@ def lock_stage_clock(plan: Plan, device: torch.device, pp_rank: int, verbose: bo
     clock = StageClock(mhz, "locked", _nvml=pynvml, _handle=handle)
     atexit.register(clock.release)
     return clock
+
+
+def nvml_index(device: torch.device) -> int:
+    """NVML's index of a CUDA device. NVML numbers every GPU of the machine, CUDA only those
+    ``CUDA_VISIBLE_DEVICES`` leaves to the process (torchrun launchers and schedulers set it), so
+    the device's ordinal is mapped through it as torch's own NVML readings do
+    (``torch.cuda._get_nvml_device_index``); the ordinal itself where torch cannot map it."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        return int(torch.cuda._get_nvml_device_index(index))
+    except Exception:  # a private helper of torch's: absent in another version, or no NVML to ask
+        return index
 
 
 class ClockSetter(Protocol):
@@ -131,7 +145,7 @@ class Marker(Protocol):
 
 
 class NvmlClocks:
-    """:class:`ClockSetter` for one CUDA device through NVML (``pynvml``)."""
+    """:class:`ClockSetter` for one GPU through NVML (``pynvml``), by NVML's index (:func:`nvml_index`)."""
 
     def __init__(self, index: int) -> None:
         import pynvml
@@ -279,7 +293,7 @@ def start_action_clocks(plan: Plan, device: torch.device, stages: list[Any], ver
         return clocks
     first = clocks.clock_of(min(st.stage_index for st in stages), "F", 0)
     try:
-        clocks.setter = setter(device.index or 0)
+        clocks.setter = setter(nvml_index(device))
         clocks.setter.lock(first)
     except Exception as e:  # no pynvml, no permission, unsupported GPU
         clocks.status, clocks.detail = "failed", f"{type(e).__name__}: {e}".strip()
@@ -296,4 +310,4 @@ def start_action_clocks(plan: Plan, device: torch.device, stages: list[Any], ver
 
 
 __all__ = ["ACTION_CPU_NOTICE", "CPU_NOTICE", "ActionClocks", "ClockSetter", "Marker", "NvmlClocks", "StageClock",
-           "lock_stage_clock", "start_action_clocks"]
+           "lock_stage_clock", "nvml_index", "start_action_clocks"]

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from mindpipe.executor.clocks import nvml_index
 from mindpipe.executor.layer_timing import LayerTimer, Segment
 from mindpipe.executor.memory_account import MemoryAccount
 from mindpipe.executor.offload import HostPool
@@ -235,7 +236,7 @@ class EnergyMeter:
             import pynvml
 
             pynvml.nvmlInit()
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(device))
             self.nvml = pynvml
             self.read()
         except Exception:  # no pynvml, or a GPU without energy counters (pre-Volta)

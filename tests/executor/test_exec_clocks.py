@@ -16,6 +16,7 @@ from mindpipe.executor.clocks import (
     CPU_NOTICE,
     ActionClocks,
     lock_stage_clock,
+    nvml_index,
     start_action_clocks,
 )
 from mindpipe.traces.config import Plan
@@ -228,3 +229,17 @@ def test_gpu_action_clocks_switch_between_actions_or_report() -> None:
     assert clocks.status in ("switching", "failed")
     if clocks.status == "switching":
         assert clocks.switches == 3
+
+
+def test_nvml_index_follows_cuda_visible_devices(monkeypatch) -> None:
+    """NVML numbers every GPU of the machine: a process given GPUs 4 and 5 (CUDA_VISIBLE_DEVICES=4,5)
+    must lock and read GPU 5 for its cuda:1, as torch's own mapping says; the ordinal where torch
+    cannot map it."""
+    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", lambda index: {0: 4, 1: 5}[index], raising=False)
+    assert nvml_index(torch.device("cuda", 1)) == 5
+
+    def unknown(index: int) -> int:
+        raise RuntimeError("no NVML")
+
+    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", unknown, raising=False)
+    assert nvml_index(torch.device("cuda", 1)) == 1
