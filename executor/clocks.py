@@ -217,13 +217,13 @@ class ActionClocks:
             self._queue.put((self.marker(), mhz))
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not _STOP:
+        setter = self.setter  # set before the thread starts (start_action_clocks)
+        while (item := self._queue.get()) is not _STOP and setter is not None:
             mark, mhz = item
             mark.synchronize()
             t0 = time.perf_counter()
             try:
-                assert self.setter is not None
-                self.setter.lock(mhz)
+                setter.lock(mhz)
             except Exception as e:  # e.g. the driver refused a clock mid-run: stop switching, say so at the end
                 self.status, self.detail = "failed", f"after {self.switches} switches, {type(e).__name__}: {e}".strip()
                 return
