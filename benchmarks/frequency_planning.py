@@ -3,8 +3,8 @@
 For each configuration: the engine-simulated iteration time and GPU energy at default clocks, the
 min-energy Perseus frontier point within 1 % longer iterations (one clock per rank, what the
 executor locks), EnvPipe's heuristic at the same envelope, and per-action clocks
-(``perseus_action``: a clock per forward/backward of each micro-batch, as Perseus plans; a
-what-if knob the executor does not carry out), all re-simulated by the engine. Each row also
+(``perseus_action``: a clock per forward/backward of each micro-batch, as Perseus plans; the
+executor switches it around every action), all re-simulated by the engine. Each row also
 carries three upper bounds on the saving of any clock plan within 1 % on the DAG's energy model:
 the exact time–cost LP optimum (:func:`mindpipe.tuner.clock_actions.lp_plan`) and the looser
 rank-window and free-time bounds (:func:`mindpipe.tuner.clock_actions.energy_bound`). Writes ``benchmarks/results/frequency_planning.json`` and
@@ -112,7 +112,7 @@ def plot(results: list[tuple[str, list[ClockPlan]]], path: Path) -> None:
         ax.plot([1], [1], "ks", label="default clocks")
         ax.plot([perseus.iteration_s / t0], [perseus.energy_j / e0], "r*", ms=12, label="Perseus, engine")
         ax.plot([envpipe.iteration_s / t0], [envpipe.energy_j / e0], "g^", ms=8, label="EnvPipe, engine")
-        ax.plot([action.iteration_s / t0], [action.energy_j / e0], "mD", ms=7, label="Perseus per action (what-if), engine")
+        ax.plot([action.iteration_s / t0], [action.energy_j / e0], "mD", ms=7, label="Perseus per action, engine")
         if "lp_exact" in action.bounds:
             ax.axhline(1 - action.bounds["lp_exact"], color="m", ls=":", lw=0.8, label="LP bound, any plan within 1 %")
         ax.axvline(1 + MAX_SLOWDOWN, color="grey", ls=":")
@@ -155,7 +155,7 @@ def main() -> None:
            "methods": {"perseus": "stage_clocks_mhz, one locked clock per rank (executor runs it)",
                        "envpipe": "stage_clocks_mhz by EnvPipe's bubble-slack heuristic (executor runs it)",
                        "perseus_action": "action_clocks_mhz, a clock per forward/backward of each micro-batch "
-                                         "(what-if knob: simulated only)"},
+                                         "(executor switches it between actions)"},
            "bounds": {"lp_exact": "the time-cost LP optimum with each action's clock options relaxed to their convex "
                                   "hull: no clock plan (per stage or per action) within the slowdown saves more",
                       "rank_window": "upper bound on the saving of any clock plan (per stage or per action) within "
