@@ -341,8 +341,13 @@ class StageMemoryModel:
         else:
             reruns = sum(weight_groups(model, part) * self.block("none", part) for part in full)
         # I re-runs each recomputed block once, one at a time (the per-group passes are W's):
-        # gpt-mini DualPipeV, a recomputed MLP part: 3.75 MiB measured, 11.25 counted before.
-        rerun_i = max((self.block("none", part) for part in full), default=0.0)
+        # gpt-mini DualPipeV, a recomputed MLP part: 3.75 MiB measured, 11.25 counted before. A
+        # selective block re-runs its attention core there too, and I frees nothing while it runs
+        # (gpt-mini DualPipeV without FlashAttention, the cool-down's I: 2.6 MiB, -6.8 % before).
+        # W needs no core: the GEMMs' inputs are kept.
+        core = [self.block("none", part) - self.block("selective", part) + self.core_qkv_copies(part)
+                for p, part in zip(policies, parts, strict=True) if p == "selective" and part != "mlp"]
+        rerun_i = max([*(self.block("none", part) for part in full), *core], default=0.0)
         for sets in range(prefetch + 1):
             # A prefetched I brings its swapped blocks back one after another and they stay until
             # it ends (torch's I keeps the graph; the executor drops its copies then); in a
@@ -359,6 +364,18 @@ class StageMemoryModel:
             transients["W", sets] = (redone_w, redone_w)
         return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts - logits + until_w,
                            self.swapped_bytes(policies, parts), last, logits, head_grads)
+
+    def core_qkv_copies(self, part: BlockPart = "whole") -> float:
+        """What a re-run of GPT's eager attention core saves beyond the outputs a policy cached: its
+        contiguous copies of q, k and v for the batched GEMMs, 3·d·s·b·h (gpt-mini, micro-batch 3: a
+        ``nongemm`` block's re-run 6.0 MiB, a ``selective`` core's in a split backward's I 2.6 MiB,
+        each 3·d·s·b·h more than with FlashAttention, which saves views of the cached QKV output;
+        Llama's core saves views too). 0 for an MLP part."""
+        model, plan = self.model, self.plan
+        if part == "mlp" or plan.flash_attention or model.is_llama:
+            return 0.0
+        sbh = plan.rank_seq_len(self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
+        return 3 * DTYPE_BYTES[plan.precision] * sbh
 
     def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
         """Bytes a micro-batch's swapped blocks bring back to the device: what each saves when kept."""
@@ -394,15 +411,7 @@ class StageMemoryModel:
             # Everything a kept block saves but the cached GEMM outputs; the input counts again, as
             # for ``full`` (the re-run detaches it anew).
             cached = self.block(policy, part) - self.block("full", part) - self.nongemm_unshared(part)
-            model, plan = self.model, self.plan
-            if part != "mlp" and not plan.flash_attention and not model.is_llama:
-                # GPT's eager attention core saves contiguous copies of q, k and v for its batched
-                # GEMMs, not the QKV output the policy caches: the re-run saves them again (gpt-mini,
-                # micro-batch 3: 6.0 MiB re-saved, 3·d·s·b·h more than with FlashAttention, which
-                # saves views of the cached output).
-                sbh = plan.rank_seq_len(self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
-                cached -= 3 * DTYPE_BYTES[plan.precision] * sbh
-            return self.block("none", part) - cached
+            return self.block("none", part) - cached + self.core_qkv_copies(part)
         if policy == "swap":
             return self.largest_saved_bytes()
         return None
