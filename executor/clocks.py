@@ -49,70 +49,6 @@ ACTION_CPU_NOTICE = ("action_clocks_mhz: not applied on CPU (NVML locked clocks 
                      "running at the host's clocks")
 
 
-@dataclass
-class StageClock:
-    """The outcome of locking one rank's clock.
-
-    Attributes:
-        mhz: The clock the plan asks of this rank (None: the plan sets none).
-        status: ``none`` (no clocks in the plan), ``skipped_cpu``, ``locked`` or ``failed``.
-        detail: Why locking failed, if it did.
-    """
-
-    mhz: int | None
-    status: str
-    detail: str = ""
-    _nvml: Any = None
-    _handle: Any = None
-
-    def note(self, pp_rank: int) -> str:
-        """A phrase for measured.json's energy notes."""
-        if self.status == "locked":
-            return f"pipeline rank {pp_rank} SM clock locked at {self.mhz} MHz (NVML)"
-        if self.status == "failed":
-            return f"pipeline rank {pp_rank} SM clock NOT locked ({self.detail}); default clocks"
-        if self.status == "skipped_cpu":
-            return "stage_clocks_mhz skipped on CPU"
-        return ""
-
-    def release(self) -> None:
-        """Reset the locked clock (idempotent)."""
-        if self._handle is not None:
-            try:
-                self._nvml.nvmlDeviceResetGpuLockedClocks(self._handle)
-            finally:
-                self._handle = None
-
-
-def lock_stage_clock(plan: Plan, device: torch.device, pp_rank: int, verbose: bool = True) -> StageClock:
-    """Lock the SM clock ``plan`` gives pipeline rank ``pp_rank`` on ``device`` (module docstring).
-
-    ``verbose`` prints a one-line warning on stderr when locking fails (on CPU the launcher's
-    pre-check prints :data:`CPU_NOTICE`); the release
-    is also registered with :mod:`atexit` so an aborted run does not leave the GPU locked.
-    """
-    mhz = rank_clocks(plan.stage_clocks_mhz, stage_to_rank(plan))[pp_rank] if plan.stage_clocks_mhz else None
-    if mhz is None:
-        return StageClock(None, "none")
-    if device.type != "cuda":  # the launcher's pre-check printed CPU_NOTICE
-        return StageClock(mhz, "skipped_cpu")
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(device))
-        pynvml.nvmlDeviceSetGpuLockedClocks(handle, mhz, mhz)
-    except Exception as e:  # no pynvml, no permission, unsupported GPU
-        clock = StageClock(mhz, "failed", f"{type(e).__name__}: {e}".strip())
-        if verbose:
-            print(f"stage_clocks_mhz: could not lock {mhz} MHz ({clock.detail}); running at default clocks",
-                  file=sys.stderr)
-        return clock
-    clock = StageClock(mhz, "locked", _nvml=pynvml, _handle=handle)
-    atexit.register(clock.release)
-    return clock
-
-
 def nvml_index(device: torch.device) -> int:
     """NVML's index of a CUDA device. NVML numbers every GPU of the machine, CUDA only those
     ``CUDA_VISIBLE_DEVICES`` leaves to the process (torchrun launchers and schedulers set it), so
@@ -159,6 +95,66 @@ class NvmlClocks:
 
     def reset(self) -> None:
         self._nvml.nvmlDeviceResetGpuLockedClocks(self._handle)
+
+
+@dataclass
+class StageClock:
+    """The outcome of locking one rank's clock.
+
+    Attributes:
+        mhz: The clock the plan asks of this rank (None: the plan sets none).
+        status: ``none`` (no clocks in the plan), ``skipped_cpu``, ``locked`` or ``failed``.
+        detail: Why locking failed, if it did.
+    """
+
+    mhz: int | None
+    status: str
+    detail: str = ""
+    _setter: ClockSetter | None = None
+
+    def note(self, pp_rank: int) -> str:
+        """A phrase for measured.json's energy notes."""
+        if self.status == "locked":
+            return f"pipeline rank {pp_rank} SM clock locked at {self.mhz} MHz (NVML)"
+        if self.status == "failed":
+            return f"pipeline rank {pp_rank} SM clock NOT locked ({self.detail}); default clocks"
+        if self.status == "skipped_cpu":
+            return "stage_clocks_mhz skipped on CPU"
+        return ""
+
+    def release(self) -> None:
+        """Reset the locked clock (idempotent)."""
+        if self._setter is not None:
+            try:
+                self._setter.reset()
+            finally:
+                self._setter = None
+
+
+def lock_stage_clock(plan: Plan, device: torch.device, pp_rank: int, verbose: bool = True) -> StageClock:
+    """Lock the SM clock ``plan`` gives pipeline rank ``pp_rank`` on ``device`` (module docstring).
+
+    ``verbose`` prints a one-line warning on stderr when locking fails (on CPU the launcher's
+    pre-check prints :data:`CPU_NOTICE`); the release
+    is also registered with :mod:`atexit` so an aborted run does not leave the GPU locked.
+    """
+    mhz = rank_clocks(plan.stage_clocks_mhz, stage_to_rank(plan))[pp_rank] if plan.stage_clocks_mhz else None
+    if mhz is None:
+        return StageClock(None, "none")
+    if device.type != "cuda":  # the launcher's pre-check printed CPU_NOTICE
+        return StageClock(mhz, "skipped_cpu")
+    try:
+        setter = NvmlClocks(nvml_index(device))
+        setter.lock(mhz)
+    except Exception as e:  # no pynvml, no permission, unsupported GPU
+        clock = StageClock(mhz, "failed", f"{type(e).__name__}: {e}".strip())
+        if verbose:
+            print(f"stage_clocks_mhz: could not lock {mhz} MHz ({clock.detail}); running at default clocks",
+                  file=sys.stderr)
+        return clock
+    clock = StageClock(mhz, "locked", _setter=setter)
+    atexit.register(clock.release)
+    return clock
 
 
 def _cuda_marker() -> Marker:

@@ -177,6 +177,12 @@ def flat_action_clocks(clocks: list[list[list[int]]]) -> list[int]:
     return [v for pair in clocks for row in pair for v in row]
 
 
+def action_clocks_summary(clocks: list[list[list[int]]]) -> str:
+    """An ``action_clocks_mhz`` value in a few words for the command line: ``128 clocks, 420-1410 MHz``."""
+    flat = flat_action_clocks(clocks)
+    return f"{len(flat)} clocks, {min(flat)}-{max(flat)} MHz"
+
+
 def check_action_clocks(clocks: list[list[list[int]]], device: str, source: str = "plan") -> None:
     """Every per-action clock is one the device supports (shape checked by :func:`check_action_clocks_shape`).
 
@@ -218,6 +224,7 @@ def rank_clocks(clocks: list[int] | None, stage_rank: list[int]) -> list[int | N
 
 __all__ = [
     "FrequencySpec",
+    "action_clocks_summary",
     "check_action_clocks",
     "check_action_clocks_shape",
     "check_stage_clocks",

@@ -13,6 +13,7 @@ from mindpipe.cli.args import count
 from mindpipe.cli.output import check_outputs, print_json, stderr
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
+from mindpipe.traces.frequency import action_clocks_summary
 from mindpipe.traces.limits import limit
 from mindpipe.traces.result import SimulationResult
 from mindpipe.traces.supernet import DEFAULT_SUBNETS, Supernet, default_subnets
@@ -110,8 +111,7 @@ def _clock_lines(plan: Plan, result: SimulationResult) -> list[str]:
     if plan.stage_clocks_mhz is not None:
         what = f"stage_clocks_mhz={plan_value(plan.stage_clocks_mhz)} (one per pipeline stage, locked for the run)"
     elif plan.action_clocks_mhz is not None:
-        flat = [mhz for pair in plan.action_clocks_mhz for row in pair for mhz in row]
-        what = (f"action_clocks_mhz: {len(flat)} clocks, {min(flat)}-{max(flat)} MHz "
+        what = (f"action_clocks_mhz: {action_clocks_summary(plan.action_clocks_mhz)} "
                 "(one per forward/backward of each micro-batch, switched between actions)")
     else:
         return []

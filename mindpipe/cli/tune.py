@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from mindpipe.cli import loaders, tune_target
 from mindpipe.cli.args import count, real, seed
 from mindpipe.cli.output import print_json, stderr
+from mindpipe.traces.frequency import action_clocks_summary
 from mindpipe.traces.limits import limit
 from mindpipe.traces.supernet import Supernet
 from mindpipe.traces.units import plural
@@ -299,9 +300,8 @@ def _clock_lines(c: ClockPlan | None) -> list[str]:
     if c is None:
         return []
     clocks = c.plan.action_clocks_mhz
-    which = (f"action_clocks_mhz=[{sum(len(row) for pair in clocks for row in pair)} clocks, "
-             f"{min(min(row) for pair in clocks for row in pair)}-{max(max(row) for pair in clocks for row in pair)} MHz]"
-             if clocks is not None else f"stage_clocks_mhz={c.plan.stage_clocks_mhz}")
+    which = (f"action_clocks_mhz=[{action_clocks_summary(clocks)}]" if clocks is not None
+             else f"stage_clocks_mhz={c.plan.stage_clocks_mhz}")
     return [f"clocks           {c.method}: {which}, "
             f"{c.energy_saving:.1%} less GPU energy at {c.slowdown:+.2%} iteration time "
             f"(clocks.json, clock_frontier.png)"]
