@@ -38,8 +38,8 @@ def plot_frontier(cp: ClockPlan, path: Path, title: str = "", max_slowdown: floa
                label=f"allowed: +{100 * max_slowdown:g} % time")
     ax.set_xlabel("iteration time (s)")
     ax.set_ylabel(f"GPU energy per iteration ({unit})")
-    per = "per-action" if cp.plan.action_clocks_mhz is not None else "per-stage"
-    ax.set_title(title or f"{per} SM clocks: time vs energy")
+    which = "per-action" if cp.plan.action_clocks_mhz is not None else "per-stage"
+    ax.set_title(title or f"{which} SM clocks: time vs energy")
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)
