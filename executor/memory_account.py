@@ -422,8 +422,10 @@ class MemoryAccount:
         # A gradient accumulated in place (a fused head's weight gradient, a later micro-batch) is
         # the gradient's storage, counted as a gradient already; a gathered weight a loss unpacks
         # (a fused head's) is counted as weights.
+        # An alias of a held activation (a recompute re-saving the checkpoint's input, or the q, k
+        # and v views it was given) is no new memory: counted once, as the activation.
         if s is None or s[0] in self._weights or s[0] in self._cached or s[0] in self._grads \
-                or any(s[0] in g for g in self._gathered):
+                or s[0] in self._counts["activations"] or any(s[0] in g for g in self._gathered):
             return
         self._hold("transient", *s)
         weakref.finalize(local, self._release, "transient", s[0]).atexit = False  # nothing to do at exit

@@ -268,11 +268,12 @@ class StageMemoryModel:
         I), and again in W. Where the executor runs W as one autograd pass
         (:func:`mindpipe.traces.layout.merged_weight_pass`) the pass goes through the blocks last to
         first and has released one block's re-run before it re-runs the next: the transient is the
-        largest recomputed block's ``block("none")`` (gpt-mini-8, micro-batch 2: 5.02 MiB measured
-        for one and for two recomputed blocks on a stage, 5 MiB counted). Otherwise torch's pass per
+        largest recomputed block's :meth:`rerun_bytes` (gpt-mini-8, micro-batch 2: 5.02 MiB measured
+        for one and for two recomputed blocks on a stage, 5 MiB counted — both with the input, which
+        the accounting then counted again). Otherwise torch's pass per
         parameter group re-runs the block once per group (:func:`mindpipe.traces.layout.weight_groups`),
         each kept until W ends less what its pass consumed; counted whole, an upper bound (gpt-mini,
-        micro-batch 2: 23.75 MiB measured for one block, 30 MiB counted). Plus a swapped block's
+        micro-batch 2: 23.75 MiB measured for one block, 30 MiB counted, both with the input again). Plus a swapped block's
         largest tensor while it is unpacked. The first stage is the exception: its input is token
         ids, torch's I there does nothing and its W runs an ordinary backward, so it keeps
         everything until W and frees block by block as in B. The last stage's transient is at
@@ -336,18 +337,19 @@ class StageMemoryModel:
             return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts,
                                self.swapped_bytes(policies, parts), last, logits, head_grads)
         full = [part for p, part in zip(policies, parts, strict=True) if p == "full"]
+        rerun = {part: self.rerun_bytes(part) for part in full}
         if merged_weight_pass(model, policies, parts):
-            reruns = max((self.block("none", part) for part in full), default=0.0)
+            reruns = max(rerun.values(), default=0.0)
         else:
-            reruns = sum(weight_groups(model, part) * self.block("none", part) for part in full)
+            reruns = sum(weight_groups(model, part) * rerun[part] for part in full)
         # I re-runs each recomputed block once, one at a time (the per-group passes are W's):
         # gpt-mini DualPipeV, a recomputed MLP part: 3.75 MiB measured, 11.25 counted before. A
         # selective block re-runs its attention core there too, and I frees nothing while it runs
         # (gpt-mini DualPipeV without FlashAttention, the cool-down's I: 2.6 MiB, -6.8 % before).
         # W needs no core: the GEMMs' inputs are kept.
         core = [self.block("none", part) - self.block("selective", part) + self.core_qkv_copies(part)
-                for p, part in zip(policies, parts, strict=True) if p == "selective" and part != "mlp"]
-        rerun_i = max([*(self.block("none", part) for part in full), *core], default=0.0)
+                + self.core_output(part) for p, part in zip(policies, parts, strict=True) if p == "selective" and part != "mlp"]
+        rerun_i = max([*rerun.values(), *core], default=0.0)
         for sets in range(prefetch + 1):
             # A prefetched I brings its swapped blocks back one after another and they stay until
             # it ends (torch's I keeps the graph; the executor drops its copies then); in a
@@ -366,16 +368,29 @@ class StageMemoryModel:
                            self.swapped_bytes(policies, parts), last, logits, head_grads)
 
     def core_qkv_copies(self, part: BlockPart = "whole") -> float:
-        """What a re-run of GPT's eager attention core saves beyond the outputs a policy cached: its
-        contiguous copies of q, k and v for the batched GEMMs, 3·d·s·b·h (gpt-mini, micro-batch 3: a
-        ``nongemm`` block's re-run 6.0 MiB, a ``selective`` core's in a split backward's I 2.6 MiB,
-        each 3·d·s·b·h more than with FlashAttention, which saves views of the cached QKV output;
-        Llama's core saves views too). 0 for an MLP part."""
+        """What a re-run of the eager attention core saves beyond the outputs a policy cached: its
+        contiguous copies of q, k and v for the batched GEMMs, (1 + 2r)·d·s·b·h/t with r the K/V
+        heads' share (gpt-mini, micro-batch 3: a ``nongemm`` block's re-run 6.0 MiB, a ``selective``
+        core's in a split backward's I 2.6 MiB, each 3·d·s·b·h more than with FlashAttention, which
+        saves views of the q, k and v it is given; Llama's eager core folds q and transposes k
+        as GPT's does: 2·d·s·b·h at r = ½ on a 32-wide Llama, measured with the executor's
+        accounting). 0 for an MLP part."""
         model, plan = self.model, self.plan
-        if part == "mlp" or plan.flash_attention or model.is_llama:
+        if part == "mlp" or plan.flash_attention:
             return 0.0
         sbh = plan.rank_seq_len(self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
-        return 3 * DTYPE_BYTES[plan.precision] * sbh
+        return (1 + 2 * model.kv_heads / model.num_heads) * DTYPE_BYTES[plan.precision] * sbh / plan.tp
+
+    def core_output(self, part: BlockPart = "whole") -> float:
+        """What a re-run of a ``selective`` block's FlashAttention core makes that the block does not
+        hold: the kernel's output, d·s·b·h/t, which the kernel saves for its backward (the block
+        holds the forward's, the projection's input). The eager core's output is saved by nothing
+        in the re-run. 0 for an MLP part or without FlashAttention."""
+        model, plan = self.model, self.plan
+        if part == "mlp" or not plan.flash_attention:
+            return 0.0
+        sbh = plan.rank_seq_len(self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
+        return DTYPE_BYTES[plan.precision] * sbh / plan.tp
 
     def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
         """Bytes a micro-batch's swapped blocks bring back to the device: what each saves when kept."""
@@ -402,16 +417,21 @@ class StageMemoryModel:
         scores = 0 if plan.flash_attention else model.num_heads * s * s
         return d * b * max(scores, s * model.ffn) / t
 
+    def rerun_bytes(self, part: BlockPart = "whole") -> float:
+        """What a recomputed block (or part) re-saves for its backward: all of ``block("none")`` but
+        its input, which its first operator saves again from the storage the block holds
+        (``block("full")``), no new memory."""
+        return self.block("none", part) - self.block("full", part)
+
     def _back_bytes(self, policy: BlockPolicy, part: BlockPart) -> float | None:
         """What a redone block (or part) brings back at once before its backward; None for a block
         that stays saved (:meth:`redone_bytes`)."""
         if policy == "full":
-            return self.block("none", part)
+            return self.rerun_bytes(part)
         if policy == "nongemm":
-            # Everything a kept block saves but the cached GEMM outputs; the input counts again, as
-            # for ``full`` (the re-run detaches it anew).
+            # Everything a kept block saves but the cached GEMM outputs and the input it holds.
             cached = self.block(policy, part) - self.block("full", part) - self.nongemm_unshared(part)
-            return self.block("none", part) - cached + self.core_qkv_copies(part)
+            return self.block("none", part) - cached - self.block("full", part) + self.core_qkv_copies(part)
         if policy == "swap":
             return self.largest_saved_bytes()
         return None
@@ -420,8 +440,9 @@ class StageMemoryModel:
                      prefetch: int = 0) -> float:
         """What a recomputed or swapped-in block adds on top of the stage's held activations.
 
-        A recomputed block comes back whole (``block("none")``: the recompute re-saves it all
-        before its backward starts); a swapped one as below. The backward runs the stage's layers last to first and frees each one's activations as it
+        A recomputed block comes back whole but its input (:meth:`rerun_bytes`: the recompute
+        re-saves it all before its backward starts, the input from the storage the block holds); a
+        swapped one as below. The backward runs the stage's layers last to first and frees each one's activations as it
         goes, so when block j is back the micro-batch has already released the head's extras and
         every block after j: block j adds ``max(0, back − Σ after j)``; the stage's transient is the
         largest over its redone blocks (measured on CPU with the executor's live-tensor accounting).

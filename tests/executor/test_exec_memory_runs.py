@@ -174,8 +174,8 @@ def test_each_backward_has_its_own_transient_as_measured(tmp_path, case):
     trace = Trace.load(tmp_path / "measured.json")
     assert_memory_matches_simulator(trace, model, rel=rel)
     # Action by action too (ActionRecord.memory_bytes against Simulator.memory_by_action): every
-    # action of the last step within 5 % (measured: ≤ 0.1 % on GPT; on the 32-wide Llama up to
-    # −4.6 %, the I of a selective block under ZB-V, a transient the model leaves out).
+    # action of the last step within 5 % (measured: ≤ 0.1 % on GPT; on the 32-wide Llama −1.7 %, a
+    # zbv W; its selective blocks' I were −3.9 / −4.4 % before FlashAttention's re-made output was counted).
     from mindpipe.simulator.calibrate.memory_fidelity import action_memory_rows
 
     rows = action_memory_rows(trace.measurement, Model(**model))
