@@ -431,7 +431,7 @@ class StageMemoryModel:
         if policy == "nongemm":
             # Everything a kept block saves but the cached GEMM outputs and the input it holds.
             cached = self.block(policy, part) - self.block("full", part) - self.nongemm_unshared(part)
-            return self.block("none", part) - cached - self.block("full", part) + self.core_qkv_copies(part)
+            return self.rerun_bytes(part) - cached + self.core_qkv_copies(part)
         if policy == "swap":
             return self.largest_saved_bytes()
         return None
