@@ -367,6 +367,10 @@ class StageMemoryModel:
         return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts - logits + until_w,
                            self.swapped_bytes(policies, parts), last, logits, head_grads)
 
+    def _sbh(self) -> float:
+        """s·b·h of one micro-batch on this rank (s the rank's share under context parallelism)."""
+        return self.plan.rank_seq_len(self.seq_len or self.model.seq_len) * self.plan.micro_batch_size * self.model.hidden_size
+
     def core_qkv_copies(self, part: BlockPart = "whole") -> float:
         """What a re-run of the eager attention core saves beyond the outputs a policy cached: its
         contiguous copies of q, k and v for the batched GEMMs, (1 + 2r)·d·s·b·h/t with r the K/V
@@ -378,19 +382,17 @@ class StageMemoryModel:
         model, plan = self.model, self.plan
         if part == "mlp" or plan.flash_attention:
             return 0.0
-        sbh = plan.rank_seq_len(self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
-        return (1 + 2 * model.kv_heads / model.num_heads) * DTYPE_BYTES[plan.precision] * sbh / plan.tp
+        return (1 + 2 * model.kv_heads / model.num_heads) * DTYPE_BYTES[plan.precision] * self._sbh() / plan.tp
 
     def core_output(self, part: BlockPart = "whole") -> float:
         """What a re-run of a ``selective`` block's FlashAttention core makes that the block does not
         hold: the kernel's output, d·s·b·h/t, which the kernel saves for its backward (the block
         holds the forward's, the projection's input). The eager core's output is saved by nothing
         in the re-run. 0 for an MLP part or without FlashAttention."""
-        model, plan = self.model, self.plan
+        plan = self.plan
         if part == "mlp" or not plan.flash_attention:
             return 0.0
-        sbh = plan.rank_seq_len(self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
-        return DTYPE_BYTES[plan.precision] * sbh / plan.tp
+        return DTYPE_BYTES[plan.precision] * self._sbh() / plan.tp
 
     def swapped_bytes(self, policies: list[BlockPolicy], parts: list[BlockPart]) -> float:
         """Bytes a micro-batch's swapped blocks bring back to the device: what each saves when kept."""
@@ -404,10 +406,8 @@ class StageMemoryModel:
         """Bytes a ``nongemm`` block keeps that a kept block does not save: the outputs of the GEMMs
         before a residual add (the projection's; fc2's with dropout), which nothing else keeps.
         A re-run re-saves the rest of ``block("none")`` on top of what the block kept."""
-        model, plan = self.model, self.plan
-        sbh = plan.rank_seq_len(self.seq_len or model.seq_len) * plan.micro_batch_size * model.hidden_size
-        n = (part != "mlp") + (1 if model.dropout and part != "attention" else 0)
-        return n * DTYPE_BYTES[plan.precision] * sbh
+        n = (part != "mlp") + (1 if self.model.dropout and part != "attention" else 0)
+        return n * DTYPE_BYTES[self.plan.precision] * self._sbh()
 
     def largest_saved_bytes(self) -> float:
         """The largest single tensor a block saves, one micro-batch: the softmax output or the GeLU
