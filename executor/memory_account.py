@@ -23,7 +23,9 @@ What is counted — the same terms the simulator's memory model prices per pipel
   its recompute (:meth:`MemoryAccount.cached`), from its forward until its backward frees them;
 * **transient**: tensors that exist only for a block's backward: what a recomputed forward saves
   for the backward (a ``TorchDispatchMode`` in the checkpoint's recompute context sees the
-  checkpoint keep them) and the copies a swapped block brings back, each until it is freed; and
+  checkpoint keep them), the copies a swapped block brings back, and the output gradients a
+  split backward's I keeps for W (one per parameter group: torch's ``stage_backward_input``), each
+  until it is freed; and
   every tensor the loss's backward makes, from the loss down to the logits' gradient (the fp32
   gradients of torch's cross-entropy, or a chunked loss's pieces: :meth:`MemoryAccount.counting_loss`),
   or down to the head's input under ``fused_head_loss`` (each piece's logits and softmax, the head's
@@ -471,8 +473,29 @@ class MemoryAccount:
             del self._cached[key]
         self._release("activations", key)
 
+    def watch_kept_gradients(self, stage: Any) -> None:
+        """Count, as transient until W frees them, the output gradients a split backward's I keeps
+        for W: per parameter group, the gradient of the output its weights act on (torch's
+        ``stage_backward_input``; the stage's ``backward_state``). Installed below the action
+        recorder (:meth:`mindpipe.executor.measure.Recorder.wrap_stage`), so that they count in I's
+        window as they exist by its end."""
+        bwd = stage.backward_one_chunk
+
+        def backward_one_chunk(*args: Any, **kwargs: Any) -> Any:
+            out = bwd(*args, **kwargs)
+            chunk = args[0] if args else kwargs.get("bwd_chunk_id")
+            state = getattr(stage, "backward_state", {}).get(chunk)
+            for group in (state[1] or []) if state is not None else []:
+                for grads in group.get("grads") or []:
+                    for t in grads or ():
+                        if isinstance(t, torch.Tensor):
+                            self.transient(t)
+            return out
+
+        stage.backward_one_chunk = backward_one_chunk
+
     def wrap_stage(self, stage: Any) -> None:
-        """Re-read the gradients after each of the pipeline stage's backward actions (B, I, W), and
+        """Re-read the gradients after each of the pipeline stage's backward actions (B, I, W), and re-read the gradients
         after torch's gradient reduction that follows the stage's last one (``perform_reduce_grad``:
         FSDP2 reduce-scatters the gradients there and frees the weights it gathered, while the
         rank's other stages may still run their backwards)."""

@@ -251,6 +251,7 @@ def _build(cfg: RunConfig, device: torch.device, pre: Precheck) -> _Rank:
         memory.watch_gathered()
     recorder = Recorder(device, origin=0.0)
     for st, mod in zip(stages, parts, strict=True):
+        memory.watch_kept_gradients(st)
         recorder.wrap_stage(st, mod.layers())
         memory.wrap_stage(st)
         recorder.memory = memory

@@ -160,6 +160,55 @@ def activation_bytes_per_layer(
     return out if level == "selective" else out + scores / t
 
 
+def weight_pass_groups(model: Model, plan: Plan, *, seq_len: int | None = None,
+                       part: BlockPart = "whole") -> list[tuple[float, float]]:
+    """A block's (or part's) parameter groups under a split backward, in the order torch's W takes
+    them (the block's parameters' order: GPT's LayerNorm, QKV, projection | LayerNorm, fc1, fc2;
+    Llama's RMSNorm, wq, wk, wv, wo | RMSNorm, gate, up, down; :func:`mindpipe.traces.layout.weight_groups`
+    counts them), one micro-batch, one TP rank: per group (kept, asked), bytes.
+
+    * **kept**: the output gradient I keeps for the group until W's pass for it frees it — torch's
+      ``stage_backward_input`` groups the parameters by the autograd node their gradient leaves the
+      input path at and keeps that node's incoming gradient (``param_group["grads"]``). A norm's
+      output, h per token (÷t under sequence parallelism); a column-parallel GEMM's output, ÷t
+      (GPT's QKV 3h and fc1 f; Llama's wq, wk, wv (1 + 2r)·h, gate and up f each); a row-parallel
+      GEMM's output, whole (h). GPT at f = 4h: 11·s·b·h·d per block, measured on gpt-mini and
+      gpt-tiny-8k (23·s·b·h fp32 elements for two blocks and the final norm); Llama: (5 + 2r)·h + 2f
+      per token, 12·s·b·h on llama-tiny. The same whatever the block's policy.
+    * **asked**: the saved tensor the group's weight gradient unpacks, which a swapped block brings
+      back then: a norm's input (h, ÷t under sequence parallelism), a column-parallel GEMM's input
+      (h: gathered again under sequence parallelism), a row-parallel GEMM's input (h/t, or f/t).
+      The attention core's tensors are I's alone (W walks no core).
+    """
+    s, b, h = plan.rank_seq_len(seq_len or model.seq_len), plan.micro_batch_size, model.hidden_size
+    t, unit = plan.tp, DTYPE_BYTES[plan.precision] * s * b * h
+    norm = 1 / (t if plan.sequence_parallel else 1)
+    r, f = model.kv_heads / model.num_heads, model.ffn / h
+    if model.is_llama:
+        attention = [(norm, norm), (1 / t, 1.0), (r / t, 1.0), (r / t, 1.0), (1.0, 1 / t)]
+        mlp = [(norm, norm), (f / t, 1.0), (f / t, 1.0), (1.0, f / t)]
+    else:
+        attention = [(norm, norm), (3 / t, 1.0), (1.0, 1 / t)]
+        mlp = [(norm, norm), (f / t, 1.0), (1.0, f / t)]
+    groups = {"whole": attention + mlp, "attention": attention, "mlp": mlp}[part]
+    return [(kept * unit, asked * unit) for kept, asked in groups]
+
+
+def weight_pass_grad_bytes(model: Model, plan: Plan, *, seq_len: int | None = None, part: BlockPart = "whole") -> float:
+    """Output gradients a split backward's I keeps of one block (or part) for its W, one micro-batch,
+    one TP rank: the kept column of :func:`weight_pass_groups`. Not on the first stage, whose I does
+    nothing."""
+    return sum(kept for kept, _ in weight_pass_groups(model, plan, seq_len=seq_len, part=part))
+
+
+def final_norm_grad_bytes(model: Model, plan: Plan, *, seq_len: int | None = None) -> float:
+    """The final norm's output gradient a split backward's I keeps for its W (its own parameter
+    group; :func:`weight_pass_grad_bytes`): s·b·h·d, ÷t under sequence parallelism."""
+    s, b = plan.rank_seq_len(seq_len or model.seq_len), plan.micro_batch_size
+    seq_shard = plan.tp if plan.sequence_parallel else 1
+    return DTYPE_BYTES[plan.precision] * s * b * model.hidden_size / seq_shard
+
+
 def _nongemm_bytes(model: Model, d: int, sbh: float, seq_shard: int, attention: bool, mlp: bool) -> float:
     """What a ``nongemm`` block (or part) keeps (:mod:`mindpipe.traces.layout`; the policy needs t = 1).
 
@@ -187,4 +236,5 @@ def embedding_activation_bytes(
 
 
 __all__ = ["FLASH_STAT_BYTES", "GEMM_INPUT_BYTES", "GPU_MASK_BYTES", "TOKEN_ID_BYTES", "activation_bytes_per_layer",
-           "embedding_activation_bytes"]
+           "embedding_activation_bytes", "final_norm_grad_bytes", "weight_pass_grad_bytes",
+           "weight_pass_groups"]

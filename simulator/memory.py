@@ -20,6 +20,9 @@ from mindpipe.simulator.activations import (
     GPU_MASK_BYTES,
     activation_bytes_per_layer,
     embedding_activation_bytes,
+    final_norm_grad_bytes,
+    weight_pass_grad_bytes,
+    weight_pass_groups,
 )
 from mindpipe.simulator.block_parts import part_params
 from mindpipe.simulator.build import GRAD_BYTES
@@ -48,7 +51,6 @@ from mindpipe.traces.layout import (
     reshards_after_forward,
     shards_reduced_gradients,
     stage_layout,
-    weight_groups,
 )
 from mindpipe.traces.result import GIB, StageMemoryParts
 from mindpipe.traces.units import plural
@@ -336,12 +338,20 @@ class StageMemoryModel:
                 transients["W", sets] = (lazy_b[0] + sets * last, lazy_b[1] + sets * last)
             return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts,
                                self.swapped_bytes(policies, parts), last, logits, head_grads)
+        # I keeps each parameter group's output gradient for W (weight_pass_grad_bytes; gpt-mini
+        # ZB-H1 pp2, last stage: 5.75 MiB per micro-batch awaiting W, -11 % before it was counted).
+        kept_grads = sum(weight_pass_grad_bytes(model, plan, seq_len=self.seq_len, part=part) for part in parts)
+        if has_head:
+            kept_grads += final_norm_grad_bytes(model, plan, seq_len=self.seq_len)
+        until_w += kept_grads
         full = [part for p, part in zip(policies, parts, strict=True) if p == "full"]
         rerun = {part: self.rerun_bytes(part) for part in full}
         if merged_weight_pass(model, policies, parts):
-            reruns = max(rerun.values(), default=0.0)
+            # One merged pass re-runs each recomputed block once, frees nothing as it goes and walks
+            # the input path again: the largest re-run beside the largest saved tensor.
+            walk_w = max(rerun.values(), default=0.0) + (self.largest_saved_bytes() if swap else 0.0)
         else:
-            reruns = sum(weight_groups(model, part) * rerun[part] for part in full)
+            walk_w = self.weight_pass_walk(policies, parts, rerun)
         # I re-runs each recomputed block once, one at a time (the per-group passes are W's):
         # gpt-mini DualPipeV, a recomputed MLP part: 3.75 MiB measured, 11.25 counted before. A
         # selective block re-runs its attention core there too, and I frees nothing while it runs
@@ -357,12 +367,14 @@ class StageMemoryModel:
             # asked: the largest saved tensor at once. The loss's backward runs in I.
             swap_back = 0.0 if not swap else (
                 self.swapped_bytes(policies, parts) + (sets - 1) * last if sets else self.largest_saved_bytes())
-            transients["I", sets] = (max(rerun_i + swap_back, loss + (last if sets and swap else 0.0)),
-                                     rerun_i + swap_back)
+            # I ends holding the kept gradients beside its copies, before the executor drops those;
+            # its re-runs are gone by then (the accounting counts the gradients at I's end).
+            redone_i = max(rerun_i, kept_grads) + swap_back
+            transients["I", sets] = (max(redone_i, loss + (last if sets and swap else 0.0)), redone_i)
             # W re-runs the recomputed blocks and asks for its swapped tensors as it goes (I's copies
             # are gone), beside the next I's prefetched last block when that runs under it
             # (gpt-mini ZB-H1 pp4: 1.0 MiB in W, 6.0 MiB in a W before an I, 5.0 MiB in I).
-            redone_w = reruns + ((self.largest_saved_bytes() + sets * last) if swap else 0.0)
+            redone_w = walk_w + sets * last
             transients["W", sets] = (redone_w, redone_w)
         return _StageTerms(acts, sum(layers), max(layers, default=0), transients, acts - logits + until_w,
                            self.swapped_bytes(policies, parts), last, logits, head_grads)
@@ -408,6 +420,24 @@ class StageMemoryModel:
         A re-run re-saves the rest of ``block("none")`` on top of what the block kept."""
         n = (part != "mlp") + (1 if self.model.dropout and part != "attention" else 0)
         return n * DTYPE_BYTES[self.plan.precision] * self._sbh()
+
+    def weight_pass_walk(self, policies: list[BlockPolicy], parts: list[BlockPart], rerun: dict[BlockPart, float]) -> float:
+        """The most a split backward's W of a stage other than the first holds beyond the stage's
+        held activations when it takes torch's pass per parameter group, in the stage's order
+        (:func:`weight_pass_groups`): a recomputed block (or part, ``rerun`` its re-run's bytes)
+        re-runs in each of its groups' passes and what a pass does not use stays with the
+        checkpoint's frame until W ends (an upper bound: a pass uses some); a swapped block brings
+        back the tensor each group's weight gradient needs; and each group's pass frees the output
+        gradient I kept for it. gpt-mini-sized ZB-H1 pp4, one swapped block per stage: the
+        LayerNorm's input first (s·b·h), the GeLU output (4·s·b·h) after 10·s·b·h were freed
+        (+3 % on the rank when W held them all beside the largest tensor)."""
+        freed = reruns = most = 0.0
+        for policy, part in zip(policies, parts, strict=True):
+            for kept, asked in weight_pass_groups(self.model, self.plan, seq_len=self.seq_len, part=part):
+                reruns += rerun.get(part, 0.0) if policy == "full" else 0.0
+                most = max(most, reruns + (asked if policy == "swap" else 0.0) - freed)
+                freed += kept
+        return most
 
     def largest_saved_bytes(self) -> float:
         """The largest single tensor a block saves, one micro-batch: the softmax output or the GeLU
@@ -565,7 +595,10 @@ class StageMemoryModel:
         allocator's peak can be higher by part of them.
         """
         plan, (point, extra) = self.plan, self._evaluator(terms)
-        acts, grads, redo, freed = max((point(h) for h in held), key=lambda x: x[0] + x[1] + extra(x[2]) - x[3],
+        # Ties in the total (a split backward's I beside its kept gradients against the W after it)
+        # go to the point holding more activations, so the breakdown does not depend on the order
+        # of ``held`` (a timeline, or its distinct states).
+        acts, grads, redo, freed = max((point(h) for h in held), key=lambda x: (x[0] + x[1] + extra(x[2]) - x[3], x[0]),
                                        default=(0.0, 0.0, True, 0.0))
         weights, _, optim = model_state_bytes(sum(t.params for t in terms.values()), plan)
         weights -= freed

@@ -14,6 +14,7 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from mindpipe.simulator.activations import final_norm_grad_bytes, weight_pass_grad_bytes
 from mindpipe.simulator.api import Simulator
 from mindpipe.simulator.build import assign_layers, build_work, weight_pass_extra
 from mindpipe.simulator.calibrate.features import action_collectives, stage_structure
@@ -117,8 +118,8 @@ def test_simulator_memory_and_calibration_follow_the_layout(case: tuple[Model, P
             assert len(colls[(span.stage, "F")]) == fwd_tp
     # Memory: each rank's activations are Σ in-flight × (its blocks under their policies + extras);
     # between a split backward's I and W a micro-batch holds the same less the loss's log-softmax,
-    # which I frees, plus the logits' gradient the LM head's W needs (not on the first stage, whose
-    # I does nothing).
+    # which I frees, plus the gradients I keeps for W: the logits' (the LM head's) and each parameter
+    # group's output gradient (not on the first stage, whose I does nothing).
     per_mb, after_input = [], []
     for span in layout:
         acts = sum(activation_bytes_per_layer(model, plan, policy=policies[b], mask_bytes=MASK_CPU) for b in span.blocks)
@@ -126,8 +127,11 @@ def test_simulator_memory_and_calibration_follow_the_layout(case: tuple[Model, P
         acts += head_activation_bytes(model, plan) if span.has_head else 0.0
         per_mb.append(acts)
         grad = DTYPE_BYTES[plan.precision] * logit_count(model, plan)
-        after_input.append(acts - (head_logit_bytes(model, plan) - grad if span.has_head and not span.has_embedding
-                                   else 0.0))
+        # ... and every parameter group's output gradient, which torch's I keeps for W (weight_pass_groups)
+        kept = 0.0 if span.has_embedding else (sum(weight_pass_grad_bytes(model, plan, part=part) for _, part in span.parts())
+                                               + (final_norm_grad_bytes(model, plan) if span.has_head else 0.0))
+        after_input.append(acts + kept - (head_logit_bytes(model, plan) - grad if span.has_head and not span.has_embedding
+                                          else 0.0))
     schedule = sim.schedule(plan)
     for rm in sim.memory(plan):
         timeline = schedule.held_timeline(rm.rank)

@@ -15,6 +15,7 @@ from mindpipe.executor.memory_account import MemoryAccount
 from mindpipe.executor.offload import HostPool, host_buffer
 from mindpipe.executor.parallelize import apply_recompute
 from mindpipe.executor.stages import build_stage_modules
+from mindpipe.simulator.activations import final_norm_grad_bytes, weight_pass_grad_bytes
 from mindpipe.simulator.memory import activation_bytes_per_layer, embedding_activation_bytes, head_activation_bytes
 from mindpipe.traces.config import Model, Plan
 from mindpipe.traces.errors import ContractError
@@ -268,14 +269,22 @@ def test_split_backward_holds_what_the_simulator_says_until_w(policies):
 
         memory._set = spy  # type: ignore[method-assign]
         assert groups is not None and mergeable(groups)
+        # The output gradients I keeps for W, one per parameter group (storages counted once).
+        kept = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for g in groups for grads in g["grads"] for t in grads if isinstance(t, torch.Tensor)}
         stage_backward_weight(mod.parameters(), [merged_param_group(groups)])
         del groups
     # Per-token LayerNorm statistics (1/h of the rest) are the only bytes the model leaves out.
     assert terms.per_microbatch_bytes <= after_f <= 1.02 * terms.per_microbatch_bytes, (after_f, terms)
-    # The model's held bytes after I also count the logits' gradient I keeps for W (4·s·b·V here):
-    # a stored gradient, not a saved tensor, so these activations do not see it (memory_fidelity's
-    # zb_h1 runs measure it through the account's loss transient).
-    held = terms.after_input_bytes - 4 * MODEL.seq_len * 2 * MODEL.vocab_size
+    # The model's held bytes after I also count the gradients I keeps for W: the logits' (4·s·b·V
+    # here) and every parameter group's output gradient (two blocks' and the final norm's,
+    # 23·s·b·h fp32 elements) — stored gradients, not saved tensors, so these activations do not
+    # see them (a run's accounting counts them as transient: MemoryAccount.wrap_stage).
+    logits_grad = 4 * MODEL.seq_len * 2 * MODEL.vocab_size
+    grads = 2 * weight_pass_grad_bytes(MODEL, plan) + final_norm_grad_bytes(MODEL, plan)
+    assert grads == 23 * 4 * MODEL.seq_len * 2 * MODEL.hidden_size
+    assert sum(kept.values()) == logits_grad + grads
+    held = terms.after_input_bytes - logits_grad - grads
     assert held <= after_i <= 1.02 * held, (after_i, terms)
     assert after_i < after_f  # I freed the log-softmax
     if "recompute" in policies:
@@ -383,10 +392,18 @@ def test_a_split_backwards_input_pass_reruns_what_the_model_counts(model, policy
         h = x * 1.0
         out = block(h)
         memory.peak = memory.terms
-        stage_backward_input([out], [torch.ones_like(out)], [h], block.parameters())
+        _, groups = stage_backward_input([out], [torch.ones_like(out)], [h], block.parameters())
+        # what I keeps for W, counted at its end as the executor does (MemoryAccount.watch_kept_gradients)
+        for t in (t for g in groups for grads in g["grads"] for t in grads if isinstance(t, torch.Tensor)):
+            memory.transient(t)
     plan = Plan(pp=2, schedule="zb_h1", micro_batch_size=b, global_batch_size=2 * b, precision="fp32",
                 flash_attention=flash, layer_memory_policy=[policy] * 4)
-    terms = StageMemoryModel(model, plan, get_device("cpu"), None, None, split_backward=True).stage(
-        [block_policy], False, False)
+    mm = StageMemoryModel(model, plan, get_device("cpu"), None, None, split_backward=True)
+    terms = mm.stage([block_policy], False, False)
     lse = 4 * model.num_heads * model.seq_len * b if flash else 0
-    assert memory.peak.transient == terms.transient("I", 0)[0] - lse, (memory.peak, terms.transient("I", 0))
+    rerun = mm.rerun_bytes() if policy == "recompute" else (
+        mm.block("none") - mm.block("selective") + mm.core_qkv_copies() + mm.core_output())
+    kept = weight_pass_grad_bytes(model, plan)
+    # I's transient is its re-run, or at its end the gradients it keeps for W, whichever is larger
+    assert terms.transient("I", 0)[0] == max(rerun, kept)
+    assert memory.peak.transient == max(rerun - lse, kept), (memory.peak, rerun, kept)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from mindpipe.simulator.activations import final_norm_grad_bytes, weight_pass_grad_bytes
 from mindpipe.simulator.costs import RooflineComputeModel, TraceComputeModel
 from mindpipe.simulator.memory import head_logit_bytes, loss_transient_bytes, stage_memory
 from mindpipe.simulator.ops import cross_entropy_ops, fused_head_loss_ops, lm_head_ops
@@ -78,7 +79,9 @@ def test_under_a_split_backward_the_fused_head_frees_its_input_at_i():
         terms = StageMemoryModel(MODEL, p, A100, 0.0, None, split_backward=True).stage(["none"] * 2, False, True)
         logits, grad = head_logit_bytes(MODEL, p), 2 * 32 * 2 * 1000
         head_input = 2 * 32 * 2 * 64
-        want = terms.per_microbatch_bytes - (head_input if p.fused_head_loss else logits - grad)
+        # both keep each parameter group's output gradient for W (two blocks', the final norm's)
+        kept = 2 * weight_pass_grad_bytes(MODEL, p) + final_norm_grad_bytes(MODEL, p)
+        want = terms.per_microbatch_bytes - (head_input if p.fused_head_loss else logits - grad) + kept
         assert terms.after_input_bytes == want
 
 

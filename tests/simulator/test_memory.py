@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mindpipe.simulator.actions import Action, Schedule, loop_stage_to_rank
+from mindpipe.simulator.activations import final_norm_grad_bytes, weight_pass_grad_bytes
 from mindpipe.simulator.costs import layer_params
 from mindpipe.simulator.memory import (
     GIB,
@@ -213,9 +214,16 @@ def test_built_schedules_in_flight(p, m_):
     k = min(p, m_)
     emb, head = embedding_activation_bytes(model, zb_plan), head_activation_bytes(model, zb_plan)
     assert zb[0] == one[0] == k * (2 * per + emb)
-    assert all(zb[r] == k * 2 * per for r in range(1, p - 1))
+    # From I to W each micro-batch also holds its blocks' output gradients, one per parameter group
+    # (torch's stage_backward_input keeps them for W: weight_pass_grad_bytes); on rank r the W's of
+    # up to r micro-batches are pending at the peak (the first stage's I does nothing: none).
+    held = 2 * weight_pass_grad_bytes(model, zb_plan)
+    # (the rank's last I before the peak holds one more: in its transient, other_bytes)
+    assert all(zb[r] == k * 2 * per + min(r, m_ - 1) * held for r in range(1, p - 1))
     grad = 2 * model.seq_len * model.vocab_size
-    assert zb[-1] == k * (2 * per + head) - (k - 1) * (head_logit_bytes(model, zb_plan) - grad)
+    last = k * (2 * per + head) - (k - 1) * (head_logit_bytes(model, zb_plan) - grad)
+    held += final_norm_grad_bytes(model, zb_plan)
+    assert zb[-1] == last + (k - 1) * held
     assert head_logit_bytes(model, zb_plan) == 4 * model.seq_len * model.vocab_size  # fp32, micro-batch 1
     gp = _acts(model, dataclasses.replace(plan, schedule="gpipe"), build_schedule("gpipe", p, m_), [2] * p)
     assert all(gp[r] == m_ * 2 * per for r in range(1, p - 1))
@@ -488,3 +496,38 @@ def test_the_memory_table_shows_errors_under_a_tenth_of_a_percent():
 
     row = MemoryRow(rank=0, pp_rank=0, stages=[0], predicted_bytes=9996.0, measured_bytes=10000, source="tensor_accounting")
     assert memory_table_markdown({"dp2": [row]}).splitlines()[-1].endswith("| -0.04 % |")
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_a_weight_pass_takes_torchs_groups_in_order_and_frees_what_it_kept(kind):
+    """The split backward's W per parameter group (weight_pass_groups): one entry per group torch
+    makes (weight_groups), what I keeps for it summing to 11·s·b·h·d per GPT block and
+    (5 + 2r)·h + 2f per Llama token; a swapped block's W peaks at its first group (the norm's input,
+    s·b·h·d: nothing freed yet), not at its largest tensor (the MLP's last GEMM input), which comes
+    after the groups before it freed what they kept (gpt-mini-sized ZB-H1 pp4: +3 % on the rank when
+    the model held them all beside the largest tensor)."""
+    from mindpipe.simulator.activations import weight_pass_groups
+    from mindpipe.traces.layout import weight_groups
+
+    model = (Model(kind="llama", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2, ffn_hidden_size=192,
+                   seq_len=32, vocab_size=128, name="l") if kind == "llama" else
+             Model(kind="gpt", num_layers=4, hidden_size=64, num_heads=4, seq_len=32, vocab_size=128, name="g"))
+    plan = Plan(pp=2, schedule="zb_h1", micro_batch_size=2, global_batch_size=4, precision="fp32",
+                layer_memory_policy=["keep", "swap", "swap", "keep"])
+    unit = 4 * model.seq_len * 2 * model.hidden_size
+    for part in ("whole", "attention", "mlp"):
+        assert len(weight_pass_groups(model, plan, part=part)) == weight_groups(model, part)
+    groups = weight_pass_groups(model, plan)
+    per_token = (5 + 2 * model.kv_heads / model.num_heads) + 2 * model.ffn / model.hidden_size if kind == "llama" else 11
+    assert sum(kept for kept, _ in groups) == pytest.approx(per_token * unit)
+    assert groups[-1][1] == model.ffn / model.hidden_size * unit  # the MLP's last GEMM's input, the largest
+    mm = StageMemoryModel(model, plan, get_device("cpu"), None, None, split_backward=True)
+    assert mm.weight_pass_walk(["swap"], ["whole"], {}) == unit
+    # a kept block first: its groups free what they kept before the swapped block asks for anything
+    assert mm.weight_pass_walk(["keep", "swap"], ["whole", "whole"], {}) == 0.0
+    # a recomputed block re-runs in each of its groups' passes, less what those passes freed
+    rerun = mm.rerun_bytes()
+    walk = mm.weight_pass_walk(["full"], ["whole"], {"whole": rerun})
+    freed = [sum(k for k, _ in groups[:i]) for i in range(len(groups))]
+    assert walk == max((i + 1) * rerun - freed[i] for i in range(len(groups)))
+    assert mm.stage(["swap"], False, False).transient("W", 0)[0] == unit
