@@ -9,10 +9,12 @@ plans a tuner weighs differ by more than this machine's run-to-run drift.
 1. **profile** the model layer by layer (:mod:`mindpipe.traces.profiler`);
 2. **tune** every plan for the ranks with the simulator on the profiled trace (uncalibrated);
 3. **run** the default plan and calibration probes (data parallelism replicated and sharded, tensor
-   parallelism, and the smallest and largest micro-batches data parallelism can use: what the
-   executor's costs on this CPU depend on — at micro-batch 8 the LM head's logits are 32 MiB, which
-   the CPU allocator maps fresh each time, :mod:`mindpipe.simulator.calibrate.models`) with the
-   executor, in ``rounds`` interleaved rounds;
+   parallelism, the smallest and largest micro-batches data parallelism can use, and a split
+   backward's stages of one and three blocks: what the executor's costs on this CPU depend on — at
+   micro-batch 8 the LM head's logits are 32 MiB, which the CPU allocator maps fresh each time,
+   :mod:`mindpipe.simulator.calibrate.models`; torch's zero-bubble I and W do host work of their
+   own, :func:`mindpipe.simulator.build.split_backward_walks`) with the executor, in ``rounds``
+   interleaved rounds;
 4. **calibrate** the simulator on every round of those runs (:mod:`mindpipe.simulator.calibrate`);
 5. **re-tune** with the calibrated simulator, then run its choice, the fastest plan of step 3, plans
    held out of the fit, and the default again, in ``rounds`` interleaved rounds (the speedup and the
@@ -84,7 +86,11 @@ class LoopConfig:
     probes: list[Plan] = field(default_factory=lambda: [demo_plan(dp=2, micro_batch_size=2),
                                                         demo_plan(dp=2, micro_batch_size=8, global_batch_size=16),
                                                         demo_plan(dp=2, micro_batch_size=4, zero_stage=1),
-                                                        demo_plan(tp=2, micro_batch_size=4)])
+                                                        demo_plan(tp=2, micro_batch_size=4),
+                                                        demo_plan(pp=2, micro_batch_size=2, schedule="zb_h1",
+                                                                  partition=[1, 3]),
+                                                        demo_plan(pp=2, micro_batch_size=2, schedule="zb_h1",
+                                                                  partition=[3, 1])])
     holdout: list[Plan] = field(default_factory=lambda: [demo_plan(pp=2, micro_batch_size=2, schedule="zb_h1")])
     out: Path = Path("results")
 

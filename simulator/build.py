@@ -23,9 +23,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from collections.abc import Sequence
 
-from mindpipe.simulator.costs import DTYPE_BYTES, Collective, ComputeModel, LayerCost, layer_params, partial_grad_params
+from mindpipe.simulator.costs import (
+    DTYPE_BYTES,
+    Collective,
+    ComputeModel,
+    LayerCost,
+    layer_params,
+    op_layer_costs,
+    partial_grad_params,
+)
 from mindpipe.simulator.engine import RankWork, StageWork
+from mindpipe.simulator.ops import Op
 from mindpipe.simulator.topology import Phase, Topology
 from mindpipe.simulator.work import TpOverlap, swap_chain, swap_out_tail_s, swap_stream_window_s
 from mindpipe.traces.config import Model, Plan
@@ -141,6 +151,52 @@ def weight_pass_extra(model: Model, span: StageSpan, layers: list[LayerCost], po
     return seconds, comm
 
 
+def _count_ops(ops: Sequence[Op]) -> tuple[float, float, float, float]:
+    """A layer's operators with a host overhead of their own (:class:`~mindpipe.simulator.ops.Op`
+    ``inner`` ones run inside another's kernel), as its forward "time"."""
+    return float(sum(1 for op in ops if not op.inner)), 0.0, 0.0, 0.0
+
+
+def stage_op_counts(model: Model, plan: Plan) -> list[list[LayerCost]]:
+    """Each virtual stage's layers with their forward operator counts as ``forward_s`` (a stage
+    boundary inside a block leaves its part's), for :func:`split_backward_walks`."""
+    return assign_layers(op_layer_costs(model, plan, _count_ops), model, plan)
+
+
+def split_backward_walks(model: Model, plan: Plan, span: StageSpan, counts: list[LayerCost],
+                         policies: list[BlockPolicy]) -> tuple[float, float, float]:
+    """What a split backward's host work on stage ``span`` scales with, beyond its operators:
+    (operators I walks, W's autograd passes, operators W's passes walk). Zero on the first stage,
+    whose I does nothing and whose W is one ordinary backward.
+
+    ``counts`` are the stage's layers with their operator counts (:func:`stage_op_counts`),
+    ``policies`` the plan's block policies. Torch's I (``stage_backward_input``) walks the stage's
+    autograd graph in Python to group its parameters before its gradient pass: the stage's
+    operators, once. Its W (``stage_backward_weight``) takes one ``autograd.grad`` per parameter
+    group (:func:`mindpipe.traces.layout.weight_groups` per block or part, the final norm's, and the
+    LM head's unless it is fused into the loss, whose dW is taken in I), and each pass's graph task
+    walks from its group down to the stage's input: the operators of its layer and every layer
+    before it on the stage. Where the executor merges the groups
+    (:func:`mindpipe.traces.layout.one_weight_pass`): one pass over the stage. Measured on this CPU
+    (``benchmarks/split_backward_cpu.py``, middle stages of 1–8 GPT blocks at h = 64): I's extra
+    grows with the blocks, W's with its passes and, more slowly, their walks. The calibration fits
+    the host time of each (:class:`~mindpipe.traces.calibration.ComputeCalibration`)."""
+    if span.stage == 0:
+        return 0.0, 0.0, 0.0
+    total = sum(c.forward_s for c in counts)
+    if one_weight_pass(model, span, policies):
+        return total, 1.0, total
+    parts = iter(span.parts())
+    passes = walked = reach = 0.0
+    for c in counts:
+        walked += c.forward_s
+        groups = (weight_groups(model, next(parts)[1]) if c.kind == "block" else 1 if c.kind == "final_norm"
+                  else 0 if c.kind != "lm_head" or plan.fused_head_loss else 1)
+        passes += groups
+        reach += groups * walked
+    return total, passes, reach
+
+
 def optimizer_shard(plan: Plan, params: float) -> float:
     """Parameters whose optimizer step one device runs: all of its own, or a 1/(dp·cp) shard under ZeRO ≥ 1."""
     return params / plan.grad_replicas if plan.zero_stage >= 1 else params
@@ -210,6 +266,7 @@ def build_work(
     copy_s_per_byte: float = 0.0,
     swap_block_copy_s: float = 0.0,
     swap_reread_bytes_per_block: float = 0.0,
+    split_host_s: tuple[float, float, float] = (0.0, 0.0, 0.0),
 ) -> tuple[list[StageWork], list[RankWork], list[int]]:
     """Per-stage work, per-rank work and per-rank parameter counts for the engine.
 
@@ -230,20 +287,25 @@ def build_work(
     during the backward (:func:`~mindpipe.simulator.work.swap_chain_stall_s`).
     ``swap_reread_bytes_per_block`` is what a split backward's W copies back again per swapped
     block (:func:`~mindpipe.simulator.costs.swap_weight_reread_bytes`; :attr:`StageWork.swap_weight_in`).
+    ``split_host_s`` is a split backward's host time per operator I walks, per W pass and per
+    operator W's passes walk (calibrated; :func:`split_backward_walks`), added to I and to W's extra.
     """
     stages = assign_layers(costs, model, plan)
     policies = block_policies(plan, model.num_layers)
     spans = stage_layout(plan, model)
     on_compute = swap_on_compute or (0.0, 0.0, 0.0)
     lazy = lazy_copy_back(plan)
+    counts = stage_op_counts(model, plan) if split_backward and any(split_host_s) else None
     works = []
     for s, layers in enumerate(stages):
         recompute, re_comm, swapped = stage_recompute(layers, [policies[b] for b in spans[s].blocks])
         rerun, rerun_comm = weight_pass_extra(model, spans[s], layers, policies, split_backward)
+        walks = split_backward_walks(model, plan, spans[s], counts[s], policies) if counts else (0.0, 0.0, 0.0)
         hooks = dp_unit_s * data_parallel_units(plan, spans[s].num_blocks)
         times = (sum(c.forward_s for c in layers) + hooks + swapped * on_compute[0],
-                 sum(c.backward_input_s for c in layers) + hooks + swapped * on_compute[1],
-                 sum(c.backward_weight_s for c in layers) + swapped * on_compute[2], recompute, rerun)
+                 sum(c.backward_input_s for c in layers) + hooks + swapped * on_compute[1] + split_host_s[0] * walks[0],
+                 sum(c.backward_weight_s for c in layers) + swapped * on_compute[2], recompute,
+                 rerun + split_host_s[1] * walks[1] + split_host_s[2] * walks[2])
         swaps = [policies[b] == "swap" for b in spans[s].blocks] if swap_on_compute is None else []
         stream = swap_stream_window_s([c.forward_s for c in layers if c.kind == "block"], swaps)
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
@@ -348,4 +410,4 @@ def _rank_works(model: Model, plan: Plan, stages: list[list[LayerCost]], stage_t
 
 
 __all__ = ["GRAD_BYTES", "assign_layers", "bucket_params", "build_work", "optimizer_shard", "rank_params",
-           "stage_recompute", "weight_pass_extra", "with_tied_copy"]
+           "split_backward_walks", "stage_op_counts", "stage_recompute", "weight_pass_extra", "with_tied_copy"]

@@ -58,7 +58,7 @@ from mindpipe.simulator.planning import StageBudget, block_caps, stage_budgets, 
 from mindpipe.simulator.schedules import build_schedule
 from mindpipe.simulator.topology import Topology
 from mindpipe.simulator.work import StepCopies
-from mindpipe.traces.calibration import Calibration
+from mindpipe.traces.calibration import Calibration, ComputeCalibration
 from mindpipe.traces.catalog import DeviceSpec, get_device
 from mindpipe.traces.config import Cluster, Model, Plan, check_plan, stage_layers
 from mindpipe.traces.errors import ContractError
@@ -309,7 +309,8 @@ class Simulator:
                                                    copy_s_per_byte=self._copy_s_per_byte(plan),
                                                    swap_block_copy_s=self._swap_block_copy_s(plan, swap),
                                                    swap_reread_bytes_per_block=self.swap_reread_bytes_per_block(plan)
-                                                   if "swap" in (plan.layer_memory_policy or []) else 0.0)
+                                                   if "swap" in (plan.layer_memory_policy or []) else 0.0,
+                                                   split_host_s=self._split_host_s(plan))
         return schedule, topo, stages, ranks, params_by_rank
 
     def _swap_block_copy_s(self, plan: Plan, swap: float) -> float:
@@ -385,16 +386,25 @@ class Simulator:
         notes = SimulationNotes(clocks if busy_w is not None else None, busy_w, clock_note, cal)
         return self._result(plan, schedule, res, params_by_rank, hourly, notes)
 
+    def _fitted_compute(self, plan: Plan) -> ComputeCalibration | None:
+        """The calibration's compute constants for this device at the plan's precision (None if none)."""
+        dev = self.calibration.devices.get(self.device.name) if self.calibration is not None else None
+        return dev.compute.get(plan.precision) if dev is not None else None
+
     def _dp_unit_s(self, plan: Plan) -> float:
         """Calibrated host time of the data-parallel wrapper per wrapped module and action (0 if none)."""
-        dev = self.calibration.devices.get(self.device.name) if self.calibration is not None else None
-        comp = dev.compute.get(plan.precision) if dev is not None else None
+        comp = self._fitted_compute(plan)
         return comp.dp_unit_overhead_s if comp is not None else 0.0
+
+    def _split_host_s(self, plan: Plan) -> tuple[float, float, float]:
+        """Calibrated host time of a split backward per operator I walks, per W pass and per operator
+        W's passes walk (:func:`mindpipe.simulator.build.split_backward_walks`; zeros if not fitted)."""
+        comp = self._fitted_compute(plan)
+        return (0.0, 0.0, 0.0) if comp is None else (comp.split_input_op_s, comp.weight_pass_s, comp.weight_pass_op_s)
 
     def _swap_s_per_byte(self, plan: Plan) -> float:
         """Calibrated seconds per swapped byte of a CPU copy (0: none fitted, the catalog prices it)."""
-        dev = self.calibration.devices.get(self.device.name) if self.calibration is not None else None
-        comp = dev.compute.get(plan.precision) if dev is not None else None
+        comp = self._fitted_compute(plan)
         return comp.swap_s_per_byte if comp is not None else 0.0
 
     def _copy_s_per_byte(self, plan: Plan) -> float:

@@ -67,6 +67,12 @@ class ComputeCalibration:
         swap_s_per_byte: Time per byte of a swapped block's host copy on a CPU rank, charged to the
             action that makes it (:func:`mindpipe.simulator.costs.cpu_copy_s`). 0 when no run
             fitted on swapped: the simulator then prices the copy at the catalog's memory bandwidth.
+        split_input_op_s: Host time per operator a split backward's I walks to group the stage's
+            parameters (torch's ``stage_backward_input``; :func:`mindpipe.simulator.build.split_backward_walks`).
+        weight_pass_s: Host time per autograd pass of a split backward's W (one per parameter group,
+            or one merged pass).
+        weight_pass_op_s: Host time per operator those passes walk (each from its group down to
+            the stage's input). All three 0 when no run fitted on split its backward.
         optimizer_s_per_param: Optimizer step time per parameter a rank holds.
         optimizer_overhead_s: Fixed time of an optimizer step.
         trace_scale: Supernet runs only: the factor by which the actions the executor ran took longer
@@ -85,6 +91,9 @@ class ComputeCalibration:
     dp_unit_overhead_s: float = 0.0
     fresh_s_per_byte: float = 0.0
     swap_s_per_byte: float = 0.0
+    split_input_op_s: float = 0.0
+    weight_pass_s: float = 0.0
+    weight_pass_op_s: float = 0.0
     optimizer_s_per_param: float = 0.0
     optimizer_overhead_s: float = 0.0
     trace_scale: float = 0.0
@@ -96,7 +105,8 @@ class ComputeCalibration:
         for kind, value in self.scale.items():
             one_of("scale", kind, OP_KINDS)
             _positive_finite(f"scale.{kind}", value)
-        for key in ("op_overhead_s", "tp_op_overhead_s", "tp_comm_cpu_s_per_byte", "dp_unit_overhead_s", "fresh_s_per_byte", "swap_s_per_byte", "optimizer_s_per_param", "optimizer_overhead_s", "trace_scale", "samples", "fit_mape"):
+        for key in ("op_overhead_s", "tp_op_overhead_s", "tp_comm_cpu_s_per_byte", "dp_unit_overhead_s", "fresh_s_per_byte", "swap_s_per_byte",
+                    "split_input_op_s", "weight_pass_s", "weight_pass_op_s", "optimizer_s_per_param", "optimizer_overhead_s", "trace_scale", "samples", "fit_mape"):
             non_negative(key, getattr(self, key))
         if self.threads_per_rank < 1:
             raise ContractError("", "threads_per_rank", f"threads_per_rank={self.threads_per_rank} must be >= 1")

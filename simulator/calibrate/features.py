@@ -11,7 +11,9 @@ actions, the modules the data-parallel wrapper hooks (``dp_unit_overhead · unit
 structure, recompute and stage assignment come from the same functions the simulator uses. On
 CPUs a swapped block's copies run inside its actions, so the bytes each action copies are a
 feature too (:func:`stage_swap_bytes`; 0 for every action of a run that swaps nothing, and then its
-constant is not fitted).
+constant is not fitted). Under a split backward torch's I and W do host work of their own beyond
+their operators (:func:`mindpipe.simulator.build.split_backward_walks`): the operators I walks to
+group the parameters, W's passes and the operators those walk are three more features, 0 for B and F.
 Under a split backward the executor's runtime (``torch.distributed.pipelining``) computes no input
 gradient for the first stage, whose input is token ids: its I action does nothing and its W runs
 the stage's whole backward, so their features are those of nothing and of B.
@@ -36,7 +38,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from mindpipe.simulator.build import assign_layers, build_work, stage_recompute, weight_pass_extra
+from mindpipe.simulator.build import (
+    assign_layers,
+    build_work,
+    split_backward_walks,
+    stage_op_counts,
+    stage_recompute,
+    weight_pass_extra,
+)
 from mindpipe.simulator.calibrate.models import ReferenceOpTime, backend_of, host_terms, tp_wire_bytes
 from mindpipe.simulator.costs import Collective, LayerCost, op_layer_costs, swap_weight_reread_bytes
 from mindpipe.simulator.ops import Op
@@ -57,7 +66,7 @@ from mindpipe.traces.measured import ActionRecord
 
 # Per-operator features (summed over a stage's operators), then per-action ones.
 OP_FEATURES = (*OP_KINDS, "ops", "tp_ops", "fresh_bytes")
-FEATURES = (*OP_FEATURES, "tp_bytes", "dp_units", "swap_bytes")
+FEATURES = (*OP_FEATURES, "tp_bytes", "dp_units", "swap_bytes", "split_input_ops", "weight_passes", "weight_pass_ops")
 HOST_FEATURES = ("step", "ops", "comm_steps", "comm_bytes")
 
 
@@ -65,7 +74,8 @@ def constants(cal: ComputeCalibration) -> list[float]:
     """``cal``'s constants in ``FEATURES`` order: the action time is ``features · constants``."""
     named = {"ops": cal.op_overhead_s, "tp_ops": cal.tp_op_overhead_s, "fresh_bytes": cal.fresh_s_per_byte,
              "tp_bytes": cal.tp_comm_cpu_s_per_byte, "dp_units": cal.dp_unit_overhead_s,
-             "swap_bytes": cal.swap_s_per_byte}
+             "swap_bytes": cal.swap_s_per_byte, "split_input_ops": cal.split_input_op_s,
+             "weight_passes": cal.weight_pass_s, "weight_pass_ops": cal.weight_pass_op_s}
     return [cal.scale.get(f, 1.0) if f in OP_KINDS else named[f] for f in FEATURES]
 
 
@@ -119,9 +129,12 @@ def action_features(model: Model, plan: Plan, ref: ReferenceOpTime) -> dict[tupl
     colls = action_collectives(model, plan)
     units = [data_parallel_units(plan, span.num_blocks) for span in spans]
     swap = stage_swap_bytes(model, plan, ref.device)
+    counts = stage_op_counts(model, plan)
+    walks = [split_backward_walks(model, plan, span, c, every) for span, c in zip(spans, counts, strict=True)]
+    split = {s: {"I": [walks[s][0], 0.0, 0.0], "W": [0.0, walks[s][1], walks[s][2]]} for s in range(n_stages)}
     out = {(s, kind): [per_feature[k][s][kind] for k in range(len(OP_FEATURES))]
            + [tp_wire_bytes(colls[(s, kind)], plan.tp, backend_of(ref.device)) if plan.tp > 1 else 0.0,
-              float(units[s]) if kind != "W" else 0.0, swap[s][kind]]
+              float(units[s]) if kind != "W" else 0.0, swap[s][kind]] + split[s].get(kind, [0.0, 0.0, 0.0])
            for s in range(n_stages) for kind in ("F", "B", "I", "W")}
     _first_stage_backward_in_w(out, [0.0] * len(FEATURES))
     return out

@@ -220,6 +220,9 @@ def format_calibration(cal: Calibration) -> str:
                          + (f"{_g(1e9 * c.fresh_s_per_byte)} ns per byte of fresh large results; " if c.fresh_s_per_byte else "")
                          + (f"swap {_g(1e9 * c.swap_s_per_byte)} ns per swapped byte copied "
                             f"({1e-9 / c.swap_s_per_byte:.1f} GB/s); " if c.swap_s_per_byte else "")
+                         + (f"split backward {_g(1e6 * c.split_input_op_s)} µs per op I walks, "
+                            f"{_g(1e6 * c.weight_pass_s)} µs per W pass + {_g(1e6 * c.weight_pass_op_s)} µs per op it walks; "
+                            if c.split_input_op_s or c.weight_pass_s or c.weight_pass_op_s else "")
                          + f"optimizer {_g(1e3 * c.optimizer_overhead_s)} ms + {_g(1e9 * c.optimizer_s_per_param)} ns/param; "
                          + (f"actions ×{c.trace_scale:.3f} the per-candidate profile's times; " if c.trace_scale else "")
                          + f"fit on {plural(c.samples, 'action group')}, MAPE {100 * c.fit_mape:.1f}%")

@@ -83,7 +83,10 @@ RIDGE_PER_ROW = 0.01
 UNFITTED = ((("tp_ops", "tp_bytes"), "no run fitted on has tensor-parallel layers: their extra time per operator "
              "and per byte sent is not fitted (0: a tensor-parallel plan is priced without it)"),
             (("dp_units",), "no run fitted on wraps modules for data parallelism: the time per wrapped module "
-             "is not fitted (0: a data-parallel plan is priced without it)"))
+             "is not fitted (0: a data-parallel plan is priced without it)"),
+            (("split_input_ops", "weight_passes", "weight_pass_ops"), "no run fitted on splits its backward (I and "
+             "W): torch's host work of the split (I's grouping walk, W's pass per parameter group) is not fitted "
+             "(0: a zero-bubble plan is priced as one backward)"))
 # Scales NNLS drives to zero (the kind's time is explained by the overhead term) are kept at
 # this floor so the contract's "positive" rule holds; such a kind then costs almost nothing.
 MIN_SCALE = 1e-3
@@ -464,6 +467,9 @@ def _compute_constants(label: str, rows: ComputeRows, warnings: list[str]) -> Co
         tp_comm_cpu_s_per_byte=float(x[FEATURES.index("tp_bytes")]), dp_unit_overhead_s=float(x[FEATURES.index("dp_units")]),
         fresh_s_per_byte=float(x[FEATURES.index("fresh_bytes")]),
         swap_s_per_byte=float(x[FEATURES.index("swap_bytes")]),
+        split_input_op_s=float(x[FEATURES.index("split_input_ops")]),
+        weight_pass_s=float(x[FEATURES.index("weight_passes")]),
+        weight_pass_op_s=float(x[FEATURES.index("weight_pass_ops")]),
         optimizer_overhead_s=float(opt_x[0]),
         optimizer_s_per_param=float(opt_x[1]), threads_per_rank=t, samples=len(design), fit_mape=mape)
 

@@ -723,3 +723,53 @@ def test_a_spanning_group_is_placed_by_the_plans_rank_order():
         assert tp is not None and any(ph.link_type == "nic" for ph in tp)
     topo = Topology(plan, run.cluster, run.device, rank_order=plan.rank_order)
     assert [topo.coords(topo.global_rank(p, d, t)) for p, d, t in [(0, 1, 1), (0, 0, 1)]] == [(0, 1, 1), (0, 0, 1)]
+
+
+TRUTH_SPLIT = dataclasses.replace(TRUTH, devices={"cpu": dataclasses.replace(
+    TRUTH.devices["cpu"], compute={"fp32": dataclasses.replace(TRUTH.devices["cpu"].compute["fp32"],
+                                                               split_input_op_s=1e-4, weight_pass_s=8e-5,
+                                                               weight_pass_op_s=6e-7)})})
+# Zero-bubble stages of 1, 2 and 3 blocks (with and without the head): W's passes and their walks vary apart.
+SPLIT_PLANS = [_plan(pp=2, micro_batch_size=2, schedule="zb_h1"), _plan(pp=2, schedule="zb_h1", partition=[1, 3]),
+               _plan(pp=4, micro_batch_size=2, schedule="zb_h1")]
+
+
+def test_a_split_backwards_host_work_is_what_the_walks_say_and_is_fitted_from_zero_bubble_runs():
+    """torch's I walks the stage's graph once, W takes a pass per parameter group walking down to the
+    stage's input (split_backward_walks): features of I and W only, on every stage but the first;
+    fitted from zero-bubble runs, they price a held-out zero-bubble plan; without such runs they stay
+    0 and the report says so."""
+    from mindpipe.simulator.build import split_backward_walks, stage_op_counts
+    from mindpipe.simulator.calibrate.features import FEATURES
+    from mindpipe.traces.layout import block_policies, stage_layout
+
+    plan = _plan(pp=2, schedule="zb_h1", partition=[1, 3])
+    feats = action_features(MODEL, plan, ReferenceOpTime(CPU))
+    cols = [FEATURES.index(f) for f in ("split_input_ops", "weight_passes", "weight_pass_ops")]
+    spans, counts = stage_layout(plan, MODEL), stage_op_counts(MODEL, plan)
+    ops, passes, walked = split_backward_walks(MODEL, plan, spans[1], counts[1], block_policies(plan, MODEL.num_layers))
+    # three blocks of six groups, the final norm's and the head's; group g walks its layer and those before it
+    assert passes == 3 * 6 + 2 and ops == sum(c.forward_s for c in counts[1])
+    per_block = counts[1][0].forward_s
+    assert walked == 6 * per_block * (1 + 2 + 3) + (3 * per_block + counts[1][3].forward_s) + ops
+    assert [feats[(1, "I")][k] for k in cols] == [ops, 0.0, 0.0]
+    assert [feats[(1, "W")][k] for k in cols] == [0.0, passes, walked]
+    assert not any(feats[(s, kind)][k] for s in (0, 1) for kind in ("F", "B") for k in cols)
+    assert not any(feats[(0, kind)][k] for kind in ("I", "W") for k in cols)
+    # Fitted from zero-bubble runs, they price one held out (3 blocks then 1) as the truth does.
+    cal, _ = calibrate([_synthetic_run(p, TRUTH_SPLIT) for p in FIT_PLANS + SPLIT_PLANS])
+    got = cal.devices["cpu"].compute["fp32"]
+    assert got.split_input_op_s == pytest.approx(1e-4, rel=0.02)
+    assert got.weight_pass_s == pytest.approx(8e-5, rel=0.05)
+    assert got.weight_pass_op_s == pytest.approx(6e-7, rel=0.05)
+    held = _plan(pp=2, schedule="zb_h1", partition=[3, 1])
+    truth_s = _synthetic_run(held, TRUTH_SPLIT).iteration_s
+    assert simulate(MODEL, load_cluster("cpu:1x2"), held, SimulationOptions(calibration=cal)).iteration_time_s \
+        == pytest.approx(truth_s, rel=0.02)
+    assert "split backward 100 µs per op I walks, 80 µs per W pass + 0.6 µs per op it walks" in format_calibration(cal)
+    # Without zero-bubble runs: zero, and the same plan is priced as one backward (faster).
+    plain, notes = calibrate([_synthetic_run(p, TRUTH_SPLIT) for p in FIT_PLANS])
+    assert plain.devices["cpu"].compute["fp32"].weight_pass_s == 0.0
+    assert any("splits its backward" in w for w in notes.warnings)
+    assert simulate(MODEL, load_cluster("cpu:1x2"), held, SimulationOptions(calibration=plain)).iteration_time_s \
+        < truth_s
