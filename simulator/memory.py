@@ -347,9 +347,15 @@ class StageMemoryModel:
         full = [part for p, part in zip(policies, parts, strict=True) if p == "full"]
         rerun = {part: self.rerun_bytes(part) for part in full}
         if merged_weight_pass(model, policies, parts):
-            # One merged pass re-runs each recomputed block once, frees nothing as it goes and walks
-            # the input path again: the largest re-run beside the largest saved tensor.
-            walk_w = max(rerun.values(), default=0.0) + (self.largest_saved_bytes() if swap else 0.0)
+            # One merged pass walks the stage's graph again from its top: each block's nodes free
+            # what they saved as the pass leaves them, so a recomputed block re-runs beside what
+            # the blocks above it no longer hold (gpt-mini-8 ZB-H1 pp4, a recomputed block below a
+            # kept one: W's peak is its start, measured; +13.6 % on W when its re-run was added
+            # whole). The kept gradients stay to its end; a swapped tensor comes back as asked.
+            # The pass starts at the head: the final norm's input and, unless the head is fused into
+            # the loss (its input released in I), the head's input are freed first.
+            above = (1 if plan.fused_head_loss else 2) * head_input_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+            walk_w = self.merged_pass_reruns(policies, parts, rerun, above) + (self.largest_saved_bytes() if swap else 0.0)
         else:
             walk_w = self.weight_pass_walk(policies, parts, rerun)
         # I re-runs each recomputed block once, one at a time (the per-group passes are W's):
@@ -420,6 +426,20 @@ class StageMemoryModel:
         A re-run re-saves the rest of ``block("none")`` on top of what the block kept."""
         n = (part != "mlp") + (1 if self.model.dropout and part != "attention" else 0)
         return n * DTYPE_BYTES[self.plan.precision] * self._sbh()
+
+    def merged_pass_reruns(self, policies: list[BlockPolicy], parts: list[BlockPart], rerun: dict[BlockPart, float],
+                           above: float = 0.0) -> float:
+        """The most a merged W pass (:func:`mindpipe.traces.layout.one_weight_pass`) holds for its
+        re-runs beyond the stage's held activations: it walks the blocks from the stage's top down
+        (after freeing ``above``, what the layers above the blocks held), freeing what each held as
+        it leaves it, and re-runs each recomputed block (or part, ``rerun`` its bytes) when it
+        reaches it."""
+        freed, most = above, 0.0
+        for policy, part in reversed(list(zip(policies, parts, strict=True))):
+            if policy == "full":
+                most = max(most, rerun[part] - freed)
+            freed += self.block(policy, part)
+        return most
 
     def weight_pass_walk(self, policies: list[BlockPolicy], parts: list[BlockPart], rerun: dict[BlockPart, float]) -> float:
         """The most a split backward's W of a stage other than the first holds beyond the stage's
