@@ -306,6 +306,11 @@ def build_work(
                  sum(c.backward_input_s for c in layers) + hooks + swapped * on_compute[1] + split_host_s[0] * walks[0],
                  sum(c.backward_weight_s for c in layers) + swapped * on_compute[2], recompute,
                  rerun + split_host_s[1] * walks[1] + split_host_s[2] * walks[2])
+        if split_backward and s == 0:
+            # The first stage's input is token ids: torch's I computes nothing there and its W is the
+            # whole backward, re-runs included (executor/torch_pipelining.py; the calibration's
+            # features and the memory model count it so too).
+            times = (times[0], 0.0, times[2], 0.0, times[4] + times[3] + times[1])
         swaps = [policies[b] == "swap" for b in spans[s].blocks] if swap_on_compute is None else []
         stream = swap_stream_window_s([c.forward_s for c in layers if c.kind == "block"], swaps)
         swap = swapped * swap_bytes_per_block if swap_on_compute is None else 0.0
