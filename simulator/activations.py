@@ -194,6 +194,29 @@ def weight_pass_groups(model: Model, plan: Plan, *, seq_len: int | None = None,
     return [(kept * unit, asked * unit) for kept, asked in groups]
 
 
+def input_pass_steps(model: Model, plan: Plan, core_bytes: float, *, seq_len: int | None = None,
+                     part: BlockPart = "whole") -> list[tuple[float, float]]:
+    """A split backward's I through a block (or part), one micro-batch, one TP rank, in the order it
+    runs the block's operators (the last first): per step (kept, asked), bytes. ``kept``: the output
+    gradient I starts keeping there for its parameter group (:func:`weight_pass_groups`, whose kept
+    column this one's sums to); ``asked``: what the step's operator unpacks, which a swapped block
+    brings back then — a GEMM's input (its node unpacks every tensor it saved), the GeLU's or
+    SwiGLU's inputs, a norm's input, and the attention core's tensors at once (``core_bytes``)."""
+    s, b, h = plan.rank_seq_len(seq_len or model.seq_len), plan.micro_batch_size, model.hidden_size
+    t, unit = plan.tp, DTYPE_BYTES[plan.precision] * s * b * h
+    norm = 1 / (t if plan.sequence_parallel else 1)
+    r, f = model.kv_heads / model.num_heads, model.ffn / h
+    core = core_bytes / unit
+    if model.is_llama:
+        attention = [(1.0, 1 / t), (0.0, core), (r / t, 1.0), (r / t, 1.0), (1 / t, 1.0), (norm, norm)]
+        mlp = [(1.0, f / t), (0.0, 2 * f / t), (0.0, f / t), (f / t, 1.0), (f / t, 1.0), (norm, norm)]
+    else:
+        attention = [(1.0, 1 / t), (0.0, core), (3 / t, 1.0), (norm, norm)]
+        mlp = [(1.0, f / t), (0.0, f / t), (f / t, 1.0), (norm, norm)]
+    steps = {"whole": mlp + attention, "attention": attention, "mlp": mlp}[part]
+    return [(kept * unit, asked * unit) for kept, asked in steps]
+
+
 def weight_pass_grad_bytes(model: Model, plan: Plan, *, seq_len: int | None = None, part: BlockPart = "whole") -> float:
     """Output gradients a split backward's I keeps of one block (or part) for its W, one micro-batch,
     one TP rank: the kept column of :func:`weight_pass_groups`. Not on the first stage, whose I does
@@ -236,5 +259,5 @@ def embedding_activation_bytes(
 
 
 __all__ = ["FLASH_STAT_BYTES", "GEMM_INPUT_BYTES", "GPU_MASK_BYTES", "TOKEN_ID_BYTES", "activation_bytes_per_layer",
-           "embedding_activation_bytes", "final_norm_grad_bytes", "weight_pass_grad_bytes",
-           "weight_pass_groups"]
+           "embedding_activation_bytes", "final_norm_grad_bytes", "input_pass_steps",
+           "weight_pass_grad_bytes", "weight_pass_groups"]
