@@ -21,9 +21,7 @@ from mindpipe.simulator.activations import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
     final_norm_grad_bytes,
-    input_pass_steps,
     weight_pass_grad_bytes,
-    weight_pass_groups,
 )
 from mindpipe.simulator.block_parts import part_params
 from mindpipe.simulator.build import GRAD_BYTES
@@ -36,6 +34,7 @@ from mindpipe.simulator.head_memory import (
     loss_transient_bytes,
 )
 from mindpipe.simulator.schedules import build_schedule
+from mindpipe.simulator.split_memory import SplitBackwardWalks
 from mindpipe.simulator.work import swapped_below
 from mindpipe.traces.catalog import DeviceSpec
 from mindpipe.traces.config import Model, Plan
@@ -229,7 +228,7 @@ class _StageTerms:
         return self.transients[kind, min(sets, most)]
 
 
-class StageMemoryModel:
+class StageMemoryModel(SplitBackwardWalks):
     """The per-stage and per-rank arithmetic of :func:`stage_memory` and
     :func:`mindpipe.simulator.planning.block_caps`.
 
@@ -341,9 +340,8 @@ class StageMemoryModel:
                                self.swapped_bytes(policies, parts), last, logits, head_grads)
         # I keeps each parameter group's output gradient for W (weight_pass_grad_bytes; gpt-mini
         # ZB-H1 pp2, last stage: 5.75 MiB per micro-batch awaiting W, -11 % before it was counted).
-        kept_grads = sum(weight_pass_grad_bytes(model, plan, seq_len=self.seq_len, part=part) for part in parts)
-        if has_head:
-            kept_grads += final_norm_grad_bytes(model, plan, seq_len=self.seq_len)
+        head_kept = final_norm_grad_bytes(model, plan, seq_len=self.seq_len) if has_head else 0.0
+        kept_grads = head_kept + sum(weight_pass_grad_bytes(model, plan, seq_len=self.seq_len, part=part) for part in parts)
         until_w += kept_grads
         full = [part for p, part in zip(policies, parts, strict=True) if p == "full"]
         rerun = {part: self.rerun_bytes(part) for part in full}
@@ -379,8 +377,7 @@ class StageMemoryModel:
             # a prefetch each swapped tensor comes back as its operator asks and goes after it, when
             # I has made only the gradients of the groups above (input_pass_walk).
             if swap and not sets:
-                redone_i = max(rerun_i, self.input_pass_walk(policies, parts, kept_grads - sum(
-                    weight_pass_grad_bytes(model, plan, seq_len=self.seq_len, part=part) for part in parts)))
+                redone_i = max(rerun_i, self.input_pass_walk(policies, parts, head_kept))
             else:
                 redone_i = max(rerun_i, kept_grads) + swap_back
             transients["I", sets] = (max(redone_i, loss + (last if sets and swap else 0.0)), redone_i)
@@ -434,72 +431,12 @@ class StageMemoryModel:
         n = (part != "mlp") + (1 if self.model.dropout and part != "attention" else 0)
         return n * DTYPE_BYTES[self.plan.precision] * self._sbh()
 
-    def merged_pass_reruns(self, policies: list[BlockPolicy], parts: list[BlockPart], rerun: dict[BlockPart, float],
-                           above: float = 0.0) -> float:
-        """The most a merged W pass (:func:`mindpipe.traces.layout.one_weight_pass`) holds for its
-        re-runs beyond the stage's held activations: it walks the blocks from the stage's top down
-        (after freeing ``above``, what the layers above the blocks held), freeing what each held as
-        it leaves it, and re-runs each recomputed block (or part, ``rerun`` its bytes) when it
-        reaches it."""
-        freed, most = above, 0.0
-        for policy, part in reversed(list(zip(policies, parts, strict=True))):
-            if policy == "full":
-                most = max(most, rerun[part] - freed)
-            freed += self.block(policy, part)
-        return most
-
-    def input_pass_walk(self, policies: list[BlockPolicy], parts: list[BlockPart], above: float = 0.0) -> float:
-        """The most a split backward's I without a prefetch holds beyond the stage's held activations
-        for its swapped blocks and the gradients it keeps for W: it runs the blocks from the stage's
-        top (``above``: what the layers above them kept, the final norm's gradient), making each
-        group's kept gradient as it reaches it (:func:`input_pass_steps`), and a swapped block's
-        tensors come back one operator at a time. Ends at every kept gradient (llama-tiny ZB-V, a
-        swapped attention part: +5.7 % on its I when the largest tensor was counted beside all of them)."""
-        made, most = above, 0.0
-        for policy, part in reversed(list(zip(policies, parts, strict=True))):
-            for kept, asked in input_pass_steps(self.model, self.plan, self.core_saved_bytes(part),
-                                                seq_len=self.seq_len, part=part):
-                made += kept
-                if policy == "swap":
-                    most = max(most, made + asked)
-        return max(most, made)
-
-    def core_saved_bytes(self, part: BlockPart = "whole") -> float:
-        """What the attention core's backward unpacks at once: the softmax output (a·s²·b/t), or
-        under FlashAttention its q, k, v and output ((2 + 2r)·s·b·h/t). 0 for an MLP part."""
-        model, plan = self.model, self.plan
-        if part == "mlp":
-            return 0.0
-        s, b, t, d = plan.rank_seq_len(self.seq_len or model.seq_len), plan.micro_batch_size, plan.tp, DTYPE_BYTES[plan.precision]
-        if plan.flash_attention:
-            return (2 + 2 * model.kv_heads / model.num_heads) * d * self._sbh() / t
-        return d * b * model.num_heads * s * s / t
-
-    def weight_pass_walk(self, policies: list[BlockPolicy], parts: list[BlockPart], rerun: dict[BlockPart, float]) -> float:
-        """The most a split backward's W of a stage other than the first holds beyond the stage's
-        held activations when it takes torch's pass per parameter group, in the stage's order
-        (:func:`weight_pass_groups`): a recomputed block (or part, ``rerun`` its re-run's bytes)
-        re-runs in each of its groups' passes and what a pass does not use stays with the
-        checkpoint's frame until W ends (an upper bound: a pass uses some); a swapped block brings
-        back the tensor each group's weight gradient needs; and each group's pass frees the output
-        gradient I kept for it. gpt-mini-sized ZB-H1 pp4, one swapped block per stage: the
-        LayerNorm's input first (s·b·h), the GeLU output (4·s·b·h) after 10·s·b·h were freed
-        (+3 % on the rank when W held them all beside the largest tensor)."""
-        freed = reruns = most = 0.0
-        for policy, part in zip(policies, parts, strict=True):
-            for kept, asked in weight_pass_groups(self.model, self.plan, seq_len=self.seq_len, part=part):
-                reruns += rerun.get(part, 0.0) if policy == "full" else 0.0
-                most = max(most, reruns + (asked if policy == "swap" else 0.0) - freed)
-                freed += kept
-        return most
-
     def largest_saved_bytes(self) -> float:
-        """The largest single tensor a block saves, one micro-batch: the softmax output or the GeLU
-        input (FlashAttention saves no softmax output: the GeLU input)."""
+        """The largest single tensor a block saves, one micro-batch: the softmax output
+        (:meth:`core_saved_bytes`) or the GeLU input (FlashAttention saves no softmax output: the GeLU input)."""
         model, plan = self.model, self.plan
         s, b, t, d = plan.rank_seq_len(self.seq_len or model.seq_len), plan.micro_batch_size, plan.tp, DTYPE_BYTES[plan.precision]
-        scores = 0 if plan.flash_attention else model.num_heads * s * s
-        return d * b * max(scores, s * model.ffn) / t
+        return max(0.0 if plan.flash_attention else self.core_saved_bytes(), d * b * s * model.ffn / t)
 
     def rerun_bytes(self, part: BlockPart = "whole") -> float:
         """What a recomputed block (or part) re-saves for its backward: all of ``block("none")`` but
